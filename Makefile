@@ -1,0 +1,23 @@
+# Two entry points: `make demo` (the whole path on the bundled corpus) and `make test`.
+# Each creates .venv on first use (pip resolves torch + torchvision from local disk here).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
+
+test: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -v --durations=15 $(PYTEST_ARGS) tests
+
+clean:
+	rm -rf runs/demo .pytest_cache

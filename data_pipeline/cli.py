@@ -1,0 +1,35 @@
+"""Command line for the data pipeline."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from data_pipeline.config import PrepareConfig
+from data_pipeline.raw_text import DataInputError
+from pretrain.config_io import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and run a subcommand; bad input exits 2 with a one-line message."""
+    parser = argparse.ArgumentParser(prog="python -m data_pipeline")
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="raw text -> tokenizer -> packed MDS shards")
+    prep.add_argument("--config", required=True, help="YAML file (see data_pipeline/configs/)")
+    prep.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    prep.add_argument("overrides", nargs="*", help="key=value overrides, e.g. seq_len=256 tokenizer.vocab_size=16000")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    for noisy in ("datasets", "streaming", "fsspec", "urllib3", "huggingface_hub"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        overrides = list(args.overrides) + (["overwrite=true"] if args.overwrite else [])
+        cfg = load_config(PrepareConfig, args.config, overrides)
+        from data_pipeline.prepare import prepare
+
+        out = prepare(cfg, command=" ".join(["python -m data_pipeline", *(argv if argv is not None else sys.argv[1:])]))
+    except (ConfigError, DataInputError, FileExistsError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"dataset: {out}")
+    return 0

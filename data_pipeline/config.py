@@ -1,0 +1,78 @@
+"""Typed configuration for `python -m data_pipeline prepare`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from pretrain.config_io import ConfigError
+
+
+@dataclass
+class SourceConfig:
+    """One raw-text source: local files (text/json/parquet) or a hub dataset."""
+
+    kind: Literal["text", "json", "parquet", "hub"] = "text"
+    # Local kinds: a file, a glob, or a comma-separated list of them. Hub: the dataset name.
+    path: str = ""
+    # Hub only: the dataset config name (e.g. "20231101.en") and split.
+    name: Optional[str] = None
+    split: str = "train"
+    text_column: str = "text"
+    # Text files: a document is a blank-line-separated paragraph, one line, or the whole file.
+    text_documents: Literal["paragraph", "line", "document"] = "paragraph"
+    weight: float = 1.0
+
+    def validate(self) -> None:
+        """Reject sources that cannot be read."""
+        if not self.path:
+            raise ConfigError("config key 'sources[].path' is empty")
+        if self.weight <= 0:
+            raise ConfigError(f"config key 'sources[].weight' must be > 0, got {self.weight}")
+
+
+@dataclass
+class TokenizerConfig:
+    """Train a sentencepiece model here, or reuse an existing Hugging Face tokenizer folder."""
+
+    # A folder that AutoTokenizer loads; when set, nothing is trained.
+    pretrained: Optional[str] = None
+    model_type: Literal["unigram", "bpe"] = "unigram"
+    vocab_size: int = 8000
+    lowercase: bool = False
+    byte_fallback: bool = False
+    character_coverage: float = 0.9995
+    # Train on at most this many documents (a bounded sample keeps memory flat on big corpora).
+    max_training_documents: int = 200_000
+
+    def validate(self) -> None:
+        """Reject vocabularies too small to hold the special tokens."""
+        if self.pretrained is None and self.vocab_size < 64:
+            raise ConfigError(f"config key 'tokenizer.vocab_size' must be >= 64, got {self.vocab_size}")
+
+
+@dataclass
+class PrepareConfig:
+    """Everything `prepare` needs: sources, tokenizer, packing and the output folder."""
+
+    output_dir: str = "runs/data"
+    sources: list[SourceConfig] = field(default_factory=list)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    seq_len: int = 128
+    packing: Literal["full"] = "full"
+    # Every k-th document (k = round(1 / val_fraction)) goes to the validation split.
+    val_fraction: float = 0.01
+    # What to do with bytes that are not UTF-8: stop with an error, or replace them with U+FFFD.
+    encoding_errors: Literal["strict", "replace"] = "strict"
+    compression: Optional[str] = "zstd"
+    shard_size_limit: int = 1 << 26
+    overwrite: bool = False
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Check values that the type alone cannot."""
+        if not self.sources:
+            raise ConfigError("config key 'sources' is empty: name at least one text source")
+        if self.seq_len < 8:
+            raise ConfigError(f"config key 'seq_len' must be >= 8, got {self.seq_len}")
+        if not 0.0 <= self.val_fraction < 0.5:
+            raise ConfigError(f"config key 'val_fraction' must be in [0, 0.5), got {self.val_fraction}")

@@ -1,0 +1,156 @@
+"""Train a sentencepiece model and save it as a Hugging Face fast-tokenizer folder (or reuse an existing one)."""
+from __future__ import annotations
+
+import hashlib
+import io
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+from data_pipeline.config import TokenizerConfig
+from data_pipeline.raw_text import DataInputError
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+SPM_FILE = "spm.model"
+
+
+def train_sentencepiece(documents: Iterable[str], cfg: TokenizerConfig, seed: int = 0) -> bytes:
+    """Train a sentencepiece model on (a bounded sample of) the documents; return the serialized model."""
+    import sentencepiece as spm
+
+    sample = []
+    for i, doc in enumerate(documents):
+        if i >= cfg.max_training_documents:
+            break
+        # sentencepiece reads sentences; one line per sentence keeps its length limit from cutting text.
+        sample.extend(line for line in doc.splitlines() if line.strip())
+    if not sample:
+        raise DataInputError("the corpus is empty: no document has any text to train a tokenizer on")
+    model = io.BytesIO()
+    spm.set_random_generator_seed(seed)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sample),
+        model_writer=model,
+        model_type=cfg.model_type,
+        vocab_size=cfg.vocab_size,
+        character_coverage=cfg.character_coverage,
+        byte_fallback=cfg.byte_fallback,
+        normalization_rule_name="nmt_nfkc_cf" if cfg.lowercase else "nmt_nfkc",
+        pad_id=0,
+        pad_piece=PAD,
+        unk_id=1,
+        unk_piece=UNK,
+        bos_id=-1,
+        eos_id=-1,
+        control_symbols=[CLS, SEP, MASK],
+        hard_vocab_limit=False,
+        num_threads=2,
+        minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def _fast_tokenizer_from_spm(model_bytes: bytes):
+    """Build a `tokenizers.Tokenizer` equivalent to the sentencepiece model (as transformers' SpmConverter does)."""
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import BPE, Unigram
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
+
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString(model_bytes)
+    vocab = [(p.piece, p.score) for p in proto.pieces]
+    byte_fallback = proto.trainer_spec.byte_fallback
+    if proto.trainer_spec.model_type == 1:
+        tok = Tokenizer(Unigram(vocab, unk_id=proto.trainer_spec.unk_id, byte_fallback=byte_fallback))
+    else:
+        # SentencePieceExtractor reads the merges from a model file.
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(suffix=".model") as fh:
+            fh.write(model_bytes)
+            fh.flush()
+            _, merges = SentencePieceExtractor(fh.name).extract(vocab)
+        tok = Tokenizer(
+            BPE({p: i for i, (p, _) in enumerate(vocab)}, merges, unk_token=UNK, fuse_unk=True, byte_fallback=byte_fallback)
+        )
+    charsmap = proto.normalizer_spec.precompiled_charsmap
+    steps = [normalizers.Strip(left=False, right=True), normalizers.Replace(Regex(" {2,}"), "▁")]
+    tok.normalizer = normalizers.Sequence(([normalizers.Precompiled(charsmap)] if charsmap else []) + steps)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1)]
+    )
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS])
+    cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{CLS}:0 $A:0 {SEP}:0",
+        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+    )
+    return tok
+
+
+def save_tokenizer(model_bytes: bytes, out_dir: Path, model_max_length: int) -> None:
+    """Write a folder with tokenizer.json, tokenizer_config.json and the sentencepiece model."""
+    from transformers import PreTrainedTokenizerFast
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=_fast_tokenizer_from_spm(model_bytes),
+        pad_token=PAD,
+        unk_token=UNK,
+        cls_token=CLS,
+        sep_token=SEP,
+        mask_token=MASK,
+        model_max_length=model_max_length,
+    )
+    fast.save_pretrained(str(out_dir))
+    (out_dir / SPM_FILE).write_bytes(model_bytes)
+
+
+def copy_pretrained_tokenizer(src: str, out_dir: Path) -> None:
+    """Copy an existing tokenizer folder after checking that it loads and has the specials we need."""
+    tok = load_tokenizer(src)
+    missing = [name for name in ("pad_token", "cls_token", "sep_token", "mask_token") if getattr(tok, name) is None]
+    if missing:
+        raise ValueError(f"tokenizer '{src}' lacks {', '.join(missing)}; MLM-style pre-training needs them")
+    tok.save_pretrained(str(out_dir))
+
+
+def load_tokenizer(path: str | Path):
+    """Load a tokenizer folder with AutoTokenizer, offline, with a clear error when it is not one."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer folder not found: {path}")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise ValueError(f"'{path}' is not a tokenizer folder AutoTokenizer can load: {exc}") from exc
+
+
+def tokenizer_hash(path: str | Path) -> str:
+    """Hash of the files that define a tokenizer folder (what a model's vocabulary depends on)."""
+    digest = hashlib.sha256()
+    for f in sorted(Path(path).iterdir()):
+        if f.is_file():
+            digest.update(f.name.encode())
+            digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def special_token_ids(tok) -> list[int]:
+    """Ids that masking must never pick and random replacement must never produce."""
+    return sorted(set(tok.all_special_ids))
+
+
+def copy_tokenizer_folder(src: str | Path, dst: str | Path) -> None:
+    """Copy a tokenizer folder's files (used to make run and export folders self-contained)."""
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in Path(src).iterdir():
+        if f.is_file():
+            shutil.copy2(f, dst / f.name)

@@ -1,0 +1,5 @@
+"""`python -m pretrain ...`."""
+from pretrain.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

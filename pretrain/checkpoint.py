@@ -1,0 +1,91 @@
+"""Checkpoints: DeepSpeed's files per tag, a completion marker written last, resume from the newest complete one."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from pretrain import distributed as dist
+
+COMPLETE = "COMPLETE"
+TAG_RE = re.compile(r"^step_(\d{8})$")
+
+
+def tag_for(step: int) -> str:
+    """Checkpoint tag of an optimizer step (zero-padded so names sort by step)."""
+    return f"step_{step:08d}"
+
+
+def complete_tags(ckpt_dir: str | Path) -> list[str]:
+    """Tags whose completion marker exists, oldest first; half-written ones are not listed."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    tags = [p.name for p in ckpt_dir.iterdir() if TAG_RE.match(p.name) and (p / COMPLETE).is_file()]
+    return sorted(tags)
+
+
+def latest_complete(ckpt_dir: str | Path) -> Optional[str]:
+    """The newest complete tag, or None."""
+    tags = complete_tags(ckpt_dir)
+    return tags[-1] if tags else None
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (DeepSpeed saves none; dropout needs them for exact resume)."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` captured."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
+def save(engine, ckpt_dir: Path, step: int, client_state: dict[str, Any], keep_last: int) -> str:
+    """Save on every rank; rank 0 marks the tag complete after all ranks finished, then prunes old tags."""
+    tag = tag_for(step)
+    if dist.rank() == 0:
+        # A folder of this tag without a marker is the debris of a killed save: start clean.
+        shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
+    dist.barrier()
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
+    # save_checkpoint ends with a barrier, so every rank's files are written here.
+    if dist.rank() == 0:
+        _write_atomic(ckpt_dir / tag / COMPLETE, json.dumps({"step": step, "time": time.time()}) + "\n")
+        _write_atomic(ckpt_dir / "latest", tag)  # DeepSpeed's own pointer, for its tools
+        for old in complete_tags(ckpt_dir)[:-keep_last]:
+            shutil.rmtree(ckpt_dir / old, ignore_errors=True)
+    dist.barrier()
+    return tag
+
+
+def load(engine, ckpt_dir: Path, tag: str) -> dict[str, Any]:
+    """Load model, optimizer and scheduler state into the engine; return the client state."""
+    path, client_state = engine.load_checkpoint(str(ckpt_dir), tag=tag)
+    if path is None:
+        raise RuntimeError(f"checkpoint '{ckpt_dir / tag}' could not be loaded (missing or corrupt files)")
+    return client_state

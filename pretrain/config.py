@@ -1,0 +1,75 @@
+"""The training run's typed config: data, model, objective, masking, optimizer, schedule, train."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from data_pipeline.loader import LoaderConfig
+from data_pipeline.masking import MaskingConfig
+from model.encoder import EncoderConfig
+from model.objectives.base import ObjectiveConfig
+from pretrain.config_io import ConfigError
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW; biases and LayerNorm weights get no weight decay."""
+
+    name: Literal["adamw"] = "adamw"
+    lr: float = 5e-4
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-6
+    grad_clip: float = 1.0
+
+
+@dataclass
+class ScheduleConfig:
+    """Linear warmup, then decay to `min_lr_ratio * lr` at `max_steps`."""
+
+    warmup_steps: int = 100
+    decay: Literal["linear", "cosine", "constant"] = "linear"
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    """Loop, precision, checkpointing and logging."""
+
+    output_dir: str = "runs/train"
+    max_steps: int = 1000
+    micro_batch_size: int = 16
+    # Samples per optimizer step over all ranks; accumulation = global / (micro * world).
+    global_batch_size: int = 32
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    deepspeed_config: str = "deepspeed_configs/zero2.json"
+    seed: int = 42
+    log_every: int = 10
+    save_every: int = 100
+    keep_last: int = 3
+    eval_every: int = 0
+    eval_batches: int = 20
+    # Stop (after saving) once this many steps ran in this invocation; 0 runs to max_steps.
+    stop_after: int = 0
+    # Write every sample id each rank trained on to samples/rank<N>.jsonl (an audit of the order).
+    record_samples: bool = False
+    resume: Literal["auto", "never"] = "auto"
+
+    def validate(self) -> None:
+        """Check values that the type alone cannot."""
+        for key in ("max_steps", "micro_batch_size", "global_batch_size", "log_every", "save_every", "keep_last"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"config key 'train.{key}' must be >= 1, got {getattr(self, key)}")
+
+
+@dataclass
+class RunConfig:
+    """A whole pre-training run."""
+
+    data: LoaderConfig = field(default_factory=LoaderConfig)
+    model: EncoderConfig = field(default_factory=EncoderConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)

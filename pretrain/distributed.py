@@ -1,0 +1,75 @@
+"""Process-group set-up for one process, torchrun, or the deepspeed launcher; CPU uses gloo."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any
+
+import torch
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup_env() -> None:
+    """Fill RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* for a plain single process (launchers set them)."""
+    if "RANK" not in os.environ:
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+        )
+    os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def init_distributed() -> None:
+    """Start the process group through DeepSpeed (NCCL on GPU, gloo on CPU)."""
+    setup_env()
+    import deepspeed
+
+    if not torch.cuda.is_available():
+        # On CPU every init JIT-compiles DeepSpeed's shared-memory all-reduce (24 s, needs g++);
+        # gloo does the collectives anyway, so skip it.
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    else:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    deepspeed.init_distributed(auto_mpi_discovery=False)
+
+
+def rank() -> int:
+    """This process's global rank."""
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def world_size() -> int:
+    """Number of ranks."""
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
+def barrier() -> None:
+    """Wait for every rank."""
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's object, in rank order."""
+    if not torch.distributed.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise sum over ranks (float64 on CPU, so reductions are exact enough to compare runs)."""
+    if torch.distributed.is_initialized():
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        values = values.to(device)
+        torch.distributed.all_reduce(values)
+    return values.cpu()

@@ -1,0 +1,56 @@
+"""Load a DeepSpeed JSON from deepspeed_configs/ and fill its "auto" fields from the run config."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pretrain.config import RunConfig
+from pretrain.config_io import ConfigError
+
+
+def gradient_accumulation(global_batch: int, micro_batch: int, world: int) -> int:
+    """Accumulation steps that keep the global batch fixed whatever the world size."""
+    per_step = micro_batch * world
+    if global_batch % per_step:
+        raise ConfigError(
+            f"train.global_batch_size={global_batch} is not divisible by micro_batch_size ({micro_batch}) x "
+            f"world size ({world}) = {per_step}"
+        )
+    return global_batch // per_step
+
+
+def _fill(node: dict[str, Any], key: str, value: Any) -> None:
+    if node.get(key, "auto") == "auto":
+        node[key] = value
+    elif node[key] != value:
+        raise ConfigError(f"deepspeed config sets '{key}'={node[key]!r} but the run config gives {value!r}; use \"auto\"")
+
+
+def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
+    """The DeepSpeed config dict for this run and world size."""
+    path = Path(cfg.train.deepspeed_config)
+    if not path.is_file():
+        raise ConfigError(f"config key 'train.deepspeed_config': file not found: {path}")
+    try:
+        ds = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"deepspeed config {path} is not valid JSON: {exc}") from exc
+    accum = gradient_accumulation(cfg.train.global_batch_size, cfg.train.micro_batch_size, world)
+    _fill(ds, "train_micro_batch_size_per_gpu", cfg.train.micro_batch_size)
+    _fill(ds, "gradient_accumulation_steps", accum)
+    _fill(ds, "train_batch_size", cfg.train.global_batch_size)
+    _fill(ds, "gradient_clipping", cfg.optimizer.grad_clip)
+    for precision in ("bf16", "fp16"):
+        section = ds.setdefault(precision, {})
+        _fill(section, "enabled", cfg.train.precision == precision)
+    zero = ds.setdefault("zero_optimization", {})
+    if zero.get("stage", 0) == 3:
+        import torch
+
+        if not torch.cuda.is_available():
+            # DeepSpeed 0.19 waits only on the last handle of a coalesced all-gather; on gloo the
+            # others may still be in flight (garbage parameters). Sequential all-gathers avoid it.
+            zero["stage3_allgather_sequential"] = True
+    ds.setdefault("steps_per_print", 1 << 30)
+    return ds

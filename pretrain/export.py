@@ -1,0 +1,67 @@
+"""Export a run's checkpoint as Hugging Face folders, through DeepSpeed's fp32 consolidation (no engine needed)."""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from transformers import BertConfig
+
+from data_pipeline.shards import check_overwrite, prepare_output, publish
+from data_pipeline.tokenizer import copy_tokenizer_folder
+from model.objectives import build_objective
+from pretrain import checkpoint as ckpt
+from pretrain.config import RunConfig
+from pretrain.distributed import setup_env
+from pretrain.config_io import load_config
+from pretrain.run import CONFIG_FILE, MODEL_CONFIG_FILE, TOKENIZER_DIR
+
+log = logging.getLogger("pretrain.export")
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, Path, str]:
+    """(run dir, checkpoint dir, tag) from either RUN_DIR (newest complete tag) or RUN_DIR/checkpoints/TAG."""
+    path = Path(path)
+    if (path / CONFIG_FILE).is_file():
+        run_dir, ckpt_dir = path, path / "checkpoints"
+        tag = ckpt.latest_complete(ckpt_dir)
+        if tag is None:
+            raise FileNotFoundError(f"run '{run_dir}' has no complete checkpoint in {ckpt_dir}")
+        return run_dir, ckpt_dir, tag
+    if ckpt.TAG_RE.match(path.name) and (path.parent.parent / CONFIG_FILE).is_file():
+        if not (path / ckpt.COMPLETE).is_file():
+            raise FileNotFoundError(f"checkpoint '{path}' is incomplete (no {ckpt.COMPLETE} marker)")
+        return path.parent.parent, path.parent, path.name
+    raise FileNotFoundError(f"'{path}' is neither a run folder (with {CONFIG_FILE}) nor a checkpoint tag folder in one")
+
+
+def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Write the objective's Hugging Face models, with tokenizer files, to `out_dir` (atomically)."""
+    run_dir, ckpt_dir, tag = resolve_checkpoint(checkpoint)
+    out_dir = Path(out_dir)
+    check_overwrite(out_dir, overwrite)  # before the slow consolidation
+    setup_env()
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    cfg = load_config(RunConfig, run_dir / CONFIG_FILE)
+    model_config = BertConfig.from_dict(json.loads((run_dir / MODEL_CONFIG_FILE).read_text()))
+    model_config._attn_implementation = cfg.model.attn_implementation
+    objective = build_objective(cfg.objective, model_config)
+    state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+    missing, unexpected = objective.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint {ckpt_dir / tag} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    tmp = prepare_output(out_dir, overwrite)
+    try:
+        for sub, model in objective.hf_models().items():
+            target = tmp / sub if sub else tmp
+            model.save_pretrained(str(target), safe_serialization=True)
+            copy_tokenizer_folder(run_dir / TOKENIZER_DIR, target)
+        publish(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("exported %s (%s) to %s", ckpt_dir / tag, cfg.objective.name, out_dir)
+    return out_dir

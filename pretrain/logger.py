@@ -1,0 +1,63 @@
+"""Rank-0 run log: a progress line with ETA on stdout, the same in train.log, scalars in TensorBoard and metrics.jsonl."""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+
+def _fmt_eta(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=int(max(0.0, seconds))))
+
+
+class RunLogger:
+    """Writes only on rank 0; every other rank gets a logger that does nothing."""
+
+    def __init__(self, run_dir: Path, max_steps: int, enabled: bool) -> None:
+        self.enabled = enabled
+        self.max_steps = max_steps
+        self._writer = None
+        self._text = self._jsonl = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb_dir = run_dir / "tensorboard"
+            self._writer = SummaryWriter(str(self.tb_dir))
+            self._text = open(run_dir / "train.log", "a", buffering=1)
+            self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)
+
+    def info(self, message: str) -> None:
+        """A plain message to stdout and train.log."""
+        if not self.enabled:
+            return
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
+        print(line, flush=True)
+        self._text.write(line + "\n")
+
+    def scalars(self, step: int, values: dict[str, float], prefix: str) -> None:
+        """Scalars to TensorBoard and metrics.jsonl."""
+        if not self.enabled:
+            return
+        for key, value in values.items():
+            self._writer.add_scalar(f"{prefix}/{key}", value, step)
+        self._jsonl.write(json.dumps({"step": step, "split": prefix, **values}) + "\n")
+
+    def progress(self, step: int, metrics: dict[str, float], sec_per_step: Optional[float]) -> None:
+        """The progress line: step, loss, lr, throughput, ETA."""
+        if not self.enabled:
+            return
+        eta = _fmt_eta((self.max_steps - step) * sec_per_step) if sec_per_step else "?"
+        self.info(
+            f"step {step}/{self.max_steps} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e} | "
+            f"{metrics.get('tokens_per_s', 0.0):,.0f} tok/s | {metrics.get('samples_per_s', 0.0):.1f} samples/s | ETA {eta}"
+        )
+
+    def close(self) -> None:
+        """Flush and close the files."""
+        if self.enabled:
+            self._writer.flush()
+            self._writer.close()
+            self._text.close()
+            self._jsonl.close()

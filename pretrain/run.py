@@ -1,0 +1,67 @@
+"""Builds a training run from its config: data, objective, masking, run folder, trainer."""
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from data_pipeline.loader import build_loader
+from data_pipeline.masking import build_masking
+from data_pipeline.shards import read_manifest
+from data_pipeline.tokenizer import copy_tokenizer_folder
+from model.encoder import bert_config
+from model.objectives import build_objective
+from pretrain import distributed as dist
+from pretrain.config import RunConfig
+from pretrain.config_io import save_config
+from pretrain.trainer import Trainer
+
+CONFIG_FILE = "config.yaml"
+MODEL_CONFIG_FILE = "model_config.json"
+TOKENIZER_DIR = "tokenizer"
+
+
+def quiet_libraries() -> None:
+    """Keep third-party chatter out of the progress output."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
+    for name in ("DeepSpeed", "deepspeed", "streaming", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _write_run_files(cfg: RunConfig, run_dir: Path, model_config, data_dir: Path) -> None:
+    """The run folder is self-contained: resolved config, model config and tokenizer (for export)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / CONFIG_FILE)
+    tmp = run_dir / (MODEL_CONFIG_FILE + ".tmp")
+    tmp.write_text(json.dumps(model_config.to_dict(), indent=2))
+    tmp.replace(run_dir / MODEL_CONFIG_FILE)
+    copy_tokenizer_folder(data_dir / TOKENIZER_DIR, run_dir / TOKENIZER_DIR)
+
+
+def build_trainer(cfg: RunConfig) -> Trainer:
+    """Initialise the process group and everything the trainer needs."""
+    quiet_libraries()
+    dist.init_distributed()
+    data_dir = Path(cfg.data.path)
+    manifest = read_manifest(data_dir)
+    tok = manifest["tokenizer"]
+    model_config = bert_config(cfg.model, tok["vocab_size"], tok["pad_id"], manifest["seq_len"])
+    if dist.rank() == 0:
+        _write_run_files(cfg, Path(cfg.train.output_dir), model_config, data_dir)
+    dist.barrier()
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    model = build_objective(cfg.objective, model_config)
+    transform = build_masking(cfg.masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"])
+
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()  # a killed run leaves shared memory that would block this one
+    train_loader = build_loader(cfg.data, "train", cfg.train.micro_batch_size)
+    eval_loader = None
+    if cfg.train.eval_every and manifest["splits"]["validation"]["sequences"] >= cfg.train.micro_batch_size * dist.world_size():
+        eval_loader = build_loader(cfg.data, "validation", cfg.train.micro_batch_size, shuffle=False)
+    return Trainer(cfg, model, transform, train_loader, eval_loader)

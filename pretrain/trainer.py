@@ -1,0 +1,249 @@
+"""The training loop: DeepSpeed engine, step-seeded batch transform, checkpoints with exact resume, logging.
+
+The trainer knows nothing about objectives: the model's forward takes a batch and returns
+(loss, metrics), and the batch transform (masking) is a callable given a seeded generator.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from pretrain import checkpoint as ckpt
+from pretrain import distributed as dist
+from pretrain.config import RunConfig
+from pretrain.config_io import config_hash
+from pretrain.ds_config import build_ds_config
+from pretrain.logger import RunLogger
+from pretrain.optim import build_optimizer, build_scheduler
+
+BatchTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
+EVAL_STREAM = 1 << 30  # keeps evaluation seeds apart from training seeds
+
+
+def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
+    """Seed of the generator that transforms one micro-batch: a function of where it is, not of history."""
+    return int(np.random.SeedSequence([seed, step, micro, rank]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+class Trainer:
+    """Runs `max_steps` optimizer steps of whatever objective `model` is, resuming where a run stopped."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        model: nn.Module,
+        transform: BatchTransform,
+        train_loader,
+        eval_loader=None,
+    ) -> None:
+        import deepspeed
+
+        self.cfg = cfg
+        self.transform = transform
+        self.loader = train_loader
+        self.eval_loader = eval_loader
+        self.rank = dist.rank()
+        self.world = dist.world_size()
+        self.run_dir = Path(cfg.train.output_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        ds_config = build_ds_config(cfg, self.world)
+        self.accum = ds_config["gradient_accumulation_steps"]
+        optimizer = build_optimizer(model, cfg.optimizer)
+        scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+        )
+        self.device = self.engine.device
+        self.log = RunLogger(self.run_dir, cfg.train.max_steps, enabled=self.rank == 0)
+        self.step = 0
+        self.samples_seen = 0
+        self.tokens_seen = 0
+        self.elapsed = 0.0
+        self._iter: Optional[Iterator] = None
+        # Dropout differs per rank; a resume overwrites this with the saved states.
+        torch.manual_seed(cfg.train.seed * 1000 + self.rank)
+        np.random.seed((cfg.train.seed * 1000 + self.rank) % 2**32)
+
+    # ---- data -------------------------------------------------------------------------
+    def _next_batch(self) -> dict[str, torch.Tensor]:
+        while True:
+            if self._iter is None:
+                self._iter = iter(self.loader)  # a new iterator is a new epoch for streaming
+            try:
+                return next(self._iter)
+            except StopIteration:
+                self._iter = None
+
+    def _sample_log(self) -> Path:
+        return self.run_dir / "samples" / f"rank{self.rank}.jsonl"
+
+    def _truncate_sample_log(self, last_step: int) -> None:
+        """Drop the records of steps after the checkpoint we resume from (they will be redone)."""
+        path = self._sample_log()
+        if not path.is_file():
+            return
+        keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        tmp.replace(path)
+
+    # ---- checkpoints ------------------------------------------------------------------
+    def _client_state(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "step": self.step,
+            "samples_seen": self.samples_seen,
+            "tokens_seen": self.tokens_seen,
+            "elapsed_s": self.elapsed,
+            "world_size": self.world,
+            "config_hash": config_hash(self.cfg),
+            "loader": self.loader.state_dict(),
+            "rng": dist.all_gather_object(ckpt.rng_state()),
+        }
+
+    def save(self) -> None:
+        """Checkpoint the current step on every rank."""
+        t0 = time.perf_counter()
+        tag = ckpt.save(self.engine, self.ckpt_dir, self.step, self._client_state(), self.cfg.train.keep_last)
+        self.log.info(f"saved checkpoint {self.ckpt_dir / tag} in {time.perf_counter() - t0:.1f}s")
+
+    def maybe_resume(self) -> None:
+        """Continue from the newest complete checkpoint in the output folder, if any."""
+        if self.cfg.train.resume == "never":
+            return
+        tag = ckpt.latest_complete(self.ckpt_dir)
+        if tag is None:
+            return
+        state = ckpt.load(self.engine, self.ckpt_dir, tag)
+        if state.get("config_hash") != config_hash(self.cfg):
+            self.log.info("note: the config differs from the one the checkpoint was saved with")
+        self.step = state["step"]
+        self.samples_seen = state["samples_seen"]
+        self.tokens_seen = state["tokens_seen"]
+        self.elapsed = state["elapsed_s"]
+        self.loader.load_state_dict(state["loader"])
+        if state["world_size"] == self.world:
+            ckpt.set_rng_state(state["rng"][self.rank])
+        else:
+            torch.manual_seed(self.cfg.train.seed * 1000 + self.rank + 7919 * self.step)
+        self._truncate_sample_log(self.step)
+        self.log.info(f"resumed from {self.ckpt_dir / tag} at step {self.step}")
+
+    # ---- loop -------------------------------------------------------------------------
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def _reduce(self, sums: dict[str, float], divisor: float) -> dict[str, float]:
+        keys = sorted(sums)
+        total = dist.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+        return {k: float(v) / divisor for k, v in zip(keys, total)}
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step over `accum` micro-batches; returns rank-averaged metrics."""
+        lr = float(self.engine.get_lr()[0])
+        step = self.step + 1
+        sums: dict[str, float] = {}
+        counts = torch.zeros(3, dtype=torch.float64)  # tokens, samples, data-wait seconds
+        sample_ids = []
+        for micro in range(self.accum):
+            t0 = time.perf_counter()
+            batch = self._next_batch()
+            counts[2] += time.perf_counter() - t0
+            if self.cfg.train.record_samples:
+                sample_ids.append(batch["sample_id"].tolist())
+            generator = torch.Generator().manual_seed(step_seed(self.cfg.train.seed, step, micro, self.rank))
+            batch = self._to_device(self.transform(batch, generator))
+            loss, metrics = self.engine(batch)
+            self.engine.backward(loss)
+            self.engine.step()
+            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+            counts[0] += float(batch["attention_mask"].sum())
+            counts[1] += batch["input_ids"].shape[0]
+        self.step = step
+        if sample_ids:
+            path = self._sample_log()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as fh:
+                fh.write(json.dumps({"step": step, "sample_ids": sample_ids}) + "\n")
+        metrics = self._reduce(sums, self.accum * self.world)
+        tokens, samples, data_wait = dist.all_reduce_sum(counts).tolist()
+        self.tokens_seen += int(tokens)
+        self.samples_seen += int(samples)
+        grad_norm = self.engine.get_global_grad_norm()
+        metrics.update(lr=lr, tokens=tokens, samples=samples, data_wait_s=data_wait / self.world)
+        if grad_norm is not None:
+            metrics["grad_norm"] = float(grad_norm)
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean metrics over `eval_batches` validation batches (same batches and masks every time)."""
+        self.engine.eval()
+        sums: dict[str, float] = {}
+        n = 0
+        for i, batch in zip(range(self.cfg.train.eval_batches), self.eval_loader):
+            generator = torch.Generator().manual_seed(step_seed(self.cfg.train.seed, EVAL_STREAM, i, self.rank))
+            loss, metrics = self.engine(self._to_device(self.transform(batch, generator)))
+            sums["loss"] = sums.get("loss", 0.0) + float(loss)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+            n += 1
+        self.engine.train()
+        return self._reduce(sums, max(1, n) * self.world) if n else {}
+
+    def fit(self) -> str:
+        """Train until max_steps (or stop_after steps in this invocation); return 'finished' or 'stopped'."""
+        cfg = self.cfg.train
+        self.maybe_resume()
+        start_step = self.step
+        if self.step >= cfg.max_steps:
+            self.log.info(f"nothing to do: step {self.step} >= max_steps {cfg.max_steps}")
+            return "finished"
+        self.log.info(
+            f"training {type(self.engine.module).__name__} on {self.world} rank(s), accumulation {self.accum}, "
+            f"global batch {cfg.global_batch_size}, from step {self.step} to {cfg.max_steps}"
+        )
+        window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0
+        run_start = time.perf_counter()
+        status = "finished"
+        while self.step < cfg.max_steps:
+            t_step = time.perf_counter()
+            metrics = self.train_step()
+            self.elapsed += time.perf_counter() - t_step
+            window_tokens += metrics["tokens"]
+            window_samples += metrics["samples"]
+            window_steps += 1
+            stopping = cfg.stop_after and self.step - start_step >= cfg.stop_after
+            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping:
+                span = time.perf_counter() - window_start
+                metrics["tokens_per_s"] = window_tokens / span
+                metrics["samples_per_s"] = window_samples / span
+                metrics["data_wait_fraction"] = metrics["data_wait_s"] * window_steps / span
+                sec_per_step = (time.perf_counter() - run_start) / (self.step - start_step)
+                self.log.progress(self.step, metrics, sec_per_step)
+                window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0
+            self.log.scalars(self.step, {k: v for k, v in metrics.items() if k not in ("tokens", "samples")}, "train")
+            if cfg.eval_every and self.eval_loader is not None and self.step % cfg.eval_every == 0:
+                val = self.evaluate()
+                self.log.scalars(self.step, val, "validation")
+                self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
+            if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stopping:
+                self.save()
+            if stopping and self.step < cfg.max_steps:
+                status = "stopped"
+                self.log.info(f"stopping after {self.step - start_step} steps (train.stop_after) at step {self.step}")
+                break
+        self.log.info(
+            f"{status} at step {self.step}: {self.samples_seen} samples, {self.tokens_seen} tokens, "
+            f"{self.elapsed:.0f}s of training"
+        )
+        self.log.close()
+        return status

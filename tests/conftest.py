@@ -1,0 +1,63 @@
+"""Shared fixtures: a small real-text corpus, a prepared dataset, and a torchrun launcher."""
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL = [
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "model.max_position_embeddings=64",
+]
+
+
+def kjv_chapters(n: int) -> list[str]:
+    """The first n chapters of the bundled corpus (real English text)."""
+    with gzip.open(REPO / "data" / "kjv.txt.gz", "rt", encoding="utf-8") as fh:
+        return fh.read().split("\n\n")[:n]
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory) -> Path:
+    """A plain-text corpus of 60 documents separated by blank lines."""
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n\n".join(kjv_chapters(60)) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, corpus_file) -> Path:
+    """The corpus prepared with a 400-token unigram tokenizer into 64-token sequences."""
+    from data_pipeline.config import PrepareConfig
+    from data_pipeline.prepare import prepare
+    from pretrain.config_io import load_config
+
+    out = tmp_path_factory.mktemp("prepared") / "data"
+    cfg = load_config(
+        PrepareConfig,
+        None,
+        [f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]",
+         "tokenizer.vocab_size=400", "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1"],
+    )
+    return prepare(cfg)
+
+
+def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `python -m module args` (under torchrun when nproc > 1) from the repo root."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *args]
+    else:
+        cmd = [sys.executable, "-m", module, *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
