@@ -70,4 +70,7 @@ def build_loader(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Option
         # Every rank must take the same number of steps, or the collectives hang.
         drop_last=True,
         persistent_workers=False,
+        # Without its own generator, each new iterator draws a seed from the global torch RNG and
+        # shifts every dropout mask after it; a resumed run creates its iterator at another point.
+        generator=torch.Generator().manual_seed(cfg.shuffle_seed),
     )

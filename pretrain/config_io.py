@@ -63,6 +63,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, bool):
             return value
         raise ConfigError(f"config key '{key}': expected true/false, got {value!r}")
+    if tp in (int, float) and isinstance(value, str):
+        # YAML 1.1 reads "3e-4" (no dot) as a string; accept any numeric literal.
+        try:
+            value = float(value) if tp is float else int(value)
+        except ValueError:
+            raise ConfigError(f"config key '{key}': expected a number, got {value!r}") from None
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():

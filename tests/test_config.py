@@ -14,6 +14,7 @@ def test_yaml_and_overrides(tmp_path):
     assert cfg.optimizer.lr == 1e-3
     assert cfg.optimizer.betas == (0.8, 0.9)
     assert cfg.masking.mask_prob == 0.2
+    assert load_config(RunConfig, None, ["optimizer.lr=3e-4"]).optimizer.lr == 3e-4  # YAML 1.1 reads this as a string
 
 
 def test_unknown_key_is_named(tmp_path):

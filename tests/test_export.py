@@ -16,7 +16,7 @@ def trained(prepared, tmp_path_factory):
     base = tmp_path_factory.mktemp("export")
     run, probe = base / "run", base / "probe.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "tests/helpers/train_and_probe.py", str(probe), "--config", "pretrain/configs/demo_mlm.yaml",
+    cmd = [sys.executable, "tests/helpers/train_and_probe.py", "--probe-out", str(probe), "--config", "pretrain/configs/demo_mlm.yaml",
            f"data.path={prepared}", f"train.output_dir={run}", *TINY_MODEL, "train.max_steps=6", "train.save_every=3",
            "train.micro_batch_size=4", "train.global_batch_size=8", "schedule.warmup_steps=2", "train.eval_every=0"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 """Train through the public API, then save the live training model's MLM logits on a fixed input.
 
-Usage: python tests/helpers/train_and_probe.py PROBE_OUT --config FILE [key=value ...]
+Usage: python tests/helpers/train_and_probe.py --probe-out FILE --config FILE [key=value ...]
 The export test compares these logits with the exported folder's.
 """
 import argparse
@@ -16,7 +16,7 @@ from pretrain.run import build_trainer
 def main() -> None:
     """Train, then probe the engine's module in eval mode."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("probe_out")
+    parser.add_argument("--probe-out", required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
