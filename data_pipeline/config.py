@@ -58,7 +58,21 @@ class PrepareConfig:
     sources: list[SourceConfig] = field(default_factory=list)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     seq_len: int = 128
-    packing: Literal["full"] = "full"
+    # full: RoBERTa FULL-SENTENCES across documents; document: never crosses a document boundary;
+    # pairs: BERT segment A/B pairs with token_type_ids and an NSP or SOP label.
+    packing: Literal["full", "document", "pairs"] = "full"
+    pair_task: Literal["nsp", "sop"] = "nsp"
+    # pairs mode: the chance that a sequence is shorter than seq_len (BERT's short_seq_prob).
+    short_seq_prob: float = 0.1
+    # How many documents back a pairs-mode worker remembers, to draw NSP's random B segments from.
+    nsp_document_pool: int = 1000
+    # With several weighted sources: stop at the first exhausted source, or repeat exhausted
+    # sources until every one has been read once. Either way the proportions follow the weights.
+    mixture_stopping: Literal["first_exhausted", "all_exhausted"] = "first_exhausted"
+    # Stop after this many documents (0: no limit).
+    max_documents: int = 0
+    # Tokenizing/packing/writing processes; each writes its own shards, merged into one index.
+    num_workers: int = 1
     # Every k-th document (k = round(1 / val_fraction)) goes to the validation split.
     val_fraction: float = 0.01
     # What to do with bytes that are not UTF-8: stop with an error, or replace them with U+FFFD.
@@ -74,5 +88,9 @@ class PrepareConfig:
             raise ConfigError("config key 'sources' is empty: name at least one text source")
         if self.seq_len < 8:
             raise ConfigError(f"config key 'seq_len' must be >= 8, got {self.seq_len}")
+        if self.num_workers < 1:
+            raise ConfigError(f"config key 'num_workers' must be >= 1, got {self.num_workers}")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise ConfigError(f"config key 'short_seq_prob' must be in [0, 1], got {self.short_seq_prob}")
         if not 0.0 <= self.val_fraction < 0.5:
             raise ConfigError(f"config key 'val_fraction' must be in [0, 0.5), got {self.val_fraction}")

@@ -1,6 +1,17 @@
-"""Streaming loader over prepared MDS shards: deterministic order, resumable state, padded batches."""
+"""Streaming loader over prepared MDS shards: deterministic elastic order, resumable state, padded batches.
+
+Determinism: the global sample order depends only on the shuffle seed and algorithm and on
+`num_canonical_nodes`, which is fixed in the config, so 1, 2 or 4 ranks walk the same global
+order. `StreamingDataLoader.state_dict()` records how far that order was consumed, and a loader
+given that state resumes mid-epoch without reading the skipped samples.
+
+Remote data: with `remote: s3://bucket/dataset` (or gs://, oci://, ...), shards are fetched on
+demand by mosaicml-streaming into `path` (a local cache); the manifest and tokenizer are fetched
+when training starts. This path is untested here (no network); it is streaming's own code.
+"""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -9,7 +20,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from data_pipeline.shards import read_manifest
+from data_pipeline.shards import MANIFEST, read_manifest
 
 
 @dataclass
@@ -17,42 +28,86 @@ class LoaderConfig:
     """Where the prepared data is and how it is shuffled and read."""
 
     path: str = "runs/data"
+    # Optional remote copy of the prepared folder; `path` is then the local cache.
+    remote: Optional[str] = None
     shuffle: bool = True
     shuffle_seed: int = 1234
     shuffle_algo: str = "py1e"
     # Fixed, so the global sample order does not depend on how many nodes read it.
     num_canonical_nodes: int = 1
     num_workers: int = 0
+    # Check local shard files against their recorded hashes when training starts.
+    verify_hashes: bool = True
+
+
+def fetch_metadata(cfg: LoaderConfig) -> None:
+    """With a remote dataset, download its manifest and tokenizer into the local cache (idempotent)."""
+    if not cfg.remote:
+        return
+    from streaming.base.storage import download_file
+
+    local = Path(cfg.path)
+    if not (local / MANIFEST).is_file():
+        download_file(f"{cfg.remote.rstrip('/')}/{MANIFEST}", str(local / MANIFEST), timeout=120)
+    for name in read_manifest(local)["tokenizer"]["files"]:
+        if not (local / "tokenizer" / name).is_file():
+            download_file(f"{cfg.remote.rstrip('/')}/tokenizer/{name}", str(local / "tokenizer" / name), timeout=120)
 
 
 def collate(samples: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad a list of samples to the longest one; keep each sample's id for auditing the order."""
+    """Pad samples to the longest one; carry segment ids, pair labels and sample ids when present."""
     width = max(len(s["input_ids"]) for s in samples)
     ids = np.full((len(samples), width), pad_id, dtype=np.int64)
     for row, s in enumerate(samples):
         ids[row, : len(s["input_ids"])] = s["input_ids"]
     input_ids = torch.from_numpy(ids)
-    return {
+    batch = {
         "input_ids": input_ids,
         "attention_mask": (input_ids != pad_id).long(),
         "sample_id": torch.tensor([int(s["sample_id"]) for s in samples], dtype=torch.long),
     }
+    if "token_type_ids" in samples[0]:
+        types = np.zeros((len(samples), width), dtype=np.int64)
+        for row, s in enumerate(samples):
+            types[row, : len(s["token_type_ids"])] = s["token_type_ids"]
+        batch["token_type_ids"] = torch.from_numpy(types)
+    if "pair_label" in samples[0]:
+        batch["pair_label"] = torch.tensor([int(s["pair_label"]) for s in samples], dtype=torch.long)
+    return batch
+
+
+def _indexed_dataset_class():
+    from streaming import StreamingDataset
+
+    class IndexedStreamingDataset(StreamingDataset):
+        """A StreamingDataset whose samples carry their global index as `sample_id`.
+
+        The index is the sample's position in the split, so it stays unique when several
+        prepare workers' shards are merged, and it identifies samples across resumes.
+        """
+
+        def get_item(self, sample_id: int, retry: int = 7) -> Any:
+            item = super().get_item(sample_id, retry)
+            item["sample_id"] = sample_id
+            return item
+
+    return IndexedStreamingDataset
 
 
 def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None):
     """A StreamingDataset over one split of a prepared dataset."""
-    from streaming import StreamingDataset
-
     split_dir = Path(cfg.path) / split
-    if not (split_dir / "index.json").is_file():
+    if not cfg.remote and not (split_dir / "index.json").is_file():
         raise FileNotFoundError(f"no '{split}' split in '{cfg.path}' (missing {split_dir / 'index.json'})")
-    return StreamingDataset(
+    return _indexed_dataset_class()(
+        remote=f"{cfg.remote.rstrip('/')}/{split}" if cfg.remote else None,
         local=str(split_dir),
         batch_size=batch_size,
         shuffle=cfg.shuffle if shuffle is None else shuffle,
         shuffle_seed=cfg.shuffle_seed,
         shuffle_algo=cfg.shuffle_algo,
         num_canonical_nodes=cfg.num_canonical_nodes,
+        validate_hash="xxh64" if cfg.remote and cfg.verify_hashes else None,
     )
 
 
@@ -74,3 +129,8 @@ def build_loader(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Option
         # shifts every dropout mask after it; a resumed run creates its iterator at another point.
         generator=torch.Generator().manual_seed(cfg.shuffle_seed),
     )
+
+
+def is_local_leader() -> bool:
+    """True on one process per node (streaming's and torchrun's LOCAL_RANK)."""
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0

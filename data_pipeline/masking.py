@@ -1,8 +1,22 @@
-"""Dynamic masking, applied per micro-batch with a generator seeded from the step (so resume repeats it)."""
+"""Dynamic masking, applied per micro-batch with a generator seeded from the step (so resume repeats it).
+
+Strategies (special tokens and padding are never picked):
+- `bert`: each token picked with probability mask_prob; picked → 80% [MASK], 10% random, 10% kept
+  (Devlin et al. 2019).
+- `whole_word`: words are picked with probability mask_prob and all their tokens are masked, each
+  token then 80/10/10 as in google-research/bert's whole-word masking. Word starts come from the
+  vocabulary: sentencepiece pieces beginning with `▁`, WordPiece tokens not beginning with `##`.
+- `span`: SpanBERT (Joshi et al. 2020): span lengths in words ~ Geometric(p) truncated at max_span
+  and renormalised (mean 3.8 for p=0.2), starts uniform over words, until mask_prob of the tokens
+  are picked; each span is 80/10/10 as a whole.
+- `coco`: COCO-LM's corruption input: tokens picked as in `bert`, all of them → [MASK].
+With `crop_ratio` set, a contiguous crop of the clean sequence (COCO-LM's second view for sequence
+contrastive learning) is added as `crop_input_ids` / `crop_attention_mask`.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 
@@ -13,11 +27,16 @@ IGNORE_INDEX = -100
 class MaskingConfig:
     """Which tokens are picked and what they become."""
 
-    strategy: Literal["bert"] = "bert"
+    strategy: Literal["bert", "whole_word", "span", "coco"] = "bert"
     mask_prob: float = 0.15
     # Of the picked tokens: this fraction becomes [MASK], this fraction a random token, the rest stay.
     mask_token_fraction: float = 0.8
     random_token_fraction: float = 0.1
+    # span: Geometric(span_p) span lengths in words, truncated at max_span.
+    span_p: float = 0.2
+    max_span: int = 10
+    # When set (COCO-LM uses 0.9), add a contiguous crop of the clean sequence of this length ratio.
+    crop_ratio: Optional[float] = None
 
     def validate(self) -> None:
         """Probabilities must be probabilities."""
@@ -29,16 +48,29 @@ class MaskingConfig:
             self.mask_token_fraction + self.random_token_fraction > 1.0
         ):
             raise ConfigError("config keys 'masking.mask_token_fraction' + 'masking.random_token_fraction' must be in [0, 1]")
+        if not 0.0 < self.span_p <= 1.0 or self.max_span < 1:
+            raise ConfigError("config keys 'masking.span_p' must be in (0, 1] and 'masking.max_span' >= 1")
+        if self.crop_ratio is not None and not 0.0 < self.crop_ratio <= 1.0:
+            raise ConfigError(f"config key 'masking.crop_ratio' must be in (0, 1], got {self.crop_ratio}")
 
 
-class BertMasking:
-    """BERT masking: pick `mask_prob` of the non-special tokens; 80% → [MASK], 10% → random, 10% kept.
+def span_length_pmf(p: float, max_span: int) -> torch.Tensor:
+    """P(L = k) for k = 1..max_span: Geometric(p) truncated at max_span and renormalised."""
+    k = torch.arange(1, max_span + 1, dtype=torch.float64)
+    pmf = p * (1 - p) ** (k - 1)
+    return pmf / pmf.sum()
 
-    Adds `labels` (original id at picked positions, IGNORE_INDEX elsewhere) and keeps the clean
-    ids as `original_input_ids` for objectives that need them.
-    """
 
-    def __init__(self, cfg: MaskingConfig, vocab_size: int, mask_id: int, special_ids: list[int]) -> None:
+def sample_span_lengths(n: int, p: float, max_span: int, generator: torch.Generator) -> torch.Tensor:
+    """n span lengths (in words) drawn from `span_length_pmf`."""
+    return torch.multinomial(span_length_pmf(p, max_span).float(), n, replacement=True, generator=generator) + 1
+
+
+class _Masking:
+    """Shared parts: which tokens may be picked, and turning picked tokens into [MASK] / random / kept."""
+
+    def __init__(self, cfg: MaskingConfig, vocab_size: int, mask_id: int, special_ids: list[int],
+                 word_starts: Optional[torch.Tensor] = None) -> None:
         self.cfg = cfg
         self.mask_id = mask_id
         self.special_ids = torch.tensor(sorted(special_ids), dtype=torch.long)
@@ -46,21 +78,33 @@ class BertMasking:
         keep[self.special_ids[self.special_ids < vocab_size]] = False
         # Random replacements are drawn from ordinary tokens only.
         self.replacement_ids = keep.nonzero().squeeze(1)
+        self.word_starts = word_starts
 
     def pickable(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Positions that may be masked: not special, not padding."""
         return ~torch.isin(input_ids, self.special_ids)
 
+    def word_start_mask(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """True where a word begins; special tokens count as words of their own."""
+        if self.word_starts is None:
+            raise ValueError("this masking strategy needs the tokenizer's word-start table")
+        return self.word_starts[input_ids] | ~self.pickable(input_ids)
+
+    def pick(self, ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Picked positions, and optionally a per-position action draw shared within a unit (span)."""
+        raise NotImplementedError
+
     def __call__(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
-        """Return a new batch with masked `input_ids` and `labels`."""
+        """Return a new batch with masked `input_ids`, `labels` and the clean `original_input_ids`."""
         ids = batch["input_ids"]
-        probs = torch.full(ids.shape, self.cfg.mask_prob)
-        picked = torch.bernoulli(probs, generator=generator).bool() & self.pickable(ids)
-        action = torch.rand(ids.shape, generator=generator)
-        to_mask = picked & (action < self.cfg.mask_token_fraction)
-        to_random = picked & (action >= self.cfg.mask_token_fraction) & (
-            action < self.cfg.mask_token_fraction + self.cfg.random_token_fraction
-        )
+        picked, action = self.pick(ids, generator)
+        if action is None:
+            action = torch.rand(ids.shape, generator=generator)
+        mask_frac, random_frac = self.cfg.mask_token_fraction, self.cfg.random_token_fraction
+        if self.cfg.strategy == "coco":
+            mask_frac, random_frac = 1.0, 0.0
+        to_mask = picked & (action < mask_frac)
+        to_random = picked & (action >= mask_frac) & (action < mask_frac + random_frac)
         draws = torch.randint(len(self.replacement_ids), ids.shape, generator=generator)
         masked = torch.where(to_mask, torch.full_like(ids, self.mask_id), ids)
         masked = torch.where(to_random, self.replacement_ids[draws], masked)
@@ -68,8 +112,105 @@ class BertMasking:
         return {**batch, "input_ids": masked, "labels": labels, "original_input_ids": ids}
 
 
-def build_masking(cfg: MaskingConfig, vocab_size: int, mask_id: int, special_ids: list[int]) -> BertMasking:
-    """The masking transform named by the config."""
-    if cfg.strategy == "bert":
-        return BertMasking(cfg, vocab_size, mask_id, special_ids)
-    raise ValueError(f"unknown masking strategy {cfg.strategy!r}")
+class TokenMasking(_Masking):
+    """`bert` and `coco`: each pickable token independently with probability mask_prob."""
+
+    def pick(self, ids, generator):
+        probs = torch.full(ids.shape, self.cfg.mask_prob)
+        return torch.bernoulli(probs, generator=generator).bool() & self.pickable(ids), None
+
+
+class WholeWordMasking(_Masking):
+    """`whole_word`: pick words with probability mask_prob; every token of a picked word is picked."""
+
+    def pick(self, ids, generator):
+        starts = self.word_start_mask(ids)
+        positions = torch.arange(ids.shape[1]).expand_as(ids)
+        # Index of the first token of each token's word.
+        word_head = torch.cummax(torch.where(starts, positions, torch.zeros_like(positions)), dim=1).values
+        head_picked = torch.bernoulli(torch.full(ids.shape, self.cfg.mask_prob), generator=generator).bool() & starts
+        return head_picked.gather(1, word_head) & self.pickable(ids), None
+
+
+class SpanMasking(_Masking):
+    """`span`: SpanBERT contiguous word spans; each span shares one 80/10/10 action draw."""
+
+    def pick(self, ids, generator):
+        pickable = self.pickable(ids)
+        starts = self.word_start_mask(ids) & pickable
+        picked = torch.zeros_like(pickable)
+        action = torch.rand(ids.shape, generator=generator)
+        for row in range(ids.shape[0]):
+            self._pick_row(pickable[row], starts[row], picked[row], action[row], generator)
+        return picked, action
+
+    def _pick_row(self, pickable, starts, picked, action, generator) -> None:
+        n = int(pickable.sum())
+        budget = max(1, round(self.cfg.mask_prob * n)) if n else 0
+        heads = starts.nonzero().squeeze(1).tolist()
+        if not heads or not budget:
+            return
+        # Word i spans [heads[i], ends[i]); a word stops at the next word head or a special token.
+        length = len(pickable)
+        ends = []
+        for i, h in enumerate(heads):
+            e = h + 1
+            limit = heads[i + 1] if i + 1 < len(heads) else length
+            while e < limit and pickable[e]:
+                e += 1
+            ends.append(e)
+        tries = 4 * len(heads) + 20
+        lengths = sample_span_lengths(tries, self.cfg.span_p, self.cfg.max_span, generator).tolist()
+        first_words = torch.randint(len(heads), (tries,), generator=generator).tolist()
+        count = 0
+        for span_words, w in zip(lengths, first_words):
+            if count >= budget:
+                break
+            last = w
+            # Extend over following words only while they are contiguous (no special token between).
+            while last + 1 < len(heads) and last - w + 1 < span_words and heads[last + 1] == ends[last]:
+                last += 1
+            lo, hi = heads[w], ends[last]
+            if picked[lo:hi].any() or count + (hi - lo) > budget + self.cfg.max_span:
+                continue
+            picked[lo:hi] = True
+            action[lo:hi] = action[lo]  # the whole span is masked, replaced or kept together
+            count += hi - lo
+
+
+def crop_view(input_ids: torch.Tensor, pad_id: int, cls_id: int, sep_id: int, ratio: float,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A contiguous crop of each sequence's body (ratio of its length), re-wrapped as [CLS] crop [SEP]."""
+    out = torch.full_like(input_ids, pad_id)
+    for row, ids in enumerate(input_ids):
+        n_real = int((ids != pad_id).sum())
+        body = ids[1:n_real - 1]
+        keep = max(1, round(ratio * len(body)))
+        start = int(torch.randint(len(body) - keep + 1, (1,), generator=generator)) if len(body) > keep else 0
+        crop = body[start:start + keep]
+        out[row, 0], out[row, 1:1 + len(crop)], out[row, 1 + len(crop)] = cls_id, crop, sep_id
+    return out, (out != pad_id).long()
+
+
+class WithCropView:
+    """Wraps a masking transform and adds a crop of the clean input (drawn before masking)."""
+
+    def __init__(self, inner: _Masking, ratio: float, pad_id: int, cls_id: int, sep_id: int) -> None:
+        self.inner, self.ratio, self.pad_id, self.cls_id, self.sep_id = inner, ratio, pad_id, cls_id, sep_id
+
+    def __call__(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The masked batch plus `crop_input_ids` and `crop_attention_mask`."""
+        crop, crop_mask = crop_view(batch["input_ids"], self.pad_id, self.cls_id, self.sep_id, self.ratio, generator)
+        return {**self.inner(batch, generator), "crop_input_ids": crop, "crop_attention_mask": crop_mask}
+
+
+STRATEGIES = {"bert": TokenMasking, "coco": TokenMasking, "whole_word": WholeWordMasking, "span": SpanMasking}
+
+
+def build_masking(cfg: MaskingConfig, vocab_size: int, mask_id: int, special_ids: list[int],
+                  word_starts: Optional[torch.Tensor] = None, pad_id: int = 0, cls_id: int = 2, sep_id: int = 3):
+    """The masking transform named by the config (with the crop view when crop_ratio is set)."""
+    transform = STRATEGIES[cfg.strategy](cfg, vocab_size, mask_id, special_ids, word_starts)
+    if cfg.crop_ratio is not None:
+        return WithCropView(transform, cfg.crop_ratio, pad_id, cls_id, sep_id)
+    return transform

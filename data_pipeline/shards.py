@@ -19,29 +19,61 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 class SplitWriter:
-    """Writes one split's packed sequences to MDS shards, numbering them with a `sample_id`."""
+    """Writes one split's samples to MDS shards (zstd, sha1 + xxh64 hashes)."""
 
-    def __init__(self, out_dir: Path, dtype: np.dtype, compression: str | None, size_limit: int) -> None:
+    def __init__(self, out_dir: Path, columns: dict[str, str], dtype: np.dtype, compression: str | None, size_limit: int) -> None:
         from streaming import MDSWriter
 
         self.dtype = dtype
         self.sequences = 0
         self.tokens = 0
-        columns = {"input_ids": f"ndarray:{dtype.name}", "sample_id": "int64"}
+        # Token arrays get the vocabulary's dtype; the other columns keep theirs.
+        self.columns = {k: (f"ndarray:{dtype.name}" if k == "input_ids" else ("ndarray:uint8" if v == "ndarray" else v))
+                        for k, v in columns.items()}
         self._writer = MDSWriter(
-            out=str(out_dir), columns=columns, compression=compression, hashes=["sha1", "xxh64"], size_limit=size_limit
+            out=str(out_dir), columns=self.columns, compression=compression, hashes=["sha1", "xxh64"], size_limit=size_limit
         )
 
-    def write(self, seq: np.ndarray) -> None:
-        """Append one sequence."""
-        self._writer.write({"input_ids": seq.astype(self.dtype), "sample_id": self.sequences})
+    def write(self, sample: dict[str, Any]) -> None:
+        """Append one sample."""
+        sample = {**sample, "input_ids": np.asarray(sample["input_ids"]).astype(self.dtype)}
+        self._writer.write(sample)
         self.sequences += 1
-        self.tokens += len(seq)
+        self.tokens += len(sample["input_ids"])
 
     def close(self) -> dict[str, int]:
         """Finish the shards and index; return the split's counts."""
         self._writer.finish()
         return {"sequences": self.sequences, "tokens": self.tokens}
+
+
+class CorruptShardError(ValueError):
+    """A shard's bytes do not match the hash recorded when it was written."""
+
+
+def verify_split(split_dir: Path) -> int:
+    """Check every shard file of a split against the xxh64 hashes in its index; return the shard count."""
+    import xxhash
+
+    index_path = split_dir / "index.json"
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CorruptShardError(f"shard index '{index_path}' is missing or corrupt: {exc}") from exc
+    for shard in index["shards"]:
+        for part in ("zip_data", "raw_data"):
+            info = shard.get(part)
+            if not info:
+                continue
+            path = split_dir / info["basename"]
+            if not path.is_file():
+                if part == "raw_data" and shard.get("zip_data"):
+                    continue  # only the compressed file is kept until streaming unpacks it
+                raise CorruptShardError(f"shard '{path}' is missing")
+            expected = info.get("hashes", {}).get("xxh64")
+            if expected is not None and xxhash.xxh64(path.read_bytes()).hexdigest() != expected:
+                raise CorruptShardError(f"shard '{path}' does not match its recorded hash (corrupt or modified)")
+    return len(index["shards"])
 
 
 def check_overwrite(final_dir: Path, overwrite: bool) -> None:

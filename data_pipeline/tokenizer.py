@@ -154,3 +154,17 @@ def copy_tokenizer_folder(src: str | Path, dst: str | Path) -> None:
     for f in Path(src).iterdir():
         if f.is_file():
             shutil.copy2(f, dst / f.name)
+
+
+def word_start_table(tok):
+    """Bool tensor over the vocabulary: does this token begin a word?
+
+    WordPiece marks continuations with `##`; sentencepiece marks word starts with `▁`. Punctuation
+    pieces without `▁` join the preceding word, which is what whole-word masking of sentencepiece
+    vocabularies does elsewhere too.
+    """
+    import torch
+
+    vocab = tok.convert_ids_to_tokens(list(range(len(tok))))
+    wordpiece = any(t.startswith("##") for t in vocab)
+    return torch.tensor([(not t.startswith("##")) if wordpiece else t.startswith("▁") for t in vocab], dtype=torch.bool)

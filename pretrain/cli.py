@@ -6,6 +6,7 @@ import logging
 import sys
 
 from pretrain.config import RunConfig
+from data_pipeline.shards import CorruptShardError
 from pretrain.config_io import ConfigError, load_config
 
 
@@ -49,6 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, FileExistsError) as exc:
+    except (ConfigError, CorruptShardError, FileNotFoundError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

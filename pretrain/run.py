@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from data_pipeline.loader import build_loader
+from data_pipeline.loader import build_loader, fetch_metadata, is_local_leader
 from data_pipeline.masking import build_masking
-from data_pipeline.shards import read_manifest
-from data_pipeline.tokenizer import copy_tokenizer_folder
+from data_pipeline.shards import read_manifest, verify_split
+from data_pipeline.tokenizer import copy_tokenizer_folder, load_tokenizer, word_start_table
 from model.encoder import bert_config
 from model.objectives import build_objective
 from pretrain import distributed as dist
@@ -47,6 +47,13 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     quiet_libraries()
     dist.init_distributed()
     data_dir = Path(cfg.data.path)
+    if is_local_leader():
+        fetch_metadata(cfg.data)
+        if cfg.data.verify_hashes and not cfg.data.remote:
+            for split in ("train", "validation"):
+                if (data_dir / split / "index.json").is_file():
+                    verify_split(data_dir / split)
+    dist.barrier()
     manifest = read_manifest(data_dir)
     tok = manifest["tokenizer"]
     model_config = bert_config(cfg.model, tok["vocab_size"], tok["pad_id"], manifest["seq_len"])
@@ -55,7 +62,11 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     dist.barrier()
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_objective(cfg.objective, model_config)
-    transform = build_masking(cfg.masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"])
+    transform = build_masking(
+        cfg.masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"],
+        word_starts=word_start_table(load_tokenizer(data_dir / TOKENIZER_DIR)),
+        pad_id=tok["pad_id"], cls_id=tok["cls_id"], sep_id=tok["sep_id"],
+    )
 
     from streaming.base.util import clean_stale_shared_memory
 

@@ -1,7 +1,7 @@
 """BERT 80/10/10 masking: rates, specials never picked, determinism from the generator."""
 import torch
 
-from data_pipeline.masking import IGNORE_INDEX, BertMasking, MaskingConfig
+from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, TokenMasking
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB = 1000
@@ -19,7 +19,7 @@ def _batch(rows=256, width=256, seed=0):
 
 
 def _masker():
-    return BertMasking(MaskingConfig(), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK])
+    return TokenMasking(MaskingConfig(), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK])
 
 
 def test_specials_and_padding_never_picked():
