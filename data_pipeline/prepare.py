@@ -27,6 +27,7 @@ from data_pipeline.shards import SplitWriter, prepare_output, publish, token_dty
 from data_pipeline.tokenizer import (
     copy_pretrained_tokenizer,
     load_tokenizer,
+    make_encoder,
     save_tokenizer,
     tokenizer_hash,
     train_sentencepiece,
@@ -73,23 +74,26 @@ def _batches(cfg: PrepareConfig, docs: Iterable[str], doc_counts: dict[str, int]
         yield batch
 
 
-def _make_packer(cfg: PrepareConfig, tok, worker: int, split: str):
+def _make_packer(cfg: PrepareConfig, ids: dict[str, int], worker: int, split: str):
     if cfg.packing == "full":
-        return FullPacker(cfg.seq_len, tok.cls_token_id, tok.sep_token_id)
+        return FullPacker(cfg.seq_len, ids["cls_id"], ids["sep_id"])
     if cfg.packing == "document":
-        return DocumentPacker(cfg.seq_len, tok.cls_token_id, tok.sep_token_id)
+        return DocumentPacker(cfg.seq_len, ids["cls_id"], ids["sep_id"])
     seed = [cfg.seed, worker, SPLITS.index(split)]
-    return PairPacker(cfg.seq_len, tok.cls_token_id, tok.sep_token_id, cfg.pair_task, cfg.short_seq_prob,
+    return PairPacker(cfg.seq_len, ids["cls_id"], ids["sep_id"], cfg.pair_task, cfg.short_seq_prob,
                       cfg.nsp_document_pool, seed)
 
 
-def write_shards(cfg: PrepareConfig, tok_dir: Path, out_dir: Path, worker: int, batches: Iterable[Batch]) -> dict[str, dict[str, int]]:
-    """Tokenize, pack and write the given batches into `out_dir/<split>[/part-NNNNN]`; return counts."""
-    tok = load_tokenizer(tok_dir)
-    backend = tok.backend_tokenizer
-    dtype = token_dtype(len(tok))
+def write_shards(cfg: PrepareConfig, tok_dir: Path, ids: dict[str, int], out_dir: Path, worker: int,
+                 batches: Iterable[Batch]) -> dict[str, dict[str, int]]:
+    """Tokenize, pack and write the given batches into `out_dir/<split>[/part-NNNNN]`; return counts.
+
+    `ids` holds cls_id, sep_id and vocab_size, so a worker never needs to import transformers.
+    """
+    encode = make_encoder(tok_dir, threads=max(1, (os.cpu_count() or 1) // cfg.num_workers))
+    dtype = token_dtype(ids["vocab_size"])
     suffix = f"part-{worker:05d}" if cfg.num_workers > 1 else ""
-    packers = {s: _make_packer(cfg, tok, worker, s) for s in SPLITS}
+    packers = {s: _make_packer(cfg, ids, worker, s) for s in SPLITS}
     writers = {s: SplitWriter(out_dir / s / suffix, packers[s].columns, dtype, cfg.compression, cfg.shard_size_limit)
                for s in SPLITS}
     for batch in batches:
@@ -99,16 +103,16 @@ def write_shards(cfg: PrepareConfig, tok_dir: Path, out_dir: Path, worker: int, 
                 continue
             if cfg.packing == "pairs":
                 sentences = [split_sentences(text) for _, text in docs]
-                flat = backend.encode_batch([s for sents in sentences for s in sents], add_special_tokens=False)
+                flat = encode([s for sents in sentences for s in sents])
                 pos = 0
                 for (doc_id, _), sents in zip(docs, sentences):
-                    ids = [e.ids for e in flat[pos:pos + len(sents)]]
+                    ids = flat[pos:pos + len(sents)]
                     pos += len(sents)
                     for sample in packers[split].add(doc_id, ids):
                         writers[split].write(sample)
             else:
-                for (doc_id, _), enc in zip(docs, backend.encode_batch([t for _, t in docs], add_special_tokens=False)):
-                    for sample in packers[split].add(doc_id, enc.ids):
+                for (doc_id, _), ids in zip(docs, encode([t for _, t in docs])):
+                    for sample in packers[split].add(doc_id, ids):
                         writers[split].write(sample)
     for split in SPLITS:
         for sample in packers[split].flush():
@@ -116,26 +120,26 @@ def write_shards(cfg: PrepareConfig, tok_dir: Path, out_dir: Path, worker: int, 
     return {s: writers[s].close() for s in SPLITS}
 
 
-def _worker_main(cfg: PrepareConfig, tok_dir: Path, out_dir: Path, worker: int, inbox, outbox) -> None:
+def _worker_main(cfg: PrepareConfig, tok_dir: Path, ids: dict[str, int], out_dir: Path, worker: int, inbox, outbox) -> None:
     """A worker process: batches arrive on inbox until None; counts (or a traceback) go to outbox."""
     def batches() -> Iterator[Batch]:
         while (batch := inbox.get()) is not None:
             yield batch
 
     try:
-        outbox.put(("ok", worker, write_shards(cfg, tok_dir, out_dir, worker, batches())))
+        outbox.put(("ok", worker, write_shards(cfg, tok_dir, ids, out_dir, worker, batches())))
     except BaseException:
         outbox.put(("error", worker, traceback.format_exc()))
 
 
-def _run_workers(cfg: PrepareConfig, tok_dir: Path, out_dir: Path, batches: Iterable[Batch]) -> list[dict]:
+def _run_workers(cfg: PrepareConfig, tok_dir: Path, ids: dict[str, int], out_dir: Path, batches: Iterable[Batch]) -> list[dict]:
     """Spread batches round-robin over worker processes; fail fast if one dies."""
     ctx = mp.get_context("spawn")  # fork after datasets/fsspec threads started can deadlock
     threads = max(1, (os.cpu_count() or 1) // cfg.num_workers)
     os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's thread pool, per worker
     inboxes = [ctx.Queue(maxsize=4) for _ in range(cfg.num_workers)]
     outbox = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(cfg, tok_dir, out_dir, w, inboxes[w], outbox), daemon=True)
+    procs = [ctx.Process(target=_worker_main, args=(cfg, tok_dir, ids, out_dir, w, inboxes[w], outbox), daemon=True)
              for w in range(cfg.num_workers)]
     for p in procs:
         p.start()
@@ -211,14 +215,15 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> Path:
         tok_dir = tmp_dir / "tokenizer"
         _build_tokenizer(cfg, tok_dir)
         tok = load_tokenizer(tok_dir)
+        ids = {"cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id, "vocab_size": len(tok)}
         stats = ReadStats()
         per_source = [0] * len(cfg.sources)
         doc_counts = {s: 0 for s in SPLITS}
         batches = _batches(cfg, _documents(cfg, stats, per_source), doc_counts)
         if cfg.num_workers == 1:
-            counts = write_shards(cfg, tok_dir, tmp_dir, 0, batches)
+            counts = write_shards(cfg, tok_dir, ids, tmp_dir, 0, batches)
         else:
-            counts = _merge(tmp_dir, _run_workers(cfg, tok_dir, tmp_dir, batches))
+            counts = _merge(tmp_dir, _run_workers(cfg, tok_dir, ids, tmp_dir, batches))
         if stats.documents == 0:
             raise DataInputError(
                 "the corpus is empty: no source yielded any text (" + ", ".join(_source_name(cfg, i) for i in range(len(cfg.sources))) + ")"

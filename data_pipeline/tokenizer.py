@@ -117,6 +117,8 @@ def copy_pretrained_tokenizer(src: str, out_dir: Path) -> None:
     if missing:
         raise ValueError(f"tokenizer '{src}' lacks {', '.join(missing)}; MLM-style pre-training needs them")
     tok.save_pretrained(str(out_dir))
+    if (Path(src) / SPM_FILE).is_file():  # a tokenizer trained here: keep its fast native encoder
+        shutil.copy2(Path(src) / SPM_FILE, out_dir / SPM_FILE)
 
 
 def load_tokenizer(path: str | Path):
@@ -168,3 +170,31 @@ def word_start_table(tok):
     vocab = tok.convert_ids_to_tokens(list(range(len(tok))))
     wordpiece = any(t.startswith("##") for t in vocab)
     return torch.tensor([(not t.startswith("##")) if wordpiece else t.startswith("▁") for t in vocab], dtype=torch.bool)
+
+
+def make_encoder(tok_dir: str | Path, threads: int = 0):
+    """A fast `list[str] -> list[list[int]]` encoder without special tokens, for `prepare`.
+
+    For a tokenizer trained here (its folder holds spm.model), sentencepiece's own C++ encoder
+    gives the same ids as the HF fast tokenizer (the tests check this) about 7x faster. Either way,
+    text that looks like a special token ("[MASK]") is encoded as ordinary text: corpus text never
+    injects special tokens into the training data.
+    """
+    import os
+
+    tok_dir = Path(tok_dir)
+    threads = threads or os.cpu_count() or 1
+    if (tok_dir / SPM_FILE).is_file():
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(tok_dir / SPM_FILE))
+        return lambda texts: sp.encode(texts, num_threads=threads)
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    # Saved tokenizer.json files often carry padding/truncation settings (MiniLM's truncate at 128):
+    # a document must never be cut or padded here.
+    backend.no_truncation()
+    backend.no_padding()
+    backend.encode_special_tokens = True  # literal "[MASK]" in the corpus stays text
+    return lambda texts: [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]

@@ -74,3 +74,18 @@ def test_sentencepiece_word_starts(tmp_path):
     pieces = tok.convert_ids_to_tokens(ids)
     starts = word_start_table(tok)
     assert [bool(starts[i]) for i in ids] == [p.startswith("▁") for p in pieces]
+
+
+def test_prepare_encoder_never_truncates_and_keeps_special_text_literal(tmp_path):
+    from data_pipeline.tokenizer import make_encoder
+
+    long_doc = " ".join(kjv_chapters(3))
+    teacher = load_tokenizer(minilm_dir())
+    (ids,) = make_encoder(minilm_dir())([long_doc])
+    assert len(ids) > 512  # MiniLM's tokenizer.json would truncate at 128
+    assert ids == teacher(long_doc, add_special_tokens=False)["input_ids"]
+    (lit,) = make_encoder(minilm_dir())(["a [MASK] b"])
+    assert teacher.mask_token_id not in lit
+    tok = _train(tmp_path)
+    (sp_ids,) = make_encoder(tmp_path / "tok")(["a [MASK] b"])
+    assert tok.mask_token_id not in sp_ids

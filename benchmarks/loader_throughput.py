@@ -1,0 +1,81 @@
+"""Loader throughput (StreamingDataLoader + collate + masking) against what training consumes.
+
+    python benchmarks/loader_throughput.py --data runs/demo/data --run runs/demo/train [--batches 400]
+
+The loader side reads `--batches` micro-batches of one rank, with 0 and 2 loader workers, and
+applies BERT masking as the trainer does. The training side reads samples/s and the fraction of
+step time spent waiting for data from a finished run's metrics.jsonl (`make demo` writes one).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def loader_rate(data: str, batch: int, workers: int, batches: int) -> dict:
+    """Sequences and tokens per second through loader + masking, for one rank."""
+    import torch
+
+    from data_pipeline.loader import LoaderConfig, build_loader
+    from data_pipeline.masking import MaskingConfig, build_masking
+    from data_pipeline.shards import read_manifest
+
+    tok = read_manifest(data)["tokenizer"]
+    masking = build_masking(MaskingConfig(), tok["vocab_size"], tok["mask_id"], tok["special_ids"])
+    loader = build_loader(LoaderConfig(path=data, num_workers=workers), "train", batch)
+    seqs = tokens = n = 0
+    start = None
+    while n < batches:
+        for b in loader:
+            if start is None:  # the first batch pays worker start-up and shard decompression
+                start = time.perf_counter()
+                continue
+            out = masking(b, torch.Generator().manual_seed(n))
+            seqs += out["input_ids"].shape[0]
+            tokens += int(out["attention_mask"].sum())
+            n += 1
+            if n >= batches:
+                break
+    elapsed = time.perf_counter() - start
+    return {"workers": workers, "batch": batch, "sequences_per_s": round(seqs / elapsed), "tokens_per_s": round(tokens / elapsed)}
+
+
+def training_rate(run: Path) -> dict:
+    """Mean samples/s and data-wait fraction over a run's logged steps (after the first window)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["split"] == "train" and "samples_per_s" in r][1:]
+    mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+    return {"samples_per_s": round(mean("samples_per_s"), 1), "tokens_per_s": round(mean("tokens_per_s")),
+            "data_wait_fraction": round(mean("data_wait_fraction"), 4)}
+
+
+def main() -> None:
+    """Print a table and write JSON."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", default=str(REPO / "runs/demo/data"))
+    parser.add_argument("--run", default=str(REPO / "runs/demo/train"))
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batches", type=int, default=400)
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "loader_throughput.json"))
+    args = parser.parse_args()
+    loaders = [loader_rate(args.data, args.batch, w, args.batches) for w in (0, 2)]
+    training = training_rate(Path(args.run)) if (Path(args.run) / "metrics.jsonl").is_file() else None
+    print(f"{'loader workers':>14} {'batch':>6} {'sequences/s':>12} {'tokens/s':>10}")
+    for r in loaders:
+        print(f"{r['workers']:>14} {r['batch']:>6} {r['sequences_per_s']:>12,} {r['tokens_per_s']:>10,}")
+    if training:
+        print(f"training consumed {training['samples_per_s']} samples/s ({training['tokens_per_s']:,} tokens/s) over all ranks; "
+              f"data wait {100 * training['data_wait_fraction']:.2f}% of step time")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"machine": platform.platform(), "cpu_count": os.cpu_count(), "loader": loaders,
+                                          "training": training}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
