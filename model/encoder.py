@@ -22,6 +22,9 @@ class EncoderConfig:
     attention_dropout: float = 0.1
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     vocab_size: Optional[int] = None
+    # A Hugging Face BERT folder to start from (shape and weights; the fields above are ignored).
+    # A missing MLM head is created, with its decoder tied to the word embeddings.
+    init_from: Optional[str] = None
 
     def validate(self) -> None:
         """Catch shapes BERT cannot build."""
@@ -54,5 +57,26 @@ def bert_config(cfg: EncoderConfig, vocab_size: int, pad_id: int, seq_len: int) 
         pad_token_id=pad_id,
         type_vocab_size=2,
     )
+    config._attn_implementation = cfg.attn_implementation
+    return config
+
+
+def pretrained_bert_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> BertConfig:
+    """The BertConfig of `cfg.init_from`, checked against the tokenizer and data."""
+    from pathlib import Path
+
+    path = Path(cfg.init_from)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"config key 'model.init_from': '{path}' is not a Hugging Face model folder (no config.json)")
+    config = BertConfig.from_pretrained(str(path))
+    if config.model_type != "bert":
+        raise ConfigError(f"config key 'model.init_from': '{path}' is a {config.model_type} model, not BERT")
+    if config.vocab_size != vocab_size:
+        raise ConfigError(
+            f"'model.init_from' {path} has a vocabulary of {config.vocab_size} but the dataset's tokenizer has "
+            f"{vocab_size} tokens; prepare the data with tokenizer.pretrained={path}"
+        )
+    if seq_len > config.max_position_embeddings:
+        raise ConfigError(f"the dataset's sequences are {seq_len} tokens but {path} has {config.max_position_embeddings} positions")
     config._attn_implementation = cfg.attn_implementation
     return config

@@ -12,11 +12,11 @@ from data_pipeline.loader import build_loader, fetch_metadata, is_local_leader
 from data_pipeline.masking import build_masking
 from data_pipeline.shards import read_manifest, verify_split
 from data_pipeline.tokenizer import copy_tokenizer_folder, load_tokenizer, word_start_table
-from model.encoder import bert_config
+from model.encoder import bert_config, pretrained_bert_config
 from model.objectives import build_objective
 from pretrain import distributed as dist
 from pretrain.config import RunConfig
-from pretrain.config_io import save_config
+from pretrain.config_io import ConfigError, save_config
 from pretrain.trainer import Trainer
 
 CONFIG_FILE = "config.yaml"
@@ -56,12 +56,17 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     dist.barrier()
     manifest = read_manifest(data_dir)
     tok = manifest["tokenizer"]
-    model_config = bert_config(cfg.model, tok["vocab_size"], tok["pad_id"], manifest["seq_len"])
+    if cfg.model.init_from:
+        model_config = pretrained_bert_config(cfg.model, tok["vocab_size"], manifest["seq_len"])
+    else:
+        model_config = bert_config(cfg.model, tok["vocab_size"], tok["pad_id"], manifest["seq_len"])
+    if cfg.objective.name == "tacl" and not cfg.model.init_from:
+        raise ConfigError("objective tacl continues pre-training: set model.init_from to the teacher's HF folder")
     if dist.rank() == 0:
         _write_run_files(cfg, Path(cfg.train.output_dir), model_config, data_dir)
     dist.barrier()
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    model = build_objective(cfg.objective, model_config)
+    model = build_objective(cfg.objective, model_config, cfg.model.init_from)
     transform = build_masking(
         cfg.masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"],
         word_starts=word_start_table(load_tokenizer(data_dir / TOKENIZER_DIR)),

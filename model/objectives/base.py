@@ -1,7 +1,7 @@
 """The one interface every objective implements; the trainer sees nothing else."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -14,18 +14,87 @@ ObjectiveResult = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
 @dataclass
-class ObjectiveConfig:
-    """Which objective to train."""
+class MLMOptions:
+    """BERT MLM, optionally with a sentence-pair head (needs `packing: pairs` data)."""
 
-    name: Literal["mlm"] = "mlm"
+    pair_head: Literal["none", "nsp", "sop"] = "none"
+
+
+@dataclass
+class ElectraOptions:
+    """ELECTRA: generator size as fractions of the discriminator, and the RTD weight λ."""
+
+    generator_width: float = 0.25
+    generator_depth: float = 1.0
+    rtd_weight: float = 50.0
+
+
+@dataclass
+class CocoLMOptions:
+    """COCO-LM: generator depth, loss weights, CLM form and SCL temperature."""
+
+    generator_layers: int = 4
+    copy_weight: float = 50.0
+    # weighted: CE weighted by stop-grad p_copy(0) (the authors' posted skeleton);
+    # paper: -log(1[x = orig] sg(p1) + sg(p0) softmax(x_orig)).
+    clm_form: Literal["weighted", "paper"] = "weighted"
+    scl_temperature: float = 1.0
+    scl_weight: float = 1.0
+
+
+@dataclass
+class TaCLOptions:
+    """TaCL: token-level contrastive loss against a frozen teacher."""
+
+    temperature: float = 0.01
+    # The original code's softmax runs over all positions, padding included; the paper's does not.
+    include_padding: bool = False
+    # Variant (a): teacher tokens of the other sequences in the batch join the denominator.
+    cross_sequence_negatives: bool = False
+    pair_head: Literal["none", "nsp"] = "none"
+    weight: float = 1.0
+
+
+@dataclass
+class TACOOptions:
+    """TACO: token-alignment contrastive loss on the global semantic g = last hidden - embeddings."""
+
+    temperature: float = 0.07
+    negatives: int = 50
+    masked_only: bool = False
+    weight: float = 1.0
+
+
+@dataclass
+class ObjectiveConfig:
+    """Which objective to train, and each objective's options."""
+
+    name: Literal["mlm", "electra", "coco_lm", "tacl", "taco"] = "mlm"
+    mlm: MLMOptions = field(default_factory=MLMOptions)
+    electra: ElectraOptions = field(default_factory=ElectraOptions)
+    coco_lm: CocoLMOptions = field(default_factory=CocoLMOptions)
+    tacl: TaCLOptions = field(default_factory=TaCLOptions)
+    taco: TACOOptions = field(default_factory=TACOOptions)
 
 
 class Objective(nn.Module):
-    """A module whose forward takes a batch and returns (loss, metrics)."""
+    """A module whose forward takes a batch and returns (loss, metrics).
 
-    def forward(self, batch: Batch) -> ObjectiveResult:  # pragma: no cover - interface
-        """Compute the loss and its metrics for one micro-batch."""
+    Subclasses implement `terms` (named, undetached loss terms plus detached metrics) and
+    `weights`; forward sums the weighted terms. `hf_models` says what to export.
+    """
+
+    weights: dict[str, float] = {}
+
+    def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:  # pragma: no cover
+        """(loss terms with graph, extra detached metrics) for one micro-batch."""
         raise NotImplementedError
+
+    def forward(self, batch: Batch) -> ObjectiveResult:
+        """Weighted sum of the terms, and every term and metric detached for logging."""
+        terms, metrics = self.terms(batch)
+        total = sum(self.weights.get(name, 1.0) * value for name, value in terms.items())
+        return total, {**{name: value.detach() for name, value in terms.items()}, **metrics}
 
     def hf_models(self) -> dict[str, PreTrainedModel]:  # pragma: no cover - interface
         """The Hugging Face models to export, keyed by sub-folder ("" for the export's root)."""

@@ -1,17 +1,25 @@
-"""BERT masked language modelling with a sparse prediction head.
+"""BERT masked language modelling with a sparse prediction head, and optional NSP / SOP.
 
 Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language
 Understanding" (google-research/bert, run_pretraining.py: the loss is computed only at the
-masked positions, and the output projection is tied to the input embeddings).
+masked positions, and the output projection is tied to the input embeddings). SOP: Lan et al.
+2020, "ALBERT" (google-research/albert): the same 2-way head, predicting swapped segment order.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
-from transformers import BertConfig, BertForMaskedLM, PreTrainedModel
+from transformers import BertConfig, BertForMaskedLM, BertForPreTraining, PreTrainedModel
 
 from data_pipeline.masking import IGNORE_INDEX
-from model.objectives.base import Batch, Objective, ObjectiveResult
+from model.objectives.base import Batch, MLMOptions, Objective
+
+
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Half-precision tensors are upcast for softmax/log maths; float32 and float64 pass unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -22,34 +30,59 @@ def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     keep = labels != IGNORE_INDEX
     if not bool(keep.any()):
         return logits.sum() * 0.0  # keeps the graph so every rank still runs backward
-    logits = logits[keep]
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()  # the softmax of a 30k vocabulary needs more than 8 mantissa bits
-    return F.cross_entropy(logits, labels[keep], reduction="mean")
+    # The softmax of a 30k vocabulary needs more than bf16's 8 mantissa bits.
+    return F.cross_entropy(at_least_fp32(logits[keep]), labels[keep], reduction="mean")
+
+
+def pair_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """NSP / SOP: mean 2-way cross-entropy over the batch. logits [B, 2], labels [B] in {0, 1}."""
+    return F.cross_entropy(at_least_fp32(logits), labels, reduction="mean")
+
+
+def sparse_mlm(hidden: torch.Tensor, labels: torch.Tensor, head) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply the MLM head only at picked positions; return (loss, accuracy)."""
+    picked = labels != IGNORE_INDEX
+    targets = labels[picked]
+    logits = head(hidden[picked])
+    loss = mlm_loss(logits, targets)
+    with torch.no_grad():
+        accuracy = (logits.argmax(-1) == targets).float().mean() if targets.numel() else loss.new_zeros(())
+    return loss, accuracy
+
+
+def load_or_build(cls, config: BertConfig, init_from: Optional[str]):
+    """A transformers model of class `cls`, from an HF folder (missing heads are created, decoder tied) or fresh."""
+    if init_from:
+        return cls.from_pretrained(init_from, config=config)
+    return cls(config)
 
 
 class MaskedLM(Objective):
-    """BERT encoder + tied MLM head; the vocabulary projection runs only at the picked positions."""
+    """BERT encoder + tied MLM head (+ NSP/SOP head); the vocabulary projection runs only at picked positions."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, options: MLMOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
-        self.model = BertForMaskedLM(config)
+        self.pair_head = options.pair_head
+        cls = BertForMaskedLM if self.pair_head == "none" else BertForPreTraining
+        self.model = load_or_build(cls, config, init_from)
 
-    def forward(self, batch: Batch) -> ObjectiveResult:
-        """MLM loss and accuracy on one masked micro-batch."""
-        hidden = self.model.bert(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            token_type_ids=batch.get("token_type_ids"),
-        ).last_hidden_state
-        picked = batch["labels"] != IGNORE_INDEX
-        labels = batch["labels"][picked]
-        logits = self.model.cls(hidden[picked])
-        loss = mlm_loss(logits, labels)
-        with torch.no_grad():
-            accuracy = (logits.argmax(-1) == labels).float().mean() if labels.numel() else loss.new_zeros(())
-        return loss, {"mlm_loss": loss.detach(), "mlm_accuracy": accuracy}
+    def terms(self, batch: Batch):
+        """MLM loss (+ NSP/SOP loss) and accuracies."""
+        out = self.model.bert(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch.get("token_type_ids")
+        )
+        head = self.model.cls.predictions
+        loss, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], head)
+        terms = {"mlm_loss": loss}
+        metrics = {"mlm_accuracy": accuracy}
+        if self.pair_head != "none":
+            if "pair_label" not in batch:
+                raise ValueError(f"objective.mlm.pair_head={self.pair_head} needs data prepared with packing=pairs")
+            logits = self.model.cls.seq_relationship(out.pooler_output)
+            terms[f"{self.pair_head}_loss"] = pair_loss(logits, batch["pair_label"])
+            metrics[f"{self.pair_head}_accuracy"] = (logits.argmax(-1) == batch["pair_label"]).float().mean()
+        return terms, metrics
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
-        """Exported as BertForMaskedLM, so `pipeline("fill-mask")` works."""
+        """BertForMaskedLM (or BertForPreTraining, which AutoModelForMaskedLM also loads)."""
         return {"": self.model}

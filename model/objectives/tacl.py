@@ -1,0 +1,112 @@
+"""TaCL: token-aware contrastive continual pre-training against a frozen teacher.
+
+Su et al. 2022, "TaCL: Improving BERT Pre-training with Token-aware Contrastive Learning"
+(yxuansu/TaCL). The teacher is a frozen copy of the starting checkpoint, kept in eval mode (no
+dropout: the original code left it in train mode, its issue #11), with no gradient and no
+optimizer state; it reads the clean ids while the student reads the masked ids. For each anchor
+(every position picked for MLM, including the 10% random and 10% kept), the positive is the
+teacher's token at the same position; cosine similarities / τ (0.01) are soft-maxed over the
+teacher's non-pad tokens of the same sequence (the paper; `include_padding` gives the original
+code's softmax over all positions). Total = MLM (+ NSP) + TaCL.
+Variants: (a) cross-sequence negatives (the other sequences' teacher tokens join the
+denominator); (b) supervised TaCL for token classification (`supervised_tacl_loss`: tokens of
+the anchor's class are removed from the denominator).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from transformers import BertConfig, BertForMaskedLM, BertForPreTraining, BertModel, PreTrainedModel
+
+from data_pipeline.masking import IGNORE_INDEX
+from model.objectives.base import Batch, Objective, TaCLOptions
+from model.objectives.mlm import at_least_fp32, load_or_build, pair_loss, sparse_mlm
+
+
+def _contrast(logits: torch.Tensor, key_mask: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+    """-log softmax(logits)[positive] over allowed keys, per anchor. logits/key_mask [N, K], positive [N]."""
+    logits = logits.masked_fill(~key_mask, float("-inf"))
+    return -(logits.gather(1, positive[:, None]).squeeze(1) - torch.logsumexp(logits, dim=1))
+
+
+def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tensor, attention_mask: torch.Tensor,
+              temperature: float = 0.01, include_padding: bool = False, cross_sequence: bool = False) -> torch.Tensor:
+    """Mean token-level InfoNCE over anchors. student/teacher [B, L, H]; anchors/attention_mask [B, L]."""
+    b, length, _ = student.shape
+    if not bool(anchors.any()):
+        return student.sum() * 0.0
+    s = F.normalize(at_least_fp32(student), dim=-1)
+    t = F.normalize(at_least_fp32(teacher), dim=-1)
+    rows, cols = anchors.nonzero(as_tuple=True)
+    anchor_vecs = s[rows, cols]  # [N, H]
+    keys_valid = torch.ones_like(attention_mask, dtype=torch.bool) if include_padding else attention_mask.bool()
+    if cross_sequence:
+        logits = anchor_vecs @ t.reshape(b * length, -1).T / temperature  # [N, B*L]
+        key_mask = keys_valid.reshape(1, b * length).expand(len(rows), -1)
+        positive = rows * length + cols
+    else:
+        logits = torch.einsum("nh,nlh->nl", anchor_vecs, t[rows]) / temperature  # [N, L]
+        key_mask = keys_valid[rows]
+        positive = cols
+    return _contrast(logits, key_mask, positive).mean()
+
+
+def supervised_tacl_loss(student: torch.Tensor, teacher: torch.Tensor, token_labels: torch.Tensor, anchors: torch.Tensor,
+                         attention_mask: torch.Tensor, temperature: float = 0.01) -> torch.Tensor:
+    """Variant (b): like tacl_loss within each sequence, but other tokens of the anchor's class leave the denominator."""
+    if not bool(anchors.any()):
+        return student.sum() * 0.0
+    s = F.normalize(at_least_fp32(student), dim=-1)
+    t = F.normalize(at_least_fp32(teacher), dim=-1)
+    rows, cols = anchors.nonzero(as_tuple=True)
+    logits = torch.einsum("nh,nlh->nl", s[rows, cols], t[rows]) / temperature
+    same_class = token_labels[rows] == token_labels[rows, cols][:, None]
+    key_mask = attention_mask.bool()[rows] & ~same_class
+    key_mask[torch.arange(len(rows)), cols] = True  # the positive itself stays
+    return _contrast(logits, key_mask, cols).mean()
+
+
+class TaCL(Objective):
+    """Student (BertForMaskedLM, or BertForPreTraining with NSP) and a frozen BertModel teacher."""
+
+    def __init__(self, config: BertConfig, options: TaCLOptions, init_from: Optional[str] = None) -> None:
+        super().__init__()
+        self.options = options
+        self.student = load_or_build(BertForPreTraining if options.pair_head == "nsp" else BertForMaskedLM, config, init_from)
+        self.teacher = BertModel(config, add_pooling_layer=False)
+        missing, unexpected = self.teacher.load_state_dict(self.student.bert.state_dict(), strict=False)
+        if missing or any(not k.startswith("pooler.") for k in unexpected):
+            raise RuntimeError(f"teacher does not match the student's encoder: missing {missing}, unexpected {unexpected}")
+        self.teacher.requires_grad_(False)
+        self.teacher.eval()
+        self.weights = {"tacl_loss": options.weight}
+
+    def train(self, mode: bool = True) -> "TaCL":
+        """The teacher stays in eval mode (no dropout) whatever the trainer asks of the rest."""
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    def terms(self, batch: Batch):
+        """MLM (+ NSP) and the token-level contrastive loss."""
+        attention, types = batch["attention_mask"], batch.get("token_type_ids")
+        out = self.student.bert(batch["input_ids"], attention_mask=attention, token_type_ids=types)
+        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], self.student.cls.predictions)
+        with torch.no_grad():
+            teacher_hidden = self.teacher(batch["original_input_ids"], attention_mask=attention, token_type_ids=types).last_hidden_state
+        anchors = batch["labels"] != IGNORE_INDEX
+        tacl = tacl_loss(out.last_hidden_state, teacher_hidden, anchors, attention, self.options.temperature,
+                         self.options.include_padding, self.options.cross_sequence_negatives)
+        terms = {"mlm_loss": mlm, "tacl_loss": tacl}
+        metrics = {"mlm_accuracy": accuracy}
+        if self.options.pair_head == "nsp":
+            if "pair_label" not in batch:
+                raise ValueError("objective.tacl.pair_head=nsp needs data prepared with packing=pairs")
+            terms["nsp_loss"] = pair_loss(self.student.cls.seq_relationship(out.pooler_output), batch["pair_label"])
+        return terms, metrics
+
+    def hf_models(self) -> dict[str, PreTrainedModel]:
+        """The student as a masked LM (fill-mask works); the teacher is the starting checkpoint, not exported."""
+        return {"": self.student}

@@ -1,0 +1,124 @@
+"""Objectives as modules: where gradients flow, TACO's sampling, and overfitting a tiny batch."""
+import pytest
+import torch
+from transformers import BertConfig
+
+from data_pipeline.masking import MaskingConfig, build_masking
+from model.objectives import build_objective
+from model.objectives.base import ObjectiveConfig
+from model.objectives.coco_lm import corrective_lm_loss
+from model.objectives.taco import sample_taco_indices, tc_loss
+
+VOCAB, PAD, CLS, SEP, MASK = 120, 0, 2, 3, 4
+
+
+def tiny_config(dropout=0.0):
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     max_position_embeddings=64, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def objective(name, dropout=0.0):
+    oc = ObjectiveConfig(name=name)
+    oc.coco_lm.generator_layers = 1
+    oc.taco.negatives = 8
+    torch.manual_seed(0)
+    return build_objective(oc, tiny_config(dropout))
+
+
+def masked_batch(name, rows=8, width=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, VOCAB, (rows, width), generator=g)
+    ids[:, 0], ids[:, -1] = CLS, SEP
+    ids[1, 18:], ids[1, 17] = PAD, SEP
+    batch = {"input_ids": ids, "attention_mask": (ids != PAD).long(), "token_type_ids": torch.zeros_like(ids)}
+    masking = MaskingConfig(strategy="coco" if name == "coco_lm" else "bert", crop_ratio=0.9 if name == "coco_lm" else None)
+    return build_masking(masking, VOCAB, MASK, [PAD, 1, CLS, SEP, MASK], pad_id=PAD, cls_id=CLS, sep_id=SEP)(batch, g)
+
+
+def test_teacher_gets_no_gradient_and_stays_in_eval():
+    m = objective("tacl", dropout=0.1)
+    m.train()
+    assert not m.teacher.training and m.student.training
+    before = {k: v.clone() for k, v in m.teacher.state_dict().items()}
+    loss, _ = m(masked_batch("tacl"))
+    loss.backward()
+    assert all(p.grad is None for p in m.teacher.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in m.student.parameters())
+    assert all(torch.equal(before[k], v) for k, v in m.teacher.state_dict().items())
+    assert all(not p.requires_grad for p in m.teacher.parameters())
+
+
+def test_taco_keys_get_no_gradient():
+    g = torch.randn(3, 6, 8, requires_grad=True)
+    anchors = torch.tensor([0, 2, 4])  # all in sequence 0
+    pos = torch.tensor([1, 3, 5])
+    neg = torch.tensor([[6, 7], [12, 13], [8, 14]])
+    tc_loss(g, anchors, pos, neg).backward()
+    grad = g.grad.reshape(-1, 8).abs().sum(-1)
+    assert (grad[anchors] > 0).all()
+    keys_only = torch.tensor([1, 3, 5, 6, 7, 8, 12, 13, 14])
+    assert (grad[keys_only] == 0).all()
+
+
+@pytest.mark.parametrize("form", ["weighted", "paper"])
+def test_corrective_lm_sends_no_gradient_into_the_copy_probability(form):
+    logits = torch.randn(10, 20, requires_grad=True)
+    copy_logits = torch.randn(10, requires_grad=True)
+    targets = torch.randint(0, 20, (10,))
+    corrupted = torch.where(torch.rand(10) < 0.5, targets, torch.randint(0, 20, (10,)))
+    corrective_lm_loss(logits, targets, copy_logits, corrupted, form).backward()
+    assert copy_logits.grad is None
+    assert logits.grad.abs().sum() > 0
+
+
+def _generator_only(m, name):
+    shared = {id(p) for p in (m.discriminator if name == "electra" else m.main).parameters()}
+    return [p for p in m.generator.parameters() if id(p) not in shared]
+
+
+@pytest.mark.parametrize("name,main_terms", [("electra", ["rtd_loss"]), ("coco_lm", ["copy_loss", "clm_loss", "scl_loss"])])
+def test_generator_samples_carry_no_gradient(name, main_terms):
+    m = objective(name)
+    terms, _ = m.terms(masked_batch(name))
+    sum(terms[t] for t in main_terms).backward(retain_graph=True)
+    gen_params = _generator_only(m, name)
+    assert gen_params and all(p.grad is None for p in gen_params)
+    terms["generator_mlm_loss"].backward()  # the generator does learn from its own MLM loss
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in gen_params)
+
+
+def test_taco_sampling():
+    valid = torch.ones(4, 10, dtype=torch.bool)
+    valid[1, 7:] = False
+    valid[3, 1:] = False  # a one-token sequence has no positive: its anchors are dropped
+    anchors_flat, pos, neg = sample_taco_indices(valid, valid, 16, torch.Generator().manual_seed(0))
+    rows, cols = anchors_flat // 10, anchors_flat % 10
+    prow, pcol = pos // 10, pos % 10
+    assert not (rows == 3).any()
+    assert torch.equal(rows, prow) and (pcol != cols).all() and valid[prow, pcol].all()
+    offsets = pcol - cols
+    interior = (cols >= 2) & (cols <= valid[rows].sum(1) - 3)
+    assert set(offsets[interior].tolist()) <= {-2, -1, 1, 2}
+    counts = torch.bincount((offsets[interior] + 2).clamp(0, 4), minlength=5)
+    assert counts[2] == 0 and counts.min() >= 0
+    nrow, ncol = neg // 10, neg % 10
+    assert (nrow != rows[:, None]).all() and valid[nrow, ncol].all()
+
+
+@pytest.mark.parametrize("name", ["mlm", "electra", "coco_lm", "tacl", "taco"])
+def test_overfits_a_tiny_batch(name):
+    m = objective(name)
+    m.train()
+    batch = masked_batch(name)
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=3e-3)
+    torch.manual_seed(1)
+    first = None
+    for _ in range(120):
+        loss, _ = m(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        first = first if first is not None else float(loss)
+    assert float(loss) < 0.5 * first, (first, float(loss))
