@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         from data_pipeline.prepare import prepare
 
         out = prepare(cfg, command=" ".join(["python -m data_pipeline", *(argv if argv is not None else sys.argv[1:])]))
-    except (ConfigError, DataInputError, FileExistsError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, DataInputError, FileExistsError, FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"dataset: {out}")

@@ -38,6 +38,9 @@ class LoaderConfig:
     num_workers: int = 0
     # Check local shard files against their recorded hashes when training starts.
     verify_hashes: bool = True
+    # Remove streaming's shared memory left by killed runs at start. It removes every streaming
+    # segment on the machine: turn it off when other streaming jobs share the node.
+    clean_stale_shared_memory: bool = True
 
 
 def fetch_metadata(cfg: LoaderConfig) -> None:

@@ -171,7 +171,8 @@ class SpanMasking(_Masking):
             while last + 1 < len(heads) and last - w + 1 < span_words and heads[last + 1] == ends[last]:
                 last += 1
             lo, hi = heads[w], ends[last]
-            if picked[lo:hi].any() or count + (hi - lo) > budget + self.cfg.max_span:
+            # As SpanBERT does, a span that would overshoot the budget is skipped.
+            if picked[lo:hi].any() or count + (hi - lo) > budget:
                 continue
             picked[lo:hi] = True
             action[lo:hi] = action[lo]  # the whole span is masked, replaced or kept together

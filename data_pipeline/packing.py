@@ -37,6 +37,8 @@ class FullPacker:
 
     def add(self, doc_id: int, ids: list[int]) -> list[Sample]:
         """Add one document's token ids; return the sequences it completed."""
+        if not ids:
+            return []  # a document that encodes to nothing (e.g. only zero-width characters)
         if self._buffer:
             self._buffer.append(self.sep_id)
         self._buffer.extend(ids)
@@ -174,7 +176,8 @@ class PairPacker:
                 i -= put_back
                 chunk, length, target = [], 0, self._target()
             i += 1
-        self.pool.append((doc_id, sentences))
+        if sentences:  # an empty document cannot give NSP's random B segment
+            self.pool.append((doc_id, sentences))
         return out
 
     def _target(self) -> int:

@@ -181,10 +181,17 @@ def _run_workers(cfg: PrepareConfig, tok_dir: Path, ids: dict[str, int], out_dir
                 raise RuntimeError(f"prepare worker {worker} failed:\n{payload}")
             results[worker] = payload
     finally:
+        failed = len(results) < cfg.num_workers
         for p in procs:
-            if p.is_alive() and len(results) < cfg.num_workers:
+            if p.is_alive() and failed:
                 p.terminate()
             p.join(timeout=10)
+        if failed:
+            # Batches still buffered for dead workers would keep each queue's feeder thread (and
+            # so the interpreter's exit) waiting forever.
+            for q in inboxes:
+                q.cancel_join_thread()
+                q.close()
     return [results[w] for w in range(cfg.num_workers)]
 
 

@@ -76,6 +76,12 @@ def _load(source: SourceConfig, data_files: str | None, encoding_errors: str):
     return datasets.load_dataset(source.kind, data_files=[data_files], split="train", streaming=True, **kwargs)
 
 
+def _utf8_advice(kind: str) -> str:
+    if kind == "text":
+        return "fix the file or set encoding_errors=replace"
+    return f"fix the file (encoding_errors=replace applies to text sources only, not {kind})"
+
+
 def iter_source(source: SourceConfig, encoding_errors: str, stats: ReadStats) -> Iterator[str]:
     """Yield the non-empty documents of one source, in order."""
     targets = [None] if source.kind == "hub" else resolve_files(source.path)
@@ -102,13 +108,13 @@ def iter_source(source: SourceConfig, encoding_errors: str, stats: ReadStats) ->
         except UnicodeDecodeError as exc:
             raise DataInputError(
                 f"'{where}' is not valid UTF-8 (byte {exc.start}: {exc.object[exc.start:exc.start + 4]!r}); "
-                "fix the file or set encoding_errors=replace"
+                + _utf8_advice(source.kind)
             ) from exc
         except DataInputError:
             raise
         except Exception as exc:
             if isinstance(exc.__cause__, UnicodeDecodeError) or "codec can't decode" in str(exc):
-                raise DataInputError(f"'{where}' is not valid UTF-8; fix the file or set encoding_errors=replace") from exc
+                raise DataInputError(f"'{where}' is not valid UTF-8; " + _utf8_advice(source.kind)) from exc
             raise DataInputError(f"could not read '{where}' as {source.kind}: {exc}") from exc
 
 

@@ -161,15 +161,23 @@ def copy_tokenizer_folder(src: str | Path, dst: str | Path) -> None:
 def word_start_table(tok):
     """Bool tensor over the vocabulary: does this token begin a word?
 
-    WordPiece marks continuations with `##`; sentencepiece marks word starts with `▁`. Punctuation
-    pieces without `▁` join the preceding word, which is what whole-word masking of sentencepiece
-    vocabularies does elsewhere too.
+    WordPiece marks continuations with `##`; sentencepiece marks word starts with `▁`; byte-level
+    BPE (RoBERTa, GPT-2) with `Ġ`. Punctuation pieces without the marker join the preceding word,
+    as whole-word masking of such vocabularies does elsewhere too. A vocabulary with none of these
+    conventions is refused rather than masked wrongly.
     """
     import torch
 
     vocab = tok.convert_ids_to_tokens(list(range(len(tok))))
-    wordpiece = any(t.startswith("##") for t in vocab)
-    return torch.tensor([(not t.startswith("##")) if wordpiece else t.startswith("▁") for t in vocab], dtype=torch.bool)
+    if any(t.startswith("##") for t in vocab):
+        starts = [not t.startswith("##") for t in vocab]
+    else:
+        marker = max(("▁", "Ġ"), key=lambda m: sum(t.startswith(m) for t in vocab))
+        if sum(t.startswith(marker) for t in vocab) < 0.05 * len(vocab):
+            raise ValueError("cannot tell word starts in this vocabulary (no ##, ▁ or Ġ convention): "
+                             "whole_word and span masking need one; use masking.strategy=bert")
+        starts = [t.startswith(marker) for t in vocab]
+    return torch.tensor(starts, dtype=torch.bool)
 
 
 def make_encoder(tok_dir: str | Path, threads: int = 0):

@@ -65,8 +65,26 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def save(engine, ckpt_dir: Path, step: int, client_state: dict[str, Any], keep_last: int) -> str:
-    """Save on every rank; rank 0 marks the tag complete after all ranks finished, then prunes old tags."""
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file of a checkpoint (and the folder entries) to stable storage."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(engine, ckpt_dir: Path, step: int, client_state: dict[str, Any], keep_last: int,
+         run_files: Optional[dict[str, str]] = None) -> str:
+    """Save on every rank; rank 0 marks the tag complete after all ranks finished, then prunes old tags.
+
+    `run_files` (name -> text, e.g. the resolved config) are written into the tag folder, so a
+    checkpoint can be exported whatever later happens to the run folder's own copies.
+    """
     tag = tag_for(step)
     if dist.rank() == 0:
         # A folder of this tag without a marker is the debris of a killed save: start clean.
@@ -75,10 +93,17 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict[str, Any], keep_l
     engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
     # save_checkpoint ends with a barrier, so every rank's files are written here.
     if dist.rank() == 0:
+        for name, text in (run_files or {}).items():
+            _write_atomic(ckpt_dir / tag / name, text)
+        _fsync_tree(ckpt_dir / tag)  # a marked checkpoint must survive a crash of the machine
         _write_atomic(ckpt_dir / tag / COMPLETE, json.dumps({"step": step, "time": time.time()}) + "\n")
         _write_atomic(ckpt_dir / "latest", tag)  # DeepSpeed's own pointer, for its tools
         for old in complete_tags(ckpt_dir)[:-keep_last]:
             shutil.rmtree(ckpt_dir / old, ignore_errors=True)
+        # Unmarked folders of earlier steps are debris of saves that were killed.
+        for debris in ckpt_dir.iterdir():
+            if TAG_RE.match(debris.name) and debris.name < tag and not (debris / COMPLETE).is_file():
+                shutil.rmtree(debris, ignore_errors=True)
     dist.barrier()
     return tag
 

@@ -50,6 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     try:
         return args.func(args)
-    except (ConfigError, CorruptShardError, FileNotFoundError, FileExistsError) as exc:
+    except (ConfigError, CorruptShardError, FileNotFoundError, FileExistsError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

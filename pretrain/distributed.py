@@ -22,7 +22,9 @@ def setup_env() -> None:
             RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(_free_port()),
         )
-    os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
+    # torchrun sets LOCAL_WORLD_SIZE; the deepspeed launcher sets LOCAL_SIZE. Streaming needs it to
+    # know which ranks share a node.
+    os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", os.environ["WORLD_SIZE"]))
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 

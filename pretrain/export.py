@@ -24,29 +24,32 @@ log = logging.getLogger("pretrain.export")
 def resolve_checkpoint(path: str | Path) -> tuple[Path, Path, str]:
     """(run dir, checkpoint dir, tag) from either RUN_DIR (newest complete tag) or RUN_DIR/checkpoints/TAG."""
     path = Path(path)
+    if ckpt.TAG_RE.match(path.name) and path.parent.name == "checkpoints":
+        if not (path / ckpt.COMPLETE).is_file():
+            raise FileNotFoundError(f"checkpoint '{path}' is incomplete (no {ckpt.COMPLETE} marker)")
+        return path.parent.parent, path.parent, path.name
     if (path / CONFIG_FILE).is_file():
         run_dir, ckpt_dir = path, path / "checkpoints"
         tag = ckpt.latest_complete(ckpt_dir)
         if tag is None:
             raise FileNotFoundError(f"run '{run_dir}' has no complete checkpoint in {ckpt_dir}")
         return run_dir, ckpt_dir, tag
-    if ckpt.TAG_RE.match(path.name) and (path.parent.parent / CONFIG_FILE).is_file():
-        if not (path / ckpt.COMPLETE).is_file():
-            raise FileNotFoundError(f"checkpoint '{path}' is incomplete (no {ckpt.COMPLETE} marker)")
-        return path.parent.parent, path.parent, path.name
     raise FileNotFoundError(f"'{path}' is neither a run folder (with {CONFIG_FILE}) nor a checkpoint tag folder in one")
 
 
 def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
     """Write the objective's Hugging Face models, with tokenizer files, to `out_dir` (atomically)."""
     run_dir, ckpt_dir, tag = resolve_checkpoint(checkpoint)
+    # The checkpoint's own copies of the configs win over the run folder's (a later launch may
+    # have rewritten those).
+    config_dir = ckpt_dir / tag if (ckpt_dir / tag / CONFIG_FILE).is_file() else run_dir
     out_dir = Path(out_dir)
     check_overwrite(out_dir, overwrite)  # before the slow consolidation
     setup_env()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    cfg = load_config(RunConfig, run_dir / CONFIG_FILE)
-    model_config = BertConfig.from_dict(json.loads((run_dir / MODEL_CONFIG_FILE).read_text()))
+    cfg = load_config(RunConfig, config_dir / CONFIG_FILE)
+    model_config = BertConfig.from_dict(json.loads((config_dir / MODEL_CONFIG_FILE).read_text()))
     model_config._attn_implementation = cfg.model.attn_implementation
     objective = build_objective(cfg.objective, model_config)
     state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)

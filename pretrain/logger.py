@@ -28,6 +28,24 @@ class RunLogger:
             self._text = open(run_dir / "train.log", "a", buffering=1)
             self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)
 
+    def rewind(self, step: int) -> None:
+        """Forget what a previous attempt logged after `step` (it is redone): metrics.jsonl and TensorBoard."""
+        if not self.enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._jsonl.close()
+        path = self._jsonl.name
+        with open(path) as fh:
+            keep = [line for line in fh if line.strip() and json.loads(line)["step"] <= step]
+        with open(path + ".tmp", "w") as fh:
+            fh.writelines(keep)
+        Path(path + ".tmp").replace(path)
+        self._jsonl = open(path, "a", buffering=1)
+        self._writer.close()
+        # TensorBoard drops events at or after purge_step that earlier sessions wrote.
+        self._writer = SummaryWriter(str(self.tb_dir), purge_step=step + 1)
+
     def info(self, message: str) -> None:
         """A plain message to stdout and train.log."""
         if not self.enabled:

@@ -49,3 +49,20 @@ class ScheduleFactor:
 def build_scheduler(optimizer: torch.optim.Optimizer, max_steps: int, cfg: ScheduleConfig):
     """A LambdaLR that DeepSpeed steps once per optimizer step and saves in its checkpoints."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, ScheduleFactor(max_steps, cfg))
+
+
+def reset_schedule(scheduler, max_steps: int, cfg: ScheduleConfig, lr: float) -> None:
+    """Make a loaded scheduler follow the current config.
+
+    LambdaLR's state_dict pickles the lambda's fields and the base lrs, so loading a checkpoint
+    would silently bring back the old max_steps, schedule and peak lr. With an unchanged config
+    this sets exactly the values the checkpoint held.
+    """
+    factor = ScheduleFactor(max_steps, cfg)
+    groups = scheduler.optimizer.param_groups
+    scheduler.lr_lambdas = [factor for _ in groups]
+    scheduler.base_lrs = [lr for _ in groups]
+    for group in groups:
+        group["initial_lr"] = lr
+        group["lr"] = lr * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in groups]

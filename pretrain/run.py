@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import yaml
 
 from data_pipeline.loader import build_loader, fetch_metadata, is_local_leader
 from data_pipeline.masking import build_masking
@@ -16,7 +17,7 @@ from model.encoder import bert_config, pretrained_bert_config
 from model.objectives import build_objective
 from pretrain import distributed as dist
 from pretrain.config import RunConfig
-from pretrain.config_io import ConfigError, save_config
+from pretrain.config_io import ConfigError, config_to_dict
 from pretrain.trainer import Trainer
 
 CONFIG_FILE = "config.yaml"
@@ -32,13 +33,19 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _write_run_files(cfg: RunConfig, run_dir: Path, model_config, data_dir: Path) -> None:
+def run_files(cfg: RunConfig, model_config) -> dict[str, str]:
+    """What a checkpoint needs besides weights to be exported: the resolved run and model configs."""
+    return {CONFIG_FILE: yaml.safe_dump(config_to_dict(cfg), sort_keys=False),
+            MODEL_CONFIG_FILE: json.dumps(model_config.to_dict(), indent=2)}
+
+
+def _write_run_files(files: dict[str, str], run_dir: Path, data_dir: Path) -> None:
     """The run folder is self-contained: resolved config, model config and tokenizer (for export)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / CONFIG_FILE)
-    tmp = run_dir / (MODEL_CONFIG_FILE + ".tmp")
-    tmp.write_text(json.dumps(model_config.to_dict(), indent=2))
-    tmp.replace(run_dir / MODEL_CONFIG_FILE)
+    for name, text in files.items():
+        tmp = run_dir / (name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(run_dir / name)
     copy_tokenizer_folder(data_dir / TOKENIZER_DIR, run_dir / TOKENIZER_DIR)
 
 
@@ -62,22 +69,30 @@ def build_trainer(cfg: RunConfig) -> Trainer:
         model_config = bert_config(cfg.model, tok["vocab_size"], tok["pad_id"], manifest["seq_len"])
     if cfg.objective.name == "tacl" and not cfg.model.init_from:
         raise ConfigError("objective tacl continues pre-training: set model.init_from to the teacher's HF folder")
+    files = run_files(cfg, model_config)
     if dist.rank() == 0:
-        _write_run_files(cfg, Path(cfg.train.output_dir), model_config, data_dir)
+        _write_run_files(files, Path(cfg.train.output_dir), data_dir)
     dist.barrier()
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_objective(cfg.objective, model_config, cfg.model.init_from)
+    word_starts = None
+    if cfg.masking.strategy in ("whole_word", "span"):
+        word_starts = word_start_table(load_tokenizer(data_dir / TOKENIZER_DIR))
     transform = build_masking(
-        cfg.masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"],
-        word_starts=word_start_table(load_tokenizer(data_dir / TOKENIZER_DIR)),
+        cfg.masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], word_starts=word_starts,
         pad_id=tok["pad_id"], cls_id=tok["cls_id"], sep_id=tok["sep_id"],
     )
 
-    from streaming.base.util import clean_stale_shared_memory
+    train_sequences = manifest["splits"]["train"]["sequences"]
+    if train_sequences < cfg.train.micro_batch_size * dist.world_size():
+        raise ConfigError(f"the training split has {train_sequences} sequences, fewer than one batch "
+                          f"(micro_batch_size {cfg.train.micro_batch_size} x {dist.world_size()} ranks)")
+    if cfg.data.clean_stale_shared_memory:
+        from streaming.base.util import clean_stale_shared_memory
 
-    clean_stale_shared_memory()  # a killed run leaves shared memory that would block this one
+        clean_stale_shared_memory()  # a killed run leaves shared memory that would block this one
     train_loader = build_loader(cfg.data, "train", cfg.train.micro_batch_size)
     eval_loader = None
     if cfg.train.eval_every and manifest["splits"]["validation"]["sequences"] >= cfg.train.micro_batch_size * dist.world_size():
         eval_loader = build_loader(cfg.data, "validation", cfg.train.micro_batch_size, shuffle=False)
-    return Trainer(cfg, model, transform, train_loader, eval_loader)
+    return Trainer(cfg, model, transform, train_loader, eval_loader, run_files=files)

@@ -17,10 +17,10 @@ from torch import nn
 from pretrain import checkpoint as ckpt
 from pretrain import distributed as dist
 from pretrain.config import RunConfig
-from pretrain.config_io import config_hash
+from pretrain.config_io import ConfigError, config_hash
 from pretrain.ds_config import build_ds_config
 from pretrain.logger import RunLogger
-from pretrain.optim import build_optimizer, build_scheduler
+from pretrain.optim import build_optimizer, build_scheduler, reset_schedule
 
 BatchTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
 EVAL_STREAM = 1 << 30  # keeps evaluation seeds apart from training seeds
@@ -41,11 +41,13 @@ class Trainer:
         transform: BatchTransform,
         train_loader,
         eval_loader=None,
+        run_files: Optional[dict[str, str]] = None,
     ) -> None:
         import deepspeed
 
         self.cfg = cfg
         self.transform = transform
+        self.run_files = run_files or {}
         self.loader = train_loader
         self.eval_loader = eval_loader
         self.rank = dist.rank()
@@ -72,12 +74,16 @@ class Trainer:
 
     # ---- data -------------------------------------------------------------------------
     def _next_batch(self) -> dict[str, torch.Tensor]:
+        fresh = False
         while True:
             if self._iter is None:
                 self._iter = iter(self.loader)  # a new iterator is a new epoch for streaming
+                fresh = True
             try:
                 return next(self._iter)
             except StopIteration:
+                if fresh:
+                    raise RuntimeError("the training split yields no full batch per epoch") from None
                 self._iter = None
 
     def _sample_log(self) -> Path:
@@ -110,19 +116,24 @@ class Trainer:
     def save(self) -> None:
         """Checkpoint the current step on every rank."""
         t0 = time.perf_counter()
-        tag = ckpt.save(self.engine, self.ckpt_dir, self.step, self._client_state(), self.cfg.train.keep_last)
+        tag = ckpt.save(self.engine, self.ckpt_dir, self.step, self._client_state(), self.cfg.train.keep_last,
+                        run_files=self.run_files)
         self.log.info(f"saved checkpoint {self.ckpt_dir / tag} in {time.perf_counter() - t0:.1f}s")
 
     def maybe_resume(self) -> None:
         """Continue from the newest complete checkpoint in the output folder, if any."""
-        if self.cfg.train.resume == "never":
-            return
         tag = ckpt.latest_complete(self.ckpt_dir)
+        if self.cfg.train.resume == "never":
+            if tag is not None:
+                raise ConfigError(f"train.resume=never but '{self.ckpt_dir}' already holds checkpoints ({tag}); "
+                                  "use a new train.output_dir, or resume=auto to continue")
+            return
         if tag is None:
             return
         state = ckpt.load(self.engine, self.ckpt_dir, tag)
         if state.get("config_hash") != config_hash(self.cfg):
-            self.log.info("note: the config differs from the one the checkpoint was saved with")
+            self.log.info("note: the config differs from the one the checkpoint was saved with; the current one applies")
+        reset_schedule(self.engine.lr_scheduler, self.cfg.train.max_steps, self.cfg.schedule, self.cfg.optimizer.lr)
         self.step = state["step"]
         self.samples_seen = state["samples_seen"]
         self.tokens_seen = state["tokens_seen"]
@@ -132,7 +143,6 @@ class Trainer:
             ckpt.set_rng_state(state["rng"][self.rank])
         else:
             torch.manual_seed(self.cfg.train.seed * 1000 + self.rank + 7919 * self.step)
-        self._truncate_sample_log(self.step)
         self.log.info(f"resumed from {self.ckpt_dir / tag} at step {self.step}")
 
     # ---- loop -------------------------------------------------------------------------
@@ -203,6 +213,9 @@ class Trainer:
         """Train until max_steps (or stop_after steps in this invocation); return 'finished' or 'stopped'."""
         cfg = self.cfg.train
         self.maybe_resume()
+        # Whatever an earlier attempt logged after this step (or before its first checkpoint) is redone.
+        self._truncate_sample_log(self.step)
+        self.log.rewind(self.step)
         start_step = self.step
         if self.step >= cfg.max_steps:
             self.log.info(f"nothing to do: step {self.step} >= max_steps {cfg.max_steps}")

@@ -135,7 +135,9 @@ def test_span_masking_rate_and_word_alignment():
     picked = out["labels"] != IGNORE_INDEX
     pickable = ~torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP]))
     assert not picked[~pickable].any()
-    assert abs(int(picked.sum()) / int(pickable.sum()) - 0.15) < 0.02
+    assert abs(int(picked.sum()) / int(pickable.sum()) - 0.15) < 0.01
+    for row in range(picked.shape[0]):  # never over the 15% budget (SpanBERT skips overshooting spans)
+        assert int(picked[row].sum()) <= max(1, round(0.15 * int(pickable[row].sum())))
     runs = 0
     for row in range(picked.shape[0]):
         for word in _words(batch["input_ids"][row], starts):

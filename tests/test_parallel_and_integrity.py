@@ -75,3 +75,20 @@ def test_training_refuses_a_corrupt_shard(prepared, tmp_path):
     assert proc.returncode == 2
     assert str(shard) in proc.stderr and "hash" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_failing_parallel_prepare_exits_cleanly(tmp_path, prepared):
+    """A bad file met after many batches were queued: a clear error, an exit, no output left."""
+    from conftest import kjv_chapters
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a_good.txt").write_text("\n\n".join(kjv_chapters(1189)) + "\n")
+    (src / "b_bad.txt").write_bytes(b"caf\xe9\n")
+    proc = run_cli("data_pipeline", ["prepare", "--config", "data_pipeline/configs/demo.yaml", f"output_dir={tmp_path / 'out'}",
+                                     f"sources=[{{kind: text, path: '{src}/*.txt'}}]", "num_workers=2",
+                                     f"tokenizer.pretrained={prepared / 'tokenizer'}"], check=False, timeout=120)
+    assert proc.returncode == 2
+    assert "b_bad.txt" in proc.stderr and "UTF-8" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -146,3 +146,16 @@ def test_packer_invariants():
     assert all(b[0] != 3 for b in bodies)  # a sequence never opens with a separator
     seps = sum(b.count(3) for b in bodies)
     assert len(docs) - 1 - len(seqs) <= seps <= len(docs) - 1  # one per boundary unless it falls on a sequence end
+
+
+def test_documents_that_encode_to_nothing_are_skipped():
+    from data_pipeline.packing import FullPacker, PairPacker
+
+    packer = FullPacker(seq_len=8, cls_id=2, sep_id=3)
+    out = packer.add(0, [10, 11]) + packer.add(1, []) + packer.add(2, [12]) + packer.flush()
+    assert [s["input_ids"].tolist() for s in out] == [[2, 10, 11, 3, 12, 3]]
+    pairs = PairPacker(32, 2, 3, "nsp", 0.0, 10, seed=0)
+    assert pairs.add(0, []) == []
+    for doc in range(1, 40):  # the empty document must never be drawn as NSP's random segment
+        pairs.add(doc, [[10 + doc] * 5, [50 + doc] * 6, [90 + doc] * 4])
+    assert all(entry[1] for entry in pairs.pool)

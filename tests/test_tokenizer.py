@@ -89,3 +89,17 @@ def test_prepare_encoder_never_truncates_and_keeps_special_text_literal(tmp_path
     tok = _train(tmp_path)
     (sp_ids,) = make_encoder(tmp_path / "tok")(["a [MASK] b"])
     assert tok.mask_token_id not in sp_ids
+
+
+def test_byte_level_bpe_word_starts_and_unknown_conventions():
+    import pytest as _pytest
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "Ġthe": 2, "Ġfir": 3, "mament": 4, ",": 5, "Ġand": 6, "s": 7}
+    bpe = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")))
+    starts = word_start_table(bpe)
+    assert starts.tolist() == [False, False, True, True, False, False, True, False]
+    plain = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]")))
+    with _pytest.raises(ValueError, match="word starts"):
+        word_start_table(plain)

@@ -70,15 +70,36 @@ def test_tensorboard_events_hold_the_loss(uninterrupted):
     assert all(abs(e.value - losses[e.step]) < 1e-5 for e in acc.Scalars("train/loss"))
 
 
+def test_resumed_tensorboard_has_each_step_once(prepared, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    run_cli("pretrain", _args(prepared, out, "train.stop_after=7", "train.max_steps=10"), nproc=2)
+    (out / "checkpoints" / "step_00000007" / "COMPLETE").unlink()  # resume from 5: steps 6-7 are redone
+    run_cli("pretrain", _args(prepared, out, "train.max_steps=10"), nproc=2)
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 11))
+    refused = run_cli("pretrain", _args(prepared, out, "train.resume=never"), nproc=1, check=False)
+    assert refused.returncode == 2 and "resume=never" in refused.stderr
+    tiny = run_cli("pretrain", _args(prepared, tmp_path / "tiny", "train.micro_batch_size=100000",
+                                     "train.global_batch_size=100000"), nproc=1, check=False)
+    assert tiny.returncode == 2 and "fewer than one batch" in tiny.stderr
+
+
 def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
     out = tmp_path / "run"
-    first = run_cli("pretrain", _args(prepared, out, "train.stop_after=10"), nproc=2)
-    assert "stopping after 10 steps" in first.stdout
-    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_00000005", "step_00000010"]
+    first = run_cli("pretrain", _args(prepared, out, "train.stop_after=12"), nproc=2)
+    assert "stopping after 12 steps" in first.stdout
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_00000005", "step_00000010", "step_00000012"]
+    # As if the job died while saving step 12: without its marker that checkpoint does not count.
+    (out / "checkpoints" / "step_00000012" / "COMPLETE").unlink()
     second = run_cli("pretrain", _args(prepared, out), nproc=2)
     assert "resumed from" in second.stdout and "at step 10" in second.stdout
 
     assert _train_losses(out) == _train_losses(uninterrupted)  # every step, exactly
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "train"] == list(range(1, 21))  # steps 11-12 not logged twice
     for rank in (0, 1):
         assert _samples(out, rank) == _samples(uninterrupted, rank)
     a, b = _samples(out, 0), _samples(out, 1)
