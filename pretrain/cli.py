@@ -15,12 +15,14 @@ def _train(args: argparse.Namespace) -> int:
 
     from pretrain.run import build_trainer
 
+    from pretrain.preemption import EXIT_FINISHED, EXIT_PREEMPTED
+
     cfg = load_config(RunConfig, args.config, args.overrides)
     trainer = build_trainer(cfg)
-    trainer.fit()
+    status = trainer.fit()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    return 0
+    return EXIT_PREEMPTED if status == "preempted" else EXIT_FINISHED
 
 
 def _export(args: argparse.Namespace) -> int:

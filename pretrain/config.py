@@ -46,6 +46,14 @@ class TrainConfig:
     seed: int = 42
     log_every: int = 10
     save_every: int = 100
+    # Also save when this many minutes passed since the last save (0: off).
+    save_every_minutes: float = 0.0
+    # Save, mark PREEMPTED and exit 75 before this much wall time ("23:45:00", "90m"; "" = none).
+    # Inside SLURM the job's end time is a deadline too.
+    max_wall_time: str = ""
+    use_slurm_deadline: bool = True
+    # Seconds kept free before a deadline, beyond two steps and the longest save seen.
+    deadline_margin_s: float = 60.0
     keep_last: int = 3
     eval_every: int = 0
     eval_batches: int = 20

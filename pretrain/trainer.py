@@ -21,6 +21,7 @@ from pretrain.config_io import ConfigError, config_hash
 from pretrain.ds_config import build_ds_config
 from pretrain.logger import RunLogger
 from pretrain.optim import build_optimizer, build_scheduler, reset_schedule
+from pretrain.preemption import PREEMPTED, PreemptionGuard, parse_duration, slurm_end_time
 
 BatchTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
 EVAL_STREAM = 1 << 30  # keeps evaluation seeds apart from training seeds
@@ -68,6 +69,10 @@ class Trainer:
         self.tokens_seen = 0
         self.elapsed = 0.0
         self._iter: Optional[Iterator] = None
+        self.start_time = time.time()
+        self.last_save_time = self.start_time
+        self.longest_save = 0.0
+        self.saved_step = -1
         # Dropout differs per rank; a resume overwrites this with the saved states.
         torch.manual_seed(cfg.train.seed * 1000 + self.rank)
         np.random.seed((cfg.train.seed * 1000 + self.rank) % 2**32)
@@ -118,7 +123,20 @@ class Trainer:
         t0 = time.perf_counter()
         tag = ckpt.save(self.engine, self.ckpt_dir, self.step, self._client_state(), self.cfg.train.keep_last,
                         run_files=self.run_files)
-        self.log.info(f"saved checkpoint {self.ckpt_dir / tag} in {time.perf_counter() - t0:.1f}s")
+        seconds = time.perf_counter() - t0
+        self.longest_save = max(self.longest_save, seconds)
+        self.last_save_time = time.time()
+        self.saved_step = self.step
+        self.log.info(f"saved checkpoint {self.ckpt_dir / tag} in {seconds:.1f}s")
+
+    def _deadline(self) -> Optional[float]:
+        cfg = self.cfg.train
+        candidates = []
+        if cfg.max_wall_time:
+            candidates.append(self.start_time + parse_duration(cfg.max_wall_time))
+        if cfg.use_slurm_deadline and (end := slurm_end_time()) is not None:
+            candidates.append(end)
+        return min(candidates) if candidates else None
 
     def maybe_resume(self) -> None:
         """Continue from the newest complete checkpoint in the output folder, if any."""
@@ -210,9 +228,11 @@ class Trainer:
         return self._reduce(sums, max(1, n) * self.world) if n else {}
 
     def fit(self) -> str:
-        """Train until max_steps (or stop_after steps in this invocation); return 'finished' or 'stopped'."""
+        """Train until max_steps, stop_after steps, or preemption; return 'finished', 'stopped' or 'preempted'."""
         cfg = self.cfg.train
         self.maybe_resume()
+        if self.rank == 0:
+            (self.run_dir / PREEMPTED).unlink(missing_ok=True)  # this attempt is the one that counts now
         # Whatever an earlier attempt logged after this step (or before its first checkpoint) is redone.
         self._truncate_sample_log(self.step)
         self.log.rewind(self.step)
@@ -220,43 +240,67 @@ class Trainer:
         if self.step >= cfg.max_steps:
             self.log.info(f"nothing to do: step {self.step} >= max_steps {cfg.max_steps}")
             return "finished"
+        guard = PreemptionGuard(self._deadline(), cfg.deadline_margin_s)
         self.log.info(
             f"training {type(self.engine.module).__name__} on {self.world} rank(s), accumulation {self.accum}, "
             f"global batch {cfg.global_batch_size}, from step {self.step} to {cfg.max_steps}"
+            + (f", deadline in {guard.deadline - time.time():.0f}s" if guard.deadline else "")
         )
         window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0
         run_start = time.perf_counter()
         status = "finished"
-        while self.step < cfg.max_steps:
-            t_step = time.perf_counter()
-            metrics = self.train_step()
-            self.elapsed += time.perf_counter() - t_step
-            window_tokens += metrics["tokens"]
-            window_samples += metrics["samples"]
-            window_steps += 1
-            stopping = cfg.stop_after and self.step - start_step >= cfg.stop_after
-            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping:
-                span = time.perf_counter() - window_start
-                metrics["tokens_per_s"] = window_tokens / span
-                metrics["samples_per_s"] = window_samples / span
-                metrics["data_wait_fraction"] = metrics["data_wait_s"] * window_steps / span
-                sec_per_step = (time.perf_counter() - run_start) / (self.step - start_step)
-                self.log.progress(self.step, metrics, sec_per_step)
-                window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0
-            self.log.scalars(self.step, {k: v for k, v in metrics.items() if k not in ("tokens", "samples")}, "train")
-            if cfg.eval_every and self.eval_loader is not None and self.step % cfg.eval_every == 0:
-                val = self.evaluate()
-                self.log.scalars(self.step, val, "validation")
-                self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
-            if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stopping:
-                self.save()
-            if stopping and self.step < cfg.max_steps:
-                status = "stopped"
-                self.log.info(f"stopping after {self.step - start_step} steps (train.stop_after) at step {self.step}")
-                break
+        try:
+            while self.step < cfg.max_steps:
+                t_step = time.perf_counter()
+                metrics = self.train_step()
+                step_seconds = time.perf_counter() - t_step
+                self.elapsed += step_seconds
+                window_tokens += metrics["tokens"]
+                window_samples += metrics["samples"]
+                window_steps += 1
+                stopping = bool(cfg.stop_after) and self.step - start_step >= cfg.stop_after
+                if self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping:
+                    span = time.perf_counter() - window_start
+                    metrics["tokens_per_s"] = window_tokens / span
+                    metrics["samples_per_s"] = window_samples / span
+                    metrics["data_wait_fraction"] = metrics["data_wait_s"] * window_steps / span
+                    sec_per_step = (time.perf_counter() - run_start) / (self.step - start_step)
+                    self.log.progress(self.step, metrics, sec_per_step)
+                    window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0
+                self.log.scalars(self.step, {k: v for k, v in metrics.items() if k not in ("tokens", "samples")}, "train")
+                if cfg.eval_every and self.eval_loader is not None and self.step % cfg.eval_every == 0:
+                    val = self.evaluate()
+                    self.log.scalars(self.step, val, "validation")
+                    self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
+                minutes_due = bool(cfg.save_every_minutes) and self.rank == 0 and (
+                    time.time() - self.last_save_time >= 60 * cfg.save_every_minutes)
+                preempt, time_save = guard.poll(step_seconds, self.longest_save, minutes_due)
+                if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stopping or time_save or preempt:
+                    self.save()
+                if preempt:
+                    status = "preempted"
+                    self._mark_preempted(guard.reason)
+                    break
+                if stopping and self.step < cfg.max_steps:
+                    status = "stopped"
+                    self.log.info(f"stopping after {self.step - start_step} steps (train.stop_after) at step {self.step}")
+                    break
+        finally:
+            guard.restore()
         self.log.info(
             f"{status} at step {self.step}: {self.samples_seen} samples, {self.tokens_seen} tokens, "
             f"{self.elapsed:.0f}s of training"
         )
         self.log.close()
         return status
+
+    def _mark_preempted(self, reason: Optional[str]) -> None:
+        """Rank 0 records that this run stopped early with a complete checkpoint, and why."""
+        if self.rank == 0:
+            marker = self.run_dir / PREEMPTED
+            tmp = marker.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"step": self.step, "reason": reason, "time": time.time(),
+                                       "checkpoint": ckpt.tag_for(self.step)}) + "\n")
+            tmp.replace(marker)
+        self.log.info(f"preempted ({reason}) at step {self.step}: checkpoint saved, exiting with code 75")
+        dist.barrier()

@@ -114,3 +114,111 @@ def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
     # keep_last=3 pruned the oldest checkpoints; only complete ones remain.
     assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_00000010", "step_00000015", "step_00000020"]
     assert all((p / "COMPLETE").is_file() for p in (out / "checkpoints").glob("step_*"))
+
+
+def _launch_ranks(args: list[str], n: int, log_dir: Path) -> list:
+    """Start n ranks as separate processes with the env a launcher (srun, torchrun) would give them."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for rank in range(n):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        out = open(log_dir / f"rank{rank}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
+    return procs
+
+
+def _wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> None:
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        path = run / "metrics.jsonl"
+        if path.is_file() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines() if line.strip()):
+            return
+        assert all(p.poll() is None for p in procs), "a rank exited early"
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached")
+
+
+def test_sigusr1_on_one_rank_saves_marks_and_resumes_exactly(prepared, uninterrupted, tmp_path):
+    import signal
+
+    from pretrain.preemption import EXIT_PREEMPTED
+
+    out = tmp_path / "run"
+    procs = _launch_ranks(_args(prepared, out), 2, tmp_path / "logs")
+    _wait_for_step(out, 6, procs)
+    procs[1].send_signal(signal.SIGUSR1)  # only one rank is told; the flag is OR-reduced
+    codes = [p.wait(timeout=120) for p in procs]
+    logs = (tmp_path / "logs" / "rank0.log").read_text()
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED], logs[-3000:]
+    marker = json.loads((out / "PREEMPTED").read_text())
+    assert marker["reason"] == "signal on another rank"  # rank 0 learned it through the reduction
+    step = marker["step"]
+    assert 6 <= step < 20
+    assert (out / "checkpoints" / ckpt_tag(step) / "COMPLETE").is_file()
+    assert "exiting with code 75" in logs
+    resumed = run_cli("pretrain", _args(prepared, out), nproc=2)
+    assert f"at step {step}" in resumed.stdout
+    assert not (out / "PREEMPTED").exists()
+    assert _train_losses(out) == _train_losses(uninterrupted)
+    wa, wb = _final_weights(uninterrupted), _final_weights(out)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def ckpt_tag(step: int) -> str:
+    from pretrain.checkpoint import tag_for
+
+    return tag_for(step)
+
+
+def test_kill_9_at_random_moments_ten_times(prepared, tmp_path):
+    """Ten SIGKILLs (some while a checkpoint is being written): the run always resumes from the last
+    complete checkpoint and ends bit-identical to an uninterrupted run."""
+    import random
+    import time
+
+    args = lambda out: _args(prepared, out, "train.max_steps=24", "train.save_every=2", "train.micro_batch_size=4",  # noqa: E731
+                             "train.global_batch_size=8", "train.record_samples=true")
+    straight = tmp_path / "straight"
+    run_cli("pretrain", args(straight), nproc=1)
+    out = tmp_path / "killed"
+    rng = random.Random(0)
+    mid_save = 0
+    for attempt in range(10):
+        (proc,) = _launch_ranks(args(out), 1, tmp_path / f"logs{attempt}")
+        deadline = time.time() + 60
+        if attempt % 2:  # kill as soon as a checkpoint folder exists without its marker
+            killed = False
+            while time.time() < deadline and proc.poll() is None and not killed:
+                ckdir = out / "checkpoints"
+                pending = [p for p in ckdir.glob("step_*") if not (p / "COMPLETE").exists()] if ckdir.is_dir() else []
+                if pending:
+                    proc.kill()
+                    killed = True
+                    time.sleep(0.05)
+                    mid_save += any(not (p / "COMPLETE").exists() for p in pending)
+                time.sleep(0.002)
+        else:
+            time.sleep(rng.uniform(3.0, 7.0))
+        proc.kill()
+        proc.wait()
+    run_cli("pretrain", args(out), nproc=1)
+    assert mid_save >= 1  # at least one kill landed inside a save
+    assert _train_losses(out) == _train_losses(straight)
+    path = lambda run: run / "checkpoints" / "step_00000024" / "mp_rank_00_model_states.pt"  # noqa: E731
+    wa = torch.load(path(straight), map_location="cpu", weights_only=False)["module"]
+    wb = torch.load(path(out), map_location="cpu", weights_only=False)["module"]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert _samples(out, 0) == _samples(straight, 0)

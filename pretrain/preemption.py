@@ -1,0 +1,94 @@
+"""Preemption: signals and deadlines become a flag that all ranks agree on at a step boundary.
+
+Exit codes of `python -m pretrain train` (the SLURM templates act on them):
+- 0  EXIT_FINISHED   reached max_steps (or stopped by train.stop_after);
+- 75 EXIT_PREEMPTED  a signal or the deadline arrived; a complete checkpoint and the PREEMPTED
+                     marker were written: requeue and run the same command again;
+- anything else      a crash (Python exits 1 on an exception): do not requeue blindly.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import signal
+import subprocess
+import time
+from typing import Optional
+
+import torch
+
+from pretrain import distributed as dist
+
+EXIT_FINISHED = 0
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "temporary failure, try again"
+PREEMPTED = "PREEMPTED"
+SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from "3600", "90m", "23:30:00" or "1-00:00:00" (SLURM's day-hour form)."""
+    text = text.strip()
+    if not text:
+        return 0.0
+    if text[-1] in "smhd" and text[:-1].replace(".", "", 1).isdigit():
+        return float(text[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[text[-1]]
+    days = 0
+    if "-" in text:
+        day_text, text = text.split("-", 1)
+        days = int(day_text)
+    parts = [float(p) for p in text.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0.0)
+    hours, minutes, seconds = parts
+    return days * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def slurm_end_time() -> Optional[float]:
+    """The current SLURM job's end time (epoch seconds), or None outside SLURM or when unknown."""
+    if "SLURM_JOB_END_TIME" in os.environ:  # set by newer SLURM releases
+        return float(os.environ["SLURM_JOB_END_TIME"])
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job or shutil.which("squeue") is None:
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True, text=True, timeout=20).stdout.strip()
+        return datetime.datetime.fromisoformat(out).timestamp()
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+class PreemptionGuard:
+    """Turns SIGUSR1/SIGTERM and the deadline into one decision per step, the same on every rank."""
+
+    def __init__(self, deadline: Optional[float], margin_s: float) -> None:
+        self.deadline = deadline
+        self.margin_s = margin_s
+        self.reason: Optional[str] = None
+        self._previous = {}
+        for sig in SIGNALS:
+            # Only set a flag: a signal during a save (or a second one) must not interrupt it.
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.reason = self.reason or signal.Signals(signum).name
+
+    def poll(self, step_seconds: float, save_seconds: float, save_due: bool) -> tuple[bool, bool]:
+        """(stop, save) agreed by all ranks: stop if any rank got a signal or the deadline is near;
+        save if any rank says a time-based save is due. One small all-reduce per step."""
+        local = self.reason is not None
+        if not local and self.deadline is not None:
+            # Stop while one more step and a save (with margin) still fit before the deadline.
+            if time.time() + 2 * step_seconds + save_seconds + self.margin_s >= self.deadline:
+                self.reason = "deadline"
+                local = True
+        flags = dist.all_reduce_sum(torch.tensor([1.0 if local else 0.0, 1.0 if save_due else 0.0], dtype=torch.float64))
+        stop, save = bool(flags[0] > 0), bool(flags[1] > 0)
+        if stop and self.reason is None:
+            self.reason = "signal on another rank"
+        return stop, save
+
+    def restore(self) -> None:
+        """Put the previous signal handlers back."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
