@@ -114,3 +114,39 @@ def load(engine, ckpt_dir: Path, tag: str) -> dict[str, Any]:
     if path is None:
         raise RuntimeError(f"checkpoint '{ckpt_dir / tag}' could not be loaded (missing or corrupt files)")
     return client_state
+
+
+META = "meta.json"
+
+
+def read_meta(ckpt_dir: Path, tag: str) -> dict[str, Any]:
+    """What a checkpoint was saved with (world size, ZeRO stage, precision); {} for older checkpoints."""
+    path = Path(ckpt_dir) / tag / META
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def universal_tag(tag: str) -> str:
+    """Name of the universal (world-size independent) copy of a tag."""
+    return f"{tag}_universal"
+
+
+def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
+    """Convert a tag with DeepSpeed's ds_to_universal (once; rank 0 only); return the universal tag."""
+    import subprocess
+    import sys
+
+    target = ckpt_dir / universal_tag(tag)
+    if (target / COMPLETE).is_file():
+        return target.name
+    tmp = ckpt_dir / f".{target.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(ckpt_dir / tag),
+           "--output_folder", str(tmp), "--inject_missing_state", "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"converting {ckpt_dir / tag} to a universal checkpoint failed:\n{proc.stderr[-3000:]}")
+    _write_atomic(tmp / COMPLETE, json.dumps({"from": tag}) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target.name

@@ -57,6 +57,8 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         ds_config = build_ds_config(cfg, self.world)
         self.accum = ds_config["gradient_accumulation_steps"]
+        self.zero_stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
+        self.resume_tag, self.load_tag = self._plan_resume(ds_config)
         optimizer = build_optimizer(model, cfg.optimizer)
         scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
         self.engine, _, _, _ = deepspeed.initialize(
@@ -105,6 +107,32 @@ class Trainer:
         tmp.replace(path)
 
     # ---- checkpoints ------------------------------------------------------------------
+    def _plan_resume(self, ds_config: dict) -> tuple[Optional[str], Optional[str]]:
+        """Which tag to resume from and which to load: a universal copy when the world size changed.
+
+        Runs before deepspeed.initialize, because loading a universal checkpoint is a config flag.
+        """
+        tag = ckpt.latest_complete(self.ckpt_dir)
+        if tag is None or self.cfg.train.resume == "never":
+            return tag, tag
+        meta = ckpt.read_meta(self.ckpt_dir, tag)
+        if meta.get("zero_stage", self.zero_stage) != self.zero_stage:
+            raise ConfigError(
+                f"checkpoint {self.ckpt_dir / tag} was saved with ZeRO stage {meta['zero_stage']} but this run uses "
+                f"stage {self.zero_stage} ({self.cfg.train.deepspeed_config}); DeepSpeed cannot change the stage on "
+                "resume: keep the stage, or export the weights and start a new run from them (model.init_from)"
+            )
+        if meta.get("world_size", self.world) == self.world:
+            return tag, tag
+        if self.rank == 0:
+            print(f"checkpoint {tag} was saved on {meta['world_size']} rank(s); converting it to a universal "
+                  f"checkpoint to resume on {self.world}", flush=True)
+            ckpt.convert_to_universal(self.ckpt_dir, tag)
+        dist.barrier()
+        ds_config.setdefault("checkpoint", {})["load_universal"] = True
+        return tag, ckpt.universal_tag(tag)
+
+
     def _client_state(self) -> dict[str, Any]:
         return {
             "version": 1,
@@ -115,14 +143,18 @@ class Trainer:
             "world_size": self.world,
             "config_hash": config_hash(self.cfg),
             "loader": self.loader.state_dict(),
+            # Lets ds_to_universal convert ZeRO-1/2 checkpoints for a resume on another world size.
+            "universal_checkpoint_info": {"universal_checkpoint_version": 0.4},
             "rng": dist.all_gather_object(ckpt.rng_state()),
         }
 
     def save(self) -> None:
         """Checkpoint the current step on every rank."""
         t0 = time.perf_counter()
+        meta = {"step": self.step, "world_size": self.world, "zero_stage": self.zero_stage,
+                "precision": self.cfg.train.precision}
         tag = ckpt.save(self.engine, self.ckpt_dir, self.step, self._client_state(), self.cfg.train.keep_last,
-                        run_files=self.run_files)
+                        run_files={**self.run_files, ckpt.META: json.dumps(meta) + "\n"})
         seconds = time.perf_counter() - t0
         self.longest_save = max(self.longest_save, seconds)
         self.last_save_time = time.time()
@@ -140,7 +172,7 @@ class Trainer:
 
     def maybe_resume(self) -> None:
         """Continue from the newest complete checkpoint in the output folder, if any."""
-        tag = ckpt.latest_complete(self.ckpt_dir)
+        tag = self.resume_tag
         if self.cfg.train.resume == "never":
             if tag is not None:
                 raise ConfigError(f"train.resume=never but '{self.ckpt_dir}' already holds checkpoints ({tag}); "
@@ -148,7 +180,13 @@ class Trainer:
             return
         if tag is None:
             return
-        state = ckpt.load(self.engine, self.ckpt_dir, tag)
+        state = ckpt.load(self.engine, self.ckpt_dir, self.load_tag)
+        if self.load_tag != tag:
+            dist.barrier()  # every rank has read the universal copy: it is no longer needed
+            if self.rank == 0:
+                import shutil
+
+                shutil.rmtree(self.ckpt_dir / self.load_tag, ignore_errors=True)
         if state.get("config_hash") != config_hash(self.cfg):
             self.log.info("note: the config differs from the one the checkpoint was saved with; the current one applies")
         reset_schedule(self.engine.lr_scheduler, self.cfg.train.max_steps, self.cfg.schedule, self.cfg.optimizer.lr)
