@@ -13,9 +13,12 @@ from pretrain.config_io import ConfigError
 
 @dataclass
 class OptimizerConfig:
-    """AdamW; biases and LayerNorm weights get no weight decay."""
+    """AdamW or LAMB; biases and LayerNorm weights get no weight decay."""
 
-    name: Literal["adamw"] = "adamw"
+    name: Literal["adamw", "lamb"] = "adamw"
+    # torch: torch.optim.AdamW / the project's LAMB (no compiled op, any device).
+    # deepspeed: FusedAdam / FusedLamb on GPU, DeepSpeedCPUAdam on CPU (compiled on first use).
+    impl: Literal["torch", "deepspeed"] = "torch"
     lr: float = 5e-4
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.98)
@@ -28,8 +31,10 @@ class ScheduleConfig:
     """Linear warmup, then decay to `min_lr_ratio * lr` at `max_steps`."""
 
     warmup_steps: int = 100
-    decay: Literal["linear", "cosine", "constant"] = "linear"
+    decay: Literal["linear", "cosine", "polynomial", "constant"] = "linear"
     min_lr_ratio: float = 0.0
+    # polynomial: (1 - progress) ** power (power 1 is linear).
+    power: float = 2.0
 
 
 @dataclass
@@ -54,6 +59,8 @@ class TrainConfig:
     use_slurm_deadline: bool = True
     # Seconds kept free before a deadline, beyond two steps and the longest save seen.
     deadline_margin_s: float = 60.0
+    # Dense peak TFLOP/s of one device for MFU (0: known GPUs are looked up; CPUs report no MFU).
+    peak_tflops: float = 0.0
     keep_last: int = 3
     eval_every: int = 0
     eval_batches: int = 20

@@ -67,9 +67,15 @@ class RunLogger:
         if not self.enabled:
             return
         eta = _fmt_eta((self.max_steps - step) * sec_per_step) if sec_per_step else "?"
+        extra = ""
+        if "model_tflops_per_device" in metrics:
+            extra += f" | {metrics['model_tflops_per_device']:.2f} TFLOP/s/dev"
+        if "mfu" in metrics:
+            extra += f" | MFU {100 * metrics['mfu']:.1f}%"
         self.info(
             f"step {step}/{self.max_steps} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e} | "
-            f"{metrics.get('tokens_per_s', 0.0):,.0f} tok/s | {metrics.get('samples_per_s', 0.0):.1f} samples/s | ETA {eta}"
+            f"{metrics.get('tokens_per_s', 0.0):,.0f} tok/s | {metrics.get('samples_per_s', 0.0):.1f} samples/s{extra} | "
+            f"ETA {eta}"
         )
 
     def close(self) -> None:

@@ -19,9 +19,65 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning"), as DeepSpeed's FusedLamb:
+
+    m, v as Adam with bias correction; u = m_hat / (sqrt(v_hat) + eps) + weight_decay * p;
+    p -= lr * (||p|| / ||u||) * u, with the trust ratio 1 when either norm is 0.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0) -> None:
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One LAMB update of every parameter with a gradient."""
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                m_hat = m / (1 - beta1 ** state["step"])
+                v_hat = v / (1 - beta2 ** state["step"])
+                update = m_hat / (v_hat.sqrt() + group["eps"]) + group["weight_decay"] * p
+                w_norm, u_norm = p.norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.add_(update * trust, alpha=-group["lr"])
+        return loss
+
+
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """torch AdamW: on CPU it needs no compiled op, and DeepSpeed's ZeRO wraps it."""
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    """The configured optimizer over the two parameter groups."""
+    groups = param_groups(model, cfg.weight_decay)
+    kwargs = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    if cfg.impl == "torch":
+        return torch.optim.AdamW(groups, **kwargs) if cfg.name == "adamw" else Lamb(groups, **kwargs)
+    if not torch.cuda.is_available():
+        if cfg.name == "lamb":
+            from pretrain.config_io import ConfigError
+
+            raise ConfigError("optimizer.impl=deepspeed with name=lamb needs a GPU (FusedLamb is a CUDA kernel); "
+                              "use optimizer.impl=torch")
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+    if cfg.name == "adamw":
+        from deepspeed.ops.adam import FusedAdam
+
+        return FusedAdam(groups, adam_w_mode=True, **kwargs)
+    from deepspeed.ops.lamb import FusedLamb
+
+    return FusedLamb(groups, **kwargs)
 
 
 def lr_factor(step: int, max_steps: int, cfg: ScheduleConfig) -> float:
@@ -31,7 +87,12 @@ def lr_factor(step: int, max_steps: int, cfg: ScheduleConfig) -> float:
     if cfg.decay == "constant":
         return 1.0
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, max_steps - cfg.warmup_steps))
-    shape = 1.0 - progress if cfg.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    if cfg.decay == "linear":
+        shape = 1.0 - progress
+    elif cfg.decay == "polynomial":
+        shape = (1.0 - progress) ** cfg.power
+    else:
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
 

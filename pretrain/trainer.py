@@ -75,6 +75,10 @@ class Trainer:
         self.last_save_time = self.start_time
         self.longest_save = 0.0
         self.saved_step = -1
+        self.seq_len = 0
+        from model.flops import peak_tflops
+
+        self.peak_tflops = cfg.train.peak_tflops or peak_tflops(cfg.train.precision)
         # Dropout differs per rank; a resume overwrites this with the saved states.
         torch.manual_seed(cfg.train.seed * 1000 + self.rank)
         np.random.seed((cfg.train.seed * 1000 + self.rank) % 2**32)
@@ -240,6 +244,7 @@ class Trainer:
             with open(path, "a") as fh:
                 fh.write(json.dumps({"step": step, "sample_ids": sample_ids}) + "\n")
         metrics = self._reduce(sums, self.accum * self.world)
+        self.seq_len = batch["input_ids"].shape[1]
         tokens, samples, data_wait = dist.all_reduce_sum(counts).tolist()
         self.tokens_seen += int(tokens)
         self.samples_seen += int(samples)
@@ -247,7 +252,27 @@ class Trainer:
         metrics.update(lr=lr, tokens=tokens, samples=samples, data_wait_s=data_wait / self.world)
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
+        loss_scale = getattr(self.engine.optimizer, "cur_scale", None) or getattr(self.engine.optimizer, "loss_scale", None)
+        if self.cfg.train.precision == "fp16" and loss_scale is not None:
+            metrics["loss_scale"] = float(loss_scale)
         return metrics
+
+    def _throughput(self, metrics: dict[str, float]) -> None:
+        """Model TFLOP/s per device, MFU when the device's peak is known, and peak memory (max over ranks)."""
+        flops_fn = getattr(self.engine.module, "flops_per_token", None)
+        if flops_fn is not None and self.seq_len:
+            per_device = flops_fn(self.seq_len, self.cfg.masking.mask_prob) * metrics["tokens_per_s"] / self.world / 1e12
+            metrics["model_tflops_per_device"] = per_device
+            if self.peak_tflops:
+                metrics["mfu"] = per_device / self.peak_tflops
+        if torch.cuda.is_available():
+            peak = torch.cuda.max_memory_allocated() / 2**30
+        else:
+            import resource
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+        gathered = dist.all_reduce_sum(torch.zeros(self.world, dtype=torch.float64).index_fill_(0, torch.tensor([self.rank]), peak))
+        metrics["peak_memory_gib"] = float(gathered.max())
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -302,6 +327,7 @@ class Trainer:
                     metrics["tokens_per_s"] = window_tokens / span
                     metrics["samples_per_s"] = window_samples / span
                     metrics["data_wait_fraction"] = metrics["data_wait_s"] * window_steps / span
+                    self._throughput(metrics)
                     sec_per_step = (time.perf_counter() - run_start) / (self.step - start_step)
                     self.log.progress(self.step, metrics, sec_per_step)
                     window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0

@@ -48,3 +48,48 @@ def test_resume_follows_the_current_schedule():
     opt3.step()
     sched3.step()
     assert abs(opt3.param_groups[0]["lr"] - 2e-3 * lr_factor(41, 1000, ScheduleConfig(warmup_steps=10))) < 1e-15
+
+
+def test_polynomial_decay():
+    cfg = ScheduleConfig(warmup_steps=0, decay="polynomial", power=2.0, min_lr_ratio=0.0)
+    assert abs(lr_factor(25, 100, cfg) - 0.75 ** 2) < 1e-12
+
+
+def test_lamb_matches_the_formula_in_float64():
+    import math
+
+    from pretrain.optim import Lamb
+
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(5, 3, dtype=torch.float64))
+    ref = p.detach().clone().numpy().copy()
+    opt = Lamb([p], lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1)
+    m = [[0.0] * 3 for _ in range(5)]
+    v = [[0.0] * 3 for _ in range(5)]
+    for step in range(1, 4):
+        grad = torch.randn(5, 3, dtype=torch.float64)
+        p.grad = grad.clone()
+        opt.step()
+        g = grad.numpy()
+        u = [[0.0] * 3 for _ in range(5)]
+        for i in range(5):
+            for j in range(3):
+                m[i][j] = 0.9 * m[i][j] + 0.1 * g[i][j]
+                v[i][j] = 0.999 * v[i][j] + 0.001 * g[i][j] ** 2
+                m_hat, v_hat = m[i][j] / (1 - 0.9 ** step), v[i][j] / (1 - 0.999 ** step)
+                u[i][j] = m_hat / (math.sqrt(v_hat) + 1e-6) + 0.1 * ref[i][j]
+        w_norm = math.sqrt(sum(ref[i][j] ** 2 for i in range(5) for j in range(3)))
+        u_norm = math.sqrt(sum(u[i][j] ** 2 for i in range(5) for j in range(3)))
+        for i in range(5):
+            for j in range(3):
+                ref[i][j] -= 0.01 * (w_norm / u_norm) * u[i][j]
+    assert torch.allclose(p.detach(), torch.tensor(ref), rtol=1e-12, atol=0)
+
+
+def test_deepspeed_lamb_on_cpu_is_a_clear_error():
+    import pytest
+
+    from pretrain.config_io import ConfigError
+
+    with pytest.raises(ConfigError, match="optimizer.impl=torch"):
+        build_optimizer(_model(), OptimizerConfig(name="lamb", impl="deepspeed"))

@@ -63,7 +63,8 @@ def test_tensorboard_events_hold_the_loss(uninterrupted):
 
     acc = EventAccumulator(str(uninterrupted / "tensorboard"))
     acc.Reload()
-    for tag in ("train/loss", "train/lr", "train/tokens_per_s", "train/mlm_accuracy"):
+    for tag in ("train/loss", "train/lr", "train/tokens_per_s", "train/mlm_accuracy", "train/grad_norm",
+                "train/model_tflops_per_device", "train/peak_memory_gib", "train/data_wait_fraction"):
         assert tag in acc.Tags()["scalars"], tag
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 21))
     losses = _train_losses(uninterrupted)

@@ -96,6 +96,10 @@ class Objective(nn.Module):
         total = sum(self.weights.get(name, 1.0) * value for name, value in terms.items())
         return total, {**{name: value.detach() for name, value in terms.items()}, **metrics}
 
+    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:  # pragma: no cover - interface
+        """Training FLOPs per input token, every pass of every network counted (see model/flops.py)."""
+        raise NotImplementedError
+
     def hf_models(self) -> dict[str, PreTrainedModel]:  # pragma: no cover - interface
         """The Hugging Face models to export, keyed by sub-folder ("" for the export's root)."""
         raise NotImplementedError

@@ -28,6 +28,7 @@ from transformers import BertConfig, BertForMaskedLM, BertModel, PreTrainedModel
 from transformers.models.bert.modeling_bert import BertLMPredictionHead
 
 from data_pipeline.masking import IGNORE_INDEX
+from model import flops
 from model.objectives.base import Batch, CocoLMOptions, Objective
 from model.objectives.mlm import at_least_fp32, sparse_mlm
 
@@ -129,6 +130,15 @@ class CocoLM(Objective):
                 "clm_accuracy": (clm_logits.argmax(-1) == original[picked]).float().mean() if picked.any() else gen_loss.new_zeros(()),
             }
         return {"generator_mlm_loss": gen_loss, "copy_loss": copy, "clm_loss": clm, "scl_loss": scl}, metrics
+
+    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+        """Generator trained + its no-grad sampling pass + main trained on the corrupted text and on the crop."""
+        g, m = self.generator.config, self.main.config
+        gen = flops.encoder_forward(g, seq_len) + mask_prob * flops.mlm_head_forward(g)
+        ratio = 0.9  # COCO-LM's crop; the exact ratio only moves this estimate slightly
+        main = flops.encoder_forward(m, seq_len) + mask_prob * flops.mlm_head_forward(m)
+        crop = ratio * flops.encoder_forward(m, int(ratio * seq_len))
+        return flops.TRAIN * (gen + main + crop) + gen
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
         """The main Transformer as a BertModel (AutoModel), and the generator as a masked LM."""

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from transformers import BertConfig, ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, PreTrainedModel
 
 from data_pipeline.masking import IGNORE_INDEX
+from model import flops
 from model.objectives.base import Batch, ElectraOptions, Objective
 from model.objectives.mlm import at_least_fp32, sparse_mlm
 
@@ -81,6 +82,13 @@ class Electra(Objective):
             rtd_accuracy = ((disc_logits > 0) == replaced)[attention.bool()].float().mean()
         return {"generator_mlm_loss": gen_loss, "rtd_loss": rtd}, {
             "generator_accuracy": gen_accuracy, "rtd_accuracy": rtd_accuracy, "replaced_fraction": replaced[attention.bool()].float().mean()}
+
+    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+        """Generator (trained, MLM head at masked tokens) + discriminator (trained, 1-unit head at every token)."""
+        g, d = self.generator.config, self.discriminator.config
+        gen = flops.encoder_forward(g, seq_len) + mask_prob * flops.mlm_head_forward(g, g.embedding_size)
+        disc = flops.encoder_forward(d, seq_len) + 2 * d.hidden_size * (d.hidden_size + 1)
+        return flops.TRAIN * (gen + disc)
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
         """The discriminator with its RTD head (AutoModel loads its encoder), and the generator."""

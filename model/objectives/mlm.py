@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from transformers import BertConfig, BertForMaskedLM, BertForPreTraining, PreTrainedModel
 
 from data_pipeline.masking import IGNORE_INDEX
+from model import flops
 from model.objectives.base import Batch, MLMOptions, Objective
 
 
@@ -82,6 +83,11 @@ class MaskedLM(Objective):
             terms[f"{self.pair_head}_loss"] = pair_loss(logits, batch["pair_label"])
             metrics[f"{self.pair_head}_accuracy"] = (logits.argmax(-1) == batch["pair_label"]).float().mean()
         return terms, metrics
+
+    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+        """Encoder + sparse MLM head, trained."""
+        c = self.model.config
+        return flops.TRAIN * (flops.encoder_forward(c, seq_len) + mask_prob * flops.mlm_head_forward(c))
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
         """BertForMaskedLM (or BertForPreTraining, which AutoModelForMaskedLM also loads)."""

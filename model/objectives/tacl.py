@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from transformers import BertConfig, BertForMaskedLM, BertForPreTraining, BertModel, PreTrainedModel
 
 from data_pipeline.masking import IGNORE_INDEX
+from model import flops
 from model.objectives.base import Batch, Objective, TaCLOptions
 from model.objectives.mlm import at_least_fp32, load_or_build, pair_loss, sparse_mlm
 
@@ -106,6 +107,13 @@ class TaCL(Objective):
                 raise ValueError("objective.tacl.pair_head=nsp needs data prepared with packing=pairs")
             terms["nsp_loss"] = pair_loss(self.student.cls.seq_relationship(out.pooler_output), batch["pair_label"])
         return terms, metrics
+
+    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+        """Student trained + teacher forward (no grad) + the anchors' similarity rows over the sequence."""
+        c = self.student.config
+        student = flops.encoder_forward(c, seq_len) + mask_prob * flops.mlm_head_forward(c)
+        contrast = mask_prob * 2 * seq_len * c.hidden_size
+        return flops.TRAIN * (student + contrast) + flops.encoder_forward(c, seq_len)
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
         """The student as a masked LM (fill-mask works); the teacher is the starting checkpoint, not exported."""

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers import BertConfig, BertForMaskedLM, PreTrainedModel
 
 from data_pipeline.masking import IGNORE_INDEX
+from model import flops
 from model.objectives.base import Batch, Objective, TACOOptions
 from model.objectives.mlm import at_least_fp32, load_or_build, sparse_mlm
 
@@ -94,6 +95,12 @@ class TACO(Objective):
         with torch.no_grad():
             idx = sample_taco_indices(attention.bool(), anchors, self.options.negatives)
         return {"mlm_loss": mlm, "tc_loss": tc_loss(g, *idx, temperature=self.options.temperature)}, {"mlm_accuracy": accuracy}
+
+    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+        """Encoder + MLM head trained, plus each anchor against 1 + K keys."""
+        c = self.model.config
+        contrast = 2 * (1 + self.options.negatives) * c.hidden_size
+        return flops.TRAIN * (flops.encoder_forward(c, seq_len) + mask_prob * flops.mlm_head_forward(c) + contrast)
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
         """BertForMaskedLM."""

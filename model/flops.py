@@ -1,0 +1,39 @@
+"""FLOP counts for MFU. Matmuls only (2 FLOPs per multiply-add); embeddings, norms and softmax are ignored.
+
+Per token, one BERT layer's forward costs 8H² (Q, K, V and output projections) + 4HI (the two FFN
+matrices) + 4SH (attention scores QKᵀ and the weighted sum over S positions). An MLM head costs
+2H² (transform) + 2HV (decoder) per *predicted* token: with the sparse head that is the masked
+fraction, not every token. Training costs 3× the forward (the backward is about twice the forward);
+a forward without gradient (ELECTRA/COCO-LM sampling, the TaCL teacher) costs 1×.
+"""
+from __future__ import annotations
+
+TRAIN = 3.0
+
+
+def encoder_forward(config, seq_len: int) -> float:
+    """Forward FLOPs per token of a BERT-style encoder at this sequence length."""
+    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    return layers * (8 * h * h + 4 * h * i + 4 * seq_len * h)
+
+
+def mlm_head_forward(config, embedding_size: int | None = None) -> float:
+    """Forward FLOPs per predicted token of a transform + tied-decoder MLM head."""
+    h = config.hidden_size
+    e = embedding_size or h
+    return 2 * h * e + 2 * e * config.vocab_size
+
+
+def peak_tflops(precision: str) -> float:
+    """Dense peak TFLOP/s of the local accelerator for this precision (0 when unknown, e.g. a CPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0.0
+    name = torch.cuda.get_device_name()
+    table = {"H100": (989.0, 67.0), "H200": (989.0, 67.0), "A100": (312.0, 19.5), "A10": (125.0, 31.2),
+             "L4": (121.0, 30.3), "V100": (125.0, 15.7)}
+    for key, (half, fp32) in table.items():
+        if key in name:
+            return half if precision in ("bf16", "fp16") else fp32
+    return 0.0
