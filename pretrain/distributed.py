@@ -15,8 +15,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _tasks_per_node(spec: str) -> int:
+    """First node's task count from SLURM_TASKS_PER_NODE ("2(x3),1" -> 2)."""
+    return int(spec.split(",")[0].split("(")[0])
+
+
+def first_host(nodelist: str) -> str:
+    """The first host name of a SLURM node list ("gpu[003-005,7]" -> "gpu003"), with scontrol when present."""
+    import shutil
+    import subprocess
+
+    if shutil.which("scontrol"):
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.split()[0]
+    if "[" not in nodelist:
+        return nodelist.split(",")[0]
+    prefix, rest = nodelist.split("[", 1)
+    first = rest.split(",")[0].split("-")[0].rstrip("]")
+    return prefix + first
+
+
+def slurm_env(environ: dict[str, str]) -> dict[str, str]:
+    """RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_* for a task started by srun (one task per GPU).
+
+    MASTER_ADDR is the first node of the job (unless set); MASTER_PORT is derived from the job id
+    (unless set), so every task of the job agrees without talking first.
+    """
+    out = {
+        "RANK": environ["SLURM_PROCID"],
+        "WORLD_SIZE": environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS") or environ["SLURM_STEP_NUM_TASKS"],
+        "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+        "LOCAL_WORLD_SIZE": str(_tasks_per_node(environ.get("SLURM_TASKS_PER_NODE", environ.get("SLURM_NTASKS", "1")))),
+        "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(environ.get("SLURM_JOB_NODELIST", "127.0.0.1")),
+        "MASTER_PORT": environ.get("MASTER_PORT") or str(15000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000),
+    }
+    return out
+
+
 def setup_env() -> None:
-    """Fill RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* for a plain single process (launchers set them)."""
+    """Fill RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from SLURM (srun) or for a plain single process.
+
+    torchrun and the deepspeed launcher set these themselves; then nothing is changed.
+    """
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and ("SLURM_NTASKS" in os.environ or "SLURM_NPROCS" in os.environ
+                                                                      or "SLURM_STEP_NUM_TASKS" in os.environ):
+        os.environ.update(slurm_env(dict(os.environ)))
     if "RANK" not in os.environ:
         os.environ.update(
             RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
