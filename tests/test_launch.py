@@ -3,6 +3,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,23 @@ def test_two_tasks_started_the_way_srun_starts_them(prepared, tmp_path):
     outs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:]
     assert "on 2 rank(s), accumulation 1" in outs[0]
+
+
+@pytest.mark.slow
+def test_deepspeed_launcher_starts_the_same_training(prepared, tmp_path):
+    """`deepspeed --num_gpus 2 --module pretrain ...` (it adds --local_rank=N, which the CLI accepts)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    launcher = str(Path(sys.executable).parent / "deepspeed")
+    cmd = [launcher, "--num_gpus", "2", "--master_port", str(_free_port()), "--module", "pretrain", "train",
+           "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={tmp_path / 'run'}",
+           *TINY_MODEL, "train.max_steps=3", "train.micro_batch_size=4", "train.global_batch_size=8", "train.eval_every=0"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "on 2 rank(s), accumulation 1" in proc.stdout
+    assert (tmp_path / "run" / "checkpoints" / "step_00000003" / "COMPLETE").is_file()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
