@@ -1,0 +1,114 @@
+"""Per-rank parameter + optimizer memory: ZeRO-3 against no ZeRO (stage 0), 2 ranks, one real training step.
+
+Counts the bytes of the tensors each rank holds after the step (exact, unlike RSS on a CPU):
+parameters (ZeRO-3: each parameter's local partition `ds_tensor`), and optimizer state (Adam's
+moments, plus ZeRO-3's fp32 master partitions). Gradients are freed after the step by both.
+
+    python benchmarks/zero_memory.py            # launches itself under torchrun with 2 ranks
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _tensor_bytes(obj, seen: set) -> int:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        key = (obj.untyped_storage().data_ptr(), obj.dtype)
+        if key in seen or obj.numel() == 0:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v, seen) for v in obj)
+    return 0
+
+
+def worker(stage: int, precision: str) -> dict:
+    """Build the engine at this stage, train one step, and count this rank's bytes."""
+    import deepspeed
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    from pretrain.distributed import init_distributed
+
+    init_distributed()
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                       intermediate_size=1024, max_position_embeddings=128))
+    n_params = sum(p.numel() for p in model.parameters())
+    zero = {"stage": stage}
+    if stage == 3:
+        zero.update(stage3_allgather_sequential=True, stage3_param_persistence_threshold=0)
+    config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": zero, "bf16": {"enabled": precision == "bf16"}}
+    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4),
+                                             config=config)
+    ids = torch.randint(5, 30522, (2, 64))
+    loss = engine(input_ids=ids, labels=ids).loss
+    engine.backward(loss)
+    engine.step()
+    seen: set = set()
+    if stage == 3:
+        params = sum(_tensor_bytes(p.ds_tensor, seen) for p in engine.module.parameters())
+    else:
+        params = sum(_tensor_bytes(p.data, seen) for p in engine.module.parameters())
+    inner = getattr(opt, "optimizer", opt)
+    optimizer = _tensor_bytes(dict(inner.state), seen)
+    # What else the ZeRO / bf16 wrapper keeps: fp32 master partitions (optimizer memory) and gradient
+    # buffers (reported apart: the measure here is parameters + optimizer state).
+    grads = 0
+    if opt is not inner:
+        for name, value in vars(opt).items():
+            if "grad" in name:
+                grads += _tensor_bytes(value, seen)
+            else:
+                optimizer += _tensor_bytes(value, seen)
+    return {"stage": stage, "rank": torch.distributed.get_rank(), "param_bytes": params, "optimizer_bytes": optimizer,
+            "grad_buffer_bytes": grads, "model_params": n_params, "precision": precision}
+
+
+def main() -> None:
+    """Run both stages on 2 ranks; print per-rank bytes and the ratio."""
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        result = worker(int(sys.argv[2]), sys.argv[3])
+        Path(sys.argv[4]).with_name(f"{Path(sys.argv[4]).stem}.rank{result['rank']}.json").write_text(json.dumps(result))
+        return
+    import tempfile
+
+    summary = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for precision in ("bf16", "fp32"):
+            results = {}
+            for stage in (0, 3):
+                out = Path(tmp) / f"{precision}_stage{stage}.json"
+                env = {**os.environ, "OMP_NUM_THREADS": "1"}
+                subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__,
+                                "--worker", str(stage), precision, str(out)], cwd=REPO, env=env, check=True, capture_output=True)
+                results[stage] = [json.loads((Path(tmp) / f"{precision}_stage{stage}.rank{r}.json").read_text()) for r in range(2)]
+            per_rank = {s: max(r["param_bytes"] + r["optimizer_bytes"] for r in rs) for s, rs in results.items()}
+            summary[precision] = {"results": results, "ratio": per_rank[3] / per_rank[0]}
+            print(f"BertForMaskedLM, {results[0][0]['model_params']:,} parameters, {precision}, AdamW, 2 ranks")
+            print(f"{'stage':>5} {'params MiB/rank':>16} {'optimizer MiB/rank':>19} {'total MiB/rank':>15} {'(grad buffers)':>15}")
+            for s, rs in results.items():
+                r = max(rs, key=lambda x: x["param_bytes"] + x["optimizer_bytes"])
+                print(f"{s:>5} {r['param_bytes'] / 2**20:>16.1f} {r['optimizer_bytes'] / 2**20:>19.1f} "
+                      f"{(r['param_bytes'] + r['optimizer_bytes']) / 2**20:>15.1f} {r['grad_buffer_bytes'] / 2**20:>15.1f}")
+            print(f"ZeRO-3 / stage 0 per rank ({precision}): {summary[precision]['ratio']:.3f}\n")
+    out = REPO / "benchmarks" / "results" / "zero_memory.json"
+    out.write_text(json.dumps({"machine": platform.platform(), **summary}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    main()
