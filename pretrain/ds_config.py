@@ -36,6 +36,12 @@ def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
         ds = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"deepspeed config {path} is not valid JSON: {exc}") from exc
+    if cfg.train.precision == "fp16":
+        from deepspeed.accelerator import get_accelerator
+
+        if not get_accelerator().is_fp16_supported():
+            raise ConfigError("train.precision=fp16 is not supported on this device (DeepSpeed's CPU accelerator refuses "
+                              "it); use bf16 or fp32 here, fp16 on a GPU")
     accum = gradient_accumulation(cfg.train.global_batch_size, cfg.train.micro_batch_size, world)
     _fill(ds, "train_micro_batch_size_per_gpu", cfg.train.micro_batch_size)
     _fill(ds, "gradient_accumulation_steps", accum)

@@ -92,3 +92,9 @@ class PreemptionGuard:
         """Put the previous signal handlers back."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def ignore_further_signals() -> None:
+    """Ignore SIGUSR1/SIGTERM at the OS level from here to the process's exit."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

@@ -147,6 +147,8 @@ class Trainer:
             "world_size": self.world,
             "config_hash": config_hash(self.cfg),
             "loader": self.loader.state_dict(),
+            # Streaming's state is global (the same on every rank); each rank's copy is kept to check that.
+            "loader_per_rank": dist.all_gather_object(self.loader.state_dict()),
             # Lets ds_to_universal convert ZeRO-1/2 checkpoints for a resume on another world size.
             "universal_checkpoint_info": {"universal_checkpoint_version": 0.4},
             "rng": dist.all_gather_object(ckpt.rng_state()),
@@ -312,45 +314,44 @@ class Trainer:
         window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0
         run_start = time.perf_counter()
         status = "finished"
-        try:
-            while self.step < cfg.max_steps:
-                t_step = time.perf_counter()
-                metrics = self.train_step()
-                step_seconds = time.perf_counter() - t_step
-                self.elapsed += step_seconds
-                window_tokens += metrics["tokens"]
-                window_samples += metrics["samples"]
-                window_steps += 1
-                stopping = bool(cfg.stop_after) and self.step - start_step >= cfg.stop_after
-                if self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping:
-                    span = time.perf_counter() - window_start
-                    metrics["tokens_per_s"] = window_tokens / span
-                    metrics["samples_per_s"] = window_samples / span
-                    metrics["data_wait_fraction"] = metrics["data_wait_s"] * window_steps / span
-                    self._throughput(metrics)
-                    sec_per_step = (time.perf_counter() - run_start) / (self.step - start_step)
-                    self.log.progress(self.step, metrics, sec_per_step)
-                    window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0
-                self.log.scalars(self.step, {k: v for k, v in metrics.items() if k not in ("tokens", "samples")}, "train")
-                if cfg.eval_every and self.eval_loader is not None and self.step % cfg.eval_every == 0:
-                    val = self.evaluate()
-                    self.log.scalars(self.step, val, "validation")
-                    self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
-                minutes_due = bool(cfg.save_every_minutes) and self.rank == 0 and (
-                    time.time() - self.last_save_time >= 60 * cfg.save_every_minutes)
-                preempt, time_save = guard.poll(step_seconds, self.longest_save, minutes_due)
-                if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stopping or time_save or preempt:
-                    self.save()
-                if preempt:
-                    status = "preempted"
-                    self._mark_preempted(guard.reason)
-                    break
-                if stopping and self.step < cfg.max_steps:
-                    status = "stopped"
-                    self.log.info(f"stopping after {self.step - start_step} steps (train.stop_after) at step {self.step}")
-                    break
-        finally:
-            guard.restore()
+        # The guard's handlers stay installed after the loop: a signal that arrives while the
+        # process shuts down must not kill it before it exits with its status code.
+        while self.step < cfg.max_steps:
+            t_step = time.perf_counter()
+            metrics = self.train_step()
+            step_seconds = time.perf_counter() - t_step
+            self.elapsed += step_seconds
+            window_tokens += metrics["tokens"]
+            window_samples += metrics["samples"]
+            window_steps += 1
+            stopping = bool(cfg.stop_after) and self.step - start_step >= cfg.stop_after
+            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping:
+                span = time.perf_counter() - window_start
+                metrics["tokens_per_s"] = window_tokens / span
+                metrics["samples_per_s"] = window_samples / span
+                metrics["data_wait_fraction"] = metrics["data_wait_s"] * window_steps / span
+                self._throughput(metrics)
+                sec_per_step = (time.perf_counter() - run_start) / (self.step - start_step)
+                self.log.progress(self.step, metrics, sec_per_step)
+                window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0
+            self.log.scalars(self.step, {k: v for k, v in metrics.items() if k not in ("tokens", "samples")}, "train")
+            if cfg.eval_every and self.eval_loader is not None and self.step % cfg.eval_every == 0:
+                val = self.evaluate()
+                self.log.scalars(self.step, val, "validation")
+                self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
+            minutes_due = bool(cfg.save_every_minutes) and self.rank == 0 and (
+                time.time() - self.last_save_time >= 60 * cfg.save_every_minutes)
+            preempt, time_save = guard.poll(step_seconds, self.longest_save, minutes_due)
+            if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stopping or time_save or preempt:
+                self.save()
+            if preempt:
+                status = "preempted"
+                self._mark_preempted(guard.reason)
+                break
+            if stopping and self.step < cfg.max_steps:
+                status = "stopped"
+                self.log.info(f"stopping after {self.step - start_step} steps (train.stop_after) at step {self.step}")
+                break
         self.log.info(
             f"{status} at step {self.step}: {self.samples_seen} samples, {self.tokens_seen} tokens, "
             f"{self.elapsed:.0f}s of training"

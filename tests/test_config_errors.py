@@ -20,11 +20,13 @@ from pretrain.cli import main as pretrain_main
     ("objective.name=tacl", "model.init_from"),
     ("data.path=/nonexistent/data", "/nonexistent/data"),
     ("optimizer.impl=deepspeed optimizer.name=lamb", "optimizer.impl=torch"),
+    ("train.precision=fp16", "train.precision=fp16"),
 ])
 def test_config_errors_are_named(prepared, tmp_path, capsys, override, expected):
     args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={tmp_path / 'run'}",
             *TINY_MODEL, "train.micro_batch_size=4", *override.split()]
-    if expected in ("model.vocab_size", "model.init_from", "/nonexistent/data", "optimizer.impl=torch", "global_batch_size=30") \
+    if expected in ("model.vocab_size", "model.init_from", "/nonexistent/data", "optimizer.impl=torch", "global_batch_size=30",
+                    "train.precision=fp16") \
             or override.startswith("train.deepspeed_config"):
         proc = run_cli("pretrain", args, nproc=1, check=False)  # needs the process group: a subprocess
         code, err = proc.returncode, proc.stderr
