@@ -112,6 +112,14 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
+def broadcast_object(*objs: Any) -> list[Any]:
+    """Rank 0's objects on every rank."""
+    items = list(objs)
+    if torch.distributed.is_initialized():
+        torch.distributed.broadcast_object_list(items, src=0)
+    return items
+
+
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     """Element-wise sum over ranks (float64 on CPU, so reductions are exact enough to compare runs)."""
     if torch.distributed.is_initialized():

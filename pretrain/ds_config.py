@@ -58,8 +58,11 @@ def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
             # DeepSpeed 0.19 waits only on the last handle of a coalesced all-gather; on gloo the
             # others may still be in flight (garbage parameters). Sequential all-gathers avoid it.
             zero["stage3_allgather_sequential"] = True
-    if cfg.optimizer.name == "lamb" and cfg.optimizer.impl == "torch":
-        # ZeRO wraps any torch optimizer but asks to be told that this one was not tested by DeepSpeed.
+    if cfg.optimizer.name == "lamb":
+        if zero.get("stage", 0) != 0:
+            raise ConfigError(
+                f"optimizer.name=lamb needs ZeRO stage 0 (deepspeed_configs/zero0.json): LAMB's trust ratio is per "
+                f"layer, and ZeRO stage {zero['stage']} hands the optimizer flat slices of many layers instead")
         ds["zero_allow_untested_optimizer"] = True
     ds.setdefault("steps_per_print", 1 << 30)
     return ds

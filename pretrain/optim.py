@@ -56,18 +56,18 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """The configured optimizer over the two parameter groups."""
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig, offload: bool = False) -> torch.optim.Optimizer:
+    """The configured optimizer over the two parameter groups (a CPU one when ZeRO offloads it)."""
     groups = param_groups(model, cfg.weight_decay)
     kwargs = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
     if cfg.impl == "torch":
         return torch.optim.AdamW(groups, **kwargs) if cfg.name == "adamw" else Lamb(groups, **kwargs)
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() or offload:
         if cfg.name == "lamb":
             from pretrain.config_io import ConfigError
 
-            raise ConfigError("optimizer.impl=deepspeed with name=lamb needs a GPU (FusedLamb is a CUDA kernel); "
-                              "use optimizer.impl=torch")
+            raise ConfigError("optimizer.impl=deepspeed with name=lamb needs a GPU without optimizer offload "
+                              "(FusedLamb is a CUDA kernel); use optimizer.impl=torch")
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)

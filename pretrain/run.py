@@ -67,6 +67,9 @@ def build_trainer(cfg: RunConfig) -> Trainer:
         model_config = pretrained_bert_config(cfg.model, tok["vocab_size"], manifest["seq_len"])
     else:
         model_config = bert_config(cfg.model, tok["vocab_size"], tok["pad_id"], manifest["seq_len"])
+    if cfg.objective.name == "coco_lm" and (cfg.masking.strategy != "coco" or cfg.masking.crop_ratio is None):
+        raise ConfigError("objective coco_lm corrupts all-[MASK] input and contrasts a crop: set masking.strategy=coco "
+                          "and masking.crop_ratio=0.9")
     if cfg.objective.name == "tacl" and not cfg.model.init_from:
         raise ConfigError("objective tacl continues pre-training: set model.init_from to the teacher's HF folder")
     files = run_files(cfg, model_config)

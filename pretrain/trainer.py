@@ -59,7 +59,8 @@ class Trainer:
         self.accum = ds_config["gradient_accumulation_steps"]
         self.zero_stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
         self.resume_tag, self.load_tag = self._plan_resume(ds_config)
-        optimizer = build_optimizer(model, cfg.optimizer)
+        offload = bool(ds_config.get("zero_optimization", {}).get("offload_optimizer"))
+        optimizer = build_optimizer(model, cfg.optimizer, offload=offload)
         scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
@@ -128,11 +129,17 @@ class Trainer:
             )
         if meta.get("world_size", self.world) == self.world:
             return tag, tag
+        error = ""
         if self.rank == 0:
             print(f"checkpoint {tag} was saved on {meta['world_size']} rank(s); converting it to a universal "
                   f"checkpoint to resume on {self.world}", flush=True)
-            ckpt.convert_to_universal(self.ckpt_dir, tag)
-        dist.barrier()
+            try:
+                ckpt.convert_to_universal(self.ckpt_dir, tag)
+            except Exception as exc:  # every rank must learn of it, or the others wait forever
+                error = str(exc) or type(exc).__name__
+        (error,) = dist.broadcast_object(error)
+        if error:
+            raise RuntimeError(error)
         ds_config.setdefault("checkpoint", {})["load_universal"] = True
         return tag, ckpt.universal_tag(tag)
 
@@ -344,7 +351,7 @@ class Trainer:
             preempt, time_save = guard.poll(step_seconds, self.longest_save, minutes_due)
             if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stopping or time_save or preempt:
                 self.save()
-            if preempt:
+            if preempt and self.step < cfg.max_steps:  # the last step done: finished, nothing to requeue
                 status = "preempted"
                 self._mark_preempted(guard.reason)
                 break

@@ -19,14 +19,16 @@ from pretrain.cli import main as pretrain_main
     ("model.init_from=/nonexistent/bert", "model.init_from"),
     ("objective.name=tacl", "model.init_from"),
     ("data.path=/nonexistent/data", "/nonexistent/data"),
-    ("optimizer.impl=deepspeed optimizer.name=lamb", "optimizer.impl=torch"),
+    ("optimizer.impl=deepspeed optimizer.name=lamb train.deepspeed_config=deepspeed_configs/zero0.json", "optimizer.impl=torch"),
     ("train.precision=fp16", "train.precision=fp16"),
+    ("optimizer.name=lamb", "zero0.json"),
+    ("objective.name=coco_lm", "masking.strategy=coco"),
 ])
 def test_config_errors_are_named(prepared, tmp_path, capsys, override, expected):
     args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={tmp_path / 'run'}",
             *TINY_MODEL, "train.micro_batch_size=4", *override.split()]
     if expected in ("model.vocab_size", "model.init_from", "/nonexistent/data", "optimizer.impl=torch", "global_batch_size=30",
-                    "train.precision=fp16") \
+                    "train.precision=fp16", "zero0.json", "masking.strategy=coco") \
             or override.startswith("train.deepspeed_config"):
         proc = run_cli("pretrain", args, nproc=1, check=False)  # needs the process group: a subprocess
         code, err = proc.returncode, proc.stderr

@@ -26,7 +26,7 @@ def _losses(out: Path) -> dict[int, float]:
     ("zero2_bf16", ["train.precision=bf16"]),
     ("zero3_bf16", ["train.precision=bf16"]),
     ("zero2_offload_bf16", ["train.precision=bf16"]),
-    ("zero2", ["optimizer.name=lamb", "optimizer.lr=1e-2"]),
+    ("zero0", ["optimizer.name=lamb", "optimizer.lr=1e-2"]),
 ])
 def test_config_trains_on_two_ranks(prepared, tmp_path, ds_config, extra):
     out = tmp_path / "run"

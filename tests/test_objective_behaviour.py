@@ -122,3 +122,18 @@ def test_overfits_a_tiny_batch(name):
         opt.step()
         first = first if first is not None else float(loss)
     assert float(loss) < 0.5 * first, (first, float(loss))
+
+
+def test_coco_lm_keeps_pretrained_embeddings_and_ties_its_heads(tmp_path):
+    from transformers import BertModel
+
+    torch.manual_seed(5)
+    start = BertModel(tiny_config(), add_pooling_layer=False)
+    start.save_pretrained(str(tmp_path / "bert"))
+    oc = ObjectiveConfig(name="coco_lm")
+    oc.coco_lm.generator_layers = 1
+    m = build_objective(oc, tiny_config(), str(tmp_path / "bert"))
+    emb = m.main.embeddings.word_embeddings.weight
+    assert torch.equal(emb, start.embeddings.word_embeddings.weight)
+    assert m.clm_head.decoder.weight is emb and m.generator.cls.predictions.decoder.weight is emb
+    assert m.generator.bert.embeddings is m.main.embeddings

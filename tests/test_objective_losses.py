@@ -155,3 +155,21 @@ def test_tc_loss_on_given_indices():
         terms.append(-log_softmax_at(logits, 0))
     got = tc_loss(t64(g), torch.tensor(anchor), torch.tensor(pos), torch.tensor(neg), 0.07)
     assert close(got, float(np.mean(terms)))
+
+
+def test_corrective_lm_paper_form_survives_a_saturated_copy_head():
+    """|copy logit| = 30: p0 or p1 rounds to 0 in float32; the loss and its gradient must stay finite and right."""
+    n, v = 6, 9
+    logits = torch.randn(n, v, dtype=torch.float32, requires_grad=True)
+    copy_logits = torch.tensor([30.0, -30.0, 30.0, -30.0, 25.0, -25.0])
+    targets = torch.randint(0, v, (n,))
+    corrupted = torch.where(torch.arange(n) % 2 == 0, (targets + 1) % v, targets)  # replaced, kept, replaced, ...
+    loss = corrective_lm_loss(logits, targets, copy_logits, corrupted, "paper")
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+    terms = []
+    for z, c, t, x in zip(logits.detach().double().numpy(), copy_logits.double().numpy(), targets.numpy(), corrupted.numpy()):
+        p1 = 1 / (1 + math.exp(-c))
+        p0 = 1 / (1 + math.exp(c))
+        terms.append(-math.log((1.0 if x == t else 0.0) * p1 + p0 * math.exp(log_softmax_at(z, t))))
+    assert abs(float(loss) - float(np.mean(terms))) <= 1e-5 * float(np.mean(terms))

@@ -51,14 +51,14 @@ def corrective_lm_loss(clm_logits: torch.Tensor, targets: torch.Tensor, copy_log
     """
     if targets.numel() == 0:
         return clm_logits.sum() * 0.0
-    p1 = torch.sigmoid(at_least_fp32(copy_logits.detach()))
-    p0 = 1.0 - p1
+    copy_logits = at_least_fp32(copy_logits.detach())
     log_probs = torch.log_softmax(at_least_fp32(clm_logits), dim=-1).gather(1, targets[:, None]).squeeze(1)
     if form == "weighted":
-        return (p0 * -log_probs).mean()
-    same = (corrupted == targets).float()
-    # log(same·p1 + p0·p) computed as a log-sum-exp, so a zero term gives -inf rather than NaN.
-    return -torch.logaddexp(torch.log(same * p1), torch.log(p0) + log_probs).mean()
+        return (torch.sigmoid(-copy_logits) * -log_probs).mean()
+    # log(1[same]·p1 + p0·p) as a log-sum-exp of log-sigmoids: a saturated copy head (p0 rounding
+    # to 0 in fp32) must not give -inf + -inf = inf and NaN gradients.
+    log_p1 = torch.where(corrupted == targets, F.logsigmoid(copy_logits), torch.full_like(copy_logits, float("-inf")))
+    return -torch.logaddexp(log_p1, F.logsigmoid(-copy_logits) + log_probs).mean()
 
 
 def scl_loss(z_corrupted: torch.Tensor, z_crop: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -86,10 +86,13 @@ class CocoLM(Objective):
         word_embeddings = self.main.embeddings.word_embeddings.weight
         self.generator.cls.predictions.decoder.weight = word_embeddings
         self.clm_head = BertLMPredictionHead(config)
-        self.clm_head.decoder.weight = word_embeddings
         self.copy_head = nn.Linear(config.hidden_size, 1)
         self.scl_head = nn.Sequential(nn.Linear(config.hidden_size, config.hidden_size), nn.GELU(),
                                       nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps))
+        for head in (self.clm_head, self.copy_head, self.scl_head):
+            head.apply(self.main._init_weights)  # BERT's normal(0.02), not PyTorch's default
+        # Tie only after initialising: the decoder must not re-initialise the shared embeddings.
+        self.clm_head.decoder.weight = word_embeddings
         self.weights = {"copy_loss": options.copy_weight, "scl_loss": options.scl_weight}
 
     def _sample(self, masked: torch.Tensor, attention: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
