@@ -116,9 +116,3 @@ def iter_source(source: SourceConfig, encoding_errors: str, stats: ReadStats) ->
             if isinstance(exc.__cause__, UnicodeDecodeError) or "codec can't decode" in str(exc):
                 raise DataInputError(f"'{where}' is not valid UTF-8; " + _utf8_advice(source.kind)) from exc
             raise DataInputError(f"could not read '{where}' as {source.kind}: {exc}") from exc
-
-
-def iter_documents(sources: list[SourceConfig], encoding_errors: str, stats: ReadStats) -> Iterator[str]:
-    """Yield every document of every source, source by source (mixtures come in a later stage)."""
-    for source in sources:
-        yield from iter_source(source, encoding_errors, stats)

@@ -144,10 +144,6 @@ def tokenizer_hash(path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def special_token_ids(tok) -> list[int]:
-    """Ids that masking must never pick and random replacement must never produce."""
-    return sorted(set(tok.all_special_ids))
-
 
 def copy_tokenizer_folder(src: str | Path, dst: str | Path) -> None:
     """Copy a tokenizer folder's files (used to make run and export folders self-contained)."""

@@ -150,22 +150,11 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | No
     return _build(cls, data)
 
 
-def config_from_dict(cls: type[T], data: dict[str, Any]) -> T:
-    """Build dataclass `cls` from a plain dict with the same checks as `load_config`."""
-    return _build(cls, json.loads(json.dumps(data)))
-
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """Plain-dict view of a config dataclass (tuples become lists)."""
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
-
-def save_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML, atomically."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
-    tmp.replace(path)
 
 
 def config_hash(cfg: Any) -> str:

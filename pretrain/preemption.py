@@ -65,10 +65,9 @@ class PreemptionGuard:
         self.deadline = deadline
         self.margin_s = margin_s
         self.reason: Optional[str] = None
-        self._previous = {}
         for sig in SIGNALS:
             # Only set a flag: a signal during a save (or a second one) must not interrupt it.
-            self._previous[sig] = signal.signal(sig, self._handle)
+            signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self.reason = self.reason or signal.Signals(signum).name
@@ -87,11 +86,6 @@ class PreemptionGuard:
         if stop and self.reason is None:
             self.reason = "signal on another rank"
         return stop, save
-
-    def restore(self) -> None:
-        """Put the previous signal handlers back."""
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def ignore_further_signals() -> None:
