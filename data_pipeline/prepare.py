@@ -23,7 +23,8 @@ from data_pipeline.mixture import mix
 from data_pipeline.packing import DocumentPacker, FullPacker, PairPacker
 from data_pipeline.raw_text import DataInputError, ReadStats, iter_source
 from data_pipeline.sentences import split_sentences
-from data_pipeline.shards import SplitWriter, prepare_output, publish, token_dtype, write_manifest
+from data_pipeline.atomic_files import prepare_output, publish
+from data_pipeline.shards import SplitWriter, token_dtype, write_manifest
 from data_pipeline.tokenizer import (
     copy_pretrained_tokenizer,
     load_tokenizer,

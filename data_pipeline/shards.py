@@ -1,14 +1,13 @@
-"""Write packed sequences as MDS shards, and publish a finished dataset folder atomically."""
+"""Write packed sequences as MDS shards, check them against their hashes, and keep the manifest."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import time
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+
+from data_pipeline.atomic_files import write_text_atomic
 
 MANIFEST = "manifest.json"
 
@@ -76,36 +75,9 @@ def verify_split(split_dir: Path) -> int:
     return len(index["shards"])
 
 
-def check_overwrite(final_dir: Path, overwrite: bool) -> None:
-    """Refuse to clobber an existing output unless asked."""
-    if final_dir.exists() and not overwrite:
-        raise FileExistsError(f"output folder '{final_dir}' already exists; pass --overwrite to replace it")
-
-
-def prepare_output(final_dir: Path, overwrite: bool) -> Path:
-    """Refuse to clobber an existing output unless asked; return a fresh temporary folder beside it."""
-    check_overwrite(final_dir, overwrite)
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final_dir.with_name(f".{final_dir.name}.tmp-{os.getpid()}-{int(time.time())}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
-
-
-def publish(tmp_dir: Path, final_dir: Path) -> None:
-    """Swap a finished temporary folder into place; an old dataset is removed only after that."""
-    if final_dir.exists():
-        old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
-        final_dir.rename(old)
-        tmp_dir.rename(final_dir)
-        shutil.rmtree(old)
-    else:
-        tmp_dir.rename(final_dir)
-
-
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> None:
     """Write manifest.json (what was built, from what, and how)."""
-    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
 
 def read_manifest(data_dir: str | Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from data_pipeline.atomic_files import write_text_atomic
 from pretrain import distributed as dist
 
 COMPLETE = "COMPLETE"
@@ -56,15 +57,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-
-
 def _fsync_tree(folder: Path) -> None:
     """Flush every file of a checkpoint (and the folder entries) to stable storage."""
     for path in sorted(folder.rglob("*")):
@@ -94,10 +86,10 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict[str, Any], keep_l
     # save_checkpoint ends with a barrier, so every rank's files are written here.
     if dist.rank() == 0:
         for name, text in (run_files or {}).items():
-            _write_atomic(ckpt_dir / tag / name, text)
+            write_text_atomic(ckpt_dir / tag / name, text)
         _fsync_tree(ckpt_dir / tag)  # a marked checkpoint must survive a crash of the machine
-        _write_atomic(ckpt_dir / tag / COMPLETE, json.dumps({"step": step, "time": time.time()}) + "\n")
-        _write_atomic(ckpt_dir / "latest", tag)  # DeepSpeed's own pointer, for its tools
+        write_text_atomic(ckpt_dir / tag / COMPLETE, json.dumps({"step": step, "time": time.time()}) + "\n", fsync=True)
+        write_text_atomic(ckpt_dir / "latest", tag)  # DeepSpeed's own pointer, for its tools
         for old in complete_tags(ckpt_dir)[:-keep_last]:
             shutil.rmtree(ckpt_dir / old, ignore_errors=True)
         # Unmarked folders of earlier steps are debris of saves that were killed.
@@ -146,7 +138,7 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(f"converting {ckpt_dir / tag} to a universal checkpoint failed:\n{proc.stderr[-3000:]}")
-    _write_atomic(tmp / COMPLETE, json.dumps({"from": tag}) + "\n")
+    write_text_atomic(tmp / COMPLETE, json.dumps({"from": tag}) + "\n")
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return target.name

@@ -9,7 +9,7 @@ from typing import Optional
 
 from transformers import BertConfig
 
-from data_pipeline.shards import check_overwrite, prepare_output, publish
+from data_pipeline.atomic_files import check_overwrite, prepare_output, publish
 from data_pipeline.tokenizer import copy_tokenizer_folder
 from model.objectives import build_objective
 from pretrain import checkpoint as ckpt

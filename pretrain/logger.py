@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from data_pipeline.atomic_files import write_text_atomic
+
 
 def _fmt_eta(seconds: float) -> str:
     return str(datetime.timedelta(seconds=int(max(0.0, seconds))))
@@ -38,9 +40,7 @@ class RunLogger:
         path = self._jsonl.name
         with open(path) as fh:
             keep = [line for line in fh if line.strip() and json.loads(line)["step"] <= step]
-        with open(path + ".tmp", "w") as fh:
-            fh.writelines(keep)
-        Path(path + ".tmp").replace(path)
+        write_text_atomic(Path(path), "".join(keep))
         self._jsonl = open(path, "a", buffering=1)
         self._writer.close()
         # TensorBoard drops events at or after purge_step that earlier sessions wrote.

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from data_pipeline.atomic_files import write_text_atomic
 from data_pipeline.loader import build_loader, fetch_metadata, is_local_leader
 from data_pipeline.masking import build_masking
 from data_pipeline.shards import read_manifest, verify_split
@@ -43,9 +44,7 @@ def _write_run_files(files: dict[str, str], run_dir: Path, data_dir: Path) -> No
     """The run folder is self-contained: resolved config, model config and tokenizer (for export)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        tmp = run_dir / (name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(run_dir / name)
+        write_text_atomic(run_dir / name, text)
     copy_tokenizer_folder(data_dir / TOKENIZER_DIR, run_dir / TOKENIZER_DIR)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from data_pipeline.atomic_files import write_text_atomic
 from pretrain import checkpoint as ckpt
 from pretrain import distributed as dist
 from pretrain.config import RunConfig
@@ -107,9 +108,7 @@ class Trainer:
         if not path.is_file():
             return
         keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        tmp.replace(path)
+        write_text_atomic(path, "".join(line + "\n" for line in keep))
 
     # ---- checkpoints ------------------------------------------------------------------
     def _plan_resume(self, ds_config: dict) -> tuple[Optional[str], Optional[str]]:
@@ -369,10 +368,7 @@ class Trainer:
     def _mark_preempted(self, reason: Optional[str]) -> None:
         """Rank 0 records that this run stopped early with a complete checkpoint, and why."""
         if self.rank == 0:
-            marker = self.run_dir / PREEMPTED
-            tmp = marker.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"step": self.step, "reason": reason, "time": time.time(),
-                                       "checkpoint": ckpt.tag_for(self.step)}) + "\n")
-            tmp.replace(marker)
+            write_text_atomic(self.run_dir / PREEMPTED, json.dumps({
+                "step": self.step, "reason": reason, "time": time.time(), "checkpoint": ckpt.tag_for(self.step)}) + "\n")
         self.log.info(f"preempted ({reason}) at step {self.step}: checkpoint saved, exiting with code 75")
         dist.barrier()

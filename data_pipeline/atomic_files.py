@@ -1,0 +1,46 @@
+"""Outputs are never half-written: files and folders are written under a temporary name, then renamed."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+
+def write_text_atomic(path: Path, text: str, fsync: bool = False) -> None:
+    """Write a text file under a temporary name and rename it into place (fsync first when asked)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        if fsync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
+def check_overwrite(final_dir: Path, overwrite: bool) -> None:
+    """Refuse to clobber an existing output unless asked."""
+    if final_dir.exists() and not overwrite:
+        raise FileExistsError(f"output folder '{final_dir}' already exists; pass --overwrite to replace it")
+
+
+def prepare_output(final_dir: Path, overwrite: bool) -> Path:
+    """Refuse to clobber an existing output unless asked; return a fresh temporary folder beside it."""
+    check_overwrite(final_dir, overwrite)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final_dir.with_name(f".{final_dir.name}.tmp-{os.getpid()}-{int(time.time())}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def publish(tmp_dir: Path, final_dir: Path) -> None:
+    """Swap a finished temporary folder into place; an old dataset is removed only after that."""
+    if final_dir.exists():
+        old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
+        final_dir.rename(old)
+        tmp_dir.rename(final_dir)
+        shutil.rmtree(old)
+    else:
+        tmp_dir.rename(final_dir)
