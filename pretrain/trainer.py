@@ -76,7 +76,6 @@ class Trainer:
         self.start_time = time.time()
         self.last_save_time = self.start_time
         self.longest_save = 0.0
-        self.saved_step = -1
         self.seq_len = 0
         from model.flops import peak_tflops
 
@@ -170,7 +169,6 @@ class Trainer:
         seconds = time.perf_counter() - t0
         self.longest_save = max(self.longest_save, seconds)
         self.last_save_time = time.time()
-        self.saved_step = self.step
         self.log.info(f"saved checkpoint {self.ckpt_dir / tag} in {seconds:.1f}s")
 
     def _deadline(self) -> Optional[float]:
@@ -217,22 +215,31 @@ class Trainer:
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    def _reduce(self, sums: dict[str, float], divisor: float) -> dict[str, float]:
-        keys = sorted(sums)
-        total = dist.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
-        return {k: float(v) / divisor for k, v in zip(keys, total)}
+    @staticmethod
+    def _accumulate(sums: dict[str, float], loss: torch.Tensor, metrics: dict[str, torch.Tensor]) -> None:
+        for key, value in {"loss": loss, **metrics}.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+
+    def _reduce(self, means: dict[str, float], divisor: float, totals: Optional[dict[str, float]] = None) -> dict[str, float]:
+        """`means` summed over ranks and divided by `divisor`; `totals` summed over ranks. One all-reduce for both."""
+        totals = totals or {}
+        keys, extra = sorted(means), sorted(totals)
+        values = dist.all_reduce_sum(torch.tensor([means[k] for k in keys] + [totals[k] for k in extra], dtype=torch.float64))
+        out = {k: float(v) / divisor for k, v in zip(keys, values[: len(keys)])}
+        out.update({k: float(v) for k, v in zip(extra, values[len(keys):])})
+        return out
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over `accum` micro-batches; returns rank-averaged metrics."""
         lr = float(self.engine.get_lr()[0])
         step = self.step + 1
         sums: dict[str, float] = {}
-        counts = torch.zeros(3, dtype=torch.float64)  # tokens, samples, data-wait seconds
+        counts = {"tokens": 0.0, "samples": 0.0, "data_wait_s": 0.0}
         sample_ids = []
         for micro in range(self.accum):
             t0 = time.perf_counter()
             batch = self._next_batch()
-            counts[2] += time.perf_counter() - t0
+            counts["data_wait_s"] += time.perf_counter() - t0
             if self.cfg.train.record_samples:
                 sample_ids.append(batch["sample_id"].tolist())
             generator = torch.Generator().manual_seed(step_seed(self.cfg.train.seed, step, micro, self.rank))
@@ -240,24 +247,21 @@ class Trainer:
             loss, metrics = self.engine(batch)
             self.engine.backward(loss)
             self.engine.step()
-            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
-            counts[0] += float(batch["attention_mask"].sum())
-            counts[1] += batch["input_ids"].shape[0]
+            self._accumulate(sums, loss.detach(), metrics)
+            counts["tokens"] += float(batch["attention_mask"].sum())
+            counts["samples"] += batch["input_ids"].shape[0]
         self.step = step
         if sample_ids:
             path = self._sample_log()
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a") as fh:
                 fh.write(json.dumps({"step": step, "sample_ids": sample_ids}) + "\n")
-        metrics = self._reduce(sums, self.accum * self.world)
+        metrics = self._reduce(sums, self.accum * self.world, totals=counts)
         self.seq_len = batch["input_ids"].shape[1]
-        tokens, samples, data_wait = dist.all_reduce_sum(counts).tolist()
-        self.tokens_seen += int(tokens)
-        self.samples_seen += int(samples)
+        self.tokens_seen += int(metrics["tokens"])
+        self.samples_seen += int(metrics["samples"])
         grad_norm = self.engine.get_global_grad_norm()
-        metrics.update(lr=lr, tokens=tokens, samples=samples, data_wait_s=data_wait / self.world)
+        metrics.update(lr=lr, data_wait_s=metrics["data_wait_s"] / self.world)
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
         loss_scale = getattr(self.engine.optimizer, "cur_scale", None) or getattr(self.engine.optimizer, "loss_scale", None)
@@ -279,8 +283,7 @@ class Trainer:
             import resource
 
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-        gathered = dist.all_reduce_sum(torch.zeros(self.world, dtype=torch.float64).index_fill_(0, torch.tensor([self.rank]), peak))
-        metrics["peak_memory_gib"] = float(gathered.max())
+        metrics["peak_memory_gib"] = max(dist.all_gather_object(peak))
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -291,9 +294,7 @@ class Trainer:
         for i, batch in zip(range(self.cfg.train.eval_batches), self.eval_loader):
             generator = torch.Generator().manual_seed(step_seed(self.cfg.train.seed, EVAL_STREAM, i, self.rank))
             loss, metrics = self.engine(self._to_device(self.transform(batch, generator)))
-            sums["loss"] = sums.get("loss", 0.0) + float(loss)
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
+            self._accumulate(sums, loss, metrics)
             n += 1
         self.engine.train()
         return self._reduce(sums, max(1, n) * self.world) if n else {}
