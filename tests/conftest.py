@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,36 @@ def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, ch
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}")
     return proc
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_ranks(args: list[str], n: int, log_dir: Path) -> list[subprocess.Popen]:
+    """Start n ranks of `python -m pretrain args` as separate processes with the env srun or torchrun would give them."""
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for rank in range(n):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        out = open(log_dir / f"rank{rank}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, stdout=out,
+                                      stderr=subprocess.STDOUT))
+    return procs
+
+
+def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> None:
+    """Block until the run's metrics.jsonl reaches `step` (failing if a rank exits first)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        path = run / "metrics.jsonl"
+        if path.is_file() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines() if line.strip()):
+            return
+        assert all(p.poll() is None for p in procs), "a rank exited early"
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached")

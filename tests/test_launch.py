@@ -1,13 +1,12 @@
 """Launchers: SLURM's srun variables become the process-group variables."""
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY_MODEL
+from conftest import REPO, TINY_MODEL, free_port
 from pretrain.distributed import first_host, slurm_env
 
 
@@ -31,9 +30,7 @@ def test_first_host_without_scontrol(monkeypatch):
 @pytest.mark.slow
 def test_two_tasks_started_the_way_srun_starts_them(prepared, tmp_path):
     """Two processes that only have SLURM's variables form one 2-rank training run."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
@@ -53,7 +50,7 @@ def test_deepspeed_launcher_starts_the_same_training(prepared, tmp_path):
     """`deepspeed --num_gpus 2 --module pretrain ...` (it adds --local_rank=N, which the CLI accepts)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     launcher = str(Path(sys.executable).parent / "deepspeed")
-    cmd = [launcher, "--num_gpus", "2", "--master_port", str(_free_port()), "--module", "pretrain", "train",
+    cmd = [launcher, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pretrain", "train",
            "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={tmp_path / 'run'}",
            *TINY_MODEL, "train.max_steps=3", "train.micro_batch_size=4", "train.global_batch_size=8", "train.eval_every=0"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -61,8 +58,3 @@ def test_deepspeed_launcher_starts_the_same_training(prepared, tmp_path):
     assert "on 2 rank(s), accumulation 1" in proc.stdout
     assert (tmp_path / "run" / "checkpoints" / "step_00000003" / "COMPLETE").is_file()
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -96,20 +96,26 @@ def _words(ids_row, starts):
     return words
 
 
+def _whole_word_counts(picked, input_ids, starts):
+    """Assert every word is picked all-or-nothing; return (words, picked words, tokens in words)."""
+    n_words = n_picked_words = n_tokens = 0
+    for row in range(picked.shape[0]):
+        for word in _words(input_ids[row], starts):
+            flags = picked[row, word]
+            assert flags.all() or not flags.any()  # all or nothing
+            n_words += 1
+            n_picked_words += bool(flags[0])
+            n_tokens += len(word)
+    return n_words, n_picked_words, n_tokens
+
+
 def test_whole_word_picks_whole_words_at_the_right_rate():
     starts = _word_starts()
     m = WholeWordMasking(MaskingConfig(strategy="whole_word"), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK], starts)
     batch = _batch(rows=128)
     out = m(batch, torch.Generator().manual_seed(4))
     picked = out["labels"] != IGNORE_INDEX
-    n_words = n_picked_words = n_tokens = 0
-    for row in range(picked.shape[0]):
-        for word in _words(batch["input_ids"][row], starts):
-            flags = picked[row, word]
-            assert flags.all() or not flags.any()  # all or nothing
-            n_words += 1
-            n_picked_words += bool(flags[0])
-            n_tokens += len(word)
+    n_words, n_picked_words, n_tokens = _whole_word_counts(picked, batch["input_ids"], starts)
     assert abs(n_picked_words / n_words - 0.15) < 0.01
     assert abs(int(picked.sum()) / n_tokens - 0.15) < 0.015
     special = torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP]))
@@ -138,11 +144,9 @@ def test_span_masking_rate_and_word_alignment():
     assert abs(int(picked.sum()) / int(pickable.sum()) - 0.15) < 0.01
     for row in range(picked.shape[0]):  # never over the 15% budget (SpanBERT skips overshooting spans)
         assert int(picked[row].sum()) <= max(1, round(0.15 * int(pickable[row].sum())))
+    _whole_word_counts(picked, batch["input_ids"], starts)  # spans cover whole words
     runs = 0
     for row in range(picked.shape[0]):
-        for word in _words(batch["input_ids"][row], starts):
-            flags = picked[row, word]
-            assert flags.all() or not flags.any()  # spans cover whole words
         padded = torch.cat([torch.tensor([False]), picked[row], torch.tensor([False])]).int()
         runs += int((padded[1:] - padded[:-1] == 1).sum())
     # Contiguous spans: far fewer runs than picked tokens (single-token masking would give ~1 run per token).

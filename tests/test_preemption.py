@@ -5,9 +5,8 @@ import time
 
 import pytest
 
-from conftest import TINY_MODEL, run_cli
+from conftest import TINY_MODEL, launch_ranks, run_cli, wait_for_step
 from pretrain.preemption import EXIT_PREEMPTED, parse_duration
-from test_train_resume import _launch_ranks, _wait_for_step
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +36,8 @@ def test_deadline_saves_and_exits_before_the_limit(prepared, tmp_path):
 
 def test_repeated_signals_during_a_save_leave_a_good_checkpoint(prepared, tmp_path):
     out = tmp_path / "run"
-    (proc,) = _launch_ranks(_args(prepared, out), 1, tmp_path / "logs")
-    _wait_for_step(out, 3, [proc])
+    (proc,) = launch_ranks(_args(prepared, out), 1, tmp_path / "logs")
+    wait_for_step(out, 3, [proc])
     for _ in range(6):  # the first starts the save; the rest arrive while it runs
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.02)

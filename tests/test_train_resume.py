@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_MODEL, run_cli
+from conftest import TINY_MODEL, launch_ranks, run_cli, wait_for_step
 
 pytestmark = pytest.mark.slow
 
@@ -117,49 +117,14 @@ def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
     assert all((p / "COMPLETE").is_file() for p in (out / "checkpoints").glob("step_*"))
 
 
-def _launch_ranks(args: list[str], n: int, log_dir: Path) -> list:
-    """Start n ranks as separate processes with the env a launcher (srun, torchrun) would give them."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log_dir.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for rank in range(n):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-        out = open(log_dir / f"rank{rank}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
-    return procs
-
-
-def _wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> None:
-    import time
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        path = run / "metrics.jsonl"
-        if path.is_file() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines() if line.strip()):
-            return
-        assert all(p.poll() is None for p in procs), "a rank exited early"
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached")
-
-
 def test_sigusr1_on_one_rank_saves_marks_and_resumes_exactly(prepared, uninterrupted, tmp_path):
     import signal
 
     from pretrain.preemption import EXIT_PREEMPTED
 
     out = tmp_path / "run"
-    procs = _launch_ranks(_args(prepared, out), 2, tmp_path / "logs")
-    _wait_for_step(out, 6, procs)
+    procs = launch_ranks(_args(prepared, out), 2, tmp_path / "logs")
+    wait_for_step(out, 6, procs)
     procs[1].send_signal(signal.SIGUSR1)  # only one rank is told; the flag is OR-reduced
     codes = [p.wait(timeout=120) for p in procs]
     logs = (tmp_path / "logs" / "rank0.log").read_text()
@@ -198,7 +163,7 @@ def test_kill_9_at_random_moments_ten_times(prepared, tmp_path):
     rng = random.Random(0)
     mid_save = 0
     for attempt in range(10):
-        (proc,) = _launch_ranks(args(out), 1, tmp_path / f"logs{attempt}")
+        (proc,) = launch_ranks(args(out), 1, tmp_path / f"logs{attempt}")
         deadline = time.time() + 60
         if attempt % 2:  # kill as soon as a checkpoint folder exists without its marker
             killed = False
