@@ -15,14 +15,15 @@ def _train(args: argparse.Namespace) -> int:
 
     from pretrain.run import build_trainer
 
-    from pretrain.preemption import EXIT_FINISHED, EXIT_PREEMPTED, ignore_further_signals
+    from pretrain import signals
+    from pretrain.preemption import EXIT_FINISHED, EXIT_PREEMPTED
 
     cfg = load_config(RunConfig, args.config, args.overrides)
     trainer = build_trainer(cfg)
     status = trainer.fit()
     # The decision is made and the checkpoint written: a late SIGTERM (SLURM sends more than one)
     # must not turn "preempted, requeue me" into "killed by a signal" during shutdown.
-    ignore_further_signals()
+    signals.ignore()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return EXIT_PREEMPTED if status == "preempted" else EXIT_FINISHED

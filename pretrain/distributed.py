@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -85,6 +86,34 @@ def init_distributed() -> None:
     else:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     deepspeed.init_distributed(auto_mpi_discovery=False)
+    _local_world_is_this_host()
+
+
+def _host_id() -> str:
+    """What identifies one machine's /dev/shm: host name and kernel boot id."""
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    return f"{socket.gethostname()}/{boot.read_text().strip() if boot.is_file() else ''}"
+
+
+def _local_world_is_this_host() -> None:
+    """Make LOCAL_RANK/LOCAL_WORLD_SIZE count the ranks on this machine, not on this SLURM node.
+
+    Streaming's loader coordinates through /dev/shm and assumes one node is one machine. Several
+    SLURM nodes emulated on one machine (slurm/local_cluster.sh) break that: each node's rank
+    would be a "local leader" and they would fight over the same shared memory. The GPU device
+    is already chosen, so only the data loader's view changes.
+    """
+    if world_size() == 1:
+        return
+    hosts = all_gather_object(_host_id())
+    mine = [r for r, h in enumerate(hosts) if h == hosts[rank()]]
+    if len(mine) == int(os.environ["LOCAL_WORLD_SIZE"]):
+        return
+    sizes = {hosts.count(h) for h in hosts}
+    if mine != list(range(mine[0], mine[0] + len(mine))) or len(sizes) != 1:
+        raise RuntimeError(f"ranks {mine} share this machine but are not a contiguous block of equal size; "
+                           "use srun's block distribution (the default) with the same number of tasks per machine")
+    os.environ.update(LOCAL_RANK=str(rank() - mine[0]), LOCAL_WORLD_SIZE=str(len(mine)))
 
 
 def rank() -> int:

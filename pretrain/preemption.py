@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
-import signal
 import subprocess
 import time
 from typing import Optional
@@ -19,11 +18,11 @@ from typing import Optional
 import torch
 
 from pretrain import distributed as dist
+from pretrain import signals
 
 EXIT_FINISHED = 0
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "temporary failure, try again"
 PREEMPTED = "PREEMPTED"
-SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
 def parse_duration(text: str) -> float:
@@ -65,16 +64,12 @@ class PreemptionGuard:
         self.deadline = deadline
         self.margin_s = margin_s
         self.reason: Optional[str] = None
-        for sig in SIGNALS:
-            # Only set a flag: a signal during a save (or a second one) must not interrupt it.
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.reason = self.reason or signal.Signals(signum).name
+        signals.catch()  # already done by `python -m pretrain train`; needed when the trainer is used as a library
 
     def poll(self, step_seconds: float, save_seconds: float, save_due: bool) -> tuple[bool, bool]:
         """(stop, save) agreed by all ranks: stop if any rank got a signal or the deadline is near;
         save if any rank says a time-based save is due. One small all-reduce per step."""
+        self.reason = self.reason or signals.first_received()
         local = self.reason is not None
         if not local and self.deadline is not None:
             # Stop while one more step and a save (with margin) still fit before the deadline.
@@ -83,12 +78,8 @@ class PreemptionGuard:
                 local = True
         flags = dist.all_reduce_sum(torch.tensor([1.0 if local else 0.0, 1.0 if save_due else 0.0], dtype=torch.float64))
         stop, save = bool(flags[0] > 0), bool(flags[1] > 0)
-        if stop and self.reason is None:
-            self.reason = "signal on another rank"
+        if stop:  # every rank is here: agree on one reason, rank 0's if it has one, else the first rank's that does
+            reasons = dist.all_gather_object(self.reason)
+            rank, reason = next((r, why) for r, why in enumerate(reasons) if why is not None)
+            self.reason = reason if rank == 0 else f"{reason} on rank {rank}"
         return stop, save
-
-
-def ignore_further_signals() -> None:
-    """Ignore SIGUSR1/SIGTERM at the OS level from here to the process's exit."""
-    for sig in SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)

@@ -130,7 +130,7 @@ def test_sigusr1_on_one_rank_saves_marks_and_resumes_exactly(prepared, uninterru
     logs = (tmp_path / "logs" / "rank0.log").read_text()
     assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED], logs[-3000:]
     marker = json.loads((out / "PREEMPTED").read_text())
-    assert marker["reason"] == "signal on another rank"  # rank 0 learned it through the reduction
+    assert marker["reason"] == "SIGUSR1 on rank 1"  # rank 0 learned it, and from whom, through the reduction
     step = marker["step"]
     assert 6 <= step < 20
     assert (out / "checkpoints" / ckpt_tag(step) / "COMPLETE").is_file()

@@ -1,0 +1,222 @@
+"""The real sbatch templates on a real one-machine SLURM (slurm/local_cluster.sh: munge, slurmctld and
+two emulated slurmd nodes), submitted with sbatch as a user would.
+
+All jobs are submitted at once by one fixture, so their start-ups and SLURM's requeue delays overlap:
+- the chain prepare_data -> pretrain -> export (afterok), where pretrain runs on 2 nodes x 1 task
+  with --time=2 and --signal=B:USR1@60 and needs more than one allocation;
+- a job with a bad config (a crash: must not be requeued);
+- a job with MAX_RESTARTS=1 that is sent USR1 twice (requeued once, then not).
+Meanwhile an uninterrupted run of the same training config runs outside SLURM as the reference.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, TINY_MODEL, free_port, kjv_chapters, launch_ranks
+
+pytestmark = pytest.mark.slow
+
+MAX_STEPS = 1000
+TRAIN_OVERRIDES = [
+    *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", f"train.max_steps={MAX_STEPS}",
+    "train.save_every=250", "train.log_every=50", "train.eval_every=0", "train.record_samples=true",
+    # The signal, not the job's end time, is what this test exercises (the deadline has its own test).
+    "train.use_slurm_deadline=false",
+]
+
+
+def _cannot_run() -> str | None:
+    """Why a real SLURM cannot be started here, or None."""
+    have = all(shutil.which(b) or Path("/usr/sbin", b).exists() for b in ("slurmctld", "slurmd", "sbatch", "munged"))
+    if have and os.geteuid() == 0:
+        return None
+    if os.geteuid() != 0:
+        return "the local SLURM cluster needs root (it runs slurmctld, slurmd and munged as root)"
+    if not shutil.which("apt-get"):
+        return "SLURM is not installed and there is no apt-get to install it"
+    return None
+
+
+class Cluster:
+    """The started cluster: its environment, and sbatch/scontrol wrappers."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        inherited = {k: v for k, v in os.environ.items()
+                     if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        self.env = {**inherited, "SLURM_LOCAL_DIR": str(base), "SLURM_LOCAL_PORT": str(free_port()),
+                    "SLURM_CONF": str(base / "slurm.conf"), "PATH": os.environ["PATH"] + ":/usr/sbin",
+                    "REPO_DIR": str(REPO), "VENV": sys.prefix, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+    def script(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(REPO / "slurm" / "local_cluster.sh"), *args], env=self.env,
+                              capture_output=True, text=True, timeout=600)
+
+    def sbatch(self, script: str, *options: str, cwd: Path, **knobs: str) -> int:
+        """Submit slurm/<script> with sbatch options and template knobs (passed by environment)."""
+        out = subprocess.run(["sbatch", "--parsable", *options, str(REPO / "slurm" / script)], cwd=cwd,
+                             env={**self.env, **knobs}, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """`scontrol show job` as a dict (JobState, Restarts, ExitCode, ...)."""
+        out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], env=self.env, capture_output=True,
+                             text=True, timeout=60).stdout
+        return dict(item.split("=", 1) for item in out.split() if "=" in item)
+
+    def signal_batch(self, job_id: int, sig: str = "USR1") -> None:
+        """What SLURM's --signal=B:USR1 does, on demand: signal the batch shell."""
+        subprocess.run(["scancel", "--batch", f"--signal={sig}", str(job_id)], env=self.env, check=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = _cannot_run()
+    if reason:
+        pytest.skip(reason)
+    cl = Cluster(tmp_path_factory.mktemp("slurm"))
+    started = cl.script("start", "2")
+    assert started.returncode == 0, started.stdout + started.stderr
+    yield cl
+    cl.script("stop")
+
+
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster, tmp_path_factory):
+    """Submit everything, drive the restart-limit job, watch for the PREEMPTED marker; wait for the end."""
+    work = tmp_path_factory.mktemp("slurm_jobs")
+    corpus = work / "corpus.txt"
+    corpus.write_text("\n\n".join(kjv_chapters(60)) + "\n", encoding="utf-8")
+    data, run, hf = work / "data", work / "run", work / "hf"
+    prepare = cluster.sbatch(
+        "prepare_data.sbatch", "--cpus-per-task=2", cwd=work,
+        OVERRIDES=f"output_dir={data} 'sources=[{{kind: text, path: {corpus}}}]' tokenizer.vocab_size=400 "
+                  "tokenizer.character_coverage=1.0 seq_len=64 val_fraction=0.1")
+    train_knobs = {"OVERRIDES": " ".join([f"data.path={data}", f"train.output_dir={run}", *TRAIN_OVERRIDES])}
+    pretrain = cluster.sbatch(
+        "pretrain.sbatch", f"--dependency=afterok:{prepare}", "--nodes=2", "--ntasks-per-node=1",
+        "--gpus-per-node=0", "--cpus-per-task=1", "--time=2", "--signal=B:USR1@60", cwd=work, **train_knobs)
+    export = cluster.sbatch("export.sbatch", f"--dependency=afterok:{pretrain}", "--cpus-per-task=1", cwd=work,
+                            RUN_DIR=str(run), OUT=str(hf))
+    crash = cluster.sbatch("pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0",
+                           "--cpus-per-task=1", cwd=work, OVERRIDES=f"data.path={data} train.no_such_key=1")
+    limited_run = work / "limited"
+    limited = cluster.sbatch(
+        "pretrain.sbatch", f"--dependency=afterok:{prepare}", "--nodes=1", "--ntasks-per-node=1",
+        "--gpus-per-node=0", "--cpus-per-task=1", cwd=work, MAX_RESTARTS="1",
+        OVERRIDES=" ".join([f"data.path={data}", f"train.output_dir={limited_run}", *TRAIN_OVERRIDES,
+                            "train.max_steps=100000", "train.log_every=5"]))
+
+    reference, reference_procs = work / "reference", []
+    markers: list[dict] = []
+    limit_signals = 0
+    deadline = time.time() + 540
+    while time.time() < deadline:
+        states = {j: cluster.job(j).get("JobState") for j in (prepare, pretrain, export, crash, limited)}
+        if not reference_procs and states[prepare] == "COMPLETED":
+            reference_procs = launch_ranks(["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}",
+                                            f"train.output_dir={reference}", *TRAIN_OVERRIDES], 2, work / "reference_logs")
+        marker = run / "PREEMPTED"
+        if marker.is_file():
+            record = json.loads(marker.read_text())
+            if record not in [m for m, _ in markers]:
+                markers.append((record, (run / "checkpoints" / record["checkpoint"] / "COMPLETE").is_file()))
+        # The limit job: USR1 once it trains in attempt 1, and again once it trains in attempt 2.
+        log = work / f"pretrain-{limited}.out"
+        if states[limited] == "RUNNING" and log.is_file():
+            attempts = log.read_text().split(f"job {limited} attempt ")
+            if limit_signals < len(attempts) - 1 and "| ETA" in attempts[-1]:
+                cluster.signal_batch(limited)
+                limit_signals += 1
+        if all(s in FINAL for s in states.values()) and reference_procs and all(p.poll() is not None for p in reference_procs):
+            break
+        time.sleep(0.2)
+    assert all(p.poll() == 0 for p in reference_procs), f"reference run failed; see {work / 'reference_logs'}"
+    return {"work": work, "run": run, "hf": hf, "reference": reference, "markers": markers, "limit_signals": limit_signals,
+            "ids": {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited},
+            "info": {name: cluster.job(j) for name, j in
+                     {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited}.items()}}
+
+
+def _log(jobs, name: str) -> str:
+    prefix = {"prepare": "prepare-data", "export": "export"}.get(name, "pretrain")
+    return (jobs["work"] / f"{prefix}-{jobs['ids'][name]}.out").read_text()
+
+
+def _samples(run: Path, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (run / "samples" / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    path = run / "checkpoints" / f"step_{MAX_STEPS:08d}" / "mp_rank_00_model_states.pt"
+    return torch.load(path, map_location="cpu", weights_only=False)["module"]
+
+
+def test_time_limit_signal_requeue_and_exact_resume(jobs):
+    info, log = jobs["info"]["pretrain"], _log(jobs, "pretrain")
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, log[-3000:])
+    assert int(info["Restarts"]) >= 1, log[-3000:]
+    assert "USR1 received: forwarding it to the training tasks" in log
+    assert "requeueing job" in log and "attempt 2 (restart 1" in log and "training finished" in log
+    # The marker was seen while the job waited to be rerun, naming a complete checkpoint.
+    assert jobs["markers"], "no PREEMPTED marker was written"
+    record, complete = jobs["markers"][0]
+    # srun delivers USR1 to both tasks; rank 0 names the first rank that had it.
+    assert record["reason"] in ("SIGUSR1", "SIGUSR1 on rank 1") and 0 < record["step"] < MAX_STEPS and complete
+    assert f"resumed from {jobs['run'] / 'checkpoints' / record['checkpoint']} at step {record['step']}" in log
+    assert not (jobs["run"] / "PREEMPTED").exists()  # the finished attempt cleared it
+
+    # Same weights, bit for bit, as the run that was never interrupted.
+    ours, ref = _weights(jobs["run"]), _weights(jobs["reference"])
+    assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
+    # Same samples in the same order on each rank; every step once, none skipped or repeated.
+    for rank in (0, 1):
+        got = _samples(jobs["run"], rank)
+        assert [r["step"] for r in got] == list(range(1, MAX_STEPS + 1))
+        assert got == _samples(jobs["reference"], rank)
+    per_step = [sorted(i for rank in (0, 1) for micro in _samples(jobs["run"], rank)[s]["sample_ids"] for i in micro)
+                for s in range(MAX_STEPS)]
+    epoch = [i for ids in per_step[:100] for i in ids]  # the first 800 samples: all distinct within an epoch
+    assert len(epoch) == len(set(epoch)) == 800
+
+
+def test_chain_prepare_pretrain_export_with_afterok(jobs):
+    assert jobs["info"]["prepare"]["JobState"] == "COMPLETED", _log(jobs, "prepare")[-2000:]
+    export = jobs["info"]["export"]
+    assert export["JobState"] == "COMPLETED", _log(jobs, "export")[-3000:]
+    # afterok held the export back through the requeue until the training's final success.
+    assert json.loads((jobs["hf"] / "config.json").read_text())["hidden_size"] == 32
+    from transformers import AutoModelForMaskedLM
+
+    model = AutoModelForMaskedLM.from_pretrained(jobs["hf"])
+    ours = _weights(jobs["run"])
+    key = next(k for k in ours if k.endswith("word_embeddings.weight"))
+    assert torch.equal(model.get_input_embeddings().weight, ours[key].float())
+
+
+def test_crash_is_not_requeued(jobs):
+    info, log = jobs["info"]["crash"], _log(jobs, "crash")
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0" and info["ExitCode"] == "2:0", info
+    assert "no_such_key" in log and "training failed with exit code 2: not requeueing" in log
+
+
+def test_restart_limit_is_respected(jobs):
+    info, log = jobs["info"]["limited"], _log(jobs, "limited")
+    assert jobs["limit_signals"] == 2, log[-3000:]
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "1" and info["ExitCode"] == "75:0", info
+    assert "requeueing job" in log  # the first preemption was requeued ...
+    assert "restart 1 reached MAX_RESTARTS=1: not requeueing" in log  # ... the second was not
+    assert log.count(f"job {jobs['ids']['limited']} attempt ") == 2
