@@ -102,12 +102,18 @@ class Trainer:
         return self.run_dir / "samples" / f"rank{self.rank}.jsonl"
 
     def _truncate_sample_log(self, last_step: int) -> None:
-        """Drop the records of steps after the checkpoint we resume from (they will be redone)."""
-        path = self._sample_log()
-        if not path.is_file():
-            return
-        keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
-        write_text_atomic(path, "".join(line + "\n" for line in keep))
+        """Drop the records of steps after the checkpoint we resume from (they will be redone).
+
+        Each rank rewinds its own file; rank 0 also rewinds those of ranks that an elastic resume
+        onto fewer ranks left behind, so the audit never shows a step twice.
+        """
+        paths = [self._sample_log()]
+        if self.rank == 0:
+            paths += [p for p in self._sample_log().parent.glob("rank*.jsonl") if int(p.stem[4:]) >= self.world]
+        for path in paths:
+            if path.is_file():
+                keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
+                write_text_atomic(path, "".join(line + "\n" for line in keep))
 
     # ---- checkpoints ------------------------------------------------------------------
     def _plan_resume(self, ds_config: dict) -> tuple[Optional[str], Optional[str]]:

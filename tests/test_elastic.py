@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def _args(data, out, *extra):
     return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
             "train.micro_batch_size=4", "train.global_batch_size=16", "train.max_steps=12", "train.save_every=3",
-            "train.eval_every=0", "train.record_samples=true", "schedule.warmup_steps=2", "optimizer.lr=2e-3", *extra]
+            "train.keep_last=10", "train.eval_every=0", "train.record_samples=true", "schedule.warmup_steps=2", "optimizer.lr=2e-3", *extra]
 
 
 def _global_steps(run: Path, ranks: int) -> dict[int, list[int]]:
@@ -34,17 +34,30 @@ def _fp32(run: Path, tag: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def straight(prepared, tmp_path_factory):
+def straight_run(prepared, tmp_path_factory) -> Path:
+    """12 steps on 2 ranks, a checkpoint every 3 (all kept)."""
     out = tmp_path_factory.mktemp("elastic") / "straight"
     run_cli("pretrain", _args(prepared, out), nproc=2)
-    return _global_steps(out, 2)
+    return out
 
 
-def test_two_to_one_rank(prepared, straight, tmp_path):
-    out = tmp_path / "run"
-    run_cli("pretrain", _args(prepared, out, "train.stop_after=6"), nproc=2)
-    probe = tmp_path / "probe"
-    shutil.copytree(out, probe)
+@pytest.fixture(scope="module")
+def straight(straight_run):
+    return _global_steps(straight_run, 2)
+
+
+def _rewound_copy(run: Path, dest: Path, step: int) -> Path:
+    """A copy of the run as it was after saving `step`: later checkpoints gone (the trainer rewinds the logs)."""
+    shutil.copytree(run, dest)
+    for tag in (dest / "checkpoints").glob("step_*"):
+        if int(tag.name.split("_")[1]) > step:
+            shutil.rmtree(tag)
+    return dest
+
+
+def test_two_to_one_rank(prepared, straight_run, straight, tmp_path):
+    out = _rewound_copy(straight_run, tmp_path / "run", 6)
+    probe = _rewound_copy(straight_run, tmp_path / "probe", 6)
     resumed = run_cli("pretrain", _args(prepared, out), nproc=1)
     assert "converting it to a universal checkpoint" in resumed.stdout and "at step 6" in resumed.stdout
     assert "accumulation 4" in resumed.stdout  # the global batch stayed 16
@@ -66,9 +79,8 @@ def test_one_to_two_ranks(prepared, straight, tmp_path):
     assert combined == straight
 
 
-def test_stage_change_is_refused(prepared, tmp_path):
-    out = tmp_path / "run"
-    run_cli("pretrain", _args(prepared, out, "train.stop_after=3"), nproc=1)
+def test_stage_change_is_refused(prepared, straight_run, tmp_path):
+    out = _rewound_copy(straight_run, tmp_path / "run", 6)
     proc = run_cli("pretrain", _args(prepared, out, "train.deepspeed_config=deepspeed_configs/zero3.json"), nproc=1, check=False)
     assert proc.returncode == 2
     assert "ZeRO stage 2" in proc.stderr and "stage 3" in proc.stderr
