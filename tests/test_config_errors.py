@@ -1,11 +1,16 @@
 """Every config error a user can make is reported with the key or file it concerns (exit code 2, no traceback)."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from conftest import TINY_MODEL, run_cli
+from conftest import REPO, TINY_MODEL
 from pretrain.cli import main as pretrain_main
 
 
-@pytest.mark.parametrize("override,expected", [
+CASES = [
     ("train.max_stepz=3", "train.max_stepz"),
     ("train.max_steps=lots", "train.max_steps"),
     ("train.precision=fp8", "train.precision"),
@@ -23,17 +28,39 @@ from pretrain.cli import main as pretrain_main
     ("train.precision=fp16", "train.precision=fp16"),
     ("optimizer.name=lamb", "zero0.json"),
     ("objective.name=coco_lm", "masking.strategy=coco"),
-])
-def test_config_errors_are_named(prepared, tmp_path, capsys, override, expected):
-    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={tmp_path / 'run'}",
+    ("train.micro_batch_size=100000 train.global_batch_size=100000", "fewer than one batch"),
+]
+# Checked after the process group starts: these run in a separate process (all in one, see the helper).
+NEEDS_PROCESS_GROUP = {"model.vocab_size", "model.init_from", "/nonexistent/data", "optimizer.impl=torch", "global_batch_size=30",
+                       "train.precision=fp16", "zero0.json", "masking.strategy=coco", "nope.json", "fewer than one batch"}
+
+
+def _args(prepared, out, override):
+    return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={out}",
             *TINY_MODEL, "train.micro_batch_size=4", *override.split()]
-    if expected in ("model.vocab_size", "model.init_from", "/nonexistent/data", "optimizer.impl=torch", "global_batch_size=30",
-                    "train.precision=fp16", "zero0.json", "masking.strategy=coco") \
-            or override.startswith("train.deepspeed_config"):
-        proc = run_cli("pretrain", args, nproc=1, check=False)  # needs the process group: a subprocess
-        code, err = proc.returncode, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def subprocess_results(prepared, tmp_path_factory):
+    """Every case that needs the process group, run in one `python` process with the real CLI."""
+    base = tmp_path_factory.mktemp("config_errors")
+    cases = {f"{i}": _args(prepared, base / f"run{i}", override) for i, (override, expected) in enumerate(CASES)
+             if expected in NEEDS_PROCESS_GROUP}
+    (base / "cases.json").write_text(json.dumps(cases))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "tests/helpers/cli_cases.py", str(base / "cases.json"), str(base / "out.json")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((base / "out.json").read_text())
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[c[0] for c in CASES])
+def test_config_errors_are_named(prepared, tmp_path, capsys, subprocess_results, index):
+    override, expected = CASES[index]
+    if expected in NEEDS_PROCESS_GROUP:
+        code, err = subprocess_results[str(index)]["code"], subprocess_results[str(index)]["stderr"]
     else:
-        code, err = pretrain_main(args), capsys.readouterr().err
+        code, err = pretrain_main(_args(prepared, tmp_path / "run", override)), capsys.readouterr().err
     assert code == 2, err[-2000:]
     assert expected in err and "Traceback" not in err
 

@@ -44,22 +44,34 @@ def _global_steps(per_rank):
     return [sorted(i for rank in per_rank for i in rank[step]) for step in range(len(per_rank[0]))]
 
 
-def test_same_global_batches_on_one_and_two_ranks(dataset, tmp_path):
+@pytest.fixture(scope="module")
+def straight(dataset, tmp_path_factory):
+    """An uninterrupted 2-rank walk over the whole epoch (global batch 8)."""
+    return _global_steps(_walk(dataset, tmp_path_factory.mktemp("straight"), 2, batch=4, batches=-1))
+
+
+@pytest.fixture(scope="module")
+def first_half(dataset, tmp_path_factory):
+    """5 global batches on 2 ranks, then the loader state as a checkpoint holds it."""
+    base = tmp_path_factory.mktemp("first")
+    state = base / "state.json"
+    first = _walk(dataset, base / "walk", 2, batch=4, batches=5, state_out=state)
+    return first, state
+
+
+def test_same_global_batches_on_one_and_two_ranks(dataset, straight, tmp_path):
     one = _global_steps(_walk(dataset, tmp_path / "one", 1, batch=8, batches=-1))
-    two = _global_steps(_walk(dataset, tmp_path / "two", 2, batch=4, batches=-1))
-    assert one == two
+    assert one == straight
     assert sorted(i for step in one for i in step) == list(range(NUM_SAMPLES))
 
 
 @pytest.mark.parametrize("resume_ranks", [1, 2])
-def test_resume_on_another_rank_count_sees_each_sample_once(dataset, tmp_path, resume_ranks):
-    state = tmp_path / "state.json"
-    first = _walk(dataset, tmp_path / "first", 2, batch=4, batches=5, state_out=state)
+def test_resume_on_another_rank_count_sees_each_sample_once(dataset, straight, first_half, tmp_path, resume_ranks):
+    first, state = first_half
     assert json.loads(state.read_text())["sample_in_epoch"] == 2 * 4 * 5
     batch = 8 // resume_ranks  # the same global batch
     rest = _walk(dataset, tmp_path / "rest", resume_ranks, batch=batch, batches=-1, state_in=state)
     seen = [i for rank in first + rest for b in rank for i in b]
     assert len(seen) == len(set(seen)) == NUM_SAMPLES  # no duplicate, no gap
     # And the resumed steps are exactly the ones an uninterrupted 2-rank run would take next.
-    straight = _global_steps(_walk(dataset, tmp_path / "straight", 2, batch=4, batches=-1))
     assert _global_steps(first) + _global_steps(rest) == straight

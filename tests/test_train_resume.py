@@ -83,9 +83,6 @@ def test_resumed_tensorboard_has_each_step_once(prepared, tmp_path):
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 11))
     refused = run_cli("pretrain", _args(prepared, out, "train.resume=never"), nproc=1, check=False)
     assert refused.returncode == 2 and "resume=never" in refused.stderr
-    tiny = run_cli("pretrain", _args(prepared, tmp_path / "tiny", "train.micro_batch_size=100000",
-                                     "train.global_batch_size=100000"), nproc=1, check=False)
-    assert tiny.returncode == 2 and "fewer than one batch" in tiny.stderr
 
 
 def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
@@ -149,20 +146,20 @@ def ckpt_tag(step: int) -> str:
     return tag_for(step)
 
 
-def test_kill_9_at_random_moments_ten_times(prepared, tmp_path):
-    """Ten SIGKILLs (some while a checkpoint is being written): the run always resumes from the last
+def test_kill_9_at_random_moments(prepared, tmp_path):
+    """Four SIGKILLs (two while a checkpoint is being written): the run always resumes from the last
     complete checkpoint and ends bit-identical to an uninterrupted run."""
     import random
     import time
 
-    args = lambda out: _args(prepared, out, "train.max_steps=24", "train.save_every=2", "train.micro_batch_size=4",  # noqa: E731
+    args = lambda out: _args(prepared, out, "train.max_steps=16", "train.save_every=2", "train.micro_batch_size=4",  # noqa: E731
                              "train.global_batch_size=8", "train.record_samples=true")
     straight = tmp_path / "straight"
     run_cli("pretrain", args(straight), nproc=1)
     out = tmp_path / "killed"
     rng = random.Random(0)
     mid_save = 0
-    for attempt in range(10):
+    for attempt in range(4):
         (proc,) = launch_ranks(args(out), 1, tmp_path / f"logs{attempt}")
         deadline = time.time() + 60
         if attempt % 2:  # kill as soon as a checkpoint folder exists without its marker
@@ -183,7 +180,7 @@ def test_kill_9_at_random_moments_ten_times(prepared, tmp_path):
     run_cli("pretrain", args(out), nproc=1)
     assert mid_save >= 1  # at least one kill landed inside a save
     assert _train_losses(out) == _train_losses(straight)
-    path = lambda run: run / "checkpoints" / "step_00000024" / "mp_rank_00_model_states.pt"  # noqa: E731
+    path = lambda run: run / "checkpoints" / "step_00000016" / "mp_rank_00_model_states.pt"  # noqa: E731
     wa = torch.load(path(straight), map_location="cpu", weights_only=False)["module"]
     wb = torch.load(path(out), map_location="cpu", weights_only=False)["module"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
