@@ -1,7 +1,6 @@
 """Packing modes end to end through prepare: document boundaries, NSP/SOP pair labels, segment ids."""
 import re
 
-import pytest
 
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare

@@ -1,9 +1,7 @@
 """Tokenizer options: BPE, byte fallback, lowercasing, and reusing an existing HF (WordPiece) tokenizer."""
 import json
-import re
 from pathlib import Path
 
-import pytest
 
 from data_pipeline.config import PrepareConfig, TokenizerConfig
 from data_pipeline.prepare import prepare
