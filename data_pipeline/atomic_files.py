@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -25,11 +26,25 @@ def check_overwrite(final_dir: Path, overwrite: bool) -> None:
         raise FileExistsError(f"output folder '{final_dir}' already exists; pass --overwrite to replace it")
 
 
+def _remove_debris(final_dir: Path) -> None:
+    """Temporary folders that killed writers on this host left beside `final_dir` (their pid is gone)."""
+    host = socket.gethostname()
+    for tmp in final_dir.parent.glob(f".{final_dir.name}.tmp-{host}-*"):
+        try:
+            pid = int(tmp.name[len(f".{final_dir.name}.tmp-{host}-"):].split("-")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
+
+
 def prepare_output(final_dir: Path, overwrite: bool) -> Path:
     """Refuse to clobber an existing output unless asked; return a fresh temporary folder beside it."""
     check_overwrite(final_dir, overwrite)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final_dir.with_name(f".{final_dir.name}.tmp-{os.getpid()}-{int(time.time())}")
+    _remove_debris(final_dir)
+    tmp = final_dir.with_name(f".{final_dir.name}.tmp-{socket.gethostname()}-{os.getpid()}-{int(time.time())}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     return tmp

@@ -45,7 +45,7 @@ def resolve_files(spec: str) -> list[str]:
     return files
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable(timeout: float = 3.0) -> bool:
     """True when the Hugging Face endpoint answers a TCP connect (avoids datasets' 20-second retry loop)."""
     if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
         return False
@@ -61,7 +61,7 @@ def _load(source: SourceConfig, data_files: str | None, encoding_errors: str):
     import datasets
 
     if source.kind == "hub":
-        if not _hub_reachable():
+        if not hub_reachable():
             raise DataInputError(
                 f"hub dataset '{source.path}' cannot be reached (offline?). Download it elsewhere and pass "
                 "local files instead: sources: [{kind: json|parquet|text, path: 'dir/*.parquet'}]"

@@ -15,8 +15,9 @@ from model.objectives import build_objective
 from pretrain import checkpoint as ckpt
 from pretrain.config import RunConfig
 from pretrain.distributed import setup_env
-from pretrain.config_io import load_config
-from pretrain.run import CONFIG_FILE, MODEL_CONFIG_FILE, TOKENIZER_DIR
+from pretrain import model_card
+from pretrain.config_io import config_to_dict, load_config
+from pretrain.run import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, TOKENIZER_DIR
 
 log = logging.getLogger("pretrain.export")
 
@@ -35,6 +36,26 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path, str]:
             raise FileNotFoundError(f"run '{run_dir}' has no complete checkpoint in {ckpt_dir}")
         return run_dir, ckpt_dir, tag
     raise FileNotFoundError(f"'{path}' is neither a run folder (with {CONFIG_FILE}) nor a checkpoint tag folder in one")
+
+
+def _manifest(config_dir: Path, run_dir: Path, cfg: RunConfig) -> Optional[dict]:
+    """The data manifest saved with the checkpoint (or the run), else the dataset's own if it is still there."""
+    for path in (config_dir / DATA_MANIFEST_FILE, run_dir / DATA_MANIFEST_FILE, Path(cfg.data.path) / "manifest.json"):
+        if path.is_file():
+            return json.loads(path.read_text())
+    return None
+
+
+def _client_state(tag_dir: Path) -> dict:
+    """Step, samples, tokens and time of a checkpoint (the trainer's client state in the rank-0 model file)."""
+    import torch
+
+    # mp_rank_00_model_states.pt, or zero_pp_rank_0_mp_rank_00_model_states.pt under ZeRO-3
+    files = sorted(tag_dir.glob("*mp_rank_00_model_states.pt"))
+    if not files:
+        return {}
+    state = torch.load(files[0], map_location="cpu", weights_only=False)
+    return {k: state[k] for k in ("step", "samples_seen", "tokens_seen", "elapsed_s") if k in state}
 
 
 def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
@@ -56,12 +77,17 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
     missing, unexpected = objective.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"checkpoint {ckpt_dir / tag} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    models = objective.hf_models()
+    card = model_card.render(
+        config_to_dict(cfg), model_config.to_dict(), _manifest(config_dir, run_dir, cfg), _client_state(ckpt_dir / tag), tag,
+        run_dir, {sub: sum(p.numel() for p in m.parameters()) for sub, m in models.items()})
     tmp = prepare_output(out_dir, overwrite)
     try:
-        for sub, model in objective.hf_models().items():
+        for sub, model in models.items():
             target = tmp / sub if sub else tmp
             model.save_pretrained(str(target), safe_serialization=True)
             copy_tokenizer_folder(run_dir / TOKENIZER_DIR, target)
+        (tmp / "README.md").write_text(card, encoding="utf-8")
         publish(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

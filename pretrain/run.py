@@ -23,6 +23,7 @@ from pretrain.trainer import Trainer
 
 CONFIG_FILE = "config.yaml"
 MODEL_CONFIG_FILE = "model_config.json"
+DATA_MANIFEST_FILE = "data_manifest.json"
 TOKENIZER_DIR = "tokenizer"
 
 
@@ -34,10 +35,11 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def run_files(cfg: RunConfig, model_config) -> dict[str, str]:
-    """What a checkpoint needs besides weights to be exported: the resolved run and model configs."""
+def run_files(cfg: RunConfig, model_config, manifest: dict) -> dict[str, str]:
+    """What a checkpoint needs besides weights to be exported: the resolved run and model configs, the data manifest."""
     return {CONFIG_FILE: yaml.safe_dump(config_to_dict(cfg), sort_keys=False),
-            MODEL_CONFIG_FILE: json.dumps(model_config.to_dict(), indent=2)}
+            MODEL_CONFIG_FILE: json.dumps(model_config.to_dict(), indent=2),
+            DATA_MANIFEST_FILE: json.dumps(manifest, indent=2)}
 
 
 def _write_run_files(files: dict[str, str], run_dir: Path, data_dir: Path) -> None:
@@ -71,7 +73,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
                           "and masking.crop_ratio=0.9")
     if cfg.objective.name == "tacl" and not cfg.model.init_from:
         raise ConfigError("objective tacl continues pre-training: set model.init_from to the teacher's HF folder")
-    files = run_files(cfg, model_config)
+    files = run_files(cfg, model_config, manifest)
     if dist.rank() == 0:
         _write_run_files(files, Path(cfg.train.output_dir), data_dir)
     dist.barrier()

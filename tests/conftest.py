@@ -1,6 +1,7 @@
 """Shared fixtures: a small real-text corpus, a prepared dataset, and a torchrun launcher."""
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -64,6 +65,17 @@ def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, ch
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}")
     return proc
+
+
+@contextlib.contextmanager
+def restored_environ():
+    """Undo what in-process library code (DeepSpeed set-up) writes to os.environ: later launches must not inherit it."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def free_port() -> int:

@@ -69,3 +69,25 @@ def test_vocab_mismatch_is_refused(prepared, tmp_path):
                                 f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "model.vocab_size=30522"], check=False)
     assert proc.returncode == 2
     assert "model.vocab_size" in proc.stderr and "400" in proc.stderr
+
+
+def test_killed_export_leaves_no_partial_folder(trained):
+    """kill -9 as soon as the export starts writing: no output folder appears; the next export cleans up and succeeds."""
+    import signal
+    import time
+
+    base, run, _ = trained
+    out = base / "hf_killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "export", "--checkpoint", str(run), "--out", str(out)], cwd=REPO,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not list(base.glob(".hf_killed.tmp-*")):
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(base.glob(".hf_killed.tmp-*")), "the export finished before it could be killed"
+    assert not out.exists()
+    run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(out)])
+    assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
+    assert not list(base.glob(".hf_killed.tmp-*"))  # the killed writer's debris is gone

@@ -1,11 +1,15 @@
-"""Every objective through the real trainer: 2 ranks on DeepSpeed ZeRO-2 (and ZeRO-3 for TaCL and COCO-LM)."""
+"""Every objective through the real trainer on 2 ranks, at ZeRO-2 and ZeRO-3, then through the export: the HF folders
+reproduce the training model's outputs and load in the Auto classes with new heads."""
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import TINY_MODEL, run_cli
+from conftest import REPO, TINY_MODEL, restored_environ, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -41,54 +45,112 @@ def tiny_bert(tmp_path_factory, prepared):
     return path
 
 
-def _train(data, out, extra, stage=2, steps=8):
-    return run_cli("pretrain", [
-        "train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
-        "train.micro_batch_size=4", "train.global_batch_size=16", f"train.max_steps={steps}", f"train.save_every={steps}",
-        "train.log_every=2", "train.eval_every=0", "schedule.warmup_steps=2", "optimizer.lr=2e-3",
-        f"train.deepspeed_config=deepspeed_configs/zero{stage}.json", *extra], nproc=2)
+def _train(data, out, extra, stage=2, steps=8, probe=None):
+    """2-rank torchrun training; with `probe`, the live model's outputs on a fixed input are saved there."""
+    args = ["--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
+            "train.micro_batch_size=4", "train.global_batch_size=16", f"train.max_steps={steps}", f"train.save_every={steps}",
+            "train.log_every=2", "train.eval_every=0", "schedule.warmup_steps=2", "optimizer.lr=2e-3",
+            f"train.deepspeed_config=deepspeed_configs/zero{stage}.json", *extra]
+    if probe is None:
+        return run_cli("pretrain", ["train", *args], nproc=2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "tests/helpers/train_and_probe.py",
+           "--probe-out", str(probe), *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
 def _losses(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
 
 
-@pytest.mark.parametrize("name", sorted(OBJECTIVES))
-def test_zero2_two_ranks(name, prepared, pairs_data, tmp_path):
+TERMS = {"mlm_nsp": {"mlm_loss", "nsp_loss"}, "electra": {"generator_mlm_loss", "rtd_loss"},
+         "coco_lm": {"generator_mlm_loss", "copy_loss", "clm_loss", "scl_loss"}, "taco": {"mlm_loss", "tc_loss"},
+         "tacl": {"mlm_loss", "tacl_loss"}}
+# What the export's root folder is, by objective; sub-folders are masked LMs.
+ROOT_CLASS = {"mlm_nsp": "BertForPreTraining", "electra": "ElectraForPreTraining", "coco_lm": "BertModel", "taco": "BertForMaskedLM",
+              "tacl": "BertForMaskedLM"}
+
+
+def _check_export(name: str, run: Path, probe_path: Path, out: Path) -> None:
+    """The export reproduces the training model's hidden states and logits; it loads as Auto* with new heads."""
+    from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining, AutoModelForSequenceClassification,
+                              AutoModelForTokenClassification)
+
+    from safetensors.torch import load_file
+
+    from pretrain.export import export
+
+    with restored_environ():  # export sets RANK etc. for DeepSpeed; later launches must not inherit them
+        export(run, out)
+    probe = torch.load(probe_path)
+    inputs = {"input_ids": probe["input_ids"], "attention_mask": probe["attention_mask"]}
+    assert set(probe["hidden"]) == ({"", "generator"} if name in ("electra", "coco_lm") else {""})
+    for sub, hidden in probe["hidden"].items():
+        folder = out / sub if sub else out
+        encoder = AutoModel.from_pretrained(folder).eval()
+        with torch.no_grad():
+            got = encoder(**inputs).last_hidden_state
+        assert torch.allclose(got, hidden, atol=1e-5, rtol=0), (name, sub, (got - hidden).abs().max())
+        if sub in probe["logits"]:
+            cls = AutoModelForMaskedLM if sub == "generator" or name in ("taco", "tacl") else AutoModelForPreTraining
+            model = cls.from_pretrained(folder).eval()
+            assert sub or type(model).__name__ == ROOT_CLASS[name]
+            with torch.no_grad():
+                out_ = model(**inputs)
+            logits = out_.logits if hasattr(out_, "logits") else out_.prediction_logits
+            assert torch.allclose(logits, probe["logits"][sub], atol=1e-5, rtol=0), (name, sub)
+    root_type = json.loads((out / "config.json").read_text())["architectures"][0]
+    assert root_type == ROOT_CLASS[name]
+    saved = load_file(str(out / "model.safetensors"))
+    for head_cls in (AutoModelForSequenceClassification, AutoModelForTokenClassification):
+        model = head_cls.from_pretrained(out, num_labels=3).eval()
+        prefix = model.base_model_prefix + "."
+        base = getattr(model, model.base_model_prefix).state_dict()
+        compared = 0
+        for key, value in saved.items():  # every exported encoder weight arrives; only the head is new
+            key = key[len(prefix):] if key.startswith(prefix) else key
+            if key in base:
+                assert torch.equal(base[key], value), (head_cls.__name__, key)
+                compared += 1
+        assert compared >= 2 * 16 + 5, compared  # 2 layers x 16 tensors + embeddings
+        with torch.no_grad():
+            assert model(**inputs).logits.shape[-1] == 3
+    card = (out / "README.md").read_text()
+    last = _losses(run)[-1]
+    assert f"`{name.split('_nsp')[0]}`" in card and f"step {last['step']}" in card and f"loss {last['loss']:.4f}" in card
+    assert "tokens" in card and "manifest.json" in card
+
+
+CASES = [(n, 2) for n in sorted(OBJECTIVES)] + [("tacl", 2)] + [(n, 3) for n in sorted(OBJECTIVES)] + [("tacl", 3)]
+
+
+@pytest.mark.parametrize("name,stage", CASES, ids=[f"{n}-zero{s}" for n, s in CASES])
+def test_objective_trains_and_exports(name, stage, prepared, pairs_data, tiny_bert, tmp_path):
     data = pairs_data if name == "mlm_nsp" else prepared
-    _train(data, tmp_path / "run", OBJECTIVES[name])
-    rows = _losses(tmp_path / "run")
-    assert [r["step"] for r in rows] == list(range(1, 9))
+    extra = ["objective.name=tacl", f"model.init_from={tiny_bert}", "objective.tacl.temperature=0.1"] if name == "tacl" \
+        else OBJECTIVES[name]
+    steps = 8 if stage == 2 else 6
+    run = tmp_path / "run"
+    _train(data, run, extra, stage=stage, steps=steps, probe=tmp_path / "probe.pt")
+    rows = _losses(run)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"]
-    expected_terms = {"mlm_nsp": {"mlm_loss", "nsp_loss"}, "electra": {"generator_mlm_loss", "rtd_loss"},
-                      "coco_lm": {"generator_mlm_loss", "copy_loss", "clm_loss", "scl_loss"}, "taco": {"mlm_loss", "tc_loss"}}[name]
-    assert expected_terms <= set(rows[0])
-    assert (tmp_path / "run" / "checkpoints" / "step_00000008" / "COMPLETE").is_file()
-
-
-def test_tacl_zero2_two_ranks(prepared, tiny_bert, tmp_path):
-    _train(prepared, tmp_path / "run", ["objective.name=tacl", f"model.init_from={tiny_bert}", "objective.tacl.temperature=0.1"])
-    rows = _losses(tmp_path / "run")
-    assert {"mlm_loss", "tacl_loss"} <= set(rows[0]) and rows[-1]["loss"] < rows[0]["loss"]
-
-
-@pytest.mark.parametrize("name", ["coco_lm", "tacl"])
-def test_zero3_two_ranks(name, prepared, tiny_bert, tmp_path):
-    extra = OBJECTIVES["coco_lm"] if name == "coco_lm" else ["objective.name=tacl", f"model.init_from={tiny_bert}"]
-    _train(prepared, tmp_path / "run", extra, stage=3, steps=6)
-    rows = _losses(tmp_path / "run")
-    assert len(rows) == 6 and rows[-1]["loss"] < rows[0]["loss"]
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    state = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / "run" / "checkpoints"), tag="step_00000006")
-    if name == "tacl":  # the teacher under ZeRO-3 is still exactly the starting checkpoint
+    assert TERMS[name] <= set(rows[0])
+    tag = run / "checkpoints" / f"step_{steps:08d}"
+    assert (tag / "COMPLETE").is_file()
+    if name == "tacl" and stage == 3:  # the teacher under ZeRO-3 is still exactly the starting checkpoint
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         from safetensors.torch import load_file
 
+        with restored_environ():
+            state = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag=tag.name)
         start = load_file(str(tiny_bert / "model.safetensors"))
         for key, value in start.items():
             if key.startswith("bert.") and not key.startswith("bert.pooler"):
                 assert torch.equal(state["teacher." + key[len("bert."):]], value), key
+    _check_export(name, run, tmp_path / "probe.pt", tmp_path / "hf")
 
 
 def test_tacl_from_real_minilm(corpus_file, tmp_path):

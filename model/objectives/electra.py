@@ -44,16 +44,31 @@ def _electra_configs(config: BertConfig, options: ElectraOptions) -> tuple[Elect
     return disc, gen
 
 
+def warm_start_from_bert(discriminator: ElectraForPreTraining, init_from: str) -> None:
+    """Load a BERT folder's encoder into the discriminator: ELECTRA's encoder has BERT's layout and parameter names.
+
+    The generator (and the discriminator's RTD head) start fresh; the generator shares the loaded embeddings.
+    """
+    from transformers import BertModel
+
+    bert = BertModel.from_pretrained(init_from, add_pooling_layer=False)
+    missing, unexpected = discriminator.electra.load_state_dict(bert.state_dict(), strict=False)
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise ValueError(f"model.init_from '{init_from}' does not fit ELECTRA's encoder: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+
+
 class Electra(Objective):
     """Generator (ElectraForMaskedLM) and discriminator (ElectraForPreTraining) with shared embeddings."""
 
     def __init__(self, config: BertConfig, options: ElectraOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
-        if init_from:
-            raise ValueError("objective electra starts from scratch; model.init_from is not supported for it")
         disc_cfg, gen_cfg = _electra_configs(config, options)
         self.discriminator = ElectraForPreTraining(disc_cfg)
         self.generator = ElectraForMaskedLM(gen_cfg)
+        if init_from:
+            warm_start_from_bert(self.discriminator, init_from)
         # One embedding module for both networks (token, position, type, LayerNorm), and the
         # generator's output projection tied to the shared token embeddings.
         self.generator.electra.embeddings = self.discriminator.electra.embeddings

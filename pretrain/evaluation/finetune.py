@@ -1,0 +1,249 @@
+"""Fine-tune an exported encoder on a classification, regression or token task, over several seeds.
+
+Hyper-parameter recipes and their sources are tabled in docs/finetuning.md; every value can be
+overridden on the command line. The result is a JSON with every seed's metrics, mean ± std, and the
+majority-class baseline of the evaluation split.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import numpy as np
+import torch
+
+from pretrain.evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
+
+log = logging.getLogger("pretrain.finetune")
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """One fine-tuning recipe."""
+
+    lr: float
+    batch_size: int
+    epochs: float
+    max_length: int = 128
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+    grad_clip: float = 1.0
+
+
+def recipe(name: str, hidden_size: int) -> Hyper:
+    """The named recipe (docs/finetuning.md); TACO's lr depends on the model's size."""
+    if name == "hf":  # transformers' run_glue / Trainer defaults; TaCL fine-tunes GLUE with these
+        return Hyper(lr=5e-5, batch_size=8, epochs=3)
+    if name == "tacl_squad":  # TaCL's SQuAD setting
+        return Hyper(lr=3e-5, batch_size=12, epochs=2, max_length=384)
+    if name == "taco":  # TACO's GLUE setting: lr 3e-5 for base, 5e-5 for small models
+        return Hyper(lr=3e-5 if hidden_size >= 768 else 5e-5, batch_size=32, epochs=3)
+    if name == "coco_lm":  # COCO-LM's GLUE optimizer: Adam(0.9, 0.98), eps 1e-6, wd 0.01, warmup 1/16
+        return Hyper(lr=3e-5 if hidden_size >= 768 else 5e-5, batch_size=32, epochs=3, betas=(0.9, 0.98), eps=1e-6,
+                     weight_decay=0.01, warmup_ratio=1 / 16)
+    raise ValueError(f"unknown recipe '{name}': hf, tacl_squad, taco, coco_lm")
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _label_ids(spec: TaskSpec, values: list) -> list:
+    if spec.num_labels == 1:
+        return [float(v) for v in values]
+    if not spec.label_names:  # GLUE: already integers
+        return [int(v) for v in values]
+    index = {name: i for i, name in enumerate(spec.label_names)}
+    if spec.kind == "token":
+        return [[index[str(t)] for t in tags] for tags in values]
+    return [index[str(v)] for v in values]
+
+
+def encode(spec: TaskSpec, rows, tokenizer, max_length: int) -> dict[str, Any]:
+    """Tokenized inputs and labels (token tasks: the first sub-token of each word carries its tag)."""
+    labels = _label_ids(spec, list(rows[spec.label]))
+    if spec.kind == "token":
+        words = [[str(w) for w in row] for row in rows[spec.text]]  # datasets may hand back a lazy column
+        enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_length)
+        aligned = []
+        for i, tags in enumerate(labels):
+            previous, row = None, []
+            for word in enc.word_ids(i):
+                row.append(-100 if word is None or word == previous else tags[word])
+                previous = word
+            aligned.append(row)
+        return {**enc, "labels": aligned}
+    texts = [str(t) for t in rows[spec.text]]
+    pairs = [str(t) for t in rows[spec.pair]] if spec.pair else None
+    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length)
+    return {**enc, "labels": labels}
+
+
+def _batches(enc: dict[str, Any], order: list[int], batch_size: int, pad_id: int):
+    for first in range(0, len(order), batch_size):
+        idx = order[first:first + batch_size]
+        width = max(len(enc["input_ids"][i]) for i in idx)
+        out = {}
+        for key in ("input_ids", "attention_mask", "token_type_ids"):
+            if key in enc:
+                fill = pad_id if key == "input_ids" else 0
+                out[key] = torch.tensor([enc[key][i] + [fill] * (width - len(enc[key][i])) for i in idx])
+        labels = [enc["labels"][i] for i in idx]
+        if isinstance(labels[0], list):
+            out["labels"] = torch.tensor([row + [-100] * (width - len(row)) for row in labels])
+        else:
+            out["labels"] = torch.tensor(labels)
+        yield out
+
+
+def _build_model(model_dir: str, spec: TaskSpec):
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    cls = AutoModelForTokenClassification if spec.kind == "token" else AutoModelForSequenceClassification
+    kwargs = {"num_labels": spec.num_labels}
+    if spec.num_labels == 1:
+        kwargs["problem_type"] = "regression"
+    return cls.from_pretrained(model_dir, **kwargs)
+
+
+@torch.no_grad()
+def evaluate(model, spec: TaskSpec, enc: dict[str, Any], batch_size: int, pad_id: int, device: str) -> dict[str, float]:
+    """The task's metrics on the encoded evaluation split."""
+    model.eval()
+    preds, golds = [], []
+    for batch in _batches(enc, list(range(len(enc["labels"]))), batch_size, pad_id):
+        labels = batch.pop("labels")
+        logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu()
+        if spec.num_labels == 1:
+            preds.append(logits.squeeze(-1).numpy())
+            golds.append(labels.numpy())
+        elif spec.kind == "token":
+            keep = labels != -100
+            preds.append(logits.argmax(-1)[keep].numpy())
+            golds.append(labels[keep].numpy())
+        else:
+            preds.append(logits.argmax(-1).numpy())
+            golds.append(labels.numpy())
+    model.train()
+    return score(spec, np.concatenate(preds), np.concatenate(golds))
+
+
+def majority_baseline(spec: TaskSpec, train_enc: dict[str, Any], eval_enc: dict[str, Any]) -> Optional[dict[str, float]]:
+    """Metrics of always predicting the training split's most frequent label (None for regression)."""
+    if spec.num_labels == 1:
+        return None
+    flat = lambda labels: np.array([t for row in labels for t in (row if isinstance(row, list) else [row]) if t != -100])  # noqa: E731
+    train, gold = flat(train_enc["labels"]), flat(eval_enc["labels"])
+    majority = np.bincount(train).argmax()
+    return score(spec, np.full_like(gold, majority), gold)
+
+
+def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, eval_enc, pad_id: int, device: str,
+               loss: str, tacl_weight: float, tacl_temperature: float) -> dict[str, float]:
+    _seed_everything(seed)
+    model = _build_model(model_dir, spec).to(device)
+    teacher = None
+    if loss == "supervised-tacl":
+        from transformers import AutoModel
+
+        from model.objectives.tacl import supervised_tacl_loss
+
+        teacher = AutoModel.from_pretrained(model_dir).to(device).eval().requires_grad_(False)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=hp.lr, betas=hp.betas, eps=hp.eps)
+    n = len(train_enc["labels"])
+    steps_per_epoch = math.ceil(n / hp.batch_size)
+    total = max(1, math.ceil(steps_per_epoch * hp.epochs))
+    warmup = int(total * hp.warmup_ratio)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+    generator = random.Random(seed)
+    step, start = 0, time.time()
+    model.train()
+    while step < total:
+        order = list(range(n))
+        generator.shuffle(order)
+        for batch in _batches(train_enc, order, hp.batch_size, pad_id):
+            batch = {k: v.to(device) for k, v in batch.items()}
+            out = model(**batch, output_hidden_states=teacher is not None)
+            objective = out.loss
+            if teacher is not None:
+                with torch.no_grad():
+                    reference = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+                anchors = batch["labels"] != -100
+                objective = objective + tacl_weight * supervised_tacl_loss(
+                    out.hidden_states[-1], reference, batch["labels"], anchors, batch["attention_mask"], tacl_temperature)
+            objective.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % 50 == 0 or step == total:
+                rate = step / (time.time() - start)
+                log.info("seed %d step %d/%d | loss %.4f | %.1f steps/s | ETA %.0fs", seed, step, total, float(objective), rate,
+                         (total - step) / rate)
+            if step >= total:
+                break
+    metrics = evaluate(model, spec, eval_enc, hp.batch_size * 2, pad_id, device)
+    log.info("seed %d: %s", seed, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    return metrics
+
+
+def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "taco", overrides: Optional[dict] = None,
+             local: Optional[LocalTaskOptions] = None, loss: Literal["ce", "supervised-tacl"] = "ce", tacl_weight: float = 1.0,
+             tacl_temperature: float = 0.01, max_train_samples: int = 0, max_eval_samples: int = 0,
+             out: Optional[str] = None) -> dict[str, Any]:
+    """Fine-tune once per seed and return (and write to `out`) every seed's metrics with mean and std."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not (Path(model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"--model '{model_dir}' is not a Hugging Face model folder (no config.json)")
+    spec, train_rows, eval_rows = load_task(task, local or LocalTaskOptions(), seed=seeds[0])
+    if loss == "supervised-tacl" and spec.kind != "token":
+        raise ValueError("--loss supervised-tacl is for token classification (a json: task with --token-task)")
+    if max_train_samples:
+        train_rows = train_rows.select(range(min(max_train_samples, len(train_rows))))
+    if max_eval_samples:
+        eval_rows = eval_rows.select(range(min(max_eval_samples, len(eval_rows))))
+    model_config = AutoConfig.from_pretrained(model_dir)
+    hp = replace(recipe(recipe_name, model_config.hidden_size), **(overrides or {}))
+    if hp.max_length > model_config.max_position_embeddings:  # longer inputs have no position embedding
+        log.info("max_length %d > the model's %d positions: using %d", hp.max_length, model_config.max_position_embeddings,
+                 model_config.max_position_embeddings)
+        hp = replace(hp, max_length=model_config.max_position_embeddings)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    train_enc = encode(spec, train_rows, tokenizer, hp.max_length)
+    eval_enc = encode(spec, eval_rows, tokenizer, hp.max_length)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    log.info("fine-tuning %s on %s: %d train / %d eval examples, %d seed(s), %s", model_dir, task, len(train_rows),
+             len(eval_rows), len(seeds), hp)
+    runs = [{"seed": s, "metrics": _train_one(model_dir, spec, hp, s, train_enc, eval_enc, tokenizer.pad_token_id, device, loss,
+                                                tacl_weight, tacl_temperature)} for s in seeds]
+    names = list(runs[0]["metrics"])
+    summary = {m: {"mean": statistics.fmean(r["metrics"][m] for r in runs),
+                   "std": statistics.stdev([r["metrics"][m] for r in runs]) if len(runs) > 1 else 0.0} for m in names}
+    result = {"model": str(model_dir), "task": task, "kind": spec.kind, "num_labels": spec.num_labels,
+              "label_names": list(spec.label_names), "train_examples": len(train_rows), "eval_examples": len(eval_rows),
+              "recipe": recipe_name, "hyperparameters": asdict(hp), "loss": loss, "seeds": runs, "summary": summary,
+              "majority_baseline": majority_baseline(spec, train_enc, eval_enc)}
+    if out:
+        from data_pipeline.atomic_files import write_text_atomic
+
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(Path(out), json.dumps(result, indent=2) + "\n")
+    log.info("%s on %s: %s", model_dir, task, ", ".join(f"{m} {v['mean']:.4f} ± {v['std']:.4f}" for m, v in summary.items()))
+    return result

@@ -1,0 +1,116 @@
+"""TaCL's layer-wise self-similarity: how alike the token representations within a sentence are.
+
+For a sentence of n tokens and layer l (1..L, the outputs of the Transformer layers; the
+embeddings are not a layer here), the statistic is the cosine of every unordered pair of distinct
+tokens. Sentences are pooled by pairs, as TaCL's analysis does (yxuansu/TaCL,
+analysis/layerwise_intra_sentence_similarity.py and plot_result.py):
+
+    self_similarity(l) = sum over sentences of sum_{i<j} cos(h_i^l, h_j^l) / sum over sentences of n(n-1)/2
+
+so a long sentence weighs more than a short one. Special tokens: the original encodes each line as
+"[CLS] text [SEP]" and keeps both in the statistic (`special_tokens="include"`, the default);
+`"exclude"` drops [CLS]/[SEP]/[PAD] and every other special token from the pairs. Sentences with
+fewer than 2 counted tokens add nothing. Lines longer than `max_length` tokens are truncated.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Literal, Sequence
+
+import torch
+
+log = logging.getLogger("pretrain.evaluate")
+
+
+def read_sentences(path: str | Path) -> list[str]:
+    """Non-empty lines of a UTF-8 text file (one sentence per line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--text '{path}' does not exist")
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--text '{path}' is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    lines = [line for line in lines if line]
+    if not lines:
+        raise ValueError(f"--text '{path}' has no non-empty lines")
+    return lines
+
+
+def pair_sums(hidden: torch.Tensor, keep: torch.Tensor) -> tuple[float, float]:
+    """(sum of cos over unordered pairs of kept tokens, number of such pairs) for one sequence [n, h]."""
+    h = torch.nn.functional.normalize(hidden[keep].double(), dim=-1)
+    n = h.shape[0]
+    if n < 2:
+        return 0.0, 0.0
+    cos = h @ h.T
+    return float((cos.sum() - cos.diagonal().sum()) / 2), n * (n - 1) / 2
+
+
+@torch.no_grad()
+def self_similarity(model_dir: str | Path, sentences: Sequence[str], special_tokens: Literal["include", "exclude"] = "include",
+                    max_length: int = 512, batch_size: int = 32) -> list[float]:
+    """Self-similarity of layers 1..L of the model in `model_dir` over `sentences`."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModel.from_pretrained(str(model_dir)).eval()
+    max_length = min(max_length, model.config.max_position_embeddings)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    sums = pair_counts = None
+    start = time.time()
+    for first in range(0, len(sentences), batch_size):
+        enc = tokenizer(list(sentences[first:first + batch_size]), truncation=True, max_length=max_length, padding=True,
+                        return_tensors="pt", return_special_tokens_mask=True)
+        special = enc.pop("special_tokens_mask").bool()
+        keep = enc["attention_mask"].bool()
+        if special_tokens == "exclude":
+            keep &= ~special
+        hidden = model(**{k: v.to(device) for k, v in enc.items()}, output_hidden_states=True).hidden_states[1:]
+        if sums is None:
+            sums, pair_counts = [0.0] * len(hidden), [0.0] * len(hidden)
+        for layer, states in enumerate(hidden):
+            for row in range(states.shape[0]):
+                s, c = pair_sums(states[row].cpu(), keep[row])
+                sums[layer] += s
+                pair_counts[layer] += c
+        done = min(first + batch_size, len(sentences))
+        if done == len(sentences) or (first // batch_size) % 20 == 0:
+            rate = done / max(time.time() - start, 1e-9)
+            log.info("%s: %d/%d sentences, %.0f sentences/s, ETA %.0fs", model_dir, done, len(sentences), rate,
+                     (len(sentences) - done) / rate)
+    if not pair_counts or not any(pair_counts):
+        raise ValueError("no sentence has two counted tokens: nothing to measure")
+    return [s / c for s, c in zip(sums, pair_counts)]
+
+
+def write_report(results: dict[str, list[float]], out: str | Path, meta: dict) -> tuple[Path, Path]:
+    """OUT.json (per-model, per-layer values) and OUT.png (one line per model)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from data_pipeline.atomic_files import write_text_atomic
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = out.with_suffix(".json"), out.with_suffix(".png")
+    write_text_atomic(json_path, json.dumps({**meta, "self_similarity": results}, indent=2) + "\n")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, values in results.items():
+        ax.plot(range(1, len(values) + 1), values, marker="o", label=name)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("self-similarity (mean pairwise cosine)")
+    ax.set_title("Token self-similarity within a sentence")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    tmp = png_path.with_name(f".{png_path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(png_path)
+    return json_path, png_path

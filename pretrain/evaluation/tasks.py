@@ -1,0 +1,188 @@
+"""Fine-tuning tasks: GLUE through `datasets`, or local csv/json files; and their metrics as GLUE defines them."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Where a task's text and labels are, and how it is scored."""
+
+    name: str
+    text: str
+    pair: Optional[str] = None
+    label: str = "label"
+    num_labels: int = 2  # 1 = regression
+    metrics: tuple[str, ...] = ("accuracy",)
+    eval_split: str = "validation"
+    kind: str = "sequence"  # or "token" (text: a list of words, label: a list of tags)
+    label_names: tuple[str, ...] = field(default=())
+
+
+GLUE: dict[str, TaskSpec] = {
+    "cola": TaskSpec("cola", "sentence", metrics=("matthews",)),
+    "sst2": TaskSpec("sst2", "sentence"),
+    "mrpc": TaskSpec("mrpc", "sentence1", "sentence2", metrics=("accuracy", "f1")),
+    "stsb": TaskSpec("stsb", "sentence1", "sentence2", num_labels=1, metrics=("pearson", "spearman")),
+    "qqp": TaskSpec("qqp", "question1", "question2", metrics=("accuracy", "f1")),
+    "mnli": TaskSpec("mnli", "premise", "hypothesis", num_labels=3, eval_split="validation_matched"),
+    "qnli": TaskSpec("qnli", "question", "sentence"),
+    "rte": TaskSpec("rte", "sentence1", "sentence2"),
+}
+
+
+def glue_name(task: str) -> Optional[str]:
+    """'SST-2' / 'sst2' / 'STS-B' -> the GLUE config name, or None when it is not a GLUE task."""
+    key = task.lower().replace("-", "").replace("_", "")
+    return key if key in GLUE else None
+
+
+# ---- metrics (GLUE's definitions; written here so nothing is fetched from a hub) -------------------
+
+
+def accuracy(pred: np.ndarray, gold: np.ndarray) -> float:
+    """Fraction of exact matches."""
+    return float((pred == gold).mean())
+
+
+def f1_binary(pred: np.ndarray, gold: np.ndarray) -> float:
+    """F1 of the positive class (label 1), as GLUE reports for MRPC and QQP."""
+    tp = float(((pred == 1) & (gold == 1)).sum())
+    fp = float(((pred == 1) & (gold != 1)).sum())
+    fn = float(((pred != 1) & (gold == 1)).sum())
+    return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+def f1_macro(pred: np.ndarray, gold: np.ndarray) -> float:
+    """Unweighted mean of per-class F1 over the classes in gold or pred."""
+    scores = []
+    for c in np.union1d(pred, gold):
+        tp = float(((pred == c) & (gold == c)).sum())
+        fp = float(((pred == c) & (gold != c)).sum())
+        fn = float(((pred != c) & (gold == c)).sum())
+        scores.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
+    return float(np.mean(scores))
+
+
+def matthews(pred: np.ndarray, gold: np.ndarray) -> float:
+    """Matthews correlation (multi-class form, Gorodkin 2004; equals the binary MCC for 2 classes)."""
+    classes = np.union1d(pred, gold)
+    index = {c: i for i, c in enumerate(classes)}
+    confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)
+    for p, g in zip(pred, gold):
+        confusion[index[g], index[p]] += 1
+    t, p = confusion.sum(1), confusion.sum(0)
+    c, s = np.trace(confusion), confusion.sum()
+    denom = math.sqrt((s * s - (p * p).sum()) * (s * s - (t * t).sum()))
+    return 0.0 if denom == 0 else float((c * s - (t * p).sum()) / denom)
+
+
+def pearson(pred: np.ndarray, gold: np.ndarray) -> float:
+    """Pearson correlation."""
+    a, b = pred.astype(np.float64) - pred.mean(), gold.astype(np.float64) - gold.mean()
+    denom = math.sqrt(float((a * a).sum() * (b * b).sum()))
+    return 0.0 if denom == 0 else float((a * b).sum() / denom)
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks with ties averaged (as Spearman's rho needs)."""
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), dtype=np.float64)
+    sorted_x = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0
+        i = j + 1
+    return ranks
+
+
+def spearman(pred: np.ndarray, gold: np.ndarray) -> float:
+    """Spearman's rho: Pearson correlation of the (tie-averaged) ranks."""
+    return pearson(_ranks(pred), _ranks(gold))
+
+
+METRICS = {"accuracy": accuracy, "f1": f1_binary, "f1_macro": f1_macro, "matthews": matthews, "pearson": pearson,
+           "spearman": spearman}
+
+
+def score(spec: TaskSpec, pred: np.ndarray, gold: np.ndarray) -> dict[str, float]:
+    """The task's metrics on flat predictions and gold labels."""
+    return {m: METRICS[m](pred, gold) for m in spec.metrics}
+
+
+# ---- loading ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LocalTaskOptions:
+    """How to read a `csv:`/`json:` task."""
+
+    text_column: str = "text"
+    pair_column: Optional[str] = None
+    label_column: str = "label"
+    validation_file: Optional[str] = None
+    val_fraction: float = 0.1
+    encoding: str = "utf-8"
+    regression: bool = False
+    token_task: bool = False  # text column holds word lists, label column tag lists
+
+
+def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSpec, Any, Any]:
+    """(spec, train rows, eval rows) for a GLUE name or `csv:PATH` / `json:PATH`; rows are `datasets.Dataset`s."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    name = glue_name(task)
+    if name is not None:
+        from data_pipeline.raw_text import hub_reachable
+
+        spec = GLUE[name]
+        if not hub_reachable():
+            raise ValueError(f"GLUE task '{task}' is read from the Hugging Face hub (nyu-mll/glue), which cannot be reached "
+                             f"(offline?). Download it elsewhere and pass the files: --task csv:train.csv --validation-file dev.csv")
+        try:
+            data = datasets.load_dataset("nyu-mll/glue", name)
+        except Exception as exc:  # datasets raises many types; all mean the same here
+            raise ValueError(f"GLUE task '{task}' could not be loaded from the hub: {exc}") from exc
+        return spec, data["train"], data[spec.eval_split]
+    kind, _, path = task.partition(":")
+    if kind not in ("csv", "json") or not path:
+        raise ValueError(f"unknown task '{task}': use a GLUE name ({', '.join(sorted(GLUE))}) or csv:PATH / json:PATH")
+    for p in filter(None, (path, local.validation_file)):
+        if not Path(p).is_file():
+            raise FileNotFoundError(f"task file '{p}' does not exist")
+    files = {"train": path, **({"validation": local.validation_file} if local.validation_file else {})}
+    kwargs = {"encoding": local.encoding} if kind == "csv" else {}
+    try:
+        data = datasets.load_dataset(kind, data_files=files, **kwargs)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"task file '{path}' is not {local.encoding} text ({exc.reason}); pass --encoding (e.g. latin-1)") from None
+    train = data["train"]
+    for column in filter(None, (local.text_column, local.pair_column, local.label_column)):
+        if column not in train.column_names:
+            raise ValueError(f"task file '{path}' has no column '{column}' (columns: {train.column_names})")
+    if "validation" in data:
+        evaluation = data["validation"]
+    else:
+        split = train.train_test_split(test_size=local.val_fraction, seed=seed)
+        train, evaluation = split["train"], split["test"]
+    if len(train) == 0 or len(evaluation) == 0:
+        raise ValueError(f"task '{task}' has an empty train or evaluation split")
+    token = local.token_task
+    if local.regression:
+        spec = TaskSpec(Path(path).stem, local.text_column, local.pair_column, local.label_column, 1, ("pearson", "spearman"))
+        return spec, train, evaluation
+    values = (v for rows in (train[local.label_column], evaluation[local.label_column]) for v in rows)
+    names = sorted({str(t) for v in values for t in (v if token else [v])})
+    metrics = ("accuracy", "f1_macro") if token else ("accuracy", "f1_macro", "matthews")
+    spec = TaskSpec(Path(path).stem, local.text_column, local.pair_column, local.label_column, len(names), metrics,
+                    kind="token" if token else "sequence", label_names=tuple(names))
+    return spec, train, evaluation

@@ -1,0 +1,114 @@
+"""The README.md (model card) of an export: what was trained, on what, for how long, to which losses."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+# What each objective's export holds, and how to load it.
+LAYOUT = {
+    "mlm": ("`BertForMaskedLM` (or `BertForPreTraining` with an NSP/SOP head)", "AutoModelForMaskedLM"),
+    "taco": ("`BertForMaskedLM`", "AutoModelForMaskedLM"),
+    "tacl": ("the student as `BertForMaskedLM` (the teacher is the starting checkpoint and is not exported)",
+             "AutoModelForMaskedLM"),
+    "coco_lm": ("the main Transformer as `BertModel`; the auxiliary generator as a masked LM in `generator/`", "AutoModel"),
+    "electra": ("the discriminator as `ElectraForPreTraining` (encoder + replaced-token-detection head); the generator as "
+                "`ElectraForMaskedLM` in `generator/`", "AutoModelForPreTraining"),
+}
+
+
+def final_losses(run_dir: Path, step: int) -> tuple[Optional[dict], Optional[dict]]:
+    """The last train and validation rows of metrics.jsonl at or before `step`."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None, None
+    train = validation = None
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if row["step"] > step:
+            continue
+        if row["split"] == "train":
+            train = row
+        elif row["split"] == "validation":
+            validation = row
+    return train, validation
+
+
+def _losses_text(row: Optional[dict]) -> str:
+    if row is None:
+        return "not logged"
+    keys = [k for k in row if k == "loss" or k.endswith("_loss") or k.endswith("accuracy")]
+    return f"step {row['step']}: " + ", ".join(f"{k} {row[k]:.4f}" for k in keys)
+
+
+def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional[dict], state: dict[str, Any], tag: str,
+           run_dir: Path, params: dict[str, int]) -> str:
+    """Markdown for the export's README.md."""
+    objective = cfg["objective"]["name"]
+    holds, auto = LAYOUT[objective]
+    step = int(state.get("step", 0))
+    train_row, val_row = final_losses(run_dir, step)
+    lines = [
+        "---",
+        "library_name: transformers",
+        f"tags: [contrastive-pretrain, {objective.replace('_', '-')}, fill-mask]" if auto == "AutoModelForMaskedLM"
+        else f"tags: [contrastive-pretrain, {objective.replace('_', '-')}]",
+        "---",
+        "",
+        f"# {objective} encoder (contrastive-pretrain, {tag})",
+        "",
+        f"Pre-trained with the `{objective}` objective by contrastive-pretrain. This folder holds {holds}.",
+        "",
+        "```python",
+        f"from transformers import AutoTokenizer, {auto}",
+        f"model = {auto}.from_pretrained(PATH)  # no custom code",
+        "tokenizer = AutoTokenizer.from_pretrained(PATH)",
+        "```",
+        "",
+        "`AutoModel`, `AutoModelForSequenceClassification` and `AutoModelForTokenClassification` load it too "
+        "(the classification heads are new and need fine-tuning: `python -m pretrain finetune`).",
+        "",
+        "## Training",
+        "",
+        f"- objective: `{objective}`, options: `{json.dumps(cfg['objective'].get(objective, {}), sort_keys=True)}`",
+        f"- masking: `{json.dumps(cfg.get('masking', {}), sort_keys=True)}`",
+        f"- checkpoint: `{tag}`: step {step} of max_steps {cfg['train']['max_steps']}",
+        f"- seen: {int(state.get('samples_seen', 0)):,} sequences, {int(state.get('tokens_seen', 0)):,} tokens "
+        f"(non-padding), in {float(state.get('elapsed_s', 0.0)):.0f} s of training",
+        f"- global batch {cfg['train']['global_batch_size']}, optimizer `{cfg['optimizer']['name']}` lr {cfg['optimizer']['lr']}, "
+        f"schedule `{cfg['schedule']['decay']}` with {cfg['schedule']['warmup_steps']} warmup steps, precision "
+        f"`{cfg['train']['precision']}`, DeepSpeed config `{cfg['train']['deepspeed_config']}`",
+        f"- started from: `{cfg['model'].get('init_from') or 'random initialisation'}`",
+        f"- final training losses ({_losses_text(train_row)})",
+        f"- final validation losses ({_losses_text(val_row)})",
+        "",
+        "## Model",
+        "",
+        f"- {model_config.get('num_hidden_layers')} layers, hidden {model_config.get('hidden_size')}, "
+        f"{model_config.get('num_attention_heads')} heads, FFN {model_config.get('intermediate_size')}, "
+        f"vocabulary {model_config.get('vocab_size')}, max positions {model_config.get('max_position_embeddings')}",
+        "- parameters: " + ", ".join(f"{name or 'root'} {n:,}" for name, n in params.items()),
+        "",
+        "## Data",
+        "",
+    ]
+    if manifest is None:
+        lines.append(f"- prepared dataset: `{cfg['data']['path']}` (its manifest was not found)")
+    else:
+        tok = manifest.get("tokenizer", {})
+        lines.append(f"- prepared dataset: `{cfg['data']['path']}`, sequence length {manifest.get('seq_len')}, packing "
+                     f"`{manifest.get('packing')}`")
+        lines.append(f"- tokenizer: vocabulary {tok.get('vocab_size')}, hash `{tok.get('hash', '?')}`")
+        for split, info in manifest.get("splits", {}).items():
+            lines.append(f"- {split}: {info.get('sequences', '?'):,} sequences, {info.get('tokens', '?'):,} tokens"
+                         if isinstance(info.get("sequences"), int) and isinstance(info.get("tokens"), int)
+                         else f"- {split}: {json.dumps(info)}")
+        for source in manifest.get("sources", []):
+            lines.append(f"- source: `{source.get('kind')}` `{source.get('path')}` (weight {source.get('weight', 1)}, "
+                         f"{source.get('documents', '?')} documents)")
+        lines += ["", "<details><summary>manifest.json</summary>", "", "```json", json.dumps(manifest, indent=2), "```",
+                  "", "</details>"]
+    lines.append("")
+    return "\n".join(lines)
