@@ -124,20 +124,31 @@ def universal_tag(tag: str) -> str:
 
 def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
     """Convert a tag with DeepSpeed's ds_to_universal (once; rank 0 only); return the universal tag."""
-    import subprocess
+    import contextlib
+    import io
     import sys
+
+    from deepspeed.checkpoint import ds_to_universal
 
     target = ckpt_dir / universal_tag(tag)
     if (target / COMPLETE).is_file():
         return target.name
     tmp = ckpt_dir / f".{target.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(ckpt_dir / tag),
-           "--output_folder", str(tmp), "--inject_missing_state", "--num_extract_workers", "1", "--num_merge_workers", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
+    # In this process (DeepSpeed is imported already; a subprocess would spend ~8 s importing it again),
+    # with one worker each, so it forks nothing.
+    argv, sys.argv = sys.argv, ["ds_to_universal", "--input_folder", str(ckpt_dir / tag), "--output_folder", str(tmp),
+                                "--inject_missing_state", "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    output = io.StringIO()
+    try:
+        args = ds_to_universal.parse_arguments()
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            ds_to_universal.main(args)
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"converting {ckpt_dir / tag} to a universal checkpoint failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"converting {ckpt_dir / tag} to a universal checkpoint failed: {exc}\n{output.getvalue()[-3000:]}") from exc
+    finally:
+        sys.argv = argv
     write_text_atomic(tmp / COMPLETE, json.dumps({"from": tag}) + "\n")
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
