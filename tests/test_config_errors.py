@@ -21,6 +21,7 @@ CASES = [
     ("objective.coco_lm.copy_weigth=1", "objective.coco_lm.copy_weigth"),
     ("model.hidden_size=30 model.num_heads=4", "model.hidden_size"),
     ("model.vocab_size=123", "model.vocab_size"),
+    ("model.vocab_size=30522", "400"),  # the message names both sizes
     ("model.init_from=/nonexistent/bert", "model.init_from"),
     ("objective.name=tacl", "model.init_from"),
     ("data.path=/nonexistent/data", "/nonexistent/data"),
@@ -31,7 +32,7 @@ CASES = [
     ("train.micro_batch_size=100000 train.global_batch_size=100000", "fewer than one batch"),
 ]
 # Checked after the process group starts: these run in a separate process (all in one, see the helper).
-NEEDS_PROCESS_GROUP = {"model.vocab_size", "model.init_from", "/nonexistent/data", "optimizer.impl=torch", "global_batch_size=30",
+NEEDS_PROCESS_GROUP = {"model.vocab_size", "400", "model.init_from", "/nonexistent/data", "optimizer.impl=torch", "global_batch_size=30",
                        "train.precision=fp16", "zero0.json", "masking.strategy=coco", "nope.json", "fewer than one batch"}
 
 

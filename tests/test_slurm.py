@@ -2,10 +2,11 @@
 two emulated slurmd nodes), submitted with sbatch as a user would.
 
 All jobs are submitted at once by one fixture, so their start-ups and SLURM's requeue delays overlap:
-- the chain prepare_data -> pretrain -> export (afterok), where pretrain runs on 2 nodes x 1 task
-  with --time=2 and --signal=B:USR1@60 and needs more than one allocation;
-- a job with a bad config (a crash: must not be requeued);
-- a job with MAX_RESTARTS=1 that is sent USR1 twice (requeued once, then not).
+- pretrain on 2 nodes x 1 task with --time=2 and --signal=B:USR1@60, which needs more than one
+  allocation, then export with --dependency=afterok on it;
+- prepare_data, then (afterok) a job with MAX_RESTARTS=1 on its output that is sent USR1 twice
+  (requeued once, then not);
+- a job with a bad config (a crash: must not be requeued).
 Meanwhile an uninterrupted run of the same training config runs outside SLURM as the reference.
 """
 from __future__ import annotations
@@ -95,20 +96,25 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 
 @pytest.fixture(scope="module")
-def jobs(cluster, tmp_path_factory):
+def jobs(cluster, prepared, tmp_path_factory):
     """Submit everything, drive the restart-limit job, watch for the PREEMPTED marker; wait for the end."""
     work = tmp_path_factory.mktemp("slurm_jobs")
     corpus = work / "corpus.txt"
     corpus.write_text("\n\n".join(kjv_chapters(60)) + "\n", encoding="utf-8")
     data, run, hf = work / "data", work / "run", work / "hf"
+    # The requeue job trains on the session's prepared data, so it and the reference start at once;
+    # the prepare job's output feeds the restart-limit job (prepare -> pretrain through afterok).
     prepare = cluster.sbatch(
-        "prepare_data.sbatch", "--cpus-per-task=2", cwd=work,
+        "prepare_data.sbatch", "--cpus-per-task=1", cwd=work,
         OVERRIDES=f"output_dir={data} 'sources=[{{kind: text, path: {corpus}}}]' tokenizer.vocab_size=400 "
                   "tokenizer.character_coverage=1.0 seq_len=64 val_fraction=0.1")
-    train_knobs = {"OVERRIDES": " ".join([f"data.path={data}", f"train.output_dir={run}", *TRAIN_OVERRIDES])}
+    train_args = [f"data.path={prepared}", f"train.output_dir={run}", *TRAIN_OVERRIDES]
     pretrain = cluster.sbatch(
-        "pretrain.sbatch", f"--dependency=afterok:{prepare}", "--nodes=2", "--ntasks-per-node=1",
-        "--gpus-per-node=0", "--cpus-per-task=1", "--time=2", "--signal=B:USR1@60", cwd=work, **train_knobs)
+        "pretrain.sbatch", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=2",
+        "--signal=B:USR1@60", cwd=work, OVERRIDES=" ".join(train_args))
+    reference = work / "reference"
+    reference_procs = launch_ranks(["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+                                    f"train.output_dir={reference}", *TRAIN_OVERRIDES], 2, work / "reference_logs")
     export = cluster.sbatch("export.sbatch", f"--dependency=afterok:{pretrain}", "--cpus-per-task=1", cwd=work,
                             RUN_DIR=str(run), OUT=str(hf))
     crash = cluster.sbatch("pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0",
@@ -120,15 +126,11 @@ def jobs(cluster, tmp_path_factory):
         OVERRIDES=" ".join([f"data.path={data}", f"train.output_dir={limited_run}", *TRAIN_OVERRIDES,
                             "train.max_steps=100000", "train.log_every=5"]))
 
-    reference, reference_procs = work / "reference", []
     markers: list[dict] = []
     limit_signals = 0
     deadline = time.time() + 540
     while time.time() < deadline:
         states = {j: cluster.job(j).get("JobState") for j in (prepare, pretrain, export, crash, limited)}
-        if not reference_procs and states[prepare] == "COMPLETED":
-            reference_procs = launch_ranks(["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}",
-                                            f"train.output_dir={reference}", *TRAIN_OVERRIDES], 2, work / "reference_logs")
         marker = run / "PREEMPTED"
         if marker.is_file():
             record = json.loads(marker.read_text())
@@ -141,7 +143,7 @@ def jobs(cluster, tmp_path_factory):
             if limit_signals < len(attempts) - 1 and "| ETA" in attempts[-1]:
                 cluster.signal_batch(limited)
                 limit_signals += 1
-        if all(s in FINAL for s in states.values()) and reference_procs and all(p.poll() is not None for p in reference_procs):
+        if all(s in FINAL for s in states.values()) and all(p.poll() is not None for p in reference_procs):
             break
         time.sleep(0.2)
     assert all(p.poll() == 0 for p in reference_procs), f"reference run failed; see {work / 'reference_logs'}"
@@ -194,7 +196,11 @@ def test_time_limit_signal_requeue_and_exact_resume(jobs):
 
 
 def test_chain_prepare_pretrain_export_with_afterok(jobs):
+    """prepare -> (afterok) pretrain on its data; pretrain -> (afterok) export, held through the requeues."""
     assert jobs["info"]["prepare"]["JobState"] == "COMPLETED", _log(jobs, "prepare")[-2000:]
+    manifest = json.loads((jobs["work"] / "data" / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["sequences"] > 0 and manifest["tokenizer"]["vocab_size"] == 400
+    assert "| ETA" in _log(jobs, "limited")  # the dependent job trained on what prepare wrote
     export = jobs["info"]["export"]
     assert export["JobState"] == "COMPLETED", _log(jobs, "export")[-3000:]
     # afterok held the export back through the requeue until the training's final success.

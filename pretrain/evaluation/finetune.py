@@ -194,7 +194,7 @@ def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, 
             step += 1
             if step % 50 == 0 or step == total:
                 rate = step / (time.time() - start)
-                log.info("seed %d step %d/%d | loss %.4f | %.1f steps/s | ETA %.0fs", seed, step, total, float(objective), rate,
+                log.info("seed %d step %d/%d | loss %.4f | %.1f steps/s | ETA %.0fs", seed, step, total, float(objective.detach()), rate,
                          (total - step) / rate)
             if step >= total:
                 break
