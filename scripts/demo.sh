@@ -32,4 +32,5 @@ Demo finished. Artefacts:
   TensorBoard logs    $OUT/train/tensorboard/   (tensorboard --logdir $OUT/train/tensorboard)
   plain-text log      $OUT/train/train.log  and per-step metrics in $OUT/train/metrics.jsonl
   Hugging Face export $OUT/export/   (AutoModelForMaskedLM.from_pretrained("$OUT/export"))
+  model card          $OUT/export/README.md   (objective, steps, tokens, final losses, data manifest)
 MSG
