@@ -45,19 +45,42 @@ def tiny_bert(tmp_path_factory, prepared):
     return path
 
 
-def _train(data, out, extra, stage=2, steps=8, probe=None):
-    """2-rank torchrun training; with `probe`, the live model's outputs on a fixed input are saved there."""
-    args = ["--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
+def _args(data, out, extra, stage, steps):
+    return ["--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
             "train.micro_batch_size=4", "train.global_batch_size=16", f"train.max_steps={steps}", f"train.save_every={steps}",
             "train.log_every=2", "train.eval_every=0", "schedule.warmup_steps=2", "optimizer.lr=2e-3",
             f"train.deepspeed_config=deepspeed_configs/zero{stage}.json", *extra]
-    if probe is None:
-        return run_cli("pretrain", ["train", *args], nproc=2)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "tests/helpers/train_and_probe.py",
-           "--probe-out", str(probe), *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+STEPS = {2: 8, 3: 6}
+
+
+@pytest.fixture(scope="module")
+def runs(prepared, pairs_data, tiny_bert, tmp_path_factory):
+    """Every objective trained on 2 ranks at ZeRO-2 and at ZeRO-3, with probes of the live model.
+
+    One torchrun per stage trains its runs one after the other (tests/helpers/train_and_probe.py --runs):
+    a process start costs ~10 s, a run here ~3 s.
+    """
+    base = tmp_path_factory.mktemp("objectives")
+    out = {}
+    for stage in (2, 3):
+        todo = []
+        for name in sorted(TERMS):
+            data = pairs_data if name == "mlm_nsp" else prepared
+            extra = ["objective.name=tacl", f"model.init_from={tiny_bert}", "objective.tacl.temperature=0.1"] \
+                if name == "tacl" else OBJECTIVES[name]
+            run, probe = base / f"{name}-zero{stage}", base / f"{name}-zero{stage}.probe.pt"
+            todo.append({"probe_out": str(probe), "args": _args(data, run, extra, stage, STEPS[stage])})
+            out[(name, stage)] = (run, probe)
+        spec = base / f"zero{stage}.json"
+        spec.write_text(json.dumps(todo))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "tests/helpers/train_and_probe.py", "--runs", str(spec)]
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out
 
 
 def _losses(out: Path) -> list[dict]:
@@ -122,17 +145,13 @@ def _check_export(name: str, run: Path, probe_path: Path, out: Path) -> None:
     assert "tokens" in card and "manifest.json" in card
 
 
-CASES = [(n, 2) for n in sorted(OBJECTIVES)] + [("tacl", 2)] + [(n, 3) for n in sorted(OBJECTIVES)] + [("tacl", 3)]
+CASES = [(n, stage) for stage in (2, 3) for n in ("coco_lm", "electra", "mlm_nsp", "taco", "tacl")]
 
 
 @pytest.mark.parametrize("name,stage", CASES, ids=[f"{n}-zero{s}" for n, s in CASES])
-def test_objective_trains_and_exports(name, stage, prepared, pairs_data, tiny_bert, tmp_path):
-    data = pairs_data if name == "mlm_nsp" else prepared
-    extra = ["objective.name=tacl", f"model.init_from={tiny_bert}", "objective.tacl.temperature=0.1"] if name == "tacl" \
-        else OBJECTIVES[name]
-    steps = 8 if stage == 2 else 6
-    run = tmp_path / "run"
-    _train(data, run, extra, stage=stage, steps=steps, probe=tmp_path / "probe.pt")
+def test_objective_trains_and_exports(name, stage, runs, tiny_bert, tmp_path):
+    run, probe = runs[(name, stage)]
+    steps = STEPS[stage]
     rows = _losses(run)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
@@ -150,7 +169,7 @@ def test_objective_trains_and_exports(name, stage, prepared, pairs_data, tiny_be
         for key, value in start.items():
             if key.startswith("bert.") and not key.startswith("bert.pooler"):
                 assert torch.equal(state["teacher." + key[len("bert."):]], value), key
-    _check_export(name, run, tmp_path / "probe.pt", tmp_path / "hf")
+    _check_export(name, run, probe, tmp_path / "hf")
 
 
 def test_tacl_from_real_minilm(corpus_file, tmp_path):

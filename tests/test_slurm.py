@@ -26,7 +26,7 @@ from conftest import REPO, TINY_MODEL, free_port, kjv_chapters, launch_ranks
 
 pytestmark = pytest.mark.slow
 
-MAX_STEPS = 1000
+MAX_STEPS = 1200  # more than one 2-minute allocation can train here (<= ~1000 steps before the signal)
 TRAIN_OVERRIDES = [
     *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", f"train.max_steps={MAX_STEPS}",
     "train.save_every=250", "train.log_every=50", "train.eval_every=0", "train.record_samples=true",

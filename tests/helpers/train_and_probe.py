@@ -1,11 +1,16 @@
 """Train through the public API, then save the live training model's outputs on a fixed input.
 
 Usage: [torchrun ...] python tests/helpers/train_and_probe.py --probe-out FILE --config FILE [key=value ...]
+   or: [torchrun ...] python tests/helpers/train_and_probe.py --runs RUNS.json
+where RUNS.json is a list of {"probe_out": FILE, "args": ["--config", FILE, "key=value", ...]}, trained one
+after the other in this process (one interpreter and process-group start-up for many short runs).
 For every model the objective exports, the probe holds the last hidden state and, where the model
 has a head, its logits; the export tests compare these with the exported folders'.
 """
 import argparse
 import contextlib
+import gc
+import json
 import sys
 
 import torch
@@ -15,14 +20,9 @@ from pretrain.config_io import load_config
 from pretrain.run import build_trainer
 
 
-def main() -> None:
-    """Train, then probe the engine's module in eval mode (every rank joins; rank 0 writes)."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--probe-out", required=True)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
-    trainer = build_trainer(load_config(RunConfig, args.config, args.overrides))
+def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
+    """Train one run, then probe the engine's module in eval mode (every rank joins; rank 0 writes)."""
+    trainer = build_trainer(load_config(RunConfig, config, overrides))
     trainer.fit()
     module = trainer.engine.module
     module.eval()
@@ -47,7 +47,26 @@ def main() -> None:
             if logits is not None:
                 probe["logits"][name] = logits.clone()
     if trainer.rank == 0:
-        torch.save(probe, args.probe_out)
+        torch.save(probe, probe_out)
+    trainer.engine.destroy()
+    del trainer, module
+    gc.collect()
+
+
+def main() -> None:
+    """One run from the command line, or several from a JSON list."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--probe-out")
+    parser.add_argument("--config")
+    parser.add_argument("--runs")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    if args.runs:
+        for run in json.loads(open(args.runs).read()):
+            config, overrides = run["args"][1], run["args"][2:]
+            train_and_probe(config, overrides, run["probe_out"])
+    else:
+        train_and_probe(args.config, args.overrides, args.probe_out)
 
 
 if __name__ == "__main__":
