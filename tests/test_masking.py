@@ -65,8 +65,6 @@ def test_same_generator_same_masks():
 
 # ---- whole-word, span, coco, crop ---------------------------------------------------------
 from data_pipeline.masking import (  # noqa: E402
-    SpanMasking,
-    WholeWordMasking,
     build_masking,
     crop_view,
     sample_span_lengths,
@@ -109,12 +107,17 @@ def _whole_word_counts(picked, input_ids, starts):
     return n_words, n_picked_words, n_tokens
 
 
+def _masked(strategy: str, rows: int, seed: int, starts=None):
+    """(batch, masked output, picked positions) of the named strategy on a random batch."""
+    m = build_masking(MaskingConfig(strategy=strategy), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK], word_starts=starts)
+    batch = _batch(rows=rows)
+    out = m(batch, torch.Generator().manual_seed(seed))
+    return batch, out, out["labels"] != IGNORE_INDEX
+
+
 def test_whole_word_picks_whole_words_at_the_right_rate():
     starts = _word_starts()
-    m = WholeWordMasking(MaskingConfig(strategy="whole_word"), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK], starts)
-    batch = _batch(rows=128)
-    out = m(batch, torch.Generator().manual_seed(4))
-    picked = out["labels"] != IGNORE_INDEX
+    batch, out, picked = _masked("whole_word", 128, 4, starts)
     n_words, n_picked_words, n_tokens = _whole_word_counts(picked, batch["input_ids"], starts)
     assert abs(n_picked_words / n_words - 0.15) < 0.01
     assert abs(int(picked.sum()) / n_tokens - 0.15) < 0.015
@@ -135,10 +138,7 @@ def test_span_length_distribution_matches_truncated_geometric():
 
 def test_span_masking_rate_and_word_alignment():
     starts = _word_starts()
-    m = SpanMasking(MaskingConfig(strategy="span"), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK], starts)
-    batch = _batch(rows=64)
-    out = m(batch, torch.Generator().manual_seed(6))
-    picked = out["labels"] != IGNORE_INDEX
+    batch, out, picked = _masked("span", 64, 6, starts)
     pickable = ~torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP]))
     assert not picked[~pickable].any()
     assert abs(int(picked.sum()) / int(pickable.sum()) - 0.15) < 0.01
@@ -156,10 +156,7 @@ def test_span_masking_rate_and_word_alignment():
 
 
 def test_coco_mode_masks_every_pick():
-    m = build_masking(MaskingConfig(strategy="coco"), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK])
-    batch = _batch()
-    out = m(batch, torch.Generator().manual_seed(7))
-    picked = out["labels"] != IGNORE_INDEX
+    batch, out, picked = _masked("coco", 256, 7)
     assert (out["input_ids"][picked] == MASK).all()
     assert torch.equal(out["input_ids"][~picked], batch["input_ids"][~picked])
     pickable = ~torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP]))
