@@ -114,7 +114,7 @@ def main() -> None:
             rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
             results.append({"objective": name, "seq_len": seq, "micro_batch": batch, **measure(rows, args.warmup)})
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
-    print(f"\n{device}; {'tiny' if args.tiny else 'BERT-base'}, {args.precision}, ZeRO-2, 1 GPU, steps {args.warmup}..{args.steps}")
+    print(f"\n{device}; {'tiny' if args.tiny else 'BERT-base'}, {args.precision}, ZeRO-2, 1 rank, steps {args.warmup}..{args.steps}")
     print("| objective | seq | micro-batch | tokens/s/GPU | samples/s | model TFLOP/s | MFU | peak memory GiB |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:

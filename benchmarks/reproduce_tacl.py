@@ -85,11 +85,11 @@ def main() -> None:
     teacher_last = sim[tname][-1]
     rows = []
     for name in models:
-        acc = [r["metrics"]["accuracy"] for r in ft[name]["seeds"]] if name in ft else [float("nan")]
+        acc = [r["metrics"]["accuracy"] for r in ft[name]["seeds"]] if name in ft else []
         val = validation_losses(runs[name]).get(args.steps, {}) if name in runs else {}
         rows.append({"model": name, "self_similarity": sim[name], "last_layer": sim[name][-1],
                      "last_layer_vs_teacher": sim[name][-1] / teacher_last - 1.0,
-                     "validation": val, "accuracy_per_seed": acc, "accuracy_mean": statistics.fmean(acc),
+                     "validation": val, "accuracy_per_seed": acc, "accuracy_mean": statistics.fmean(acc) if acc else None,
                      "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
                      "f1_macro_mean": ft[name]["summary"]["f1_macro"]["mean"] if name in ft else None})
     majority = ft[tname]["majority_baseline"] if ft else None
@@ -100,9 +100,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         mlm = r["validation"].get("mlm_loss")
+        mlm_text = "" if mlm is None else f"{mlm:.3f}"
+        acc_text = "" if r["accuracy_mean"] is None else f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f}"
+        seeds_text = ", ".join(f"{a:.4f}" for a in r["accuracy_per_seed"])
         print(f"| {r['model']} | {r['self_similarity'][0]:.3f} | {r['last_layer']:.3f} | {r['last_layer_vs_teacher']:+.1%} | "
-              f"{'' if mlm is None else f'{mlm:.3f}'} | {r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} | "
-              f"{', '.join(f'{a:.4f}' for a in r['accuracy_per_seed'])} |")
+              f"{mlm_text} | {acc_text} | {seeds_text} |")
     print(f"majority class: {majority}")
     log.info("wrote %s", out / "results.json")
 
