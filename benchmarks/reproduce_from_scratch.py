@@ -61,6 +61,8 @@ def plot(curves: dict, losses: dict, baseline: tuple[float, float], path: Path) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from data_pipeline.atomic_files import save_figure_atomic
+
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     for name, points in curves.items():
         steps = [0, *sorted(points)]
@@ -81,10 +83,8 @@ def plot(curves: dict, losses: dict, baseline: tuple[float, float], path: Path) 
     bx.set_title("Validation MLM loss (ELECTRA, COCO-LM: generator)")
     bx.grid(alpha=0.3)
     bx.legend(fontsize=8)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    save_figure_atomic(fig, path)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def main() -> None:

@@ -20,6 +20,14 @@ def write_text_atomic(path: Path, text: str, fsync: bool = False) -> None:
     tmp.replace(path)
 
 
+def save_figure_atomic(fig, path: Path, dpi: int = 120) -> None:
+    """Save a matplotlib figure as PNG under a temporary name and rename it into place."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
+    tmp.replace(path)
+
+
 def check_overwrite(final_dir: Path, overwrite: bool) -> None:
     """Refuse to clobber an existing output unless asked."""
     if final_dir.exists() and not overwrite:

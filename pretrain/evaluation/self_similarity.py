@@ -95,7 +95,7 @@ def write_report(results: dict[str, list[float]], out: str | Path, meta: dict) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from data_pipeline.atomic_files import write_text_atomic
+    from data_pipeline.atomic_files import save_figure_atomic, write_text_atomic
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -109,8 +109,6 @@ def write_report(results: dict[str, list[float]], out: str | Path, meta: dict) -
     ax.set_title("Token self-similarity within a sentence")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    tmp = png_path.with_name(f".{png_path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    save_figure_atomic(fig, png_path)
     plt.close(fig)
-    tmp.replace(png_path)
     return json_path, png_path
