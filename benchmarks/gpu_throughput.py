@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repro_common import REPO, minilm_dir, prepare, run, setup_logging  # noqa: E402
+from repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging  # noqa: E402
 
 BASE = {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072}
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 256}
@@ -38,18 +38,12 @@ OBJECTIVES = {"mlm": ["objective.name=mlm", "masking.strategy=bert"],
 
 def teacher_folder(shape: dict, seq: int, tokenizer_dir: Path, out: Path) -> Path:
     """A BertForMaskedLM folder of this shape with fresh weights and the data's tokenizer (TaCL's teacher)."""
-    if (out / "config.json").is_file():
-        return out
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+    from transformers import BertConfig
 
-    torch.manual_seed(0)
     config = BertConfig(vocab_size=30522, hidden_size=shape["hidden_size"], num_hidden_layers=shape["num_layers"],
                         num_attention_heads=shape["num_heads"], intermediate_size=shape["intermediate_size"],
                         max_position_embeddings=max(512, seq))
-    BertForMaskedLM(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
-    return out
+    return fresh_bert(config, tokenizer_dir, out, seed=0, mlm_head=True)
 
 
 def measure(rows: list[dict], warmup: int) -> dict:

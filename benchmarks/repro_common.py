@@ -76,6 +76,19 @@ def export(run_dir: Path, step: int, out: Path) -> Path:
     return export_checkpoint(run_dir / "checkpoints" / tag_for(step), out)
 
 
+def fresh_bert(config, tokenizer_dir: Path, out: Path, seed: int, mlm_head: bool = False) -> Path:
+    """A folder with freshly initialised BERT weights of `config` and the tokenizer of `tokenizer_dir`."""
+    if (out / "config.json").is_file():
+        return out
+    import torch
+    from transformers import AutoTokenizer, BertForMaskedLM, BertModel
+
+    torch.manual_seed(seed)
+    (BertForMaskedLM if mlm_head else BertModel)(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return out
+
+
 def validation_losses(run_dir: Path) -> dict[int, dict[str, float]]:
     """Step -> the validation metrics the trainer logged in metrics.jsonl."""
     rows = {}

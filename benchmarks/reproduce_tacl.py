@@ -16,7 +16,6 @@ Writes `OUT/results.json`, `OUT/self_similarity.{json,png}` and prints the table
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -89,8 +88,10 @@ def main() -> None:
         val = validation_losses(runs[name]).get(args.steps, {}) if name in runs else {}
         rows.append({"model": name, "self_similarity": sim[name], "last_layer": sim[name][-1],
                      "last_layer_vs_teacher": sim[name][-1] / teacher_last - 1.0,
-                     "validation": val, "accuracy_per_seed": acc, "accuracy_mean": statistics.fmean(acc) if acc else None,
-                     "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+                     "validation": val, "accuracy_per_seed": acc,
+                     # finetune() already summarises its seeds
+                     "accuracy_mean": ft[name]["summary"]["accuracy"]["mean"] if name in ft else None,
+                     "accuracy_std": ft[name]["summary"]["accuracy"]["std"] if name in ft else 0.0,
                      "f1_macro_mean": ft[name]["summary"]["f1_macro"]["mean"] if name in ft else None})
     majority = ft[tname]["majority_baseline"] if ft else None
     write_json(out / "results.json", {"args": vars(args), "rows": rows, "majority_baseline": majority})
