@@ -25,7 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from data_pipeline.atomic_files import write_text_atomic
+from core.atomic_files import write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 WORDNET = Path("/usr/share/wordnet")

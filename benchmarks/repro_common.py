@@ -116,7 +116,7 @@ def split_csv(src: Path, out_dir: Path, train: int, evaluation: int, seed: int =
     import random
 
     from corpora import to_csv
-    from data_pipeline.atomic_files import write_text_atomic
+    from core.atomic_files import write_text_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
     train_path, eval_path = out_dir / f"{src.stem}.train.csv", out_dir / f"{src.stem}.eval.csv"
@@ -134,7 +134,7 @@ def split_csv(src: Path, out_dir: Path, train: int, evaluation: int, seed: int =
 
 def write_json(path: Path, data: Any) -> None:
     """Atomic JSON write."""
-    from data_pipeline.atomic_files import write_text_atomic
+    from core.atomic_files import write_text_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(data, indent=2) + "\n")

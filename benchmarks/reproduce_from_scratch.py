@@ -55,7 +55,7 @@ def plot(curves: dict, losses: dict, baseline: tuple[float, float], path: Path) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from data_pipeline.atomic_files import save_figure_atomic
+    from core.atomic_files import save_figure_atomic
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     for name, points in curves.items():

@@ -35,7 +35,7 @@ def prepare_data(work: Path) -> Path:
     """KJV tokenized with BERT's WordPiece vocabulary, packed into 128-token sequences."""
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
-    from pretrain.config_io import load_config
+    from core.config_io import load_config
 
     return prepare(load_config(PrepareConfig, None, [
         f"output_dir={work / 'data'}", "sources=[{kind: text, path: data/kjv.txt.gz}]", f"tokenizer.pretrained={minilm_dir()}",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from data_pipeline.config import PrepareConfig
 from data_pipeline.raw_text import DataInputError
-from pretrain.config_io import ConfigError, load_config
+from core.config_io import ConfigError, load_config
 
 
 def _verify(dataset: str) -> int:

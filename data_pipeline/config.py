@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from pretrain.config_io import ConfigError
+from core.config_io import ConfigError
 
 
 @dataclass

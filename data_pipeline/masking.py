@@ -10,11 +10,14 @@ Strategies (special tokens and padding are never picked):
   and renormalised (mean 3.8 for p=0.2), starts uniform over words, until mask_prob of the tokens
   are picked; each span is 80/10/10 as a whole.
 - `coco`: COCO-LM's corruption input: tokens picked as in `bert`, all of them → [MASK].
+`count=exact` picks exactly round(mask_prob · n) tokens per sequence (bert, coco) instead of
+independent draws. Validation uses `evaluation_masking`: the same picks, all shown as [MASK].
 With `crop_ratio` set, a contiguous crop of the clean sequence (COCO-LM's second view for sequence
 contrastive learning) is added as `crop_input_ids` / `crop_attention_mask`.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -29,6 +32,9 @@ class MaskingConfig:
 
     strategy: Literal["bert", "whole_word", "span", "coco"] = "bert"
     mask_prob: float = 0.15
+    # bert/coco: bernoulli picks each token with probability mask_prob (BERT); exact picks
+    # round(mask_prob · n) of a sequence's n pickable tokens (ELECTRA, COCO-LM).
+    count: Literal["bernoulli", "exact"] = "bernoulli"
     # Of the picked tokens: this fraction becomes [MASK], this fraction a random token, the rest stay.
     mask_token_fraction: float = 0.8
     random_token_fraction: float = 0.1
@@ -40,7 +46,7 @@ class MaskingConfig:
 
     def validate(self) -> None:
         """Probabilities must be probabilities."""
-        from pretrain.config_io import ConfigError
+        from core.config_io import ConfigError
 
         if not 0.0 < self.mask_prob < 1.0:
             raise ConfigError(f"config key 'masking.mask_prob' must be in (0, 1), got {self.mask_prob}")
@@ -50,6 +56,8 @@ class MaskingConfig:
             raise ConfigError("config keys 'masking.mask_token_fraction' + 'masking.random_token_fraction' must be in [0, 1]")
         if not 0.0 < self.span_p <= 1.0 or self.max_span < 1:
             raise ConfigError("config keys 'masking.span_p' must be in (0, 1] and 'masking.max_span' >= 1")
+        if self.count == "exact" and self.strategy not in ("bert", "coco"):
+            raise ConfigError(f"config key 'masking.count=exact' applies to strategies bert and coco, not {self.strategy}")
         if self.crop_ratio is not None and not 0.0 < self.crop_ratio <= 1.0:
             raise ConfigError(f"config key 'masking.crop_ratio' must be in (0, 1], got {self.crop_ratio}")
 
@@ -113,11 +121,18 @@ class _Masking:
 
 
 class TokenMasking(_Masking):
-    """`bert` and `coco`: each pickable token independently with probability mask_prob."""
+    """`bert` and `coco`: each pickable token with probability mask_prob, or exactly round(mask_prob · n) of them."""
 
     def pick(self, ids, generator):
+        pickable = self.pickable(ids)
+        if self.cfg.count == "exact":
+            # The k lowest of uniform scores among the pickable tokens: a uniform k-subset per row.
+            scores = torch.rand(ids.shape, generator=generator).masked_fill(~pickable, 2.0)
+            ranks = scores.argsort(dim=1).argsort(dim=1)
+            k = (self.cfg.mask_prob * pickable.sum(1).double()).round().long()
+            return (ranks < k[:, None]) & pickable, None
         probs = torch.full(ids.shape, self.cfg.mask_prob)
-        return torch.bernoulli(probs, generator=generator).bool() & self.pickable(ids), None
+        return torch.bernoulli(probs, generator=generator).bool() & pickable, None
 
 
 class WholeWordMasking(_Masking):
@@ -206,6 +221,12 @@ class WithCropView:
 
 
 STRATEGIES = {"bert": TokenMasking, "coco": TokenMasking, "whole_word": WholeWordMasking, "span": SpanMasking}
+
+
+def evaluation_masking(cfg: MaskingConfig) -> MaskingConfig:
+    """The same picks with every picked token shown as [MASK]: validation MLM loss then measures prediction,
+    not the copying of the 10% kept tokens that makes the 80/10/10 mix read lower."""
+    return dataclasses.replace(cfg, mask_token_fraction=1.0, random_token_fraction=0.0)
 
 
 def build_masking(cfg: MaskingConfig, vocab_size: int, mask_id: int, special_ids: list[int],

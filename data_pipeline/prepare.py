@@ -23,7 +23,7 @@ from data_pipeline.mixture import mix
 from data_pipeline.packing import DocumentPacker, FullPacker, PairPacker
 from data_pipeline.raw_text import DataInputError, ReadStats, iter_source
 from data_pipeline.sentences import split_sentences
-from data_pipeline.atomic_files import prepare_output, publish
+from core.atomic_files import prepare_output, publish
 from data_pipeline.shards import SplitWriter, token_dtype, write_manifest
 from data_pipeline.tokenizer import (
     copy_pretrained_tokenizer,
@@ -33,7 +33,7 @@ from data_pipeline.tokenizer import (
     tokenizer_hash,
     train_sentencepiece,
 )
-from pretrain.config_io import config_to_dict
+from core.config_io import config_to_dict
 
 log = logging.getLogger("data_pipeline")
 BATCH_DOCS = 512

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from data_pipeline.atomic_files import write_text_atomic
+from core.atomic_files import write_text_atomic
 
 MANIFEST = "manifest.json"
 
@@ -91,3 +91,4 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"'{path}' is corrupt: {exc}") from exc
+

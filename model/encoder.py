@@ -1,82 +1,130 @@
-"""The main Transformer encoder: a Hugging Face BERT built from a small typed config."""
+"""The main Transformer encoder's typed config, and the transformers config (BERT or ModernBERT) built from it."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Optional
 
-from transformers import BertConfig
+from transformers import BertConfig, ModernBertConfig, PretrainedConfig
 
-from pretrain.config_io import ConfigError
+from core.config_io import ConfigError
+
+ARCHITECTURES = ("bert", "modernbert")
 
 
 @dataclass
 class EncoderConfig:
-    """Shape of the BERT encoder. `vocab_size` defaults to the tokenizer's and must match it."""
+    """Shape of the encoder. `vocab_size` defaults to the tokenizer's and must match it."""
 
+    # bert: transformers' BertModel; modernbert: transformers' ModernBertModel (rotary, GeGLU, no biases).
+    architecture: Literal["bert", "modernbert"] = "bert"
     hidden_size: int = 256
     num_layers: int = 4
     num_heads: int = 4
     intermediate_size: int = 1024
     max_position_embeddings: int = 512
+    # BERT only: transformers' own position options (relative ones need eager attention in 4.57).
+    position_embedding: Literal["absolute", "relative_key", "relative_key_query"] = "absolute"
     dropout: float = 0.1
     attention_dropout: float = 0.1
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    # sdpa (default), eager, or flash_attention_2 (ModernBERT on a GPU with flash-attn: the unpadded path).
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    # ModernBERT only: sliding-window width of the local layers, and every n-th layer attends globally.
+    local_attention: int = 128
+    global_attn_every_n_layers: int = 3
     vocab_size: Optional[int] = None
-    # A Hugging Face BERT folder to start from (shape and weights; the fields above are ignored).
-    # A missing MLM head is created, with its decoder tied to the word embeddings.
+    # A Hugging Face BERT or ModernBERT folder to start from (shape and weights; the fields above
+    # are ignored). A missing MLM head is created, with its decoder tied to the word embeddings.
     init_from: Optional[str] = None
 
     def validate(self) -> None:
-        """Catch shapes BERT cannot build."""
+        """Catch shapes and combinations the backbone cannot build."""
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"config key 'model.hidden_size' ({self.hidden_size}) must be divisible by 'model.num_heads' ({self.num_heads})"
             )
+        if self.architecture == "modernbert" and self.position_embedding != "absolute":
+            raise ConfigError("config key 'model.position_embedding' applies to architecture=bert only "
+                              "(ModernBERT uses rotary positions)")
+        if self.architecture == "bert" and self.attn_implementation == "flash_attention_2":
+            raise ConfigError("config key 'model.attn_implementation=flash_attention_2' needs model.architecture=modernbert")
 
 
-def bert_config(cfg: EncoderConfig, vocab_size: int, pad_id: int, seq_len: int) -> BertConfig:
-    """The transformers BertConfig for this encoder, checked against the tokenizer and data."""
-    if cfg.vocab_size is not None and cfg.vocab_size != vocab_size:
-        raise ConfigError(
-            f"config key 'model.vocab_size' is {cfg.vocab_size} but the dataset's tokenizer has {vocab_size} tokens; "
-            "leave model.vocab_size unset or prepare the data with a matching tokenizer"
+def attention_for(config: PretrainedConfig, requested: str) -> str:
+    """The attention kernel to use: relative positions in BERT run eagerly (transformers has no SDPA path for them)."""
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        return "eager"
+    if requested == "flash_attention_2":
+        from transformers.utils import is_flash_attn_2_available
+
+        if not is_flash_attn_2_available():
+            raise ConfigError("config key 'model.attn_implementation=flash_attention_2' needs the flash-attn package and a GPU")
+    return requested
+
+
+def _check_data_fit(vocab: int, positions: int, expected_vocab: int, seq_len: int, where: str) -> None:
+    if vocab != expected_vocab:
+        raise ConfigError(f"{where} has a vocabulary of {vocab} but the dataset's tokenizer has {expected_vocab} tokens; "
+                          "prepare the data with a matching tokenizer (or leave model.vocab_size unset)")
+    if seq_len > positions:
+        raise ConfigError(f"the dataset's sequences are {seq_len} tokens but {where} has {positions} positions")
+
+
+def model_config(cfg: EncoderConfig, tokenizer: dict, seq_len: int) -> PretrainedConfig:
+    """The transformers config for this encoder (fresh, or `init_from`'s), checked against the tokenizer and data.
+
+    `tokenizer` is the data manifest's tokenizer entry (vocab_size and the special ids).
+    """
+    if cfg.init_from:
+        return pretrained_config(cfg, tokenizer["vocab_size"], seq_len)
+    vocab = tokenizer["vocab_size"]
+    if cfg.vocab_size is not None:
+        _check_data_fit(cfg.vocab_size, cfg.max_position_embeddings, vocab, seq_len, "config key 'model.vocab_size'")
+    _check_data_fit(vocab, cfg.max_position_embeddings, vocab, seq_len, "'model.max_position_embeddings'")
+    if cfg.architecture == "bert":
+        config = BertConfig(
+            vocab_size=vocab, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_position_embeddings, hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.attention_dropout, pad_token_id=tokenizer["pad_id"], type_vocab_size=2,
+            position_embedding_type=cfg.position_embedding,
         )
-    if seq_len > cfg.max_position_embeddings:
-        raise ConfigError(
-            f"the dataset's sequences are {seq_len} tokens but 'model.max_position_embeddings' is {cfg.max_position_embeddings}"
+    else:
+        config = ModernBertConfig(
+            vocab_size=vocab, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_position_embeddings, embedding_dropout=cfg.dropout,
+            mlp_dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+            local_attention=cfg.local_attention, global_attn_every_n_layers=cfg.global_attn_every_n_layers,
+            pad_token_id=tokenizer["pad_id"], cls_token_id=tokenizer["cls_id"], sep_token_id=tokenizer["sep_id"],
+            bos_token_id=tokenizer["cls_id"], eos_token_id=tokenizer["sep_id"],
+            # Compiling is a GPU choice made outside the model; the config must not depend on the machine.
+            reference_compile=False,
         )
-    config = BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        intermediate_size=cfg.intermediate_size,
-        max_position_embeddings=cfg.max_position_embeddings,
-        hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.attention_dropout,
-        pad_token_id=pad_id,
-        type_vocab_size=2,
-    )
-    config._attn_implementation = cfg.attn_implementation
+    config._attn_implementation = attention_for(config, cfg.attn_implementation)
     return config
 
 
-def pretrained_bert_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> BertConfig:
-    """The BertConfig of `cfg.init_from`, checked against the tokenizer and data."""
-    from pathlib import Path
-
+def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> PretrainedConfig:
+    """The config of the `init_from` folder (BERT or ModernBERT), checked against the tokenizer and data."""
     path = Path(cfg.init_from)
     if not (path / "config.json").is_file():
         raise ConfigError(f"config key 'model.init_from': '{path}' is not a Hugging Face model folder (no config.json)")
-    config = BertConfig.from_pretrained(str(path))
-    if config.model_type != "bert":
-        raise ConfigError(f"config key 'model.init_from': '{path}' is a {config.model_type} model, not BERT")
-    if config.vocab_size != vocab_size:
-        raise ConfigError(
-            f"'model.init_from' {path} has a vocabulary of {config.vocab_size} but the dataset's tokenizer has "
-            f"{vocab_size} tokens; prepare the data with tokenizer.pretrained={path}"
-        )
-    if seq_len > config.max_position_embeddings:
-        raise ConfigError(f"the dataset's sequences are {seq_len} tokens but {path} has {config.max_position_embeddings} positions")
-    config._attn_implementation = cfg.attn_implementation
+    model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise ConfigError(f"config key 'model.init_from': '{path}' is a {model_type} model; supported: {', '.join(ARCHITECTURES)}")
+    config = (BertConfig if model_type == "bert" else ModernBertConfig).from_pretrained(str(path))
+    if model_type == "modernbert":
+        config.reference_compile = False
+    _check_data_fit(config.vocab_size, config.max_position_embeddings, vocab_size, seq_len, f"'model.init_from' {path}")
+    config._attn_implementation = attention_for(config, cfg.attn_implementation)
+    return config
+
+
+def config_from_dict(data: dict, attn_implementation: str = "sdpa") -> PretrainedConfig:
+    """A saved model_config.json back as its transformers config (export, evaluation)."""
+    cls = {"bert": BertConfig, "modernbert": ModernBertConfig}[data.get("model_type", "bert")]
+    config = cls.from_dict(data)
+    config._attn_implementation = attention_for(config, attn_implementation)
     return config

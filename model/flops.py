@@ -1,7 +1,9 @@
 """FLOP counts for MFU. Matmuls only (2 FLOPs per multiply-add); embeddings, norms and softmax are ignored.
 
 Per token, one BERT layer's forward costs 8H² (Q, K, V and output projections) + 4HI (the two FFN
-matrices) + 4SH (attention scores QKᵀ and the weighted sum over S positions). An MLM head costs
+matrices) + 4SH (attention scores QKᵀ and the weighted sum over S positions); relative positions
+add 2SH per relative term, ModernBERT's GeGLU costs 6HI and its local layers attend over the
+window only (model/backbones/). An MLM head costs
 2H² (transform) + 2HV (decoder) per *predicted* token: with the sparse head that is the masked
 fraction, not every token. Training costs 3× the forward (the backward is about twice the forward);
 a forward without gradient (ELECTRA/COCO-LM sampling, the TaCL teacher) costs 1×.
@@ -12,9 +14,10 @@ TRAIN = 3.0
 
 
 def encoder_forward(config, seq_len: int) -> float:
-    """Forward FLOPs per token of a BERT-style encoder at this sequence length."""
-    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    return layers * (8 * h * h + 4 * h * i + 4 * seq_len * h)
+    """Forward FLOPs per token of the config's encoder (BERT, ELECTRA or ModernBERT layout) at this sequence length."""
+    from model.backbones import backbone_for
+
+    return backbone_for("modernbert" if config.model_type == "modernbert" else "bert").encoder_flops(config, seq_len)
 
 
 def mlm_head_forward(config, embedding_size: int | None = None) -> float:
@@ -22,6 +25,11 @@ def mlm_head_forward(config, embedding_size: int | None = None) -> float:
     h = config.hidden_size
     e = embedding_size or h
     return 2 * h * e + 2 * e * config.vocab_size
+
+
+def mlm_forward(config, seq_len: int, mask_prob: float) -> float:
+    """Forward FLOPs per input token of an encoder with a sparse MLM head at the masked fraction."""
+    return encoder_forward(config, seq_len) + mask_prob * mlm_head_forward(config, getattr(config, "embedding_size", None))
 
 
 def peak_tflops(precision: str) -> float:

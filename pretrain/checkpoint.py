@@ -13,7 +13,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from data_pipeline.atomic_files import write_text_atomic
+from core.atomic_files import write_text_atomic
 from pretrain import distributed as dist
 
 COMPLETE = "COMPLETE"

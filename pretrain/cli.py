@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pretrain.config import RunConfig
 from data_pipeline.shards import CorruptShardError
-from pretrain.config_io import ConfigError, load_config
+from core.config_io import ConfigError, load_config
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from data_pipeline.loader import LoaderConfig
 from data_pipeline.masking import MaskingConfig
 from model.encoder import EncoderConfig
 from model.objectives.base import ObjectiveConfig
-from pretrain.config_io import ConfigError
+from core.config_io import ConfigError
 
 
 @dataclass
@@ -31,10 +31,17 @@ class ScheduleConfig:
     """Linear warmup, then decay to `min_lr_ratio * lr` at `max_steps`."""
 
     warmup_steps: int = 100
-    decay: Literal["linear", "cosine", "polynomial", "constant"] = "linear"
+    # wsd: warmup-stable-decay (constant lr, then linear decay over the last `decay_fraction`).
+    decay: Literal["linear", "cosine", "polynomial", "constant", "wsd"] = "linear"
+    decay_fraction: float = 0.2
     min_lr_ratio: float = 0.0
     # polynomial: (1 - progress) ** power (power 1 is linear).
     power: float = 2.0
+
+    def validate(self) -> None:
+        """Check values that the type alone cannot."""
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ConfigError(f"config key 'schedule.decay_fraction' must be in (0, 1], got {self.decay_fraction}")
 
 
 @dataclass

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.config import RunConfig
-from pretrain.config_io import ConfigError
+from core.config_io import ConfigError
 
 
 def gradient_accumulation(global_batch: int, micro_batch: int, world: int) -> int:

@@ -7,16 +7,15 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from transformers import BertConfig
-
-from data_pipeline.atomic_files import check_overwrite, prepare_output, publish
+from core.atomic_files import check_overwrite, prepare_output, publish
 from data_pipeline.tokenizer import copy_tokenizer_folder
+from model.encoder import config_from_dict
 from model.objectives import build_objective
 from pretrain import checkpoint as ckpt
 from pretrain.config import RunConfig
 from pretrain.distributed import setup_env
 from pretrain import model_card
-from pretrain.config_io import config_to_dict, load_config
+from core.config_io import config_to_dict, load_config
 from pretrain.run import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, TOKENIZER_DIR
 
 log = logging.getLogger("pretrain.export")
@@ -70,8 +69,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     cfg = load_config(RunConfig, config_dir / CONFIG_FILE)
-    model_config = BertConfig.from_dict(json.loads((config_dir / MODEL_CONFIG_FILE).read_text()))
-    model_config._attn_implementation = cfg.model.attn_implementation
+    model_config = config_from_dict(json.loads((config_dir / MODEL_CONFIG_FILE).read_text()), cfg.model.attn_implementation)
     objective = build_objective(cfg.objective, model_config)
     state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
     missing, unexpected = objective.load_state_dict(state, strict=False)
@@ -80,7 +78,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
     models = objective.hf_models()
     card = model_card.render(
         config_to_dict(cfg), model_config.to_dict(), _manifest(config_dir, run_dir, cfg), _client_state(ckpt_dir / tag), tag,
-        run_dir, {sub: sum(p.numel() for p in m.parameters()) for sub, m in models.items()})
+        run_dir, {sub: sum(p.numel() for p in m.parameters()) for sub, m in models.items()},
+        {sub: type(m).__name__ for sub, m in models.items()})
     tmp = prepare_output(out_dir, overwrite)
     try:
         for sub, model in models.items():

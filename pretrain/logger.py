@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from data_pipeline.atomic_files import write_text_atomic
+from core.atomic_files import write_text_atomic
 
 
 def _fmt_eta(seconds: float) -> str:

@@ -5,15 +5,14 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-# What each objective's export holds, and how to load it.
+# What each objective's export holds ({root}: the root folder's class, {generator}: generator/'s), and how to load it.
 LAYOUT = {
-    "mlm": ("`BertForMaskedLM` (or `BertForPreTraining` with an NSP/SOP head)", "AutoModelForMaskedLM"),
-    "taco": ("`BertForMaskedLM`", "AutoModelForMaskedLM"),
-    "tacl": ("the student as `BertForMaskedLM` (the teacher is the starting checkpoint and is not exported)",
-             "AutoModelForMaskedLM"),
-    "coco_lm": ("the main Transformer as `BertModel`; the auxiliary generator as a masked LM in `generator/`", "AutoModel"),
-    "electra": ("the discriminator as `ElectraForPreTraining` (encoder + replaced-token-detection head); the generator as "
-                "`ElectraForMaskedLM` in `generator/`", "AutoModelForPreTraining"),
+    "mlm": ("`{root}`", "AutoModelForMaskedLM"),
+    "taco": ("`{root}`", "AutoModelForMaskedLM"),
+    "tacl": ("the student as `{root}` (the teacher is the starting checkpoint and is not exported)", "AutoModelForMaskedLM"),
+    "coco_lm": ("the main Transformer as `{root}`; the auxiliary generator as `{generator}` in `generator/`", "AutoModel"),
+    "electra": ("the discriminator as `{root}` (encoder + replaced-token-detection head); the generator as "
+                "`{generator}` in `generator/`", "AutoModel"),
 }
 
 
@@ -44,10 +43,11 @@ def _losses_text(row: Optional[dict]) -> str:
 
 
 def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional[dict], state: dict[str, Any], tag: str,
-           run_dir: Path, params: dict[str, int]) -> str:
-    """Markdown for the export's README.md."""
+           run_dir: Path, params: dict[str, int], classes: dict[str, str]) -> str:
+    """Markdown for the export's README.md; `classes` names each exported sub-folder's transformers class."""
     objective = cfg["objective"]["name"]
     holds, auto = LAYOUT[objective]
+    holds = holds.format(root=classes.get(""), generator=classes.get("generator"))
     step = int(state.get("step", 0))
     train_row, val_row = final_losses(run_dir, step)
     lines = [
@@ -68,7 +68,8 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
         "```",
         "",
         "`AutoModel`, `AutoModelForSequenceClassification` and `AutoModelForTokenClassification` load it too "
-        "(the classification heads are new and need fine-tuning: `python -m pretrain finetune`).",
+        "(the classification heads are new and need fine-tuning: `python -m pretrain finetune`; a ModernBERT "
+        "ELECTRA export holds a 1-label RTD classifier, so pass `ignore_mismatched_sizes=True` for another label count).",
         "",
         "## Training",
         "",
@@ -86,7 +87,7 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
         "",
         "## Model",
         "",
-        f"- {model_config.get('num_hidden_layers')} layers, hidden {model_config.get('hidden_size')}, "
+        f"- {model_config.get('model_type')}: {model_config.get('num_hidden_layers')} layers, hidden {model_config.get('hidden_size')}, "
         f"{model_config.get('num_attention_heads')} heads, FFN {model_config.get('intermediate_size')}, "
         f"vocabulary {model_config.get('vocab_size')}, max positions {model_config.get('max_position_embeddings')}",
         "- parameters: " + ", ".join(f"{name or 'root'} {n:,}" for name, n in params.items()),

@@ -64,7 +64,7 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, offload: bool = Fals
         return torch.optim.AdamW(groups, **kwargs) if cfg.name == "adamw" else Lamb(groups, **kwargs)
     if not torch.cuda.is_available() or offload:
         if cfg.name == "lamb":
-            from pretrain.config_io import ConfigError
+            from core.config_io import ConfigError
 
             raise ConfigError("optimizer.impl=deepspeed with name=lamb needs a GPU without optimizer offload "
                               "(FusedLamb is a CUDA kernel); use optimizer.impl=torch")
@@ -86,8 +86,13 @@ def lr_factor(step: int, max_steps: int, cfg: ScheduleConfig) -> float:
         return (step + 1) / cfg.warmup_steps
     if cfg.decay == "constant":
         return 1.0
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, max_steps - cfg.warmup_steps))
-    if cfg.decay == "linear":
+    decay_start = cfg.warmup_steps
+    if cfg.decay == "wsd":  # warmup-stable-decay: constant, then linear over the last decay_fraction of the run
+        decay_start = max(cfg.warmup_steps, max_steps - round(cfg.decay_fraction * max_steps))
+        if step < decay_start:
+            return 1.0
+    progress = min(1.0, (step - decay_start) / max(1, max_steps - decay_start))
+    if cfg.decay in ("linear", "wsd"):
         shape = 1.0 - progress
     elif cfg.decay == "polynomial":
         shape = (1.0 - progress) ** cfg.power

@@ -9,16 +9,17 @@ from pathlib import Path
 import torch
 import yaml
 
-from data_pipeline.atomic_files import write_text_atomic
+from core.atomic_files import write_text_atomic
 from data_pipeline.loader import build_loader, fetch_metadata, is_local_leader
-from data_pipeline.masking import build_masking
+from data_pipeline.masking import build_masking, evaluation_masking
 from data_pipeline.shards import read_manifest, verify_split
 from data_pipeline.tokenizer import copy_tokenizer_folder, load_tokenizer, word_start_table
-from model.encoder import bert_config, pretrained_bert_config
-from model.objectives import build_objective
+from model.encoder import model_config as build_model_config
+from model.diagnostics import unigram_entropy
+from model.objectives import build_objective, check_objective_config
 from pretrain import distributed as dist
 from pretrain.config import RunConfig
-from pretrain.config_io import ConfigError, config_to_dict
+from core.config_io import ConfigError, config_to_dict
 from pretrain.trainer import Trainer
 
 CONFIG_FILE = "config.yaml"
@@ -64,15 +65,8 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     dist.barrier()
     manifest = read_manifest(data_dir)
     tok = manifest["tokenizer"]
-    if cfg.model.init_from:
-        model_config = pretrained_bert_config(cfg.model, tok["vocab_size"], manifest["seq_len"])
-    else:
-        model_config = bert_config(cfg.model, tok["vocab_size"], tok["pad_id"], manifest["seq_len"])
-    if cfg.objective.name == "coco_lm" and (cfg.masking.strategy != "coco" or cfg.masking.crop_ratio is None):
-        raise ConfigError("objective coco_lm corrupts all-[MASK] input and contrasts a crop: set masking.strategy=coco "
-                          "and masking.crop_ratio=0.9")
-    if cfg.objective.name == "tacl" and not cfg.model.init_from:
-        raise ConfigError("objective tacl continues pre-training: set model.init_from to the teacher's HF folder")
+    check_objective_config(cfg.objective, cfg.model, cfg.masking)
+    model_config = build_model_config(cfg.model, tok, manifest["seq_len"])
     files = run_files(cfg, model_config, manifest)
     if dist.rank() == 0:
         _write_run_files(files, Path(cfg.train.output_dir), data_dir)
@@ -82,10 +76,10 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     word_starts = None
     if cfg.masking.strategy in ("whole_word", "span"):
         word_starts = word_start_table(load_tokenizer(data_dir / TOKENIZER_DIR))
-    transform = build_masking(
-        cfg.masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], word_starts=word_starts,
+    transform, eval_transform = (build_masking(
+        masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], word_starts=word_starts,
         pad_id=tok["pad_id"], cls_id=tok["cls_id"], sep_id=tok["sep_id"],
-    )
+    ) for masking in (cfg.masking, evaluation_masking(cfg.masking)))
 
     train_sequences = manifest["splits"]["train"]["sequences"]
     if train_sequences < cfg.train.micro_batch_size * dist.world_size():
@@ -99,4 +93,19 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     eval_loader = None
     if cfg.train.eval_every and manifest["splits"]["validation"]["sequences"] >= cfg.train.micro_batch_size * dist.world_size():
         eval_loader = build_loader(cfg.data, "validation", cfg.train.micro_batch_size, shuffle=False)
-    return Trainer(cfg, model, transform, train_loader, eval_loader, run_files=files)
+    return Trainer(cfg, model, transform, train_loader, eval_loader, run_files=files, eval_transform=eval_transform,
+                   unigram_entropy=None if eval_loader is None else
+                   validation_unigram_entropy(eval_loader, cfg.train.eval_batches, tok))
+
+
+def validation_unigram_entropy(eval_loader, batches: int, tok: dict) -> float:
+    """Entropy of the ordinary tokens in the validation batches: the MLM loss of a model that learned only word counts.
+
+    Counted once over the same batches evaluation reads, summed over ranks.
+    """
+    counts = torch.zeros(tok["vocab_size"], dtype=torch.float64)
+    for _, batch in zip(range(batches), eval_loader):
+        ids = batch["input_ids"][batch["attention_mask"].bool()].long()
+        counts += torch.bincount(ids, minlength=tok["vocab_size"])[: tok["vocab_size"]].double()
+    counts[[i for i in tok["special_ids"] if i < tok["vocab_size"]]] = 0
+    return unigram_entropy(dist.all_reduce_sum(counts))

@@ -14,11 +14,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from data_pipeline.atomic_files import write_text_atomic
+from core.atomic_files import write_text_atomic
+from model.diagnostics import headline
 from pretrain import checkpoint as ckpt
 from pretrain import distributed as dist
 from pretrain.config import RunConfig
-from pretrain.config_io import ConfigError, config_hash
+from core.config_io import ConfigError, config_hash
 from pretrain.ds_config import build_ds_config
 from pretrain.logger import RunLogger
 from pretrain.optim import build_optimizer, build_scheduler, reset_schedule
@@ -44,11 +45,16 @@ class Trainer:
         train_loader,
         eval_loader=None,
         run_files: Optional[dict[str, str]] = None,
+        eval_transform: Optional[BatchTransform] = None,
+        unigram_entropy: Optional[float] = None,
     ) -> None:
         import deepspeed
 
         self.cfg = cfg
         self.transform = transform
+        # Validation shows every picked token as [MASK] (see data_pipeline.masking.evaluation_masking).
+        self.eval_transform = eval_transform or transform
+        self.unigram_entropy = unigram_entropy
         self.run_files = run_files or {}
         self.loader = train_loader
         self.eval_loader = eval_loader
@@ -299,11 +305,14 @@ class Trainer:
         n = 0
         for i, batch in zip(range(self.cfg.train.eval_batches), self.eval_loader):
             generator = torch.Generator().manual_seed(step_seed(self.cfg.train.seed, EVAL_STREAM, i, self.rank))
-            loss, metrics = self.engine(self._to_device(self.transform(batch, generator)))
+            loss, metrics = self.engine(self._to_device(self.eval_transform(batch, generator)))
             self._accumulate(sums, loss, metrics)
             n += 1
         self.engine.train()
-        return self._reduce(sums, max(1, n) * self.world) if n else {}
+        if not n:
+            return {}
+        out = self._reduce(sums, n * self.world)
+        return {**out, **headline(out, self.unigram_entropy)}
 
     def fit(self) -> str:
         """Train until max_steps, stop_after steps, or preemption; return 'finished', 'stopped' or 'preempted'."""
@@ -349,7 +358,7 @@ class Trainer:
                 window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0
             self.log.scalars(self.step, {k: v for k, v in metrics.items() if k not in ("tokens", "samples")}, "train")
             if cfg.eval_every and self.eval_loader is not None and self.step % cfg.eval_every == 0:
-                val = self.evaluate()
+                val = {**self.evaluate(), "train_seconds": self.elapsed}
                 self.log.scalars(self.step, val, "validation")
                 self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
             minutes_due = bool(cfg.save_every_minutes) and self.rank == 0 and (

@@ -2,7 +2,7 @@
 import pytest
 
 from pretrain.config import RunConfig
-from pretrain.config_io import ConfigError, load_config
+from core.config_io import ConfigError, load_config
 from data_pipeline.config import PrepareConfig
 
 

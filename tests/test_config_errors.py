@@ -30,10 +30,16 @@ CASES = [
     ("optimizer.name=lamb", "zero0.json"),
     ("objective.name=coco_lm", "masking.strategy=coco"),
     ("train.micro_batch_size=100000 train.global_batch_size=100000", "fewer than one batch"),
+    ("model.architecture=modernbert model.position_embedding=relative_key", "model.position_embedding"),
+    ("model.attn_implementation=flash_attention_2", "model.attn_implementation=flash_attention_2"),
+    ("masking.strategy=span masking.count=exact", "masking.count=exact"),
+    ("schedule.decay=wsd schedule.decay_fraction=0", "schedule.decay_fraction"),
+    ("model.architecture=modernbert objective.mlm.pair_head=nsp", "needs model.architecture=bert"),
 ]
 # Checked after the process group starts: these run in a separate process (all in one, see the helper).
 NEEDS_PROCESS_GROUP = {"model.vocab_size", "400", "model.init_from", "/nonexistent/data", "optimizer.impl=torch", "global_batch_size=30",
-                       "train.precision=fp16", "zero0.json", "masking.strategy=coco", "nope.json", "fewer than one batch"}
+                       "train.precision=fp16", "zero0.json", "masking.strategy=coco", "nope.json", "fewer than one batch",
+                       "needs model.architecture=bert"}
 
 
 def _args(prepared, out, override):

@@ -146,7 +146,7 @@ def exported(corpus_file, tmp_path_factory):
     """A tiny model (hidden 32, 2 layers) pre-trained here by MLM on KJV text with MiniLM's WordPiece vocabulary, exported."""
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
-    from pretrain.config_io import load_config
+    from core.config_io import load_config
     from test_tokenizer import minilm_dir
 
     base = tmp_path_factory.mktemp("finetune")

@@ -42,3 +42,22 @@ def test_peak_lookup_prefers_the_most_specific_name(monkeypatch):
                        ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA A10G", 70.0)]:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda n=name: n)
         assert flops.peak_tflops("bf16") == want, name
+
+
+def test_relative_positions_and_modernbert_match_the_counted_matmuls():
+    """The backbones' FLOP formulas against torch's counter: BERT with relative_key_query, and ModernBERT (GeGLU)."""
+    from transformers import ModernBertConfig, ModernBertModel
+
+    seq = 40
+    rel = _config()
+    rel.position_embedding_type = "relative_key_query"
+    modern = ModernBertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                              intermediate_size=96, reference_compile=False, local_attention=128,
+                              pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3)
+    modern._attn_implementation = "eager"
+    for cfg, model in ((rel, BertModel(rel, add_pooling_layer=False)), (modern, ModernBertModel(modern))):
+        ids = torch.randint(5, 500, (2, seq))
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model.eval()(ids)
+        counted = counter.get_total_flops() / (2 * seq)
+        assert abs(encoder_forward(cfg, seq) - counted) / counted < 0.01, (cfg.model_type, encoder_forward(cfg, seq), counted)

@@ -187,3 +187,31 @@ def test_every_strategy_is_deterministic_given_the_generator(strategy):
     batch = _batch(rows=8, width=64)
     a, b = m(batch, torch.Generator().manual_seed(1)), m(batch, torch.Generator().manual_seed(1))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_exact_count_picks_round_p_n_per_sequence_uniformly():
+    """ELECTRA / COCO-LM: round(p · n) of each sequence's n pickable tokens, every position equally likely."""
+    from data_pipeline.masking import evaluation_masking
+
+    batch = _batch()
+    cfg = MaskingConfig(count="exact", mask_prob=0.15)
+    out = TokenMasking(cfg, VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK])(batch, torch.Generator().manual_seed(3))
+    pickable = ~torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP]))
+    picked = out["labels"] != IGNORE_INDEX
+    assert not (picked & ~pickable).any()
+    want = [round(0.15 * int(n)) for n in pickable.sum(1)]
+    assert picked.sum(1).tolist() == want
+    # Position frequencies over many draws: no position (first pickable, middle, last) is favoured.
+    ids = torch.randint(5, VOCAB, (4000, 16), generator=torch.Generator().manual_seed(5))
+    ids[:, 0], ids[:, -1] = CLS, SEP  # 14 pickable tokens per row (positions 1..14), 2 picked each
+    rows = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    hits = (TokenMasking(cfg, VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK])(rows, torch.Generator().manual_seed(4))["labels"]
+            != IGNORE_INDEX).float()
+    freq = hits[:, 1:15].mean(0)
+    assert hits.sum(1).eq(2).all() and (freq - 2 / 14).abs().max() < 0.025
+    # Validation shows every picked token as [MASK], with the same picks.
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    train = TokenMasking(MaskingConfig(), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK])(batch, g1)
+    val = TokenMasking(evaluation_masking(MaskingConfig()), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK])(batch, g2)
+    assert torch.equal(train["labels"], val["labels"])
+    assert (val["input_ids"][val["labels"] != IGNORE_INDEX] == MASK).all()

@@ -135,5 +135,5 @@ def test_coco_lm_keeps_pretrained_embeddings_and_ties_its_heads(tmp_path):
     m = build_objective(oc, tiny_config(), str(tmp_path / "bert"))
     emb = m.main.embeddings.word_embeddings.weight
     assert torch.equal(emb, start.embeddings.word_embeddings.weight)
-    assert m.clm_head.decoder.weight is emb and m.generator.cls.predictions.decoder.weight is emb
+    assert m.clm_head.weight is emb and m.generator.cls.predictions.decoder.weight is emb
     assert m.generator.bert.embeddings is m.main.embeddings

@@ -89,7 +89,14 @@ def test_lamb_matches_the_formula_in_float64():
 def test_deepspeed_lamb_on_cpu_is_a_clear_error():
     import pytest
 
-    from pretrain.config_io import ConfigError
+    from core.config_io import ConfigError
 
     with pytest.raises(ConfigError, match="optimizer.impl=torch"):
         build_optimizer(_model(), OptimizerConfig(name="lamb", impl="deepspeed"))
+
+
+def test_warmup_stable_decay():
+    cfg = ScheduleConfig(warmup_steps=10, decay="wsd", decay_fraction=0.2, min_lr_ratio=0.0)
+    assert lr_factor(0, 100, cfg) == 0.1 and lr_factor(9, 100, cfg) == 1.0
+    assert [lr_factor(s, 100, cfg) for s in (10, 50, 79)] == [1.0, 1.0, 1.0]  # stable until the last 20 steps
+    assert abs(lr_factor(90, 100, cfg) - 0.5) < 1e-12 and lr_factor(100, 100, cfg) == 0.0

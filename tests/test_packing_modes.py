@@ -5,7 +5,7 @@ import re
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.sentences import split_sentences
-from pretrain.config_io import load_config
+from core.config_io import load_config
 
 
 def _squash(text: str) -> str:

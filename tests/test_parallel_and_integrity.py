@@ -8,7 +8,7 @@ from data_pipeline.cli import main as data_main
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import CorruptShardError, verify_split
-from pretrain.config_io import load_config
+from core.config_io import load_config
 
 from conftest import TINY_MODEL, run_cli
 

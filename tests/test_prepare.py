@@ -9,7 +9,7 @@ from data_pipeline.cli import main as prepare_main
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.raw_text import DataInputError
-from pretrain.config_io import load_config
+from core.config_io import load_config
 
 from conftest import kjv_chapters
 

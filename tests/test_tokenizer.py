@@ -6,7 +6,7 @@ from pathlib import Path
 from data_pipeline.config import PrepareConfig, TokenizerConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.tokenizer import load_tokenizer, save_tokenizer, train_sentencepiece, word_start_table
-from pretrain.config_io import load_config
+from core.config_io import load_config
 
 from conftest import kjv_chapters
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 from typing import Optional
 
-from transformers import BertConfig
+from transformers import PretrainedConfig
 
 from model.objectives.base import Objective, ObjectiveConfig
 
@@ -18,13 +18,22 @@ REGISTRY = {
 }
 
 
-def build_objective(cfg: ObjectiveConfig, config: BertConfig, init_from: Optional[str] = None) -> Objective:
-    """Instantiate the objective named in the config around a BERT of this shape (weights from init_from if set)."""
-    if cfg.name not in REGISTRY:
-        raise ValueError(f"unknown objective {cfg.name!r}; known: {sorted(REGISTRY)}")
-    module_name, cls_name = REGISTRY[cfg.name].split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls(config, getattr(cfg, cfg.name), init_from)
+def objective_class(name: str) -> type[Objective]:
+    """The class registered under this objective name."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown objective {name!r}; known: {sorted(REGISTRY)}")
+    module_name, cls_name = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)
 
 
-__all__ = ["Objective", "ObjectiveConfig", "build_objective", "REGISTRY"]
+def check_objective_config(cfg: ObjectiveConfig, model, masking) -> None:
+    """The named objective's own checks of its options against the model and masking configs (ConfigError)."""
+    objective_class(cfg.name).check_config(getattr(cfg, cfg.name), model, masking)
+
+
+def build_objective(cfg: ObjectiveConfig, config: PretrainedConfig, init_from: Optional[str] = None) -> Objective:
+    """Instantiate the objective named in the config around an encoder of this config (weights from init_from if set)."""
+    return objective_class(cfg.name)(config, getattr(cfg, cfg.name), init_from)
+
+
+__all__ = ["Objective", "ObjectiveConfig", "build_objective", "check_objective_config", "objective_class", "REGISTRY"]

@@ -27,6 +27,8 @@ class ElectraOptions:
     generator_width: float = 0.25
     generator_depth: float = 1.0
     rtd_weight: float = 50.0
+    # mlm: replacements sampled from the generator; uniform: drawn uniformly (a plumbing check).
+    generator: Literal["mlm", "uniform"] = "mlm"
 
 
 @dataclass
@@ -40,6 +42,8 @@ class CocoLMOptions:
     clm_form: Literal["weighted", "paper"] = "weighted"
     scl_temperature: float = 1.0
     scl_weight: float = 1.0
+    # mlm: replacements sampled from the generator; uniform: drawn uniformly (a plumbing check).
+    generator: Literal["mlm", "uniform"] = "mlm"
 
 
 @dataclass
@@ -85,6 +89,10 @@ class Objective(nn.Module):
     """
 
     weights: dict[str, float] = {}
+
+    @classmethod
+    def check_config(cls, options, model, masking) -> None:
+        """Raise ConfigError when these options cannot work with the model (EncoderConfig) and masking configs."""
 
     def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:  # pragma: no cover
         """(loss terms with graph, extra detached metrics) for one micro-batch."""

@@ -1,34 +1,42 @@
 """COCO-LM: corrective language modelling and sequence contrastive learning on generator-corrupted text.
 
 Meng et al. 2021, "COCO-LM: Correcting and Contrasting Text Sequences for Language Model
-Pretraining" (microsoft/COCO-LM; the pre-training code was not released, the authors posted the
-loss skeleton in the repository's issues). An auxiliary MLM generator (main width, fewer layers,
-sharing word/position embeddings and the embedding LayerNorm, tied MLM head) fills 15% [MASK]ed
-positions by sampling its softmax in a no-grad, dropout-free pass. The main Transformer reads
-the corrupted text and learns:
-- copy: Linear(H, 1) at every non-pad token, BCE against "unchanged"; weight 50;
-- corrective LM at the masked positions: a tied head with bias; cross-entropy weighted by the
-  stop-gradient probability of "replaced", p_copy(0) (the skeleton), or the paper's
-  -log(1[x = orig] sg(p1) + sg(p0) softmax(x_orig));
-- SCL: [CLS] through dense → GELU → LayerNorm, cosine similarity / τ between the corrupted
+Pretraining" (microsoft/COCO-LM: the model code with every head was released, the pre-training
+loss was not; the authors posted the loss skeleton in the repository's issues). An auxiliary MLM
+generator (main width, fewer layers: 2 small, 4 base; sharing the embedding module, tied MLM
+head) fills 15% [MASK]ed positions by sampling its softmax (multinomial, no temperature) in a
+no-grad, dropout-free pass. The main Transformer reads the corrupted text and learns:
+- copy: Linear(H, 1) at every non-pad token, BCE against "unchanged" (a sample equal to the
+  original counts as unchanged); weight 50;
+- corrective LM at the masked positions: as the released model code, the tied embedding matrix
+  plus a bias, with no transform; cross-entropy weighted by the stop-gradient probability of
+  "replaced", p_copy(0) (the skeleton), or the paper's -log(1[x = orig] sg(p1) + sg(p0) softmax(x_orig));
+- SCL: [CLS] through dense → GELU → LayerNorm, cosine similarity / τ (1) between the corrupted
   sequence and a contiguous crop of the original; both views of the batch are the pool (2B − 2
   negatives per anchor); symmetric, averaged.
-Total = generator MLM + 50 · copy + CLM + SCL. T5-style relative position buckets are not
-implemented: they would make the export need custom code.
+Total = generator MLM + 50 · copy + CLM + SCL.
+
+Where this differs from the paper: positions are transformers' own (the paper uses T5-style
+relative buckets, 32 bins up to distance 128, which would make the export need custom code);
+pretrain/configs/coco_lm.yaml uses BERT's `relative_key_query` instead, the closest native
+option. Masking picks exactly round(0.15 · n) tokens (`masking.count=exact`) in that config.
+`generator: uniform` draws replacements uniformly instead of from the generator (a plumbing check).
 """
 from __future__ import annotations
 
-import copy as copy_module
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertForMaskedLM, BertModel, PreTrainedModel
-from transformers.models.bert.modeling_bert import BertLMPredictionHead
+from transformers import PretrainedConfig, PreTrainedModel
 
+from core.config_io import ConfigError
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
+from model.backbones import backbone_for
+from model.diagnostics import detection_metrics, retrieval_accuracy
+from model.objectives.electra import sample_replacements
 from model.objectives.base import Batch, CocoLMOptions, Objective
 from model.objectives.mlm import at_least_fp32, sparse_mlm
 
@@ -61,88 +69,105 @@ def corrective_lm_loss(clm_logits: torch.Tensor, targets: torch.Tensor, copy_log
     return -torch.logaddexp(log_p1, F.logsigmoid(-copy_logits) + log_probs).mean()
 
 
-def scl_loss(z_corrupted: torch.Tensor, z_crop: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Symmetric InfoNCE over the 2B [CLS] vectors: each view's positive is the other view of its sequence."""
+def scl_logits(z_corrupted: torch.Tensor, z_crop: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine similarities / τ among the 2B [CLS] vectors (self excluded), and each row's positive column."""
     z = F.normalize(at_least_fp32(torch.cat([z_corrupted, z_crop])), dim=-1)
     n = z_corrupted.shape[0]
     sims = z @ z.T / temperature
     sims = sims.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), float("-inf"))
     targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
-    return F.cross_entropy(sims, targets)
+    return sims, targets
+
+
+def scl_loss(z_corrupted: torch.Tensor, z_crop: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Symmetric InfoNCE over the 2B [CLS] vectors: each view's positive is the other view of its sequence."""
+    return F.cross_entropy(*scl_logits(z_corrupted, z_crop, temperature))
 
 
 class CocoLM(Objective):
     """Main Transformer with copy, corrective-LM and SCL heads, plus the auxiliary generator."""
 
-    def __init__(self, config: BertConfig, options: CocoLMOptions, init_from: Optional[str] = None) -> None:
+    def __init__(self, config: PretrainedConfig, options: CocoLMOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
+        self.backbone = backbone_for(config)
         self.options = options
-        self.main = BertModel.from_pretrained(init_from, config=config, add_pooling_layer=False) if init_from \
-            else BertModel(config, add_pooling_layer=False)
-        gen_config = copy_module.deepcopy(config)
-        gen_config.num_hidden_layers = options.generator_layers
-        self.generator = BertForMaskedLM(gen_config)
-        self.generator.bert.embeddings = self.main.embeddings
-        word_embeddings = self.main.embeddings.word_embeddings.weight
-        self.generator.cls.predictions.decoder.weight = word_embeddings
-        self.clm_head = BertLMPredictionHead(config)
+        self.main = self.backbone.encoder(config, init_from)
+        self.generator = self.backbone.generator(config, 1.0, options.generator_layers, self.main)
+        # The authors' released model code: the CLM head is the tied embedding matrix plus a zero-initialised
+        # bias, with no transform; the copy head a Linear(H, 1); the SCL head dense -> GELU -> LayerNorm.
+        self.clm_head = nn.Linear(config.hidden_size, config.vocab_size)
         self.copy_head = nn.Linear(config.hidden_size, 1)
         self.scl_head = nn.Sequential(nn.Linear(config.hidden_size, config.hidden_size), nn.GELU(),
-                                      nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps))
-        for head in (self.clm_head, self.copy_head, self.scl_head):
-            head.apply(self.main._init_weights)  # BERT's normal(0.02), not PyTorch's default
-        # Tie only after initialising: the decoder must not re-initialise the shared embeddings.
-        self.clm_head.decoder.weight = word_embeddings
+                                      nn.LayerNorm(config.hidden_size, eps=getattr(config, "layer_norm_eps", 1e-12)))
+        for head in (self.copy_head, self.scl_head):
+            for module in head.modules():
+                if isinstance(module, nn.Linear):  # BERT's normal(0.02), not PyTorch's default
+                    nn.init.normal_(module.weight, std=config.initializer_range)
+                    nn.init.zeros_(module.bias)
+        nn.init.zeros_(self.clm_head.bias)
+        self.clm_head.weight = self.backbone.word_embeddings(self.main).weight
         self.weights = {"copy_loss": options.copy_weight, "scl_loss": options.scl_weight}
 
+    @classmethod
+    def check_config(cls, options: CocoLMOptions, model, masking) -> None:
+        """COCO-LM corrupts all-[MASK] input and contrasts a crop view."""
+        if masking.strategy != "coco" or masking.crop_ratio is None:
+            raise ConfigError("objective coco_lm corrupts all-[MASK] input and contrasts a crop: set masking.strategy=coco "
+                              "and masking.crop_ratio=0.9")
+
     def _sample(self, masked: torch.Tensor, attention: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
-        """Replacements from the generator's softmax, in a no-grad pass with dropout off."""
+        """Replacements from the generator's softmax (no-grad pass, dropout off), or uniform draws."""
         was_training = self.generator.training
         self.generator.eval()
         with torch.no_grad():
-            hidden = self.generator.bert(masked, attention_mask=attention).last_hidden_state
-            logits = self.generator.cls.predictions(hidden[picked]).float()
-            sampled = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(1)
+            hidden = self.backbone.encode(self.backbone.base(self.generator), masked, attention).last_hidden_state
+            sampled = sample_replacements(self.backbone.mlm_head(self.generator)(hidden[picked]), self.options.generator)
         self.generator.train(was_training)
         return sampled
 
     def terms(self, batch: Batch):
-        """Generator MLM, copy, corrective LM and SCL losses."""
+        """Generator MLM, copy, corrective LM and SCL losses, with copy and SCL retrieval diagnostics."""
         if "crop_input_ids" not in batch:
             raise ValueError("objective coco_lm needs the crop view: set masking.crop_ratio (0.9 in the paper)")
         masked, attention, original = batch["input_ids"], batch["attention_mask"], batch["original_input_ids"]
         labels = batch["labels"]
         picked = labels != IGNORE_INDEX
-        gen_hidden = self.generator.bert(masked, attention_mask=attention).last_hidden_state
-        gen_loss, gen_accuracy = sparse_mlm(gen_hidden, labels, self.generator.cls.predictions)
+        bb = self.backbone
+        gen_hidden = bb.encode(bb.base(self.generator), masked, attention).last_hidden_state
+        gen_loss, gen_accuracy = sparse_mlm(gen_hidden, labels, bb.mlm_head(self.generator))
         corrupted = original.clone()
         corrupted[picked] = self._sample(masked, attention, picked)
         unchanged = corrupted == original
-        hidden = self.main(corrupted, attention_mask=attention).last_hidden_state
+        hidden = bb.encode(self.main, corrupted, attention).last_hidden_state
         copy_logits = self.copy_head(hidden).squeeze(-1)
-        copy = copy_loss(copy_logits, unchanged, attention.bool())
+        valid = attention.bool()
+        copy = copy_loss(copy_logits, unchanged, valid)
         clm_logits = self.clm_head(hidden[picked])
         clm = corrective_lm_loss(clm_logits, original[picked], copy_logits[picked], corrupted[picked], self.options.clm_form)
-        crop_hidden = self.main(batch["crop_input_ids"], attention_mask=batch["crop_attention_mask"]).last_hidden_state
-        scl = scl_loss(self.scl_head(hidden[:, 0]), self.scl_head(crop_hidden[:, 0]), self.options.scl_temperature)
+        crop_hidden = bb.encode(self.main, batch["crop_input_ids"], batch["crop_attention_mask"]).last_hidden_state
+        sims, targets = scl_logits(self.scl_head(hidden[:, 0]), self.scl_head(crop_hidden[:, 0]), self.options.scl_temperature)
+        scl = F.cross_entropy(sims, targets)
         with torch.no_grad():
             metrics = {
                 "generator_accuracy": gen_accuracy,
-                "replaced_fraction": (~unchanged)[attention.bool()].float().mean(),
-                "copy_accuracy": ((copy_logits > 0) == unchanged)[attention.bool()].float().mean(),
+                "replaced_fraction": (~unchanged)[valid].float().mean(),
+                "copy_accuracy": ((copy_logits > 0) == unchanged)[valid].float().mean(),
                 "clm_accuracy": (clm_logits.argmax(-1) == original[picked]).float().mean() if picked.any() else gen_loss.new_zeros(()),
+                # The replaced class scored by -copy_logit, so the AUC reads like ELECTRA's RTD AUC.
+                **detection_metrics(-copy_logits.detach(), ~unchanged, valid, "copy"),
+                "scl_retrieval_accuracy": retrieval_accuracy(sims.detach(), targets),
             }
         return {"generator_mlm_loss": gen_loss, "copy_loss": copy, "clm_loss": clm, "scl_loss": scl}, metrics
 
     def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
         """Generator trained + its no-grad sampling pass + main trained on the corrupted text and on the crop."""
         g, m = self.generator.config, self.main.config
-        gen = flops.encoder_forward(g, seq_len) + mask_prob * flops.mlm_head_forward(g)
+        gen = flops.mlm_forward(g, seq_len, mask_prob)
         ratio = 0.9  # COCO-LM's crop; the exact ratio only moves this estimate slightly
-        main = flops.encoder_forward(m, seq_len) + mask_prob * flops.mlm_head_forward(m)
+        main = flops.mlm_forward(m, seq_len, mask_prob)
         crop = ratio * flops.encoder_forward(m, int(ratio * seq_len))
         return flops.TRAIN * (gen + main + crop) + gen
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
-        """The main Transformer as a BertModel (AutoModel), and the generator as a masked LM."""
+        """The main Transformer as the backbone's bare encoder (AutoModel), and the generator as a masked LM."""
         return {"": self.main, "generator": self.generator}

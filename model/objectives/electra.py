@@ -3,8 +3,20 @@
 Clark et al. 2020, "ELECTRA: Pre-training Text Encoders as Discriminators Rather Than
 Generators" (google-research/electra, run_pretraining.py): the generator is a smaller
 Transformer sharing the token and position embeddings with the discriminator; replacements are
-sampled from its softmax without gradient; the discriminator's binary loss runs over all non-pad
-tokens with weight λ = 50; total = generator MLM + λ · RTD.
+sampled from its softmax without gradient (a sample equal to the original counts as not
+replaced); the discriminator's binary loss runs over all non-pad tokens with weight λ = 50;
+total = generator MLM + λ · RTD.
+
+Paper defaults and where this differs:
+- generator input: of the picked tokens 85% become [MASK] and 15% stay (no random tokens): set
+  `masking.mask_token_fraction=0.85 masking.random_token_fraction=0` (pretrain/configs/electra.yaml);
+  ELECTRA picks exactly round(0.15 · n) positions: `masking.count=exact`;
+- Adam β2 = 0.999 and ε = 1e-6 (configs/electra.yaml; the project's optimizer default is β2 0.98);
+- the discriminator is transformers' ElectraForPreTraining on BERT and ModernBertForTokenClassification
+  (one label) on ModernBERT; a ModernBERT generator narrower than the discriminator cannot share
+  the embeddings (no projection in ModernBERT) and keeps its own;
+- `generator: uniform` replaces the picked tokens with uniform draws from the vocabulary instead
+  of the generator's samples: a plumbing check that the discriminator can learn at all.
 """
 from __future__ import annotations
 
@@ -12,10 +24,12 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from transformers import BertConfig, ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
+from model.backbones import backbone_for
+from model.diagnostics import detection_metrics
 from model.objectives.base import Batch, ElectraOptions, Objective
 from model.objectives.mlm import at_least_fp32, sparse_mlm
 
@@ -27,83 +41,54 @@ def rtd_loss(logits: torch.Tensor, replaced: torch.Tensor, mask: torch.Tensor) -
     return (losses * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def _electra_configs(config: BertConfig, options: ElectraOptions) -> tuple[ElectraConfig, ElectraConfig]:
-    common = dict(vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings,
-                  type_vocab_size=config.type_vocab_size, pad_token_id=config.pad_token_id,
-                  hidden_dropout_prob=config.hidden_dropout_prob,
-                  attention_probs_dropout_prob=config.attention_probs_dropout_prob, embedding_size=config.hidden_size)
-    disc = ElectraConfig(hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
-                         num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size, **common)
-    heads = max(1, round(config.num_attention_heads * options.generator_width))
-    width = max(heads, round(config.hidden_size * options.generator_width / heads) * heads)
-    gen = ElectraConfig(hidden_size=width, num_hidden_layers=max(1, round(config.num_hidden_layers * options.generator_depth)),
-                        num_attention_heads=heads, intermediate_size=max(1, round(config.intermediate_size * options.generator_width)),
-                        **common)
-    for c in (disc, gen):
-        c._attn_implementation = "eager"  # transformers 4.57 has no SDPA path for ELECTRA
-    return disc, gen
-
-
-def warm_start_from_bert(discriminator: ElectraForPreTraining, init_from: str) -> None:
-    """Load a BERT folder's encoder into the discriminator: ELECTRA's encoder has BERT's layout and parameter names.
-
-    The generator (and the discriminator's RTD head) start fresh; the generator shares the loaded embeddings.
-    """
-    from transformers import BertModel
-
-    bert = BertModel.from_pretrained(init_from, add_pooling_layer=False)
-    missing, unexpected = discriminator.electra.load_state_dict(bert.state_dict(), strict=False)
-    missing = [k for k in missing if not k.endswith("position_ids")]
-    if missing or unexpected:
-        raise ValueError(f"model.init_from '{init_from}' does not fit ELECTRA's encoder: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+def sample_replacements(logits: torch.Tensor, mode: str) -> torch.Tensor:
+    """Tokens for the picked positions: a draw from the generator's softmax, or uniform over the vocabulary."""
+    if mode == "uniform":
+        return torch.randint(logits.shape[-1], (logits.shape[0],), device=logits.device)
+    return torch.multinomial(torch.softmax(logits.float(), -1), 1).squeeze(1)
 
 
 class Electra(Objective):
-    """Generator (ElectraForMaskedLM) and discriminator (ElectraForPreTraining) with shared embeddings."""
+    """Generator and discriminator of the config's backbone, with shared embeddings where the widths allow."""
 
-    def __init__(self, config: BertConfig, options: ElectraOptions, init_from: Optional[str] = None) -> None:
+    def __init__(self, config: PretrainedConfig, options: ElectraOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
-        disc_cfg, gen_cfg = _electra_configs(config, options)
-        self.discriminator = ElectraForPreTraining(disc_cfg)
-        self.generator = ElectraForMaskedLM(gen_cfg)
-        if init_from:
-            warm_start_from_bert(self.discriminator, init_from)
-        # One embedding module for both networks (token, position, type, LayerNorm), and the
-        # generator's output projection tied to the shared token embeddings.
-        self.generator.electra.embeddings = self.discriminator.electra.embeddings
-        self.generator.generator_lm_head.weight = self.discriminator.electra.embeddings.word_embeddings.weight
+        self.backbone = backbone_for(config)
+        self.options = options
+        self.discriminator = self.backbone.discriminator(config, init_from)
+        layers = max(1, round(config.num_hidden_layers * options.generator_depth))
+        self.generator = self.backbone.generator(config, options.generator_width, layers, self.discriminator)
         self.weights = {"rtd_loss": options.rtd_weight}
 
-    def _generator_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.generator.generator_lm_head(self.generator.generator_predictions(hidden))
-
     def terms(self, batch: Batch):
-        """Generator MLM and discriminator RTD losses."""
+        """Generator MLM and discriminator RTD losses, with the RTD head's detection diagnostics."""
         attention = batch["attention_mask"]
         types = batch.get("token_type_ids")
-        gen_hidden = self.generator.electra(batch["input_ids"], attention_mask=attention, token_type_ids=types).last_hidden_state
-        gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], self._generator_head)
+        gen_base = self.backbone.base(self.generator)
+        gen_head = self.backbone.mlm_head(self.generator)
+        gen_hidden = self.backbone.encode(gen_base, batch["input_ids"], attention, types).last_hidden_state
+        gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], gen_head)
         picked = batch["labels"] != IGNORE_INDEX
         with torch.no_grad():
-            logits = self._generator_head(gen_hidden[picked].detach()).float()
-            sampled = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(1)
+            sampled = sample_replacements(gen_head(gen_hidden[picked].detach()), self.options.generator)
         corrupted = batch["input_ids"].clone()
         corrupted[picked] = sampled
         replaced = corrupted != batch["original_input_ids"]
-        disc_logits = self.discriminator(corrupted, attention_mask=attention, token_type_ids=types).logits
-        rtd = rtd_loss(disc_logits, replaced, attention.bool())
+        disc_logits = self.backbone.rtd_logits(self.discriminator, corrupted, attention, types)
+        valid = attention.bool()
+        rtd = rtd_loss(disc_logits, replaced, valid)
         with torch.no_grad():
-            rtd_accuracy = ((disc_logits > 0) == replaced)[attention.bool()].float().mean()
-        return {"generator_mlm_loss": gen_loss, "rtd_loss": rtd}, {
-            "generator_accuracy": gen_accuracy, "rtd_accuracy": rtd_accuracy, "replaced_fraction": replaced[attention.bool()].float().mean()}
+            metrics = {"generator_accuracy": gen_accuracy,
+                       "rtd_accuracy": ((disc_logits > 0) == replaced)[valid].float().mean(),
+                       "replaced_fraction": replaced[valid].float().mean(),
+                       **detection_metrics(disc_logits, replaced, valid, "rtd")}
+        return {"generator_mlm_loss": gen_loss, "rtd_loss": rtd}, metrics
 
     def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
         """Generator (trained, MLM head at masked tokens) + discriminator (trained, 1-unit head at every token)."""
-        g, d = self.generator.config, self.discriminator.config
-        gen = flops.encoder_forward(g, seq_len) + mask_prob * flops.mlm_head_forward(g, g.embedding_size)
+        d = self.discriminator.config
         disc = flops.encoder_forward(d, seq_len) + 2 * d.hidden_size * (d.hidden_size + 1)
-        return flops.TRAIN * (gen + disc)
+        return flops.TRAIN * (flops.mlm_forward(self.generator.config, seq_len, mask_prob) + disc)
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
         """The discriminator with its RTD head (AutoModel loads its encoder), and the generator."""

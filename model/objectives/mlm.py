@@ -11,10 +11,12 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from transformers import BertConfig, BertForMaskedLM, BertForPreTraining, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
+from core.config_io import ConfigError
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
+from model.backbones import backbone_for
 from model.objectives.base import Batch, MLMOptions, Objective
 
 
@@ -51,44 +53,41 @@ def sparse_mlm(hidden: torch.Tensor, labels: torch.Tensor, head) -> tuple[torch.
     return loss, accuracy
 
 
-def load_or_build(cls, config: BertConfig, init_from: Optional[str]):
-    """A transformers model of class `cls`, from an HF folder (missing heads are created, decoder tied) or fresh."""
-    if init_from:
-        return cls.from_pretrained(init_from, config=config)
-    return cls(config)
-
-
 class MaskedLM(Objective):
-    """BERT encoder + tied MLM head (+ NSP/SOP head); the vocabulary projection runs only at picked positions."""
+    """Encoder + tied MLM head (+ NSP/SOP head on BERT); the vocabulary projection runs only at picked positions."""
 
-    def __init__(self, config: BertConfig, options: MLMOptions, init_from: Optional[str] = None) -> None:
+    def __init__(self, config: PretrainedConfig, options: MLMOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
+        self.backbone = backbone_for(config)
         self.pair_head = options.pair_head
-        cls = BertForMaskedLM if self.pair_head == "none" else BertForPreTraining
-        self.model = load_or_build(cls, config, init_from)
+        self.model = self.backbone.masked_lm(config, init_from, pair_head=self.pair_head != "none")
+
+    @classmethod
+    def check_config(cls, options: MLMOptions, model, masking) -> None:
+        """Sentence-pair heads need BERT's token types and pooler."""
+        if options.pair_head != "none" and model.architecture != "bert":
+            raise ConfigError(f"objective.mlm.pair_head={options.pair_head} needs model.architecture=bert "
+                              f"({model.architecture} has no token types or pooler)")
 
     def terms(self, batch: Batch):
         """MLM loss (+ NSP/SOP loss) and accuracies."""
-        out = self.model.bert(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch.get("token_type_ids")
-        )
-        head = self.model.cls.predictions
-        loss, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], head)
+        out = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], batch["attention_mask"],
+                                   batch.get("token_type_ids"))
+        loss, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], self.backbone.mlm_head(self.model))
         terms = {"mlm_loss": loss}
         metrics = {"mlm_accuracy": accuracy}
         if self.pair_head != "none":
             if "pair_label" not in batch:
                 raise ValueError(f"objective.mlm.pair_head={self.pair_head} needs data prepared with packing=pairs")
-            logits = self.model.cls.seq_relationship(out.pooler_output)
+            logits = self.backbone.pair_logits(self.model, out.pooler_output)
             terms[f"{self.pair_head}_loss"] = pair_loss(logits, batch["pair_label"])
             metrics[f"{self.pair_head}_accuracy"] = (logits.argmax(-1) == batch["pair_label"]).float().mean()
         return terms, metrics
 
     def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
         """Encoder + sparse MLM head, trained."""
-        c = self.model.config
-        return flops.TRAIN * (flops.encoder_forward(c, seq_len) + mask_prob * flops.mlm_head_forward(c))
+        return flops.TRAIN * flops.mlm_forward(self.model.config, seq_len, mask_prob)
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
-        """BertForMaskedLM (or BertForPreTraining, which AutoModelForMaskedLM also loads)."""
+        """The masked LM (BertForPreTraining with a pair head, which AutoModelForMaskedLM also loads)."""
         return {"": self.model}

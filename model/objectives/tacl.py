@@ -14,16 +14,21 @@ the anchor's class are removed from the denominator).
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from transformers import BertConfig, BertForMaskedLM, BertForPreTraining, BertModel, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
+from core.config_io import ConfigError
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
+from model.backbones import backbone_for
+from model.diagnostics import token_self_similarity
 from model.objectives.base import Batch, Objective, TaCLOptions
-from model.objectives.mlm import at_least_fp32, load_or_build, pair_loss, sparse_mlm
+from model.objectives.mlm import at_least_fp32, pair_loss, sparse_mlm
 
 
 def _contrast(logits: torch.Tensor, key_mask: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
@@ -70,19 +75,29 @@ def supervised_tacl_loss(student: torch.Tensor, teacher: torch.Tensor, token_lab
 
 
 class TaCL(Objective):
-    """Student (BertForMaskedLM, or BertForPreTraining with NSP) and a frozen BertModel teacher."""
+    """Student (the backbone's masked LM, with NSP on BERT) and a frozen copy of its encoder as the teacher."""
 
-    def __init__(self, config: BertConfig, options: TaCLOptions, init_from: Optional[str] = None) -> None:
+    def __init__(self, config: PretrainedConfig, options: TaCLOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
+        self.backbone = backbone_for(config)
         self.options = options
-        self.student = load_or_build(BertForPreTraining if options.pair_head == "nsp" else BertForMaskedLM, config, init_from)
-        self.teacher = BertModel(config, add_pooling_layer=False)
-        missing, unexpected = self.teacher.load_state_dict(self.student.bert.state_dict(), strict=False)
+        self.student = self.backbone.masked_lm(config, init_from, pair_head=options.pair_head == "nsp")
+        self.teacher = self.backbone.encoder(config)
+        missing, unexpected = self.teacher.load_state_dict(self.backbone.base(self.student).state_dict(), strict=False)
         if missing or any(not k.startswith("pooler.") for k in unexpected):
             raise RuntimeError(f"teacher does not match the student's encoder: missing {missing}, unexpected {unexpected}")
         self.teacher.requires_grad_(False)
         self.teacher.eval()
         self.weights = {"tacl_loss": options.weight}
+
+    @classmethod
+    def check_config(cls, options: TaCLOptions, model, masking) -> None:
+        """TaCL continues a pre-trained checkpoint (the teacher); NSP needs BERT."""
+        if not model.init_from:
+            raise ConfigError("objective tacl continues pre-training: set model.init_from to the teacher's HF folder")
+        if options.pair_head == "nsp" and model.architecture != "bert" and \
+                json.loads((Path(model.init_from) / "config.json").read_text()).get("model_type") != "bert":
+            raise ConfigError("objective.tacl.pair_head=nsp needs a BERT teacher (ModernBERT has no NSP head)")
 
     def train(self, mode: bool = True) -> "TaCL":
         """The teacher stays in eval mode (no dropout) whatever the trainer asks of the rest."""
@@ -91,29 +106,31 @@ class TaCL(Objective):
         return self
 
     def terms(self, batch: Batch):
-        """MLM (+ NSP) and the token-level contrastive loss."""
+        """MLM (+ NSP) and the token-level contrastive loss; the student's self-similarity when evaluating."""
         attention, types = batch["attention_mask"], batch.get("token_type_ids")
-        out = self.student.bert(batch["input_ids"], attention_mask=attention, token_type_ids=types)
-        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], self.student.cls.predictions)
+        bb = self.backbone
+        out = bb.encode(bb.base(self.student), batch["input_ids"], attention, types)
+        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.student))
         with torch.no_grad():
-            teacher_hidden = self.teacher(batch["original_input_ids"], attention_mask=attention, token_type_ids=types).last_hidden_state
+            teacher_hidden = bb.encode(self.teacher, batch["original_input_ids"], attention, types).last_hidden_state
         anchors = batch["labels"] != IGNORE_INDEX
         tacl = tacl_loss(out.last_hidden_state, teacher_hidden, anchors, attention, self.options.temperature,
                          self.options.include_padding, self.options.cross_sequence_negatives)
         terms = {"mlm_loss": mlm, "tacl_loss": tacl}
         metrics = {"mlm_accuracy": accuracy}
+        if not self.training:  # an L×L product per sequence: a validation diagnostic, not a training cost
+            metrics["self_similarity"] = token_self_similarity(out.last_hidden_state, attention)
         if self.options.pair_head == "nsp":
             if "pair_label" not in batch:
                 raise ValueError("objective.tacl.pair_head=nsp needs data prepared with packing=pairs")
-            terms["nsp_loss"] = pair_loss(self.student.cls.seq_relationship(out.pooler_output), batch["pair_label"])
+            terms["nsp_loss"] = pair_loss(bb.pair_logits(self.student, out.pooler_output), batch["pair_label"])
         return terms, metrics
 
     def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
         """Student trained + teacher forward (no grad) + the anchors' similarity rows over the sequence."""
         c = self.student.config
-        student = flops.encoder_forward(c, seq_len) + mask_prob * flops.mlm_head_forward(c)
         contrast = mask_prob * 2 * seq_len * c.hidden_size
-        return flops.TRAIN * (student + contrast) + flops.encoder_forward(c, seq_len)
+        return flops.TRAIN * (flops.mlm_forward(c, seq_len, mask_prob) + contrast) + flops.encoder_forward(c, seq_len)
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
         """The student as a masked LM (fill-mask works); the teacher is the starting checkpoint, not exported."""

@@ -15,12 +15,14 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from transformers import BertConfig, BertForMaskedLM, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
+from model.backbones import backbone_for
+from model.diagnostics import retrieval_accuracy
 from model.objectives.base import Batch, Objective, TACOOptions
-from model.objectives.mlm import at_least_fp32, load_or_build, sparse_mlm
+from model.objectives.mlm import at_least_fp32, sparse_mlm
 
 OFFSETS = torch.tensor([-2, -1, 1, 2])
 
@@ -61,47 +63,60 @@ def sample_taco_indices(valid: torch.Tensor, anchors: torch.Tensor, negatives: i
     return rows * length + cols, rows * length + pos, neg
 
 
-def tc_loss(g: torch.Tensor, anchor_idx: torch.Tensor, pos_idx: torch.Tensor, neg_idx: torch.Tensor,
-            temperature: float = 0.07) -> torch.Tensor:
-    """Mean InfoNCE: cos(g_a, g_p)/τ against cos(g_a, g_n)/τ, with detached keys. g [B, L, H] or [B*L, H]."""
-    if anchor_idx.numel() == 0:
-        return g.sum() * 0.0
+def tc_logits(g: torch.Tensor, anchor_idx: torch.Tensor, pos_idx: torch.Tensor, neg_idx: torch.Tensor,
+              temperature: float = 0.07) -> torch.Tensor:
+    """[N, 1 + K] logits: cos(g_a, g_p)/τ first, then cos(g_a, g_n)/τ, with detached keys. g [B, L, H] or [B*L, H]."""
     flat = at_least_fp32(g.reshape(-1, g.shape[-1]))
     a = F.normalize(flat[anchor_idx], dim=-1)
     keys = F.normalize(flat.detach(), dim=-1)
     p = keys[pos_idx]
     n = keys[neg_idx]
-    logits = torch.cat([(a * p).sum(-1, keepdim=True), torch.einsum("nh,nkh->nk", a, n)], dim=1) / temperature
-    return F.cross_entropy(logits, torch.zeros(len(a), dtype=torch.long, device=a.device))
+    return torch.cat([(a * p).sum(-1, keepdim=True), torch.einsum("nh,nkh->nk", a, n)], dim=1) / temperature
+
+
+def tc_loss(g: torch.Tensor, anchor_idx: torch.Tensor, pos_idx: torch.Tensor, neg_idx: torch.Tensor,
+            temperature: float = 0.07) -> torch.Tensor:
+    """Mean InfoNCE over the anchors of `tc_logits` (the positive is column 0)."""
+    if anchor_idx.numel() == 0:
+        return g.sum() * 0.0
+    logits = tc_logits(g, anchor_idx, pos_idx, neg_idx, temperature)
+    return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
 
 
 class TACO(Objective):
-    """BertForMaskedLM with the token-alignment contrastive loss on g = last hidden − embeddings."""
+    """The backbone's masked LM with the token-alignment contrastive loss on g = last hidden − embeddings."""
 
-    def __init__(self, config: BertConfig, options: TACOOptions, init_from: Optional[str] = None) -> None:
+    def __init__(self, config: PretrainedConfig, options: TACOOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
+        self.backbone = backbone_for(config)
         self.options = options
-        self.model = load_or_build(BertForMaskedLM, config, init_from)
+        self.model = self.backbone.masked_lm(config, init_from)
         self.weights = {"tc_loss": options.weight}
 
     def terms(self, batch: Batch):
-        """MLM and TC losses."""
+        """MLM and TC losses, and how often the positive outscores every negative."""
         attention = batch["attention_mask"]
-        out = self.model.bert(batch["input_ids"], attention_mask=attention, token_type_ids=batch.get("token_type_ids"),
-                              output_hidden_states=True)
-        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], self.model.cls.predictions)
+        bb = self.backbone
+        out = bb.encode(bb.base(self.model), batch["input_ids"], attention, batch.get("token_type_ids"), output_hidden_states=True)
+        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.model))
         g = out.last_hidden_state - out.hidden_states[0]
         anchors = (batch["labels"] != IGNORE_INDEX) if self.options.masked_only else attention.bool()
         with torch.no_grad():
             idx = sample_taco_indices(attention.bool(), anchors, self.options.negatives)
-        return {"mlm_loss": mlm, "tc_loss": tc_loss(g, *idx, temperature=self.options.temperature)}, {"mlm_accuracy": accuracy}
+        if idx[0].numel() == 0:
+            tc, retrieval = g.sum() * 0.0, g.new_zeros((), dtype=torch.float32)
+        else:
+            logits = tc_logits(g, *idx, temperature=self.options.temperature)
+            tc = F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
+            retrieval = retrieval_accuracy(logits.detach(), torch.zeros(len(logits), dtype=torch.long, device=logits.device))
+        return {"mlm_loss": mlm, "tc_loss": tc}, {"mlm_accuracy": accuracy, "tc_retrieval_accuracy": retrieval}
 
     def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
         """Encoder + MLM head trained, plus each anchor against 1 + K keys."""
         c = self.model.config
         contrast = 2 * (1 + self.options.negatives) * c.hidden_size
-        return flops.TRAIN * (flops.encoder_forward(c, seq_len) + mask_prob * flops.mlm_head_forward(c) + contrast)
+        return flops.TRAIN * (flops.mlm_forward(c, seq_len, mask_prob) + contrast)
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
-        """BertForMaskedLM."""
+        """The masked LM."""
         return {"": self.model}

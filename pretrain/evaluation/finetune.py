@@ -111,7 +111,8 @@ def _build_model(model_dir: str, spec: TaskSpec):
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
     cls = AutoModelForTokenClassification if spec.kind == "token" else AutoModelForSequenceClassification
-    kwargs = {"num_labels": spec.num_labels}
+    # A task head of its own size: a ModernBERT ELECTRA export carries a 1-label RTD classifier.
+    kwargs = {"num_labels": spec.num_labels, "ignore_mismatched_sizes": True}
     if spec.num_labels == 1:
         kwargs["problem_type"] = "regression"
     return cls.from_pretrained(model_dir, **kwargs)
@@ -241,7 +242,7 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
               "recipe": recipe_name, "hyperparameters": asdict(hp), "loss": loss, "seeds": runs, "summary": summary,
               "majority_baseline": majority_baseline(spec, train_enc, eval_enc)}
     if out:
-        from data_pipeline.atomic_files import write_text_atomic
+        from core.atomic_files import write_text_atomic
 
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(Path(out), json.dumps(result, indent=2) + "\n")

@@ -95,7 +95,7 @@ def write_report(results: dict[str, list[float]], out: str | Path, meta: dict) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from data_pipeline.atomic_files import save_figure_atomic, write_text_atomic
+    from core.atomic_files import save_figure_atomic, write_text_atomic
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

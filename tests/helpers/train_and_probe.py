@@ -16,7 +16,7 @@ import sys
 import torch
 
 from pretrain.config import RunConfig
-from pretrain.config_io import load_config
+from core.config_io import load_config
 from pretrain.run import build_trainer
 
 
@@ -40,8 +40,10 @@ def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
     probe = {"input_ids": input_ids, "attention_mask": attention_mask, "hidden": {}, "logits": {}}
     with torch.no_grad(), gather:
         for name, model in module.hf_models().items():
-            out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-            probe["hidden"][name] = out.hidden_states[-1].clone()
+            out = model(input_ids=input_ids, attention_mask=attention_mask)
+            # The encoder's own output (after ModernBERT's final norm), what AutoModel returns for the folder.
+            base = getattr(model, model.base_model_prefix, model)
+            probe["hidden"][name] = base(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.clone()
             logits = getattr(out, "logits", None)
             logits = getattr(out, "prediction_logits", None) if logits is None else logits  # BertForPreTraining
             if logits is not None:

@@ -1,0 +1,177 @@
+"""What makes a small encoder learn fastest per second of 2-core CPU (the cramming method), measured with the real trainer.
+
+    python -m data_pipeline prepare --config data_pipeline/configs/demo.yaml output_dir=runs/sweep/data
+    python benchmarks/recipe_sweep.py --group mlm --budget-s 240          # MLM: backbone, positions, lr, schedule, ...
+    python benchmarks/recipe_sweep.py --group rtd --budget-s 600          # ELECTRA / COCO-LM: generator size, λ, lr
+    python benchmarks/recipe_sweep.py --plot-only                          # redraw from benchmarks/results/
+
+Each point is one `torchrun --nproc_per_node 2 -m pretrain train` run on the bundled KJV data. A
+short timing probe (`train.stop_after`) measures seconds per step, then the run gets as many steps
+as fit in `--budget-s` of training time, so every schedule decays inside the same wall clock.
+Validation (every picked token shown as [MASK], data_pipeline.masking.evaluation_masking) runs
+at 8 points; the trainer logs its `train_seconds`, the MLM loss below the validation tokens'
+unigram entropy and, for the RTD objectives, the detection AUC and loss below the prior. Writes
+benchmarks/results/recipe_sweep_<group>.json and docs/results/recipe_sweep_<group>.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["--config", "pretrain/configs/demo_mlm.yaml", "train.log_every=25", "train.save_every=100000", "train.keep_last=1",
+        "train.eval_batches=8"]
+
+# name -> overrides on top of the demo config (hidden 128, 2 layers, batch 32, seq 128, lr 1e-3, linear decay).
+GROUPS = {
+    "mlm": {
+        "bert-abs": [],
+        "bert-relkq": ["model.position_embedding=relative_key_query"],
+        "modernbert": ["model.architecture=modernbert"],
+        "bert-relkq-bf16": ["model.position_embedding=relative_key_query", "train.precision=bf16"],
+        "bert-relkq-lr2e-3": ["model.position_embedding=relative_key_query", "optimizer.lr=2e-3"],
+        "bert-relkq-wsd": ["model.position_embedding=relative_key_query", "schedule.decay=wsd"],
+        "bert-relkq-mask30": ["model.position_embedding=relative_key_query", "masking.mask_prob=0.3"],
+        "bert-relkq-256x4-bf16": ["model.position_embedding=relative_key_query", "train.precision=bf16",
+                                  "model.hidden_size=256", "model.num_heads=4", "model.intermediate_size=1024",
+                                  "model.num_layers=4"],
+        "modernbert-lr2e-3": ["model.architecture=modernbert", "optimizer.lr=2e-3"],
+        "bert-relkq-batch64": ["model.position_embedding=relative_key_query", "train.global_batch_size=64",
+                               "train.micro_batch_size=32", "optimizer.lr=2e-3"],
+    },
+    "rtd": {
+        "electra-g1/4-l50": ["objective.name=electra", "model.position_embedding=relative_key_query"],
+        "electra-g1/2-l50": ["objective.name=electra", "model.position_embedding=relative_key_query",
+                             "objective.electra.generator_width=0.5"],
+        "electra-g1/4-l10": ["objective.name=electra", "model.position_embedding=relative_key_query",
+                             "objective.electra.rtd_weight=10"],
+        "coco-g1-relkq": ["objective.name=coco_lm", "masking.strategy=coco", "masking.crop_ratio=0.9",
+                          "objective.coco_lm.generator_layers=1", "model.position_embedding=relative_key_query"],
+    },
+}
+
+
+def run_dir(out: Path, group: str, name: str) -> Path:
+    return out / group / name.replace("/", "_")
+
+
+def torchrun(args: list[str], log: Path) -> None:
+    """One 2-rank training command, its output appended to `log`; a failure stops the sweep."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "pretrain", "train", *args]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as fh:
+        subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=fh, stderr=subprocess.STDOUT)
+
+
+def rows(path: Path, split: str) -> list[dict]:
+    return [r for r in map(json.loads, (path / "metrics.jsonl").read_text().splitlines()) if r["split"] == split]
+
+
+def seconds_per_step(data: Path, out: Path, overrides: list[str], probe_steps: int) -> float:
+    """Median training seconds per step over a short probe run (after its first logged interval)."""
+    shutil.rmtree(out, ignore_errors=True)
+    torchrun([*BASE, f"data.path={data}", f"train.output_dir={out}", *overrides, "train.max_steps=100000",
+              f"train.stop_after={probe_steps}", "train.log_every=10", "train.eval_every=0"], out.with_suffix(".log"))
+    import yaml
+
+    batch = yaml.safe_load((out / "config.yaml").read_text())["train"]["global_batch_size"]
+    per_step = sorted(batch / r["samples_per_s"] for r in rows(out, "train")[10:] if r.get("samples_per_s"))
+    shutil.rmtree(out, ignore_errors=True)
+    return per_step[len(per_step) // 2]
+
+
+def sweep(group: str, data: Path, out: Path, budget_s: float, probe_steps: int, only: list[str]) -> dict:
+    """Run (or reuse) every configuration of the group and collect its validation curve."""
+    results_path = REPO / "benchmarks" / "results" / f"recipe_sweep_{group}.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    for name, overrides in GROUPS[group].items():
+        if only and name not in only:
+            continue
+        target = run_dir(out, group, name)
+        if name in results and results[name].get("budget_s") == budget_s:
+            print(f"{name}: done", flush=True)
+            continue
+        sps = seconds_per_step(data, target, overrides, probe_steps)
+        steps = max(50, int(budget_s / sps))
+        eval_every = max(10, steps // 8)
+        print(f"{name}: {sps:.3f} s/step -> {steps} steps", flush=True)
+        start = time.time()
+        torchrun([*BASE, f"data.path={data}", f"train.output_dir={target}", *overrides, f"train.max_steps={steps}",
+                  f"train.eval_every={eval_every}", f"schedule.warmup_steps={max(10, steps // 16)}"], target.with_suffix(".log"))
+        curve = rows(target, "validation")
+        results[name] = {"overrides": overrides, "budget_s": budget_s, "seconds_per_step": sps, "steps": steps,
+                         "wall_s": time.time() - start, "curve": curve, "final": curve[-1]}
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+        results_path.write_text(json.dumps(results, indent=1))
+        shutil.rmtree(target / "checkpoints", ignore_errors=True)  # the curve is what the sweep keeps
+        final = curve[-1]
+        print(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items() if isinstance(v, float)), flush=True)
+    return results
+
+
+def plot(group: str, results: dict) -> Path:
+    """Validation MLM loss (or detection AUC) against training seconds, one line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = "mlm_loss" if group == "mlm" else "auc"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    unigram = None
+    for name, res in results.items():
+        curve = res["curve"]
+        field = next((k for k in curve[-1] if k.endswith(key) and not k.startswith("generator")), None)
+        if field is None:
+            continue
+        ax.plot([r["train_seconds"] for r in curve], [r[field] for r in curve], marker="o", ms=3, label=f"{name} ({field})")
+        unigram = curve[-1].get("unigram_entropy", unigram)
+    if group == "mlm" and unigram:
+        ax.axhline(unigram, color="grey", ls="--", label=f"unigram entropy {unigram:.2f}")
+        ax.axhline(unigram - 1.5, color="grey", ls=":", label="1.5 nats below unigram")
+    ax.set_xlabel("training seconds (2 ranks, 2 cores)")
+    ax.set_ylabel("validation " + ("MLM loss (all picked tokens [MASK]), nats" if group == "mlm" else "ROC-AUC"))
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    from core.atomic_files import save_figure_atomic
+
+    path = REPO / "docs" / "results" / f"recipe_sweep_{group}.png"
+    save_figure_atomic(fig, path)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    """Sweep one group, print its table and draw its plot."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--group", choices=sorted(GROUPS), default="mlm")
+    parser.add_argument("--data", default="runs/sweep/data")
+    parser.add_argument("--out", default="runs/sweep")
+    parser.add_argument("--budget-s", type=float, default=240.0, help="training seconds per configuration")
+    parser.add_argument("--probe-steps", type=int, default=40)
+    parser.add_argument("--only", nargs="*", default=[], help="run only these configurations")
+    parser.add_argument("--plot-only", action="store_true")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    if args.plot_only:
+        results = json.loads((REPO / "benchmarks" / "results" / f"recipe_sweep_{args.group}.json").read_text())
+    else:
+        results = sweep(args.group, Path(args.data), Path(args.out), args.budget_s, args.probe_steps, args.only)
+    print(f"\n| configuration | s/step | steps | final validation |\n|---|---|---|---|")
+    for name, res in results.items():
+        final = res["final"]
+        shown = {k: v for k, v in final.items() if k.endswith(("mlm_loss", "below_unigram", "_auc", "below_prior", "accuracy"))}
+        print(f"| {name} | {res['seconds_per_step']:.3f} | {res['steps']} | "
+              + ", ".join(f"{k} {v:.3f}" for k, v in shown.items()) + " |")
+    print(plot(args.group, results))
+
+
+if __name__ == "__main__":
+    main()

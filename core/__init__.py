@@ -1,0 +1,1 @@
+"""The bottom package: config loading, atomic files. Imported by all, imports none of the others."""

@@ -1,0 +1,26 @@
+"""Backbone registry: a model config's `model_type` names the encoder family; objectives ask it for models."""
+from __future__ import annotations
+
+import importlib
+
+from transformers import PretrainedConfig
+
+from model.backbones.base import Backbone
+
+# model_type -> "module:class", imported lazily.
+REGISTRY = {
+    "bert": "model.backbones.bert:BertBackbone",
+    "modernbert": "model.backbones.modernbert:ModernBertBackbone",
+}
+
+
+def backbone_for(config: PretrainedConfig | str) -> Backbone:
+    """The backbone of this transformers config (or model_type name)."""
+    name = config if isinstance(config, str) else config.model_type
+    if name not in REGISTRY:
+        raise ValueError(f"no backbone for model type {name!r}; known: {sorted(REGISTRY)}")
+    module_name, cls_name = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)()
+
+
+__all__ = ["Backbone", "REGISTRY", "backbone_for"]

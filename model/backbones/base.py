@@ -1,0 +1,97 @@
+"""The one interface objectives use to reach an encoder family (BERT, ModernBERT).
+
+Objectives never name a transformers class: they ask the backbone for a masked LM, a bare
+encoder, a generator or a per-token discriminator, run them through `encode`, and read the
+FLOPs from it. Every model it builds is one of transformers' own classes, so exports load with
+`AutoModel*.from_pretrained` and no custom code.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+Head = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Backbone:
+    """An encoder family: builders for its models, a uniform forward, and its FLOP count."""
+
+    model_type: str = ""
+    # Sentence-pair (NSP/SOP) heads exist natively only where the family has token types and a pooler.
+    has_pair_head: bool = False
+
+    # ---- builders --------------------------------------------------------------------
+    def masked_lm(self, config: PretrainedConfig, init_from: Optional[str] = None, pair_head: bool = False) -> PreTrainedModel:
+        """Encoder + tied MLM head (with a sentence-pair head when asked and supported), fresh or from a folder."""
+        raise NotImplementedError
+
+    def encoder(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
+        """The bare encoder (no pooler, no head)."""
+        raise NotImplementedError
+
+    def discriminator(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
+        """Encoder + a one-logit-per-token head (replaced-token detection), exportable natively."""
+        raise NotImplementedError
+
+    def generator(self, config: PretrainedConfig, width: float, layers: int, owner: PreTrainedModel) -> PreTrainedModel:
+        """A smaller masked LM that shares `owner`'s embeddings where the widths allow, decoder tied to them."""
+        raise NotImplementedError
+
+    # ---- uniform access ----------------------------------------------------------------
+    @staticmethod
+    def base(model: PreTrainedModel) -> PreTrainedModel:
+        """The encoder inside a head model (the model itself when it is one)."""
+        return getattr(model, model.base_model_prefix, model)
+
+    def mlm_head(self, model: PreTrainedModel) -> Head:
+        """hidden [N, H] -> vocabulary logits [N, V] of a masked LM built here."""
+        raise NotImplementedError
+
+    def encode(self, base: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               token_type_ids: Optional[torch.Tensor] = None, output_hidden_states: bool = False):
+        """Run an encoder; the output has `last_hidden_state` (and `hidden_states`, embeddings first)."""
+        kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None and self.has_pair_head else {}
+        return base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=output_hidden_states, **kwargs)
+
+    def rtd_logits(self, model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Per-token replaced-token logits [B, L] of a `discriminator`."""
+        kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None and self.has_pair_head else {}
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
+        return logits.squeeze(-1) if logits.dim() == 3 else logits
+
+    def pair_logits(self, model: PreTrainedModel, pooled: torch.Tensor) -> torch.Tensor:
+        """NSP/SOP logits [B, 2] from a pair-head masked LM's pooled output."""
+        raise NotImplementedError
+
+    @staticmethod
+    def word_embeddings(model: PreTrainedModel) -> nn.Embedding:
+        """The token embedding matrix."""
+        return model.get_input_embeddings()
+
+    @staticmethod
+    def share_embeddings(owner: PreTrainedModel, user: PreTrainedModel) -> None:
+        """`user`'s encoder reads through `owner`'s embedding module (tokens, positions, norm)."""
+        Backbone.base(user).embeddings = Backbone.base(owner).embeddings
+
+    @staticmethod
+    def tie_decoder(model: PreTrainedModel, embeddings: nn.Embedding) -> None:
+        """Point a masked LM's output projection at these token embeddings."""
+        model.get_output_embeddings().weight = embeddings.weight
+
+    @staticmethod
+    def resized(config: PretrainedConfig, **changes) -> PretrainedConfig:
+        """A copy of the config with some fields changed (generator shapes)."""
+        out = copy.deepcopy(config)
+        for key, value in changes.items():
+            setattr(out, key, value)
+        return out
+
+    # ---- FLOPs (matmuls only, 2 per multiply-add; see model/flops.py) -------------------
+    def encoder_flops(self, config: PretrainedConfig, seq_len: int) -> float:
+        """Forward FLOPs per token of the encoder at this sequence length."""
+        raise NotImplementedError

@@ -1,0 +1,104 @@
+"""BERT (absolute or transformers' own relative positions), with ELECTRA's classes for the RTD discriminator.
+
+ELECTRA's encoder has BERT's layout and parameter names, so the discriminator is transformers'
+`ElectraForPreTraining` (its export loads in AutoModelForPreTraining and AutoModel), and a
+generator narrower than the main model is an `ElectraForMaskedLM` whose embedding size is the
+main model's width: it reads the shared embeddings through its own projection, as in the paper.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from transformers import (BertConfig, BertForPreTraining, BertModel, ElectraConfig, ElectraForMaskedLM,
+                          ElectraForPreTraining, ElectraPreTrainedModel, PretrainedConfig, PreTrainedModel)
+
+from model.backbones.base import Backbone, Head
+
+
+def scaled_shape(config: PretrainedConfig, width: float) -> dict:
+    """Hidden size, heads and FFN size at `width` × the config's, heads dividing the hidden size."""
+    heads = max(1, round(config.num_attention_heads * width))
+    hidden = max(heads, round(config.hidden_size * width / heads) * heads)
+    return {"hidden_size": hidden, "num_attention_heads": heads,
+            "intermediate_size": max(1, round(config.intermediate_size * width))}
+
+
+def electra_config(config: BertConfig, **shape) -> ElectraConfig:
+    """The ElectraConfig with this BERT's vocabulary, positions and dropout (embedding size = BERT's width)."""
+    fields = dict(vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings,
+                  type_vocab_size=config.type_vocab_size, pad_token_id=config.pad_token_id,
+                  hidden_dropout_prob=config.hidden_dropout_prob,
+                  attention_probs_dropout_prob=config.attention_probs_dropout_prob, embedding_size=config.hidden_size,
+                  position_embedding_type=getattr(config, "position_embedding_type", "absolute"),
+                  hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+                  num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size)
+    fields.update(shape)
+    out = ElectraConfig(**fields)
+    out._attn_implementation = "eager"  # transformers 4.57 has no SDPA path for ELECTRA
+    return out
+
+
+def warm_start_from_bert(target: PreTrainedModel, init_from: str) -> None:
+    """Load a BERT folder's encoder into an ELECTRA model's encoder (same layout and names); heads stay fresh."""
+    bert = BertModel.from_pretrained(init_from, add_pooling_layer=False)
+    missing, unexpected = Backbone.base(target).load_state_dict(bert.state_dict(), strict=False)
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise ValueError(f"model.init_from '{init_from}' does not fit ELECTRA's encoder: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+
+
+class BertBackbone(Backbone):
+    """transformers' BERT classes."""
+
+    model_type = "bert"
+    has_pair_head = True
+
+    def masked_lm(self, config, init_from=None, pair_head=False):
+        # Always BertForPreTraining, the layout of Google's BERT checkpoints: AutoModel then finds
+        # every weight it builds (the pooler too) and AutoModelForMaskedLM loads the same folder.
+        # Without a pair task the pooler and NSP head stay frozen at their initial values.
+        model = BertForPreTraining.from_pretrained(init_from, config=config) if init_from else BertForPreTraining(config)
+        if not pair_head:
+            model.bert.pooler.requires_grad_(False)
+            model.cls.seq_relationship.requires_grad_(False)
+        return model
+
+    def encoder(self, config, init_from=None):
+        # With its (frozen, unused) pooler, so that AutoModel reports no newly initialised weights.
+        model = BertModel.from_pretrained(init_from, config=config) if init_from else BertModel(config)
+        model.pooler.requires_grad_(False)
+        return model
+
+    def discriminator(self, config, init_from=None):
+        model = ElectraForPreTraining(electra_config(config))
+        if init_from:
+            warm_start_from_bert(model, init_from)
+        return model
+
+    def generator(self, config, width, layers, owner):
+        # ELECTRA's generator class carries the projection a narrower generator needs; beside a
+        # BertModel at full width (COCO-LM) the generator is this backbone's own masked LM.
+        if isinstance(owner, ElectraPreTrainedModel) or width < 1.0:
+            shape = scaled_shape(config, width) if width < 1.0 else {}
+            model = ElectraForMaskedLM(electra_config(config, num_hidden_layers=layers, **shape))
+        else:
+            model = self.masked_lm(self.resized(config, num_hidden_layers=layers))
+        self.share_embeddings(owner, model)
+        self.tie_decoder(model, self.word_embeddings(owner))
+        return model
+
+    def mlm_head(self, model) -> Head:
+        if isinstance(model, ElectraForMaskedLM):
+            return lambda hidden: model.generator_lm_head(model.generator_predictions(hidden))
+        return model.cls.predictions
+
+    def pair_logits(self, model, pooled):
+        return model.cls.seq_relationship(pooled)
+
+    def encoder_flops(self, config, seq_len):
+        # Q, K, V, output (8H²), the FFN (4HI), scores and weighted sum (4SH); relative positions add
+        # one [S, S, d] product per head for keys (relative_key) and one more for queries.
+        h, i = config.hidden_size, config.intermediate_size
+        relative = {"absolute": 0, "relative_key": 1, "relative_key_query": 2}[getattr(config, "position_embedding_type", "absolute")]
+        return config.num_hidden_layers * (8 * h * h + 4 * h * i + (4 + 2 * relative) * seq_len * h)

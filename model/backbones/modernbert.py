@@ -1,0 +1,54 @@
+"""ModernBERT as shipped in transformers: rotary positions, GeGLU, pre-norm, no biases, local/global attention.
+
+The RTD discriminator is `ModernBertForTokenClassification` with one label (its head is
+dense → GELU → LayerNorm → Linear(H, 1), ELECTRA's discriminator head with a norm). ModernBERT
+has no embedding projection, so a generator narrower than the main model keeps embeddings of
+its own (tied to its own decoder) instead of sharing the main model's; at full width it shares
+them. No token types and no pooler: sentence-pair heads (NSP/SOP) are BERT-only.
+"""
+from __future__ import annotations
+
+from transformers import ModernBertForMaskedLM, ModernBertForTokenClassification, ModernBertModel
+
+from model.backbones.base import Backbone, Head
+from model.backbones.bert import scaled_shape
+
+
+class ModernBertBackbone(Backbone):
+    """transformers' ModernBERT classes."""
+
+    model_type = "modernbert"
+    has_pair_head = False
+
+    def masked_lm(self, config, init_from=None, pair_head=False):
+        if pair_head:
+            raise ValueError("ModernBERT has no sentence-pair head")
+        return ModernBertForMaskedLM.from_pretrained(init_from, config=config) if init_from else ModernBertForMaskedLM(config)
+
+    def encoder(self, config, init_from=None):
+        return ModernBertModel.from_pretrained(init_from, config=config) if init_from else ModernBertModel(config)
+
+    def discriminator(self, config, init_from=None):
+        config = self.resized(config, num_labels=1)
+        if init_from:
+            return ModernBertForTokenClassification.from_pretrained(init_from, config=config)
+        return ModernBertForTokenClassification(config)
+
+    def generator(self, config, width, layers, owner):
+        if width >= 1.0:
+            model = self.masked_lm(self.resized(config, num_hidden_layers=layers))
+            self.share_embeddings(owner, model)
+            self.tie_decoder(model, self.word_embeddings(owner))
+            return model
+        return ModernBertForMaskedLM(self.resized(config, num_hidden_layers=layers, **scaled_shape(config, width)))
+
+    def mlm_head(self, model) -> Head:
+        return lambda hidden: model.decoder(model.head(hidden))
+
+    def encoder_flops(self, config, seq_len):
+        # Wqkv + Wo (8H²), GeGLU: Wi to 2I and Wo back (6HI); scores and weighted sum over the
+        # attended span: the whole sequence in global layers, the local window elsewhere.
+        h, i, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+        every = max(1, config.global_attn_every_n_layers)
+        spans = [seq_len if layer % every == 0 else min(seq_len, config.local_attention) for layer in range(n)]
+        return n * (8 * h * h + 6 * h * i) + sum(4 * s * h for s in spans)

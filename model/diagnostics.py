@@ -1,0 +1,97 @@
+"""Learning diagnostics that say whether an objective learned more than a prior: AUC, precision/recall, retrieval, self-similarity.
+
+All run under no_grad on one micro-batch and return float32 scalars; the trainer averages them
+over micro-batches and ranks (so an AUC in the logs is the mean of per-micro-batch AUCs).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def binary_auc(scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+    """ROC-AUC of `scores` for the positive class (Mann-Whitney U, ties counted half); 0.5 when a class is empty."""
+    scores, positive = scores.float().reshape(-1), positive.bool().reshape(-1)
+    n_pos = int(positive.sum())
+    n_neg = positive.numel() - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return scores.new_tensor(0.5)
+    # Average ranks over ties: rank of a value = (#smaller) + (#equal + 1) / 2.
+    sorted_scores, _ = scores.sort()
+    smaller = torch.searchsorted(sorted_scores, scores, right=False).double()
+    equal = torch.searchsorted(sorted_scores, scores, right=True).double() - smaller
+    ranks = smaller + (equal + 1) / 2
+    u = ranks[positive].sum() - n_pos * (n_pos + 1) / 2
+    return (u / (n_pos * n_neg)).float()
+
+
+@torch.no_grad()
+def binary_entropy(p: torch.Tensor) -> torch.Tensor:
+    """The cross-entropy (nats) of always predicting the base rate p: the loss a head that learned nothing reaches."""
+    p = p.double().clamp(1e-12, 1 - 1e-12)
+    return (-(p * p.log() + (1 - p) * (1 - p).log())).float()
+
+
+@torch.no_grad()
+def detection_metrics(logits: torch.Tensor, positive: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
+    """AUC, precision and recall of the positive class (logit > 0), its fraction, and the prior loss, over mask."""
+    mask = mask.bool()
+    scores, target = logits[mask].float(), positive[mask].bool()
+    predicted = scores > 0
+    true_pos = (predicted & target).sum().float()
+    fraction = target.float().mean() if target.numel() else scores.new_zeros(())
+    return {
+        f"{prefix}_auc": binary_auc(scores, target),
+        f"{prefix}_precision": true_pos / predicted.sum().clamp(min=1),
+        f"{prefix}_recall": true_pos / target.sum().clamp(min=1),
+        f"{prefix}_prior_loss": binary_entropy(fraction),
+    }
+
+
+@torch.no_grad()
+def retrieval_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Fraction of rows whose highest logit is the target column."""
+    if logits.shape[0] == 0:
+        return logits.new_zeros((), dtype=torch.float32)
+    return (logits.argmax(-1) == targets).float().mean()
+
+
+@torch.no_grad()
+def token_self_similarity(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean cosine similarity between distinct non-pad tokens of the same sequence (TaCL's measure of anisotropy)."""
+    z = F.normalize(hidden.float(), dim=-1)
+    valid = attention_mask.bool()
+    sims = z @ z.transpose(1, 2)  # [B, L, L]
+    pair = valid[:, :, None] & valid[:, None, :]
+    pair &= ~torch.eye(valid.shape[1], dtype=torch.bool, device=valid.device)
+    return (sims * pair).sum() / pair.sum().clamp(min=1)
+
+
+def unigram_entropy(counts: torch.Tensor) -> float:
+    """Entropy (nats) of the token distribution with these counts: the MLM loss of predicting frequencies alone.
+
+    Miller-Madow corrected ((K - 1) / 2N for K observed types in N tokens): the plug-in estimate
+    from a few thousand validation tokens of a large vocabulary reads too low.
+    """
+    counts = counts.double()
+    n = counts.sum()
+    p = counts[counts > 0] / n
+    if not p.numel():
+        return math.nan
+    return float(-(p * p.log()).sum() + (p.numel() - 1) / (2 * n))
+
+
+def headline(metrics: dict[str, float], unigram: float | None) -> dict[str, float]:
+    """Derived numbers that say whether a model learned: each `*mlm_loss` below the unigram entropy, each
+    detection loss below its prior (`X_loss` against `X_prior_loss`)."""
+    out = {}
+    if unigram is not None:
+        out["unigram_entropy"] = unigram
+        out.update({f"{k}_below_unigram": unigram - v for k, v in metrics.items() if k.endswith("mlm_loss")})
+    for key, prior in metrics.items():
+        if key.endswith("_prior_loss") and (loss := key[: -len("_prior_loss")] + "_loss") in metrics:
+            out[f"{loss}_below_prior"] = prior - metrics[loss]
+    return out

@@ -1,0 +1,122 @@
+"""Every objective on every backbone: trains a step, and its export loads in transformers' own Auto classes with no
+custom code, no newly initialised root weights, and the live model's outputs."""
+import json
+
+import pytest
+import torch
+
+from data_pipeline.masking import MaskingConfig, build_masking
+from data_pipeline.shards import read_manifest
+from data_pipeline.tokenizer import copy_tokenizer_folder
+from model.backbones import Backbone
+from model.encoder import EncoderConfig, model_config
+from model.objectives import build_objective
+from model.objectives.base import ObjectiveConfig
+
+BACKBONES = {
+    "bert": {"architecture": "bert"},
+    "bert-relkq": {"architecture": "bert", "position_embedding": "relative_key_query"},
+    "modernbert": {"architecture": "modernbert"},
+}
+OBJECTIVES = ("mlm", "electra", "coco_lm", "taco", "tacl")
+MATRIX = [(b, o) for b in BACKBONES for o in OBJECTIVES]
+# Root folders that carry an MLM head (fill-mask works); generator/ sub-folders always do.
+MLM_ROOT = {"mlm", "taco", "tacl"}
+
+
+def _config(backbone: str, tok: dict):
+    enc = EncoderConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64,
+                        dropout=0.0, attention_dropout=0.0, **BACKBONES[backbone])
+    return model_config(enc, tok, 64)
+
+
+def _batch(tok: dict, name: str, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, tok["vocab_size"], (6, 40), generator=g)
+    ids[:, 0], ids[:, -1] = tok["cls_id"], tok["sep_id"]
+    ids[2, 30:], ids[2, 29] = tok["pad_id"], tok["sep_id"]
+    batch = {"input_ids": ids, "attention_mask": (ids != tok["pad_id"]).long(), "token_type_ids": torch.zeros_like(ids)}
+    masking = MaskingConfig(strategy="coco" if name == "coco_lm" else "bert", crop_ratio=0.9 if name == "coco_lm" else None)
+    return build_masking(masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], pad_id=tok["pad_id"],
+                         cls_id=tok["cls_id"], sep_id=tok["sep_id"])(batch, g)
+
+
+def _build(backbone: str, name: str, tok: dict, tmp_path):
+    config = _config(backbone, tok)
+    options = ObjectiveConfig(name=name)
+    options.coco_lm.generator_layers = 1
+    options.taco.negatives = 8
+    torch.manual_seed(0)
+    init_from = None
+    if name == "tacl":  # TaCL continues a checkpoint: a fresh masked LM of this backbone stands in for it
+        init_from = tmp_path / "teacher"
+        build_objective(ObjectiveConfig(name="mlm"), config).model.save_pretrained(str(init_from))
+    return build_objective(options, config, str(init_from) if init_from else None)
+
+
+def _logits(out) -> torch.Tensor:
+    """Token logits of a head model's output (BertForPreTraining calls them prediction_logits)."""
+    return out.logits if getattr(out, "logits", None) is not None else out.prediction_logits
+
+
+@pytest.mark.parametrize("backbone,name", MATRIX, ids=[f"{o}-{b}" for b, o in MATRIX])
+def test_export_loads_natively(backbone, name, prepared, tmp_path):
+    from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining, AutoModelForTokenClassification,
+                              AutoTokenizer, pipeline)
+
+    tok = read_manifest(prepared)["tokenizer"]
+    objective = _build(backbone, name, tok, tmp_path)
+    objective.train()
+    loss, metrics = objective(_batch(tok, name))
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(v) for v in metrics.values())
+    objective.eval()
+    probe = _batch(tok, "mlm", seed=1)
+    inputs = {"input_ids": probe["original_input_ids"], "attention_mask": probe["attention_mask"]}
+    models = objective.hf_models()
+    assert set(models) == ({"", "generator"} if name in ("electra", "coco_lm") else {""})
+    for sub, live in models.items():
+        folder = tmp_path / "export" / sub
+        live.save_pretrained(str(folder))
+        copy_tokenizer_folder(prepared / "tokenizer", folder)
+        saved = json.loads((folder / "config.json").read_text())
+        assert saved["model_type"] == ("modernbert" if backbone == "modernbert" else saved["model_type"])
+        assert "auto_map" not in saved  # nothing asks for trust_remote_code
+        with torch.no_grad():
+            want = Backbone.base(live)(**inputs).last_hidden_state
+        encoder, info = AutoModel.from_pretrained(folder, output_loading_info=True)
+        assert info["missing_keys"] == [], (sub, info["missing_keys"])
+        with torch.no_grad():
+            got = encoder.eval()(**inputs).last_hidden_state
+        assert torch.allclose(got, want, atol=1e-5, rtol=0), (sub, (got - want).abs().max())
+        if sub == "generator" or name in MLM_ROOT:
+            cls = AutoModelForMaskedLM
+        elif name == "electra":
+            cls = AutoModelForTokenClassification if backbone == "modernbert" else AutoModelForPreTraining
+        else:
+            continue
+        model, info = cls.from_pretrained(folder, output_loading_info=True)
+        assert info["missing_keys"] == [], (sub, info["missing_keys"])
+        assert cls is AutoModelForMaskedLM or type(model) is type(live)
+        with torch.no_grad():
+            got_logits, want_logits = _logits(model.eval()(**inputs)), _logits(live(**inputs))
+        assert torch.allclose(got_logits, want_logits, atol=1e-5, rtol=0)
+        if cls is AutoModelForMaskedLM:
+            fill = pipeline("fill-mask", model=str(folder), tokenizer=AutoTokenizer.from_pretrained(str(folder)))
+            preds = fill(f"In the beginning God created the heaven and the {fill.tokenizer.mask_token}.", top_k=3)
+            assert len(preds) == 3 and all(0.0 <= p["score"] <= 1.0 for p in preds)
+
+
+def test_generator_shares_the_main_embeddings_where_widths_match():
+    """COCO-LM's full-width generator reads the main model's embedding module on both backbones; a narrower
+    ModernBERT ELECTRA generator keeps its own (no projection exists), a narrower BERT one projects the shared ones."""
+    tok = {"vocab_size": 120, "pad_id": 0, "cls_id": 2, "sep_id": 3}
+    for backbone in ("bert", "modernbert"):
+        config = _config(backbone, tok)
+        coco = build_objective(ObjectiveConfig(name="coco_lm"), config)
+        assert Backbone.base(coco.generator).embeddings is coco.main.embeddings
+        emb = Backbone.word_embeddings(coco.main).weight
+        assert coco.generator.get_output_embeddings().weight is emb and coco.clm_head.weight is emb
+        electra = build_objective(ObjectiveConfig(name="electra"), config)
+        shared = Backbone.base(electra.generator).embeddings is Backbone.base(electra.discriminator).embeddings
+        assert shared == (backbone == "bert")
