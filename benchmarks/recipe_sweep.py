@@ -28,31 +28,42 @@ REPO = Path(__file__).resolve().parents[1]
 BASE = ["--config", "pretrain/configs/demo_mlm.yaml", "train.log_every=25", "train.save_every=100000", "train.keep_last=1",
         "train.eval_batches=8"]
 
+RELKQ = ["model.position_embedding=relative_key_query"]
+NODROP = ["model.dropout=0", "model.attention_dropout=0"]
+# The papers' settings (pretrain/configs/electra.yaml, coco_lm.yaml) on the demo config's shape.
+ELECTRA = ["objective.name=electra", "model.position_embedding=relative_key_query", "masking.count=exact",
+           "masking.mask_token_fraction=0.85", "masking.random_token_fraction=0", "optimizer.betas=[0.9,0.999]"]
+COCO = ["objective.name=coco_lm", "model.position_embedding=relative_key_query", "masking.strategy=coco",
+        "masking.count=exact", "masking.crop_ratio=0.9", "objective.coco_lm.generator_layers=1"]
+
 # name -> overrides on top of the demo config (hidden 128, 2 layers, batch 32, seq 128, lr 1e-3, linear decay).
 GROUPS = {
     "mlm": {
-        "bert-abs": [],
         "bert-relkq": ["model.position_embedding=relative_key_query"],
         "modernbert": ["model.architecture=modernbert"],
         "bert-relkq-bf16": ["model.position_embedding=relative_key_query", "train.precision=bf16"],
         "bert-relkq-lr2e-3": ["model.position_embedding=relative_key_query", "optimizer.lr=2e-3"],
-        "bert-relkq-wsd": ["model.position_embedding=relative_key_query", "schedule.decay=wsd"],
-        "bert-relkq-mask30": ["model.position_embedding=relative_key_query", "masking.mask_prob=0.3"],
         "bert-relkq-256x4-bf16": ["model.position_embedding=relative_key_query", "train.precision=bf16",
                                   "model.hidden_size=256", "model.num_heads=4", "model.intermediate_size=1024",
                                   "model.num_layers=4"],
-        "modernbert-lr2e-3": ["model.architecture=modernbert", "optimizer.lr=2e-3"],
+        "bert-relkq-wsd": ["model.position_embedding=relative_key_query", "schedule.decay=wsd"],
+        "bert-relkq-mask30": ["model.position_embedding=relative_key_query", "masking.mask_prob=0.3"],
         "bert-relkq-batch64": ["model.position_embedding=relative_key_query", "train.global_batch_size=64",
                                "train.micro_batch_size=32", "optimizer.lr=2e-3"],
+        "modernbert-lr2e-3": ["model.architecture=modernbert", "optimizer.lr=2e-3"],
+        "bert-abs": [],
+        # No dropout (as cramming): on this CPU dropout's random masks cost ~15% of the step.
+        "bert-relkq-nodrop": RELKQ + NODROP,
+        "bert-relkq-nodrop-mask30": RELKQ + NODROP + ["masking.mask_prob=0.3"],
+        "modernbert-nodrop-mask30": ["model.architecture=modernbert"] + NODROP + ["masking.mask_prob=0.3"],
+        "bert-abs-nodrop": NODROP,
     },
     "rtd": {
-        "electra-g1/4-l50": ["objective.name=electra", "model.position_embedding=relative_key_query"],
-        "electra-g1/2-l50": ["objective.name=electra", "model.position_embedding=relative_key_query",
-                             "objective.electra.generator_width=0.5"],
-        "electra-g1/4-l10": ["objective.name=electra", "model.position_embedding=relative_key_query",
-                             "objective.electra.rtd_weight=10"],
-        "coco-g1-relkq": ["objective.name=coco_lm", "masking.strategy=coco", "masking.crop_ratio=0.9",
-                          "objective.coco_lm.generator_layers=1", "model.position_embedding=relative_key_query"],
+        "electra-g1/4-l50": ELECTRA,
+        "electra-g1/2-l50": ELECTRA + ["objective.electra.generator_width=0.5"],
+        "electra-g1/4-l50-lr2e-3": ELECTRA + ["optimizer.lr=2e-3"],
+        "coco-g1": COCO,
+        "electra-uniform": ELECTRA + ["objective.electra.generator=uniform"],
     },
 }
 

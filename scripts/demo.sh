@@ -14,13 +14,25 @@ OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node "$NPROC" -m pretrain tr
 
 python -m pretrain export --checkpoint "$OUT/train" --out "$OUT/export"
 
-HF_HUB_OFFLINE=1 python - "$OUT/export" <<'PY'
+HF_HUB_OFFLINE=1 python - "$OUT/export" "$OUT/train/metrics.jsonl" <<'PY'
+import json
 import sys
 from transformers import pipeline
+
+# Did it learn? The validation MLM loss (every picked token shown as [MASK]) against the unigram
+# entropy of the same validation tokens: the loss of a model that learned only word frequencies.
+val = [r for r in map(json.loads, open(sys.argv[2])) if r["split"] == "validation"][-1]
+print(f"validation at step {val['step']}: MLM loss {val['mlm_loss']:.3f} nats, unigram entropy "
+      f"{val['unigram_entropy']:.3f} nats: {val['mlm_loss_below_unigram']:.2f} nats below unigram")
 fill = pipeline("fill-mask", model=sys.argv[1])
-for text in ["And God said, Let there be [MASK].", "In the beginning God created the heaven and the [MASK]."]:
-    guesses = ", ".join(f"{p['token_str']!r} {p['score']:.2f}" for p in fill(text, top_k=3))
-    print(f"fill-mask: {text}  ->  {guesses}")
+for text, want in [("In the beginning God created the heaven and the [MASK].", "earth"),
+                   ("And the LORD spake unto [MASK], saying,", "moses"),
+                   ("And God said, Let there be [MASK]: and there was light.", "light"),
+                   ("and the children of [MASK] went out", "israel")]:
+    preds = fill(text, top_k=3)
+    guesses = ", ".join(f"{p['token_str']!r} {p['score']:.2f}" for p in preds)
+    hit = any(p["token_str"].strip().lower() == want for p in preds)
+    print(f"fill-mask: {text}  ->  {guesses}  [{'top 3 has' if hit else 'top 3 lacks'} {want!r}]")
 PY
 
 cat <<MSG

@@ -55,3 +55,18 @@ def test_global_batch_must_divide():
     assert gradient_accumulation(32, 4, 2) == 4
     with pytest.raises(ConfigError, match="global_batch_size=30"):
         gradient_accumulation(30, 4, 2)
+
+
+def test_every_example_config_loads_and_passes_its_objective_checks():
+    """The shipped run configs are valid: typed keys, and each objective's own checks against model and masking."""
+    from pathlib import Path
+
+    from model.objectives import check_objective_config
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "pretrain" / "configs").glob("*.yaml"))
+    assert len(configs) >= 7
+    for path in configs:
+        overrides = ["model.init_from=."] if "tacl" in path.name else []  # TaCL's teacher folder is the user's
+        cfg = load_config(RunConfig, path, overrides)
+        if "tacl" not in path.name:
+            check_objective_config(cfg.objective, cfg.model, cfg.masking)

@@ -11,6 +11,10 @@ code's softmax over all positions). Total = MLM (+ NSP) + TaCL.
 Variants: (a) cross-sequence negatives (the other sequences' teacher tokens join the
 denominator); (b) supervised TaCL for token classification (`supervised_tacl_loss`: tokens of
 the anchor's class are removed from the denominator).
+
+Where this differs from the paper: the teacher is frozen in eval mode (see above); the student can
+be a ModernBERT as well as a BERT (no NSP there); the optimizer and schedule follow the run config,
+not the original scripts. Validation logs the student's last-layer `self_similarity`.
 """
 from __future__ import annotations
 

@@ -8,6 +8,10 @@ another position of the sequence at the edges); K = 50 negatives come from the o
 of the batch; keys are detached; cosine similarity / τ (0.07); cross-entropy over all non-pad
 anchors (or the masked ones only). Total = MLM + TC. Sampling (`sample_taco_indices`) is separate
 from the loss (`tc_loss`), so the loss can be checked on given indices.
+
+Where this differs from the paper: TACO trained RoBERTa/BERT with fairseq (Adam β2 = 0.98, the
+project's default); positions and backbone are the config's (any backbone, relative positions
+allowed). `tc_retrieval_accuracy` logs how often the positive outscores all K negatives.
 """
 from __future__ import annotations
 
