@@ -25,18 +25,22 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = ["--config", "pretrain/configs/demo_mlm.yaml", "train.log_every=25", "train.save_every=100000", "train.keep_last=1",
-        "train.eval_batches=8"]
+# The sweep's baseline, spelled out so that it does not move with the demo config it chose.
+BASE = ["--config", "pretrain/configs/demo_mlm.yaml", "model.architecture=bert", "model.position_embedding=absolute",
+        "model.dropout=0.1", "model.attention_dropout=0.1", "masking.mask_prob=0.15", "optimizer.lr=1e-3",
+        "train.micro_batch_size=16", "train.global_batch_size=32", "train.log_every=25", "train.save_every=100000",
+        "train.keep_last=1", "train.eval_batches=8"]
 
 RELKQ = ["model.position_embedding=relative_key_query"]
 NODROP = ["model.dropout=0", "model.attention_dropout=0"]
 # The papers' settings (pretrain/configs/electra.yaml, coco_lm.yaml) on the demo config's shape.
-ELECTRA = ["objective.name=electra", "model.position_embedding=relative_key_query", "masking.count=exact",
+MODERN = ["model.architecture=modernbert"] + NODROP
+ELECTRA = ["objective.name=electra", "masking.count=exact",
            "masking.mask_token_fraction=0.85", "masking.random_token_fraction=0", "optimizer.betas=[0.9,0.999]"]
-COCO = ["objective.name=coco_lm", "model.position_embedding=relative_key_query", "masking.strategy=coco",
+COCO = ["objective.name=coco_lm", "masking.strategy=coco",
         "masking.count=exact", "masking.crop_ratio=0.9", "objective.coco_lm.generator_layers=1"]
 
-# name -> overrides on top of the demo config (hidden 128, 2 layers, batch 32, seq 128, lr 1e-3, linear decay).
+# name -> overrides on top of BASE (hidden 128, 2 layers, batch 32, seq 128, lr 1e-3, dropout 0.1, 15% masking, linear decay).
 GROUPS = {
     "mlm": {
         "bert-relkq": ["model.position_embedding=relative_key_query"],
@@ -56,14 +60,16 @@ GROUPS = {
         "bert-relkq-nodrop": RELKQ + NODROP,
         "bert-relkq-nodrop-mask30": RELKQ + NODROP + ["masking.mask_prob=0.3"],
         "modernbert-nodrop-mask30": ["model.architecture=modernbert"] + NODROP + ["masking.mask_prob=0.3"],
-        "bert-abs-nodrop": NODROP,
+        "bert-relkq-nodrop-mask30-repeat": RELKQ + NODROP + ["masking.mask_prob=0.3"],
+        "modernbert-nodrop-mask30-lr2e-3": ["model.architecture=modernbert"] + NODROP + ["masking.mask_prob=0.3",
+                                                                                        "optimizer.lr=2e-3"],
     },
     "rtd": {
-        "electra-g1/4-l50": ELECTRA,
-        "electra-g1/2-l50": ELECTRA + ["objective.electra.generator_width=0.5"],
-        "electra-g1/4-l50-lr2e-3": ELECTRA + ["optimizer.lr=2e-3"],
-        "coco-g1": COCO,
-        "electra-uniform": ELECTRA + ["objective.electra.generator=uniform"],
+        # On the MLM sweep's winning backbone (ModernBERT, no dropout), with each paper's masking and β2.
+        "electra-modernbert": ELECTRA + MODERN,
+        "coco-modernbert": COCO + MODERN,
+        "electra-bert-relkq": ELECTRA + RELKQ,
+        "electra-modernbert-uniform": ELECTRA + MODERN + ["objective.electra.generator=uniform"],
     },
 }
 

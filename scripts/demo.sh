@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole path on the bundled KJV corpus, on CPU, in a few minutes:
-# prepare (tokenizer + MDS shards) -> 2-rank DeepSpeed ZeRO-2 MLM -> checkpoint -> HF export -> fill-mask.
+# prepare (tokenizer + MDS shards) -> 2-rank DeepSpeed ZeRO-2 MLM (ModernBERT) -> checkpoint -> HF export ->
+# validation MLM loss against the unigram entropy -> fill-mask.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${DEMO_OUT:-runs/demo}
@@ -27,7 +28,7 @@ print(f"validation at step {val['step']}: MLM loss {val['mlm_loss']:.3f} nats, u
 fill = pipeline("fill-mask", model=sys.argv[1])
 for text, want in [("In the beginning God created the heaven and the [MASK].", "earth"),
                    ("And the LORD spake unto [MASK], saying,", "moses"),
-                   ("And God said, Let there be [MASK]: and there was light.", "light"),
+                   ("And it came to [MASK], when", "pass"),
                    ("and the children of [MASK] went out", "israel")]:
     preds = fill(text, top_k=3)
     guesses = ", ".join(f"{p['token_str']!r} {p['score']:.2f}" for p in preds)

@@ -15,6 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = [
+    "model.architecture=bert",  # the demo config is ModernBERT; these tests name BERT classes (ModernBERT: test_backbones)
     "model.hidden_size=32",
     "model.num_layers=2",
     "model.num_heads=2",

@@ -180,3 +180,19 @@ def test_kill_9_at_random_moments(prepared, tmp_path):
     wb = torch.load(path(out), map_location="cpu", weights_only=False)["module"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert _samples(out, 0) == _samples(straight, 0)
+
+
+def test_modernbert_stop_and_resume_is_exact(prepared, tmp_path):
+    """The demo's backbone (ModernBERT, with dropout on so the RNG state matters) resumes bit for bit too."""
+    modern = ["model.architecture=modernbert", "model.dropout=0.1", "model.attention_dropout=0.1", "masking.mask_prob=0.3"]
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    run_cli("pretrain", _args(prepared, straight, *modern), nproc=2)
+    run_cli("pretrain", _args(prepared, out, *modern, "train.stop_after=12"), nproc=2)
+    resumed = run_cli("pretrain", _args(prepared, out, *modern), nproc=2)
+    assert "at step 12" in resumed.stdout
+    assert _train_losses(out) == _train_losses(straight)
+    for rank in (0, 1):
+        assert _samples(out, rank) == _samples(straight, rank)
+    wa, wb = _final_weights(straight), _final_weights(out)
+    assert any(k.startswith("model.model.layers.") for k in wa)  # it really is ModernBERT
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
