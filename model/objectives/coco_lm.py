@@ -18,8 +18,9 @@ Total = generator MLM + 50 · copy + CLM + SCL.
 
 Where this differs from the paper: positions are transformers' own (the paper uses T5-style
 relative buckets, 32 bins up to distance 128, which would make the export need custom code);
-pretrain/configs/coco_lm.yaml uses BERT's `relative_key_query` instead, the closest native
-option. Masking picks exactly round(0.15 · n) tokens (`masking.count=exact`) in that config.
+pretrain/configs/coco_lm.yaml uses ModernBERT's rotary positions (relative too), and BERT's
+`relative_key_query` is the closest option on BERT. Masking picks exactly round(0.15 · n) tokens
+(`masking.count=exact`) in that config.
 `generator: uniform` draws replacements uniformly instead of from the generator (a plumbing check).
 """
 from __future__ import annotations
