@@ -70,6 +70,9 @@ GROUPS = {
         "coco-modernbert": COCO + MODERN,
         "electra-bert-relkq": ELECTRA + RELKQ,
         "electra-modernbert-uniform": ELECTRA + MODERN + ["objective.electra.generator=uniform"],
+        # The MLM sweep's learning rate.
+        "coco-modernbert-lr2e-3": COCO + MODERN + ["optimizer.lr=2e-3"],
+        "electra-modernbert-g1/2-lr2e-3": ELECTRA + MODERN + ["optimizer.lr=2e-3", "objective.electra.generator_width=0.5"],
     },
 }
 
