@@ -32,9 +32,9 @@ def make_corpus(workdir: Path, repeat: int) -> tuple[Path, int]:
 
 def make_tokenizer(workdir: Path, corpus: Path) -> Path:
     """Train the shared tokenizer once with our pipeline (not timed)."""
+    from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
-    from core.config_io import load_config
 
     cfg = load_config(PrepareConfig, None, [f"output_dir={workdir / 'tok_run'}", f"sources=[{{kind: text, path: '{corpus}'}}]",
                                              "tokenizer.vocab_size=8000", "tokenizer.max_training_documents=2000", "val_fraction=0"])
@@ -43,9 +43,9 @@ def make_tokenizer(workdir: Path, corpus: Path) -> Path:
 
 def run_ours(workdir: Path, corpus: Path, tok_dir: Path, workers: int, seq_len: int) -> dict:
     """Time `prepare` with a pretrained tokenizer (reading, tokenizing, packing, writing shards)."""
+    from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
-    from core.config_io import load_config
 
     out = workdir / f"ours_w{workers}"
     cfg = load_config(PrepareConfig, None, [

@@ -116,6 +116,7 @@ def split_csv(src: Path, out_dir: Path, train: int, evaluation: int, seed: int =
     import random
 
     from corpora import to_csv
+
     from core.atomic_files import write_text_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)

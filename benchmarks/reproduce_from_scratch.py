@@ -24,8 +24,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repro_common import (export, finetune_cached, fresh_bert, log, prepare, setup_logging, split_csv, train,  # noqa: E402
-                          validation_losses, write_json)
+from repro_common import (  # noqa: E402
+    export,
+    finetune_cached,
+    fresh_bert,
+    log,
+    prepare,
+    setup_logging,
+    split_csv,
+    train,
+    validation_losses,
+    write_json,
+)
 
 CONFIGS = {"MLM": "pretrain/configs/demo_mlm.yaml", "ELECTRA": "pretrain/configs/electra.yaml",
            "COCO-LM": "pretrain/configs/coco_lm.yaml", "TACO": "pretrain/configs/taco.yaml"}

@@ -33,9 +33,9 @@ def minilm_dir() -> Path:
 
 def prepare_data(work: Path) -> Path:
     """KJV tokenized with BERT's WordPiece vocabulary, packed into 128-token sequences."""
+    from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
-    from core.config_io import load_config
 
     return prepare(load_config(PrepareConfig, None, [
         f"output_dir={work / 'data'}", "sources=[{kind: text, path: data/kjv.txt.gz}]", f"tokenizer.pretrained={minilm_dir()}",
@@ -61,8 +61,15 @@ def run_hf(data: Path, work: Path, args) -> float:
     import datasets
     import torch
     from streaming import StreamingDataset
-    from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, DataCollatorForLanguageModeling, Trainer,
-                              TrainerCallback, TrainingArguments)
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForMaskedLM,
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     torch.set_num_threads(args.threads)
     ds = StreamingDataset(local=str(data / "train"), shuffle=False, batch_size=1)

@@ -6,9 +6,9 @@ import logging
 import sys
 from pathlib import Path
 
+from core.config_io import ConfigError, load_config
 from data_pipeline.config import PrepareConfig
 from data_pipeline.raw_text import DataInputError
-from core.config_io import ConfigError, load_config
 
 
 def _verify(dataset: str) -> int:

@@ -18,12 +18,13 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from core.atomic_files import prepare_output, publish
+from core.config_io import config_to_dict
 from data_pipeline.config import PrepareConfig
 from data_pipeline.mixture import mix
 from data_pipeline.packing import DocumentPacker, FullPacker, PairPacker
 from data_pipeline.raw_text import DataInputError, ReadStats, iter_source
 from data_pipeline.sentences import split_sentences
-from core.atomic_files import prepare_output, publish
 from data_pipeline.shards import SplitWriter, token_dtype, write_manifest
 from data_pipeline.tokenizer import (
     copy_pretrained_tokenizer,
@@ -33,7 +34,6 @@ from data_pipeline.tokenizer import (
     tokenizer_hash,
     train_sentencepiece,
 )
-from core.config_io import config_to_dict
 
 log = logging.getLogger("data_pipeline")
 BATCH_DOCS = 512

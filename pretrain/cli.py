@@ -6,18 +6,17 @@ import logging
 import sys
 from pathlib import Path
 
-from pretrain.config import RunConfig
-from data_pipeline.shards import CorruptShardError
 from core.config_io import ConfigError, load_config
+from data_pipeline.shards import CorruptShardError
+from pretrain.config import RunConfig
 
 
 def _train(args: argparse.Namespace) -> int:
     import torch
 
-    from pretrain.run import build_trainer
-
     from pretrain import signals
     from pretrain.preemption import EXIT_FINISHED, EXIT_PREEMPTED
+    from pretrain.run import build_trainer
 
     cfg = load_config(RunConfig, args.config, args.overrides)
     trainer = build_trainer(cfg)

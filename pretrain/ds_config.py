@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import RunConfig
 from core.config_io import ConfigError
+from pretrain.config import RunConfig
 
 
 def gradient_accumulation(global_batch: int, micro_batch: int, world: int) -> int:

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Optional
 
 from core.atomic_files import check_overwrite, prepare_output, publish
+from core.config_io import config_to_dict, load_config
 from data_pipeline.tokenizer import copy_tokenizer_folder
 from model.encoder import config_from_dict
 from model.objectives import build_objective
 from pretrain import checkpoint as ckpt
+from pretrain import model_card
 from pretrain.config import RunConfig
 from pretrain.distributed import setup_env
-from pretrain import model_card
-from core.config_io import config_to_dict, load_config
 from pretrain.run import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, TOKENIZER_DIR
 
 log = logging.getLogger("pretrain.export")

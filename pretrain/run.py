@@ -10,16 +10,16 @@ import torch
 import yaml
 
 from core.atomic_files import write_text_atomic
+from core.config_io import ConfigError, config_to_dict
 from data_pipeline.loader import build_loader, fetch_metadata, is_local_leader
 from data_pipeline.masking import build_masking, evaluation_masking
 from data_pipeline.shards import read_manifest, verify_split
 from data_pipeline.tokenizer import copy_tokenizer_folder, load_tokenizer, word_start_table
-from model.encoder import model_config as build_model_config
 from model.diagnostics import unigram_entropy
+from model.encoder import model_config as build_model_config
 from model.objectives import build_objective, check_objective_config
 from pretrain import distributed as dist
 from pretrain.config import RunConfig
-from core.config_io import ConfigError, config_to_dict
 from pretrain.trainer import Trainer
 
 CONFIG_FILE = "config.yaml"

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from core.atomic_files import write_text_atomic
+from core.config_io import ConfigError, config_hash
 from model.diagnostics import headline
 from pretrain import checkpoint as ckpt
 from pretrain import distributed as dist
 from pretrain.config import RunConfig
-from core.config_io import ConfigError, config_hash
 from pretrain.ds_config import build_ds_config
 from pretrain.logger import RunLogger
 from pretrain.optim import build_optimizer, build_scheduler, reset_schedule

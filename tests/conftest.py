@@ -41,9 +41,9 @@ def corpus_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory, corpus_file) -> Path:
     """The corpus prepared with a 400-token unigram tokenizer into 64-token sequences."""
+    from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
-    from core.config_io import load_config
 
     out = tmp_path_factory.mktemp("prepared") / "data"
     cfg = load_config(

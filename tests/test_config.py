@@ -1,9 +1,9 @@
 """Typed config loading: YAML + overrides, and errors that name the key."""
 import pytest
 
-from pretrain.config import RunConfig
 from core.config_io import ConfigError, load_config
 from data_pipeline.config import PrepareConfig
+from pretrain.config import RunConfig
 
 
 def test_yaml_and_overrides(tmp_path):

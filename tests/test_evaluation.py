@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import TINY_MODEL, kjv_chapters, run_cli
 
 
@@ -72,9 +71,8 @@ def test_glue_offline_fails_at_once_with_a_clear_message(tmp_path, monkeypatch):
 
 
 def _tiny_random_bert_with_minilm_tokenizer(path: Path) -> Path:
-    from transformers import BertConfig, BertModel
-
     from test_tokenizer import minilm_dir
+    from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
     BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
@@ -144,10 +142,11 @@ def test_self_similarity_cli_equals_an_independent_computation(tmp_path):
 @pytest.fixture(scope="module")
 def exported(corpus_file, tmp_path_factory):
     """A tiny model (hidden 32, 2 layers) pre-trained here by MLM on KJV text with MiniLM's WordPiece vocabulary, exported."""
+    from test_tokenizer import minilm_dir
+
+    from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
-    from core.config_io import load_config
-    from test_tokenizer import minilm_dir
 
     base = tmp_path_factory.mktemp("finetune")
     data = prepare(load_config(PrepareConfig, None, [

@@ -4,14 +4,13 @@ import time
 from collections import Counter
 
 import pytest
+from conftest import kjv_chapters
 
+from core.config_io import load_config
 from data_pipeline.config import PrepareConfig
 from data_pipeline.mixture import mix
 from data_pipeline.prepare import prepare
 from data_pipeline.raw_text import DataInputError
-from core.config_io import load_config
-
-from conftest import kjv_chapters
 
 
 def _counting_sources(sizes):

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, TINY_MODEL, restored_environ, run_cli
 
 pytestmark = pytest.mark.slow
@@ -23,9 +22,9 @@ OBJECTIVES = {
 
 @pytest.fixture(scope="module")
 def pairs_data(tmp_path_factory, corpus_file):
+    from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
-    from core.config_io import load_config
 
     out = tmp_path_factory.mktemp("pairs") / "data"
     return prepare(load_config(PrepareConfig, None, [
@@ -36,9 +35,10 @@ def pairs_data(tmp_path_factory, corpus_file):
 @pytest.fixture(scope="module")
 def tiny_modernbert(tmp_path_factory, prepared):
     """A tiny HF ModernBERT folder with the fixture's vocabulary: TaCL's teacher on the ModernBERT backbone."""
+    from transformers import ModernBertForMaskedLM
+
     from data_pipeline.shards import read_manifest
     from model.encoder import EncoderConfig, model_config
-    from transformers import ModernBertForMaskedLM
 
     torch.manual_seed(4)
     path = tmp_path_factory.mktemp("tiny_modernbert") / "modernbert"
@@ -124,10 +124,14 @@ ROOT_CLASS = {"mlm_nsp": "BertForPreTraining", "electra": "ElectraForPreTraining
 
 def _check_export(name: str, run: Path, probe_path: Path, out: Path) -> None:
     """The export reproduces the training model's hidden states and logits; it loads as Auto* with new heads."""
-    from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining, AutoModelForSequenceClassification,
-                              AutoModelForTokenClassification)
-
     from safetensors.torch import load_file
+    from transformers import (
+        AutoModel,
+        AutoModelForMaskedLM,
+        AutoModelForPreTraining,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 
     from pretrain.export import export
 
@@ -210,11 +214,11 @@ def test_objective_trains_and_exports(name, stage, runs, tiny_bert, tmp_path):
 def test_tacl_from_real_minilm(corpus_file, tmp_path):
     """TaCL from the real MiniLM-L6 checkpoint (BertModel, no MLM head: the head is created, decoder tied)."""
     from safetensors.torch import load_file
+    from test_tokenizer import minilm_dir
 
+    from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
-    from core.config_io import load_config
-    from test_tokenizer import minilm_dir
 
     data = prepare(load_config(PrepareConfig, None, [
         f"output_dir={tmp_path / 'data'}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]",

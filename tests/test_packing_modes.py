@@ -1,11 +1,10 @@
 """Packing modes end to end through prepare: document boundaries, NSP/SOP pair labels, segment ids."""
 import re
 
-
+from core.config_io import load_config
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.sentences import split_sentences
-from core.config_io import load_config
 
 
 def _squash(text: str) -> str:

@@ -3,14 +3,13 @@ import json
 from collections import Counter
 
 import pytest
+from conftest import TINY_MODEL, run_cli
 
+from core.config_io import load_config
 from data_pipeline.cli import main as data_main
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import CorruptShardError, verify_split
-from core.config_io import load_config
-
-from conftest import TINY_MODEL, run_cli
 
 
 def _tokens(out, specials):

@@ -4,14 +4,13 @@ import re
 
 import numpy as np
 import pytest
+from conftest import kjv_chapters
 
+from core.config_io import load_config
 from data_pipeline.cli import main as prepare_main
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.raw_text import DataInputError
-from core.config_io import load_config
-
-from conftest import kjv_chapters
 
 
 def _squash(text: str) -> str:

@@ -2,13 +2,12 @@
 import json
 from pathlib import Path
 
+from conftest import kjv_chapters
 
+from core.config_io import load_config
 from data_pipeline.config import PrepareConfig, TokenizerConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.tokenizer import load_tokenizer, save_tokenizer, train_sentencepiece, word_start_table
-from core.config_io import load_config
-
-from conftest import kjv_chapters
 
 
 def minilm_dir() -> Path:

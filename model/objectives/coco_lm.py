@@ -37,8 +37,8 @@ from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import detection_metrics, retrieval_accuracy
-from model.objectives.electra import sample_replacements
 from model.objectives.base import Batch, CocoLMOptions, Objective
+from model.objectives.electra import sample_replacements
 from model.objectives.mlm import at_least_fp32, sparse_mlm
 
 

@@ -99,8 +99,8 @@ class TaCL(Objective):
         """TaCL continues a pre-trained checkpoint (the teacher); NSP needs BERT."""
         if not model.init_from:
             raise ConfigError("objective tacl continues pre-training: set model.init_from to the teacher's HF folder")
-        if options.pair_head == "nsp" and model.architecture != "bert" and \
-                json.loads((Path(model.init_from) / "config.json").read_text()).get("model_type") != "bert":
+        config_file = Path(model.init_from) / "config.json"
+        if options.pair_head == "nsp" and config_file.is_file() and json.loads(config_file.read_text()).get("model_type") != "bert":
             raise ConfigError("objective.tacl.pair_head=nsp needs a BERT teacher (ModernBERT has no NSP head)")
 
     def train(self, mode: bool = True) -> "TaCL":

@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from pretrain.config import RunConfig
 from core.config_io import load_config
+from pretrain.config import RunConfig
 from pretrain.run import build_trainer
 
 
