@@ -54,14 +54,17 @@ class Backbone:
     def encode(self, base: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: Optional[torch.Tensor] = None, output_hidden_states: bool = False):
         """Run an encoder; the output has `last_hidden_state` (and `hidden_states`, embeddings first)."""
-        kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None and self.has_pair_head else {}
-        return base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=output_hidden_states, **kwargs)
+        return base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=output_hidden_states,
+                    **self._types(token_type_ids))
+
+    def _types(self, token_type_ids: Optional[torch.Tensor]) -> dict:
+        """Token types for families that have them (ModernBERT's forward takes none)."""
+        return {"token_type_ids": token_type_ids} if token_type_ids is not None and self.has_pair_head else {}
 
     def rtd_logits(self, model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Per-token replaced-token logits [B, L] of a `discriminator`."""
-        kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None and self.has_pair_head else {}
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, **self._types(token_type_ids)).logits
         return logits.squeeze(-1) if logits.dim() == 3 else logits
 
     def pair_logits(self, model: PreTrainedModel, pooled: torch.Tensor) -> torch.Tensor:

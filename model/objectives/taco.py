@@ -111,8 +111,9 @@ class TACO(Objective):
             tc, retrieval = g.sum() * 0.0, g.new_zeros((), dtype=torch.float32)
         else:
             logits = tc_logits(g, *idx, temperature=self.options.temperature)
-            tc = F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
-            retrieval = retrieval_accuracy(logits.detach(), torch.zeros(len(logits), dtype=torch.long, device=logits.device))
+            positive = torch.zeros(len(logits), dtype=torch.long, device=logits.device)  # column 0
+            tc = F.cross_entropy(logits, positive)
+            retrieval = retrieval_accuracy(logits.detach(), positive)
         return {"mlm_loss": mlm, "tc_loss": tc}, {"mlm_accuracy": accuracy, "tc_retrieval_accuracy": retrieval}
 
     def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
