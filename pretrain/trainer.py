@@ -368,7 +368,7 @@ class Trainer:
                 self.save()
             if preempt and self.step < cfg.max_steps:  # the last step done: finished, nothing to requeue
                 status = "preempted"
-                self._mark_preempted(guard.reason)
+                self._mark_preempted(guard.reason, guard.deadline)
                 break
             if stopping and self.step < cfg.max_steps:
                 status = "stopped"
@@ -381,10 +381,11 @@ class Trainer:
         self.log.close()
         return status
 
-    def _mark_preempted(self, reason: Optional[str]) -> None:
-        """Rank 0 records that this run stopped early with a complete checkpoint, and why."""
+    def _mark_preempted(self, reason: Optional[str], deadline: Optional[float]) -> None:
+        """Rank 0 records that this run stopped early with a complete checkpoint, why, and the deadline it kept."""
         if self.rank == 0:
             write_text_atomic(self.run_dir / PREEMPTED, json.dumps({
-                "step": self.step, "reason": reason, "time": time.time(), "checkpoint": ckpt.tag_for(self.step)}) + "\n")
+                "step": self.step, "reason": reason, "time": time.time(), "deadline": deadline,
+                "checkpoint": ckpt.tag_for(self.step)}) + "\n")
         self.log.info(f"preempted ({reason}) at step {self.step}: checkpoint saved, exiting with code 75")
         dist.barrier()

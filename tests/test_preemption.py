@@ -26,12 +26,15 @@ def test_deadline_saves_and_exits_before_the_limit(prepared, tmp_path):
     out = tmp_path / "run"
     start = time.time()
     proc = run_cli("pretrain", _args(prepared, out, "train.max_wall_time=12s", "train.deadline_margin_s=2"), check=False)
-    took = time.time() - start
+    end = time.time()
     assert proc.returncode == EXIT_PREEMPTED, proc.stderr[-2000:]
     marker = json.loads((out / "PREEMPTED").read_text())
     assert marker["reason"] == "deadline" and marker["step"] > 0
     assert (out / "checkpoints" / marker["checkpoint"] / "COMPLETE").is_file()
-    assert took < 12 + 10  # the process start-up comes on top of the 20 s the trainer measures from its start
+    # The trainer's clock starts after the imports (seconds on a slow machine), somewhere inside the
+    # process's lifetime; the checkpoint and the marker must be written before that clock's limit.
+    assert start + 12 <= marker["deadline"] <= end + 12
+    assert marker["time"] < marker["deadline"]
 
 
 def test_repeated_signals_during_a_save_leave_a_good_checkpoint(prepared, tmp_path):
