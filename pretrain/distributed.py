@@ -85,8 +85,32 @@ def init_distributed() -> None:
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     else:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    _import_muon_uncompiled()
     deepspeed.init_distributed(auto_mpi_discovery=False)
     _local_world_is_this_host()
+
+
+def _import_muon_uncompiled() -> None:
+    """Import DeepSpeed's Muon module with its torch.compile decorators turned into no-ops.
+
+    ZeRO imports it for isinstance checks, and its module-level decorators import all of inductor:
+    2-3 s of every rank's start-up, on every (re)start. The optimizers built here are never Muon,
+    so its functions never run and need no compiling.
+    """
+    if "deepspeed.runtime.zero.muon.muon_optimizer" in sys.modules:
+        return
+    real = torch.compile
+
+    def uncompiled(model=None, **_options):
+        return model if model is not None else (lambda fn: fn)
+
+    torch.compile = uncompiled
+    try:
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    except ImportError:  # a DeepSpeed without Muon
+        pass
+    finally:
+        torch.compile = real
 
 
 def _host_id() -> str:
