@@ -11,7 +11,10 @@ when training starts. This path is untested here (no network); it is streaming's
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import tempfile
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,8 +41,10 @@ class LoaderConfig:
     num_workers: int = 0
     # Check local shard files against their recorded hashes when training starts.
     verify_hashes: bool = True
-    # Remove streaming's shared memory left by killed runs at start. It removes every streaming
-    # segment on the machine: turn it off when other streaming jobs share the node.
+    # With `remote` set, a killed run's shared memory blocks the next run that reuses its local cache
+    # ("Reused local directory"): remove streaming's segments at start. This removes every streaming
+    # segment on the machine, so turn it off when other streaming jobs share the node. Without
+    # `remote`, leftovers block nothing and are never removed.
     clean_stale_shared_memory: bool = True
 
 
@@ -97,21 +102,52 @@ def _indexed_dataset_class():
     return IndexedStreamingDataset
 
 
+@contextlib.contextmanager
+def shared_memory_registration():
+    """Hold a machine-wide lock (local leaders only) while streaming picks and creates its shared memory.
+
+    streaming finds the first free prefix, waits on a barrier, then creates the prefix's segment:
+    two runs starting together on one machine (two jobs on a node, two test workers) pick the same
+    prefix and one fails with FileExistsError. Only the local leader creates, so only it locks; the
+    other ranks of its run never wait on the lock, so the lock cannot deadlock a run.
+    """
+    if not is_local_leader():
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / "contrastive_pretrain_streaming.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def clean_stale_shared_memory(cfg: LoaderConfig) -> None:
+    """Remove streaming's shared memory left by killed runs, where it would block this one (see LoaderConfig)."""
+    if not (cfg.remote and cfg.clean_stale_shared_memory):
+        return
+    from streaming.base.util import clean_stale_shared_memory as clean
+
+    with shared_memory_registration():  # cleaning creates and unlinks every name it probes
+        clean()
+
+
 def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None):
     """A StreamingDataset over one split of a prepared dataset."""
     split_dir = Path(cfg.path) / split
     if not cfg.remote and not (split_dir / "index.json").is_file():
         raise FileNotFoundError(f"no '{split}' split in '{cfg.path}' (missing {split_dir / 'index.json'})")
-    return _indexed_dataset_class()(
-        remote=f"{cfg.remote.rstrip('/')}/{split}" if cfg.remote else None,
-        local=str(split_dir),
-        batch_size=batch_size,
-        shuffle=cfg.shuffle if shuffle is None else shuffle,
-        shuffle_seed=cfg.shuffle_seed,
-        shuffle_algo=cfg.shuffle_algo,
-        num_canonical_nodes=cfg.num_canonical_nodes,
-        validate_hash="xxh64" if cfg.remote and cfg.verify_hashes else None,
-    )
+    with shared_memory_registration():
+        return _indexed_dataset_class()(
+            remote=f"{cfg.remote.rstrip('/')}/{split}" if cfg.remote else None,
+            local=str(split_dir),
+            batch_size=batch_size,
+            shuffle=cfg.shuffle if shuffle is None else shuffle,
+            shuffle_seed=cfg.shuffle_seed,
+            shuffle_algo=cfg.shuffle_algo,
+            num_canonical_nodes=cfg.num_canonical_nodes,
+            validate_hash="xxh64" if cfg.remote and cfg.verify_hashes else None,
+        )
 
 
 def build_loader(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None):

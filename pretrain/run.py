@@ -11,7 +11,7 @@ import yaml
 
 from core.atomic_files import write_text_atomic
 from core.config_io import ConfigError, config_to_dict
-from data_pipeline.loader import build_loader, fetch_metadata, is_local_leader
+from data_pipeline.loader import build_loader, clean_stale_shared_memory, fetch_metadata, is_local_leader
 from data_pipeline.masking import build_masking, evaluation_masking
 from data_pipeline.shards import read_manifest, verify_split
 from data_pipeline.tokenizer import copy_tokenizer_folder, load_tokenizer, word_start_table
@@ -85,10 +85,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     if train_sequences < cfg.train.micro_batch_size * dist.world_size():
         raise ConfigError(f"the training split has {train_sequences} sequences, fewer than one batch "
                           f"(micro_batch_size {cfg.train.micro_batch_size} x {dist.world_size()} ranks)")
-    if cfg.data.clean_stale_shared_memory:
-        from streaming.base.util import clean_stale_shared_memory
-
-        clean_stale_shared_memory()  # a killed run leaves shared memory that would block this one
+    clean_stale_shared_memory(cfg.data)
     train_loader = build_loader(cfg.data, "train", cfg.train.micro_batch_size)
     eval_loader = None
     if cfg.train.eval_every and manifest["splits"]["validation"]["sequences"] >= cfg.train.micro_batch_size * dist.world_size():

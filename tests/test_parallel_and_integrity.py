@@ -1,6 +1,8 @@
 """Parallel prepare equals serial prepare; corrupt shards are caught and named."""
 import json
+import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from conftest import TINY_MODEL, run_cli
@@ -90,3 +92,29 @@ def test_failing_parallel_prepare_exits_cleanly(tmp_path, prepared):
     assert proc.returncode == 2
     assert "b_bad.txt" in proc.stderr and "UTF-8" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_streaming_registration_is_serialised_across_runs(prepared):
+    """Two runs starting together on one machine must not pick the same shared-memory prefix: while one
+    run's leader registers (lock held, here for 3 s), another run's dataset construction waits."""
+    import subprocess
+    import sys
+    import time
+
+    from data_pipeline.loader import LoaderConfig, build_dataset
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from data_pipeline.loader import shared_memory_registration\n"
+        "with shared_memory_registration():\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(3)\n")], cwd=str(Path(__file__).resolve().parents[1]), stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "LOCAL_RANK": "0"})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        start = time.time()
+        dataset = build_dataset(LoaderConfig(path=str(prepared)), "train", batch_size=4)
+        waited = time.time() - start
+    finally:
+        holder.wait(timeout=60)
+    assert len(dataset) > 0 and waited > 2.0
