@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Two workers, one module each at a time (module fixtures are built once); conftest orders the
+# modules longest first. The 2-rank tests share the two cores with the other worker.
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test clean
 
@@ -21,7 +24,7 @@ demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -v --durations=15 $(PYTEST_ARGS) tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -v -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS) tests
 
 clean:
 	rm -rf runs/demo .pytest_cache

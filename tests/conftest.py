@@ -55,9 +55,15 @@ def prepared(tmp_path_factory, corpus_file) -> Path:
     return prepare(cfg)
 
 
-def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
-    """Run `python -m module args` (under torchrun when nproc > 1) from the repo root."""
+def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, check: bool = True,
+            launcher: str = "direct") -> subprocess.CompletedProcess:
+    """Run `python -m module args` from the repo root; nproc > 1 starts the ranks directly with the
+    environment srun gives them (launcher="torchrun": under torchrun, one more process to start).
+
+    stdout is rank 0's (the one that logs), stderr every rank's."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if nproc > 1 and launcher == "direct":
+        return _run_ranks(module, args, nproc, env, timeout, check)
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *args]
     else:
@@ -65,6 +71,41 @@ def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, ch
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def _run_ranks(module: str, args: list[str], n: int, env: dict, timeout: int, check: bool) -> subprocess.CompletedProcess:
+    """n processes of `python -m module args` with RANK/WORLD_SIZE/MASTER_* set, as srun or torchrun would."""
+    import tempfile
+
+    port = free_port()
+    cmd = [sys.executable, "-m", module, *args]
+    with tempfile.TemporaryDirectory() as logs:
+        procs, files = [], []
+        for rank in range(n):
+            out, err = open(Path(logs) / f"{rank}.out", "w+"), open(Path(logs) / f"{rank}.err", "w+")
+            files.append((out, err))
+            procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, env={
+                **env, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}))
+        deadline = time.time() + timeout
+        try:
+            codes = [p.wait(timeout=max(1.0, deadline - time.time())) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        texts = []
+        for out, err in files:
+            out.seek(0), err.seek(0)
+            texts.append((out.read(), err.read()))
+            out.close(), err.close()
+    code = next((c for c in codes if c != 0), 0)
+    proc = subprocess.CompletedProcess(cmd, code, texts[0][0], "".join(f"--- rank {r}\n{e}" for r, (_, e) in enumerate(texts)))
+    if check and code != 0:
+        raise AssertionError(f"{n} ranks of {' '.join(cmd)} exited {codes}\n--- rank 0 stdout\n{proc.stdout[-4000:]}\n"
+                             f"--- stderr\n{proc.stderr[-6000:]}")
     return proc
 
 
@@ -110,3 +151,17 @@ def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> None:
         assert all(p.poll() is None for p in procs), "a rank exited early"
         time.sleep(0.05)
     raise AssertionError(f"step {step} not reached")
+
+
+# Longest modules first, so that `pytest -n 2 --dist loadfile` (the Makefile's test command) starts the
+# long, mostly waiting SLURM module at once and packs the short ones around the long ones (measured
+# durations on the 2-core machine; a module not listed runs after these, in collection order).
+LONGEST_FIRST = ["test_slurm", "test_train_resume", "test_engine_configs", "test_objective_training",
+                 "test_evaluation", "test_elastic", "test_preemption", "test_loader_resume", "test_export",
+                 "test_launch", "test_parallel_and_integrity", "test_diagnostics"]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Order the collected tests by module, longest module first (stable within a module)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(rank)))

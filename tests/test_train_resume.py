@@ -44,7 +44,7 @@ def _fp32_master(run: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def uninterrupted(prepared, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("straight") / "run"
-    run_cli("pretrain", _args(prepared, out), nproc=2)
+    run_cli("pretrain", _args(prepared, out), nproc=2, launcher="torchrun")  # the other tests start ranks directly
     return out
 
 
