@@ -73,6 +73,9 @@ GROUPS = {
         # The MLM sweep's learning rate.
         "coco-modernbert-lr2e-3": COCO + MODERN + ["optimizer.lr=2e-3"],
         "electra-modernbert-g1/2-lr2e-3": ELECTRA + MODERN + ["optimizer.lr=2e-3", "objective.electra.generator_width=0.5"],
+        # COCO-LM with a narrower (weaker) generator: its full-width one is the strongest corrupter here.
+        "coco-modernbert-g1/2": COCO + MODERN + ["objective.coco_lm.generator_width=0.5"],
+        "coco-modernbert-g1/4": COCO + MODERN + ["objective.coco_lm.generator_width=0.25"],
     },
 }
 

@@ -61,8 +61,14 @@ def _logits(out) -> torch.Tensor:
 
 @pytest.mark.parametrize("backbone,name", MATRIX, ids=[f"{o}-{b}" for b, o in MATRIX])
 def test_export_loads_natively(backbone, name, prepared, tmp_path):
-    from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining, AutoModelForTokenClassification,
-                              AutoTokenizer, pipeline)
+    from transformers import (
+        AutoModel,
+        AutoModelForMaskedLM,
+        AutoModelForPreTraining,
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+        pipeline,
+    )
 
     tok = read_manifest(prepared)["tokenizer"]
     objective = _build(backbone, name, tok, tmp_path)
@@ -120,3 +126,24 @@ def test_generator_shares_the_main_embeddings_where_widths_match():
         electra = build_objective(ObjectiveConfig(name="electra"), config)
         shared = Backbone.base(electra.generator).embeddings is Backbone.base(electra.discriminator).embeddings
         assert shared == (backbone == "bert")
+
+
+@pytest.mark.parametrize("backbone", ["bert", "modernbert"])
+def test_coco_lm_narrow_generator(backbone, tmp_path):
+    """coco_lm.generator_width=0.5: a half-width generator that trains with the main model, shares the embeddings
+    the way ELECTRA's narrow generator does, and leaves the CLM head tied to the main model's embeddings."""
+    tok = {"vocab_size": 120, "pad_id": 0, "cls_id": 2, "sep_id": 3, "mask_id": 4, "special_ids": [0, 1, 2, 3, 4]}
+    options = ObjectiveConfig(name="coco_lm")
+    options.coco_lm.generator_layers, options.coco_lm.generator_width = 1, 0.5
+    torch.manual_seed(0)
+    coco = build_objective(options, _config(backbone, tok))
+    assert coco.generator.config.hidden_size == 16 and coco.main.config.hidden_size == 32
+    shared = Backbone.base(coco.generator).embeddings is Backbone.base(coco.main).embeddings
+    assert shared == (backbone == "bert")
+    assert coco.clm_head.weight is Backbone.word_embeddings(coco.main).weight
+    coco.train()
+    loss, metrics = coco(_batch(tok, "coco_lm"))
+    loss.backward()
+    assert torch.isfinite(loss) and metrics["generator_mlm_loss"] > 0
+    own = [p for n, p in coco.generator.named_parameters() if "embeddings" not in n]
+    assert own and all(p.grad is not None for p in own)

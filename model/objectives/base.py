@@ -33,9 +33,12 @@ class ElectraOptions:
 
 @dataclass
 class CocoLMOptions:
-    """COCO-LM: generator depth, loss weights, CLM form and SCL temperature."""
+    """COCO-LM: generator size, loss weights, CLM form and SCL temperature."""
 
     generator_layers: int = 4
+    # The paper's generator has the main model's width and fewer layers (1.0); a narrower one is a
+    # weaker corrupter, as ELECTRA's 1/4-1/2 width generators are.
+    generator_width: float = 1.0
     copy_weight: float = 50.0
     # weighted: CE weighted by stop-grad p_copy(0) (the authors' posted skeleton);
     # paper: -log(1[x = orig] sg(p1) + sg(p0) softmax(x_orig)).

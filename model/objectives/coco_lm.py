@@ -4,8 +4,9 @@ Meng et al. 2021, "COCO-LM: Correcting and Contrasting Text Sequences for Langua
 Pretraining" (microsoft/COCO-LM: the model code with every head was released, the pre-training
 loss was not; the authors posted the loss skeleton in the repository's issues). An auxiliary MLM
 generator (main width, fewer layers: 2 small, 4 base; sharing the embedding module, tied MLM
-head) fills 15% [MASK]ed positions by sampling its softmax (multinomial, no temperature) in a
-no-grad, dropout-free pass. The main Transformer reads the corrupted text and learns:
+head; `generator_width` < 1 makes it narrower, sharing embeddings where the widths allow) fills
+15% [MASK]ed positions by sampling its softmax (multinomial, no temperature) in a no-grad,
+dropout-free pass. The main Transformer reads the corrupted text and learns:
 - copy: Linear(H, 1) at every non-pad token, BCE against "unchanged" (a sample equal to the
   original counts as unchanged); weight 50;
 - corrective LM at the masked positions: as the released model code, the tied embedding matrix
@@ -93,7 +94,7 @@ class CocoLM(Objective):
         self.backbone = backbone_for(config)
         self.options = options
         self.main = self.backbone.encoder(config, init_from)
-        self.generator = self.backbone.generator(config, 1.0, options.generator_layers, self.main)
+        self.generator = self.backbone.generator(config, options.generator_width, options.generator_layers, self.main)
         # The authors' released model code: the CLM head is the tied embedding matrix plus a zero-initialised
         # bias, with no transform; the copy head a Linear(H, 1); the SCL head dense -> GELU -> LayerNorm.
         self.clm_head = nn.Linear(config.hidden_size, config.vocab_size)
