@@ -76,6 +76,8 @@ GROUPS = {
         # COCO-LM with a narrower (weaker) generator: its full-width one is the strongest corrupter here.
         "coco-modernbert-g1/2": COCO + MODERN + ["objective.coco_lm.generator_width=0.5"],
         "coco-modernbert-g1/4": COCO + MODERN + ["objective.coco_lm.generator_width=0.25"],
+        # The same with the longer budget the issue allows (run with --budget-s 900).
+        "coco-modernbert-g1/4-900s": COCO + MODERN + ["objective.coco_lm.generator_width=0.25"],
     },
 }
 
