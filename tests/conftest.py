@@ -85,9 +85,7 @@ def _run_ranks(module: str, args: list[str], n: int, env: dict, timeout: int, ch
         for rank in range(n):
             out, err = open(Path(logs) / f"{rank}.out", "w+"), open(Path(logs) / f"{rank}.err", "w+")
             files.append((out, err))
-            procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, env={
-                **env, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}))
+            procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, env={**env, **_rank_env(rank, n, port)}))
         deadline = time.time() + timeout
         try:
             codes = [p.wait(timeout=max(1.0, deadline - time.time())) for p in procs]
@@ -127,14 +125,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _rank_env(rank: int, n: int, port: int) -> dict[str, str]:
+    """What srun or torchrun tells rank `rank` of `n` on this machine."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
 def launch_ranks(args: list[str], n: int, log_dir: Path) -> list[subprocess.Popen]:
     """Start n ranks of `python -m pretrain args` as separate processes with the env srun or torchrun would give them."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank in range(n):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **_rank_env(rank, n, port)}
         out = open(log_dir / f"rank{rank}.log", "w")
         procs.append(subprocess.Popen([sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, stdout=out,
                                       stderr=subprocess.STDOUT))
