@@ -60,10 +60,10 @@ def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, ch
     """Run `python -m module args` from the repo root; nproc > 1 starts the ranks directly with the
     environment srun gives them (launcher="torchrun": under torchrun, one more process to start).
 
-    stdout is rank 0's (the one that logs), stderr every rank's."""
+    With direct ranks, stdout is rank 0's log (the rank that logs) and stderr every rank's log."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     if nproc > 1 and launcher == "direct":
-        return _run_ranks(module, args, nproc, env, timeout, check)
+        return _run_ranks(module, args, nproc, timeout, check)
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *args]
     else:
@@ -74,18 +74,12 @@ def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, ch
     return proc
 
 
-def _run_ranks(module: str, args: list[str], n: int, env: dict, timeout: int, check: bool) -> subprocess.CompletedProcess:
-    """n processes of `python -m module args` with RANK/WORLD_SIZE/MASTER_* set, as srun or torchrun would."""
+def _run_ranks(module: str, args: list[str], n: int, timeout: int, check: bool) -> subprocess.CompletedProcess:
+    """launch_ranks, waited for: the first non-zero exit code, rank 0's log and all ranks' logs."""
     import tempfile
 
-    port = free_port()
-    cmd = [sys.executable, "-m", module, *args]
     with tempfile.TemporaryDirectory() as logs:
-        procs, files = [], []
-        for rank in range(n):
-            out, err = open(Path(logs) / f"{rank}.out", "w+"), open(Path(logs) / f"{rank}.err", "w+")
-            files.append((out, err))
-            procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, env={**env, **_rank_env(rank, n, port)}))
+        procs = launch_ranks(args, n, Path(logs), module)
         deadline = time.time() + timeout
         try:
             codes = [p.wait(timeout=max(1.0, deadline - time.time())) for p in procs]
@@ -94,16 +88,11 @@ def _run_ranks(module: str, args: list[str], n: int, env: dict, timeout: int, ch
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-        texts = []
-        for out, err in files:
-            out.seek(0), err.seek(0)
-            texts.append((out.read(), err.read()))
-            out.close(), err.close()
+        texts = [(Path(logs) / f"rank{rank}.log").read_text() for rank in range(n)]
     code = next((c for c in codes if c != 0), 0)
-    proc = subprocess.CompletedProcess(cmd, code, texts[0][0], "".join(f"--- rank {r}\n{e}" for r, (_, e) in enumerate(texts)))
+    proc = subprocess.CompletedProcess(procs[0].args, code, texts[0], "".join(f"--- rank {r}\n{t}" for r, t in enumerate(texts)))
     if check and code != 0:
-        raise AssertionError(f"{n} ranks of {' '.join(cmd)} exited {codes}\n--- rank 0 stdout\n{proc.stdout[-4000:]}\n"
-                             f"--- stderr\n{proc.stderr[-6000:]}")
+        raise AssertionError(f"{n} ranks of python -m {module} {' '.join(args)} exited {codes}\n{proc.stderr[-8000:]}")
     return proc
 
 
@@ -125,22 +114,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_env(rank: int, n: int, port: int) -> dict[str, str]:
-    """What srun or torchrun tells rank `rank` of `n` on this machine."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-
-
-def launch_ranks(args: list[str], n: int, log_dir: Path) -> list[subprocess.Popen]:
-    """Start n ranks of `python -m pretrain args` as separate processes with the env srun or torchrun would give them."""
+def launch_ranks(args: list[str], n: int, log_dir: Path, module: str = "pretrain") -> list[subprocess.Popen]:
+    """Start n ranks of `python -m module args` as separate processes with the env srun or torchrun would give
+    them; each rank's stdout and stderr go to log_dir/rank{r}.log."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank in range(n):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **_rank_env(rank, n, port)}
-        out = open(log_dir / f"rank{rank}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, stdout=out,
-                                      stderr=subprocess.STDOUT))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+               "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        with open(log_dir / f"rank{rank}.log", "w") as out:  # the child keeps its own copy of the descriptor
+            procs.append(subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env, stdout=out,
+                                          stderr=subprocess.STDOUT))
     return procs
 
 
