@@ -3,6 +3,7 @@
     python -m data_pipeline prepare --config data_pipeline/configs/demo.yaml output_dir=runs/sweep/data
     python benchmarks/recipe_sweep.py --group mlm --budget-s 240          # MLM: backbone, positions, lr, schedule, ...
     python benchmarks/recipe_sweep.py --group rtd --budget-s 600          # ELECTRA / COCO-LM: generator size, λ, lr
+    python benchmarks/recipe_sweep.py --group scratch --corpora runs/corpora --budget-s 600   # RESULTS.md (b)'s corpora
     python benchmarks/recipe_sweep.py --plot-only                          # redraw from benchmarks/results/
 
 Each point is one `torchrun --nproc_per_node 2 -m pretrain train` run on the bundled KJV data. A
@@ -78,6 +79,14 @@ GROUPS = {
         "coco-modernbert-g1/4": COCO + MODERN + ["objective.coco_lm.generator_width=0.25"],
         # The same with the longer budget the issue allows (run with --budget-s 900).
         "coco-modernbert-g1/4-900s": COCO + MODERN + ["objective.coco_lm.generator_width=0.25"],
+    },
+    # Issue 14's last check, on RESULTS.md (b)'s corpora (--corpora): each objective with the settings the two
+    # groups above picked, given 600 s (COCO-LM 900 s: run it with --budget-s 900 --only coco-lm-g1/4).
+    "scratch": {
+        "mlm": MODERN + ["masking.mask_prob=0.3", "optimizer.lr=2e-3"],
+        "electra-g1/4": ELECTRA + MODERN,
+        "coco-lm-g1/4": COCO + MODERN + ["objective.coco_lm.generator_width=0.25"],
+        "taco": MODERN + ["objective.name=taco"],
     },
 }
 
@@ -178,6 +187,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--group", choices=sorted(GROUPS), default="mlm")
     parser.add_argument("--data", default="runs/sweep/data")
+    parser.add_argument("--corpora", default=None,
+                        help="output of benchmarks/corpora.py: train on RESULTS.md (b)'s shards (prepared once) instead of --data")
     parser.add_argument("--out", default="runs/sweep")
     parser.add_argument("--budget-s", type=float, default=240.0, help="training seconds per configuration")
     parser.add_argument("--probe-steps", type=int, default=40)
@@ -188,8 +199,14 @@ def main() -> None:
     if args.plot_only:
         results = json.loads((REPO / "benchmarks" / "results" / f"recipe_sweep_{args.group}.json").read_text())
     else:
-        results = sweep(args.group, Path(args.data), Path(args.out), args.budget_s, args.probe_steps, args.only)
-    print(f"\n| configuration | s/step | steps | final validation |\n|---|---|---|---|")
+        data = Path(args.data)
+        if args.corpora:
+            sys.path.insert(0, str(REPO / "benchmarks"))
+            from repro_common import scratch_data
+
+            data = scratch_data(Path(args.corpora).resolve(), Path(args.out).resolve() / "scratch_data")
+        results = sweep(args.group, data, Path(args.out), args.budget_s, args.probe_steps, args.only)
+    print("\n| configuration | s/step | steps | final validation |\n|---|---|---|---|")
     for name, res in results.items():
         final = res["final"]
         shown = {k: v for k, v in final.items() if k.endswith(("mlm_loss", "below_unigram", "_auc", "below_prior", "accuracy"))}

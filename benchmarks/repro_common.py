@@ -66,6 +66,14 @@ def train(config: str, overrides: list[str], out: Path, max_steps: int, nproc: i
     return out
 
 
+def scratch_data(corpora: Path, out: Path) -> Path:
+    """RESULTS.md (b)'s shards: WordNet glosses + KJV, an 8k unigram vocabulary trained here, 128-token packing."""
+    return prepare({"sources": [{"kind": "text", "path": f"{corpora / 'wordnet_glosses.txt'},{corpora / 'kjv.txt'}",
+                                 "text_documents": "paragraph"}],
+                    "tokenizer": {"model_type": "unigram", "vocab_size": 8000, "character_coverage": 0.9999},
+                    "seq_len": 128, "packing": "full", "val_fraction": 0.02}, out)
+
+
 def export(run_dir: Path, step: int, out: Path) -> Path:
     """Export the checkpoint of `step` of a run as a Hugging Face folder (in this process)."""
     if (out / "config.json").is_file():

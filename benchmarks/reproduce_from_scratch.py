@@ -29,7 +29,7 @@ from repro_common import (  # noqa: E402
     finetune_cached,
     fresh_bert,
     log,
-    prepare,
+    scratch_data,
     setup_logging,
     split_csv,
     train,
@@ -112,10 +112,7 @@ def main() -> None:
         parser.error(f"--steps {args.steps} must be a multiple of --eval-every {args.eval_every}")
     corpora, out = Path(args.corpora).resolve(), Path(args.out).resolve()
 
-    data = prepare({"sources": [{"kind": "text", "path": f"{corpora / 'wordnet_glosses.txt'},{corpora / 'kjv.txt'}",
-                                 "text_documents": "paragraph"}],
-                    "tokenizer": {"model_type": "unigram", "vocab_size": 8000, "character_coverage": 0.9999},
-                    "seq_len": 128, "packing": "full", "val_fraction": 0.02}, out / "data")
+    data = scratch_data(corpora, out / "data")
     checkpoints = list(range(args.eval_every, args.steps + 1, args.eval_every))
     train_csv, eval_csv = split_csv(corpora / "bbc_news.csv", out / "bbc", args.ft_train, args.ft_eval)
     ft_kwargs = {"recipe_name": "taco", "overrides": {"lr": args.ft_lr, "epochs": args.ft_epochs, "max_length": 128},

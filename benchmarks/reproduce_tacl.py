@@ -22,8 +22,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repro_common import (export, finetune_cached, log, minilm_dir, prepare, setup_logging, split_csv,  # noqa: E402
-                          train, validation_losses, write_json)
+from repro_common import (  # noqa: E402
+    export,
+    finetune_cached,
+    log,
+    minilm_dir,
+    prepare,
+    setup_logging,
+    split_csv,
+    train,
+    validation_losses,
+    write_json,
+)
 
 
 def main() -> None:
