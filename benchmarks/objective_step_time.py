@@ -40,8 +40,7 @@ def time_objective(name: str, args, device: str) -> dict:
     """Median step time of one objective."""
     from transformers import BertConfig
 
-    from model.objectives import build_objective
-    from model.objectives.base import ObjectiveConfig
+    from model.objectives import ObjectiveConfig, build_objective
 
     config = BertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
                         num_attention_heads=args.heads, intermediate_size=args.intermediate, max_position_embeddings=512)

@@ -8,7 +8,7 @@ from core.config_io import ConfigError
 from data_pipeline.loader import LoaderConfig
 from data_pipeline.masking import MaskingConfig
 from model.encoder import EncoderConfig
-from model.objectives.base import ObjectiveConfig
+from model.objectives import ObjectiveConfig
 
 
 @dataclass

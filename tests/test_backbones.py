@@ -10,8 +10,7 @@ from data_pipeline.shards import read_manifest
 from data_pipeline.tokenizer import copy_tokenizer_folder
 from model.backbones import Backbone
 from model.encoder import EncoderConfig, model_config
-from model.objectives import build_objective
-from model.objectives.base import ObjectiveConfig
+from model.objectives import ObjectiveConfig, build_objective
 
 BACKBONES = {
     "bert": {"architecture": "bert"},

@@ -70,3 +70,33 @@ def test_every_example_config_loads_and_passes_its_objective_checks():
         cfg = load_config(RunConfig, path, overrides)
         if "tacl" not in path.name:
             check_objective_config(cfg.objective, cfg.model, cfg.masking)
+
+
+def test_an_objective_is_one_file_plus_a_registry_entry(tmp_path, monkeypatch):
+    """A new objective's options become the typed section objective.<name>, with no shared file edited."""
+    import dataclasses
+    import sys
+
+    import model.objectives as objectives
+
+    (tmp_path / "toy_objective.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from model.objectives.base import Objective\n\n"
+        "@dataclass\nclass ToyOptions:\n    alpha: float = 1.0\n\n"
+        "class Toy(Objective):\n    options_class = ToyOptions\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(objectives.REGISTRY, "toy", "toy_objective:Toy")
+    monkeypatch.delitem(sys.modules, "toy_objective", raising=False)
+    config_class = objectives._objective_config_class()
+    run_class = dataclasses.make_dataclass("Run", [("objective", config_class, dataclasses.field(default_factory=config_class))])
+
+    cfg = load_config(run_class, None, ["objective.name=toy", "objective.toy.alpha=2.5"])
+    assert cfg.objective.name == "toy" and cfg.objective.toy.alpha == 2.5
+    assert cfg.objective.electra.generator_width == 0.25  # the registered objectives keep their sections
+    with pytest.raises(ConfigError, match="objective.toy.beta"):
+        load_config(run_class, None, ["objective.toy.beta=1"])
+    with pytest.raises(ConfigError, match="objective.toy.alpha"):
+        load_config(run_class, None, ["objective.toy.alpha=[1, 2]"])
+    # The project's own config, built without the entry, refuses the name.
+    with pytest.raises(ConfigError, match="'toy' is not one of"):
+        load_config(RunConfig, None, ["objective.name=toy"])

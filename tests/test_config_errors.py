@@ -5,10 +5,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, TINY_MODEL
-from pretrain.cli import main as pretrain_main
 
+from pretrain.cli import main as pretrain_main
 
 CASES = [
     ("train.max_stepz=3", "train.max_stepz"),

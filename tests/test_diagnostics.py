@@ -6,8 +6,15 @@ import math
 import pytest
 import torch
 
-from model.diagnostics import (binary_auc, binary_entropy, detection_metrics, headline, retrieval_accuracy,
-                               token_self_similarity, unigram_entropy)
+from model.diagnostics import (
+    binary_auc,
+    binary_entropy,
+    detection_metrics,
+    headline,
+    retrieval_accuracy,
+    token_self_similarity,
+    unigram_entropy,
+)
 
 
 def test_auc_is_the_probability_a_positive_outscores_a_negative():
@@ -78,9 +85,7 @@ def test_uniform_replacements_are_detected(name, monkeypatch):
     """
     from data_pipeline.masking import MaskingConfig, build_masking
     from model.encoder import EncoderConfig, model_config
-    from model.objectives import build_objective
-    from model.objectives import coco_lm, electra
-    from model.objectives.base import ObjectiveConfig
+    from model.objectives import ObjectiveConfig, build_objective, coco_lm, electra
 
     vocab, pad, cls, sep, mask_id = 400, 0, 2, 3, 4
     tok = {"vocab_size": vocab, "pad_id": pad, "cls_id": cls, "sep_id": sep}

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY_MODEL, run_cli
 
 pytestmark = pytest.mark.slow

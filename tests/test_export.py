@@ -5,7 +5,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO, TINY_MODEL, run_cli
 
 pytestmark = pytest.mark.slow

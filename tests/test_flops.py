@@ -4,8 +4,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertModel
 
 from model.flops import encoder_forward, mlm_head_forward
-from model.objectives import build_objective
-from model.objectives.base import ObjectiveConfig
+from model.objectives import ObjectiveConfig, build_objective
 
 
 def _config():

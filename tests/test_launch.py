@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TINY_MODEL, free_port
+
 from pretrain.distributed import first_host, slurm_env
 
 

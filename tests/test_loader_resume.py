@@ -6,7 +6,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -4,8 +4,7 @@ import torch
 from transformers import BertConfig
 
 from data_pipeline.masking import MaskingConfig, build_masking
-from model.objectives import build_objective
-from model.objectives.base import ObjectiveConfig
+from model.objectives import ObjectiveConfig, build_objective
 from model.objectives.coco_lm import corrective_lm_loss
 from model.objectives.taco import sample_taco_indices, tc_loss
 

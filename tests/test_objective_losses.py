@@ -8,8 +8,8 @@ import torch
 from model.objectives.coco_lm import copy_loss, corrective_lm_loss, scl_loss
 from model.objectives.electra import rtd_loss
 from model.objectives.mlm import pair_loss
-from model.objectives.taco import tc_loss
 from model.objectives.tacl import supervised_tacl_loss, tacl_loss
+from model.objectives.taco import tc_loss
 
 RTOL = 1e-6
 

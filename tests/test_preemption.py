@@ -4,8 +4,8 @@ import signal
 import time
 
 import pytest
-
 from conftest import TINY_MODEL, launch_ranks, run_cli, wait_for_step
+
 from pretrain.preemption import EXIT_PREEMPTED, parse_duration
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, TINY_MODEL, free_port, kjv_chapters, launch_ranks
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY_MODEL, launch_ranks, run_cli, wait_for_step
 
 pytestmark = pytest.mark.slow

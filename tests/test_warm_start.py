@@ -1,7 +1,6 @@
 """Any HF BERT folder starts a run: the real MiniLM-L6 (a BertModel with no MLM head) warm-starts every objective."""
 import pytest
 import torch
-
 from test_tokenizer import minilm_dir
 
 # Where each objective keeps the encoder that the BERT folder initialises.

@@ -7,10 +7,17 @@ main model's width: it reads the shared embeddings through its own projection, a
 """
 from __future__ import annotations
 
-from typing import Optional
-
-from transformers import (BertConfig, BertForPreTraining, BertModel, ElectraConfig, ElectraForMaskedLM,
-                          ElectraForPreTraining, ElectraPreTrainedModel, PretrainedConfig, PreTrainedModel)
+from transformers import (
+    BertConfig,
+    BertForPreTraining,
+    BertModel,
+    ElectraConfig,
+    ElectraForMaskedLM,
+    ElectraForPreTraining,
+    ElectraPreTrainedModel,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
 from model.backbones.base import Backbone, Head
 

@@ -1,12 +1,13 @@
 """Objective registry: the config names an objective, this builds it; the trainer never imports one."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from typing import Optional
+from typing import Literal, Optional
 
 from transformers import PretrainedConfig
 
-from model.objectives.base import Objective, ObjectiveConfig
+from model.objectives.base import Objective
 
 # name -> "module:class"; imported lazily so one objective's dependencies never load another's.
 REGISTRY = {
@@ -24,6 +25,24 @@ def objective_class(name: str) -> type[Objective]:
         raise ValueError(f"unknown objective {name!r}; known: {sorted(REGISTRY)}")
     module_name, cls_name = REGISTRY[name].split(":")
     return getattr(importlib.import_module(module_name), cls_name)
+
+
+def _objective_config_class() -> type:
+    """The `objective` config section: the objective's name, and one section of options per registered objective.
+
+    Built from the registry, so adding an objective adds its section; every section is typed (an unknown key
+    or a wrong value in any of them is a ConfigError), and only the named objective's section is used.
+    """
+    sections = [(name, objective_class(name).options_class) for name in REGISTRY]
+    fields = [("name", Literal[tuple(REGISTRY)], dataclasses.field(default="mlm"))]
+    fields += [(name, cls, dataclasses.field(default_factory=cls)) for name, cls in sections]
+    cls = dataclasses.make_dataclass("ObjectiveConfig", fields)
+    cls.__module__ = __name__
+    cls.__doc__ = "Which objective to train, and each registered objective's options."
+    return cls
+
+
+ObjectiveConfig = _objective_config_class()
 
 
 def check_objective_config(cfg: ObjectiveConfig, model, masking) -> None:

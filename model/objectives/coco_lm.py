@@ -26,7 +26,8 @@ pretrain/configs/coco_lm.yaml uses ModernBERT's rotary positions (relative too),
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +39,7 @@ from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import detection_metrics, retrieval_accuracy
-from model.objectives.base import Batch, CocoLMOptions, Objective
+from model.objectives.base import Batch, Objective
 from model.objectives.electra import sample_replacements
 from model.objectives.mlm import at_least_fp32, sparse_mlm
 
@@ -86,8 +87,28 @@ def scl_loss(z_corrupted: torch.Tensor, z_crop: torch.Tensor, temperature: float
     return F.cross_entropy(*scl_logits(z_corrupted, z_crop, temperature))
 
 
+@dataclass
+class CocoLMOptions:
+    """COCO-LM: generator size, loss weights, CLM form and SCL temperature."""
+
+    generator_layers: int = 4
+    # The paper's generator has the main model's width and fewer layers (1.0); a narrower one is a
+    # weaker corrupter, as ELECTRA's 1/4-1/2 width generators are.
+    generator_width: float = 1.0
+    copy_weight: float = 50.0
+    # weighted: CE weighted by stop-grad p_copy(0) (the authors' posted skeleton);
+    # paper: -log(1[x = orig] sg(p1) + sg(p0) softmax(x_orig)).
+    clm_form: Literal["weighted", "paper"] = "weighted"
+    scl_temperature: float = 1.0
+    scl_weight: float = 1.0
+    # mlm: replacements sampled from the generator; uniform: drawn uniformly (a plumbing check).
+    generator: Literal["mlm", "uniform"] = "mlm"
+
+
 class CocoLM(Objective):
     """Main Transformer with copy, corrective-LM and SCL heads, plus the auxiliary generator."""
+
+    options_class = CocoLMOptions
 
     def __init__(self, config: PretrainedConfig, options: CocoLMOptions, init_from: Optional[str] = None) -> None:
         super().__init__()

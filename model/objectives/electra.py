@@ -20,7 +20,8 @@ Paper defaults and where this differs:
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,7 @@ from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import detection_metrics
-from model.objectives.base import Batch, ElectraOptions, Objective
+from model.objectives.base import Batch, Objective
 from model.objectives.mlm import at_least_fp32, sparse_mlm
 
 
@@ -48,8 +49,21 @@ def sample_replacements(logits: torch.Tensor, mode: str) -> torch.Tensor:
     return torch.multinomial(torch.softmax(logits.float(), -1), 1).squeeze(1)
 
 
+@dataclass
+class ElectraOptions:
+    """ELECTRA: generator size as fractions of the discriminator, and the RTD weight λ."""
+
+    generator_width: float = 0.25
+    generator_depth: float = 1.0
+    rtd_weight: float = 50.0
+    # mlm: replacements sampled from the generator; uniform: drawn uniformly (a plumbing check).
+    generator: Literal["mlm", "uniform"] = "mlm"
+
+
 class Electra(Objective):
     """Generator and discriminator of the config's backbone, with shared embeddings where the widths allow."""
+
+    options_class = ElectraOptions
 
     def __init__(self, config: PretrainedConfig, options: ElectraOptions, init_from: Optional[str] = None) -> None:
         super().__init__()

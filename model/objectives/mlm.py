@@ -13,7 +13,8 @@ Validation shows every picked token as [MASK] (the 80/10/10 mix reads lower).
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +24,7 @@ from core.config_io import ConfigError
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
-from model.objectives.base import Batch, MLMOptions, Objective
+from model.objectives.base import Batch, Objective
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -59,8 +60,17 @@ def sparse_mlm(hidden: torch.Tensor, labels: torch.Tensor, head) -> tuple[torch.
     return loss, accuracy
 
 
+@dataclass
+class MLMOptions:
+    """BERT MLM, optionally with a sentence-pair head (needs `packing: pairs` data)."""
+
+    pair_head: Literal["none", "nsp", "sop"] = "none"
+
+
 class MaskedLM(Objective):
     """Encoder + tied MLM head (+ NSP/SOP head on BERT); the vocabulary projection runs only at picked positions."""
+
+    options_class = MLMOptions
 
     def __init__(self, config: PretrainedConfig, options: MLMOptions, init_from: Optional[str] = None) -> None:
         super().__init__()

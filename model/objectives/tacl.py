@@ -19,8 +19,9 @@ not the original scripts. Validation logs the student's last-layer `self_similar
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import token_self_similarity
-from model.objectives.base import Batch, Objective, TaCLOptions
+from model.objectives.base import Batch, Objective
 from model.objectives.mlm import at_least_fp32, pair_loss, sparse_mlm
 
 
@@ -78,8 +79,23 @@ def supervised_tacl_loss(student: torch.Tensor, teacher: torch.Tensor, token_lab
     return _contrast(logits, key_mask, cols).mean()
 
 
+@dataclass
+class TaCLOptions:
+    """TaCL: token-level contrastive loss against a frozen teacher."""
+
+    temperature: float = 0.01
+    # The original code's softmax runs over all positions, padding included; the paper's does not.
+    include_padding: bool = False
+    # Variant (a): teacher tokens of the other sequences in the batch join the denominator.
+    cross_sequence_negatives: bool = False
+    pair_head: Literal["none", "nsp"] = "none"
+    weight: float = 1.0
+
+
 class TaCL(Objective):
     """Student (the backbone's masked LM, with NSP on BERT) and a frozen copy of its encoder as the teacher."""
+
+    options_class = TaCLOptions
 
     def __init__(self, config: PretrainedConfig, options: TaCLOptions, init_from: Optional[str] = None) -> None:
         super().__init__()

@@ -15,6 +15,7 @@ allowed). `tc_retrieval_accuracy` logs how often the positive outscores all K ne
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -25,7 +26,7 @@ from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import retrieval_accuracy
-from model.objectives.base import Batch, Objective, TACOOptions
+from model.objectives.base import Batch, Objective
 from model.objectives.mlm import at_least_fp32, sparse_mlm
 
 OFFSETS = torch.tensor([-2, -1, 1, 2])
@@ -87,8 +88,20 @@ def tc_loss(g: torch.Tensor, anchor_idx: torch.Tensor, pos_idx: torch.Tensor, ne
     return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
 
 
+@dataclass
+class TACOOptions:
+    """TACO: token-alignment contrastive loss on the global semantic g = last hidden - embeddings."""
+
+    temperature: float = 0.07
+    negatives: int = 50
+    masked_only: bool = False
+    weight: float = 1.0
+
+
 class TACO(Objective):
     """The backbone's masked LM with the token-alignment contrastive loss on g = last hidden − embeddings."""
+
+    options_class = TACOOptions
 
     def __init__(self, config: PretrainedConfig, options: TACOOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
