@@ -53,7 +53,8 @@ class TrainConfig:
     micro_batch_size: int = 16
     # Samples per optimizer step over all ranks; accumulation = global / (micro * world).
     global_batch_size: int = 32
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # auto: bf16 where the hardware runs it natively (a recent GPU, a CPU with AMX or AVX512-BF16), else fp32.
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     deepspeed_config: str = "deepspeed_configs/zero2.json"
     seed: int = 42
     log_every: int = 10
@@ -66,7 +67,7 @@ class TrainConfig:
     use_slurm_deadline: bool = True
     # Seconds kept free before a deadline, beyond two steps and the longest save seen.
     deadline_margin_s: float = 60.0
-    # Dense peak TFLOP/s of one device for MFU (0: known GPUs are looked up; CPUs report no MFU).
+    # Dense peak TFLOP/s of one device for MFU (0: a known GPU's data sheet, else measured once and cached).
     peak_tflops: float = 0.0
     keep_last: int = 3
     eval_every: int = 0

@@ -20,6 +20,7 @@ from model.encoder import model_config as build_model_config
 from model.objectives import build_objective, check_objective_config
 from pretrain import distributed as dist
 from pretrain.config import RunConfig
+from pretrain.hardware import resolve_precision
 from pretrain.trainer import Trainer
 
 CONFIG_FILE = "config.yaml"
@@ -66,6 +67,8 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     manifest = read_manifest(data_dir)
     tok = manifest["tokenizer"]
     check_objective_config(cfg.objective, cfg.model, cfg.masking)
+    # Resolved before the run files are written: config.yaml records the precision the run trained in.
+    cfg.train.precision, why = resolve_precision(cfg.train.precision)
     model_config = build_model_config(cfg.model, tok, manifest["seq_len"])
     files = run_files(cfg, model_config, manifest)
     if dist.rank() == 0:
@@ -92,7 +95,8 @@ def build_trainer(cfg: RunConfig) -> Trainer:
         eval_loader = build_loader(cfg.data, "validation", cfg.train.micro_batch_size, shuffle=False)
     return Trainer(cfg, model, transform, train_loader, eval_loader, run_files=files, eval_transform=eval_transform,
                    unigram_entropy=None if eval_loader is None else
-                   validation_unigram_entropy(eval_loader, cfg.train.eval_batches, tok))
+                   validation_unigram_entropy(eval_loader, cfg.train.eval_batches, tok),
+                   notes=(f"precision {cfg.train.precision} ({why})",))
 
 
 def validation_unigram_entropy(eval_loader, batches: int, tok: dict) -> float:

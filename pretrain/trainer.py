@@ -21,6 +21,7 @@ from pretrain import checkpoint as ckpt
 from pretrain import distributed as dist
 from pretrain.config import RunConfig
 from pretrain.ds_config import build_ds_config
+from pretrain.hardware import device_peak_tflops
 from pretrain.logger import RunLogger
 from pretrain.optim import build_optimizer, build_scheduler, reset_schedule
 from pretrain.preemption import PREEMPTED, PreemptionGuard, parse_duration, slurm_end_time
@@ -47,6 +48,7 @@ class Trainer:
         run_files: Optional[dict[str, str]] = None,
         eval_transform: Optional[BatchTransform] = None,
         unigram_entropy: Optional[float] = None,
+        notes: tuple[str, ...] = (),
     ) -> None:
         import deepspeed
 
@@ -83,9 +85,12 @@ class Trainer:
         self.last_save_time = self.start_time
         self.longest_save = 0.0
         self.seq_len = 0
-        from model.flops import peak_tflops
-
-        self.peak_tflops = cfg.train.peak_tflops or peak_tflops(cfg.train.precision)
+        for note in notes:  # what the run's builder decided for the user (e.g. the precision `auto` picked)
+            self.log.info(note)
+        self.peak_tflops, peak_source = cfg.train.peak_tflops, "train.peak_tflops"
+        if not self.peak_tflops:
+            self.peak_tflops, peak_source = device_peak_tflops(cfg.train.precision)
+        self.log.info(f"MFU against {self.peak_tflops:.3g} TFLOP/s per device ({peak_source})")
         # Dropout differs per rank; a resume overwrites this with the saved states.
         torch.manual_seed(cfg.train.seed * 1000 + self.rank)
         np.random.seed((cfg.train.seed * 1000 + self.rank) % 2**32)

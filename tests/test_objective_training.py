@@ -227,7 +227,7 @@ def test_tacl_from_real_minilm(corpus_file, tmp_path):
     run_cli("pretrain", [
         "train", "--config", "pretrain/configs/tacl_minilm.yaml", f"data.path={data}", f"train.output_dir={out}",
         f"model.init_from={minilm_dir()}", "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=3",
-        "train.save_every=3", "train.log_every=1", "schedule.warmup_steps=1", "optimizer.lr=1e-4"], nproc=2)
+        "train.save_every=3", "train.log_every=1", "schedule.warmup_steps=1", "optimizer.lr=1e-4", "train.precision=fp32"], nproc=2)
     module = torch.load(out / "checkpoints" / "step_00000003" / "mp_rank_00_model_states.pt", map_location="cpu",
                         weights_only=False)["module"]
     start = load_file(str(minilm_dir() / "model.safetensors"))

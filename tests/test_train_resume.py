@@ -1,5 +1,6 @@
 """2-rank ZeRO-2 training through the real CLI: the loss falls, and stop + resume equals an uninterrupted run."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,8 @@ def test_two_rank_loss_falls(uninterrupted):
     assert first > 5.5  # ~ln(400) at initialisation
     assert last < first - 0.5, losses
     log = (uninterrupted / "train.log").read_text()
-    assert "tok/s" in log and "ETA" in log and "2 rank(s)" in log
+    assert "tok/s" in log and "ETA" in log and "2 rank(s)" in log and "MFU" in log
+    assert "precision fp32 (set in the config)" in log
 
 
 def test_tensorboard_events_hold_the_loss(uninterrupted):
@@ -63,8 +65,13 @@ def test_tensorboard_events_hold_the_loss(uninterrupted):
     acc = EventAccumulator(str(uninterrupted / "tensorboard"))
     acc.Reload()
     for tag in ("train/loss", "train/lr", "train/tokens_per_s", "train/mlm_accuracy", "train/grad_norm",
-                "train/model_tflops_per_device", "train/peak_memory_gib", "train/data_wait_fraction"):
+                "train/model_tflops_per_device", "train/mfu", "train/peak_memory_gib", "train/data_wait_fraction"):
         assert tag in acc.Tags()["scalars"], tag
+    # MFU on a CPU: the model's TFLOP/s over the peak measured at start (logged with 3 significant digits).
+    peak = float(re.search(r"MFU against ([0-9.e+-]+) TFLOP/s per device \(measured fp32 matmul",
+                           (uninterrupted / "train.log").read_text()).group(1))
+    for mfu, tflops in zip(acc.Scalars("train/mfu"), acc.Scalars("train/model_tflops_per_device")):
+        assert 0 < mfu.value < 1 and abs(mfu.value * peak - tflops.value) <= 0.01 * tflops.value
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 21))
     losses = _train_losses(uninterrupted)
     assert all(abs(e.value - losses[e.step]) < 1e-5 for e in acc.Scalars("train/loss"))
