@@ -15,17 +15,17 @@ import torch.nn.functional as F
 def binary_auc(scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
     """ROC-AUC of `scores` for the positive class (Mann-Whitney U, ties counted half); 0.5 when a class is empty."""
     scores, positive = scores.float().reshape(-1), positive.bool().reshape(-1)
-    n_pos = int(positive.sum())
+    # Counts stay tensors (no host read: this runs in the training step): the empty-class case is a where.
+    n_pos = positive.sum().double()
     n_neg = positive.numel() - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return scores.new_tensor(0.5)
     # Average ranks over ties: rank of a value = (#smaller) + (#equal + 1) / 2.
     sorted_scores, _ = scores.sort()
     smaller = torch.searchsorted(sorted_scores, scores, right=False).double()
     equal = torch.searchsorted(sorted_scores, scores, right=True).double() - smaller
     ranks = smaller + (equal + 1) / 2
-    u = ranks[positive].sum() - n_pos * (n_pos + 1) / 2
-    return (u / (n_pos * n_neg)).float()
+    u = (ranks * positive).sum() - n_pos * (n_pos + 1) / 2
+    auc = u / (n_pos * n_neg).clamp(min=1)
+    return torch.where((n_pos == 0) | (n_neg == 0), torch.full_like(auc, 0.5), auc).float()
 
 
 @torch.no_grad()

@@ -173,6 +173,28 @@ def broadcast_object(*objs: Any) -> list[Any]:
     return items
 
 
+_CONTROL_GROUP = None
+
+
+def control_all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum of small host-side values (flags, counts) over ranks, on the CPU.
+
+    On a GPU the default group is NCCL, whose result waits for every kernel queued before it; a
+    per-step flag exchanged there would stop the host from running ahead of the device. A gloo group
+    made for these exchanges does not touch the device. Every rank must call it at the same points.
+    """
+    global _CONTROL_GROUP
+    if not torch.distributed.is_initialized():
+        return values
+    group = None
+    if torch.distributed.get_backend() != "gloo":
+        if _CONTROL_GROUP is None:
+            _CONTROL_GROUP = torch.distributed.new_group(backend="gloo")
+        group = _CONTROL_GROUP
+    torch.distributed.all_reduce(values, group=group)
+    return values
+
+
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     """Element-wise sum over ranks (float64 on CPU, so reductions are exact enough to compare runs)."""
     if torch.distributed.is_initialized():

@@ -68,7 +68,7 @@ class PreemptionGuard:
 
     def poll(self, step_seconds: float, save_seconds: float, save_due: bool) -> tuple[bool, bool]:
         """(stop, save) agreed by all ranks: stop if any rank got a signal or the deadline is near;
-        save if any rank says a time-based save is due. One small all-reduce per step."""
+        save if any rank says a time-based save is due. One small all-reduce per step, on the CPU."""
         self.reason = self.reason or signals.first_received()
         local = self.reason is not None
         if not local and self.deadline is not None:
@@ -76,7 +76,7 @@ class PreemptionGuard:
             if time.time() + 2 * step_seconds + save_seconds + self.margin_s >= self.deadline:
                 self.reason = "deadline"
                 local = True
-        flags = dist.all_reduce_sum(torch.tensor([1.0 if local else 0.0, 1.0 if save_due else 0.0], dtype=torch.float64))
+        flags = dist.control_all_reduce_sum(torch.tensor([1.0 if local else 0.0, 1.0 if save_due else 0.0], dtype=torch.float64))
         stop, save = bool(flags[0] > 0), bool(flags[1] > 0)
         if stop:  # every rank is here: agree on one reason, rank 0's if it has one, else the first rank's that does
             reasons = dist.all_gather_object(self.reason)

@@ -23,6 +23,7 @@ from pretrain.config import RunConfig
 from pretrain.ds_config import build_ds_config
 from pretrain.hardware import device_peak_tflops
 from pretrain.logger import RunLogger
+from pretrain.metrics import MetricWindow, Rates, reduce_means
 from pretrain.optim import build_optimizer, build_scheduler, reset_schedule
 from pretrain.preemption import PREEMPTED, PreemptionGuard, parse_duration, slurm_end_time
 
@@ -79,6 +80,7 @@ class Trainer:
         self.step = 0
         self.samples_seen = 0
         self.tokens_seen = 0
+        self.window, self.rates = MetricWindow(), Rates()
         self.elapsed = 0.0
         self._iter: Optional[Iterator] = None
         self.start_time = time.time()
@@ -232,59 +234,56 @@ class Trainer:
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    @staticmethod
-    def _accumulate(sums: dict[str, float], loss: torch.Tensor, metrics: dict[str, torch.Tensor]) -> None:
-        for key, value in {"loss": loss, **metrics}.items():
-            sums[key] = sums.get(key, 0.0) + float(value)
-
-    def _reduce(self, means: dict[str, float], divisor: float, totals: Optional[dict[str, float]] = None) -> dict[str, float]:
-        """`means` summed over ranks and divided by `divisor`; `totals` summed over ranks. One all-reduce for both."""
-        totals = totals or {}
-        keys, extra = sorted(means), sorted(totals)
-        values = dist.all_reduce_sum(torch.tensor([means[k] for k in keys] + [totals[k] for k in extra], dtype=torch.float64))
-        out = {k: float(v) / divisor for k, v in zip(keys, values[: len(keys)])}
-        out.update({k: float(v) for k, v in zip(extra, values[len(keys):])})
-        return out
-
-    def train_step(self) -> dict[str, float]:
-        """One optimizer step over `accum` micro-batches; returns rank-averaged metrics."""
-        lr = float(self.engine.get_lr()[0])
+    def train_step(self) -> None:
+        """One optimizer step over `accum` micro-batches; its metrics stay on the device until `_flush`."""
         step = self.step + 1
-        sums: dict[str, float] = {}
-        counts = {"tokens": 0.0, "samples": 0.0, "data_wait_s": 0.0}
+        host: dict[str, Any] = {"lr": float(self.engine.get_lr()[0]), "tokens": 0.0, "samples": 0.0, "data_wait_s": 0.0}
         sample_ids = []
         for micro in range(self.accum):
             t0 = time.perf_counter()
             batch = self._next_batch()
-            counts["data_wait_s"] += time.perf_counter() - t0
+            host["data_wait_s"] += time.perf_counter() - t0
             if self.cfg.train.record_samples:
                 sample_ids.append(batch["sample_id"].tolist())
             generator = torch.Generator().manual_seed(step_seed(self.cfg.train.seed, step, micro, self.rank))
-            batch = self._to_device(self.transform(batch, generator))
-            loss, metrics = self.engine(batch)
+            batch = self.transform(batch, generator)
+            # Counted on the host batch before it moves, and read at the flush: no device sync.
+            host["tokens"] += batch["attention_mask"].sum()
+            host["samples"] += batch["input_ids"].shape[0]
+            loss, metrics = self.engine(self._to_device(batch))
             self.engine.backward(loss)
             self.engine.step()
-            self._accumulate(sums, loss.detach(), metrics)
-            counts["tokens"] += float(batch["attention_mask"].sum())
-            counts["samples"] += batch["input_ids"].shape[0]
+            self.window.add({"loss": loss, **metrics})
         self.step = step
+        self.seq_len = batch["input_ids"].shape[1]
         if sample_ids:
             path = self._sample_log()
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a") as fh:
                 fh.write(json.dumps({"step": step, "sample_ids": sample_ids}) + "\n")
-        metrics = self._reduce(sums, self.accum * self.world, totals=counts)
-        self.seq_len = batch["input_ids"].shape[1]
-        self.tokens_seen += int(metrics["tokens"])
-        self.samples_seen += int(metrics["samples"])
         grad_norm = self.engine.get_global_grad_norm()
-        metrics.update(lr=lr, data_wait_s=metrics["data_wait_s"] / self.world)
         if grad_norm is not None:
-            metrics["grad_norm"] = float(grad_norm)
+            host["grad_norm"] = grad_norm  # a float, or a device tensor read at the flush
         loss_scale = getattr(self.engine.optimizer, "cur_scale", None) or getattr(self.engine.optimizer, "loss_scale", None)
         if self.cfg.train.precision == "fp16" and loss_scale is not None:
-            metrics["loss_scale"] = float(loss_scale)
-        return metrics
+            host["loss_scale"] = loss_scale
+        self.window.end_step(step, host)
+
+    def _drain(self, sec_per_step: Optional[float]) -> None:
+        """Read the window's metrics (one all-reduce), log a row per step, and the progress line if given its pace."""
+        rows = self.window.flush(self.world)
+        for _, metrics in rows:
+            self.tokens_seen += int(metrics["tokens"])
+            self.samples_seen += int(metrics["samples"])
+            metrics["data_wait_s"] /= self.world
+        self.rates.add(rows)
+        if sec_per_step is not None and rows:
+            last = rows[-1][1]
+            last.update(self.rates.take())
+            self._throughput(last)
+            self.log.progress(self.step, last, sec_per_step)
+        for step, metrics in rows:
+            self.log.scalars(step, {k: v for k, v in metrics.items() if k not in ("tokens", "samples")}, "train")
 
     def _throughput(self, metrics: dict[str, float]) -> None:
         """Model TFLOP/s per device, MFU when the device's peak is known, and peak memory (max over ranks)."""
@@ -306,17 +305,18 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Mean metrics over `eval_batches` validation batches (same batches and masks every time)."""
         self.engine.eval()
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}
         n = 0
         for i, batch in zip(range(self.cfg.train.eval_batches), self.eval_loader):
             generator = torch.Generator().manual_seed(step_seed(self.cfg.train.seed, EVAL_STREAM, i, self.rank))
             loss, metrics = self.engine(self._to_device(self.eval_transform(batch, generator)))
-            self._accumulate(sums, loss, metrics)
+            for key, value in {"loss": loss, **metrics}.items():
+                sums[key] = sums[key] + value.double() if key in sums else value.double()
             n += 1
         self.engine.train()
         if not n:
             return {}
-        out = self._reduce(sums, n * self.world)
+        out = reduce_means(sums, n * self.world)
         return {**out, **headline(out, self.unigram_entropy)}
 
     def fit(self) -> str:
@@ -338,31 +338,22 @@ class Trainer:
             f"global batch {cfg.global_batch_size}, from step {self.step} to {cfg.max_steps}"
             + (f", deadline in {guard.deadline - time.time():.0f}s" if guard.deadline else "")
         )
-        window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0
+        self.rates.reset()
         run_start = time.perf_counter()
         status = "finished"
         # The guard's handlers stay installed after the loop: a signal that arrives while the
         # process shuts down must not kill it before it exits with its status code.
         while self.step < cfg.max_steps:
             t_step = time.perf_counter()
-            metrics = self.train_step()
+            self.train_step()
             step_seconds = time.perf_counter() - t_step
             self.elapsed += step_seconds
-            window_tokens += metrics["tokens"]
-            window_samples += metrics["samples"]
-            window_steps += 1
             stopping = bool(cfg.stop_after) and self.step - start_step >= cfg.stop_after
-            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping:
-                span = time.perf_counter() - window_start
-                metrics["tokens_per_s"] = window_tokens / span
-                metrics["samples_per_s"] = window_samples / span
-                metrics["data_wait_fraction"] = metrics["data_wait_s"] * window_steps / span
-                self._throughput(metrics)
-                sec_per_step = (time.perf_counter() - run_start) / (self.step - start_step)
-                self.log.progress(self.step, metrics, sec_per_step)
-                window_start, window_tokens, window_samples, window_steps = time.perf_counter(), 0.0, 0.0, 0
-            self.log.scalars(self.step, {k: v for k, v in metrics.items() if k not in ("tokens", "samples")}, "train")
-            if cfg.eval_every and self.eval_loader is not None and self.step % cfg.eval_every == 0:
+            log_due = self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping
+            eval_due = bool(cfg.eval_every) and self.eval_loader is not None and self.step % cfg.eval_every == 0
+            if log_due or eval_due:
+                self._drain((time.perf_counter() - run_start) / (self.step - start_step) if log_due else None)
+            if eval_due:
                 val = {**self.evaluate(), "train_seconds": self.elapsed}
                 self.log.scalars(self.step, val, "validation")
                 self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
@@ -370,6 +361,7 @@ class Trainer:
                 time.time() - self.last_save_time >= 60 * cfg.save_every_minutes)
             preempt, time_save = guard.poll(step_seconds, self.longest_save, minutes_due)
             if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stopping or time_save or preempt:
+                self._drain(None)  # the checkpoint records the tokens seen
                 self.save()
             if preempt and self.step < cfg.max_steps:  # the last step done: finished, nothing to requeue
                 status = "preempted"

@@ -175,7 +175,7 @@ class CocoLM(Objective):
                 "generator_accuracy": gen_accuracy,
                 "replaced_fraction": (~unchanged)[valid].float().mean(),
                 "copy_accuracy": ((copy_logits > 0) == unchanged)[valid].float().mean(),
-                "clm_accuracy": (clm_logits.argmax(-1) == original[picked]).float().mean() if picked.any() else gen_loss.new_zeros(()),
+                "clm_accuracy": (clm_logits.argmax(-1) == original[picked]).float().sum() / picked.sum().clamp(min=1),
                 # The replaced class scored by -copy_logit, so the AUC reads like ELECTRA's RTD AUC.
                 **detection_metrics(-copy_logits.detach(), ~unchanged, valid, "copy"),
                 "scl_retrieval_accuracy": retrieval_accuracy(sims.detach(), targets),

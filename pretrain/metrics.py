@@ -1,0 +1,105 @@
+"""Training metrics kept on the device and read once per logging window: no host sync in the hot loop.
+
+Each step's loss terms and metrics are summed over its micro-batches as device tensors; nothing is
+turned into a Python number until `flush`, which runs one all-reduce for every step of the window
+and returns each step's rank-averaged values (TensorBoard and metrics.jsonl still get a row per
+step). Counts the host knows anyway (tokens and samples of the loader's CPU batch, seconds waited
+for data) travel in the same all-reduce; per-step values that are the same on every rank (lr, grad
+norm) are kept as they are and read at the flush.
+"""
+from __future__ import annotations
+
+import time
+from typing import Union
+
+import torch
+
+from pretrain import distributed as dist
+
+# Host-side per-step counts: summed over ranks, not averaged.
+TOTALS = ("tokens", "samples", "data_wait_s")
+Scalar = Union[float, torch.Tensor]
+
+
+def _as_float64(value: torch.Tensor) -> torch.Tensor:
+    # float64 sums equal what float(value) summed in Python gave, so the logged numbers do not move.
+    return value.detach().to(torch.float64).reshape(())
+
+
+class MetricWindow:
+    """Per-step sums of micro-batch metrics for the steps since the last flush."""
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[int, list[str], torch.Tensor, dict[str, Scalar], int]] = []
+        self._sums: dict[str, torch.Tensor] = {}
+        self._micro = 0
+
+    def add(self, values: dict[str, torch.Tensor]) -> None:
+        """Add one micro-batch's scalars, left on their device."""
+        for key, value in values.items():
+            value = _as_float64(value)
+            self._sums[key] = self._sums[key] + value if key in self._sums else value
+        self._micro += 1
+
+    def end_step(self, step: int, host: dict[str, Scalar]) -> None:
+        """Close the step: its device sums, its TOTALS counts and its rank-wide values (lr, grad norm)."""
+        keys = sorted(self._sums)
+        stacked = torch.stack([self._sums[k] for k in keys]) if keys else torch.zeros(0, dtype=torch.float64)
+        self._steps.append((step, keys, stacked, dict(host), max(self._micro, 1)))
+        self._sums, self._micro = {}, 0
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def flush(self, world: int) -> list[tuple[int, dict[str, float]]]:
+        """(step, metrics) for every closed step, averaged over micro-batches and ranks, with one all-reduce."""
+        if not self._steps:
+            return []
+        device = next((s.device for _, _, s, _, _ in self._steps if s.numel()), torch.device("cpu"))
+        totals = torch.tensor([[float(host.get(k, 0.0)) for k in TOTALS] for *_, host, _ in self._steps], dtype=torch.float64)
+        vector = torch.cat([*(s.to(device) for _, _, s, _, _ in self._steps), totals.reshape(-1).to(device)])
+        reduced = dist.all_reduce_sum(vector).tolist()  # the window's one host sync
+        out, offset = [], 0
+        for step, keys, _, host, micro in self._steps:
+            metrics = {k: v / (micro * world) for k, v in zip(keys, reduced[offset: offset + len(keys)])}
+            offset += len(keys)
+            metrics.update({k: float(v) for k, v in host.items() if k not in TOTALS})
+            out.append((step, metrics))
+        for i, (_, metrics) in enumerate(out):
+            metrics.update(zip(TOTALS, reduced[offset + i * len(TOTALS): offset + (i + 1) * len(TOTALS)]))
+        self._steps = []
+        return out
+
+
+def reduce_means(values: dict[str, torch.Tensor], divisor: float) -> dict[str, float]:
+    """Device scalars summed over ranks and divided by `divisor`, read once."""
+    keys = sorted(values)
+    if not keys:
+        return {}
+    reduced = dist.all_reduce_sum(torch.stack([_as_float64(values[k]) for k in keys])).tolist()
+    return {k: v / divisor for k, v in zip(keys, reduced)}
+
+
+class Rates:
+    """Tokens, samples and data wait of the flushed steps since the last progress line, as rates."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new window now."""
+        self.start, self.tokens, self.samples, self.wait = time.perf_counter(), 0.0, 0.0, 0.0
+
+    def add(self, rows: list[tuple[int, dict[str, float]]]) -> None:
+        """Count flushed steps (totals over ranks; data wait per rank)."""
+        for _, metrics in rows:
+            self.tokens += metrics["tokens"]
+            self.samples += metrics["samples"]
+            self.wait += metrics["data_wait_s"]
+
+    def take(self) -> dict[str, float]:
+        """tokens/s, samples/s and the fraction of wall time spent waiting for data; then a new window."""
+        span = max(time.perf_counter() - self.start, 1e-9)
+        out = {"tokens_per_s": self.tokens / span, "samples_per_s": self.samples / span, "data_wait_fraction": self.wait / span}
+        self.reset()
+        return out
