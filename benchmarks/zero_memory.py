@@ -40,7 +40,7 @@ def worker(stage: int, precision: str) -> dict:
     import torch
     from transformers import BertConfig, BertForMaskedLM
 
-    from pretrain.distributed import init_distributed
+    from core.distributed import init_distributed
 
     init_distributed()
     torch.manual_seed(0)

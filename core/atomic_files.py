@@ -7,6 +7,8 @@ import socket
 import time
 from pathlib import Path
 
+from core.errors import OutputExistsError
+
 
 def write_text_atomic(path: Path, text: str, fsync: bool = False) -> None:
     """Write a text file under a temporary name and rename it into place (fsync first when asked)."""
@@ -31,7 +33,7 @@ def save_figure_atomic(fig, path: Path, dpi: int = 120) -> None:
 def check_overwrite(final_dir: Path, overwrite: bool) -> None:
     """Refuse to clobber an existing output unless asked."""
     if final_dir.exists() and not overwrite:
-        raise FileExistsError(f"output folder '{final_dir}' already exists; pass --overwrite to replace it")
+        raise OutputExistsError(f"output folder '{final_dir}' already exists; pass --overwrite to replace it")
 
 
 def _remove_debris(final_dir: Path) -> None:

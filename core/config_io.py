@@ -11,11 +11,9 @@ from typing import Any, TypeVar
 
 import yaml
 
+from core.errors import ConfigError  # noqa: F401 (re-exported: the loader's callers import it from here)
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config file or override is wrong; the message names the key."""
 
 
 def _field_types(cls: type) -> dict[str, Any]:

@@ -6,27 +6,27 @@ import logging
 import sys
 from pathlib import Path
 
-from core.config_io import ConfigError, load_config
+from core.config_io import load_config
+from core.errors import UserError
 from data_pipeline.config import PrepareConfig
-from data_pipeline.raw_text import DataInputError
 
 
 def _verify(dataset: str) -> int:
-    from data_pipeline.shards import CorruptShardError, read_manifest, verify_split
+    from data_pipeline.shards import read_manifest, verify_split
 
     try:
         manifest = read_manifest(dataset)
         for split, counts in manifest["splits"].items():
             shards = verify_split(Path(dataset) / split)
             print(f"{split}: {shards} shard(s), {counts['sequences']} sequences: hashes match")
-    except (CorruptShardError, FileNotFoundError, ValueError) as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments and run a subcommand; bad input exits 2 with a one-line message."""
+    """Parse arguments and run a subcommand; a user's mistake exits 2 with a one-line message, a bug 1 with its traceback."""
     parser = argparse.ArgumentParser(prog="python -m data_pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="raw text -> tokenizer -> packed MDS shards")
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         from data_pipeline.prepare import prepare
 
         out = prepare(cfg, command=" ".join(["python -m data_pipeline", *(argv if argv is not None else sys.argv[1:])]))
-    except (ConfigError, DataInputError, FileExistsError, FileNotFoundError, ValueError, RuntimeError) as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"dataset: {out}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from core.config_io import ConfigError
+from core.errors import ConfigError
 
 
 @dataclass

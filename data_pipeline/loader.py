@@ -23,6 +23,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from core.errors import MissingFileError
 from data_pipeline.shards import MANIFEST, read_manifest
 
 
@@ -136,7 +137,7 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
     """A StreamingDataset over one split of a prepared dataset."""
     split_dir = Path(cfg.path) / split
     if not cfg.remote and not (split_dir / "index.json").is_file():
-        raise FileNotFoundError(f"no '{split}' split in '{cfg.path}' (missing {split_dir / 'index.json'})")
+        raise MissingFileError(f"no '{split}' split in '{cfg.path}' (missing {split_dir / 'index.json'})")
     with shared_memory_registration():
         return _indexed_dataset_class()(
             remote=f"{cfg.remote.rstrip('/')}/{split}" if cfg.remote else None,

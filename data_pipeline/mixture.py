@@ -5,7 +5,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from data_pipeline.raw_text import DataInputError
+from core.errors import InputDataError
 
 DRAW_BLOCK = 4096
 
@@ -37,7 +37,7 @@ def mix(
             doc = next(iterators[i], None)
             if doc is None:
                 if yielded[i] == 0:
-                    raise DataInputError(f"source '{names[i]}' yielded no text")
+                    raise InputDataError(f"source '{names[i]}' yielded no text")
                 finished.add(int(i))
                 if stopping == "first_exhausted" or len(finished) == n:
                     return

@@ -20,10 +20,11 @@ from typing import Any, Iterable, Iterator
 
 from core.atomic_files import prepare_output, publish
 from core.config_io import config_to_dict
+from core.errors import InputDataError, UserError
 from data_pipeline.config import PrepareConfig
 from data_pipeline.mixture import mix
 from data_pipeline.packing import DocumentPacker, FullPacker, PairPacker
-from data_pipeline.raw_text import DataInputError, ReadStats, iter_source
+from data_pipeline.raw_text import ReadStats, iter_source
 from data_pipeline.sentences import split_sentences
 from data_pipeline.shards import SplitWriter, token_dtype, write_manifest
 from data_pipeline.tokenizer import (
@@ -129,6 +130,8 @@ def _worker_main(cfg: PrepareConfig, tok_dir: Path, ids: dict[str, int], out_dir
 
     try:
         outbox.put(("ok", worker, write_shards(cfg, tok_dir, ids, out_dir, worker, batches())))
+    except UserError as exc:  # the user's mistake, found by a worker: the main process raises it as it is
+        outbox.put(("user_error", worker, exc))
     except BaseException:
         outbox.put(("error", worker, traceback.format_exc()))
 
@@ -152,6 +155,8 @@ def _run_workers(cfg: PrepareConfig, tok_dir: Path, ids: dict[str, int], out_dir
                 status, worker, payload = outbox.get_nowait()
             except queue.Empty:
                 break
+            if status == "user_error":
+                raise payload
             if status == "error":
                 raise RuntimeError(f"prepare worker {worker} failed:\n{payload}")
             results[worker] = payload
@@ -178,6 +183,8 @@ def _run_workers(cfg: PrepareConfig, tok_dir: Path, ids: dict[str, int], out_dir
             except queue.Empty:
                 check()
                 continue
+            if status == "user_error":
+                raise payload
             if status == "error":
                 raise RuntimeError(f"prepare worker {worker} failed:\n{payload}")
             results[worker] = payload
@@ -233,11 +240,11 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> Path:
         else:
             counts = _merge(tmp_dir, _run_workers(cfg, tok_dir, ids, tmp_dir, batches))
         if stats.documents == 0:
-            raise DataInputError(
+            raise InputDataError(
                 "the corpus is empty: no source yielded any text (" + ", ".join(_source_name(cfg, i) for i in range(len(cfg.sources))) + ")"
             )
         if counts["train"]["sequences"] == 0:
-            raise DataInputError("the corpus produced no training sequence")
+            raise InputDataError("the corpus produced no training sequence")
         for split in SPLITS:
             counts[split]["documents"] = doc_counts[split]
         manifest = {

@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlparse
 
+from core.errors import InputDataError, SetupError
 from data_pipeline.config import SourceConfig
 
 REPLACEMENT_CHAR = "\ufffd"
 
 
-class DataInputError(ValueError):
-    """Raw input that cannot be used; the message names the file or source."""
 
 
 @dataclass
@@ -36,10 +35,10 @@ def resolve_files(spec: str) -> list[str]:
         if any(ch in part for ch in "*?["):
             matched = sorted(glob.glob(part, recursive=True))
             if not matched:
-                raise DataInputError(f"no file matches the pattern '{part}'")
+                raise InputDataError(f"no file matches the pattern '{part}'")
             files.extend(matched)
         elif not Path(part).is_file():
-            raise DataInputError(f"input file not found: '{part}'")
+            raise InputDataError(f"input file not found: '{part}'")
         else:
             files.append(part)
     return files
@@ -57,19 +56,27 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What reading a file or hub dataset through `datasets` raises for bad input (not for a bug)."""
+    import datasets.exceptions
+    import pyarrow
+
+    return OSError, ValueError, datasets.exceptions.DatasetsError, pyarrow.ArrowException
+
+
 def _load(source: SourceConfig, data_files: str | None, encoding_errors: str):
     import datasets
 
     if source.kind == "hub":
         if not hub_reachable():
-            raise DataInputError(
+            raise SetupError(
                 f"hub dataset '{source.path}' cannot be reached (offline?). Download it elsewhere and pass "
                 "local files instead: sources: [{kind: json|parquet|text, path: 'dir/*.parquet'}]"
             )
         try:
             return datasets.load_dataset(source.path, source.name, split=source.split, streaming=True)
-        except Exception as exc:  # datasets raises many types here; all mean the same to the user
-            raise DataInputError(f"hub dataset '{source.path}' ({source.name}) could not be loaded: {exc}") from exc
+        except _read_errors() as exc:  # datasets raises many types here; all mean the same to the user
+            raise InputDataError(f"hub dataset '{source.path}' ({source.name}) could not be loaded: {exc}") from exc
     kwargs = {}
     if source.kind == "text":
         kwargs = {"sample_by": source.text_documents, "encoding_errors": encoding_errors}
@@ -91,13 +98,13 @@ def iter_source(source: SourceConfig, encoding_errors: str, stats: ReadStats) ->
             dataset = _load(source, target, encoding_errors)
             for row in dataset:
                 if source.text_column not in row:
-                    raise DataInputError(
+                    raise InputDataError(
                         f"'{where}' has no column '{source.text_column}' (columns: {sorted(row)}); "
                         "set sources[].text_column"
                     )
                 text = row[source.text_column]
                 if not isinstance(text, str):
-                    raise DataInputError(f"'{where}': column '{source.text_column}' holds {type(text).__name__}, not text")
+                    raise InputDataError(f"'{where}': column '{source.text_column}' holds {type(text).__name__}, not text")
                 text = text.strip()
                 if not text:
                     continue
@@ -106,13 +113,13 @@ def iter_source(source: SourceConfig, encoding_errors: str, stats: ReadStats) ->
                 stats.replaced_characters += text.count(REPLACEMENT_CHAR)
                 yield text
         except UnicodeDecodeError as exc:
-            raise DataInputError(
+            raise InputDataError(
                 f"'{where}' is not valid UTF-8 (byte {exc.start}: {exc.object[exc.start:exc.start + 4]!r}); "
                 + _utf8_advice(source.kind)
             ) from exc
-        except DataInputError:
+        except InputDataError:
             raise
-        except Exception as exc:
+        except _read_errors() as exc:  # anything else is a bug and keeps its traceback
             if isinstance(exc.__cause__, UnicodeDecodeError) or "codec can't decode" in str(exc):
-                raise DataInputError(f"'{where}' is not valid UTF-8; " + _utf8_advice(source.kind)) from exc
-            raise DataInputError(f"could not read '{where}' as {source.kind}: {exc}") from exc
+                raise InputDataError(f"'{where}' is not valid UTF-8; " + _utf8_advice(source.kind)) from exc
+            raise InputDataError(f"could not read '{where}' as {source.kind}: {exc}") from exc

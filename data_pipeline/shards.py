@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from core.atomic_files import write_text_atomic
+from core.errors import InputDataError, MissingFileError
 
 MANIFEST = "manifest.json"
 
@@ -46,7 +47,7 @@ class SplitWriter:
         return {"sequences": self.sequences, "tokens": self.tokens}
 
 
-class CorruptShardError(ValueError):
+class CorruptShardError(InputDataError):
     """A shard's bytes do not match the hash recorded when it was written."""
 
 
@@ -84,11 +85,11 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     """Read a prepared dataset's manifest, with a clear error when the folder is not one."""
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"'{data_dir}' is not a prepared dataset (no {MANIFEST}); run `python -m data_pipeline prepare` first"
         )
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"'{path}' is corrupt: {exc}") from exc
+        raise InputDataError(f"'{path}' is corrupt: {exc}; prepare the dataset again") from exc
 

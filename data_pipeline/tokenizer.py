@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
+from core.errors import InputDataError, MissingFileError
 from data_pipeline.config import TokenizerConfig
-from data_pipeline.raw_text import DataInputError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -26,7 +26,7 @@ def train_sentencepiece(documents: Iterable[str], cfg: TokenizerConfig, seed: in
         # sentencepiece reads sentences; one line per sentence keeps its length limit from cutting text.
         sample.extend(line for line in doc.splitlines() if line.strip())
     if not sample:
-        raise DataInputError("the corpus is empty: no document has any text to train a tokenizer on")
+        raise InputDataError("the corpus is empty: no document has any text to train a tokenizer on")
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
     spm.SentencePieceTrainer.train(
@@ -115,7 +115,7 @@ def copy_pretrained_tokenizer(src: str, out_dir: Path) -> None:
     tok = load_tokenizer(src)
     missing = [name for name in ("pad_token", "cls_token", "sep_token", "mask_token") if getattr(tok, name) is None]
     if missing:
-        raise ValueError(f"tokenizer '{src}' lacks {', '.join(missing)}; MLM-style pre-training needs them")
+        raise InputDataError(f"tokenizer '{src}' lacks {', '.join(missing)}; MLM-style pre-training needs them")
     tok.save_pretrained(str(out_dir))
     if (Path(src) / SPM_FILE).is_file():  # a tokenizer trained here: keep its fast native encoder
         shutil.copy2(Path(src) / SPM_FILE, out_dir / SPM_FILE)
@@ -127,11 +127,11 @@ def load_tokenizer(path: str | Path):
 
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"tokenizer folder not found: {path}")
+        raise MissingFileError(f"tokenizer folder not found: {path}")
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as exc:
-        raise ValueError(f"'{path}' is not a tokenizer folder AutoTokenizer can load: {exc}") from exc
+    except (OSError, ValueError, KeyError) as exc:  # what AutoTokenizer raises for a folder it cannot read
+        raise InputDataError(f"'{path}' is not a tokenizer folder AutoTokenizer can load: {exc}") from exc
 
 
 def tokenizer_hash(path: str | Path) -> str:
@@ -170,7 +170,7 @@ def word_start_table(tok):
     else:
         marker = max(("▁", "Ġ"), key=lambda m: sum(t.startswith(m) for t in vocab))
         if sum(t.startswith(marker) for t in vocab) < 0.05 * len(vocab):
-            raise ValueError("cannot tell word starts in this vocabulary (no ##, ▁ or Ġ convention): "
+            raise InputDataError("cannot tell word starts in this vocabulary (no ##, ▁ or Ġ convention): "
                              "whole_word and span masking need one; use masking.strategy=bert")
         starts = [t.startswith(marker) for t in vocab]
     return torch.tensor(starts, dtype=torch.bool)

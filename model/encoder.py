@@ -8,7 +8,7 @@ from typing import Literal, Optional
 
 from transformers import BertConfig, ModernBertConfig, PretrainedConfig
 
-from core.config_io import ConfigError
+from core.errors import ConfigError
 
 ARCHITECTURES = ("bert", "modernbert")
 

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from core.atomic_files import write_text_atomic
-from pretrain import distributed as dist
+from core.errors import CheckpointError
+from core import distributed as dist
 
 COMPLETE = "COMPLETE"
 TAG_RE = re.compile(r"^step_(\d{8})$")
@@ -104,7 +105,7 @@ def load(engine, ckpt_dir: Path, tag: str) -> dict[str, Any]:
     """Load model, optimizer and scheduler state into the engine; return the client state."""
     path, client_state = engine.load_checkpoint(str(ckpt_dir), tag=tag)
     if path is None:
-        raise RuntimeError(f"checkpoint '{ckpt_dir / tag}' could not be loaded (missing or corrupt files)")
+        raise CheckpointError(f"checkpoint '{ckpt_dir / tag}' could not be loaded (missing or corrupt files)")
     return client_state
 
 
@@ -146,6 +147,8 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
             ds_to_universal.main(args)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(exc, Exception):  # Ctrl-C or SystemExit stays what it is
+            raise
         raise RuntimeError(f"converting {ckpt_dir / tag} to a universal checkpoint failed: {exc}\n{output.getvalue()[-3000:]}") from exc
     finally:
         sys.argv = argv

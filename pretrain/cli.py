@@ -6,8 +6,8 @@ import logging
 import sys
 from pathlib import Path
 
-from core.config_io import ConfigError, load_config
-from data_pipeline.shards import CorruptShardError
+from core.config_io import load_config
+from core.errors import MissingFileError, UserError
 from pretrain.config import RunConfig
 
 
@@ -20,7 +20,11 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = load_config(RunConfig, args.config, args.overrides)
     trainer = build_trainer(cfg)
-    status = trainer.fit()
+    try:
+        status = trainer.fit()
+    except Exception as exc:
+        trainer.mark_failed(exc)  # then the error goes on: one line if it is the user's, a traceback if a bug
+        raise
     # The decision is made and the checkpoint written: a late SIGTERM (SLURM sends more than one)
     # must not turn "preempted, requeue me" into "killed by a signal" during shutdown.
     signals.ignore()
@@ -43,7 +47,7 @@ def _self_similarity(args: argparse.Namespace) -> int:
     sentences = read_sentences(args.text)
     for model in args.model:
         if not (Path(model) / "config.json").is_file():
-            raise FileNotFoundError(f"--model '{model}' is not a Hugging Face model folder (no config.json)")
+            raise MissingFileError(f"--model '{model}' is not a Hugging Face model folder (no config.json)")
     results = {model: self_similarity(model, sentences, args.special_tokens, args.max_length, args.batch_size)
                for model in args.model}
     json_path, png_path = write_report(results, args.out, {
@@ -77,7 +81,7 @@ def _finetune(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments and run a subcommand; bad input exits 2 with a one-line message."""
+    """Parse arguments and run a subcommand; a user's mistake exits 2 with a one-line message, a bug 1 with its traceback."""
     parser = argparse.ArgumentParser(prog="python -m pretrain")
     # torchrun passes nothing extra, but the deepspeed launcher adds --local_rank=N.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -130,6 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     try:
         return args.func(args)
-    except (ConfigError, CorruptShardError, FileNotFoundError, FileExistsError, ValueError) as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

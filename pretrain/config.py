@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from core.config_io import ConfigError
+from core.errors import ConfigError
 from data_pipeline.loader import LoaderConfig
 from data_pipeline.masking import MaskingConfig
 from model.encoder import EncoderConfig

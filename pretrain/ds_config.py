@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from core.config_io import ConfigError
+from core.errors import ConfigError
 from pretrain.config import RunConfig
 
 

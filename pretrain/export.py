@@ -9,13 +9,14 @@ from typing import Optional
 
 from core.atomic_files import check_overwrite, prepare_output, publish
 from core.config_io import config_to_dict, load_config
+from core.errors import CheckpointError
 from data_pipeline.tokenizer import copy_tokenizer_folder
 from model.encoder import config_from_dict
 from model.objectives import build_objective
 from pretrain import checkpoint as ckpt
 from pretrain import model_card
 from pretrain.config import RunConfig
-from pretrain.distributed import setup_env
+from core.distributed import setup_env
 from pretrain.run import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, TOKENIZER_DIR
 
 log = logging.getLogger("pretrain.export")
@@ -26,15 +27,15 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path, str]:
     path = Path(path)
     if ckpt.TAG_RE.match(path.name) and path.parent.name == "checkpoints":
         if not (path / ckpt.COMPLETE).is_file():
-            raise FileNotFoundError(f"checkpoint '{path}' is incomplete (no {ckpt.COMPLETE} marker)")
+            raise CheckpointError(f"checkpoint '{path}' is incomplete (no {ckpt.COMPLETE} marker)")
         return path.parent.parent, path.parent, path.name
     if (path / CONFIG_FILE).is_file():
         run_dir, ckpt_dir = path, path / "checkpoints"
         tag = ckpt.latest_complete(ckpt_dir)
         if tag is None:
-            raise FileNotFoundError(f"run '{run_dir}' has no complete checkpoint in {ckpt_dir}")
+            raise CheckpointError(f"run '{run_dir}' has no complete checkpoint in {ckpt_dir}")
         return run_dir, ckpt_dir, tag
-    raise FileNotFoundError(f"'{path}' is neither a run folder (with {CONFIG_FILE}) nor a checkpoint tag folder in one")
+    raise CheckpointError(f"'{path}' is neither a run folder (with {CONFIG_FILE}) nor a checkpoint tag folder in one")
 
 
 def _manifest(config_dir: Path, run_dir: Path, cfg: RunConfig) -> Optional[dict]:
@@ -74,7 +75,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
     state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
     missing, unexpected = objective.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise RuntimeError(f"checkpoint {ckpt_dir / tag} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise CheckpointError(f"checkpoint {ckpt_dir / tag} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     models = objective.hf_models()
     card = model_card.render(
         config_to_dict(cfg), model_config.to_dict(), _manifest(config_dir, run_dir, cfg), _client_state(ckpt_dir / tag), tag,

@@ -14,7 +14,7 @@ from typing import Union
 
 import torch
 
-from pretrain import distributed as dist
+from core import distributed as dist
 
 # Host-side per-step counts: summed over ranks, not averaged.
 TOTALS = ("tokens", "samples", "data_wait_s")

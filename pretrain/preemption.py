@@ -17,12 +17,13 @@ from typing import Optional
 
 import torch
 
-from pretrain import distributed as dist
+from core import distributed as dist
 from pretrain import signals
 
 EXIT_FINISHED = 0
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "temporary failure, try again"
 PREEMPTED = "PREEMPTED"
+FAILED = "FAILED"  # the run stopped on an error: what it was and at which step (the requeue must not hide it)
 
 
 def parse_duration(text: str) -> float:

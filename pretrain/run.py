@@ -10,7 +10,8 @@ import torch
 import yaml
 
 from core.atomic_files import write_text_atomic
-from core.config_io import ConfigError, config_to_dict
+from core.config_io import config_to_dict
+from core.errors import ConfigError
 from data_pipeline.loader import build_loader, clean_stale_shared_memory, fetch_metadata, is_local_leader
 from data_pipeline.masking import build_masking, evaluation_masking
 from data_pipeline.shards import read_manifest, verify_split
@@ -18,7 +19,7 @@ from data_pipeline.tokenizer import copy_tokenizer_folder, load_tokenizer, word_
 from model.diagnostics import unigram_entropy
 from model.encoder import model_config as build_model_config
 from model.objectives import build_objective, check_objective_config
-from pretrain import distributed as dist
+from core import distributed as dist
 from pretrain.config import RunConfig
 from pretrain.hardware import resolve_precision
 from pretrain.trainer import Trainer

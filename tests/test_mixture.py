@@ -7,10 +7,10 @@ import pytest
 from conftest import kjv_chapters
 
 from core.config_io import load_config
+from core.errors import InputDataError, SetupError
 from data_pipeline.config import PrepareConfig
 from data_pipeline.mixture import mix
 from data_pipeline.prepare import prepare
-from data_pipeline.raw_text import DataInputError
 
 
 def _counting_sources(sizes):
@@ -44,7 +44,7 @@ def test_all_exhausted_repeats_small_sources():
 
 
 def test_empty_source_is_named():
-    with pytest.raises(DataInputError, match="'empty'"):
+    with pytest.raises(InputDataError, match="'empty'"):
         list(mix(lambda i: iter([] if i == 0 else ["x"] * 10), [1.0, 1.0], 0, "first_exhausted", ["empty", "full"]))
 
 
@@ -70,7 +70,7 @@ def test_hub_source_fails_fast_offline(tmp_path, monkeypatch):
     cfg = load_config(PrepareConfig, None, [f"output_dir={tmp_path / 'out'}",
                                              "sources=[{kind: hub, path: wikimedia/wikipedia, name: 20231101.en}]"])
     start = time.time()
-    with pytest.raises(DataInputError, match="local files"):
+    with pytest.raises(SetupError, match="local files"):
         prepare(cfg)
     assert time.time() - start < 5
     assert not (tmp_path / "out").exists()

@@ -7,10 +7,10 @@ import pytest
 from conftest import kjv_chapters
 
 from core.config_io import load_config
+from core.errors import InputDataError
 from data_pipeline.cli import main as prepare_main
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
-from data_pipeline.raw_text import DataInputError
 
 
 def _squash(text: str) -> str:
@@ -87,7 +87,7 @@ def test_json_source(tmp_path):
 
 
 def test_missing_file_is_named(tmp_path):
-    with pytest.raises(DataInputError, match="nothere.txt"):
+    with pytest.raises(InputDataError, match="nothere.txt"):
         prepare(_cfg(tmp_path / "out", tmp_path / "nothere.txt"))
     assert not (tmp_path / "out").exists()
     assert list(tmp_path.iterdir()) == []  # no temporary folder left behind
@@ -96,7 +96,7 @@ def test_missing_file_is_named(tmp_path):
 def test_empty_corpus(tmp_path):
     src = tmp_path / "empty.txt"
     src.write_text("\n\n   \n\n")
-    with pytest.raises(DataInputError, match="empty"):
+    with pytest.raises(InputDataError, match="empty"):
         prepare(_cfg(tmp_path / "out", src))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]
 
@@ -104,7 +104,7 @@ def test_empty_corpus(tmp_path):
 def test_non_utf8_error_names_file_or_replaces(tmp_path):
     src = tmp_path / "latin1.txt"
     src.write_bytes(("\n\n".join(kjv_chapters(10)) + "\n\ncaf\xe9 cr\xe8me\n").encode("latin-1"))
-    with pytest.raises(DataInputError, match="latin1.txt.*UTF-8"):
+    with pytest.raises(InputDataError, match="latin1.txt.*UTF-8"):
         prepare(_cfg(tmp_path / "out", src))
     assert not (tmp_path / "out").exists()
     out = prepare(_cfg(tmp_path / "out", src, "encoding_errors=replace"))
@@ -118,7 +118,7 @@ def test_existing_dataset_is_kept_without_overwrite(tmp_path, corpus_file):
         prepare(_cfg(tmp_path / "out", corpus_file))
     assert {p.name: p.stat().st_mtime_ns for p in out.rglob("*")} == before
     # A failing overwrite leaves the old dataset in place.
-    with pytest.raises(DataInputError):
+    with pytest.raises(InputDataError):
         prepare(_cfg(tmp_path / "out", tmp_path / "missing.txt", "overwrite=true"))
     assert {p.name: p.stat().st_mtime_ns for p in out.rglob("*")} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -19,6 +19,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from core.errors import ConfigError
 from model.backbones.base import Backbone, Head
 
 
@@ -51,7 +52,7 @@ def warm_start_from_bert(target: PreTrainedModel, init_from: str) -> None:
     missing, unexpected = Backbone.base(target).load_state_dict(bert.state_dict(), strict=False)
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
-        raise ValueError(f"model.init_from '{init_from}' does not fit ELECTRA's encoder: missing {missing[:5]}, "
+        raise ConfigError(f"model.init_from '{init_from}' does not fit ELECTRA's encoder: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
 
 

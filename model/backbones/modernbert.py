@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from transformers import ModernBertForMaskedLM, ModernBertForTokenClassification, ModernBertModel
 
+from core.errors import ConfigError
 from model.backbones.base import Backbone, Head
 from model.backbones.bert import scaled_shape
 
@@ -22,7 +23,7 @@ class ModernBertBackbone(Backbone):
 
     def masked_lm(self, config, init_from=None, pair_head=False):
         if pair_head:
-            raise ValueError("ModernBERT has no sentence-pair head")
+            raise ConfigError("ModernBERT has no sentence-pair head: use model.architecture=bert for NSP/SOP")
         return ModernBertForMaskedLM.from_pretrained(init_from, config=config) if init_from else ModernBertForMaskedLM(config)
 
     def encoder(self, config, init_from=None):

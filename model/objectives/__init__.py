@@ -7,6 +7,7 @@ from typing import Literal, Optional
 
 from transformers import PretrainedConfig
 
+from core.errors import ConfigError
 from model.objectives.base import Objective
 
 # name -> "module:class"; imported lazily so one objective's dependencies never load another's.
@@ -22,7 +23,7 @@ REGISTRY = {
 def objective_class(name: str) -> type[Objective]:
     """The class registered under this objective name."""
     if name not in REGISTRY:
-        raise ValueError(f"unknown objective {name!r}; known: {sorted(REGISTRY)}")
+        raise ConfigError(f"config key 'objective.name': unknown objective {name!r}; known: {sorted(REGISTRY)}")
     module_name, cls_name = REGISTRY[name].split(":")
     return getattr(importlib.import_module(module_name), cls_name)
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from core.config_io import ConfigError
+from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
@@ -151,7 +151,7 @@ class CocoLM(Objective):
     def terms(self, batch: Batch):
         """Generator MLM, copy, corrective LM and SCL losses, with copy and SCL retrieval diagnostics."""
         if "crop_input_ids" not in batch:
-            raise ValueError("objective coco_lm needs the crop view: set masking.crop_ratio (0.9 in the paper)")
+            raise ConfigError("objective coco_lm needs the crop view: set masking.crop_ratio (0.9 in the paper)")
         masked, attention, original = batch["input_ids"], batch["attention_mask"], batch["original_input_ids"]
         labels = batch["labels"]
         picked = labels != IGNORE_INDEX

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
-from core.config_io import ConfigError
+from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
@@ -94,7 +94,7 @@ class MaskedLM(Objective):
         metrics = {"mlm_accuracy": accuracy}
         if self.pair_head != "none":
             if "pair_label" not in batch:
-                raise ValueError(f"objective.mlm.pair_head={self.pair_head} needs data prepared with packing=pairs")
+                raise ConfigError(f"objective.mlm.pair_head={self.pair_head} needs data prepared with packing=pairs")
             logits = self.backbone.pair_logits(self.model, out.pooler_output)
             terms[f"{self.pair_head}_loss"] = pair_loss(logits, batch["pair_label"])
             metrics[f"{self.pair_head}_accuracy"] = (logits.argmax(-1) == batch["pair_label"]).float().mean()

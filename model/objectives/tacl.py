@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
-from core.config_io import ConfigError
+from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
@@ -105,7 +105,8 @@ class TaCL(Objective):
         self.teacher = self.backbone.encoder(config)
         missing, unexpected = self.teacher.load_state_dict(self.backbone.base(self.student).state_dict(), strict=False)
         if missing or any(not k.startswith("pooler.") for k in unexpected):
-            raise RuntimeError(f"teacher does not match the student's encoder: missing {missing}, unexpected {unexpected}")
+            raise ConfigError(f"model.init_from: the teacher does not match the student's encoder: missing {missing}, "
+                              f"unexpected {unexpected}")
         self.teacher.requires_grad_(False)
         self.teacher.eval()
         self.weights = {"tacl_loss": options.weight}
@@ -142,7 +143,7 @@ class TaCL(Objective):
             metrics["self_similarity"] = token_self_similarity(out.last_hidden_state, attention)
         if self.options.pair_head == "nsp":
             if "pair_label" not in batch:
-                raise ValueError("objective.tacl.pair_head=nsp needs data prepared with packing=pairs")
+                raise ConfigError("objective.tacl.pair_head=nsp needs data prepared with packing=pairs")
             terms["nsp_loss"] = pair_loss(bb.pair_logits(self.student, out.pooler_output), batch["pair_label"])
         return terms, metrics
 

@@ -19,6 +19,7 @@ from typing import Any, Literal, Optional
 import numpy as np
 import torch
 
+from core.errors import ConfigError, MissingFileError
 from pretrain.evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
 
 log = logging.getLogger("pretrain.finetune")
@@ -50,7 +51,7 @@ def recipe(name: str, hidden_size: int) -> Hyper:
     if name == "coco_lm":  # COCO-LM's GLUE optimizer: Adam(0.9, 0.98), eps 1e-6, wd 0.01, warmup 1/16
         return Hyper(lr=3e-5 if hidden_size >= 768 else 5e-5, batch_size=32, epochs=3, betas=(0.9, 0.98), eps=1e-6,
                      weight_decay=0.01, warmup_ratio=1 / 16)
-    raise ValueError(f"unknown recipe '{name}': hf, tacl_squad, taco, coco_lm")
+    raise ConfigError(f"unknown recipe '{name}': hf, tacl_squad, taco, coco_lm")
 
 
 def _seed_everything(seed: int) -> None:
@@ -212,10 +213,10 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
     from transformers import AutoConfig, AutoTokenizer
 
     if not (Path(model_dir) / "config.json").is_file():
-        raise FileNotFoundError(f"--model '{model_dir}' is not a Hugging Face model folder (no config.json)")
+        raise MissingFileError(f"--model '{model_dir}' is not a Hugging Face model folder (no config.json)")
     spec, train_rows, eval_rows = load_task(task, local or LocalTaskOptions(), seed=seeds[0])
     if loss == "supervised-tacl" and spec.kind != "token":
-        raise ValueError("--loss supervised-tacl is for token classification (a json: task with --token-task)")
+        raise ConfigError("--loss supervised-tacl is for token classification (a json: task with --token-task)")
     if max_train_samples:
         train_rows = train_rows.select(range(min(max_train_samples, len(train_rows))))
     if max_eval_samples:

@@ -22,6 +22,8 @@ from typing import Literal, Sequence
 
 import torch
 
+from core.errors import InputDataError, MissingFileError
+
 log = logging.getLogger("pretrain.evaluate")
 
 
@@ -29,14 +31,14 @@ def read_sentences(path: str | Path) -> list[str]:
     """Non-empty lines of a UTF-8 text file (one sentence per line)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--text '{path}' does not exist")
+        raise MissingFileError(f"--text '{path}' does not exist")
     try:
         lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     except UnicodeDecodeError as exc:
-        raise ValueError(f"--text '{path}' is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise InputDataError(f"--text '{path}' is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     lines = [line for line in lines if line]
     if not lines:
-        raise ValueError(f"--text '{path}' has no non-empty lines")
+        raise InputDataError(f"--text '{path}' has no non-empty lines")
     return lines
 
 
@@ -84,7 +86,7 @@ def self_similarity(model_dir: str | Path, sentences: Sequence[str], special_tok
             log.info("%s: %d/%d sentences, %.0f sentences/s, ETA %.0fs", model_dir, done, len(sentences), rate,
                      (len(sentences) - done) / rate)
     if not pair_counts or not any(pair_counts):
-        raise ValueError("no sentence has two counted tokens: nothing to measure")
+        raise InputDataError("--text: no sentence has two counted tokens: nothing to measure")
     return [s / c for s, c in zip(sums, pair_counts)]
 
 

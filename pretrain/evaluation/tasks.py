@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from core.errors import ConfigError, InputDataError, MissingFileError, SetupError
+
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -146,36 +148,36 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
 
         spec = GLUE[name]
         if not hub_reachable():
-            raise ValueError(f"GLUE task '{task}' is read from the Hugging Face hub (nyu-mll/glue), which cannot be reached "
+            raise SetupError(f"GLUE task '{task}' is read from the Hugging Face hub (nyu-mll/glue), which cannot be reached "
                              f"(offline?). Download it elsewhere and pass the files: --task csv:train.csv --validation-file dev.csv")
         try:
             data = datasets.load_dataset("nyu-mll/glue", name)
         except Exception as exc:  # datasets raises many types; all mean the same here
-            raise ValueError(f"GLUE task '{task}' could not be loaded from the hub: {exc}") from exc
+            raise SetupError(f"GLUE task '{task}' could not be loaded from the hub: {exc}") from exc
         return spec, data["train"], data[spec.eval_split]
     kind, _, path = task.partition(":")
     if kind not in ("csv", "json") or not path:
-        raise ValueError(f"unknown task '{task}': use a GLUE name ({', '.join(sorted(GLUE))}) or csv:PATH / json:PATH")
+        raise ConfigError(f"unknown task '{task}': use a GLUE name ({', '.join(sorted(GLUE))}) or csv:PATH / json:PATH")
     for p in filter(None, (path, local.validation_file)):
         if not Path(p).is_file():
-            raise FileNotFoundError(f"task file '{p}' does not exist")
+            raise MissingFileError(f"task file '{p}' does not exist")
     files = {"train": path, **({"validation": local.validation_file} if local.validation_file else {})}
     kwargs = {"encoding": local.encoding} if kind == "csv" else {}
     try:
         data = datasets.load_dataset(kind, data_files=files, **kwargs)
     except UnicodeDecodeError as exc:
-        raise ValueError(f"task file '{path}' is not {local.encoding} text ({exc.reason}); pass --encoding (e.g. latin-1)") from None
+        raise InputDataError(f"task file '{path}' is not {local.encoding} text ({exc.reason}); pass --encoding (e.g. latin-1)") from None
     train = data["train"]
     for column in filter(None, (local.text_column, local.pair_column, local.label_column)):
         if column not in train.column_names:
-            raise ValueError(f"task file '{path}' has no column '{column}' (columns: {train.column_names})")
+            raise InputDataError(f"task file '{path}' has no column '{column}' (columns: {train.column_names})")
     if "validation" in data:
         evaluation = data["validation"]
     else:
         split = train.train_test_split(test_size=local.val_fraction, seed=seed)
         train, evaluation = split["train"], split["test"]
     if len(train) == 0 or len(evaluation) == 0:
-        raise ValueError(f"task '{task}' has an empty train or evaluation split")
+        raise InputDataError(f"task '{task}' has an empty train or evaluation split")
     token = local.token_task
     if local.regression:
         spec = TaskSpec(Path(path).stem, local.text_column, local.pair_column, local.label_column, 1, ("pearson", "spearman"))

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from core.errors import SetupError
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -135,7 +137,7 @@ def _local_world_is_this_host() -> None:
         return
     sizes = {hosts.count(h) for h in hosts}
     if mine != list(range(mine[0], mine[0] + len(mine))) or len(sizes) != 1:
-        raise RuntimeError(f"ranks {mine} share this machine but are not a contiguous block of equal size; "
+        raise SetupError(f"ranks {mine} share this machine but are not a contiguous block of equal size; "
                            "use srun's block distribution (the default) with the same number of tasks per machine")
     os.environ.update(LOCAL_RANK=str(rank() - mine[0]), LOCAL_WORLD_SIZE=str(len(mine)))
 

@@ -1,0 +1,36 @@
+"""The errors a user can fix. The CLIs print these in one line and exit 2; any other exception is a bug
+and keeps its traceback (exit 1).
+
+Each message names the file, key or value at fault and what to do. The classes also derive from the
+built-in exception a caller would expect (ValueError, FileNotFoundError, ...), so code that catches
+those keeps working.
+"""
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in the user's config, data, checkpoint or environment, with a message that says which."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config file, key or override is wrong, or two settings do not fit together; the message names the key."""
+
+
+class InputDataError(UserError, ValueError):
+    """Input data (text, dataset, shards, tokenizer, task file) is missing, empty, undecodable or inconsistent."""
+
+
+class MissingFileError(InputDataError, FileNotFoundError):
+    """A path the user gave does not exist or is not the kind of file or folder expected."""
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint or run folder is missing, incomplete, damaged or does not fit the model."""
+
+
+class OutputExistsError(UserError, FileExistsError):
+    """The output would replace something already written; the message says how to allow it."""
+
+
+class SetupError(UserError, RuntimeError):
+    """The environment cannot do what was asked: no network for a hub download, a launcher layout, a device feature."""

@@ -1,0 +1,72 @@
+"""A user's mistake is one line and exit 2; a bug keeps its traceback and exit 1 (and a run marks itself FAILED)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, TINY_MODEL
+
+from core import errors
+
+
+def _python(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("cls, builtin", [(errors.ConfigError, ValueError), (errors.InputDataError, ValueError),
+                                          (errors.MissingFileError, FileNotFoundError), (errors.CheckpointError, RuntimeError),
+                                          (errors.OutputExistsError, FileExistsError), (errors.SetupError, RuntimeError)])
+def test_every_kind_is_a_user_error_and_what_callers_expect(cls, builtin):
+    assert issubclass(cls, errors.UserError) and issubclass(cls, builtin)
+    assert str(cls("'x.yaml': bad")) == "'x.yaml': bad"
+
+
+def test_an_internal_fault_during_training_shows_its_traceback_and_marks_the_run(prepared, tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={out}",
+            *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=6", "train.eval_every=0"]
+    # The fault: a bug in the loop at step 3 (an exception no user input explains).
+    code = ("import pretrain.trainer as t\n"
+            "step = t.Trainer.train_step\n"
+            "def faulty(self):\n"
+            "    if self.step == 2:\n"
+            "        raise ZeroDivisionError('injected fault')\n"
+            "    step(self)\n"
+            "t.Trainer.train_step = faulty\n"
+            "from pretrain.cli import main\n"
+            f"raise SystemExit(main({args!r}))\n")
+    proc = _python(code)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback (most recent call last)" in proc.stderr and "ZeroDivisionError: injected fault" in proc.stderr
+    assert "error: injected fault" not in proc.stderr  # not dressed up as the user's mistake
+    failed = json.loads((out / "FAILED").read_text())
+    assert failed["error"] == "ZeroDivisionError" and failed["message"] == "injected fault" and failed["step"] == 2
+    assert "failed at step 2: ZeroDivisionError" in (out / "train.log").read_text()
+
+
+def test_an_internal_fault_in_prepare_shows_its_traceback(tmp_path, corpus_file):
+    code = ("import data_pipeline.prepare as p\n"
+            "def faulty(cfg, command=''):\n"
+            "    raise KeyError('injected fault')\n"
+            "p.prepare = faulty\n"
+            "from data_pipeline.cli import main\n"
+            f"raise SystemExit(main(['prepare', '--config', 'data_pipeline/configs/demo.yaml', "
+            f"'output_dir={tmp_path / 'out'}', \"sources=[{{kind: text, path: '{corpus_file}'}}]\"]))\n")
+    proc = _python(code, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback (most recent call last)" in proc.stderr and "KeyError: 'injected fault'" in proc.stderr
+
+
+def test_bad_input_with_prepare_workers_is_still_one_line(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"good text here\n\n" * 50 + b"caf\xe9 au lait\n")
+    proc = subprocess.run([sys.executable, "-m", "data_pipeline", "prepare", "--config", "data_pipeline/configs/demo.yaml",
+                           f"output_dir={tmp_path / 'out'}", f"sources=[{{kind: text, path: '{bad}'}}]",
+                           "num_workers=2", "tokenizer.vocab_size=100"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "UTF-8" in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()

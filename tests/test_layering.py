@@ -1,0 +1,45 @@
+"""Imports run one way: core <- data_pipeline, model <- pretrain (and nothing imports upward)."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+# package -> packages it must never import
+FORBIDDEN = {"core": {"data_pipeline", "model", "pretrain"}, "data_pipeline": {"pretrain"}, "model": {"pretrain"}}
+
+
+def imported_packages(path: Path) -> set[tuple[str, int]]:
+    """(top-level package, line) of every import in the file, lazy imports inside functions included."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {(alias.name.split(".")[0], node.lineno) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add((node.module.split(".")[0], node.lineno))
+    return found
+
+
+def test_no_import_runs_upward():
+    violations = []
+    for package, forbidden in FORBIDDEN.items():
+        for path in sorted((REPO / package).rglob("*.py")):
+            violations += [f"{path.relative_to(REPO)}:{line} imports {name}"
+                           for name, line in imported_packages(path) if name in forbidden]
+    assert not violations, "\n".join(violations)
+
+
+def test_the_checker_sees_lazy_imports(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import os\n\ndef f():\n    from pretrain.config import RunConfig\n    import model.flops\n")
+    assert {name for name, _ in imported_packages(path)} == {"os", "pretrain", "model"}
+
+
+def test_core_imports_alone():
+    """core works without the other packages loaded (what the layering promises at run time too)."""
+    code = ("import sys, core.errors, core.config_io, core.atomic_files; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('data_pipeline', 'model', 'pretrain')]; "
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
