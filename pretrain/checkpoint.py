@@ -1,4 +1,5 @@
-"""Checkpoints: DeepSpeed's files per tag, a completion marker written last, resume from the newest complete one."""
+"""Checkpoints: DeepSpeed's files per tag, a completion marker written last with every file's size and hash,
+resume from the newest complete checkpoint whose files still match."""
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.errors import CheckpointError
-from core import distributed as dist
 
 COMPLETE = "COMPLETE"
 TAG_RE = re.compile(r"^step_(\d{8})$")
@@ -39,6 +40,65 @@ def latest_complete(ckpt_dir: str | Path) -> Optional[str]:
     """The newest complete tag, or None."""
     tags = complete_tags(ckpt_dir)
     return tags[-1] if tags else None
+
+
+def file_manifest(folder: Path) -> dict[str, list]:
+    """[size, xxh64] of every file in a checkpoint folder (its marker excepted), by relative path."""
+    import xxhash
+
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name != COMPLETE:
+            digest = xxhash.xxh64()
+            with open(path, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 22), b""):
+                    digest.update(chunk)
+            out[str(path.relative_to(folder))] = [path.stat().st_size, digest.hexdigest()]
+    return out
+
+
+def damage(ckpt_dir: str | Path, tag: str) -> Optional[str]:
+    """What is wrong with a complete checkpoint's files against the sizes and hashes its marker recorded (None: intact).
+
+    Markers written before hashes were recorded carry no list; such checkpoints count as intact.
+    """
+    folder = Path(ckpt_dir) / tag
+    try:
+        recorded = json.loads((folder / COMPLETE).read_text()).get("files")
+    except (OSError, ValueError) as exc:
+        return f"its {COMPLETE} marker cannot be read ({exc})"
+    if recorded is None:
+        return None
+    for name, (size, digest) in recorded.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {size} when saved"
+    actual = file_manifest(folder)
+    for name, (_, digest) in recorded.items():
+        if actual[name][1] != digest:
+            return f"{name} does not match the hash recorded when it was saved"
+    return None
+
+
+def newest_intact(ckpt_dir: str | Path, set_aside: bool = False) -> tuple[Optional[str], list[tuple[str, str]]]:
+    """(newest complete tag whose files match its marker, [(damaged newer tag, what is wrong), ...]).
+
+    With `set_aside`, a damaged tag is renamed to TAG.damaged (kept for inspection, no longer a
+    checkpoint), so later saves and resumes do not read it again.
+    """
+    damaged = []
+    for tag in reversed(complete_tags(ckpt_dir)):
+        problem = damage(ckpt_dir, tag)
+        if problem is None:
+            return tag, damaged
+        damaged.append((tag, problem))
+        if set_aside:
+            target = Path(ckpt_dir) / f"{tag}.damaged"
+            shutil.rmtree(target, ignore_errors=True)
+            (Path(ckpt_dir) / tag).rename(target)
+    return None, damaged
 
 
 def rng_state() -> dict[str, Any]:
@@ -89,7 +149,9 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict[str, Any], keep_l
         for name, text in (run_files or {}).items():
             write_text_atomic(ckpt_dir / tag / name, text)
         _fsync_tree(ckpt_dir / tag)  # a marked checkpoint must survive a crash of the machine
-        write_text_atomic(ckpt_dir / tag / COMPLETE, json.dumps({"step": step, "time": time.time()}) + "\n", fsync=True)
+        # Sizes and hashes let a resume tell a damaged copy (a full disk, a bad transfer) from a good one.
+        marker = {"step": step, "time": time.time(), "files": file_manifest(ckpt_dir / tag)}
+        write_text_atomic(ckpt_dir / tag / COMPLETE, json.dumps(marker) + "\n", fsync=True)
         write_text_atomic(ckpt_dir / "latest", tag)  # DeepSpeed's own pointer, for its tools
         for old in complete_tags(ckpt_dir)[:-keep_last]:
             shutil.rmtree(ckpt_dir / old, ignore_errors=True)

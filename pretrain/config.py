@@ -77,6 +77,8 @@ class TrainConfig:
     # Write every sample id each rank trained on to samples/rank<N>.jsonl (an audit of the order).
     record_samples: bool = False
     resume: Literal["auto", "never"] = "auto"
+    # Resume from this checkpoint (a tag like step_00000750, or its step) instead of the newest intact one.
+    resume_from: str = ""
 
     def validate(self) -> None:
         """Check values that the type alone cannot."""

@@ -9,6 +9,7 @@ from typing import Optional
 
 from core.atomic_files import check_overwrite, prepare_output, publish
 from core.config_io import config_to_dict, load_config
+from core.distributed import setup_env
 from core.errors import CheckpointError
 from data_pipeline.tokenizer import copy_tokenizer_folder
 from model.encoder import config_from_dict
@@ -16,7 +17,6 @@ from model.objectives import build_objective
 from pretrain import checkpoint as ckpt
 from pretrain import model_card
 from pretrain.config import RunConfig
-from core.distributed import setup_env
 from pretrain.run import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, TOKENIZER_DIR
 
 log = logging.getLogger("pretrain.export")
@@ -28,12 +28,17 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path, str]:
     if ckpt.TAG_RE.match(path.name) and path.parent.name == "checkpoints":
         if not (path / ckpt.COMPLETE).is_file():
             raise CheckpointError(f"checkpoint '{path}' is incomplete (no {ckpt.COMPLETE} marker)")
+        if problem := ckpt.damage(path.parent, path.name):
+            raise CheckpointError(f"checkpoint '{path}' is damaged: {problem}")
         return path.parent.parent, path.parent, path.name
     if (path / CONFIG_FILE).is_file():
         run_dir, ckpt_dir = path, path / "checkpoints"
-        tag = ckpt.latest_complete(ckpt_dir)
+        tag, damaged = ckpt.newest_intact(ckpt_dir)
+        for bad, why in damaged:
+            log.warning("checkpoint %s is damaged (%s): exporting an older one", ckpt_dir / bad, why)
         if tag is None:
-            raise CheckpointError(f"run '{run_dir}' has no complete checkpoint in {ckpt_dir}")
+            raise CheckpointError(f"run '{run_dir}' has no intact complete checkpoint in {ckpt_dir}"
+                                  + "".join(f"; {bad} is damaged: {why}" for bad, why in damaged))
         return run_dir, ckpt_dir, tag
     raise CheckpointError(f"'{path}' is neither a run folder (with {CONFIG_FILE}) nor a checkpoint tag folder in one")
 

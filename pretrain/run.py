@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.config_io import config_to_dict
 from core.errors import ConfigError
@@ -19,7 +20,6 @@ from data_pipeline.tokenizer import copy_tokenizer_folder, load_tokenizer, word_
 from model.diagnostics import unigram_entropy
 from model.encoder import model_config as build_model_config
 from model.objectives import build_objective, check_objective_config
-from core import distributed as dist
 from pretrain.config import RunConfig
 from pretrain.hardware import resolve_precision
 from pretrain.trainer import Trainer

@@ -14,12 +14,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.config_io import config_hash
-from core.errors import ConfigError, InputDataError
+from core.errors import CheckpointError, ConfigError, InputDataError
 from model.diagnostics import headline
 from pretrain import checkpoint as ckpt
-from core import distributed as dist
 from pretrain.config import RunConfig
 from pretrain.ds_config import build_ds_config
 from pretrain.hardware import device_peak_tflops
@@ -69,6 +69,7 @@ class Trainer:
         ds_config = build_ds_config(cfg, self.world)
         self.accum = ds_config["gradient_accumulation_steps"]
         self.zero_stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
+        self.damaged_checkpoints: list[tuple[str, str]] = []
         self.resume_tag, self.load_tag = self._plan_resume(ds_config)
         offload = bool(ds_config.get("zero_optimization", {}).get("offload_optimizer"))
         optimizer = build_optimizer(model, cfg.optimizer, offload=offload)
@@ -131,13 +132,44 @@ class Trainer:
                 write_text_atomic(path, "".join(line + "\n" for line in keep))
 
     # ---- checkpoints ------------------------------------------------------------------
+    def _pick_checkpoint(self) -> Optional[str]:
+        """The tag to resume from: train.resume_from, or the newest complete one whose files match their hashes.
+
+        Rank 0 checks the files and sets damaged newer checkpoints aside (TAG.damaged); every rank gets its answer.
+        """
+        wanted = self.cfg.train.resume_from
+        tag, damaged, error = None, [], ""
+        if self.rank == 0:
+            if wanted:
+                tag = ckpt.tag_for(int(wanted)) if wanted.isdigit() else wanted
+                if not (self.ckpt_dir / tag / ckpt.COMPLETE).is_file():
+                    error = (f"train.resume_from={wanted}: no complete checkpoint {tag} in {self.ckpt_dir} "
+                             f"(complete: {', '.join(ckpt.complete_tags(self.ckpt_dir)) or 'none'})")
+                elif problem := ckpt.damage(self.ckpt_dir, tag):
+                    error = f"train.resume_from={wanted}: checkpoint {self.ckpt_dir / tag} is damaged: {problem}"
+            else:
+                tag, damaged = ckpt.newest_intact(self.ckpt_dir, set_aside=True)
+                if tag is None and damaged:
+                    error = (f"every checkpoint in {self.ckpt_dir} is damaged ("
+                             + "; ".join(f"{t}: {why}" for t, why in damaged)
+                             + "); they were renamed to TAG.damaged. Start again with a new train.output_dir, "
+                             "or restore a good copy")
+        tag, damaged, error = dist.broadcast_object(tag, damaged, error)
+        if error:
+            raise CheckpointError(error)
+        self.damaged_checkpoints = damaged  # logged once the run's logger exists (it is made after the engine)
+        return tag
+
     def _plan_resume(self, ds_config: dict) -> tuple[Optional[str], Optional[str]]:
         """Which tag to resume from and which to load: a universal copy when the world size changed.
 
         Runs before deepspeed.initialize, because loading a universal checkpoint is a config flag.
         """
-        tag = ckpt.latest_complete(self.ckpt_dir)
-        if tag is None or self.cfg.train.resume == "never":
+        if self.cfg.train.resume == "never":
+            tag = ckpt.latest_complete(self.ckpt_dir)
+            return tag, tag
+        tag = self._pick_checkpoint()
+        if tag is None:
             return tag, tag
         meta = ckpt.read_meta(self.ckpt_dir, tag)
         if meta.get("zero_stage", self.zero_stage) != self.zero_stage:
@@ -230,6 +262,9 @@ class Trainer:
             ckpt.set_rng_state(state["rng"][self.rank])
         else:
             torch.manual_seed(self.cfg.train.seed * 1000 + self.rank + 7919 * self.step)
+        for bad, why in self.damaged_checkpoints:
+            self.log.info(f"checkpoint {self.ckpt_dir / bad} is damaged ({why}): set aside as {bad}.damaged")
+            self.log.scalars(self.step, {"damaged_checkpoint_step": float(bad.removeprefix("step_"))}, "resume")
         self.log.info(f"resumed from {self.ckpt_dir / tag} at step {self.step}")
 
     # ---- loop -------------------------------------------------------------------------

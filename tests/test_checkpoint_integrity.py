@@ -1,0 +1,65 @@
+"""Checkpoints record every file's size and hash; a damaged newest one is named and skipped for the newest intact one."""
+import json
+from pathlib import Path
+
+import torch
+from conftest import TINY_MODEL, run_cli
+
+MODEL_FILE = "mp_rank_00_model_states.pt"
+
+
+def _args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
+            "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=9", "train.save_every=3",
+            "train.keep_last=5", "train.eval_every=0", "train.log_every=3", *extra]
+
+
+def _weights(run: Path, tag: str) -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoints" / tag / MODEL_FILE, map_location="cpu", weights_only=False)["module"]
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # what a full disk or a cut copy leaves, under a COMPLETE marker
+
+
+def test_the_marker_records_every_file(prepared, tmp_path):
+    run = tmp_path / "run"
+    run_cli("pretrain", _args(prepared, run, "train.max_steps=3"))
+    tag = run / "checkpoints" / "step_00000003"
+    files = json.loads((tag / "COMPLETE").read_text())["files"]
+    on_disk = {str(p.relative_to(tag)) for p in tag.rglob("*") if p.is_file() and p.name != "COMPLETE"}
+    assert set(files) == on_disk and MODEL_FILE in files
+    assert all(size == (tag / name).stat().st_size for name, (size, _) in files.items())
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_ends_as_if_resumed_from_the_intact_one(prepared, tmp_path):
+    run, reference = tmp_path / "run", tmp_path / "reference"
+    for out in (run, reference):
+        run_cli("pretrain", _args(prepared, out, "train.stop_after=6"))  # checkpoints at steps 3 and 6
+    _truncate(run / "checkpoints" / "step_00000006" / MODEL_FILE)
+
+    resumed = run_cli("pretrain", _args(prepared, run))
+    assert f"step_00000006 is damaged ({MODEL_FILE} has" in resumed.stdout, resumed.stdout[-3000:]
+    assert "resumed from" in resumed.stdout and "at step 3" in resumed.stdout
+    assert (run / "checkpoints" / "step_00000006.damaged" / MODEL_FILE).is_file()  # set aside, not deleted
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {"step": 3, "split": "resume", "damaged_checkpoint_step": 6.0} in rows
+    # The reference resumes from step 3 by hand (train.resume_from) although its step 6 is intact.
+    by_hand = run_cli("pretrain", _args(prepared, reference, "train.resume_from=3"))
+    assert "at step 3" in by_hand.stdout
+    a, b = _weights(run, "step_00000009"), _weights(reference, "step_00000009")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path):
+    run = tmp_path / "run"
+    run_cli("pretrain", _args(prepared, run, "train.stop_after=3"))
+    _truncate(run / "checkpoints" / "step_00000003" / MODEL_FILE)
+    proc = run_cli("pretrain", _args(prepared, run), check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "every checkpoint" in errors[0] and "step_00000003" in errors[0] and MODEL_FILE in errors[0]
+    assert "Traceback" not in proc.stderr
+    missing = run_cli("pretrain", _args(prepared, tmp_path / "other", "train.resume_from=step_00000042"), check=False)
+    assert missing.returncode == 2 and "train.resume_from=step_00000042" in missing.stderr
