@@ -10,7 +10,7 @@ norm) are kept as they are and read at the flush.
 from __future__ import annotations
 
 import time
-from typing import Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -103,3 +103,46 @@ class Rates:
         out = {"tokens_per_s": self.tokens / span, "samples_per_s": self.samples / span, "data_wait_fraction": self.wait / span}
         self.reset()
         return out
+
+
+class MetricsReporter:
+    """What step metrics become: a TensorBoard / metrics.jsonl row per step, and at logging steps the
+    progress line with tokens/s, model TFLOP/s, MFU, data wait and peak memory."""
+
+    def __init__(self, log, world: int, flops_per_token: Optional[Callable[[int, float], float]], mask_prob: float,
+                 peak_tflops: float) -> None:
+        self.log, self.world = log, world
+        self.flops_per_token, self.mask_prob, self.peak_tflops = flops_per_token, mask_prob, peak_tflops
+        self.window, self.rates = MetricWindow(), Rates()
+
+    def drain(self, progress, seq_len: int, sec_per_step: Optional[float]) -> None:
+        """Read the window (one all-reduce), count what it saw into `progress`, log its rows and, given the pace,
+        the progress line."""
+        rows = self.window.flush(self.world)
+        for _, metrics in rows:
+            progress.tokens_seen += int(metrics["tokens"])
+            progress.samples_seen += int(metrics["samples"])
+            metrics["data_wait_s"] /= self.world
+        self.rates.add(rows)
+        if sec_per_step is not None and rows:
+            last = rows[-1][1]
+            last.update(self.rates.take())
+            self._throughput(last, seq_len)
+            self.log.progress(progress.step, last, sec_per_step)
+        for step, metrics in rows:
+            self.log.scalars(step, {k: v for k, v in metrics.items() if k not in ("tokens", "samples")}, "train")
+
+    def _throughput(self, metrics: dict[str, float], seq_len: int) -> None:
+        """Model TFLOP/s per device, MFU against the peak, and peak memory (max over ranks)."""
+        if self.flops_per_token is not None and seq_len:
+            per_device = self.flops_per_token(seq_len, self.mask_prob) * metrics["tokens_per_s"] / self.world / 1e12
+            metrics["model_tflops_per_device"] = per_device
+            if self.peak_tflops:
+                metrics["mfu"] = per_device / self.peak_tflops
+        if torch.cuda.is_available():
+            peak = torch.cuda.max_memory_allocated() / 2**30
+        else:
+            import resource
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+        metrics["peak_memory_gib"] = max(dist.all_gather_object(peak))

@@ -1,0 +1,201 @@
+"""What a run saves and restores beside the engine's tensors: which checkpoint to resume from, the
+loader's position, every rank's RNG states, the progress counters and the audit of samples seen.
+
+The trainer hands it the engine and the loader at save and restore; everything about checkpoint
+folders (tags, markers, hashes, damaged copies, world-size conversion) lives here and in checkpoint.py.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from core import distributed as dist
+from core.atomic_files import write_text_atomic
+from core.config_io import config_hash
+from core.errors import CheckpointError, ConfigError
+from pretrain import checkpoint as ckpt
+from pretrain.config import RunConfig
+from pretrain.optim import reset_schedule
+
+
+@dataclass
+class Progress:
+    """Where the run is and what it has seen (saved in every checkpoint)."""
+
+    step: int = 0
+    samples_seen: int = 0
+    tokens_seen: int = 0
+    elapsed: float = 0.0
+
+
+class RunState:
+    """The run's checkpoints and sample audit: pick, save, restore."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, zero_stage: int, run_files: Optional[dict[str, str]] = None) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.rank, self.world = dist.rank(), dist.world_size()
+        self.zero_stage = zero_stage
+        self.run_files = run_files or {}
+        self.damaged: list[tuple[str, str]] = []
+        self.resume_tag: Optional[str] = None
+        self.load_tag: Optional[str] = None
+        self.longest_save = 0.0
+        self.last_save_time = time.time()
+
+    # ---- which checkpoint -------------------------------------------------------------
+    def _pick(self) -> Optional[str]:
+        """train.resume_from, or the newest complete checkpoint whose files match their hashes.
+
+        Rank 0 checks the files and sets damaged newer checkpoints aside (TAG.damaged); every rank gets its answer.
+        """
+        wanted = self.cfg.train.resume_from
+        tag, damaged, error = None, [], ""
+        if self.rank == 0:
+            if wanted:
+                tag = ckpt.tag_for(int(wanted)) if wanted.isdigit() else wanted
+                if not (self.ckpt_dir / tag / ckpt.COMPLETE).is_file():
+                    error = (f"train.resume_from={wanted}: no complete checkpoint {tag} in {self.ckpt_dir} "
+                             f"(complete: {', '.join(ckpt.complete_tags(self.ckpt_dir)) or 'none'})")
+                elif problem := ckpt.damage(self.ckpt_dir, tag):
+                    error = f"train.resume_from={wanted}: checkpoint {self.ckpt_dir / tag} is damaged: {problem}"
+            else:
+                tag, damaged = ckpt.newest_intact(self.ckpt_dir, set_aside=True)
+                if tag is None and damaged:
+                    error = (f"every checkpoint in {self.ckpt_dir} is damaged ("
+                             + "; ".join(f"{t}: {why}" for t, why in damaged)
+                             + "); they were renamed to TAG.damaged. Start again with a new train.output_dir, "
+                             "or restore a good copy")
+        tag, damaged, error = dist.broadcast_object(tag, damaged, error)
+        if error:
+            raise CheckpointError(error)
+        self.damaged = damaged  # logged at restore, once the run's logger exists
+        return tag
+
+    def plan(self, ds_config: dict) -> None:
+        """Choose the tag to resume from and the one to load (a universal copy when the world size changed).
+
+        Runs before deepspeed.initialize, because loading a universal checkpoint is a config flag.
+        """
+        if self.cfg.train.resume == "never":
+            self.resume_tag = self.load_tag = ckpt.latest_complete(self.ckpt_dir)
+            return
+        tag = self.resume_tag = self.load_tag = self._pick()
+        if tag is None:
+            return
+        meta = ckpt.read_meta(self.ckpt_dir, tag)
+        if meta.get("zero_stage", self.zero_stage) != self.zero_stage:
+            raise ConfigError(
+                f"checkpoint {self.ckpt_dir / tag} was saved with ZeRO stage {meta['zero_stage']} but this run uses "
+                f"stage {self.zero_stage} ({self.cfg.train.deepspeed_config}); DeepSpeed cannot change the stage on "
+                "resume: keep the stage, or export the weights and start a new run from them (model.init_from)"
+            )
+        if meta.get("world_size", self.world) == self.world:
+            return
+        error = ""
+        if self.rank == 0:
+            print(f"checkpoint {tag} was saved on {meta['world_size']} rank(s); converting it to a universal "
+                  f"checkpoint to resume on {self.world}", flush=True)
+            try:
+                ckpt.convert_to_universal(self.ckpt_dir, tag)
+            except Exception as exc:  # every rank must learn of it, or the others wait forever
+                error = str(exc) or type(exc).__name__
+        (error,) = dist.broadcast_object(error)
+        if error:
+            raise RuntimeError(error)
+        ds_config.setdefault("checkpoint", {})["load_universal"] = True
+        self.load_tag = ckpt.universal_tag(tag)
+
+    # ---- save and restore -------------------------------------------------------------
+    def _client_state(self, loader, progress: Progress) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "step": progress.step,
+            "samples_seen": progress.samples_seen,
+            "tokens_seen": progress.tokens_seen,
+            "elapsed_s": progress.elapsed,
+            "world_size": self.world,
+            "config_hash": config_hash(self.cfg),
+            "loader": loader.state_dict(),
+            # Streaming's state is global (the same on every rank); each rank's copy is kept to check that.
+            "loader_per_rank": dist.all_gather_object(loader.state_dict()),
+            # Lets ds_to_universal convert ZeRO-1/2 checkpoints for a resume on another world size.
+            "universal_checkpoint_info": {"universal_checkpoint_version": 0.4},
+            "rng": dist.all_gather_object(ckpt.rng_state()),
+        }
+
+    def save(self, engine, loader, progress: Progress, log) -> None:
+        """Checkpoint the current step on every rank."""
+        t0 = time.perf_counter()
+        meta = {"step": progress.step, "world_size": self.world, "zero_stage": self.zero_stage,
+                "precision": self.cfg.train.precision}
+        tag = ckpt.save(engine, self.ckpt_dir, progress.step, self._client_state(loader, progress), self.cfg.train.keep_last,
+                        run_files={**self.run_files, ckpt.META: json.dumps(meta) + "\n"})
+        seconds = time.perf_counter() - t0
+        self.longest_save = max(self.longest_save, seconds)
+        self.last_save_time = time.time()
+        log.info(f"saved checkpoint {self.ckpt_dir / tag} in {seconds:.1f}s")
+
+    def restore(self, engine, loader, progress: Progress, log) -> None:
+        """Continue from the planned checkpoint, if any: weights, optimizer, schedule, loader, RNG, counters."""
+        tag = self.resume_tag
+        if self.cfg.train.resume == "never":
+            if tag is not None:
+                raise ConfigError(f"train.resume=never but '{self.ckpt_dir}' already holds checkpoints ({tag}); "
+                                  "use a new train.output_dir, or resume=auto to continue")
+            return
+        if tag is None:
+            return
+        state = ckpt.load(engine, self.ckpt_dir, self.load_tag)
+        if self.load_tag != tag:
+            dist.barrier()  # every rank has read the universal copy: it is no longer needed
+            if self.rank == 0:
+                shutil.rmtree(self.ckpt_dir / self.load_tag, ignore_errors=True)
+        if state.get("config_hash") != config_hash(self.cfg):
+            log.info("note: the config differs from the one the checkpoint was saved with; the current one applies")
+        reset_schedule(engine.lr_scheduler, self.cfg.train.max_steps, self.cfg.schedule, self.cfg.optimizer.lr)
+        progress.step = state["step"]
+        progress.samples_seen = state["samples_seen"]
+        progress.tokens_seen = state["tokens_seen"]
+        progress.elapsed = state["elapsed_s"]
+        loader.load_state_dict(state["loader"])
+        if state["world_size"] == self.world:
+            ckpt.set_rng_state(state["rng"][self.rank])
+        else:
+            torch.manual_seed(self.cfg.train.seed * 1000 + self.rank + 7919 * progress.step)
+        for bad, why in self.damaged:
+            log.info(f"checkpoint {self.ckpt_dir / bad} is damaged ({why}): set aside as {bad}.damaged")
+            log.scalars(progress.step, {"damaged_checkpoint_step": float(bad.removeprefix("step_"))}, "resume")
+        log.info(f"resumed from {self.ckpt_dir / tag} at step {progress.step}")
+
+    # ---- the sample audit -------------------------------------------------------------
+    def _sample_log(self) -> Path:
+        return self.run_dir / "samples" / f"rank{self.rank}.jsonl"
+
+    def record_samples(self, step: int, sample_ids: list) -> None:
+        """Append the ids this rank trained on at `step` (train.record_samples)."""
+        path = self._sample_log()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"step": step, "sample_ids": sample_ids}) + "\n")
+
+    def rewind_samples(self, last_step: int) -> None:
+        """Drop the records of steps after the checkpoint we resume from (they will be redone).
+
+        Each rank rewinds its own file; rank 0 also rewinds those of ranks that an elastic resume
+        onto fewer ranks left behind, so the audit never shows a step twice.
+        """
+        paths = [self._sample_log()]
+        if self.rank == 0:
+            paths += [p for p in self._sample_log().parent.glob("rank*.jsonl") if int(p.stem[4:]) >= self.world]
+        for path in paths:
+            if path.is_file():
+                keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
+                write_text_atomic(path, "".join(line + "\n" for line in keep))
