@@ -55,6 +55,8 @@ def test_metrics_match_their_definitions():
     ra, rb = np.array([1.0, 2.5, 2.5, 4.0]), np.array([1.0, 3.0, 2.0, 4.0])
     expected = ((ra - ra.mean()) * (rb - rb.mean())).sum() / math.sqrt(((ra - ra.mean()) ** 2).sum() * ((rb - rb.mean()) ** 2).sum())
     assert abs(spearman(a, b) - expected) < 1e-12
+    # A constant prediction has no correlation (scipy says nan): reported as 0, as GLUE's tables do.
+    assert pearson(np.ones(5), np.arange(5.0)) == 0.0 and spearman(np.arange(5.0), np.full(5, 2.0)) == 0.0
 
 
 def test_glue_offline_fails_at_once_with_a_clear_message(tmp_path, monkeypatch):

@@ -1,7 +1,6 @@
 """Fine-tuning tasks: GLUE through `datasets`, or local csv/json files; and their metrics as GLUE defines them."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -44,71 +43,56 @@ def glue_name(task: str) -> Optional[str]:
     return key if key in GLUE else None
 
 
-# ---- metrics (GLUE's definitions; written here so nothing is fetched from a hub) -------------------
+# ---- metrics (GLUE's definitions, from scikit-learn and scipy) -------------------------------------------
 
 
 def accuracy(pred: np.ndarray, gold: np.ndarray) -> float:
     """Fraction of exact matches."""
-    return float((pred == gold).mean())
+    from sklearn.metrics import accuracy_score
+
+    return float(accuracy_score(gold, pred))
 
 
 def f1_binary(pred: np.ndarray, gold: np.ndarray) -> float:
     """F1 of the positive class (label 1), as GLUE reports for MRPC and QQP."""
-    tp = float(((pred == 1) & (gold == 1)).sum())
-    fp = float(((pred == 1) & (gold != 1)).sum())
-    fn = float(((pred != 1) & (gold == 1)).sum())
-    return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(gold, pred, pos_label=1, average="binary", zero_division=0))
 
 
 def f1_macro(pred: np.ndarray, gold: np.ndarray) -> float:
     """Unweighted mean of per-class F1 over the classes in gold or pred."""
-    scores = []
-    for c in np.union1d(pred, gold):
-        tp = float(((pred == c) & (gold == c)).sum())
-        fp = float(((pred == c) & (gold != c)).sum())
-        fn = float(((pred != c) & (gold == c)).sum())
-        scores.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
-    return float(np.mean(scores))
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(gold, pred, average="macro", zero_division=0))
 
 
 def matthews(pred: np.ndarray, gold: np.ndarray) -> float:
     """Matthews correlation (multi-class form, Gorodkin 2004; equals the binary MCC for 2 classes)."""
-    classes = np.union1d(pred, gold)
-    index = {c: i for i, c in enumerate(classes)}
-    confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)
-    for p, g in zip(pred, gold):
-        confusion[index[g], index[p]] += 1
-    t, p = confusion.sum(1), confusion.sum(0)
-    c, s = np.trace(confusion), confusion.sum()
-    denom = math.sqrt((s * s - (p * p).sum()) * (s * s - (t * t).sum()))
-    return 0.0 if denom == 0 else float((c * s - (t * p).sum()) / denom)
+    from sklearn.metrics import matthews_corrcoef
+
+    return float(matthews_corrcoef(gold, pred))
+
+
+def _correlation(fn, pred: np.ndarray, gold: np.ndarray) -> float:
+    # A constant input has no correlation: scipy says nan (with a warning); GLUE's tables read it as 0.
+    if np.ptp(pred) == 0 or np.ptp(gold) == 0:
+        return 0.0
+    return float(fn(pred.astype(np.float64), gold.astype(np.float64))[0])
 
 
 def pearson(pred: np.ndarray, gold: np.ndarray) -> float:
     """Pearson correlation."""
-    a, b = pred.astype(np.float64) - pred.mean(), gold.astype(np.float64) - gold.mean()
-    denom = math.sqrt(float((a * a).sum() * (b * b).sum()))
-    return 0.0 if denom == 0 else float((a * b).sum() / denom)
+    from scipy.stats import pearsonr
 
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks with ties averaged (as Spearman's rho needs)."""
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), dtype=np.float64)
-    sorted_x = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2.0
-        i = j + 1
-    return ranks
+    return _correlation(pearsonr, pred, gold)
 
 
 def spearman(pred: np.ndarray, gold: np.ndarray) -> float:
-    """Spearman's rho: Pearson correlation of the (tie-averaged) ranks."""
-    return pearson(_ranks(pred), _ranks(gold))
+    """Spearman's rho: Pearson correlation of the tie-averaged ranks."""
+    from scipy.stats import spearmanr
+
+    return _correlation(spearmanr, pred, gold)
 
 
 METRICS = {"accuracy": accuracy, "f1": f1_binary, "f1_macro": f1_macro, "matthews": matthews, "pearson": pearson,
