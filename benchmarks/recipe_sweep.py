@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 # The sweep's baseline, spelled out so that it does not move with the demo config it chose.
@@ -150,28 +151,48 @@ def sweep(group: str, data: Path, out: Path, budget_s: float, probe_steps: int, 
     return results
 
 
+def _curve(ax, results: dict, key: str, exclude_generator: bool = True) -> Optional[float]:
+    """One line per configuration that logged a validation field ending in `key`; returns the unigram entropy seen."""
+    unigram = None
+    for name, res in results.items():
+        curve = res["curve"]
+        field = next((k for k in curve[-1] if k.endswith(key) and not (exclude_generator and k.startswith("generator"))), None)
+        if field is None:
+            continue
+        ax.plot([r["train_seconds"] for r in curve], [r[field] for r in curve], marker="o", ms=3, label=f"{name} ({field})")
+        unigram = curve[-1].get("unigram_entropy", unigram)
+    return unigram
+
+
 def plot(group: str, results: dict) -> Path:
-    """Validation MLM loss (or detection AUC) against training seconds, one line per configuration."""
+    """Validation MLM loss (or detection AUC) against training seconds, one line per configuration.
+
+    The scratch group mixes objectives: MLM losses on the left (main models, and ELECTRA's / COCO-LM's
+    generators), detection AUC and retrieval accuracy on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    key = "mlm_loss" if group == "mlm" else "auc"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    unigram = None
-    for name, res in results.items():
-        curve = res["curve"]
-        field = next((k for k in curve[-1] if k.endswith(key) and not k.startswith("generator")), None)
-        if field is None:
-            continue
-        ax.plot([r["train_seconds"] for r in curve], [r[field] for r in curve], marker="o", ms=3, label=f"{name} ({field})")
-        unigram = curve[-1].get("unigram_entropy", unigram)
-    if group == "mlm" and unigram:
+    if group == "scratch":
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+        unigram = _curve(ax, results, "mlm_loss", exclude_generator=False)
+        for key in ("auc", "retrieval_accuracy"):
+            _curve(bx, results, key)
+        bx.set_ylabel("validation ROC-AUC / retrieval accuracy")
+        bx.set_xlabel("training seconds (2 ranks, 2 cores)")
+        bx.legend(fontsize=7)
+        bx.grid(alpha=0.3)
+        key = "mlm_loss"
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        key = "mlm_loss" if group == "mlm" else "auc"
+        unigram = _curve(ax, results, key)
+    if key == "mlm_loss" and unigram:
         ax.axhline(unigram, color="grey", ls="--", label=f"unigram entropy {unigram:.2f}")
         ax.axhline(unigram - 1.5, color="grey", ls=":", label="1.5 nats below unigram")
     ax.set_xlabel("training seconds (2 ranks, 2 cores)")
-    ax.set_ylabel("validation " + ("MLM loss (all picked tokens [MASK]), nats" if group == "mlm" else "ROC-AUC"))
+    ax.set_ylabel("validation " + ("MLM loss (all picked tokens [MASK]), nats" if key == "mlm_loss" else "ROC-AUC"))
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     from core.atomic_files import save_figure_atomic
