@@ -130,23 +130,81 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+GLOBAL_PACKAGE = "# @package _global_"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at top level")
+    return loaded or {}
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge: sections merge key by key, anything else in `top` replaces what `base` has."""
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _group_file(root: Path, group: str, option: str, where: str) -> dict[str, Any]:
+    """A config group option's content, placed under its group's section (or at top level with `# @package _global_`)."""
+    path = root / group / f"{option}.yaml"
+    if not path.is_file():
+        options = sorted(p.stem for p in (root / group).glob("*.yaml")) if (root / group).is_dir() else []
+        raise ConfigError(f"{where}: no config group option '{group}/{option}' ({path} does not exist; "
+                          f"options in {root / group}: {', '.join(options) or 'none'})")
+    content = _read_yaml(path)
+    first_line = path.read_text(encoding="utf-8").split("\n", 1)[0].strip()
+    return content if first_line == GLOBAL_PACKAGE else {group: content}
+
+
+def compose(path: Path, group_choices: dict[str, str] | None = None) -> dict[str, Any]:
+    """A run YAML with its `defaults:` list resolved: each `group/option` (a YAML beside the file, in
+    `group/option.yaml`) is merged in order, then the file's own keys on top. `group_choices` replaces
+    the option of a listed group (the `group=option` override)."""
+    data = _read_yaml(path)
+    defaults = data.pop("defaults", [])
+    if not isinstance(defaults, list) or not all(isinstance(d, str) and d.count("/") == 1 for d in defaults):
+        raise ConfigError(f"config file {path}: 'defaults' must be a list of group/option names, got {defaults!r}")
+    choices = dict(d.split("/") for d in defaults)
+    for group, option in (group_choices or {}).items():
+        if group not in choices:
+            raise ConfigError(f"override '{group}={option}': {path} has no config group '{group}' in its defaults "
+                              f"({', '.join(sorted(choices)) or 'none'})")
+        choices[group] = option
+    merged: dict[str, Any] = {}
+    for group, option in choices.items():
+        merged = _merge(merged, _group_file(path.parent, group, option, f"config file {path}"))
+    return _merge(merged, data)
+
+
 def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
-    """Load dataclass `cls` from a YAML file (or defaults) and apply key=value overrides."""
+    """Load dataclass `cls` from a YAML file (with its `defaults:` groups) and apply key=value overrides.
+
+    An override `group=option` (no dot, a plain name) picks another option of a config group the file's
+    defaults list; every other override sets a key.
+    """
+    overrides = list(overrides or [])
     data: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must hold a mapping at top level")
-        data = loaded or {}
-    apply_overrides(data, list(overrides or []))
+        # `section=name` (a section of the config given a plain name, not a mapping) picks a group option.
+        sections = {name for name, tp in _field_types(cls).items() if dataclasses.is_dataclass(tp)}
+        picks = {}
+        for item in overrides:
+            key, _, value = (part.strip() for part in item.partition("="))
+            if key in sections and value and not value.startswith(("{", "[")):
+                picks[key] = value
+        overrides = [o for o in overrides if o.partition("=")[0].strip() not in picks]
+        data = compose(Path(path), picks)
+    apply_overrides(data, overrides)
     return _build(cls, data)
-
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

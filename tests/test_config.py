@@ -1,4 +1,6 @@
 """Typed config loading: YAML + overrides, and errors that name the key."""
+from pathlib import Path
+
 import pytest
 
 from core.config_io import load_config
@@ -101,3 +103,63 @@ def test_an_objective_is_one_file_plus_a_registry_entry(tmp_path, monkeypatch):
     # The project's own config, built without the entry, refuses the name.
     with pytest.raises(ConfigError, match="'toy' is not one of"):
         load_config(RunConfig, None, ["objective.name=toy"])
+
+
+def test_config_groups_compose_in_order_and_can_be_swapped(tmp_path):
+    """A run YAML's `defaults:` merge group files in order, its own keys on top, then overrides; group=option swaps one."""
+    repo_configs = Path(__file__).resolve().parents[1] / "pretrain" / "configs"
+    cfg = load_config(RunConfig, repo_configs / "electra.yaml")
+    assert (cfg.model.architecture, cfg.model.hidden_size, cfg.objective.name) == ("modernbert", 128, "electra")
+    assert cfg.optimizer.betas == (0.9, 0.999) and cfg.optimizer.lr == 1e-3  # the objective's β2, the file's lr
+    swapped = load_config(RunConfig, repo_configs / "electra.yaml", ["model=bert_relkq_small", "objective=coco_lm",
+                                                                      "model.hidden_size=64"])
+    assert (swapped.model.architecture, swapped.model.position_embedding) == ("bert", "relative_key_query")
+    assert swapped.model.hidden_size == 64 and swapped.objective.name == "coco_lm" and swapped.masking.strategy == "coco"
+    with pytest.raises(ConfigError, match="no config group option 'model/huge'.*modernbert_small"):
+        load_config(RunConfig, repo_configs / "electra.yaml", ["model=huge"])
+    with pytest.raises(ConfigError, match="no config group 'schedule'"):
+        load_config(RunConfig, repo_configs / "electra.yaml", ["schedule=cosine"])
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "a.yaml").write_text("hidden_size: 48\nnum_layers: 3\n")
+    (tmp_path / "model" / "b.yaml").write_text("num_layers: 5\n")
+    (tmp_path / "run.yaml").write_text("defaults: [model/a]\nmodel: {num_layers: 4}\n")
+    cfg = load_config(RunConfig, tmp_path / "run.yaml")
+    assert (cfg.model.hidden_size, cfg.model.num_layers) == (48, 4)  # the file's own key wins over its group
+    assert load_config(RunConfig, tmp_path / "run.yaml", ["model.num_layers=6"]).model.num_layers == 6
+    cfg = load_config(RunConfig, tmp_path / "run.yaml", ["model=b"])
+    assert (cfg.model.hidden_size, cfg.model.num_layers) == (RunConfig().model.hidden_size, 4)
+    (tmp_path / "model" / "c.yaml").write_text("hidden_sise: 48\n")
+    with pytest.raises(ConfigError, match="model.hidden_sise"):  # a group file's typo is named like any other
+        load_config(RunConfig, tmp_path / "run.yaml", ["model=c"])
+    (tmp_path / "bad.yaml").write_text("defaults: model/a\n")
+    with pytest.raises(ConfigError, match="'defaults' must be a list"):
+        load_config(RunConfig, tmp_path / "bad.yaml")
+
+
+def test_a_toy_objective_is_one_file_and_one_yaml(tmp_path, monkeypatch):
+    """The objective's module (options + class) and a group YAML selecting it: nothing shared is edited."""
+    import dataclasses
+    import sys
+
+    import model.objectives as objectives
+
+    (tmp_path / "toy_objective.py").write_text(
+        "from dataclasses import dataclass\nfrom model.objectives.base import Objective\n\n"
+        "@dataclass\nclass ToyOptions:\n    alpha: float = 1.0\n\n"
+        "class Toy(Objective):\n    options_class = ToyOptions\n")
+    (tmp_path / "objective").mkdir()
+    (tmp_path / "objective" / "toy.yaml").write_text(
+        "# @package _global_\nobjective: {name: toy, toy: {alpha: 3.0}}\nmasking: {mask_prob: 0.2}\n")
+    (tmp_path / "run.yaml").write_text("defaults: [objective/toy]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(objectives.REGISTRY, "toy", "toy_objective:Toy")  # the registry entry (one line in the real file)
+    monkeypatch.delitem(sys.modules, "toy_objective", raising=False)
+    from data_pipeline.masking import MaskingConfig
+
+    objective_config = objectives._objective_config_class()
+    run_config = dataclasses.make_dataclass("Run", [
+        ("objective", objective_config, dataclasses.field(default_factory=objective_config)),
+        ("masking", MaskingConfig, dataclasses.field(default_factory=MaskingConfig))])
+    cfg = load_config(run_config, tmp_path / "run.yaml")
+    assert cfg.objective.name == "toy" and cfg.objective.toy.alpha == 3.0 and cfg.masking.mask_prob == 0.2
