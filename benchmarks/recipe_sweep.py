@@ -154,12 +154,14 @@ def sweep(group: str, data: Path, out: Path, budget_s: float, probe_steps: int, 
 def _curve(ax, results: dict, key: str, exclude_generator: bool = True) -> Optional[float]:
     """One line per configuration that logged a validation field ending in `key`; returns the unigram entropy seen."""
     unigram = None
-    for name, res in results.items():
+    for index, (name, res) in enumerate(results.items()):
         curve = res["curve"]
         field = next((k for k in curve[-1] if k.endswith(key) and not (exclude_generator and k.startswith("generator"))), None)
         if field is None:
             continue
-        ax.plot([r["train_seconds"] for r in curve], [r[field] for r in curve], marker="o", ms=3, label=f"{name} ({field})")
+        # One colour per configuration in every panel.
+        ax.plot([r["train_seconds"] for r in curve], [r[field] for r in curve], marker="o", ms=3, color=f"C{index % 10}",
+                label=f"{name} ({field})", ls="--" if field.startswith("scl") else "-")
         unigram = curve[-1].get("unigram_entropy", unigram)
     return unigram
 

@@ -105,22 +105,27 @@ def _indexed_dataset_class():
 
 @contextlib.contextmanager
 def shared_memory_registration():
-    """Hold a machine-wide lock (local leaders only) while streaming picks and creates its shared memory.
+    """Hold a machine-wide lock (local leaders) while streaming picks and creates its shared memory.
 
-    streaming finds the first free prefix, waits on a barrier, then creates the prefix's segment:
-    two runs starting together on one machine (two jobs on a node, two test workers) pick the same
-    prefix and one fails with FileExistsError. Only the local leader creates, so only it locks; the
-    other ranks of its run never wait on the lock, so the lock cannot deadlock a run.
+    streaming has every rank scan for the first free prefix, then the local leader creates it and
+    the other ranks open it: two runs starting together on one machine (two jobs on a node, two
+    test workers) pick the same prefix (FileExistsError), or a rank scans while another run's leader
+    is creating and so picks another prefix than its own leader ("shared memory registered does not
+    match local leader"). The leader takes the lock, then a barrier lets the other ranks scan only
+    while it holds it. Only leaders lock, so a run's own ranks never wait on each other for it.
     """
-    if not is_local_leader():
+    handle = None
+    if is_local_leader():
+        handle = open(Path(tempfile.gettempdir()) / "contrastive_pretrain_streaming.lock", "a")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
         yield
-        return
-    with open(Path(tempfile.gettempdir()) / "contrastive_pretrain_streaming.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    finally:
+        if handle is not None:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
 
 
 def clean_stale_shared_memory(cfg: LoaderConfig) -> None:

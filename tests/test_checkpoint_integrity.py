@@ -23,21 +23,16 @@ def _truncate(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])  # what a full disk or a cut copy leaves, under a COMPLETE marker
 
 
-def test_the_marker_records_every_file(prepared, tmp_path):
-    run = tmp_path / "run"
-    run_cli("pretrain", _args(prepared, run, "train.max_steps=3"))
-    tag = run / "checkpoints" / "step_00000003"
-    files = json.loads((tag / "COMPLETE").read_text())["files"]
-    on_disk = {str(p.relative_to(tag)) for p in tag.rglob("*") if p.is_file() and p.name != "COMPLETE"}
-    assert set(files) == on_disk and MODEL_FILE in files
-    assert all(size == (tag / name).stat().st_size for name, (size, _) in files.items())
-
-
 def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_ends_as_if_resumed_from_the_intact_one(prepared, tmp_path):
     run, reference = tmp_path / "run", tmp_path / "reference"
     for out in (run, reference):
         run_cli("pretrain", _args(prepared, out, "train.stop_after=6"))  # checkpoints at steps 3 and 6
-    _truncate(run / "checkpoints" / "step_00000006" / MODEL_FILE)
+    tag = run / "checkpoints" / "step_00000006"
+    files = json.loads((tag / "COMPLETE").read_text())["files"]  # the marker records every file's size and hash
+    on_disk = {str(p.relative_to(tag)) for p in tag.rglob("*") if p.is_file() and p.name != "COMPLETE"}
+    assert set(files) == on_disk and MODEL_FILE in files
+    assert all(size == (tag / name).stat().st_size for name, (size, _) in files.items())
+    _truncate(tag / MODEL_FILE)
 
     resumed = run_cli("pretrain", _args(prepared, run))
     assert f"step_00000006 is damaged ({MODEL_FILE} has" in resumed.stdout, resumed.stdout[-3000:]

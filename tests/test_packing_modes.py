@@ -23,8 +23,11 @@ def _read(out):
     from streaming import StreamingDataset
     from transformers import AutoTokenizer
 
+    from data_pipeline.loader import shared_memory_registration
+
     tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"), local_files_only=True)
-    ds = StreamingDataset(local=str(out / "train"), shuffle=False, batch_size=1)
+    with shared_memory_registration():  # other test workers register datasets at the same time
+        ds = StreamingDataset(local=str(out / "train"), shuffle=False, batch_size=1)
     return tok, [ds[i] for i in range(ds.num_samples)]
 
 

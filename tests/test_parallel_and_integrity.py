@@ -17,9 +17,12 @@ from data_pipeline.shards import CorruptShardError, verify_split
 def _tokens(out, specials):
     from streaming import StreamingDataset
 
+    from data_pipeline.loader import shared_memory_registration
+
     counts = {}
     for split in ("train", "validation"):
-        ds = StreamingDataset(local=str(out / split), shuffle=False, batch_size=1)
+        with shared_memory_registration():  # other test workers register datasets at the same time
+            ds = StreamingDataset(local=str(out / split), shuffle=False, batch_size=1)
         c = Counter()
         for i in range(ds.num_samples):
             c.update(int(t) for t in ds[i]["input_ids"] if int(t) not in specials)
@@ -118,3 +121,48 @@ def test_streaming_registration_is_serialised_across_runs(prepared):
     finally:
         holder.wait(timeout=60)
     assert len(dataset) > 0 and waited > 2.0
+
+
+def test_a_rank_picks_its_leaders_prefix_while_another_run_registers(prepared, tmp_path):
+    """Another run's leader holds the lock and registers its dataset while a 2-rank run starts: the
+    non-leader must not scan for a free prefix before its own leader holds the lock, or the two pick
+    different prefixes ("shared memory registered does not match local leader")."""
+    import subprocess
+    import sys
+
+    from conftest import free_port
+
+    repo = str(Path(__file__).resolve().parents[1])
+    other = tmp_path / "other"  # the other run's own copy of the data: a different `local` path
+    import shutil
+
+    shutil.copytree(prepared, other)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time\n"
+        "from data_pipeline.loader import LoaderConfig, _indexed_dataset_class, shared_memory_registration\n"
+        "with shared_memory_registration():\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(9)  # the 2-rank run starts and reaches its datasets meanwhile; then this run registers\n"
+        f"    dataset = _indexed_dataset_class()(local='{other}/train', batch_size=4, shuffle=False)\n"
+        "print('registered', flush=True)\n"
+        "time.sleep(12)  # keep the segment alive while the other run registers\n")],
+        cwd=repo, stdout=subprocess.PIPE, text=True, env={**os.environ, "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"})
+    assert holder.stdout.readline().strip() == "held"
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, "-c", (
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "from data_pipeline.loader import LoaderConfig, build_dataset\n"
+        f"dataset = build_dataset(LoaderConfig(path='{prepared}'), 'train', batch_size=4)\n"
+        "print('ok', len(dataset), flush=True)\n"
+        "dist.barrier()\n")], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}) for r in range(2)]
+    try:
+        results = [proc.communicate(timeout=120) for proc in ranks]
+    finally:
+        holder.kill()
+        holder.wait()
+    for proc, (out, err) in zip(ranks, results):
+        assert proc.returncode == 0 and out.startswith("ok"), err[-3000:]
+

@@ -29,11 +29,14 @@ def test_shards_decode_back_to_the_corpus(prepared, corpus_file):
     from streaming import StreamingDataset
     from transformers import AutoTokenizer
 
+    from data_pipeline.loader import shared_memory_registration
+
     manifest = json.loads((prepared / "manifest.json").read_text())
     tok = AutoTokenizer.from_pretrained(str(prepared / "tokenizer"), local_files_only=True)
     texts = {}
     for split in ("train", "validation"):
-        ds = StreamingDataset(local=str(prepared / split), shuffle=False, batch_size=1)
+        with shared_memory_registration():  # other test workers register datasets at the same time
+            ds = StreamingDataset(local=str(prepared / split), shuffle=False, batch_size=1)
         samples = [ds[i] for i in range(ds.num_samples)]
         lengths = [len(s["input_ids"]) for s in samples]
         assert all(n == 64 for n in lengths[:-1]) and 2 < lengths[-1] <= 64

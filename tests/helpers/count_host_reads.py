@@ -1,9 +1,10 @@
 """Train in this process and record every tensor -> Python read that the project's own code makes.
 
-Usage: python tests/helpers/count_host_reads.py OUT.json --config FILE [key=value ...]
-Each record says whether it happened inside a training step (the hot loop) or outside (the flushes,
-evaluation, checkpoints), and the file and line that made it. On a GPU each such read waits for the
-device; the test holds the hot loop to none.
+Usage: python tests/helpers/count_host_reads.py OUT.json RUNS.json
+where RUNS.json maps a name to the run's arguments (["--config", FILE, "key=value", ...]); the runs
+train one after the other in this process. Each record says whether it happened inside a training
+step (the hot loop) or outside it (the flushes, evaluation, checkpoints), at which step, and the file
+and line that made it. On a GPU each such read waits for the device; the test holds the hot loop to none.
 """
 import json
 import sys
@@ -13,17 +14,17 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__")
+PACKAGES = ("pretrain", "model", "data_pipeline", "core")
 
 
 def main() -> None:
-    """Patch the reads, train, write the records."""
+    """Patch the reads once, train every run, write the records by run."""
     from core.config_io import load_config
     from pretrain.config import RunConfig
     from pretrain.run import build_trainer
 
-    out, config, overrides = sys.argv[1], sys.argv[3], sys.argv[4:]
-    trainer = build_trainer(load_config(RunConfig, config, overrides))
-    records, state = [], {"in_step": False}
+    out, runs = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
+    state = {"in_step": False, "trainer": None, "records": None}
 
     def patch(name: str) -> None:
         original = getattr(torch.Tensor, name)
@@ -31,28 +32,36 @@ def main() -> None:
         def reading(self, *args, **kwargs):
             frame = sys._getframe(1)
             path = Path(frame.f_code.co_filename)
-            if path.is_relative_to(REPO) and path.relative_to(REPO).parts[0] in ("pretrain", "model", "data_pipeline", "core"):
-                records.append({"in_step": state["in_step"], "step": trainer.step, "method": name,
-                                "where": f"{path.relative_to(REPO)}:{frame.f_lineno}"})
+            if state["records"] is not None and path.is_relative_to(REPO) and path.relative_to(REPO).parts[0] in PACKAGES:
+                step = state["trainer"].step if state["trainer"] is not None else -1
+                state["records"].append({"in_step": state["in_step"], "step": step, "method": name,
+                                         "where": f"{path.relative_to(REPO)}:{frame.f_lineno}"})
             return original(self, *args, **kwargs)
 
         setattr(torch.Tensor, name, reading)
 
-    train_step = trainer.train_step
-
-    def marked_step() -> None:
-        state["in_step"] = True
-        try:
-            train_step()
-        finally:
-            state["in_step"] = False
-
-    trainer.train_step = marked_step
     for name in READS:
         patch(name)
-    trainer.fit()
-    if trainer.rank == 0:
-        Path(out).write_text(json.dumps(records, indent=1))
+    results = {}
+    for name, args in runs.items():
+        trainer = build_trainer(load_config(RunConfig, args[1], args[2:]))
+        state["trainer"], state["records"] = trainer, []
+        train_step = trainer.train_step
+
+        def marked_step(train_step=train_step) -> None:
+            state["in_step"] = True
+            try:
+                train_step()
+            finally:
+                state["in_step"] = False
+
+        trainer.train_step = marked_step
+        trainer.fit()
+        results[name] = state["records"]
+        state["trainer"], state["records"] = None, None
+        trainer.engine.destroy()
+    if torch.distributed.get_rank() == 0:
+        Path(out).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
