@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from core.errors import ConfigError  # noqa: F401 (re-exported: the loader's callers import it from here)
+from core.errors import ConfigError
 
 T = TypeVar("T")
 

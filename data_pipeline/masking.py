@@ -46,7 +46,7 @@ class MaskingConfig:
 
     def validate(self) -> None:
         """Probabilities must be probabilities."""
-        from core.config_io import ConfigError
+        from core.errors import ConfigError
 
         if not 0.0 < self.mask_prob < 1.0:
             raise ConfigError(f"config key 'masking.mask_prob' must be in (0, 1), got {self.mask_prob}")

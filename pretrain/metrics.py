@@ -51,6 +51,16 @@ class MetricWindow:
     def __len__(self) -> int:
         return len(self._steps)
 
+    def take_means(self, world: int) -> dict[str, float]:
+        """The open sums averaged over their micro-batches and ranks, read at once (evaluation's one sync), then cleared."""
+        keys = sorted(self._sums)
+        if not keys:
+            return {}
+        reduced = dist.all_reduce_sum(torch.stack([self._sums[k] for k in keys])).tolist()
+        divisor = self._micro * world
+        self._sums, self._micro = {}, 0
+        return {k: v / divisor for k, v in zip(keys, reduced)}
+
     def flush(self, world: int) -> list[tuple[int, dict[str, float]]]:
         """(step, metrics) for every closed step, averaged over micro-batches and ranks, with one all-reduce."""
         if not self._steps:
@@ -69,15 +79,6 @@ class MetricWindow:
             metrics.update(zip(TOTALS, reduced[offset + i * len(TOTALS): offset + (i + 1) * len(TOTALS)]))
         self._steps = []
         return out
-
-
-def reduce_means(values: dict[str, torch.Tensor], divisor: float) -> dict[str, float]:
-    """Device scalars summed over ranks and divided by `divisor`, read once."""
-    keys = sorted(values)
-    if not keys:
-        return {}
-    reduced = dist.all_reduce_sum(torch.stack([_as_float64(values[k]) for k in keys])).tolist()
-    return {k: v / divisor for k, v in zip(keys, reduced)}
 
 
 class Rates:

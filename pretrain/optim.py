@@ -66,7 +66,7 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, offload: bool = Fals
         return torch.optim.AdamW(groups, fused=True, **kwargs) if cfg.name == "adamw" else Lamb(groups, **kwargs)
     if not torch.cuda.is_available() or offload:
         if cfg.name == "lamb":
-            from core.config_io import ConfigError
+            from core.errors import ConfigError
 
             raise ConfigError("optimizer.impl=deepspeed with name=lamb needs a GPU without optimizer offload "
                               "(FusedLamb is a CUDA kernel); use optimizer.impl=torch")

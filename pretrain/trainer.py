@@ -25,7 +25,7 @@ from pretrain.config import RunConfig
 from pretrain.ds_config import build_ds_config
 from pretrain.hardware import device_peak_tflops
 from pretrain.logger import RunLogger
-from pretrain.metrics import MetricsReporter, reduce_means
+from pretrain.metrics import MetricsReporter, MetricWindow
 from pretrain.optim import build_optimizer, build_scheduler
 from pretrain.preemption import FAILED, PREEMPTED, PreemptionGuard, parse_duration, slurm_end_time
 from pretrain.run_state import Progress, RunState
@@ -137,19 +137,14 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Mean metrics over `eval_batches` validation batches (same batches and masks every time)."""
         self.engine.eval()
-        sums: dict[str, torch.Tensor] = {}
-        n = 0
+        window = MetricWindow()
         for i, batch in zip(range(self.cfg.train.eval_batches), self.eval_loader):
             generator = torch.Generator().manual_seed(step_seed(self.cfg.train.seed, EVAL_STREAM, i, self.rank))
             loss, metrics = self.engine(self._to_device(self.eval_transform(batch, generator)))
-            for key, value in {"loss": loss, **metrics}.items():
-                sums[key] = sums[key] + value.double() if key in sums else value.double()
-            n += 1
+            window.add({"loss": loss, **metrics})
         self.engine.train()
-        if not n:
-            return {}
-        out = reduce_means(sums, n * self.world)
-        return {**out, **headline(out, self.unigram_entropy)}
+        out = window.take_means(self.world)
+        return {**out, **headline(out, self.unigram_entropy)} if out else {}
 
     def _deadline(self) -> Optional[float]:
         cfg = self.cfg.train

@@ -75,36 +75,6 @@ def test_every_example_config_loads_and_passes_its_objective_checks():
             check_objective_config(cfg.objective, cfg.model, cfg.masking)
 
 
-def test_an_objective_is_one_file_plus_a_registry_entry(tmp_path, monkeypatch):
-    """A new objective's options become the typed section objective.<name>, with no shared file edited."""
-    import dataclasses
-    import sys
-
-    import model.objectives as objectives
-
-    (tmp_path / "toy_objective.py").write_text(
-        "from dataclasses import dataclass\n"
-        "from model.objectives.base import Objective\n\n"
-        "@dataclass\nclass ToyOptions:\n    alpha: float = 1.0\n\n"
-        "class Toy(Objective):\n    options_class = ToyOptions\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(objectives.REGISTRY, "toy", "toy_objective:Toy")
-    monkeypatch.delitem(sys.modules, "toy_objective", raising=False)
-    config_class = objectives._objective_config_class()
-    run_class = dataclasses.make_dataclass("Run", [("objective", config_class, dataclasses.field(default_factory=config_class))])
-
-    cfg = load_config(run_class, None, ["objective.name=toy", "objective.toy.alpha=2.5"])
-    assert cfg.objective.name == "toy" and cfg.objective.toy.alpha == 2.5
-    assert cfg.objective.electra.generator_width == 0.25  # the registered objectives keep their sections
-    with pytest.raises(ConfigError, match="objective.toy.beta"):
-        load_config(run_class, None, ["objective.toy.beta=1"])
-    with pytest.raises(ConfigError, match="objective.toy.alpha"):
-        load_config(run_class, None, ["objective.toy.alpha=[1, 2]"])
-    # The project's own config, built without the entry, refuses the name.
-    with pytest.raises(ConfigError, match="'toy' is not one of"):
-        load_config(RunConfig, None, ["objective.name=toy"])
-
-
 def test_config_groups_compose_in_order_and_can_be_swapped(tmp_path):
     """A run YAML's `defaults:` merge group files in order, its own keys on top, then overrides; group=option swaps one."""
     repo_configs = Path(__file__).resolve().parents[1] / "pretrain" / "configs"
@@ -138,11 +108,13 @@ def test_config_groups_compose_in_order_and_can_be_swapped(tmp_path):
 
 
 def test_a_toy_objective_is_one_file_and_one_yaml(tmp_path, monkeypatch):
-    """The objective's module (options + class) and a group YAML selecting it: nothing shared is edited."""
+    """The objective's module (options + class) and a group YAML selecting it: its options become the typed
+    section objective.<name>, and nothing shared is edited but the one-line registry entry."""
     import dataclasses
     import sys
 
     import model.objectives as objectives
+    from data_pipeline.masking import MaskingConfig
 
     (tmp_path / "toy_objective.py").write_text(
         "from dataclasses import dataclass\nfrom model.objectives.base import Objective\n\n"
@@ -155,11 +127,19 @@ def test_a_toy_objective_is_one_file_and_one_yaml(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(objectives.REGISTRY, "toy", "toy_objective:Toy")  # the registry entry (one line in the real file)
     monkeypatch.delitem(sys.modules, "toy_objective", raising=False)
-    from data_pipeline.masking import MaskingConfig
-
     objective_config = objectives._objective_config_class()
     run_config = dataclasses.make_dataclass("Run", [
         ("objective", objective_config, dataclasses.field(default_factory=objective_config)),
         ("masking", MaskingConfig, dataclasses.field(default_factory=MaskingConfig))])
+
     cfg = load_config(run_config, tmp_path / "run.yaml")
     assert cfg.objective.name == "toy" and cfg.objective.toy.alpha == 3.0 and cfg.masking.mask_prob == 0.2
+    assert cfg.objective.electra.generator_width == 0.25  # the registered objectives keep their sections
+    assert load_config(run_config, None, ["objective.name=toy", "objective.toy.alpha=2.5"]).objective.toy.alpha == 2.5
+    with pytest.raises(ConfigError, match="objective.toy.beta"):
+        load_config(run_config, None, ["objective.toy.beta=1"])
+    with pytest.raises(ConfigError, match="objective.toy.alpha"):
+        load_config(run_config, None, ["objective.toy.alpha=[1, 2]"])
+    # The project's own config, built without the entry, refuses the name.
+    with pytest.raises(ConfigError, match="'toy' is not one of"):
+        load_config(RunConfig, None, ["objective.name=toy"])

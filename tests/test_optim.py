@@ -89,7 +89,7 @@ def test_lamb_matches_the_formula_in_float64():
 def test_deepspeed_lamb_on_cpu_is_a_clear_error():
     import pytest
 
-    from core.config_io import ConfigError
+    from core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="optimizer.impl=torch"):
         build_optimizer(_model(), OptimizerConfig(name="lamb", impl="deepspeed"))
