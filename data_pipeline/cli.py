@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from core.config_io import load_config
-from core.errors import UserError
+from core.errors import ConfigError, UserError
 from data_pipeline.config import PrepareConfig
 
 
@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     prep = sub.add_parser("prepare", help="raw text -> tokenizer -> packed MDS shards")
     prep.add_argument("--config", required=True, help="YAML file (see data_pipeline/configs/)")
     prep.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    prep.add_argument("--task", type=int, default=None,
+                      help="this process's task in a job array (0-based); task 0 plans, the last to finish publishes")
+    prep.add_argument("--tasks", type=int, default=None, help="the number of tasks in the job array")
+    prep.add_argument("--array-id", default=None,
+                      help="names the array's shared staging folder (SLURM_ARRAY_JOB_ID): a rerun with the same id resumes")
     prep.add_argument("overrides", nargs="*", help="key=value overrides, e.g. seq_len=256 tokenizer.vocab_size=16000")
     ver = sub.add_parser("verify", help="check a prepared dataset's shards against their recorded hashes")
     ver.add_argument("dataset", help="a folder written by prepare")
@@ -44,11 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = list(args.overrides) + (["overwrite=true"] if args.overwrite else [])
         cfg = load_config(PrepareConfig, args.config, overrides)
-        from data_pipeline.prepare import prepare
+        from data_pipeline.prepare import prepare, prepare_task
 
-        out = prepare(cfg, command=" ".join(["python -m data_pipeline", *(argv if argv is not None else sys.argv[1:])]))
+        command = " ".join(["python -m data_pipeline", *(argv if argv is not None else sys.argv[1:])])
+        array = (args.task, args.tasks, args.array_id)
+        if any(a is not None for a in array) and any(a is None for a in array):
+            raise ConfigError("--task, --tasks and --array-id go together")
+        out = prepare(cfg, command=command) if args.tasks is None else prepare_task(cfg, args.task, args.tasks, args.array_id, command)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"dataset: {out}")
+    print(f"dataset: {out}" if out else "this task's parts are written; another task publishes the dataset")
     return 0

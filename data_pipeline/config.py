@@ -71,9 +71,15 @@ class PrepareConfig:
     mixture_stopping: Literal["first_exhausted", "all_exhausted"] = "first_exhausted"
     # Stop after this many documents (0: no limit).
     max_documents: int = 0
-    # Tokenizing/packing/writing processes; each writes its own shards, merged into one index.
-    num_workers: int = 1
-    # Every k-th document (k = round(1 / val_fraction)) goes to the validation split.
+    # Processes that read, tokenize, pack and write parts of the input, one core each (0: every CPU
+    # this process may use, SLURM's --cpus-per-task included). The output does not depend on it.
+    num_workers: int = 0
+    # The input is cut into parts of about this many bytes (at document boundaries), each read and
+    # written by one process on its own. 0: about 1/256 of the corpus, between 4 and 256 MiB. The
+    # output depends on it (each part is packed on its own), so keep it fixed to reproduce a dataset.
+    part_bytes: int = 0
+    # The share of documents in the validation split: a document goes there when a seeded hash of its
+    # text falls below this fraction (so copies of a document always share a split).
     val_fraction: float = 0.01
     # What to do with bytes that are not UTF-8: stop with an error, or replace them with U+FFFD.
     encoding_errors: Literal["strict", "replace"] = "strict"
@@ -88,8 +94,13 @@ class PrepareConfig:
             raise ConfigError("config key 'sources' is empty: name at least one text source")
         if self.seq_len < 8:
             raise ConfigError(f"config key 'seq_len' must be >= 8, got {self.seq_len}")
-        if self.num_workers < 1:
-            raise ConfigError(f"config key 'num_workers' must be >= 1, got {self.num_workers}")
+        if self.num_workers < 0:
+            raise ConfigError(f"config key 'num_workers' must be >= 0 (0: every available CPU), got {self.num_workers}")
+        if self.part_bytes < 0:
+            raise ConfigError(f"config key 'part_bytes' must be >= 0 (0: automatic), got {self.part_bytes}")
+        from data_pipeline.mds import check_compression
+
+        check_compression(self.compression)
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise ConfigError(f"config key 'short_seq_prob' must be in [0, 1], got {self.short_seq_prob}")
         if not 0.0 <= self.val_fraction < 0.5:

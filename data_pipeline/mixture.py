@@ -45,3 +45,19 @@ def mix(
                 doc = next(iterators[i])
             yielded[i] += 1
             yield int(i), doc
+
+
+def plan_takes(counts: list[int], weights: list[float], seed: int, stopping: str, names: list[str],
+               max_documents: int = 0) -> list[int]:
+    """How many documents the mixture draws from each source (more than its count when repeated).
+
+    Replays `mix` over placeholders, so a dataset prepared in parts takes from each source exactly
+    what reading the sources one document at a time would have taken.
+    """
+    taken = [0] * len(counts)
+    stream = mix(lambda i: iter(range(counts[i])), weights, seed, stopping, names)
+    for n, (source, _) in enumerate(stream):
+        if max_documents and n >= max_documents:
+            break
+        taken[source] += 1
+    return taken

@@ -47,6 +47,27 @@ class FullPacker:
         del self._buffer[: n * self.body]
         return out
 
+    def add_many(self, docs: list[list[int]]) -> np.ndarray:
+        """`add` for many documents at once: the completed sequences as rows of one array (same tokens, same order)."""
+        pieces: list = [self._buffer] if self._buffer else []
+        length = len(self._buffer)
+        sep = [self.sep_id]
+        for ids in docs:
+            if not len(ids):
+                continue
+            if length % self.body:  # tokens wait in the buffer: this document needs its separator
+                pieces.append(sep)
+                length += 1
+            pieces.append(ids)
+            length += len(ids)
+        stream = np.concatenate([np.asarray(piece, dtype=np.int64) for piece in pieces]) if pieces else np.empty(0, np.int64)
+        n = length // self.body
+        self._buffer = stream[n * self.body:].tolist()
+        out = np.empty((n, self.body + 2), dtype=np.int64)
+        out[:, 0], out[:, -1] = self.cls_id, self.sep_id
+        out[:, 1:-1] = stream[:n * self.body].reshape(n, self.body)
+        return out
+
     def flush(self) -> list[Sample]:
         """Return the last, shorter sequence (if any tokens remain)."""
         out = [{"input_ids": _wrap(self.cls_id, self._buffer, self.sep_id)}] if self._buffer else []

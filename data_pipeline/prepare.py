@@ -1,45 +1,46 @@
 """`prepare`: raw text → tokenizer → packed sequences → train/validation MDS shards + manifest.
 
-The main process reads the (mixed) sources and assigns each document to a split; N workers
-tokenize, pack and write their own MDS shards (`<split>/part-NNNNN/`), which are merged into one
-index per split. With one worker everything runs in this process.
+Three steps, the same whether one process does everything or the tasks of a SLURM job array share it:
+1. plan: build the tokenizer, cut the sources into parts (`input_parts`) and, when a weighted
+   mixture or a document cap needs it, count each part's documents to decide how many to take;
+2. parts: worker processes each read, tokenize, pack and write whole parts (`part_writer`); the
+   main process hands out part numbers only, so the work scales with the processes;
+3. finish: merge the parts' indexes in part order, write the manifest, rename the folder into place.
+
+Parts depend on the input alone, so the dataset is the same for any number of workers or tasks.
+Unlike reading the sources one document at a time, the output is grouped by part (source by
+source, file by file) rather than interleaved; the loader shuffles it, and each source contributes
+exactly the number of documents that the weighted mixture draws.
 """
 from __future__ import annotations
 
+import json
 import logging
-import multiprocessing as mp
-import os
-import queue
 import shlex
 import shutil
 import sys
 import time
-import traceback
+from dataclasses import asdict
+from itertools import chain
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
-from core.atomic_files import prepare_output, publish
+from core.atomic_files import check_overwrite, prepare_output, publish, write_text_atomic
 from core.config_io import config_to_dict
-from core.errors import InputDataError, UserError
+from core.errors import ConfigError, InputDataError, UserError
 from data_pipeline.config import PrepareConfig
-from data_pipeline.mixture import mix
-from data_pipeline.packing import DocumentPacker, FullPacker, PairPacker
-from data_pipeline.raw_text import ReadStats, iter_source
-from data_pipeline.sentences import split_sentences
-from data_pipeline.shards import SplitWriter, token_dtype, write_manifest
-from data_pipeline.tokenizer import (
-    copy_pretrained_tokenizer,
-    load_tokenizer,
-    make_encoder,
-    save_tokenizer,
-    tokenizer_hash,
-    train_sentencepiece,
-)
+from data_pipeline.input_parts import Part, plan_parts
+from data_pipeline.mds import merge_indexes
+from data_pipeline.mixture import mix, plan_takes
+from data_pipeline.part_writer import SPLITS, PartJob, Shared, count_part, done_marker, part_name, write_part
+from data_pipeline.raw_text import ReadStats, iter_part
+from data_pipeline.shards import token_dtype, write_manifest
+from data_pipeline.worker_pool import WorkerPool, available_cpus
 
 log = logging.getLogger("data_pipeline")
-BATCH_DOCS = 512
-SPLITS = ("train", "validation")
-Batch = list[tuple[int, str, str]]  # (document index, split, text)
+PLAN = "plan.json"
+FAILED = "FAILED"
+PROGRESS_EVERY_S = 10.0
 
 
 def _source_name(cfg: PrepareConfig, i: int) -> str:
@@ -47,236 +48,227 @@ def _source_name(cfg: PrepareConfig, i: int) -> str:
     return f"{s.kind}:{s.path}" + (f" ({s.name})" if s.name else "")
 
 
-def _documents(cfg: PrepareConfig, stats: ReadStats, per_source: list[int]) -> Iterator[str]:
-    """The mixture of all sources, capped at max_documents."""
-    def open_source(i: int) -> Iterator[str]:
-        return iter_source(cfg.sources[i], cfg.encoding_errors, stats)
+def _names(cfg: PrepareConfig) -> list[str]:
+    return [_source_name(cfg, i) for i in range(len(cfg.sources))]
 
-    names = [_source_name(cfg, i) for i in range(len(cfg.sources))]
-    stream = mix(open_source, [s.weight for s in cfg.sources], cfg.seed, cfg.mixture_stopping, names)
-    for count, (source, doc) in enumerate(stream):
+
+def _tokenizer_documents(cfg: PrepareConfig, parts: list[Part]) -> Iterator[str]:
+    """The sources' documents mixed one at a time by weight (the tokenizer trains on a prefix of them)."""
+    def open_source(i: int) -> Iterator[str]:
+        return chain.from_iterable(iter_part(cfg.sources[i], p, cfg.encoding_errors, ReadStats()) for p in parts if p.source == i)
+
+    stream = mix(open_source, [s.weight for s in cfg.sources], cfg.seed, cfg.mixture_stopping, _names(cfg))
+    for count, (_, doc) in enumerate(stream):
         if cfg.max_documents and count >= cfg.max_documents:
             return
-        per_source[source] += 1
         yield doc
 
 
-def _batches(cfg: PrepareConfig, docs: Iterable[str], doc_counts: dict[str, int]) -> Iterator[Batch]:
-    """Number the documents, assign every k-th to validation, and group them into batches."""
-    val_every = round(1 / cfg.val_fraction) if cfg.val_fraction > 0 else 0
-    batch: Batch = []
-    for index, text in enumerate(docs):
-        split = "validation" if val_every and index % val_every == val_every - 1 else "train"
-        doc_counts[split] += 1
-        batch.append((index, split, text))
-        if len(batch) == BATCH_DOCS:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+def _build_tokenizer(cfg: PrepareConfig, parts: list[Part], tok_dir: Path) -> dict[str, int]:
+    """Train or copy the tokenizer into `tok_dir`; return the ids the workers need."""
+    from data_pipeline.tokenizer import copy_pretrained_tokenizer, load_tokenizer, save_tokenizer, train_sentencepiece
 
-
-def _make_packer(cfg: PrepareConfig, ids: dict[str, int], worker: int, split: str):
-    if cfg.packing == "full":
-        return FullPacker(cfg.seq_len, ids["cls_id"], ids["sep_id"])
-    if cfg.packing == "document":
-        return DocumentPacker(cfg.seq_len, ids["cls_id"], ids["sep_id"])
-    seed = [cfg.seed, worker, SPLITS.index(split)]
-    return PairPacker(cfg.seq_len, ids["cls_id"], ids["sep_id"], cfg.pair_task, cfg.short_seq_prob,
-                      cfg.nsp_document_pool, seed)
-
-
-def write_shards(cfg: PrepareConfig, tok_dir: Path, ids: dict[str, int], out_dir: Path, worker: int,
-                 batches: Iterable[Batch]) -> dict[str, dict[str, int]]:
-    """Tokenize, pack and write the given batches into `out_dir/<split>[/part-NNNNN]`; return counts.
-
-    `ids` holds cls_id, sep_id and vocab_size, so a worker never needs to import transformers.
-    """
-    encode = make_encoder(tok_dir, threads=max(1, (os.cpu_count() or 1) // cfg.num_workers))
-    dtype = token_dtype(ids["vocab_size"])
-    suffix = f"part-{worker:05d}" if cfg.num_workers > 1 else ""
-    packers = {s: _make_packer(cfg, ids, worker, s) for s in SPLITS}
-    writers = {s: SplitWriter(out_dir / s / suffix, packers[s].columns, dtype, cfg.compression, cfg.shard_size_limit)
-               for s in SPLITS}
-    for batch in batches:
-        for split in SPLITS:
-            docs = [(i, text) for i, s, text in batch if s == split]
-            if not docs:
-                continue
-            if cfg.packing == "pairs":
-                sentences = [split_sentences(text) for _, text in docs]
-                flat = encode([s for sents in sentences for s in sents])
-                pos = 0
-                for (doc_id, _), sents in zip(docs, sentences):
-                    ids = flat[pos:pos + len(sents)]
-                    pos += len(sents)
-                    for sample in packers[split].add(doc_id, ids):
-                        writers[split].write(sample)
-            else:
-                for (doc_id, _), ids in zip(docs, encode([t for _, t in docs])):
-                    for sample in packers[split].add(doc_id, ids):
-                        writers[split].write(sample)
-    for split in SPLITS:
-        for sample in packers[split].flush():
-            writers[split].write(sample)
-    return {s: writers[s].close() for s in SPLITS}
-
-
-def _worker_main(cfg: PrepareConfig, tok_dir: Path, ids: dict[str, int], out_dir: Path, worker: int, inbox, outbox) -> None:
-    """A worker process: batches arrive on inbox until None; counts (or a traceback) go to outbox."""
-    def batches() -> Iterator[Batch]:
-        while (batch := inbox.get()) is not None:
-            yield batch
-
-    try:
-        outbox.put(("ok", worker, write_shards(cfg, tok_dir, ids, out_dir, worker, batches())))
-    except UserError as exc:  # the user's mistake, found by a worker: the main process raises it as it is
-        outbox.put(("user_error", worker, exc))
-    except BaseException:
-        outbox.put(("error", worker, traceback.format_exc()))
-
-
-def _run_workers(cfg: PrepareConfig, tok_dir: Path, ids: dict[str, int], out_dir: Path, batches: Iterable[Batch]) -> list[dict]:
-    """Spread batches round-robin over worker processes; fail fast if one dies."""
-    ctx = mp.get_context("spawn")  # fork after datasets/fsspec threads started can deadlock
-    threads = max(1, (os.cpu_count() or 1) // cfg.num_workers)
-    os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's thread pool, per worker
-    inboxes = [ctx.Queue(maxsize=4) for _ in range(cfg.num_workers)]
-    outbox = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(cfg, tok_dir, ids, out_dir, w, inboxes[w], outbox), daemon=True)
-             for w in range(cfg.num_workers)]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-
-    def check() -> None:
-        while True:
-            try:
-                status, worker, payload = outbox.get_nowait()
-            except queue.Empty:
-                break
-            if status == "user_error":
-                raise payload
-            if status == "error":
-                raise RuntimeError(f"prepare worker {worker} failed:\n{payload}")
-            results[worker] = payload
-        dead = [w for w, p in enumerate(procs) if not p.is_alive() and w not in results]
-        if dead:
-            raise RuntimeError(f"prepare worker {dead[0]} died (exit code {procs[dead[0]].exitcode})")
-
-    def put(w: int, item) -> None:
-        while True:
-            try:
-                inboxes[w].put(item, timeout=1.0)
-                return
-            except queue.Full:
-                check()
-
-    try:
-        for n, batch in enumerate(batches):
-            put(n % cfg.num_workers, batch)
-        for w in range(cfg.num_workers):
-            put(w, None)
-        while len(results) < cfg.num_workers:
-            try:
-                status, worker, payload = outbox.get(timeout=1.0)
-            except queue.Empty:
-                check()
-                continue
-            if status == "user_error":
-                raise payload
-            if status == "error":
-                raise RuntimeError(f"prepare worker {worker} failed:\n{payload}")
-            results[worker] = payload
-    finally:
-        failed = len(results) < cfg.num_workers
-        for p in procs:
-            if p.is_alive() and failed:
-                p.terminate()
-            p.join(timeout=10)
-        if failed:
-            # Batches still buffered for dead workers would keep each queue's feeder thread (and
-            # so the interpreter's exit) waiting forever.
-            for q in inboxes:
-                q.cancel_join_thread()
-                q.close()
-    return [results[w] for w in range(cfg.num_workers)]
-
-
-def _merge(out_dir: Path, per_worker: list[dict]) -> dict[str, dict[str, int]]:
-    from streaming.base.util import merge_index
-
-    for split in SPLITS:
-        merge_index(str(out_dir / split), keep_local=True)
-    return {s: {k: sum(w[s][k] for w in per_worker) for k in ("sequences", "tokens")} for s in SPLITS}
-
-
-def _build_tokenizer(cfg: PrepareConfig, tok_dir: Path) -> None:
     if cfg.tokenizer.pretrained:
         copy_pretrained_tokenizer(cfg.tokenizer.pretrained, tok_dir)
+    else:
+        t0 = time.time()
+        model = train_sentencepiece(_tokenizer_documents(cfg, parts), cfg.tokenizer, cfg.seed)
+        log.info("trained a %s tokenizer (vocab %d) in %.1fs", cfg.tokenizer.model_type, cfg.tokenizer.vocab_size, time.time() - t0)
+        save_tokenizer(model, tok_dir, model_max_length=cfg.seq_len)
+    tok = load_tokenizer(tok_dir)
+    return {"cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id, "vocab_size": len(tok), "pad_id": tok.pad_token_id,
+            "mask_id": tok.mask_token_id, "special_ids": sorted(set(tok.all_special_ids))}
+
+
+def _jobs(cfg: PrepareConfig, parts: list[Part], shared: Shared, workers: int) -> tuple[list[PartJob], list[int] | None]:
+    """Which documents of each part to write; with a mixture or a cap, counted and drawn by weight."""
+    if len(cfg.sources) == 1 and not cfg.max_documents:
+        return [PartJob(i, p) for i, p in enumerate(parts)], None
+    with WorkerPool(min(workers, len(parts)), shared) as pool:
+        counts = pool.map(count_part, parts)
+    per_source = [sum(c for c, p in zip(counts, parts) if p.source == s) for s in range(len(cfg.sources))]
+    taken = plan_takes(per_source, [s.weight for s in cfg.sources], cfg.seed, cfg.mixture_stopping, _names(cfg),
+                       cfg.max_documents)
+    jobs = []
+    for s, (take, total) in enumerate(zip(taken, per_source)):
+        passes, rest = divmod(take, total) if total else (0, 0)
+        for i, (part, count) in enumerate(zip(parts, counts)):
+            if part.source != s:
+                continue
+            extra = min(count, rest)
+            rest -= extra
+            if passes or extra:
+                jobs.append(PartJob(i, part, passes, extra))
+    return sorted(jobs, key=lambda j: j.index), taken
+
+
+def _make_plan(cfg: PrepareConfig, out_dir: Path, workers: int) -> dict[str, Any]:
+    """Step 1: tokenizer, parts and what to take of each; written to `out_dir/plan.json`."""
+    parts, step = plan_parts(cfg)
+    ids = _build_tokenizer(cfg, parts, out_dir / "tokenizer")
+    jobs, taken = _jobs(cfg, parts, Shared(cfg, out_dir / "tokenizer", ids, out_dir), workers)
+    plan = {"config": config_to_dict(cfg), "ids": ids, "parts": len(parts), "taken": taken, "part_bytes": step,
+            "jobs": [{**asdict(j), "part": asdict(j.part)} for j in jobs]}
+    write_text_atomic(out_dir / PLAN, json.dumps(plan) + "\n")
+    return plan
+
+
+def _load_jobs(plan: dict[str, Any]) -> list[PartJob]:
+    return [PartJob(j["index"], Part(**j["part"]), j["passes"], j["extra"]) for j in plan["jobs"]]
+
+
+def _job_bytes(job: PartJob) -> int:
+    return max(0, job.part.stop - job.part.start) if job.part.stop >= 0 else 0
+
+
+def _write_parts(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], jobs: list[PartJob], workers: int) -> None:
+    """Step 2: write the given parts with `workers` processes, logging progress."""
+    if not jobs:
         return
-    t0 = time.time()
-    model = train_sentencepiece(_documents(cfg, ReadStats(), [0] * len(cfg.sources)), cfg.tokenizer, cfg.seed)
-    log.info("trained a %s tokenizer (vocab %d) in %.1fs", cfg.tokenizer.model_type, cfg.tokenizer.vocab_size, time.time() - t0)
-    save_tokenizer(model, tok_dir, model_max_length=cfg.seq_len)
+    shared = Shared(cfg, out_dir / "tokenizer", plan["ids"], out_dir)
+    total_bytes = sum(_job_bytes(j) for j in jobs)
+    start = last = time.time()
+    done = {"parts": 0, "bytes": 0}
+
+    def progress(i: int, _result: dict) -> None:
+        nonlocal last
+        done["parts"] += 1
+        done["bytes"] += _job_bytes(jobs[i])
+        now = time.time()
+        if now - last < PROGRESS_EVERY_S and done["parts"] < len(jobs):
+            return
+        last = now
+        fraction = done["bytes"] / total_bytes if total_bytes else done["parts"] / len(jobs)
+        eta = (now - start) * (1 - fraction) / fraction if fraction else 0.0
+        log.info("parts %d/%d written, %.1f MB/s of text, ETA %.0fs", done["parts"], len(jobs),
+                 done["bytes"] / 1e6 / max(now - start, 1e-9), eta)
+
+    with WorkerPool(min(workers, len(jobs)), shared) as pool:
+        pool.map(write_part, jobs, on_result=progress)
+
+
+def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: str | None, workers: int, tasks: int) -> dict:
+    """Step 3: merge the indexes, check the totals, write the manifest (publishing is the caller's)."""
+    jobs = _load_jobs(plan)
+    results = [json.loads(done_marker(out_dir, j.index).read_text()) for j in jobs]
+    for split in SPLITS:
+        (out_dir / split).mkdir(exist_ok=True)
+        merge_indexes(out_dir / split, [part_name(j.index) for j in jobs])
+    counts = {s: {k: sum(r["splits"][s][k] for r in results) for k in ("sequences", "tokens", "documents")} for s in SPLITS}
+    read = {k: sum(r["read"][k] for r in results) for k in ("documents", "characters", "replaced_characters")}
+    if read["documents"] == 0:
+        raise InputDataError("the corpus is empty: no source yielded any text (" + ", ".join(_names(cfg)) + ")")
+    if counts["train"]["sequences"] == 0:
+        raise InputDataError("the corpus produced no training sequence")
+    per_source = plan["taken"] or [sum(r["read"]["documents"] for r, j in zip(results, jobs) if j.part.source == s)
+                                   for s in range(len(cfg.sources))]
+    from data_pipeline.tokenizer import tokenizer_hash
+
+    tok_dir, ids = out_dir / "tokenizer", plan["ids"]
+    manifest = {
+        "format": "contrastive-pretrain/mds-v1",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": command or " ".join(shlex.quote(a) for a in sys.argv),
+        "tokenizer": {
+            "path": "tokenizer", "hash": tokenizer_hash(tok_dir), "vocab_size": ids["vocab_size"],
+            "pad_id": ids["pad_id"], "cls_id": ids["cls_id"], "sep_id": ids["sep_id"], "mask_id": ids["mask_id"],
+            "special_ids": ids["special_ids"], "files": sorted(p.name for p in tok_dir.iterdir()),
+        },
+        "seq_len": cfg.seq_len,
+        "packing": cfg.packing,
+        "pair_task": cfg.pair_task if cfg.packing == "pairs" else None,
+        "token_dtype": token_dtype(ids["vocab_size"]).name,
+        "splits": counts,
+        "replaced_characters": read["replaced_characters"],
+        "sources": [{**config_to_dict(s), "documents": n} for s, n in zip(cfg.sources, per_source)],
+        "parts": len(jobs), "part_bytes": plan["part_bytes"], "num_workers": workers, "tasks": tasks,
+        "config": config_to_dict(cfg),
+    }
+    write_manifest(out_dir, manifest)
+    for name in (PLAN, "parts"):
+        path = out_dir / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    log.info("prepared %d train / %d validation sequences (%d documents, %d tokens, %.1f MB of text, %d parts)",
+             counts["train"]["sequences"], counts["validation"]["sequences"], read["documents"],
+             counts["train"]["tokens"] + counts["validation"]["tokens"], read["characters"] / 1e6, len(jobs))
+    return manifest
+
+
+def _workers(cfg: PrepareConfig) -> int:
+    return cfg.num_workers or available_cpus()
 
 
 def prepare(cfg: PrepareConfig, command: str | None = None) -> Path:
-    """Build the dataset folder described by `cfg`; return its path."""
+    """Build the dataset folder described by `cfg` in this process and its workers; return its path."""
     final_dir = Path(cfg.output_dir)
     tmp_dir = prepare_output(final_dir, cfg.overwrite)
     try:
         t0 = time.time()
-        tok_dir = tmp_dir / "tokenizer"
-        _build_tokenizer(cfg, tok_dir)
-        tok = load_tokenizer(tok_dir)
-        ids = {"cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id, "vocab_size": len(tok)}
-        stats = ReadStats()
-        per_source = [0] * len(cfg.sources)
-        doc_counts = {s: 0 for s in SPLITS}
-        batches = _batches(cfg, _documents(cfg, stats, per_source), doc_counts)
-        if cfg.num_workers == 1:
-            counts = write_shards(cfg, tok_dir, ids, tmp_dir, 0, batches)
-        else:
-            counts = _merge(tmp_dir, _run_workers(cfg, tok_dir, ids, tmp_dir, batches))
-        if stats.documents == 0:
-            raise InputDataError(
-                "the corpus is empty: no source yielded any text (" + ", ".join(_source_name(cfg, i) for i in range(len(cfg.sources))) + ")"
-            )
-        if counts["train"]["sequences"] == 0:
-            raise InputDataError("the corpus produced no training sequence")
-        for split in SPLITS:
-            counts[split]["documents"] = doc_counts[split]
-        manifest = {
-            "format": "contrastive-pretrain/mds-v1",
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": command or " ".join(shlex.quote(a) for a in sys.argv),
-            "tokenizer": {
-                "path": "tokenizer", "hash": tokenizer_hash(tok_dir), "vocab_size": len(tok),
-                "pad_id": tok.pad_token_id, "cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id,
-                "mask_id": tok.mask_token_id, "special_ids": sorted(set(tok.all_special_ids)),
-                "files": sorted(p.name for p in tok_dir.iterdir()),
-            },
-            "seq_len": cfg.seq_len,
-            "packing": cfg.packing,
-            "pair_task": cfg.pair_task if cfg.packing == "pairs" else None,
-            "token_dtype": token_dtype(len(tok)).name,
-            "splits": counts,
-            "replaced_characters": stats.replaced_characters,
-            "sources": [{**config_to_dict(s), "documents": n} for s, n in zip(cfg.sources, per_source)],
-            "num_workers": cfg.num_workers,
-            "config": config_to_dict(cfg),
-        }
-        write_manifest(tmp_dir, manifest)
+        workers = _workers(cfg)
+        plan = _make_plan(cfg, tmp_dir, workers)
+        _write_parts(cfg, tmp_dir, plan, _load_jobs(plan), workers)
+        _finish(cfg, tmp_dir, plan, command, workers, tasks=1)
         publish(tmp_dir, final_dir)
-        total_tokens = counts["train"]["tokens"] + counts["validation"]["tokens"]
-        elapsed = time.time() - t0
-        log.info(
-            "prepared %d train / %d validation sequences (%d documents, %d tokens, %.1f MB of text) in %.1fs -> %s",
-            counts["train"]["sequences"], counts["validation"]["sequences"], stats.documents, total_tokens,
-            stats.characters / 1e6, elapsed, final_dir,
-        )
+        log.info("dataset written in %.1fs with %d worker(s) -> %s", time.time() - t0, workers, final_dir)
         return final_dir
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
+
+
+def staging_dir(cfg: PrepareConfig, array_id: str) -> Path:
+    """Where the tasks of one job array build the dataset together (kept across requeues)."""
+    final_dir = Path(cfg.output_dir)
+    return final_dir.with_name(f".{final_dir.name}.array-{array_id}")
+
+
+def _await_plan(staging: Path, timeout_s: float) -> dict[str, Any]:
+    deadline = time.time() + timeout_s
+    while not (staging / PLAN).is_file():
+        if (staging / FAILED).is_file():
+            raise InputDataError(f"task 0 of this array could not plan the dataset: {(staging / FAILED).read_text().strip()}")
+        if time.time() > deadline:
+            raise InputDataError(f"no plan from task 0 in '{staging}' after {timeout_s:.0f}s; is task 0 running?")
+        time.sleep(1.0)
+    return json.loads((staging / PLAN).read_text())
+
+
+def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, command: str | None = None,
+                 plan_timeout_s: float = 24 * 3600.0) -> Path | None:
+    """One task of a job array: task 0 plans; every task writes parts task, task + tasks, ...; the last one to end
+    merges and publishes. Returns the dataset folder from the task that published it, else None."""
+    if not 0 <= task < tasks:
+        raise ConfigError(f"task {task} is not in 0..{tasks - 1}")
+    final_dir, staging = Path(cfg.output_dir), staging_dir(cfg, array_id)
+    workers = _workers(cfg)
+    if task == 0 and not (staging / PLAN).is_file():
+        try:
+            check_overwrite(final_dir, cfg.overwrite)
+            staging.mkdir(parents=True, exist_ok=True)
+            (staging / FAILED).unlink(missing_ok=True)
+            _make_plan(cfg, staging, workers)
+        except UserError as exc:
+            staging.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(staging / FAILED, f"{exc}\n")
+            raise
+    plan = _await_plan(staging, plan_timeout_s)
+    if plan["config"] != config_to_dict(cfg):
+        raise ConfigError(f"this task's config differs from the one task 0 planned '{staging}' with; give every task the same")
+    jobs = _load_jobs(plan)
+    mine = [j for k, j in enumerate(jobs) if k % tasks == task and not done_marker(staging, j.index).is_file()]
+    log.info("task %d/%d: %d of %d parts to write (the others are done or belong to other tasks)", task, tasks, len(mine), len(jobs))
+    _write_parts(cfg, staging, plan, mine, workers)
+    missing = [j.index for j in jobs if not done_marker(staging, j.index).is_file()]
+    if missing:
+        log.info("task %d/%d done; %d part(s) still being written by other tasks", task, tasks, len(missing))
+        return None
+    try:
+        (staging / "merging").mkdir()  # only one task merges, even when several end at once
+    except FileExistsError:
+        return None
+    _finish(cfg, staging, plan, command, workers, tasks)
+    (staging / "merging").rmdir()
+    check_overwrite(final_dir, cfg.overwrite)
+    publish(staging, final_dir)
+    log.info("task %d/%d merged %d parts -> %s", task, tasks, len(jobs), final_dir)
+    return final_dir

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -84,42 +85,102 @@ def _load(source: SourceConfig, data_files: str | None, encoding_errors: str):
 
 
 def _utf8_advice(kind: str) -> str:
-    if kind == "text":
+    if kind in ("text", "json"):
         return "fix the file or set encoding_errors=replace"
-    return f"fix the file (encoding_errors=replace applies to text sources only, not {kind})"
+    return f"fix the file (encoding_errors=replace applies to text and JSON-lines sources, not {kind})"
 
 
-def iter_source(source: SourceConfig, encoding_errors: str, stats: ReadStats) -> Iterator[str]:
-    """Yield the non-empty documents of one source, in order."""
-    targets = [None] if source.kind == "hub" else resolve_files(source.path)
-    for target in targets:
-        where = target or source.path
-        try:
-            dataset = _load(source, target, encoding_errors)
-            for row in dataset:
-                if source.text_column not in row:
-                    raise InputDataError(
-                        f"'{where}' has no column '{source.text_column}' (columns: {sorted(row)}); "
-                        "set sources[].text_column"
-                    )
-                text = row[source.text_column]
-                if not isinstance(text, str):
-                    raise InputDataError(f"'{where}': column '{source.text_column}' holds {type(text).__name__}, not text")
-                text = text.strip()
-                if not text:
-                    continue
-                stats.documents += 1
-                stats.characters += len(text)
-                stats.replaced_characters += text.count(REPLACEMENT_CHAR)
-                yield text
-        except UnicodeDecodeError as exc:
-            raise InputDataError(
-                f"'{where}' is not valid UTF-8 (byte {exc.start}: {exc.object[exc.start:exc.start + 4]!r}); "
-                + _utf8_advice(source.kind)
-            ) from exc
-        except InputDataError:
-            raise
-        except _read_errors() as exc:  # anything else is a bug and keeps its traceback
-            if isinstance(exc.__cause__, UnicodeDecodeError) or "codec can't decode" in str(exc):
-                raise InputDataError(f"'{where}' is not valid UTF-8; " + _utf8_advice(source.kind)) from exc
-            raise InputDataError(f"could not read '{where}' as {source.kind}: {exc}") from exc
+def _check_text(where: str, row: dict, column: str) -> str:
+    if column not in row:
+        raise InputDataError(f"'{where}' has no column '{column}' (columns: {sorted(row)}); set sources[].text_column")
+    text = row[column]
+    if not isinstance(text, str):
+        raise InputDataError(f"'{where}': column '{column}' holds {type(text).__name__}, not text")
+    return text
+
+
+def _read_bytes(part) -> bytes:
+    if part.codec:
+        import bz2
+        import gzip
+        import lzma
+
+        opener = {"gzip": gzip.open, "bz2": bz2.open, "lzma": lzma.open}[part.codec]
+        with opener(part.path, "rb") as fh:
+            return fh.read()
+    with open(part.path, "rb") as fh:
+        fh.seek(part.start)
+        return fh.read(part.stop - part.start if part.stop >= 0 else -1)
+
+
+def _decode(part, data: bytes, source: SourceConfig, encoding_errors: str) -> str:
+    try:
+        text = data.decode("utf-8", errors=encoding_errors)
+    except UnicodeDecodeError as exc:
+        where = f"byte {part.start + exc.start}" if not part.codec else f"byte {exc.start} after decompression"
+        raise InputDataError(
+            f"'{part.path}' is not valid UTF-8 ({where}: {exc.object[exc.start:exc.start + 4]!r}); " + _utf8_advice(source.kind)
+        ) from exc
+    if "\r" in text:  # universal newlines, as `datasets` and open() read text
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
+
+
+def _raw_documents(source: SourceConfig, part, encoding_errors: str) -> Iterator[str]:
+    """A part's documents before stripping: text pieces, JSON-lines rows, parquet rows, or `datasets` rows."""
+    if part.reader == "text":
+        text = _decode(part, _read_bytes(part), source, encoding_errors)
+        if source.text_documents == "document":
+            yield text
+        else:
+            yield from text.split("\n\n" if source.text_documents == "paragraph" else "\n")
+    elif part.reader == "jsonl":
+        text = _decode(part, _read_bytes(part), source, encoding_errors)
+        for number, line in enumerate(text.split("\n")):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise InputDataError(f"'{part.path}': line {number + 1} of the part at byte {part.start} is not JSON: {exc}") from exc
+            if not isinstance(row, dict):
+                raise InputDataError(f"'{part.path}': line {number + 1} of the part at byte {part.start} is not a JSON object")
+            yield _check_text(part.path, row, source.text_column)
+    elif part.reader == "parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(part.path)
+        if source.text_column not in pf.schema_arrow.names:
+            raise InputDataError(f"'{part.path}' has no column '{source.text_column}' (columns: {sorted(pf.schema_arrow.names)}); "
+                                 "set sources[].text_column")
+        if part.stop > part.start:
+            column = pf.read_row_groups(list(range(part.start, part.stop)), columns=[source.text_column]).column(0)
+            for value in column.to_pylist():
+                yield _check_text(part.path, {source.text_column: value}, source.text_column)
+    else:
+        dataset = _load(source, None if source.kind == "hub" else part.path, encoding_errors)
+        for row in dataset:
+            yield _check_text(part.path, row, source.text_column)
+
+
+def iter_part(source: SourceConfig, part, encoding_errors: str, stats: ReadStats) -> Iterator[str]:
+    """Yield the non-empty, stripped documents of one part, in order."""
+    try:
+        for text in _raw_documents(source, part, encoding_errors):
+            text = text.strip()
+            if not text:
+                continue
+            stats.documents += 1
+            stats.characters += len(text)
+            stats.replaced_characters += text.count(REPLACEMENT_CHAR)
+            yield text
+    except UnicodeDecodeError as exc:  # raised inside `datasets`
+        raise InputDataError(
+            f"'{part.path}' is not valid UTF-8 (byte {exc.start}: {exc.object[exc.start:exc.start + 4]!r}); " + _utf8_advice(source.kind)
+        ) from exc
+    except InputDataError:
+        raise
+    except _read_errors() as exc:  # anything else is a bug and keeps its traceback
+        if isinstance(exc.__cause__, UnicodeDecodeError) or "codec can't decode" in str(exc):
+            raise InputDataError(f"'{part.path}' is not valid UTF-8; " + _utf8_advice(source.kind)) from exc
+        raise InputDataError(f"could not read '{part.path}' as {source.kind}: {exc}") from exc

@@ -22,7 +22,7 @@ class SplitWriter:
     """Writes one split's samples to MDS shards (zstd, sha1 + xxh64 hashes)."""
 
     def __init__(self, out_dir: Path, columns: dict[str, str], dtype: np.dtype, compression: str | None, size_limit: int) -> None:
-        from streaming import MDSWriter
+        from data_pipeline.mds import MDSShardWriter
 
         self.dtype = dtype
         self.sequences = 0
@@ -30,16 +30,20 @@ class SplitWriter:
         # Token arrays get the vocabulary's dtype; the other columns keep theirs.
         self.columns = {k: (f"ndarray:{dtype.name}" if k == "input_ids" else ("ndarray:uint8" if v == "ndarray" else v))
                         for k, v in columns.items()}
-        self._writer = MDSWriter(
-            out=str(out_dir), columns=self.columns, compression=compression, hashes=["sha1", "xxh64"], size_limit=size_limit
-        )
+        self._writer = MDSShardWriter(out_dir, self.columns, compression, size_limit)
 
     def write(self, sample: dict[str, Any]) -> None:
         """Append one sample."""
-        sample = {**sample, "input_ids": np.asarray(sample["input_ids"]).astype(self.dtype)}
-        self._writer.write(sample)
+        ids = np.asarray(sample["input_ids"]).astype(self.dtype)
+        self._writer.write({**sample, "input_ids": ids})
         self.sequences += 1
-        self.tokens += len(sample["input_ids"])
+        self.tokens += len(ids)
+
+    def write_rows(self, rows: np.ndarray) -> None:
+        """Append each row of a 2-D token array as one sample (a writer whose only column is input_ids)."""
+        self._writer.write_rows(rows.astype(self.dtype, copy=False))
+        self.sequences += len(rows)
+        self.tokens += rows.size
 
     def close(self) -> dict[str, int]:
         """Finish the shards and index; return the split's counts."""

@@ -30,23 +30,71 @@ def _tokens(out, specials):
     return counts
 
 
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+
+
 @pytest.mark.slow
-def test_two_workers_give_the_same_tokens(tmp_path, corpus_file):
+def test_any_number_of_workers_writes_the_same_dataset(tmp_path, corpus_file):
+    """Parts depend on the input only: 1 or 3 workers write the same files, byte for byte."""
     outs = {}
-    for workers in (1, 2):
+    for workers in (1, 3):
         cfg = load_config(PrepareConfig, None, [
             f"output_dir={tmp_path / f'w{workers}'}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]",
-            "tokenizer.vocab_size=400", "seq_len=64", "val_fraction=0.1", f"num_workers={workers}"])
+            "tokenizer.vocab_size=400", "seq_len=64", "val_fraction=0.1", f"num_workers={workers}", "part_bytes=20000"])
         outs[workers] = prepare(cfg)
-    m1, m2 = (json.loads((outs[w] / "manifest.json").read_text()) for w in (1, 2))
-    specials = set(m1["tokenizer"]["special_ids"])
-    assert _tokens(outs[1], specials) == _tokens(outs[2], specials)
-    assert sorted(p.name for p in (outs[2] / "train").iterdir()) == ["index.json", "part-00000", "part-00001"]
-    for split in ("train", "validation"):
-        assert m1["splits"][split]["documents"] == m2["splits"][split]["documents"]
-        # Each worker's last sequence may be short: at most one extra sequence per worker.
-        assert abs(m1["splits"][split]["sequences"] - m2["splits"][split]["sequences"]) <= 1
-    assert data_main(["verify", str(outs[2])]) == 0
+    m1, m3 = (json.loads((outs[w] / "manifest.json").read_text()) for w in (1, 3))
+    assert m1["parts"] == m3["parts"] >= 6 and (m1["num_workers"], m3["num_workers"]) == (1, 3)
+    assert _files(outs[1]) == _files(outs[3])
+    assert m1["splits"] == m3["splits"]
+    # Every document once across the parts: the tokens are those of encoding each document alone.
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(outs[3] / "tokenizer" / "spm.model"))
+    docs = [d.strip() for d in corpus_file.read_text().split("\n\n") if d.strip()]
+    specials = set(m1["tokenizer"]["special_ids"])  # [UNK] included: _tokens drops them
+    expected = Counter(t for ids in sp.encode(docs) for t in ids if t not in specials)
+    counts = _tokens(outs[3], specials)
+    assert counts["train"] + counts["validation"] == expected
+    assert m1["splits"]["train"]["documents"] + m1["splits"]["validation"]["documents"] == len(docs) == 60
+    assert data_main(["verify", str(outs[3])]) == 0
+
+
+def _array_cfg(out, corpus_file, *extra):
+    return load_config(PrepareConfig, None, [
+        f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
+        "seq_len=64", "val_fraction=0.1", "num_workers=1", "part_bytes=30000", *extra])
+
+
+def test_array_tasks_write_what_one_process_writes(tmp_path, corpus_file, caplog):
+    """Task 0 plans and writes its parts, task 1 writes the rest and publishes; a rerun of a task skips done parts."""
+    import logging
+
+    from data_pipeline.prepare import prepare_task, staging_dir
+
+    caplog.set_level(logging.INFO, logger="data_pipeline")
+    single = prepare(_array_cfg(tmp_path / "single", corpus_file))
+    cfg = _array_cfg(tmp_path / "array", corpus_file)
+    assert prepare_task(cfg, 0, 2, "77") is None
+    assert prepare_task(cfg, 0, 2, "77") is None  # requeued: its parts are done, nothing to write
+    assert "task 0/2: 0 of" in caplog.text
+    assert not (tmp_path / "array").exists() and staging_dir(cfg, "77").is_dir()
+    assert prepare_task(cfg, 1, 2, "77") == tmp_path / "array"
+    assert not staging_dir(cfg, "77").exists()
+    assert _files(single) == _files(tmp_path / "array")
+    manifest = json.loads((tmp_path / "array" / "manifest.json").read_text())
+    assert manifest["tasks"] == 2 and manifest["parts"] >= 4
+
+
+def test_array_task_stops_when_task_0_cannot_plan(tmp_path, corpus_file):
+    from core.errors import InputDataError
+    from data_pipeline.prepare import prepare_task
+
+    cfg = _array_cfg(tmp_path / "out", tmp_path / "missing.txt")
+    with pytest.raises(InputDataError, match="missing.txt"):
+        prepare_task(cfg, 0, 2, "5")
+    with pytest.raises(InputDataError, match="task 0 of this array could not plan.*missing.txt"):
+        prepare_task(cfg, 1, 2, "5", plan_timeout_s=30)
 
 
 def _corrupt_copy(prepared, tmp_path):
@@ -54,7 +102,7 @@ def _corrupt_copy(prepared, tmp_path):
 
     copy = tmp_path / "data"
     shutil.copytree(prepared, copy)
-    shard = sorted((copy / "train").glob("shard.*"))[0]
+    shard = sorted((copy / "train").rglob("shard.*"))[0]
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     shard.write_bytes(bytes(raw))

@@ -18,6 +18,13 @@ def _squash(text: str) -> str:
     return re.sub(r"\s+", "", text)
 
 
+def _in_validation(doc: str, fraction: float, seed: int = 0) -> bool:
+    """The split rule, written out: a document's seeded xxh64 below fraction * 2**64 means validation."""
+    import xxhash
+
+    return xxhash.xxh64(doc.strip().encode("utf-8"), seed=seed).intdigest() < int(fraction * 2**64)
+
+
 def _cfg(out, path, *extra):
     return load_config(
         PrepareConfig, None,
@@ -44,9 +51,9 @@ def test_shards_decode_back_to_the_corpus(prepared, corpus_file):
         assert len(samples) == manifest["splits"][split]["sequences"]
         texts[split] = "".join(tok.decode(s["input_ids"], skip_special_tokens=True) for s in samples)
     docs = corpus_file.read_text().split("\n\n")
-    k = round(1 / 0.1)
-    val_docs = [d for i, d in enumerate(docs) if i % k == k - 1]
-    train_docs = [d for i, d in enumerate(docs) if i % k != k - 1]
+    val_docs = [d for d in docs if _in_validation(d, 0.1)]
+    train_docs = [d for d in docs if not _in_validation(d, 0.1)]
+    assert 0 < len(val_docs) < len(docs) / 4
     assert _squash(texts["train"]) == _squash("".join(train_docs))
     assert _squash(texts["validation"]) == _squash("".join(val_docs))
 
@@ -73,7 +80,7 @@ def test_manifest(prepared):
     m = json.loads((prepared / "manifest.json").read_text())
     assert m["tokenizer"]["vocab_size"] == 400 and m["seq_len"] == 64 and m["packing"] == "full"
     assert m["splits"]["train"]["documents"] + m["splits"]["validation"]["documents"] == 60
-    assert m["splits"]["validation"]["documents"] == 6
+    assert m["splits"]["validation"]["documents"] == sum(_in_validation(d, 0.1) for d in kjv_chapters(60))
     assert m["token_dtype"] == "uint16"
     assert len(m["tokenizer"]["hash"]) == 16
 
@@ -148,6 +155,20 @@ def test_packer_invariants():
     assert all(b[0] != 3 for b in bodies)  # a sequence never opens with a separator
     seps = sum(b.count(3) for b in bodies)
     assert len(docs) - 1 - len(seqs) <= seps <= len(docs) - 1  # one per boundary unless it falls on a sequence end
+
+
+def test_packing_many_documents_at_once_equals_one_at_a_time():
+    from data_pipeline.packing import FullPacker
+
+    rng = np.random.default_rng(1)
+    # Lengths that end sequences exactly (14 = seq_len - 2), empty documents, and long ones.
+    docs = [list(rng.integers(10, 100, size=n)) for n in rng.choice([0, 1, 13, 14, 15, 28, 40], size=200)]
+    one = FullPacker(seq_len=16, cls_id=2, sep_id=3)
+    expected = [s["input_ids"].tolist() for d in docs for s in one.add(0, d)]
+    many = FullPacker(seq_len=16, cls_id=2, sep_id=3)
+    got = [row.tolist() for chunk in (docs[:7], docs[7:8], [], docs[8:120], docs[120:]) for row in many.add_many(chunk)]
+    assert got == expected and len(got) > 100
+    assert [s["input_ids"].tolist() for s in many.flush()] == [s["input_ids"].tolist() for s in one.flush()]
 
 
 def test_documents_that_encode_to_nothing_are_skipped():

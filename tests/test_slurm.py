@@ -4,8 +4,8 @@ two emulated slurmd nodes), submitted with sbatch as a user would.
 All jobs are submitted at once by one fixture, so their start-ups and SLURM's requeue delays overlap:
 - pretrain on 2 nodes x 1 task with --time=2 and --signal=B:USR1@60, which needs more than one
   allocation, then export with --dependency=afterok on it;
-- prepare_data, then (afterok) a job with MAX_RESTARTS=1 on its output that is sent USR1 twice
-  (requeued once, then not);
+- prepare_data as a job array of 2 tasks, then (afterok on the array) a job with MAX_RESTARTS=1 on
+  its output that is sent USR1 twice (requeued once, then not);
 - a job with a bad config (a crash: must not be requeued).
 Meanwhile an uninterrupted run of the same training config runs outside SLURM as the reference.
 """
@@ -26,6 +26,8 @@ from conftest import REPO, TINY_MODEL, free_port, kjv_chapters, launch_ranks
 pytestmark = pytest.mark.slow
 
 MAX_STEPS = 1200  # more than one 2-minute allocation can train here (<= ~1000 steps before the signal)
+PREPARE_OVERRIDES = ["tokenizer.vocab_size=400", "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1",
+                     "part_bytes=40000"]  # several parts for each of the array's 2 tasks
 TRAIN_OVERRIDES = [
     *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", f"train.max_steps={MAX_STEPS}",
     "train.save_every=250", "train.log_every=50", "train.eval_every=0", "train.record_samples=true",
@@ -69,10 +71,14 @@ class Cluster:
         return int(out.stdout.strip().split(";")[0])
 
     def job(self, job_id: int) -> dict[str, str]:
-        """`scontrol show job` as a dict (JobState, Restarts, ExitCode, ...)."""
+        """`scontrol show job` as a dict (JobState, Restarts, ExitCode, ...); for an array, its last task."""
+        return self.tasks(job_id)[-1]
+
+    def tasks(self, job_id: int) -> list[dict[str, str]]:
+        """`scontrol show job`: one dict per line (one per task of a job array)."""
         out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], env=self.env, capture_output=True,
                              text=True, timeout=60).stdout
-        return dict(item.split("=", 1) for item in out.split() if "=" in item)
+        return [dict(item.split("=", 1) for item in line.split() if "=" in item) for line in out.splitlines() if line.strip()]
 
     def signal_batch(self, job_id: int, sig: str = "USR1") -> None:
         """What SLURM's --signal=B:USR1 does, on demand: signal the batch shell."""
@@ -104,9 +110,8 @@ def jobs(cluster, prepared, tmp_path_factory):
     # The requeue job trains on the session's prepared data, so it and the reference start at once;
     # the prepare job's output feeds the restart-limit job (prepare -> pretrain through afterok).
     prepare = cluster.sbatch(
-        "prepare_data.sbatch", "--cpus-per-task=1", cwd=work,
-        OVERRIDES=f"output_dir={data} 'sources=[{{kind: text, path: {corpus}}}]' tokenizer.vocab_size=400 "
-                  "tokenizer.character_coverage=1.0 seq_len=64 val_fraction=0.1")
+        "prepare_data.sbatch", "--array=0-1", "--cpus-per-task=1", cwd=work,
+        OVERRIDES=" ".join(PREPARE_OVERRIDES + [f"output_dir={data}", f"'sources=[{{kind: text, path: {corpus}}}]'"]))
     train_args = [f"data.path={prepared}", f"train.output_dir={run}", *TRAIN_OVERRIDES]
     pretrain = cluster.sbatch(
         "pretrain.sbatch", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=2",
@@ -129,7 +134,8 @@ def jobs(cluster, prepared, tmp_path_factory):
     limit_signals = 0
     deadline = time.time() + 540
     while time.time() < deadline:
-        states = {j: cluster.job(j).get("JobState") for j in (prepare, pretrain, export, crash, limited)}
+        states = {j: cluster.job(j).get("JobState") for j in (pretrain, export, crash, limited)}
+        states.update({f"prepare {i}": t.get("JobState") for i, t in enumerate(cluster.tasks(prepare))})
         marker = run / "PREEMPTED"
         if marker.is_file():
             record = json.loads(marker.read_text())
@@ -148,12 +154,15 @@ def jobs(cluster, prepared, tmp_path_factory):
     assert all(p.poll() == 0 for p in reference_procs), f"reference run failed; see {work / 'reference_logs'}"
     return {"work": work, "run": run, "hf": hf, "reference": reference, "markers": markers, "limit_signals": limit_signals,
             "ids": {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited},
+            "prepare_tasks": cluster.tasks(prepare), "corpus": corpus,
             "info": {name: cluster.job(j) for name, j in
                      {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited}.items()}}
 
 
 def _log(jobs, name: str) -> str:
-    prefix = {"prepare": "prepare-data", "export": "export"}.get(name, "pretrain")
+    if name == "prepare":  # the array's tasks, each with its own job id
+        return "".join((jobs["work"] / f"prepare-data-{t['JobId']}.out").read_text() for t in jobs["prepare_tasks"])
+    prefix = {"export": "export"}.get(name, "pretrain")
     return (jobs["work"] / f"{prefix}-{jobs['ids'][name]}.out").read_text()
 
 
@@ -195,10 +204,24 @@ def test_time_limit_signal_requeue_and_exact_resume(jobs):
 
 
 def test_chain_prepare_pretrain_export_with_afterok(jobs):
-    """prepare -> (afterok) pretrain on its data; pretrain -> (afterok) export, held through the requeues."""
-    assert jobs["info"]["prepare"]["JobState"] == "COMPLETED", _log(jobs, "prepare")[-2000:]
+    """prepare (a 2-task array) -> (afterok) pretrain on its data; pretrain -> (afterok) export, held through the requeues."""
+    assert [t["JobState"] for t in jobs["prepare_tasks"]] == ["COMPLETED", "COMPLETED"], _log(jobs, "prepare")[-3000:]
     manifest = json.loads((jobs["work"] / "data" / "manifest.json").read_text())
     assert manifest["splits"]["train"]["sequences"] > 0 and manifest["tokenizer"]["vocab_size"] == 400
+    # Both tasks wrote parts, one of them merged; the result is what one process writes.
+    log = _log(jobs, "prepare")
+    assert manifest["tasks"] == 2 and "task 0/2: " in log and "task 1/2: " in log and log.count(" merged ") == 1
+    assert all(f"task {t}/2: 0 of" not in log for t in (0, 1))
+    from core.config_io import load_config
+    from data_pipeline.config import PrepareConfig
+    from data_pipeline.prepare import prepare
+
+    single = prepare(load_config(PrepareConfig, None, PREPARE_OVERRIDES + [
+        f"output_dir={jobs['work'] / 'data_single'}", f"sources=[{{kind: text, path: '{jobs['corpus']}'}}]", "num_workers=1"]))
+    # (Training on it has since unpacked raw .mds files beside the zstd shards: not part of what prepare wrote.)
+    files = {d: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
+                 if p.is_file() and p.name != "manifest.json" and p.suffix != ".mds"} for d in (single, jobs["work"] / "data")}
+    assert files[single] == files[jobs["work"] / "data"]
     assert "| ETA" in _log(jobs, "limited")  # the dependent job trained on what prepare wrote
     export = jobs["info"]["export"]
     assert export["JobState"] == "COMPLETED", _log(jobs, "export")[-3000:]
