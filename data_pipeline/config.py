@@ -75,7 +75,7 @@ class PrepareConfig:
     # this process may use, SLURM's --cpus-per-task included). The output does not depend on it.
     num_workers: int = 0
     # The input is cut into parts of about this many bytes (at document boundaries), each read and
-    # written by one process on its own. 0: about 1/256 of the corpus, between 4 and 256 MiB. The
+    # written by one process on its own. 0: about 1/256 of the corpus, between 4 and 64 MiB. The
     # output depends on it (each part is packed on its own), so keep it fixed to reproduce a dataset.
     part_bytes: int = 0
     # The share of documents in the validation split: a document goes there when a seeded hash of its
@@ -96,6 +96,8 @@ class PrepareConfig:
             raise ConfigError(f"config key 'seq_len' must be >= 8, got {self.seq_len}")
         if self.num_workers < 0:
             raise ConfigError(f"config key 'num_workers' must be >= 0 (0: every available CPU), got {self.num_workers}")
+        if not 0 < self.shard_size_limit < 2**32:  # MDS offsets are 32-bit
+            raise ConfigError(f"config key 'shard_size_limit' must be in (0, 2**32) bytes, got {self.shard_size_limit}")
         if self.part_bytes < 0:
             raise ConfigError(f"config key 'part_bytes' must be >= 0 (0: automatic), got {self.part_bytes}")
         from data_pipeline.mds import check_compression

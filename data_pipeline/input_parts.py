@@ -5,8 +5,8 @@ dataset is the same however many processes write it. A byte range always ends ju
 separator (a blank line for paragraphs, a newline for lines and JSON lines), so reading the parts one
 by one gives exactly the documents of reading the file whole.
 
-What cannot be cut: compressed files (.gz/.bz2/.xz: one part each), JSON that is not one object per
-line and other compressions (read whole through `datasets`), and hub datasets (one part, streamed).
+What cannot be cut: compressed text files (.gz/.bz2/.xz: one part each), JSON that is not one object per
+line, compressed JSON and other compressions (read whole through `datasets`), and hub datasets (one part, streamed).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from data_pipeline.config import PrepareConfig, SourceConfig
 from data_pipeline.raw_text import resolve_files
 
 MIN_PART_BYTES = 4 << 20
-MAX_PART_BYTES = 256 << 20
+MAX_PART_BYTES = 64 << 20  # a worker holds a part's text in memory (about 4x its bytes)
 TARGET_PARTS = 256  # enough for 256 cores to share a corpus evenly, few enough to keep the index small
 CODECS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
 _SEPARATORS = {"paragraph": re.compile(rb"\n\r?\n"), "line": re.compile(rb"\n"), "jsonl": re.compile(rb"\n")}
@@ -100,13 +100,13 @@ def _file_parts(index: int, source: SourceConfig, path: str, step: int) -> list[
                 start, size = g + 1, 0
         return groups or [Part(index, path, "parquet", 0, 0)]
     if source.kind == "json":
-        if codec is None and not _is_json_lines(path):
+        if codec or not _is_json_lines(path):  # a compressed file may hold a JSON array: `datasets` reads both
             return [Part(index, path, "datasets")]
         mode = "jsonl"
     else:
         mode = source.text_documents
     if codec or mode == "document":
-        return [Part(index, path, "jsonl" if source.kind == "json" else "text", codec=codec)]
+        return [Part(index, path, "text", codec=codec)]
     if os.path.splitext(path)[1] in (".zst", ".zstd", ".lz4", ".zip"):
         return [Part(index, path, "datasets")]
     ranges = _byte_ranges(path, os.path.getsize(path), step, _SEPARATORS[mode])

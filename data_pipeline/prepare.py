@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import shutil
 import sys
@@ -27,7 +28,7 @@ from typing import Any, Iterator
 
 from core.atomic_files import check_overwrite, prepare_output, publish, write_text_atomic
 from core.config_io import config_to_dict
-from core.errors import ConfigError, InputDataError, UserError
+from core.errors import ConfigError, InputDataError
 from data_pipeline.config import PrepareConfig
 from data_pipeline.input_parts import Part, plan_parts
 from data_pipeline.mds import merge_indexes
@@ -184,11 +185,14 @@ def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: st
         "parts": len(jobs), "part_bytes": plan["part_bytes"], "num_workers": workers, "tasks": tasks,
         "config": config_to_dict(cfg),
     }
+    for debris in out_dir.glob("*/.part-*.tmp-*"):  # from workers killed in an earlier run of an array
+        shutil.rmtree(debris, ignore_errors=True)
+    # The plan and done markers go last: a merge killed before here can simply be run again.
     write_manifest(out_dir, manifest)
     for name in (PLAN, "parts"):
         path = out_dir / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    log.info("prepared %d train / %d validation sequences (%d documents, %d tokens, %.1f MB of text, %d parts)",
+    log.info("prepared %d train / %d validation sequences (%d documents, %d tokens, %.1f MB of text, %d part(s))",
              counts["train"]["sequences"], counts["validation"]["sequences"], read["documents"],
              counts["train"]["tokens"] + counts["validation"]["tokens"], read["characters"] / 1e6, len(jobs))
     return manifest
@@ -209,7 +213,7 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> Path:
         _write_parts(cfg, tmp_dir, plan, _load_jobs(plan), workers)
         _finish(cfg, tmp_dir, plan, command, workers, tasks=1)
         publish(tmp_dir, final_dir)
-        log.info("dataset written in %.1fs with %d worker(s) -> %s", time.time() - t0, workers, final_dir)
+        log.info("dataset written in %.1fs with %d worker(s) -> %s", time.time() - t0, min(workers, plan["parts"]), final_dir)
         return final_dir
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -222,15 +226,35 @@ def staging_dir(cfg: PrepareConfig, array_id: str) -> Path:
     return final_dir.with_name(f".{final_dir.name}.array-{array_id}")
 
 
-def _await_plan(staging: Path, timeout_s: float) -> dict[str, Any]:
+def _attempt() -> str:
+    """Which run of the array this is: SLURM counts requeues, so a requeued array ignores the last run's state."""
+    return os.environ.get("SLURM_RESTART_COUNT", "0")
+
+
+def _published(final_dir: Path) -> bool:
+    return (final_dir / "manifest.json").is_file()
+
+
+def _await_plan(staging: Path, final_dir: Path, timeout_s: float) -> dict[str, Any] | None:
+    """The plan task 0 wrote (None when the dataset was already published), or an error when task 0 failed."""
     deadline = time.time() + timeout_s
     while not (staging / PLAN).is_file():
-        if (staging / FAILED).is_file():
-            raise InputDataError(f"task 0 of this array could not plan the dataset: {(staging / FAILED).read_text().strip()}")
+        failed = staging / FAILED
+        if failed.is_file():
+            attempt, _, message = failed.read_text().partition("\n")
+            if attempt == _attempt():
+                raise InputDataError(f"task 0 of this array could not plan the dataset: {message.strip()}")
+        if not staging.exists() and _published(final_dir):
+            return None  # the other tasks finished and published before this one started
         if time.time() > deadline:
             raise InputDataError(f"no plan from task 0 in '{staging}' after {timeout_s:.0f}s; is task 0 running?")
         time.sleep(1.0)
     return json.loads((staging / PLAN).read_text())
+
+
+def _same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal in everything the dataset depends on (the number of workers per task is not)."""
+    return {k: v for k, v in a.items() if k != "num_workers"} == {k: v for k, v in b.items() if k != "num_workers"}
 
 
 def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, command: str | None = None,
@@ -238,7 +262,7 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
     """One task of a job array: task 0 plans; every task writes parts task, task + tasks, ...; the last one to end
     merges and publishes. Returns the dataset folder from the task that published it, else None."""
     if not 0 <= task < tasks:
-        raise ConfigError(f"task {task} is not in 0..{tasks - 1}")
+        raise ConfigError(f"--task must be in 0..--tasks - 1, got task {task} of {tasks}")
     final_dir, staging = Path(cfg.output_dir), staging_dir(cfg, array_id)
     workers = _workers(cfg)
     if task == 0 and not (staging / PLAN).is_file():
@@ -247,12 +271,15 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
             staging.mkdir(parents=True, exist_ok=True)
             (staging / FAILED).unlink(missing_ok=True)
             _make_plan(cfg, staging, workers)
-        except UserError as exc:
+        except Exception as exc:  # any failure: the waiting tasks must stop too, not hold their nodes for a day
             staging.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(staging / FAILED, f"{exc}\n")
+            write_text_atomic(staging / FAILED, f"{_attempt()}\n{type(exc).__name__}: {exc}\n")
             raise
-    plan = _await_plan(staging, plan_timeout_s)
-    if plan["config"] != config_to_dict(cfg):
+    plan = _await_plan(staging, final_dir, plan_timeout_s)
+    if plan is None:
+        log.info("task %d/%d: the dataset is already published -> %s", task, tasks, final_dir)
+        return None
+    if not _same_config(plan["config"], config_to_dict(cfg)):
         raise ConfigError(f"this task's config differs from the one task 0 planned '{staging}' with; give every task the same")
     jobs = _load_jobs(plan)
     mine = [j for k, j in enumerate(jobs) if k % tasks == task and not done_marker(staging, j.index).is_file()]
@@ -263,12 +290,15 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
         log.info("task %d/%d done; %d part(s) still being written by other tasks", task, tasks, len(missing))
         return None
     try:
-        (staging / "merging").mkdir()  # only one task merges, even when several end at once
-    except FileExistsError:
+        # One merger per run of the array, even when several tasks end at once; a requeued run
+        # takes a new lock, so a merge killed in an earlier run does not block it.
+        (staging / f"merging-{_attempt()}").mkdir()
+    except (FileExistsError, FileNotFoundError):  # another task merges, or has already published
         return None
     _finish(cfg, staging, plan, command, workers, tasks)
-    (staging / "merging").rmdir()
     check_overwrite(final_dir, cfg.overwrite)
     publish(staging, final_dir)
+    for leftover in final_dir.glob("merging-*"):
+        leftover.rmdir()
     log.info("task %d/%d merged %d parts -> %s", task, tasks, len(jobs), final_dir)
     return final_dir

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import traceback
 from typing import Any, Callable, Iterable
@@ -30,7 +31,9 @@ def _worker(shared: Any, inbox, outbox) -> None:
     while (job := inbox.get()) is not None:
         fn, key, item = job
         try:
-            outbox.put(("ok", key, fn(shared, item)))
+            result = fn(shared, item)
+            pickle.dumps(result)  # a result that cannot be sent would be dropped by the queue: fail here instead
+            outbox.put(("ok", key, result))
         except UserError as exc:
             outbox.put(("user_error", key, exc))
         except BaseException:

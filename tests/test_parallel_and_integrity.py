@@ -84,17 +84,24 @@ def test_array_tasks_write_what_one_process_writes(tmp_path, corpus_file, caplog
     assert _files(single) == _files(tmp_path / "array")
     manifest = json.loads((tmp_path / "array" / "manifest.json").read_text())
     assert manifest["tasks"] == 2 and manifest["parts"] >= 4
+    assert prepare_task(cfg, 1, 2, "77", plan_timeout_s=5) is None  # started after the others published: done
 
 
-def test_array_task_stops_when_task_0_cannot_plan(tmp_path, corpus_file):
+def test_array_task_stops_when_task_0_cannot_plan(tmp_path, corpus_file, monkeypatch):
     from core.errors import InputDataError
     from data_pipeline.prepare import prepare_task
 
-    cfg = _array_cfg(tmp_path / "out", tmp_path / "missing.txt")
-    with pytest.raises(InputDataError, match="missing.txt"):
+    cfg = _array_cfg(tmp_path / "out", tmp_path / "corpus.txt")
+    with pytest.raises(InputDataError, match="corpus.txt"):
         prepare_task(cfg, 0, 2, "5")
-    with pytest.raises(InputDataError, match="task 0 of this array could not plan.*missing.txt"):
+    with pytest.raises(InputDataError, match="task 0 of this array could not plan.*corpus.txt"):
         prepare_task(cfg, 1, 2, "5", plan_timeout_s=30)
+    # The user adds the file and requeues the array: the last run's failure no longer stops the tasks.
+    (tmp_path / "corpus.txt").write_text(corpus_file.read_text())
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert prepare_task(cfg, 0, 2, "5") is None
+    assert prepare_task(cfg, 1, 2, "5", plan_timeout_s=30) == tmp_path / "out"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "out"]
 
 
 def _corrupt_copy(prepared, tmp_path):
