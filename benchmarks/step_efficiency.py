@@ -8,8 +8,9 @@ For each objective and backbone, at the same micro-batch (16 x 128 tokens, one p
 - trainer: `python -m pretrain train` (DeepSpeed ZeRO-2 engine, the objective's example config, real MDS shards
   of the KJV, masking in the loader, metrics, the preemption checks), timed by its own log windows after warm-up;
 - plain: the same objective module, built from the same resolved config in this process, on one batch masked
-  the same way, forward + backward + fused AdamW (+ autocast in bf16), no DeepSpeed and no loader; the median step.
-`trainer / plain` is the ratio of samples/s. MFU is the objective's model FLOPs (its `flops_per_token`) per second
+  the same way, forward + backward + fused AdamW (+ autocast in bf16), gradients zeroed in place, no DeepSpeed and no loader; the median step.
+`trainer / plain` is the ratio of samples/s: each trainer run against the plain run just before it, the
+median over `--repeats` alternated pairs. MFU is the objective's model FLOPs (its `flops_per_token`) per second
 over the dense-matmul peak measured for the precision on this machine (`pretrain/hardware.py`).
 TaCL is left out: it needs a teacher checkpoint of the same shape (its step is an MLM step plus a teacher forward).
 """
@@ -69,8 +70,8 @@ def run_trainer(objective: str, backbone: str, shape: str, data: Path, work: Pat
             "mfu": statistics.mean(r["mfu"] for r in windows) if all("mfu" in r for r in windows) else None}
 
 
-def run_plain(objective: str, backbone: str, shape: str, data: Path, args) -> dict:
-    """Median step of forward + backward + fused AdamW of the same modules on one masked batch."""
+def plain_setup(objective: str, backbone: str, shape: str, data: Path, args) -> dict:
+    """The objective module built from the run config, one masked batch, and a `step()` of fwd + bwd + fused AdamW."""
     import torch
 
     from core.config_io import load_config
@@ -95,22 +96,58 @@ def run_plain(objective: str, backbone: str, shape: str, data: Path, args) -> di
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
     batch = build_masking(cfg.masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], pad_id=tok["pad_id"],
                           cls_id=tok["cls_id"], sep_id=tok["sep_id"])(batch, gen)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
-    times = []
-    for i in range(args.plain_warmup + args.plain_steps):
-        start = time.perf_counter()
-        with autocast:
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             loss, _ = model(batch)
         loss.backward()
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        # Kept, not freed: fresh gradient tensors each step cost page faults on CPU (DeepSpeed keeps its buffers too).
+        opt.zero_grad(set_to_none=False)
+
+    return {"step": step, "flops": model.flops_per_token(128, cfg.masking.mask_prob) * args.batch * 128,
+            "peak": device_peak_tflops(precision)[0], "precision": precision, "params": sum(p.numel() for p in params)}
+
+
+def run_plain(objective: str, backbone: str, shape: str, data: Path, args) -> dict:
+    """Median step of forward + backward + fused AdamW of the same modules on one masked batch."""
+    plain = plain_setup(objective, backbone, shape, data, args)
+    times = []
+    for i in range(args.plain_warmup + args.plain_steps):
+        start = time.perf_counter()
+        plain["step"]()
         if i >= args.plain_warmup:
             times.append(time.perf_counter() - start)
     step = statistics.median(times)
-    flops = model.flops_per_token(128, cfg.masking.mask_prob) * args.batch * 128
-    peak, _ = device_peak_tflops(precision)
-    return {"samples_per_s": args.batch / step, "mfu": flops / step / 1e12 / peak, "precision": precision,
-            "params": sum(p.numel() for p in params)}
+    return {"samples_per_s": args.batch / step, "mfu": plain["flops"] / step / 1e12 / plain["peak"],
+            "precision": plain["precision"], "params": plain["params"]}
+
+
+CATEGORIES = (  # first match wins; names are aten ops as the profiler reports them
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm")),
+    ("attention", ("scaled_dot_product", "flash_attention", "aten::_softmax", "aten::softmax")),
+    ("optimizer", ("Optimizer.step", "aten::_fused_adamw", "_fused_adam")),
+    ("embedding / gather", ("aten::embedding", "aten::index", "aten::gather", "aten::masked_select", "aten::nonzero")),
+    ("loss", ("cross_entropy", "nll_loss", "log_softmax")),
+    ("norm", ("layer_norm", "native_layer_norm")),
+)
+
+
+def profile_step(objective: str, backbone: str, shape: str, data: Path, args) -> dict:
+    """Self CPU time of one plain step (after warm-up) by op category: matmuls, attention, optimizer, ..."""
+    from torch.profiler import ProfilerActivity, profile
+
+    plain = plain_setup(objective, backbone, shape, data, args)
+    for _ in range(args.plain_warmup):
+        plain["step"]()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        plain["step"]()
+    shares: dict[str, float] = {}
+    for e in prof.key_averages():
+        category = next((c for c, keys in CATEGORIES if any(k in e.key for k in keys)), "element-wise and other")
+        shares[category] = shares.get(category, 0.0) + e.self_cpu_time_total
+    total = sum(shares.values())
+    return {k: round(v / total, 4) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])}
 
 
 def main() -> None:
@@ -126,6 +163,8 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=2, help="timed trainer windows after the first (warm-up)")
     parser.add_argument("--plain-warmup", type=int, default=2)
     parser.add_argument("--plain-steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=1, help="alternate plain and trainer runs this many times; medians")
+    parser.add_argument("--profile", action="store_true", help="also profile the plain step by op category")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     import torch
@@ -141,14 +180,26 @@ def main() -> None:
         data = prepare_data(work)
         for backbone in args.backbones:
             for objective in args.objectives:
-                plain = run_plain(objective, backbone, args.shape, data, args)
-                trainer = run_trainer(objective, backbone, args.shape, data, work, args)
+                # Alternated and repeated: this machine's speed drifts by 10-20% within minutes.
+                plains, trainers = [], []
+                for r in range(args.repeats):
+                    plains.append(run_plain(objective, backbone, args.shape, data, args))
+                    trainers.append(run_trainer(objective, backbone, args.shape, data, work / f"r{r}", args))
+                plain = {**plains[0], **{k: statistics.median(p[k] for p in plains) for k in ("samples_per_s", "mfu")}}
+                trainer = {k: statistics.median(t[k] for t in trainers) if trainers[0][k] is not None else None
+                           for k in ("samples_per_s", "mfu")}
                 rows.append({"objective": objective, "backbone": backbone, "shape": args.shape, "precision": plain["precision"],
                              "trainable_params": plain["params"], "plain_samples_per_s": round(plain["samples_per_s"], 2),
                              "trainer_samples_per_s": round(trainer["samples_per_s"], 2),
-                             "trainer_vs_plain": round(trainer["samples_per_s"] / plain["samples_per_s"], 3),
+                             # Paired: each trainer run against the plain run just before it, then the median.
+                             "trainer_vs_plain": round(statistics.median(
+                                 t["samples_per_s"] / p["samples_per_s"] for p, t in zip(plains, trainers)), 3),
                              "plain_mfu": round(plain["mfu"], 4),
-                             "trainer_mfu": None if trainer["mfu"] is None else round(trainer["mfu"], 4)})
+                             "trainer_mfu": None if trainer["mfu"] is None else round(trainer["mfu"], 4),
+                             "repeats": args.repeats,
+                             "ratio_per_repeat": [round(t["samples_per_s"] / p["samples_per_s"], 3) for p, t in zip(plains, trainers)]})
+                if args.profile:
+                    rows[-1]["profile_self_cpu_share"] = profile_step(objective, backbone, args.shape, data, args)
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
