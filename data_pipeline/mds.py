@@ -22,8 +22,7 @@ from core.errors import ConfigError
 
 INDEX = "index.json"
 HASHES = ("sha1", "xxh64")
-_SCALARS = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16", "float32", "float64"}
-_NDARRAY_DTYPES = {"uint8", "int8", "uint16", "int16", "float16", "uint32", "int32", "float32", "uint64", "int64", "float64"}
+_DTYPES = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16", "float32", "float64"}
 
 
 def check_compression(compression: str | None) -> tuple[str | None, int]:
@@ -40,7 +39,7 @@ def _encoder(encoding: str):
     """A function value -> bytes for one column, and the column's fixed size (None when variable)."""
     if encoding.startswith("ndarray:"):
         dtype = encoding.split(":")[1]
-        if dtype not in _NDARRAY_DTYPES or encoding.count(":") != 1:
+        if dtype not in _DTYPES or encoding.count(":") != 1:
             raise ValueError(f"unsupported MDS column encoding '{encoding}'")
         np_dtype = np.dtype(dtype)
 
@@ -52,7 +51,7 @@ def _encoder(encoding: str):
             return _shape_header(value.shape) + value.tobytes()
 
         return encode_array, None
-    if encoding in _SCALARS:
+    if encoding in _DTYPES:
         scalar = getattr(np, encoding)
         return (lambda value: scalar(value).tobytes()), np.dtype(encoding).itemsize
     raise ValueError(f"unsupported MDS column encoding '{encoding}'")
