@@ -125,7 +125,6 @@ def write_part(shared: Shared, job: PartJob) -> dict[str, Any]:
             if not chosen:
                 continue
             documents[split] += len(chosen)
-            doc_ids = [(job.index << 32) | i for i, _ in chosen]
             if cfg.packing == "pairs":
                 sentences = [split_sentences(text) for _, text in chosen]
                 flat = encode([s for sents in sentences for s in sents])
@@ -139,7 +138,8 @@ def write_part(shared: Shared, job: PartJob) -> dict[str, Any]:
             if cfg.packing == "full":  # no per-document columns: whole batches at once
                 writers[split].write_rows(packers[split].add_many(per_doc))
                 continue
-            for doc_id, ids in zip(doc_ids, per_doc):
+            for (i, _), ids in zip(chosen, per_doc):
+                doc_id = (job.index << 32) | i  # unique across parts: the part's number, then the document's
                 for sample in packers[split].add(doc_id, ids):
                     writers[split].write(sample)
     counts: dict[str, Any] = {}

@@ -84,10 +84,14 @@ def _load(source: SourceConfig, data_files: str | None, encoding_errors: str):
     return datasets.load_dataset(source.kind, data_files=[data_files], split="train", streaming=True, **kwargs)
 
 
-def _utf8_advice(kind: str) -> str:
-    if kind in ("text", "json"):
-        return "fix the file or set encoding_errors=replace"
-    return f"fix the file (encoding_errors=replace applies to text and JSON-lines sources, not {kind})"
+def _not_utf8(path: str, kind: str, exc: UnicodeDecodeError | None = None, where: str | None = None) -> InputDataError:
+    """The error for bytes that are not UTF-8, naming the file, the offset and the bytes when known."""
+    detail = ""
+    if exc is not None:
+        detail = f" ({where or f'byte {exc.start}'}: {exc.object[exc.start:exc.start + 4]!r})"
+    advice = ("fix the file or set encoding_errors=replace" if kind in ("text", "json") else
+              f"fix the file (encoding_errors=replace applies to text and JSON-lines sources, not {kind})")
+    return InputDataError(f"'{path}' is not valid UTF-8{detail}; {advice}")
 
 
 def _check_text(where: str, row: dict, column: str) -> str:
@@ -118,9 +122,7 @@ def _decode(part, data: bytes, source: SourceConfig, encoding_errors: str) -> st
         text = data.decode("utf-8", errors=encoding_errors)
     except UnicodeDecodeError as exc:
         where = f"byte {part.start + exc.start}" if not part.codec else f"byte {exc.start} after decompression"
-        raise InputDataError(
-            f"'{part.path}' is not valid UTF-8 ({where}: {exc.object[exc.start:exc.start + 4]!r}); " + _utf8_advice(source.kind)
-        ) from exc
+        raise _not_utf8(part.path, source.kind, exc, where) from exc
     if "\r" in text:  # universal newlines, as `datasets` and open() read text
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     return text
@@ -175,12 +177,10 @@ def iter_part(source: SourceConfig, part, encoding_errors: str, stats: ReadStats
             stats.replaced_characters += text.count(REPLACEMENT_CHAR)
             yield text
     except UnicodeDecodeError as exc:  # raised inside `datasets`
-        raise InputDataError(
-            f"'{part.path}' is not valid UTF-8 (byte {exc.start}: {exc.object[exc.start:exc.start + 4]!r}); " + _utf8_advice(source.kind)
-        ) from exc
+        raise _not_utf8(part.path, source.kind, exc) from exc
     except InputDataError:
         raise
     except _read_errors() as exc:  # anything else is a bug and keeps its traceback
         if isinstance(exc.__cause__, UnicodeDecodeError) or "codec can't decode" in str(exc):
-            raise InputDataError(f"'{part.path}' is not valid UTF-8; " + _utf8_advice(source.kind)) from exc
+            raise _not_utf8(part.path, source.kind) from exc
         raise InputDataError(f"could not read '{part.path}' as {source.kind}: {exc}") from exc
