@@ -2,8 +2,8 @@
 
     python benchmarks/loader_throughput.py --data runs/demo/data --run runs/demo/train [--batches 400]
 
-The loader side reads `--batches` micro-batches of one rank, with 0 and 2 loader workers, and
-applies BERT masking as the trainer does. The training side reads samples/s and the fraction of
+The loader side reads `--batches` micro-batches of one rank, with 0 and 2 loader workers, masked
+with BERT masking in the loader's collate as training does (in the workers when there are any). The training side reads samples/s and the fraction of
 step time spent waiting for data from a finished run's metrics.jsonl (`make demo` writes one).
 """
 from __future__ import annotations
@@ -20,15 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def loader_rate(data: str, batch: int, workers: int, batches: int) -> dict:
     """Sequences and tokens per second through loader + masking, for one rank."""
-    import torch
-
-    from data_pipeline.loader import LoaderConfig, build_loader
+    from data_pipeline.loader import LoaderConfig, MaskingCollate, build_loader
     from data_pipeline.masking import MaskingConfig, build_masking
     from data_pipeline.shards import read_manifest
 
     tok = read_manifest(data)["tokenizer"]
     masking = build_masking(MaskingConfig(), tok["vocab_size"], tok["mask_id"], tok["special_ids"])
-    loader = build_loader(LoaderConfig(path=data, num_workers=workers), "train", batch)
+    collate = MaskingCollate(masking, tok["pad_id"], seed=0)
+    loader = build_loader(LoaderConfig(path=data, num_workers=workers), "train", batch, collate_fn=collate)
     seqs = tokens = n = 0
     start = None
     while n < batches:
@@ -36,9 +35,8 @@ def loader_rate(data: str, batch: int, workers: int, batches: int) -> dict:
             if start is None:  # the first batch pays worker start-up and shard decompression
                 start = time.perf_counter()
                 continue
-            out = masking(b, torch.Generator().manual_seed(n))
-            seqs += out["input_ids"].shape[0]
-            tokens += int(out["attention_mask"].sum())
+            seqs += b["input_ids"].shape[0]
+            tokens += int(b["attention_mask"].sum())
             n += 1
             if n >= batches:
                 break

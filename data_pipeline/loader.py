@@ -5,6 +5,11 @@ Determinism: the global sample order depends only on the shuffle seed and algori
 order. `StreamingDataLoader.state_dict()` records how far that order was consumed, and a loader
 given that state resumes mid-epoch without reading the skipped samples.
 
+Masking happens here, in the loader's collate (in its worker processes when `num_workers` > 0):
+each sample is masked with a generator seeded by (seed, epoch, sample id). A sample's mask is then a
+function of which sample it is and which pass over the data, not of the rank, the step, the batch
+it shares or the number of ranks, so a resumed run (on any number of nodes) masks the same way.
+
 Remote data: with `remote: s3://bucket/dataset` (or gs://, oci://, ...), shards are fetched on
 demand by mosaicml-streaming into `path` (a local cache); the manifest and tokenizer are fetched
 when training starts. This path is untested here (no network); it is streaming's own code.
@@ -18,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -39,7 +44,8 @@ class LoaderConfig:
     shuffle_algo: str = "py1e"
     # Fixed, so the global sample order does not depend on how many nodes read it.
     num_canonical_nodes: int = 1
-    num_workers: int = 0
+    # Loader processes per rank that read, pad and mask batches off the training process (0: in it).
+    num_workers: int = 1
     # Check local shard files against their recorded hashes when training starts.
     verify_hashes: bool = True
     # With `remote` set, a killed run's shared memory blocks the next run that reuses its local cache
@@ -85,19 +91,76 @@ def collate(samples: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tenso
     return batch
 
 
+SampleTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
+EVAL_STREAM = 1 << 30  # keeps evaluation masks apart from training masks
+
+# What each per-token column is padded with; per-sample columns (sample_id, pair_label) are stacked.
+PAD_VALUES = {"labels": -100, "attention_mask": 0, "token_type_ids": 0, "crop_attention_mask": 0}
+PAD_WITH_PAD_ID = ("input_ids", "original_input_ids", "crop_input_ids")
+
+
+def sample_seed(seed: int, stream: int, epoch: int, sample_id: int) -> int:
+    """Seed of one sample's masking: a function of which sample in which pass, never of rank, step or batch."""
+    return int(np.random.SeedSequence([seed, stream, epoch, sample_id]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+class MaskingCollate:
+    """The loader's collate_fn: mask each sample at its own length with its own seeded generator, then pad.
+
+    `per_epoch=False` (validation) gives a sample the same mask in every pass, so evaluations compare.
+    Picklable, so it runs in the loader's worker processes.
+    """
+
+    def __init__(self, transform: SampleTransform, pad_id: int, seed: int, stream: int = 0, per_epoch: bool = True) -> None:
+        self.transform, self.pad_id, self.seed, self.stream, self.per_epoch = transform, pad_id, seed, stream, per_epoch
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """A padded batch of masked samples (the transform's columns plus sample_id and pair_label)."""
+        rows = []
+        for s in samples:
+            ids = torch.from_numpy(np.asarray(s["input_ids"], dtype=np.int64))[None]
+            one = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            if "token_type_ids" in s:
+                one["token_type_ids"] = torch.from_numpy(np.asarray(s["token_type_ids"], dtype=np.int64))[None]
+            epoch = int(s.get("epoch", 0)) if self.per_epoch else 0
+            generator = torch.Generator().manual_seed(sample_seed(self.seed, self.stream, epoch, int(s["sample_id"])))
+            rows.append(self.transform(one, generator))
+        width = max(r["input_ids"].shape[1] for r in rows)
+        batch = {}
+        for key in rows[0]:
+            value = self.pad_id if key in PAD_WITH_PAD_ID else PAD_VALUES.get(key, 0)
+            out = torch.full((len(rows), width), value, dtype=rows[0][key].dtype)
+            for i, r in enumerate(rows):
+                out[i, : r[key].shape[1]] = r[key][0]
+            batch[key] = out
+        batch["sample_id"] = torch.tensor([int(s["sample_id"]) for s in samples], dtype=torch.long)
+        if "pair_label" in samples[0]:
+            batch["pair_label"] = torch.tensor([int(s["pair_label"]) for s in samples], dtype=torch.long)
+        return batch
+
+
 def _indexed_dataset_class():
     from streaming import StreamingDataset
 
     class IndexedStreamingDataset(StreamingDataset):
-        """A StreamingDataset whose samples carry their global index as `sample_id`.
+        """A StreamingDataset whose samples carry their global index as `sample_id` and the pass as `epoch`.
 
         The index is the sample's position in the split, so it stays unique when several
-        prepare workers' shards are merged, and it identifies samples across resumes.
+        prepare workers' shards are merged, and it identifies samples across resumes. The epoch is
+        streaming's own (saved in the loader state), read where each worker starts its pass.
         """
+
+        _epoch = 0
+
+        def _resume_incr_epoch(self) -> tuple[int, int]:
+            epoch, sample_in_epoch = super()._resume_incr_epoch()
+            self._epoch = epoch
+            return epoch, sample_in_epoch
 
         def get_item(self, sample_id: int, retry: int = 7) -> Any:
             item = super().get_item(sample_id, retry)
             item["sample_id"] = sample_id
+            item["epoch"] = self._epoch
             return item
 
     return IndexedStreamingDataset
@@ -156,8 +219,13 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
         )
 
 
-def build_loader(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None):
-    """A StreamingDataLoader whose `state_dict()` resumes mid-epoch without replaying batches."""
+def build_loader(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None,
+                 collate_fn: Optional[Callable] = None, pin_memory: bool = False):
+    """A StreamingDataLoader whose `state_dict()` resumes mid-epoch without replaying batches.
+
+    `collate_fn` defaults to padding only; training passes a MaskingCollate. `pin_memory` (GPU) lets
+    the training process copy batches to the device with `non_blocking`.
+    """
     from streaming import StreamingDataLoader
 
     pad_id = read_manifest(cfg.path)["tokenizer"]["pad_id"]
@@ -165,8 +233,9 @@ def build_loader(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Option
     return StreamingDataLoader(
         dataset,
         batch_size=batch_size,
-        collate_fn=partial(collate, pad_id=pad_id),
+        collate_fn=collate_fn or partial(collate, pad_id=pad_id),
         num_workers=cfg.num_workers,
+        pin_memory=pin_memory,
         # Every rank must take the same number of steps, or the collectives hang.
         drop_last=True,
         persistent_workers=False,

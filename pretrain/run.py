@@ -13,7 +13,14 @@ from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.config_io import config_to_dict
 from core.errors import ConfigError
-from data_pipeline.loader import build_loader, clean_stale_shared_memory, fetch_metadata, is_local_leader
+from data_pipeline.loader import (
+    EVAL_STREAM,
+    MaskingCollate,
+    build_loader,
+    clean_stale_shared_memory,
+    fetch_metadata,
+    is_local_leader,
+)
 from data_pipeline.masking import build_masking, evaluation_masking
 from data_pipeline.shards import read_manifest, verify_split
 from data_pipeline.tokenizer import copy_tokenizer_folder, load_tokenizer, word_start_table
@@ -84,17 +91,22 @@ def build_trainer(cfg: RunConfig) -> Trainer:
         masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], word_starts=word_starts,
         pad_id=tok["pad_id"], cls_id=tok["cls_id"], sep_id=tok["sep_id"],
     ) for masking in (cfg.masking, evaluation_masking(cfg.masking)))
+    # Masked in the loader (its workers): validation shows every picked token as [MASK], the same each time.
+    train_collate = MaskingCollate(transform, tok["pad_id"], cfg.train.seed)
+    eval_collate = MaskingCollate(eval_transform, tok["pad_id"], cfg.train.seed, stream=EVAL_STREAM, per_epoch=False)
+    pin = torch.cuda.is_available()  # the engine copies pinned batches with non_blocking
 
     train_sequences = manifest["splits"]["train"]["sequences"]
     if train_sequences < cfg.train.micro_batch_size * dist.world_size():
         raise ConfigError(f"the training split has {train_sequences} sequences, fewer than one batch "
                           f"(micro_batch_size {cfg.train.micro_batch_size} x {dist.world_size()} ranks)")
     clean_stale_shared_memory(cfg.data)
-    train_loader = build_loader(cfg.data, "train", cfg.train.micro_batch_size)
+    train_loader = build_loader(cfg.data, "train", cfg.train.micro_batch_size, collate_fn=train_collate, pin_memory=pin)
     eval_loader = None
     if cfg.train.eval_every and manifest["splits"]["validation"]["sequences"] >= cfg.train.micro_batch_size * dist.world_size():
-        eval_loader = build_loader(cfg.data, "validation", cfg.train.micro_batch_size, shuffle=False)
-    return Trainer(cfg, model, transform, train_loader, eval_loader, run_files=files, eval_transform=eval_transform,
+        eval_loader = build_loader(cfg.data, "validation", cfg.train.micro_batch_size, shuffle=False,
+                                   collate_fn=eval_collate, pin_memory=pin)
+    return Trainer(cfg, model, train_loader, eval_loader, run_files=files,
                    unigram_entropy=None if eval_loader is None else
                    validation_unigram_entropy(eval_loader, cfg.train.eval_batches, tok),
                    notes=(f"precision {cfg.train.precision} ({why})",))
@@ -107,7 +119,7 @@ def validation_unigram_entropy(eval_loader, batches: int, tok: dict) -> float:
     """
     counts = torch.zeros(tok["vocab_size"], dtype=torch.float64)
     for _, batch in zip(range(batches), eval_loader):
-        ids = batch["input_ids"][batch["attention_mask"].bool()].long()
+        ids = batch["original_input_ids"][batch["attention_mask"].bool()].long()  # the clean tokens, not the masked
         counts += torch.bincount(ids, minlength=tok["vocab_size"])[: tok["vocab_size"]].double()
     counts[[i for i in tok["special_ids"] if i < tok["vocab_size"]]] = 0
     return unigram_entropy(dist.all_reduce_sum(counts))

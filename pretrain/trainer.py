@@ -1,7 +1,8 @@
-"""The training loop: DeepSpeed engine, step-seeded batch transform, evaluation, saves and stops.
+"""The training loop: DeepSpeed engine, evaluation, saves and stops.
 
 The trainer knows nothing about objectives: the model's forward takes a batch and returns
-(loss, metrics), and the batch transform (masking) is a callable given a seeded generator.
+(loss, metrics), and batches come from the loader already masked (data_pipeline.loader.MaskingCollate),
+so the training process only moves them to the device.
 Checkpoints and resume are RunState's (pretrain/run_state.py), metrics MetricsReporter's
 (pretrain/metrics.py).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -30,26 +31,16 @@ from pretrain.optim import build_optimizer, build_scheduler
 from pretrain.preemption import FAILED, PREEMPTED, PreemptionGuard, parse_duration, slurm_end_time
 from pretrain.run_state import Progress, RunState
 
-BatchTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
-EVAL_STREAM = 1 << 30  # keeps evaluation seeds apart from training seeds
-
-
-def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
-    """Seed of the generator that transforms one micro-batch: a function of where it is, not of history."""
-    return int(np.random.SeedSequence([seed, step, micro, rank]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
 
 class Trainer:
     """Runs `max_steps` optimizer steps of whatever objective `model` is, resuming where a run stopped."""
 
-    def __init__(self, cfg: RunConfig, model: nn.Module, transform: BatchTransform, train_loader, eval_loader=None,
-                 run_files: Optional[dict[str, str]] = None, eval_transform: Optional[BatchTransform] = None,
-                 unigram_entropy: Optional[float] = None, notes: tuple[str, ...] = ()) -> None:
+    def __init__(self, cfg: RunConfig, model: nn.Module, train_loader, eval_loader=None,
+                 run_files: Optional[dict[str, str]] = None, unigram_entropy: Optional[float] = None,
+                 notes: tuple[str, ...] = ()) -> None:
         import deepspeed
 
-        self.cfg, self.transform, self.loader, self.eval_loader = cfg, transform, train_loader, eval_loader
-        # Validation shows every picked token as [MASK] (see data_pipeline.masking.evaluation_masking).
-        self.eval_transform = eval_transform or transform
+        self.cfg, self.loader, self.eval_loader = cfg, train_loader, eval_loader
         self.unigram_entropy = unigram_entropy
         self.rank, self.world = dist.rank(), dist.world_size()
         self.run_dir = Path(cfg.train.output_dir)
@@ -112,8 +103,6 @@ class Trainer:
             host["data_wait_s"] += time.perf_counter() - t0
             if self.cfg.train.record_samples:
                 sample_ids.append(batch["sample_id"].tolist())
-            generator = torch.Generator().manual_seed(step_seed(self.cfg.train.seed, step, micro, self.rank))
-            batch = self.transform(batch, generator)
             # Counted on the host batch before it moves, and read at the drain: no device sync.
             host["tokens"] += batch["attention_mask"].sum()
             host["samples"] += batch["input_ids"].shape[0]
@@ -138,9 +127,8 @@ class Trainer:
         """Mean metrics over `eval_batches` validation batches (same batches and masks every time)."""
         self.engine.eval()
         window = MetricWindow()
-        for i, batch in zip(range(self.cfg.train.eval_batches), self.eval_loader):
-            generator = torch.Generator().manual_seed(step_seed(self.cfg.train.seed, EVAL_STREAM, i, self.rank))
-            loss, metrics = self.engine(self._to_device(self.eval_transform(batch, generator)))
+        for _, batch in zip(range(self.cfg.train.eval_batches), self.eval_loader):
+            loss, metrics = self.engine(self._to_device(batch))
             window.add({"loss": loss, **metrics})
         self.engine.train()
         out = window.take_means(self.world)

@@ -38,15 +38,30 @@ def _walk(dataset, out, nproc, batch, batches, state_in=None, state_out=None):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
+def _masks(out, nproc):
+    """Each sample's masked positions, over all ranks of a walk."""
+    merged = {}
+    for r in range(nproc):
+        merged.update(json.loads((out / f"masks{r}.json").read_text()))
+    return merged
+
+
 def _global_steps(per_rank):
     """The set of sample ids consumed at each step, over all ranks."""
     return [sorted(i for rank in per_rank for i in rank[step]) for step in range(len(per_rank[0]))]
 
 
 @pytest.fixture(scope="module")
-def straight(dataset, tmp_path_factory):
-    """An uninterrupted 2-rank walk over the whole epoch (global batch 8)."""
-    return _global_steps(_walk(dataset, tmp_path_factory.mktemp("straight"), 2, batch=4, batches=-1))
+def straight_walk(dataset, tmp_path_factory):
+    """An uninterrupted 2-rank walk over the whole epoch (global batch 8): its steps and its masks."""
+    out = tmp_path_factory.mktemp("straight")
+    return _global_steps(_walk(dataset, out, 2, batch=4, batches=-1)), _masks(out, 2)
+
+
+@pytest.fixture(scope="module")
+def straight(straight_walk):
+    """The uninterrupted walk's global steps."""
+    return straight_walk[0]
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +73,20 @@ def first_half(dataset, tmp_path_factory):
     return first, state
 
 
-def test_same_global_batches_on_one_and_two_ranks(dataset, straight, tmp_path):
+def test_same_global_batches_and_masks_on_one_and_two_ranks(dataset, straight_walk, tmp_path):
+    straight, straight_masks = straight_walk
     one = _global_steps(_walk(dataset, tmp_path / "one", 1, batch=8, batches=-1))
     assert one == straight
     assert sorted(i for step in one for i in step) == list(range(NUM_SAMPLES))
+    # Masks are made per sample in the loader: the same for a sample whatever the rank count or batch.
+    one_masks = _masks(tmp_path / "one", 1)
+    assert one_masks == straight_masks and len(one_masks) == NUM_SAMPLES
+    assert sum(bool(v) for v in one_masks.values()) > 0.8 * NUM_SAMPLES  # 30% of 8-31 tokens: few pick none
 
 
 @pytest.mark.parametrize("resume_ranks", [1, 2])
-def test_resume_on_another_rank_count_sees_each_sample_once(dataset, straight, first_half, tmp_path, resume_ranks):
+def test_resume_on_another_rank_count_sees_each_sample_once(dataset, straight_walk, first_half, tmp_path, resume_ranks):
+    straight, straight_masks = straight_walk
     first, state = first_half
     assert json.loads(state.read_text())["sample_in_epoch"] == 2 * 4 * 5
     batch = 8 // resume_ranks  # the same global batch
@@ -74,3 +95,6 @@ def test_resume_on_another_rank_count_sees_each_sample_once(dataset, straight, f
     assert len(seen) == len(set(seen)) == NUM_SAMPLES  # no duplicate, no gap
     # And the resumed steps are exactly the ones an uninterrupted 2-rank run would take next.
     assert _global_steps(first) + _global_steps(rest) == straight
+    # The resumed samples are masked as the uninterrupted walk masked them.
+    rest_masks = _masks(tmp_path / "rest", resume_ranks)
+    assert rest_masks == {k: straight_masks[k] for k in rest_masks} and len(rest_masks) == NUM_SAMPLES - 40

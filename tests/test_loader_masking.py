@@ -1,0 +1,112 @@
+"""Masking in the loader: per-sample seeds, made in the loader's worker processes, new masks each epoch."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from data_pipeline.loader import EVAL_STREAM, LoaderConfig, MaskingCollate, build_loader
+from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, build_masking
+
+SPECIAL = [0, 1, 2, 3, 4]  # pad, unk, cls, sep, mask
+NUM_SAMPLES = 24
+
+
+def _masking(**overrides):
+    return build_masking(MaskingConfig(mask_prob=0.3, **overrides), vocab_size=100, mask_id=4, special_ids=SPECIAL,
+                         pad_id=0, cls_id=2, sep_id=3)
+
+
+class RecordingPid:
+    """A masking transform that also records which process ran it (one column per sample)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, batch, generator):
+        out = self.inner(batch, generator)
+        return {**out, "pid": torch.full((1, 1), os.getpid(), dtype=torch.long)}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """24 sequences of 10-40 ordinary tokens wrapped in [CLS] ... [SEP], in MDS shards with a manifest."""
+    from streaming import MDSWriter
+
+    from data_pipeline.loader import shared_memory_registration
+
+    root = tmp_path_factory.mktemp("masking") / "data"
+    rng = np.random.default_rng(0)
+    with shared_memory_registration(), MDSWriter(out=str(root / "train"), columns={"input_ids": "ndarray:uint16"},
+                                                 size_limit=1000) as w:
+        for _ in range(NUM_SAMPLES):
+            body = rng.integers(5, 100, size=rng.integers(10, 40))
+            w.write({"input_ids": np.concatenate([[2], body, [3]]).astype(np.uint16)})
+    (root / "manifest.json").write_text(json.dumps({"tokenizer": {"pad_id": 0}}))
+    return root
+
+
+def _samples(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"input_ids": np.concatenate([[2], rng.integers(5, 100, size=n), [3]]).astype(np.uint16),
+             "sample_id": 100 + i, "epoch": 3} for i, n in enumerate(lengths)]
+
+
+def test_a_samples_mask_is_its_own_whatever_batch_it_is_in():
+    collate = MaskingCollate(_masking(crop_ratio=0.9), pad_id=0, seed=5)
+    samples = _samples([30, 12, 45, 7])
+    together = collate(samples)
+    assert together["input_ids"].shape == (4, 47)
+    for row, sample in enumerate(samples):
+        alone = collate([sample])
+        n = len(sample["input_ids"])
+        for key in ("input_ids", "labels", "original_input_ids", "attention_mask", "crop_input_ids"):
+            assert torch.equal(together[key][row, :n], alone[key][0, :n]), key
+        # Padding beyond the sample: pad id, ignored labels, no attention.
+        assert (together["input_ids"][row, n:] == 0).all() and (together["attention_mask"][row, n:] == 0).all()
+        assert (together["labels"][row, n:] == IGNORE_INDEX).all()
+        assert torch.equal(together["original_input_ids"][row, :n], torch.as_tensor(sample["input_ids"].astype(np.int64)))
+    assert together["sample_id"].tolist() == [100, 101, 102, 103]
+    # The mask follows (seed, epoch, sample id): another epoch or seed masks the same sample elsewhere.
+    picked = together["labels"] != IGNORE_INDEX
+    other_epoch = collate([{**s, "epoch": 4} for s in samples])["labels"] != IGNORE_INDEX
+    other_seed = MaskingCollate(_masking(crop_ratio=0.9), pad_id=0, seed=6)(samples)["labels"] != IGNORE_INDEX
+    assert not torch.equal(picked, other_epoch) and not torch.equal(picked, other_seed)
+    # Validation ignores the epoch: the same masks at every evaluation.
+    fixed = MaskingCollate(_masking(), pad_id=0, seed=5, stream=EVAL_STREAM, per_epoch=False)
+    assert torch.equal(fixed(samples)["labels"], fixed([{**s, "epoch": 9} for s in samples])["labels"])
+
+
+def _epochs(dataset, workers, epochs, per_epoch=True):
+    """{sample id: masked positions} per epoch, and the pids that masked, through the real streaming loader."""
+    cfg = LoaderConfig(path=str(dataset), shuffle=True, shuffle_seed=3, num_workers=workers)
+    collate = MaskingCollate(RecordingPid(_masking()), pad_id=0, seed=5, per_epoch=per_epoch)
+    loader = build_loader(cfg, "train", 4, collate_fn=collate)
+    out, pids = [], set()
+    for _ in range(epochs):
+        masks = {}
+        for batch in loader:
+            pids.update(batch["pid"][:, 0].tolist())
+            for sid, labels in zip(batch["sample_id"].tolist(), batch["labels"]):
+                masks[sid] = (labels != IGNORE_INDEX).nonzero().squeeze(1).tolist()
+        out.append(masks)
+    return out, pids
+
+
+def test_masks_are_made_in_the_loader_workers_the_same_for_any_number_of_them(dataset):
+    (in_process,), pids0 = _epochs(dataset, workers=0, epochs=1)
+    (in_workers,), pids2 = _epochs(dataset, workers=2, epochs=1)
+    assert pids0 == {os.getpid()}
+    assert len(pids2) == 2 and os.getpid() not in pids2  # the training process masks nothing
+    assert in_workers == in_process and len(in_process) == NUM_SAMPLES
+
+
+def test_each_epoch_masks_anew_and_resumes_the_same(dataset):
+    (first, second), _ = _epochs(dataset, workers=1, epochs=2)
+    assert first.keys() == second.keys()
+    assert sum(first[k] != second[k] for k in first) >= NUM_SAMPLES - 2  # a new mask for (nearly) every sample
+    (again_first, again_second), _ = _epochs(dataset, workers=1, epochs=2)
+    assert (again_first, again_second) == (first, second)  # and the same again in a new run
+    (fixed_first, fixed_second), _ = _epochs(dataset, workers=1, epochs=2, per_epoch=False)
+    assert fixed_first == fixed_second
