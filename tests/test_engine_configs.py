@@ -44,14 +44,19 @@ def test_precision_mismatch_is_named(prepared, tmp_path):
     assert proc.returncode == 2 and "enabled" in proc.stderr and "auto" in proc.stderr
 
 
-def test_zero3_resume_is_exact(prepared, tmp_path):
-    z3 = ["train.deepspeed_config=deepspeed_configs/zero3.json", "train.max_steps=12", "train.save_every=4",
-          "model.dropout=0.1", "model.attention_dropout=0.1", "train.record_samples=true"]
+@pytest.mark.parametrize("ds_config,precision", [("zero3", "fp32"), ("zero2_bf16", "bf16")])
+def test_zero_resume_is_exact(prepared, tmp_path, ds_config, precision):
+    """ZeRO-3 in fp32, and ZeRO-2 in bf16 (DeepSpeed's bf16 optimizer, fp32 master partitions in the checkpoint)."""
+    z3 = [f"train.deepspeed_config=deepspeed_configs/{ds_config}.json", f"train.precision={precision}",
+          "train.max_steps=12", "train.save_every=4", "model.dropout=0.1", "model.attention_dropout=0.1",
+          "train.record_samples=true"]
     straight, out = tmp_path / "straight", tmp_path / "resumed"
     run_cli("pretrain", _args(prepared, straight, *z3), nproc=2)
     run_cli("pretrain", _args(prepared, out, *z3, "train.stop_after=6"), nproc=2)
     run_cli("pretrain", _args(prepared, out, *z3), nproc=2)
     assert _losses(out) == _losses(straight)
+    samples = lambda run: (run / "samples" / "rank1.jsonl").read_text()  # noqa: E731
+    assert samples(out) == samples(straight) and samples(out).count("\n") == 12
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     a = get_fp32_state_dict_from_zero_checkpoint(str(straight / "checkpoints"), tag="step_00000012")

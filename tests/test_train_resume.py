@@ -35,10 +35,10 @@ def _final_weights(run: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=False)["module"]
 
 
-def _fp32_master(run: Path) -> dict[str, torch.Tensor]:
+def _fp32_master(run: Path, tag: str = "step_00000020") -> dict[str, torch.Tensor]:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    return get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag="step_00000020")
+    return get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag=tag)
 
 
 @pytest.fixture(scope="module")
@@ -146,14 +146,15 @@ def ckpt_tag(step: int) -> str:
     return tag_for(step)
 
 
-def test_kill_9_at_random_moments(prepared, tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_kill_9_at_random_moments(prepared, tmp_path, precision):
     """Four SIGKILLs (two while a checkpoint is being written): the run always resumes from the last
-    complete checkpoint and ends bit-identical to an uninterrupted run."""
+    complete checkpoint and ends bit-identical to an uninterrupted run, in fp32 and in bf16."""
     import random
     import time
 
     args = lambda out: _args(prepared, out, "train.max_steps=16", "train.save_every=2", "train.micro_batch_size=4",  # noqa: E731
-                             "train.global_batch_size=8", "train.record_samples=true")
+                             "train.global_batch_size=8", "train.record_samples=true", f"train.precision={precision}")
     straight = tmp_path / "straight"
     run_cli("pretrain", args(straight), nproc=1)
     out = tmp_path / "killed"
@@ -185,6 +186,9 @@ def test_kill_9_at_random_moments(prepared, tmp_path):
     wa = torch.load(path(straight), map_location="cpu", weights_only=False)["module"]
     wb = torch.load(path(out), map_location="cpu", weights_only=False)["module"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert {v.dtype for v in wa.values() if v.is_floating_point()} == {torch.float32 if precision == "fp32" else torch.bfloat16}
+    ma, mb = _fp32_master(straight, "step_00000016"), _fp32_master(out, "step_00000016")
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)
     assert _samples(out, 0) == _samples(straight, 0)
 
 
