@@ -178,36 +178,46 @@ def main() -> None:
     rows = []
     try:
         data = prepare_data(work)
-        for backbone in args.backbones:
-            for objective in args.objectives:
-                # Alternated and repeated: this machine's speed drifts by 10-20% within minutes.
-                plains, trainers = [], []
-                for r in range(args.repeats):
-                    plains.append(run_plain(objective, backbone, args.shape, data, args))
-                    trainers.append(run_trainer(objective, backbone, args.shape, data, work / f"r{r}", args))
-                plain = {**plains[0], **{k: statistics.median(p[k] for p in plains) for k in ("samples_per_s", "mfu")}}
-                trainer = {k: statistics.median(t[k] for t in trainers) if trainers[0][k] is not None else None
-                           for k in ("samples_per_s", "mfu")}
-                rows.append({"objective": objective, "backbone": backbone, "shape": args.shape, "precision": plain["precision"],
-                             "trainable_params": plain["params"], "plain_samples_per_s": round(plain["samples_per_s"], 2),
-                             "trainer_samples_per_s": round(trainer["samples_per_s"], 2),
-                             # Paired: each trainer run against the plain run just before it, then the median.
-                             "trainer_vs_plain": round(statistics.median(
-                                 t["samples_per_s"] / p["samples_per_s"] for p, t in zip(plains, trainers)), 3),
-                             "plain_mfu": round(plain["mfu"], 4),
-                             "trainer_mfu": None if trainer["mfu"] is None else round(trainer["mfu"], 4),
-                             "repeats": args.repeats,
-                             "ratio_per_repeat": [round(t["samples_per_s"] / p["samples_per_s"], 3) for p, t in zip(plains, trainers)]})
-                if args.profile:
-                    rows[-1]["profile_self_cpu_share"] = profile_step(objective, backbone, args.shape, data, args)
-                print(json.dumps(rows[-1]), flush=True)
+        combos = [(backbone, objective) for backbone in args.backbones for objective in args.objectives]
+        plains, trainers = {c: [] for c in combos}, {c: [] for c in combos}
+        # Repeats outermost, so each objective's runs sit between MLM's: this machine's speed drifts by
+        # 10-20% within minutes, and ratios are taken within one repeat.
+        for r in range(args.repeats):
+            for combo in combos:
+                backbone, objective = combo
+                plains[combo].append(run_plain(objective, backbone, args.shape, data, args))
+                trainers[combo].append(run_trainer(objective, backbone, args.shape, data, work / f"r{r}", args))
+                print(json.dumps({"repeat": r, "objective": objective, "backbone": backbone,
+                                  "plain": plains[combo][-1]["samples_per_s"],
+                                  "trainer": trainers[combo][-1]["samples_per_s"]}), flush=True)
+        for combo in combos:
+            backbone, objective = combo
+            ps, ts = plains[combo], trainers[combo]
+            plain = {**ps[0], **{k: statistics.median(p[k] for p in ps) for k in ("samples_per_s", "mfu")}}
+            trainer = {k: statistics.median(t[k] for t in ts) if ts[0][k] is not None else None
+                       for k in ("samples_per_s", "mfu")}
+            row = {"objective": objective, "backbone": backbone, "shape": args.shape, "precision": plain["precision"],
+                   "trainable_params": plain["params"], "plain_samples_per_s": round(plain["samples_per_s"], 2),
+                   "trainer_samples_per_s": round(trainer["samples_per_s"], 2),
+                   # Paired: each trainer run against the plain run just before it, then the median.
+                   "trainer_vs_plain": round(statistics.median(
+                       t["samples_per_s"] / p["samples_per_s"] for p, t in zip(ps, ts)), 3),
+                   "plain_mfu": round(plain["mfu"], 4),
+                   "trainer_mfu": None if trainer["mfu"] is None else round(trainer["mfu"], 4),
+                   "repeats": args.repeats,
+                   "ratio_per_repeat": [round(t["samples_per_s"] / p["samples_per_s"], 3) for p, t in zip(ps, ts)]}
+            mlm = trainers.get((backbone, "mlm"))
+            if mlm and ts[0]["mfu"] and mlm[0]["mfu"]:
+                # Within each repeat, then the median: the objective against the MLM run beside it.
+                per = [t["mfu"] / m["mfu"] for t, m in zip(ts, mlm)]
+                row["trainer_mfu_vs_mlm"] = round(statistics.median(per), 3)
+                row["trainer_mfu_vs_mlm_per_repeat"] = [round(x, 3) for x in per]
+            if args.profile:
+                row["profile_self_cpu_share"] = profile_step(objective, backbone, args.shape, data, args)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for backbone in args.backbones:
-        mlm = next((r for r in rows if r["backbone"] == backbone and r["objective"] == "mlm"), None)
-        for r in rows:
-            if mlm and r["backbone"] == backbone and r["trainer_mfu"] and mlm["trainer_mfu"]:
-                r["trainer_mfu_vs_mlm"] = round(r["trainer_mfu"] / mlm["trainer_mfu"], 3)
     print(f"\nshape {args.shape} {SHAPES[args.shape]}, micro-batch {args.batch} x 128, {args.threads} threads, one process")
     print(f"{'objective':9} {'backbone':10} {'prec':5} {'plain/s':>8} {'trainer/s':>9} {'ratio':>6} {'MFU plain':>9} "
           f"{'MFU trainer':>11} {'vs MLM':>6}")

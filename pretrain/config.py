@@ -55,7 +55,13 @@ class TrainConfig:
     global_batch_size: int = 32
     # auto: bf16 where the hardware runs it natively (a recent GPU, a CPU with AMX or AVX512-BF16), else fp32.
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    deepspeed_config: str = "deepspeed_configs/zero2.json"
+    # DeepSpeed ZeRO stage (0: plain data parallelism, 1: optimizer states sharded, 2: + gradients,
+    # 3: + parameters) and CPU offload, written with the precision into deepspeed_configs/base.json.
+    zero_stage: int = 2
+    offload_optimizer: bool = False
+    offload_params: bool = False  # ZeRO-3 only
+    # A DeepSpeed JSON of one's own instead of the template ("" = the template).
+    deepspeed_config: str = ""
     seed: int = 42
     log_every: int = 10
     save_every: int = 100
@@ -85,6 +91,8 @@ class TrainConfig:
         for key in ("max_steps", "micro_batch_size", "global_batch_size", "log_every", "save_every", "keep_last"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"config key 'train.{key}' must be >= 1, got {getattr(self, key)}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"config key 'train.zero_stage' must be 0, 1, 2 or 3, got {self.zero_stage}")
 
 
 @dataclass

@@ -1,4 +1,11 @@
-"""Load a DeepSpeed JSON from deepspeed_configs/ and fill its "auto" fields from the run config."""
+"""The DeepSpeed config of a run: one template (deepspeed_configs/base.json) filled from the run config.
+
+ZeRO stage, optimizer / parameter offload and precision are run-config keys (`train.zero_stage`,
+`train.offload_optimizer`, `train.offload_params`, `train.precision`), written into the template's
+"auto" fields with the batch sizes and clipping. `train.deepspeed_config` names a JSON of one's own
+instead; its "auto" fields are filled the same way, and an explicit value that disagrees with the
+run config is an error naming both.
+"""
 from __future__ import annotations
 
 import json
@@ -7,6 +14,8 @@ from typing import Any
 
 from core.errors import ConfigError
 from pretrain.config import RunConfig
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "deepspeed_configs" / "base.json"
 
 
 def gradient_accumulation(global_batch: int, micro_batch: int, world: int) -> int:
@@ -20,16 +29,17 @@ def gradient_accumulation(global_batch: int, micro_batch: int, world: int) -> in
     return global_batch // per_step
 
 
-def _fill(node: dict[str, Any], key: str, value: Any) -> None:
+def _fill(node: dict[str, Any], key: str, value: Any, path: Path, config_key: str) -> None:
     if node.get(key, "auto") == "auto":
         node[key] = value
     elif node[key] != value:
-        raise ConfigError(f"deepspeed config sets '{key}'={node[key]!r} but the run config gives {value!r}; use \"auto\"")
+        raise ConfigError(f"deepspeed config {path} sets '{key}'={node[key]!r} but {config_key} gives {value!r}: set "
+                          f"'{key}' to \"auto\" in the file, or change {config_key}")
 
 
 def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
     """The DeepSpeed config dict for this run and world size."""
-    path = Path(cfg.train.deepspeed_config)
+    path = Path(cfg.train.deepspeed_config) if cfg.train.deepspeed_config else TEMPLATE
     if not path.is_file():
         raise ConfigError(f"config key 'train.deepspeed_config': file not found: {path}")
     try:
@@ -43,15 +53,26 @@ def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
             raise ConfigError("train.precision=fp16 is not supported on this device (DeepSpeed's CPU accelerator refuses "
                               "it); use bf16 or fp32 here, fp16 on a GPU")
     accum = gradient_accumulation(cfg.train.global_batch_size, cfg.train.micro_batch_size, world)
-    _fill(ds, "train_micro_batch_size_per_gpu", cfg.train.micro_batch_size)
-    _fill(ds, "gradient_accumulation_steps", accum)
-    _fill(ds, "train_batch_size", cfg.train.global_batch_size)
-    _fill(ds, "gradient_clipping", cfg.optimizer.grad_clip)
+    _fill(ds, "train_micro_batch_size_per_gpu", cfg.train.micro_batch_size, path, "train.micro_batch_size")
+    _fill(ds, "gradient_accumulation_steps", accum, path, "train.global_batch_size / (micro_batch_size x ranks)")
+    _fill(ds, "train_batch_size", cfg.train.global_batch_size, path, "train.global_batch_size")
+    _fill(ds, "gradient_clipping", cfg.optimizer.grad_clip, path, "optimizer.grad_clip")
     for precision in ("bf16", "fp16"):
         section = ds.setdefault(precision, {})
-        _fill(section, "enabled", cfg.train.precision == precision)
+        _fill(section, "enabled", cfg.train.precision == precision, path, f"train.precision={cfg.train.precision}")
     zero = ds.setdefault("zero_optimization", {})
-    if zero.get("stage", 0) == 3:
+    _fill(zero, "stage", cfg.train.zero_stage, path, "train.zero_stage")
+    # A file of one's own may carry its own offload sections; the run config only adds them.
+    if cfg.train.offload_optimizer:
+        zero.setdefault("offload_optimizer", {"device": "cpu", "pin_memory": True})
+    if cfg.train.offload_params:
+        zero.setdefault("offload_param", {"device": "cpu", "pin_memory": True})
+    if zero.get("offload_param") and zero["stage"] != 3:
+        raise ConfigError(f"parameter offload needs ZeRO stage 3, not {zero['stage']}: set train.zero_stage=3 or "
+                          "train.offload_params=false")
+    if zero.get("offload_optimizer") and zero["stage"] == 0:
+        raise ConfigError("optimizer offload needs ZeRO stage 1, 2 or 3: set train.zero_stage or train.offload_optimizer=false")
+    if zero["stage"] == 3:
         import torch
 
         if not torch.cuda.is_available():
@@ -61,7 +82,7 @@ def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
     if cfg.optimizer.name == "lamb":
         if zero.get("stage", 0) != 0:
             raise ConfigError(
-                f"optimizer.name=lamb needs ZeRO stage 0 (deepspeed_configs/zero0.json): LAMB's trust ratio is per "
+                f"optimizer.name=lamb needs ZeRO stage 0 (train.zero_stage=0): LAMB's trust ratio is per "
                 f"layer, and ZeRO stage {zero['stage']} hands the optimizer flat slices of many layers instead")
         ds["zero_allow_untested_optimizer"] = True
     ds.setdefault("steps_per_print", 1 << 30)

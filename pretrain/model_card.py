@@ -35,6 +35,16 @@ def final_losses(run_dir: Path, step: int) -> tuple[Optional[dict], Optional[dic
     return train, validation
 
 
+def _deepspeed_text(train: dict) -> str:
+    """How the run used DeepSpeed, from its saved train config (older runs named a JSON file only)."""
+    parts = [f"DeepSpeed ZeRO stage {train['zero_stage']}"] if "zero_stage" in train else ["DeepSpeed"]
+    parts += [f"{what} offload" for what, key in (("optimizer", "offload_optimizer"), ("parameter", "offload_params"))
+              if train.get(key)]
+    if train.get("deepspeed_config"):
+        parts.append(f"config `{train['deepspeed_config']}`")
+    return ", ".join(parts)
+
+
 def _losses_text(row: Optional[dict]) -> str:
     if row is None:
         return "not logged"
@@ -80,7 +90,7 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
         f"(non-padding), in {float(state.get('elapsed_s', 0.0)):.0f} s of training",
         f"- global batch {cfg['train']['global_batch_size']}, optimizer `{cfg['optimizer']['name']}` lr {cfg['optimizer']['lr']}, "
         f"schedule `{cfg['schedule']['decay']}` with {cfg['schedule']['warmup_steps']} warmup steps, precision "
-        f"`{cfg['train']['precision']}`, DeepSpeed config `{cfg['train']['deepspeed_config']}`",
+        f"`{cfg['train']['precision']}`, {_deepspeed_text(cfg['train'])}",
         f"- started from: `{cfg['model'].get('init_from') or 'random initialisation'}`",
         f"- final training losses ({_losses_text(train_row)})",
         f"- final validation losses ({_losses_text(val_row)})",

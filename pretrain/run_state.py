@@ -94,7 +94,7 @@ class RunState:
         if meta.get("zero_stage", self.zero_stage) != self.zero_stage:
             raise ConfigError(
                 f"checkpoint {self.ckpt_dir / tag} was saved with ZeRO stage {meta['zero_stage']} but this run uses "
-                f"stage {self.zero_stage} ({self.cfg.train.deepspeed_config}); DeepSpeed cannot change the stage on "
+                f"stage {self.zero_stage} (train.zero_stage); DeepSpeed cannot change the stage on "
                 "resume: keep the stage, or export the weights and start a new run from them (model.init_from)"
             )
         if meta.get("world_size", self.world) == self.world:

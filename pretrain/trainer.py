@@ -45,6 +45,8 @@ class Trainer:
         self.rank, self.world = dist.rank(), dist.world_size()
         self.run_dir = Path(cfg.train.output_dir)
         ds_config = build_ds_config(cfg, self.world)
+        if self.rank == 0:  # what DeepSpeed was given, beside config.yaml
+            write_text_atomic(self.run_dir / "deepspeed_config.json", json.dumps(ds_config, indent=2) + "\n")
         self.accum = ds_config["gradient_accumulation_steps"]
         self.state = RunState(cfg, self.run_dir, int(ds_config.get("zero_optimization", {}).get("stage", 0)), run_files)
         self.state.plan(ds_config)  # before the engine: loading a universal checkpoint is a config flag

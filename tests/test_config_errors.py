@@ -24,9 +24,12 @@ CASES = [
     ("model.init_from=/nonexistent/bert", "model.init_from"),
     ("objective.name=tacl", "model.init_from"),
     ("data.path=/nonexistent/data", "/nonexistent/data"),
-    ("optimizer.impl=deepspeed optimizer.name=lamb train.deepspeed_config=deepspeed_configs/zero0.json", "optimizer.impl=torch"),
+    ("optimizer.impl=deepspeed optimizer.name=lamb train.zero_stage=0", "optimizer.impl=torch"),
     ("train.precision=fp16", "train.precision=fp16"),
-    ("optimizer.name=lamb", "zero0.json"),
+    ("optimizer.name=lamb", "train.zero_stage=0"),
+    ("train.zero_stage=4", "train.zero_stage"),
+    ("train.offload_params=true", "train.offload_params=false"),
+    ("train.zero_stage=0 train.offload_optimizer=true", "train.offload_optimizer=false"),
     ("objective.name=coco_lm", "masking.strategy=coco"),
     ("train.micro_batch_size=100000 train.global_batch_size=100000", "fewer than one batch"),
     ("model.architecture=modernbert model.position_embedding=relative_key", "model.position_embedding"),
@@ -37,7 +40,8 @@ CASES = [
 ]
 # Checked after the process group starts: these run in a separate process (all in one, see the helper).
 NEEDS_PROCESS_GROUP = {"model.vocab_size", "400", "model.init_from", "/nonexistent/data", "optimizer.impl=torch", "global_batch_size=30",
-                       "train.precision=fp16", "zero0.json", "masking.strategy=coco", "nope.json", "fewer than one batch",
+                       "train.precision=fp16", "train.zero_stage=0", "train.offload_params=false",
+                       "train.offload_optimizer=false", "masking.strategy=coco", "nope.json", "fewer than one batch",
                        "needs model.architecture=bert"}
 
 

@@ -80,6 +80,6 @@ def test_one_to_two_ranks(prepared, straight, tmp_path):
 
 def test_stage_change_is_refused(prepared, straight_run, tmp_path):
     out = _rewound_copy(straight_run, tmp_path / "run", 6)
-    proc = run_cli("pretrain", _args(prepared, out, "train.deepspeed_config=deepspeed_configs/zero3.json"), nproc=1, check=False)
+    proc = run_cli("pretrain", _args(prepared, out, "train.zero_stage=3"), nproc=1, check=False)
     assert proc.returncode == 2
     assert "ZeRO stage 2" in proc.stderr and "stage 3" in proc.stderr

@@ -1,4 +1,5 @@
-"""The DeepSpeed config matrix on 2 CPU ranks (bf16; fp16 needs a GPU), LAMB, and exact resume under ZeRO-3."""
+"""The DeepSpeed config matrix on 2 CPU ranks (ZeRO stage x bf16 x offload, written into one template; fp16 needs a
+GPU), a DeepSpeed JSON of one's own, LAMB, and exact resume under ZeRO-3 and in bf16."""
 import json
 from pathlib import Path
 
@@ -20,34 +21,50 @@ def _losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
 
 
-@pytest.mark.parametrize("ds_config,extra", [
-    ("zero1_bf16", ["train.precision=bf16"]),
-    ("zero2_bf16", ["train.precision=bf16"]),
-    ("zero3_bf16", ["train.precision=bf16"]),
-    ("zero2_offload_bf16", ["train.precision=bf16"]),
-    ("zero0", ["optimizer.name=lamb", "optimizer.lr=1e-2"]),
+@pytest.mark.parametrize("stage,extra", [
+    (1, ["train.precision=bf16"]),
+    (2, ["train.precision=bf16"]),
+    (3, ["train.precision=bf16"]),
+    (2, ["train.precision=bf16", "train.offload_optimizer=true"]),
+    (0, ["optimizer.name=lamb", "optimizer.lr=1e-2"]),
 ])
-def test_config_trains_on_two_ranks(prepared, tmp_path, ds_config, extra):
+def test_config_trains_on_two_ranks(prepared, tmp_path, stage, extra):
     out = tmp_path / "run"
-    run_cli("pretrain", _args(prepared, out, f"train.deepspeed_config=deepspeed_configs/{ds_config}.json",
-                              "train.max_steps=8", "train.save_every=8", *extra), nproc=2)
+    run_cli("pretrain", _args(prepared, out, f"train.zero_stage={stage}", "train.max_steps=8", "train.save_every=8",
+                              *extra), nproc=2)
     losses = _losses(out)
     assert sorted(losses) == list(range(1, 9)) and all(torch.isfinite(torch.tensor(v)) for v in losses.values())
     assert losses[8] < losses[1]
     meta = json.loads((out / "checkpoints" / "step_00000008" / "meta.json").read_text())
-    assert meta["zero_stage"] == int(ds_config[4]) and meta["world_size"] == 2
+    assert meta["zero_stage"] == stage and meta["world_size"] == 2
+    written = json.loads((out / "deepspeed_config.json").read_text())  # what DeepSpeed was given
+    assert written["zero_optimization"]["stage"] == stage
+    assert written["bf16"]["enabled"] == ("train.precision=bf16" in extra)
+    assert ("offload_optimizer" in written["zero_optimization"]) == ("train.offload_optimizer=true" in extra)
 
 
-def test_precision_mismatch_is_named(prepared, tmp_path):
-    proc = run_cli("pretrain", _args(prepared, tmp_path / "run", "train.deepspeed_config=deepspeed_configs/zero2_bf16.json"),
+def test_a_deepspeed_json_of_ones_own_is_filled_and_checked(prepared, tmp_path):
+    """An explicit value that disagrees with the run config is named with both keys; "auto" fields are filled."""
+    own = tmp_path / "mine.json"
+    own.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": {"stage": "auto", "overlap_comm": False}}))
+    proc = run_cli("pretrain", _args(prepared, tmp_path / "run", f"train.deepspeed_config={own}", "train.precision=fp32"),
                    nproc=1, check=False)
-    assert proc.returncode == 2 and "enabled" in proc.stderr and "auto" in proc.stderr
+    assert proc.returncode == 2 and "'enabled'=True" in proc.stderr and "train.precision=fp32" in proc.stderr
+    assert str(own) in proc.stderr and "Traceback" not in proc.stderr
+    own.write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    proc = run_cli("pretrain", _args(prepared, tmp_path / "run", f"train.deepspeed_config={own}"), nproc=1, check=False)
+    assert proc.returncode == 2 and "'stage'=1" in proc.stderr and "train.zero_stage" in proc.stderr
+    out = tmp_path / "run_ok"
+    run_cli("pretrain", _args(prepared, out, f"train.deepspeed_config={own}", "train.zero_stage=1", "train.max_steps=2",
+                              "train.save_every=2"), nproc=1)
+    meta = json.loads((out / "checkpoints" / "step_00000002" / "meta.json").read_text())
+    assert meta["zero_stage"] == 1
 
 
-@pytest.mark.parametrize("ds_config,precision", [("zero3", "fp32"), ("zero2_bf16", "bf16")])
-def test_zero_resume_is_exact(prepared, tmp_path, ds_config, precision):
+@pytest.mark.parametrize("stage,precision", [(3, "fp32"), (2, "bf16")])
+def test_zero_resume_is_exact(prepared, tmp_path, stage, precision):
     """ZeRO-3 in fp32, and ZeRO-2 in bf16 (DeepSpeed's bf16 optimizer, fp32 master partitions in the checkpoint)."""
-    z3 = [f"train.deepspeed_config=deepspeed_configs/{ds_config}.json", f"train.precision={precision}",
+    z3 = [f"train.zero_stage={stage}", f"train.precision={precision}",
           "train.max_steps=12", "train.save_every=4", "model.dropout=0.1", "model.attention_dropout=0.1",
           "train.record_samples=true"]
     straight, out = tmp_path / "straight", tmp_path / "resumed"

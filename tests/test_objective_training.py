@@ -64,7 +64,7 @@ def _args(data, out, extra, stage, steps):
     return ["--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
             "train.micro_batch_size=4", "train.global_batch_size=16", f"train.max_steps={steps}", f"train.save_every={steps}",
             "train.log_every=2", "train.eval_every=0", "schedule.warmup_steps=2", "optimizer.lr=2e-3",
-            f"train.deepspeed_config=deepspeed_configs/zero{stage}.json", *extra]
+            f"train.zero_stage={stage}", *extra]
 
 
 STEPS = {2: 8, 3: 6}
