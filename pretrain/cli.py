@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -41,18 +42,32 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+# Flags of the evaluation commands that are keys of their configs' `data` section.
+_DATA_FLAGS = ("text_column", "pair_column", "label_column", "validation_file", "val_fraction", "encoding", "regression",
+               "token_task")
+
+
+def _eval_config(cls, args: argparse.Namespace, flags: tuple[str, ...]):
+    """YAML (--config), then key=value overrides, then the flags given (each one is `key=value`)."""
+    given = [f"{'data.' if name in _DATA_FLAGS else ''}{name}={json.dumps(getattr(args, name))}"
+             for name in flags if hasattr(args, name)]
+    return load_config(cls, args.config, [*args.overrides, *given])
+
+
 def _self_similarity(args: argparse.Namespace) -> int:
+    from pretrain.evaluation.config import SelfSimilarityConfig
     from pretrain.evaluation.self_similarity import read_sentences, self_similarity, write_report
 
-    sentences = read_sentences(args.text)
-    for model in args.model:
+    cfg = _eval_config(SelfSimilarityConfig, args, SIMILARITY_FLAGS)
+    sentences = read_sentences(cfg.text)
+    for model in cfg.model:
         if not (Path(model) / "config.json").is_file():
             raise MissingFileError(f"--model '{model}' is not a Hugging Face model folder (no config.json)")
-    results = {model: self_similarity(model, sentences, args.special_tokens, args.max_length, args.batch_size)
-               for model in args.model}
-    json_path, png_path = write_report(results, args.out, {
-        "text": str(args.text), "sentences": len(sentences), "special_tokens": args.special_tokens,
-        "max_length": args.max_length, "pooling": "sum of pairwise cosines / number of pairs, over all sentences"})
+    results = {model: self_similarity(model, sentences, cfg.special_tokens, cfg.max_length, cfg.batch_size)
+               for model in cfg.model}
+    json_path, png_path = write_report(results, cfg.out, {
+        "text": str(cfg.text), "sentences": len(sentences), "special_tokens": cfg.special_tokens,
+        "max_length": cfg.max_length, "pooling": "sum of pairwise cosines / number of pairs, over all sentences"})
     for model, values in results.items():
         print(f"{model}: " + " ".join(f"L{i + 1} {v:.3f}" for i, v in enumerate(values)))
     print(f"self-similarity: {json_path} {png_path}")
@@ -60,24 +75,25 @@ def _self_similarity(args: argparse.Namespace) -> int:
 
 
 def _finetune(args: argparse.Namespace) -> int:
+    from pretrain.evaluation.config import FinetuneConfig
     from pretrain.evaluation.finetune import finetune
-    from pretrain.evaluation.tasks import LocalTaskOptions
 
-    overrides = {k: v for k, v in {"lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
-                                   "max_length": args.max_length, "weight_decay": args.weight_decay,
-                                   "warmup_ratio": args.warmup_ratio}.items() if v is not None}
-    local = LocalTaskOptions(text_column=args.text_column, pair_column=args.pair_column, label_column=args.label_column,
-                             validation_file=args.validation_file, val_fraction=args.val_fraction, encoding=args.encoding,
-                             regression=args.regression, token_task=args.token_task)
-    result = finetune(args.model, args.task, args.seeds, args.recipe, overrides, local, args.loss, args.tacl_weight,
-                      args.tacl_temperature, args.max_train_samples, args.max_eval_samples, args.out)
+    cfg = _eval_config(FinetuneConfig, args, FINETUNE_FLAGS)
+    result = finetune(cfg.model, cfg.task, cfg.seeds, cfg.recipe, cfg.recipe_overrides(), cfg.data, cfg.loss,
+                      cfg.tacl_weight, cfg.tacl_temperature, cfg.max_train_samples, cfg.max_eval_samples, cfg.out)
     for metric, value in result["summary"].items():
         base = (result["majority_baseline"] or {}).get(metric)
-        print(f"{metric}: {value['mean']:.4f} ± {value['std']:.4f} over {len(args.seeds)} seed(s)"
+        print(f"{metric}: {value['mean']:.4f} ± {value['std']:.4f} over {len(cfg.seeds)} seed(s)"
               + (f" (majority class: {base:.4f})" if base is not None else ""))
-    if args.out:
-        print(f"results: {args.out}")
+    if cfg.out:
+        print(f"results: {cfg.out}")
     return 0
+
+
+SIMILARITY_FLAGS = ("model", "text", "out", "special_tokens", "max_length", "batch_size")
+FINETUNE_FLAGS = ("model", "task", "seeds", "recipe", "lr", "batch_size", "epochs", "max_length", "weight_decay",
+                  "warmup_ratio", "loss", "tacl_weight", "tacl_temperature", *_DATA_FLAGS, "max_train_samples",
+                  "max_eval_samples", "out")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,39 +112,46 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--overwrite", action="store_true", help="replace an existing folder")
     exp.set_defaults(func=_export)
     ev = sub.add_parser("evaluate", help="analyses of exported models").add_subparsers(dest="analysis", required=True)
-    sim = ev.add_parser("self-similarity", help="TaCL's layer-wise token self-similarity (JSON + PNG)")
-    sim.add_argument("--model", nargs="+", required=True, help="one or more HF model folders")
-    sim.add_argument("--text", required=True, help="UTF-8 text, one sentence per line")
-    sim.add_argument("--out", required=True, help="output path without suffix: writes OUT.json and OUT.png")
-    sim.add_argument("--special-tokens", choices=("include", "exclude"), default="include",
-                     help="keep [CLS]/[SEP] in the pairs (include, as TaCL's analysis) or drop them")
-    sim.add_argument("--max-length", type=int, default=512)
-    sim.add_argument("--batch-size", type=int, default=32)
+    # Evaluation flags default to unset: a flag given overrides the config file and key=value (pretrain/evaluation/config.py).
+    unset = argparse.SUPPRESS
+    sim = ev.add_parser("self-similarity", help="TaCL's layer-wise token self-similarity (JSON + PNG)", argument_default=unset)
+    sim.add_argument("--config", default=None, help="YAML file (keys of SelfSimilarityConfig)")
+    sim.add_argument("overrides", nargs="*", default=[], help="key=value overrides")
+    sim.add_argument("--model", nargs="+", help="one or more HF model folders")
+    sim.add_argument("--text", help="UTF-8 text, one sentence per line")
+    sim.add_argument("--out", help="output path without suffix: writes OUT.json and OUT.png")
+    sim.add_argument("--special-tokens", choices=("include", "exclude"),
+                     help="keep [CLS]/[SEP] in the pairs (include, the default, as TaCL's analysis) or drop them")
+    sim.add_argument("--max-length", type=int, help="default 512")
+    sim.add_argument("--batch-size", type=int, help="default 32")
     sim.set_defaults(func=_self_similarity)
-    ft = sub.add_parser("finetune", help="fine-tune an exported model on a GLUE or local task, over seeds")
-    ft.add_argument("--model", required=True, help="HF model folder (an export)")
-    ft.add_argument("--task", required=True, help="GLUE name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte) or csv:PATH / json:PATH")
-    ft.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ft.add_argument("--recipe", default="taco", choices=("hf", "tacl_squad", "taco", "coco_lm"),
-                    help="hyper-parameter recipe (docs/finetuning.md)")
+    ft = sub.add_parser("finetune", help="fine-tune an exported model on a GLUE or local task, over seeds",
+                        argument_default=unset)
+    ft.add_argument("--config", default=None, help="YAML file (keys of FinetuneConfig; see pretrain/configs/finetune/)")
+    ft.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. lr=3e-5 data.label_column=topic")
+    ft.add_argument("--model", help="HF model folder (an export)")
+    ft.add_argument("--task", help="GLUE name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte) or csv:PATH / json:PATH")
+    ft.add_argument("--seeds", type=int, nargs="+", help="default 1 2 3")
+    ft.add_argument("--recipe", choices=("hf", "tacl_squad", "taco", "coco_lm"),
+                    help="hyper-parameter recipe (docs/finetuning.md; default taco)")
     for name, typ in (("--lr", float), ("--batch-size", int), ("--epochs", float), ("--max-length", int),
                       ("--weight-decay", float), ("--warmup-ratio", float)):
-        ft.add_argument(name, type=typ, default=None, help="override the recipe")
-    ft.add_argument("--loss", choices=("ce", "supervised-tacl"), default="ce",
+        ft.add_argument(name, type=typ, help="override the recipe")
+    ft.add_argument("--loss", choices=("ce", "supervised-tacl"),
                     help="supervised-tacl adds TaCL's supervised token contrastive loss (token tasks)")
-    ft.add_argument("--tacl-weight", type=float, default=1.0)
-    ft.add_argument("--tacl-temperature", type=float, default=0.01)
-    ft.add_argument("--text-column", default="text")
-    ft.add_argument("--pair-column", default=None)
-    ft.add_argument("--label-column", default="label")
-    ft.add_argument("--validation-file", default=None)
-    ft.add_argument("--val-fraction", type=float, default=0.1)
-    ft.add_argument("--encoding", default="utf-8", help="of a csv: file (e.g. latin-1)")
+    ft.add_argument("--tacl-weight", type=float)
+    ft.add_argument("--tacl-temperature", type=float)
+    ft.add_argument("--text-column")
+    ft.add_argument("--pair-column")
+    ft.add_argument("--label-column")
+    ft.add_argument("--validation-file")
+    ft.add_argument("--val-fraction", type=float)
+    ft.add_argument("--encoding", help="of a csv: file (e.g. latin-1)")
     ft.add_argument("--regression", action="store_true", help="the label is a float score")
     ft.add_argument("--token-task", action="store_true", help="rows hold word lists and tag lists")
-    ft.add_argument("--max-train-samples", type=int, default=0)
-    ft.add_argument("--max-eval-samples", type=int, default=0)
-    ft.add_argument("--out", default=None, help="results JSON")
+    ft.add_argument("--max-train-samples", type=int)
+    ft.add_argument("--max-eval-samples", type=int)
+    ft.add_argument("--out", help="results JSON")
     ft.set_defaults(func=_finetune)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)

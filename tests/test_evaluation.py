@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import TINY_MODEL, kjv_chapters, run_cli
 
 from core.errors import SetupError
@@ -184,9 +185,13 @@ def _bbc_csv(path: Path) -> Path:
 def test_finetune_on_bbc_news_beats_the_majority_class(exported, tmp_path):
     data = _bbc_csv(tmp_path / "bbc.csv")
     out = tmp_path / "bbc.json"
-    proc = run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"csv:{data}", "--label-column", "topic",
-                                "--seeds", "1", "2", "--lr", "3e-3", "--epochs", "4", "--batch-size", "16",
-                                "--max-length", "64", "--max-train-samples", "1200", "--max-eval-samples", "160", "--out", str(out)], timeout=600)
+    # The run is a YAML, then key=value overrides, then flags: epochs and lr are each set twice.
+    config = tmp_path / "bbc.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": str(exported), "task": f"csv:{data}", "data": {"label_column": "topic"}, "seeds": [1, 2],
+        "lr": 1.0, "epochs": 9, "batch_size": 16, "max_length": 64, "max_train_samples": 1200,
+        "max_eval_samples": 160, "out": str(out)}))
+    proc = run_cli("pretrain", ["finetune", "--config", str(config), "epochs=4", "--lr", "3e-3"], timeout=600)
     result = json.loads(out.read_text())
     assert result["label_names"] == ["business", "entertainment", "politics", "sports", "tech"]
     assert [r["seed"] for r in result["seeds"]] == [1, 2] and result["eval_examples"] == 160
@@ -198,6 +203,7 @@ def test_finetune_on_bbc_news_beats_the_majority_class(exported, tmp_path):
     assert min(accs) > majority + 0.15, (accs, majority)
     hp = result["hyperparameters"]
     assert hp["lr"] == 3e-3 and hp["batch_size"] == 16 and hp["betas"] == [0.9, 0.999]  # overrides on the taco recipe
+    assert hp["epochs"] == 4  # key=value over the YAML, and the --lr flag over both
     assert hp["max_length"] == 64
     assert "accuracy:" in proc.stdout and "ETA" in proc.stdout
 
@@ -228,3 +234,30 @@ def test_token_task_with_supervised_tacl_loss(exported, tmp_path):
     refused = run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"csv:{tmp_path / 'x.csv'}",
                                    "--loss", "supervised-tacl"], check=False)
     assert refused.returncode == 2 and "x.csv" in refused.stderr
+
+
+def test_evaluation_configs_load_and_their_errors_are_one_line(tmp_path, capsys):
+    """The shipped fine-tuning YAMLs are valid FinetuneConfigs; a bad key, value or missing input exits 2 naming it."""
+    from core.config_io import load_config
+    from pretrain.cli import main
+    from pretrain.evaluation.config import FinetuneConfig
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "pretrain" / "configs" / "finetune").glob("*.yaml"))
+    assert len(configs) >= 3
+    for path in configs:
+        cfg = load_config(FinetuneConfig, path)
+        assert cfg.model and cfg.task and cfg.seeds
+    token = load_config(FinetuneConfig, [p for p in configs if "token" in p.name][0], ["data.label_column=ner"])
+    assert token.data.token_task and token.data.label_column == "ner" and token.loss == "supervised-tacl"
+    cases = [
+        (["finetune", "--task", "sst2"], "config key 'model' is required"),
+        (["finetune", "--model", str(tmp_path), "--task", "sst2", "data.label_colum=x"], "data.label_colum"),
+        (["finetune", "--model", str(tmp_path), "--task", "sst2", "--lr", "-1"], "config key 'lr' must be > 0"),
+        (["finetune", "--model", str(tmp_path), "--task", "sst2", "recipe=bert"], "config key 'recipe'"),
+        (["finetune", "--model", str(tmp_path), "--task", "sst2"], "no config.json"),
+        (["evaluate", "self-similarity", "--model", str(tmp_path), "--out", "x"], "config key 'text' is required"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)

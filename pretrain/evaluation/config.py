@@ -1,0 +1,76 @@
+"""Typed configs of the evaluation commands (fine-tuning, self-similarity), loaded like training's.
+
+`python -m pretrain finetune --config FILE.yaml key=value ...`: a YAML (with `defaults:` groups, as the
+training configs), then `key=value` overrides, then the command-line flags (`--lr 3e-5` is `lr=3e-5`).
+Examples: pretrain/configs/finetune/.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from core.errors import ConfigError
+from pretrain.evaluation.tasks import LocalTaskOptions
+
+
+@dataclass
+class FinetuneConfig:
+    """Which model, which task, which recipe (docs/finetuning.md) and what to change in it."""
+
+    model: str = ""  # an exported Hugging Face folder
+    task: str = ""  # a GLUE name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte) or csv:PATH / json:PATH
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    recipe: Literal["hf", "tacl_squad", "taco", "coco_lm"] = "taco"
+    # Set to replace the recipe's value; unset (null) keeps it.
+    lr: Optional[float] = None
+    batch_size: Optional[int] = None
+    epochs: Optional[float] = None
+    max_length: Optional[int] = None
+    weight_decay: Optional[float] = None
+    warmup_ratio: Optional[float] = None
+    # supervised-tacl adds TaCL's supervised token contrastive loss (token tasks only).
+    loss: Literal["ce", "supervised-tacl"] = "ce"
+    tacl_weight: float = 1.0
+    tacl_temperature: float = 0.01
+    # How a csv:/json: task is read (columns, validation split, encoding, regression or token task).
+    data: LocalTaskOptions = field(default_factory=LocalTaskOptions)
+    max_train_samples: int = 0  # 0: all
+    max_eval_samples: int = 0
+    out: Optional[str] = None  # the results JSON
+
+    def validate(self) -> None:
+        """A model, a task and at least one seed; the recipe overrides in range."""
+        for key in ("model", "task"):
+            if not getattr(self, key):
+                raise ConfigError(f"config key '{key}' is required (--{key} or {key}=...)")
+        if not self.seeds:
+            raise ConfigError("config key 'seeds' needs at least one seed")
+        for key in ("lr", "batch_size", "epochs", "max_length"):
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
+                raise ConfigError(f"config key '{key}' must be > 0, got {getattr(self, key)}")
+
+    def recipe_overrides(self) -> dict:
+        """The recipe fields this config replaces."""
+        return {k: getattr(self, k) for k in ("lr", "batch_size", "epochs", "max_length", "weight_decay", "warmup_ratio")
+                if getattr(self, k) is not None}
+
+
+@dataclass
+class SelfSimilarityConfig:
+    """TaCL's layer-wise token self-similarity of one or more exported models on a text file."""
+
+    model: list[str] = field(default_factory=list)  # HF model folders
+    text: str = ""  # UTF-8, one sentence per line
+    out: str = ""  # output path without suffix: writes OUT.json and OUT.png
+    # include: keep [CLS]/[SEP] in the pairs (as TaCL's analysis); exclude: drop them.
+    special_tokens: Literal["include", "exclude"] = "include"
+    max_length: int = 512
+    batch_size: int = 32
+
+    def validate(self) -> None:
+        """Every input named."""
+        for key in ("model", "text", "out"):
+            if not getattr(self, key):
+                raise ConfigError(f"config key '{key}' is required (--{key} or {key}=...)")
+        if self.max_length < 2 or self.batch_size < 1:
+            raise ConfigError("config keys 'max_length' must be >= 2 and 'batch_size' >= 1")
