@@ -17,7 +17,7 @@ from model.objectives import build_objective
 from pretrain import checkpoint as ckpt
 from pretrain import model_card
 from pretrain.config import RunConfig
-from pretrain.run import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, TOKENIZER_DIR
+from pretrain.run_dir import CHECKPOINTS_DIR, CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, RunDir
 
 log = logging.getLogger("pretrain.export")
 
@@ -25,14 +25,14 @@ log = logging.getLogger("pretrain.export")
 def resolve_checkpoint(path: str | Path) -> tuple[Path, Path, str]:
     """(run dir, checkpoint dir, tag) from either RUN_DIR (newest complete tag) or RUN_DIR/checkpoints/TAG."""
     path = Path(path)
-    if ckpt.TAG_RE.match(path.name) and path.parent.name == "checkpoints":
+    if ckpt.TAG_RE.match(path.name) and path.parent.name == CHECKPOINTS_DIR:
         if not (path / ckpt.COMPLETE).is_file():
             raise CheckpointError(f"checkpoint '{path}' is incomplete (no {ckpt.COMPLETE} marker)")
         if problem := ckpt.damage(path.parent, path.name):
             raise CheckpointError(f"checkpoint '{path}' is damaged: {problem}")
         return path.parent.parent, path.parent, path.name
-    if (path / CONFIG_FILE).is_file():
-        run_dir, ckpt_dir = path, path / "checkpoints"
+    if RunDir(path).config.is_file():
+        run_dir, ckpt_dir = path, RunDir(path).checkpoints
         tag, damaged = ckpt.newest_intact(ckpt_dir)
         for bad, why in damaged:
             log.warning("checkpoint %s is damaged (%s): exporting an older one", ckpt_dir / bad, why)
@@ -45,7 +45,7 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path, str]:
 
 def _manifest(config_dir: Path, run_dir: Path, cfg: RunConfig) -> Optional[dict]:
     """The data manifest saved with the checkpoint (or the run), else the dataset's own if it is still there."""
-    for path in (config_dir / DATA_MANIFEST_FILE, run_dir / DATA_MANIFEST_FILE, Path(cfg.data.path) / "manifest.json"):
+    for path in (config_dir / DATA_MANIFEST_FILE, RunDir(run_dir).data_manifest, Path(cfg.data.path) / "manifest.json"):
         if path.is_file():
             return json.loads(path.read_text())
     return None
@@ -91,7 +91,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
         for sub, model in models.items():
             target = tmp / sub if sub else tmp
             model.save_pretrained(str(target), safe_serialization=True)
-            copy_tokenizer_folder(run_dir / TOKENIZER_DIR, target)
+            copy_tokenizer_folder(RunDir(run_dir).tokenizer, target)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         publish(tmp, out_dir)
     except BaseException:

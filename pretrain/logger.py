@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from core.atomic_files import write_text_atomic
+from pretrain.run_dir import RunDir
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -25,10 +26,11 @@ class RunLogger:
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb_dir = run_dir / "tensorboard"
+            paths = RunDir(run_dir)
+            self.tb_dir = paths.tensorboard
             self._writer = SummaryWriter(str(self.tb_dir))
-            self._text = open(run_dir / "train.log", "a", buffering=1)
-            self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)
+            self._text = open(paths.text_log, "a", buffering=1)
+            self._jsonl = open(paths.metrics, "a", buffering=1)
 
     def rewind(self, step: int) -> None:
         """Forget what a previous attempt logged after `step` (it is redone): metrics.jsonl and TensorBoard."""

@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from pretrain.run_dir import RunDir
+
 # What each objective's export holds ({root}: the root folder's class, {generator}: generator/'s), and how to load it.
 LAYOUT = {
     "mlm": ("`{root}`", "AutoModelForMaskedLM"),
@@ -18,7 +20,7 @@ LAYOUT = {
 
 def final_losses(run_dir: Path, step: int) -> tuple[Optional[dict], Optional[dict]]:
     """The last train and validation rows of metrics.jsonl at or before `step`."""
-    path = run_dir / "metrics.jsonl"
+    path = RunDir(run_dir).metrics
     if not path.is_file():
         return None, None
     train = validation = None

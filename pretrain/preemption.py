@@ -22,8 +22,6 @@ from pretrain import signals
 
 EXIT_FINISHED = 0
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "temporary failure, try again"
-PREEMPTED = "PREEMPTED"
-FAILED = "FAILED"  # the run stopped on an error: what it was and at which step (the requeue must not hide it)
 
 
 def parse_duration(text: str) -> float:
@@ -42,6 +40,14 @@ def parse_duration(text: str) -> float:
         parts.insert(0, 0.0)
     hours, minutes, seconds = parts
     return days * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def run_deadline(start_time: float, max_wall_time: str, use_slurm_deadline: bool) -> Optional[float]:
+    """The earlier of `train.max_wall_time` after the start and the SLURM job's end (epoch seconds), or None."""
+    candidates = [start_time + parse_duration(max_wall_time)] if max_wall_time else []
+    if use_slurm_deadline and (end := slurm_end_time()) is not None:
+        candidates.append(end)
+    return min(candidates) if candidates else None
 
 
 def slurm_end_time() -> Optional[float]:

@@ -29,12 +29,8 @@ from model.encoder import model_config as build_model_config
 from model.objectives import build_objective, check_objective_config
 from pretrain.config import RunConfig
 from pretrain.hardware import resolve_precision
+from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, TOKENIZER_DIR, RunDir
 from pretrain.trainer import Trainer
-
-CONFIG_FILE = "config.yaml"
-MODEL_CONFIG_FILE = "model_config.json"
-DATA_MANIFEST_FILE = "data_manifest.json"
-TOKENIZER_DIR = "tokenizer"
 
 
 def quiet_libraries() -> None:
@@ -52,12 +48,13 @@ def run_files(cfg: RunConfig, model_config, manifest: dict) -> dict[str, str]:
             DATA_MANIFEST_FILE: json.dumps(manifest, indent=2)}
 
 
-def _write_run_files(files: dict[str, str], run_dir: Path, data_dir: Path) -> None:
+def _write_run_files(files: dict[str, str], run_dir: RunDir, data_dir: Path) -> None:
     """The run folder is self-contained: resolved config, model config and tokenizer (for export)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.root.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        write_text_atomic(run_dir / name, text)
-    copy_tokenizer_folder(data_dir / TOKENIZER_DIR, run_dir / TOKENIZER_DIR)
+        write_text_atomic(run_dir.file(name), text)
+    # The dataset folder keeps its tokenizer under the same name as the run folder does.
+    copy_tokenizer_folder(data_dir / TOKENIZER_DIR, run_dir.tokenizer)
 
 
 def build_trainer(cfg: RunConfig) -> Trainer:
@@ -80,7 +77,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     model_config = build_model_config(cfg.model, tok, manifest["seq_len"])
     files = run_files(cfg, model_config, manifest)
     if dist.rank() == 0:
-        _write_run_files(files, Path(cfg.train.output_dir), data_dir)
+        _write_run_files(files, RunDir(cfg.train.output_dir), data_dir)
     dist.barrier()
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_objective(cfg.objective, model_config, cfg.model.init_from)

@@ -22,6 +22,7 @@ from core.errors import CheckpointError, ConfigError
 from pretrain import checkpoint as ckpt
 from pretrain.config import RunConfig
 from pretrain.optim import reset_schedule
+from pretrain.run_dir import RunDir
 
 
 @dataclass
@@ -40,7 +41,7 @@ class RunState:
     def __init__(self, cfg: RunConfig, run_dir: Path, zero_stage: int, run_files: Optional[dict[str, str]] = None) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
-        self.ckpt_dir = run_dir / "checkpoints"
+        self.ckpt_dir = RunDir(run_dir).checkpoints
         self.rank, self.world = dist.rank(), dist.world_size()
         self.zero_stage = zero_stage
         self.run_files = run_files or {}
@@ -177,7 +178,7 @@ class RunState:
 
     # ---- the sample audit -------------------------------------------------------------
     def _sample_log(self) -> Path:
-        return self.run_dir / "samples" / f"rank{self.rank}.jsonl"
+        return RunDir(self.run_dir).samples(self.rank)
 
     def record_samples(self, step: int, sample_ids: list) -> None:
         """Append the ids this rank trained on at `step` (train.record_samples)."""

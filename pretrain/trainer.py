@@ -28,7 +28,8 @@ from pretrain.hardware import device_peak_tflops
 from pretrain.logger import RunLogger
 from pretrain.metrics import MetricsReporter, MetricWindow
 from pretrain.optim import build_optimizer, build_scheduler
-from pretrain.preemption import FAILED, PREEMPTED, PreemptionGuard, parse_duration, slurm_end_time
+from pretrain.preemption import PreemptionGuard, run_deadline
+from pretrain.run_dir import FAILED, PREEMPTED, RunDir
 from pretrain.run_state import Progress, RunState
 
 
@@ -44,9 +45,10 @@ class Trainer:
         self.unigram_entropy = unigram_entropy
         self.rank, self.world = dist.rank(), dist.world_size()
         self.run_dir = Path(cfg.train.output_dir)
+        self.paths = RunDir(self.run_dir)
         ds_config = build_ds_config(cfg, self.world)
         if self.rank == 0:  # what DeepSpeed was given, beside config.yaml
-            write_text_atomic(self.run_dir / "deepspeed_config.json", json.dumps(ds_config, indent=2) + "\n")
+            write_text_atomic(self.paths.deepspeed_config, json.dumps(ds_config, indent=2) + "\n")
         self.accum = ds_config["gradient_accumulation_steps"]
         self.state = RunState(cfg, self.run_dir, int(ds_config.get("zero_optimization", {}).get("stage", 0)), run_files)
         self.state.plan(ds_config)  # before the engine: loading a universal checkpoint is a config flag
@@ -136,20 +138,13 @@ class Trainer:
         out = window.take_means(self.world)
         return {**out, **headline(out, self.unigram_entropy)} if out else {}
 
-    def _deadline(self) -> Optional[float]:
-        cfg = self.cfg.train
-        candidates = [self.start_time + parse_duration(cfg.max_wall_time)] if cfg.max_wall_time else []
-        if cfg.use_slurm_deadline and (end := slurm_end_time()) is not None:
-            candidates.append(end)
-        return min(candidates) if candidates else None
-
     def fit(self) -> str:
         """Train until max_steps, stop_after steps, or preemption; return 'finished', 'stopped' or 'preempted'."""
         cfg = self.cfg.train
         self.state.restore(self.engine, self.loader, self.progress, self.log)
         if self.rank == 0:  # this attempt is the one that counts now
-            (self.run_dir / PREEMPTED).unlink(missing_ok=True)
-            (self.run_dir / FAILED).unlink(missing_ok=True)
+            self.paths.marker(PREEMPTED).unlink(missing_ok=True)
+            self.paths.marker(FAILED).unlink(missing_ok=True)
         # Whatever an earlier attempt logged after this step (or before its first checkpoint) is redone.
         self.state.rewind_samples(self.step)
         self.log.rewind(self.step)
@@ -157,7 +152,8 @@ class Trainer:
         if self.step >= cfg.max_steps:
             self.log.info(f"nothing to do: step {self.step} >= max_steps {cfg.max_steps}")
             return "finished"
-        guard = PreemptionGuard(self._deadline(), cfg.deadline_margin_s)
+        deadline = run_deadline(self.start_time, cfg.max_wall_time, cfg.use_slurm_deadline)
+        guard = PreemptionGuard(deadline, cfg.deadline_margin_s)
         self.log.info(
             f"training {type(self.engine.module).__name__} on {self.world} rank(s), accumulation {self.accum}, "
             f"global batch {cfg.global_batch_size}, from step {self.step} to {cfg.max_steps}"
@@ -211,5 +207,5 @@ class Trainer:
     def _mark(self, marker: str, line: str, **fields: Any) -> None:
         """Rank 0 writes a run-folder marker (PREEMPTED, FAILED) with the step and time; the log gets `line`."""
         if self.rank == 0:
-            write_text_atomic(self.run_dir / marker, json.dumps({"step": self.step, "time": time.time(), **fields}) + "\n")
+            self.paths.write_marker(marker, {"step": self.step, "time": time.time(), **fields})
         self.log.info(line)

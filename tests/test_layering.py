@@ -43,3 +43,20 @@ def test_core_imports_alone():
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+# The run folder's names; only pretrain/run_dir.py may spell them (issue 16: one object owns every path).
+RUN_FOLDER_NAMES = ("config.yaml", "model_config.json", "data_manifest.json", "deepspeed_config.json", "checkpoints",
+                    "train.log", "metrics.jsonl", "tensorboard", "PREEMPTED", "FAILED")
+
+
+def test_run_folder_paths_come_from_run_dir_only():
+    """A string constant naming a run-folder file anywhere else in pretrain/ is a second copy of the layout."""
+    offenders = []
+    for path in sorted((REPO / "pretrain").rglob("*.py")):
+        if path.name == "run_dir.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Constant) and node.value in RUN_FOLDER_NAMES:
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} spells {node.value!r}")
+    assert not offenders, "\n".join(offenders)

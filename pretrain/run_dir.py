@@ -1,0 +1,99 @@
+"""The layout of a run folder, in one place: every file the trainer, checkpoints, logs and export read or write.
+
+    OUTPUT/
+      config.yaml             the resolved run config (the current one: a resume applies the config given)
+      model_config.json       the transformers config of the model trained
+      data_manifest.json      the prepared dataset's manifest (tokenizer, splits, hashes)
+      deepspeed_config.json   what DeepSpeed was given
+      tokenizer/              a copy of the dataset's tokenizer (export needs no dataset)
+      checkpoints/step_NNNNNNNN/   DeepSpeed files + meta.json + COMPLETE (sizes and hashes)
+      train.log, metrics.jsonl, tensorboard/   progress, one row per step, scalars
+      samples/rank<N>.jsonl   with train.record_samples: the sample ids each rank trained on, per step
+      PREEMPTED, FAILED       markers of the last attempt (for the sbatch wrapper and the user)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG_FILE = "config.yaml"
+MODEL_CONFIG_FILE = "model_config.json"
+DATA_MANIFEST_FILE = "data_manifest.json"
+DEEPSPEED_CONFIG_FILE = "deepspeed_config.json"
+TOKENIZER_DIR = "tokenizer"
+CHECKPOINTS_DIR = "checkpoints"
+PREEMPTED = "PREEMPTED"
+FAILED = "FAILED"  # the run stopped on an error: what it was and at which step (the requeue must not hide it)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run folder."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config(self) -> Path:
+        """The resolved run config."""
+        return self.root / CONFIG_FILE
+
+    @property
+    def checkpoints(self) -> Path:
+        """The folder of checkpoint tags."""
+        return self.root / CHECKPOINTS_DIR
+
+    @property
+    def tokenizer(self) -> Path:
+        """The tokenizer copied from the dataset."""
+        return self.root / TOKENIZER_DIR
+
+    @property
+    def data_manifest(self) -> Path:
+        """The dataset manifest saved with the run."""
+        return self.root / DATA_MANIFEST_FILE
+
+    @property
+    def deepspeed_config(self) -> Path:
+        """The DeepSpeed config the engine was given."""
+        return self.root / DEEPSPEED_CONFIG_FILE
+
+    @property
+    def text_log(self) -> Path:
+        """The progress lines."""
+        return self.root / "train.log"
+
+    @property
+    def metrics(self) -> Path:
+        """One JSON row per logged step (train, validation, resume)."""
+        return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files."""
+        return self.root / "tensorboard"
+
+    def samples(self, rank: int) -> Path:
+        """The sample audit of one rank."""
+        return self.root / "samples" / f"rank{rank}.jsonl"
+
+    def marker(self, name: str) -> Path:
+        """A run marker (PREEMPTED or FAILED)."""
+        if name not in (PREEMPTED, FAILED):
+            raise ValueError(f"not a run marker: {name}")
+        return self.root / name
+
+    def write_marker(self, name: str, fields: dict) -> None:
+        """Write a run marker as one JSON line (atomically: the sbatch wrapper may read it at any moment)."""
+        from core.atomic_files import write_text_atomic
+
+        write_text_atomic(self.marker(name), json.dumps(fields) + "\n")
+
+    def file(self, name: str) -> Path:
+        """One of the run files written at start (config, model config, data manifest)."""
+        if name not in (CONFIG_FILE, MODEL_CONFIG_FILE, DATA_MANIFEST_FILE):
+            raise ValueError(f"not a run file: {name}")
+        return self.root / name
