@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import types
@@ -88,8 +89,10 @@ def _build(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     types_ = _field_types(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
+        close = difflib.get_close_matches(unknown[0], list(types_), n=2, cutoff=0.75)
+        hint = f": did you mean {' or '.join(repr(prefix + c) for c in close)}?" if close else ""
         raise ConfigError(
-            f"unknown config key '{prefix}{unknown[0]}' (valid keys here: {', '.join(sorted(types_))})"
+            f"unknown config key '{prefix}{unknown[0]}'{hint} (valid keys here: {', '.join(sorted(types_))})"
         )
     kwargs = {name: _coerce(value, types_[name], prefix + name) for name, value in data.items()}
     try:

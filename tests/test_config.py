@@ -21,12 +21,14 @@ def test_yaml_and_overrides(tmp_path):
 
 
 def test_unknown_key_is_named(tmp_path):
-    with pytest.raises(ConfigError, match="train.max_stepz"):
+    with pytest.raises(ConfigError, match="train.max_stepz': did you mean 'train.max_steps'"):
         load_config(RunConfig, None, ["train.max_stepz=3"])
     path = tmp_path / "c.yaml"
     path.write_text("optimiser:\n  lr: 1\n")
-    with pytest.raises(ConfigError, match="optimiser"):
+    with pytest.raises(ConfigError, match="'optimiser': did you mean 'optimizer'"):
         load_config(RunConfig, path)
+    with pytest.raises(ConfigError, match=r"'train.banana' \(valid keys"):  # nothing close: no guess
+        load_config(RunConfig, None, ["train.banana=1"])
 
 
 def test_bad_values_are_named():
