@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_MODEL, run_cli
+from conftest import REPO, TINY_MODEL, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -43,22 +43,33 @@ def test_config_trains_on_two_ranks(prepared, tmp_path, stage, extra):
     assert ("offload_optimizer" in written["zero_optimization"]) == ("train.offload_optimizer=true" in extra)
 
 
-def test_a_deepspeed_json_of_ones_own_is_filled_and_checked(prepared, tmp_path):
+def test_a_deepspeed_json_of_ones_own_is_filled_and_checked(tmp_path):
     """An explicit value that disagrees with the run config is named with both keys; "auto" fields are filled."""
+    from core.config_io import load_config
+    from core.errors import ConfigError
+    from pretrain.config import RunConfig
+    from pretrain.ds_config import build_ds_config
+
+    run_yaml = REPO / "pretrain" / "configs" / "demo_mlm.yaml"
     own = tmp_path / "mine.json"
     own.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": {"stage": "auto", "overlap_comm": False}}))
-    proc = run_cli("pretrain", _args(prepared, tmp_path / "run", f"train.deepspeed_config={own}", "train.precision=fp32"),
-                   nproc=1, check=False)
-    assert proc.returncode == 2 and "'enabled'=True" in proc.stderr and "train.precision=fp32" in proc.stderr
-    assert str(own) in proc.stderr and "Traceback" not in proc.stderr
-    own.write_text(json.dumps({"zero_optimization": {"stage": 1}}))
-    proc = run_cli("pretrain", _args(prepared, tmp_path / "run", f"train.deepspeed_config={own}"), nproc=1, check=False)
-    assert proc.returncode == 2 and "'stage'=1" in proc.stderr and "train.zero_stage" in proc.stderr
-    out = tmp_path / "run_ok"
-    run_cli("pretrain", _args(prepared, out, f"train.deepspeed_config={own}", "train.zero_stage=1", "train.max_steps=2",
-                              "train.save_every=2"), nproc=1)
-    meta = json.loads((out / "checkpoints" / "step_00000002" / "meta.json").read_text())
-    assert meta["zero_stage"] == 1
+    cfg = load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}", "train.precision=fp32"])
+    with pytest.raises(ConfigError) as exc:
+        build_ds_config(cfg, 1)
+    assert "'enabled'=True" in str(exc.value) and "train.precision=fp32" in str(exc.value) and str(own) in str(exc.value)
+    own.write_text(json.dumps({"zero_optimization": {"stage": 1}, "gradient_clipping": "auto"}))
+    with pytest.raises(ConfigError, match="'stage'=1 but train.zero_stage gives 2"):
+        build_ds_config(load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}"]), 1)
+    cfg = load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}", "train.zero_stage=1", "train.precision=bf16",
+                                            "train.micro_batch_size=4", "train.global_batch_size=16", "optimizer.grad_clip=0.5"])
+    ds = build_ds_config(cfg, 2)
+    assert ds["zero_optimization"] == {"stage": 1} and ds["gradient_accumulation_steps"] == 2
+    assert ds["bf16"]["enabled"] is True and ds["fp16"]["enabled"] is False and ds["gradient_clipping"] == 0.5
+    # The template, with offload asked for: the sections appear; parameter offload needs ZeRO-3.
+    ds = build_ds_config(load_config(RunConfig, run_yaml, ["train.zero_stage=3", "train.offload_optimizer=true",
+                                                           "train.offload_params=true"]), 1)
+    assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
 
 
 @pytest.mark.parametrize("stage,precision", [(3, "fp32"), (2, "bf16")])

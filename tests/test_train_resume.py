@@ -146,10 +146,11 @@ def ckpt_tag(step: int) -> str:
     return tag_for(step)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["bf16"])
 def test_kill_9_at_random_moments(prepared, tmp_path, precision):
     """Four SIGKILLs (two while a checkpoint is being written): the run always resumes from the last
-    complete checkpoint and ends bit-identical to an uninterrupted run, in fp32 and in bf16."""
+    complete checkpoint and ends bit-identical to an uninterrupted run. In bf16: its checkpoints hold the bf16
+    weights and the fp32 masters, a superset of an fp32 run's files (fp32 stop and resume are tested below)."""
     import random
     import time
 
