@@ -21,7 +21,6 @@ import fcntl
 import os
 import tempfile
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -69,28 +68,6 @@ def fetch_metadata(cfg: LoaderConfig) -> None:
             download_file(f"{cfg.remote.rstrip('/')}/tokenizer/{name}", str(local / "tokenizer" / name), timeout=120)
 
 
-def collate(samples: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad samples to the longest one; carry segment ids, pair labels and sample ids when present."""
-    width = max(len(s["input_ids"]) for s in samples)
-    ids = np.full((len(samples), width), pad_id, dtype=np.int64)
-    for row, s in enumerate(samples):
-        ids[row, : len(s["input_ids"])] = s["input_ids"]
-    input_ids = torch.from_numpy(ids)
-    batch = {
-        "input_ids": input_ids,
-        "attention_mask": (input_ids != pad_id).long(),
-        "sample_id": torch.tensor([int(s["sample_id"]) for s in samples], dtype=torch.long),
-    }
-    if "token_type_ids" in samples[0]:
-        types = np.zeros((len(samples), width), dtype=np.int64)
-        for row, s in enumerate(samples):
-            types[row, : len(s["token_type_ids"])] = s["token_type_ids"]
-        batch["token_type_ids"] = torch.from_numpy(types)
-    if "pair_label" in samples[0]:
-        batch["pair_label"] = torch.tensor([int(s["pair_label"]) for s in samples], dtype=torch.long)
-    return batch
-
-
 SampleTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
 EVAL_STREAM = 1 << 30  # keeps evaluation masks apart from training masks
 
@@ -107,11 +84,12 @@ def sample_seed(seed: int, stream: int, epoch: int, sample_id: int) -> int:
 class MaskingCollate:
     """The loader's collate_fn: mask each sample at its own length with its own seeded generator, then pad.
 
-    `per_epoch=False` (validation) gives a sample the same mask in every pass, so evaluations compare.
-    Picklable, so it runs in the loader's worker processes.
+    `transform=None` pads only. `per_epoch=False` (validation) gives a sample the same mask in every
+    pass, so evaluations compare. Picklable, so it runs in the loader's worker processes.
     """
 
-    def __init__(self, transform: SampleTransform, pad_id: int, seed: int, stream: int = 0, per_epoch: bool = True) -> None:
+    def __init__(self, transform: Optional[SampleTransform], pad_id: int, seed: int = 0, stream: int = 0,
+                 per_epoch: bool = True) -> None:
         self.transform, self.pad_id, self.seed, self.stream, self.per_epoch = transform, pad_id, seed, stream, per_epoch
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -122,6 +100,9 @@ class MaskingCollate:
             one = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
             if "token_type_ids" in s:
                 one["token_type_ids"] = torch.from_numpy(np.asarray(s["token_type_ids"], dtype=np.int64))[None]
+            if self.transform is None:
+                rows.append(one)
+                continue
             epoch = int(s.get("epoch", 0)) if self.per_epoch else 0
             generator = torch.Generator().manual_seed(sample_seed(self.seed, self.stream, epoch, int(s["sample_id"])))
             rows.append(self.transform(one, generator))
@@ -223,7 +204,7 @@ def build_loader(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Option
                  collate_fn: Optional[Callable] = None, pin_memory: bool = False):
     """A StreamingDataLoader whose `state_dict()` resumes mid-epoch without replaying batches.
 
-    `collate_fn` defaults to padding only; training passes a MaskingCollate. `pin_memory` (GPU) lets
+    `collate_fn` defaults to padding only (a MaskingCollate without a transform); training passes one that masks. `pin_memory` (GPU) lets
     the training process copy batches to the device with `non_blocking`.
     """
     from streaming import StreamingDataLoader
@@ -233,7 +214,7 @@ def build_loader(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Option
     return StreamingDataLoader(
         dataset,
         batch_size=batch_size,
-        collate_fn=collate_fn or partial(collate, pad_id=pad_id),
+        collate_fn=collate_fn or MaskingCollate(None, pad_id),
         num_workers=cfg.num_workers,
         pin_memory=pin_memory,
         # Every rank must take the same number of steps, or the collectives hang.

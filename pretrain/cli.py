@@ -45,12 +45,18 @@ def _export(args: argparse.Namespace) -> int:
 # Flags of the evaluation commands that are keys of their configs' `data` section.
 _DATA_FLAGS = ("text_column", "pair_column", "label_column", "validation_file", "val_fraction", "encoding", "regression",
                "token_task")
+# Parsed arguments that are not config keys.
+_NOT_KEYS = ("func", "command", "analysis", "config", "overrides", "local_rank")
 
 
-def _eval_config(cls, args: argparse.Namespace, flags: tuple[str, ...]):
-    """YAML (--config), then key=value overrides, then the flags given (each one is `key=value`)."""
-    given = [f"{'data.' if name in _DATA_FLAGS else ''}{name}={json.dumps(getattr(args, name))}"
-             for name in flags if hasattr(args, name)]
+def _eval_config(cls, args: argparse.Namespace):
+    """YAML (--config), then key=value overrides, then the flags given (each one is `key=value`).
+
+    The evaluation parsers default every flag to unset (argparse.SUPPRESS), so `args` holds only
+    the flags on the command line besides the names in _NOT_KEYS.
+    """
+    given = [f"{'data.' if name in _DATA_FLAGS else ''}{name}={json.dumps(value)}"
+             for name, value in vars(args).items() if name not in _NOT_KEYS]
     return load_config(cls, args.config, [*args.overrides, *given])
 
 
@@ -58,7 +64,7 @@ def _self_similarity(args: argparse.Namespace) -> int:
     from pretrain.evaluation.config import SelfSimilarityConfig
     from pretrain.evaluation.self_similarity import read_sentences, self_similarity, write_report
 
-    cfg = _eval_config(SelfSimilarityConfig, args, SIMILARITY_FLAGS)
+    cfg = _eval_config(SelfSimilarityConfig, args)
     sentences = read_sentences(cfg.text)
     for model in cfg.model:
         if not (Path(model) / "config.json").is_file():
@@ -78,7 +84,7 @@ def _finetune(args: argparse.Namespace) -> int:
     from pretrain.evaluation.config import FinetuneConfig
     from pretrain.evaluation.finetune import finetune
 
-    cfg = _eval_config(FinetuneConfig, args, FINETUNE_FLAGS)
+    cfg = _eval_config(FinetuneConfig, args)
     result = finetune(cfg.model, cfg.task, cfg.seeds, cfg.recipe, cfg.recipe_overrides(), cfg.data, cfg.loss,
                       cfg.tacl_weight, cfg.tacl_temperature, cfg.max_train_samples, cfg.max_eval_samples, cfg.out)
     for metric, value in result["summary"].items():
@@ -88,12 +94,6 @@ def _finetune(args: argparse.Namespace) -> int:
     if cfg.out:
         print(f"results: {cfg.out}")
     return 0
-
-
-SIMILARITY_FLAGS = ("model", "text", "out", "special_tokens", "max_length", "batch_size")
-FINETUNE_FLAGS = ("model", "task", "seeds", "recipe", "lr", "batch_size", "epochs", "max_length", "weight_decay",
-                  "warmup_ratio", "loss", "tacl_weight", "tacl_temperature", *_DATA_FLAGS, "max_train_samples",
-                  "max_eval_samples", "out")
 
 
 def main(argv: list[str] | None = None) -> int:

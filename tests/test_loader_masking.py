@@ -76,6 +76,11 @@ def test_a_samples_mask_is_its_own_whatever_batch_it_is_in():
     # Validation ignores the epoch: the same masks at every evaluation.
     fixed = MaskingCollate(_masking(), pad_id=0, seed=5, stream=EVAL_STREAM, per_epoch=False)
     assert torch.equal(fixed(samples)["labels"], fixed([{**s, "epoch": 9} for s in samples])["labels"])
+    # Without a transform it pads only: the samples' own tokens, attention over them, no labels.
+    padded = MaskingCollate(None, pad_id=0)(samples)
+    assert set(padded) == {"input_ids", "attention_mask", "sample_id"}
+    assert torch.equal(padded["input_ids"], together["original_input_ids"])
+    assert torch.equal(padded["attention_mask"], together["attention_mask"])
 
 
 def _epochs(dataset, workers, epochs, per_epoch=True):
