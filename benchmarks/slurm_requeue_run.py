@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def main() -> None:
             ["sbatch", "--parsable", "--nodes=1", f"--ntasks-per-node={args.ranks}", "--gpus-per-node=0",
              "--cpus-per-task=1", f"--time={args.time}", "--signal=B:USR1@60", str(REPO / "slurm/pretrain.sbatch")],
             cwd=work, env={**env, "CONFIG": args.config, "MAX_RESTARTS": "50",
-                           "OVERRIDES": " ".join([*common, f"train.output_dir={run}"])},
+                           "OVERRIDES": " ".join(shlex.quote(o) for o in [*common, f"train.output_dir={run}"])},
             capture_output=True, text=True, timeout=60)
         if sub.returncode:
             raise SystemExit(f"sbatch failed: {sub.stderr}")
@@ -113,6 +114,9 @@ def main() -> None:
                 break
             time.sleep(5)
         job_s = time.time() - t0
+        if info.get("JobState") != "COMPLETED":
+            raise SystemExit(f"job {job} ended {info.get('JobState')} (or did not end in {args.timeout}s): see "
+                             f"{work / f'pretrain-{job}.out'}")
     finally:
         cluster("stop")
     log = (work / f"pretrain-{job}.out").read_text()
@@ -133,8 +137,10 @@ def main() -> None:
     print(json.dumps(record, indent=2))
     out = REPO / "benchmarks" / "results" / f"slurm_requeue_{args.name}.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
-    if not (record["weights_bit_identical"] and record["samples_identical"] and record["job_state"] == "COMPLETED"):
+    if not (record["weights_bit_identical"] and record["samples_identical"] and record["losses_identical"]):
         raise SystemExit("the requeued run does not equal its twin: see the record")
+    if not record["requeued_enough"]:
+        raise SystemExit(f"only {record['requeues']} requeues (< {args.min_requeues}): lengthen the run or shorten --time")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Dynamic masking, applied per micro-batch with a generator seeded from the step (so resume repeats it).
+"""Dynamic masking of one sample with a given generator (the loader seeds it per sample and epoch, so resume repeats it).
 
 Strategies (special tokens and padding are never picked):
 - `bert`: each token picked with probability mask_prob; picked → 80% [MASK], 10% random, 10% kept

@@ -55,7 +55,7 @@ def _eval_config(cls, args: argparse.Namespace):
     The evaluation parsers default every flag to unset (argparse.SUPPRESS), so `args` holds only
     the flags on the command line besides the names in _NOT_KEYS.
     """
-    given = [f"{'data.' if name in _DATA_FLAGS else ''}{name}={json.dumps(value)}"
+    given = [f"{'data.' if name in _DATA_FLAGS else ''}{name}={json.dumps(value, ensure_ascii=False)}"
              for name, value in vars(args).items() if name not in _NOT_KEYS]
     return load_config(cls, args.config, [*args.overrides, *given])
 

@@ -67,10 +67,15 @@ def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
         zero.setdefault("offload_optimizer", {"device": "cpu", "pin_memory": True})
     if cfg.train.offload_params:
         zero.setdefault("offload_param", {"device": "cpu", "pin_memory": True})
-    if zero.get("offload_param") and zero["stage"] != 3:
+    offloads = {key: zero.get(key, {}).get("device", "none") != "none" for key in ("offload_optimizer", "offload_param")}
+    if offloads["offload_optimizer"]:
+        # The optimizer is ours (torch's, or DeepSpeedCPUAdam with optimizer.impl=deepspeed): DeepSpeed must not
+        # insist on its own CPU Adam, whether the section came from the run config or a JSON of one's own.
+        ds.setdefault("zero_force_ds_cpu_optimizer", False)
+    if offloads["offload_param"] and zero["stage"] != 3:
         raise ConfigError(f"parameter offload needs ZeRO stage 3, not {zero['stage']}: set train.zero_stage=3 or "
                           "train.offload_params=false")
-    if zero.get("offload_optimizer") and zero["stage"] == 0:
+    if offloads["offload_optimizer"] and zero["stage"] == 0:
         raise ConfigError("optimizer offload needs ZeRO stage 1, 2 or 3: set train.zero_stage or train.offload_optimizer=false")
     if zero["stage"] == 3:
         import torch

@@ -37,11 +37,15 @@ def final_losses(run_dir: Path, step: int) -> tuple[Optional[dict], Optional[dic
     return train, validation
 
 
-def _deepspeed_text(train: dict) -> str:
-    """How the run used DeepSpeed, from its saved train config (older runs named a JSON file only)."""
-    parts = [f"DeepSpeed ZeRO stage {train['zero_stage']}"] if "zero_stage" in train else ["DeepSpeed"]
-    parts += [f"{what} offload" for what, key in (("optimizer", "offload_optimizer"), ("parameter", "offload_params"))
-              if train.get(key)]
+def _deepspeed_text(train: dict, run_dir: Path) -> str:
+    """How the run used DeepSpeed: the config the engine was given (saved in the run folder), else the run config."""
+    path = RunDir(run_dir).deepspeed_config
+    zero = json.loads(path.read_text()).get("zero_optimization", {}) if path.is_file() else None
+    if zero is None:  # a run from before the folder kept it: name the JSON file it used
+        return f"DeepSpeed config `{train.get('deepspeed_config') or 'deepspeed_configs/base.json'}`"
+    parts = [f"DeepSpeed ZeRO stage {zero.get('stage', 0)}"]
+    parts += [f"{what} offload" for what, key in (("optimizer", "offload_optimizer"), ("parameter", "offload_param"))
+              if zero.get(key, {}).get("device", "none") != "none"]
     if train.get("deepspeed_config"):
         parts.append(f"config `{train['deepspeed_config']}`")
     return ", ".join(parts)
@@ -92,7 +96,7 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
         f"(non-padding), in {float(state.get('elapsed_s', 0.0)):.0f} s of training",
         f"- global batch {cfg['train']['global_batch_size']}, optimizer `{cfg['optimizer']['name']}` lr {cfg['optimizer']['lr']}, "
         f"schedule `{cfg['schedule']['decay']}` with {cfg['schedule']['warmup_steps']} warmup steps, precision "
-        f"`{cfg['train']['precision']}`, {_deepspeed_text(cfg['train'])}",
+        f"`{cfg['train']['precision']}`, {_deepspeed_text(cfg['train'], run_dir)}",
         f"- started from: `{cfg['model'].get('init_from') or 'random initialisation'}`",
         f"- final training losses ({_losses_text(train_row)})",
         f"- final validation losses ({_losses_text(val_row)})",

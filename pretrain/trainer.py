@@ -47,12 +47,12 @@ class Trainer:
         self.run_dir = Path(cfg.train.output_dir)
         self.paths = RunDir(self.run_dir)
         ds_config = build_ds_config(cfg, self.world)
-        if self.rank == 0:  # what DeepSpeed was given, beside config.yaml
-            write_text_atomic(self.paths.deepspeed_config, json.dumps(ds_config, indent=2) + "\n")
         self.accum = ds_config["gradient_accumulation_steps"]
         self.state = RunState(cfg, self.run_dir, int(ds_config.get("zero_optimization", {}).get("stage", 0)), run_files)
         self.state.plan(ds_config)  # before the engine: loading a universal checkpoint is a config flag
-        offload = bool(ds_config.get("zero_optimization", {}).get("offload_optimizer"))
+        if self.rank == 0:  # what DeepSpeed is given, beside config.yaml
+            write_text_atomic(self.paths.deepspeed_config, json.dumps(ds_config, indent=2) + "\n")
+        offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
         optimizer = build_optimizer(model, cfg.optimizer, offload=offload)
         scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)

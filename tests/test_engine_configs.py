@@ -70,6 +70,14 @@ def test_a_deepspeed_json_of_ones_own_is_filled_and_checked(tmp_path):
                                                            "train.offload_params=true"]), 1)
     assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    # A JSON of one's own with its own offload section: DeepSpeed must take the project's optimizer;
+    # an offload "device: none" is no offload (so ZeRO-0 accepts it).
+    own.write_text(json.dumps({"zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "cpu"}}}))
+    ds = build_ds_config(load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}"]), 1)
+    assert ds["zero_force_ds_cpu_optimizer"] is False
+    own.write_text(json.dumps({"zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "none"}}}))
+    ds = build_ds_config(load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}", "train.zero_stage=0"]), 1)
+    assert "zero_force_ds_cpu_optimizer" not in ds
 
 
 @pytest.mark.parametrize("stage,precision", [(3, "fp32"), (2, "bf16")])
