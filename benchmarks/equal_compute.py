@@ -30,7 +30,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recipe_sweep import BASE, GROUPS  # noqa: E402
-from repro_common import REPO, export, log, scratch_data, setup_logging, train, validation_losses, write_json  # noqa: E402
+from repro_common import (  # noqa: E402
+    REPO,
+    export,
+    finetune_cached,
+    log,
+    scratch_data,
+    setup_logging,
+    split_csv,
+    train,
+    validation_losses,
+    write_json,
+)
 
 OBJECTIVES = {"MLM": GROUPS["scratch"]["mlm"], "ELECTRA": GROUPS["scratch"]["electra-g1/4"],
               "COCO-LM": GROUPS["scratch"]["coco-lm-g1/4"], "TACO": GROUPS["scratch"]["taco"]}
@@ -104,14 +115,94 @@ def train_all(args: argparse.Namespace, data: Path, out: Path) -> None:
             log.info("%s seed %d: %d steps in %.0f s, wrote %s", name, seed, p["steps"], wall, record_path)
 
 
+def probe_tasks(corpora: Path, out: Path) -> dict[str, dict]:
+    """The linear-probe tasks: BBC topics and tweet sentiment (fixed splits), WordNet supersenses in context (token level)."""
+    bbc = split_csv(corpora / "bbc_news.csv", out / "tasks", 1200, 600)
+    tweets = split_csv(corpora / "tweets.csv", out / "tasks", 3000, 1000)
+    return {
+        "bbc": {"task": f"csv:{bbc[0]}", "data": {"validation_file": str(bbc[1])}},
+        "tweets": {"task": f"csv:{tweets[0]}", "data": {"validation_file": str(tweets[1])}},
+        "supersense": {"task": f"json:{corpora / 'supersense_train.jsonl'}",
+                       "data": {"validation_file": str(corpora / "supersense_eval.jsonl"), "token_task": True,
+                                "text_column": "tokens", "label_column": "tags", "ignore_tag": "-"}},
+    }
+
+
+def probe_one(model: Path, name: str, task: dict, out: Path) -> dict:
+    """Linear-probe accuracies of one export on one task ({feature: accuracy}), cached in `out`."""
+    if not out.is_file():
+        from pretrain.evaluation.linear_probe import linear_probe
+        from pretrain.evaluation.tasks import LocalTaskOptions
+
+        linear_probe(str(model), task["task"], LocalTaskOptions(**task["data"]), out=str(out))
+    result = json.loads(out.read_text())
+    return {"accuracy": {f: r["accuracy"] for f, r in result["probes"].items()},
+            "f1_macro": {f: r["f1_macro"] for f, r in result["probes"].items()},
+            "majority": result["majority_baseline"]["accuracy"]}
+
+
+def random_init(like: Path, out: Path, seed: int) -> Path:
+    """The step-0 point: an encoder of the export's shape with fresh weights (transformers' own init), and its tokenizer."""
+    if (out / "config.json").is_file():
+        return out
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    torch.manual_seed(seed)
+    AutoModel.from_config(AutoConfig.from_pretrained(like)).save_pretrained(out)
+    AutoTokenizer.from_pretrained(like).save_pretrained(out)
+    return out
+
+
+def probe_all(args: argparse.Namespace, out: Path) -> None:
+    """Probes of every recorded run's checkpoints (the final ones first), then BBC fine-tuning of the final ones.
+
+    Each result is written into the run's JSON as soon as it exists, so a cut-short probe stage loses nothing."""
+    tasks = probe_tasks(Path(args.corpora).resolve(), out)
+    records = sorted(RESULTS.glob("*_seed*.json"))
+    mlm = [r for r in records if r.name.startswith("mlm_")]
+    if mlm:
+        like = Path(json.loads(mlm[0].read_text())["checkpoints"][-1]["export"])
+        baseline = {}
+        for seed in args.seeds:
+            model = random_init(like, out / "exports" / f"random_init_seed{seed}", seed)
+            baseline[str(seed)] = {t: probe_one(model, t, task, out / "probes" / f"random_init_seed{seed}_{t}.json")
+                                   for t, task in tasks.items()}
+        write_json(RESULTS / "random_init.json", {"like": str(like), "probes": baseline})
+    order = [3, 1, 0, 2]  # final, half, quarter, three quarters: the curve's ends first
+    for index in order:
+        for path in records:
+            record = json.loads(path.read_text())
+            point = record["checkpoints"][index]
+            model = Path(point["export"])
+            stem = f"{path.stem}_step{point['step']}"
+            point["probes"] = {t: probe_one(model, t, task, out / "probes" / f"{stem}_{t}.json") for t, task in tasks.items()}
+            write_json(path, record)
+            log.info("%s step %d: %s", path.stem, point["step"],
+                     {t: round(v["accuracy"].get("mean", v["accuracy"].get("word", 0)), 4) for t, v in point["probes"].items()})
+        if index == 3 and args.finetune_seeds:
+            for path in records:
+                record = json.loads(path.read_text())
+                point = record["checkpoints"][-1]
+                bbc = tasks["bbc"]
+                result = finetune_cached(Path(point["export"]), Path(bbc["task"][4:]), args.finetune_seeds,
+                                         out / "finetune" / f"{path.stem}_step{point['step']}_bbc.json",
+                                         recipe_name="taco", overrides={"lr": 3e-4, "epochs": 4.0, "max_length": 128},
+                                         validation_file=bbc["data"]["validation_file"])
+                point["finetune"] = {"bbc": {"accuracy": [r["metrics"]["accuracy"] for r in result["seeds"]]}}
+                write_json(path, record)
+
+
 def main() -> None:
     """Dispatch the stage."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["plan", "train"])
+    parser.add_argument("stage", choices=["plan", "train", "probe"])
     parser.add_argument("--corpora", default="runs/corpora", help="output of benchmarks/corpora.py")
     parser.add_argument("--out", default="runs/equal_compute")
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--finetune-seeds", type=int, nargs="*", default=[1, 2, 3],
+                        help="fine-tuning seeds for BBC at each run's final checkpoint (none: skip)")
     parser.add_argument("--mlm-steps", type=int, default=1000, help="the budget: MLM's training FLOPs in this many steps")
     args = parser.parse_args()
     setup_logging()
@@ -119,8 +210,10 @@ def main() -> None:
     data = scratch_data(Path(args.corpora).resolve(), out / "data")
     if args.stage == "plan":
         print(json.dumps(plan(args.objectives, data, args.mlm_steps), indent=1))
-    else:
+    elif args.stage == "train":
         train_all(args, data, out)
+    else:
+        probe_all(args, out)
 
 
 if __name__ == "__main__":

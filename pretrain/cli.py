@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from core.config_io import load_config
@@ -44,7 +45,7 @@ def _export(args: argparse.Namespace) -> int:
 
 # Flags of the evaluation commands that are keys of their configs' `data` section.
 _DATA_FLAGS = ("text_column", "pair_column", "label_column", "validation_file", "val_fraction", "encoding", "regression",
-               "token_task")
+               "token_task", "ignore_tag")
 # Parsed arguments that are not config keys.
 _NOT_KEYS = ("func", "command", "analysis", "config", "overrides", "local_rank")
 
@@ -77,6 +78,26 @@ def _self_similarity(args: argparse.Namespace) -> int:
     for model, values in results.items():
         print(f"{model}: " + " ".join(f"L{i + 1} {v:.3f}" for i, v in enumerate(values)))
     print(f"self-similarity: {json_path} {png_path}")
+    return 0
+
+
+def _linear_probe(args: argparse.Namespace) -> int:
+    from pretrain.evaluation.config import LinearProbeConfig
+    from pretrain.evaluation.linear_probe import linear_probe
+
+    cfg = _eval_config(LinearProbeConfig, args)
+    results = [linear_probe(model, cfg.task, cfg.data, cfg.layer, cfg.features, cfg.c_grid, cfg.folds, cfg.max_train_samples,
+                            cfg.max_eval_samples, cfg.max_length, cfg.batch_size, cfg.seed) for model in cfg.model]
+    for result in results:
+        base = result["majority_baseline"]["accuracy"]
+        print(f"{result['model']}: " + ", ".join(f"{name} accuracy {r['accuracy']:.4f}" for name, r in result["probes"].items())
+              + f" (majority class {base:.4f}; {result['train_examples']} train / {result['eval_examples']} eval)")
+    if cfg.out:
+        from core.atomic_files import write_text_atomic
+
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(Path(cfg.out), json.dumps({"config": asdict(cfg), "results": results}, indent=2) + "\n")
+        print(f"results: {cfg.out}")
     return 0
 
 
@@ -125,6 +146,24 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--max-length", type=int, help="default 512")
     sim.add_argument("--batch-size", type=int, help="default 32")
     sim.set_defaults(func=_self_similarity)
+    probe = ev.add_parser("linear-probe", help="logistic regression on frozen features (mean-pooled, [CLS], word)",
+                          argument_default=unset)
+    probe.add_argument("--config", default=None, help="YAML file (keys of LinearProbeConfig)")
+    probe.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. data.label_column=topic")
+    probe.add_argument("--model", nargs="+", help="one or more HF model folders")
+    probe.add_argument("--task", help="GLUE name or csv:PATH / json:PATH")
+    probe.add_argument("--layer", type=int, help="hidden-state index (default -1, the last layer)")
+    probe.add_argument("--text-column")
+    probe.add_argument("--pair-column")
+    probe.add_argument("--label-column")
+    probe.add_argument("--validation-file")
+    probe.add_argument("--encoding", help="of a csv: file (e.g. latin-1)")
+    probe.add_argument("--token-task", action="store_true", help="rows hold word lists and tag lists")
+    probe.add_argument("--ignore-tag", help="token tasks: the tag of words that are not examples")
+    probe.add_argument("--max-train-samples", type=int)
+    probe.add_argument("--max-eval-samples", type=int)
+    probe.add_argument("--out", help="results JSON")
+    probe.set_defaults(func=_linear_probe)
     ft = sub.add_parser("finetune", help="fine-tune an exported model on a GLUE or local task, over seeds",
                         argument_default=unset)
     ft.add_argument("--config", default=None, help="YAML file (keys of FinetuneConfig; see pretrain/configs/finetune/)")
@@ -149,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ft.add_argument("--encoding", help="of a csv: file (e.g. latin-1)")
     ft.add_argument("--regression", action="store_true", help="the label is a float score")
     ft.add_argument("--token-task", action="store_true", help="rows hold word lists and tag lists")
+    ft.add_argument("--ignore-tag", help="token tasks: the tag of words that are neither trained on nor scored")
     ft.add_argument("--max-train-samples", type=int)
     ft.add_argument("--max-eval-samples", type=int)
     ft.add_argument("--out", help="results JSON")

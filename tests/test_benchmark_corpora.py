@@ -7,6 +7,7 @@ CrowdFlower tweets 38,158 rows (neg 16,186 / neu 15,018 / pos 6,954; the file's 
 """
 import collections
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -40,3 +41,20 @@ def test_corpora_are_complete_and_clean_utf8(tmp_path):
     assert kjv.count("\n\n") >= 1_180  # 1,189 chapters, one paragraph each
     probes = paths["probe_sentences.txt"].read_text(encoding="utf-8").splitlines()
     assert len(probes) == 600 and all(p and p in text for p in probes)
+    # The token-level task: WordNet's own facts (lexnames(5WN): file 29 is verb.body, 6 noun.artifact).
+    train = [json.loads(line) for line in paths["supersense_train.jsonl"].read_text().splitlines()]
+    held = [json.loads(line) for line in paths["supersense_eval.jsonl"].read_text().splitlines()]
+    assert len(train) == 4000 and len(held) == 1500
+    for row in train + held:
+        assert len(row["tokens"]) == len(row["tags"]) and sum(t != corpora.IGNORE_TAG for t in row["tags"]) == 1
+    assert corpora.LEXNAMES[29] == "verb.body" and corpora.LEXNAMES[6] == "noun.artifact" and len(corpora.LEXNAMES) == 45
+
+
+def test_supersense_rows_tag_the_synsets_own_word_and_split_by_synset():
+    rows = corpora.wordnet_supersense_rows()
+    by_text = {" ".join(words): dict(zip(words, tags)) for _, words, tags in rows}
+    # breathe (synset 00001740, lexicographer file 29): "I can breathe better ..." and, inflected, "... is respiring".
+    assert by_text["I can breathe better when the air is clean"]["breathe"] == "verb.body"
+    assert by_text["The patient is respiring"]["respiring"] == "verb.body"
+    train, held = corpora.supersense_split(rows)
+    assert len({r[0] for r in train} & {r[0] for r in held}) == 0

@@ -74,3 +74,34 @@ class SelfSimilarityConfig:
                 raise ConfigError(f"config key '{key}' is required (--{key} or {key}=...)")
         if self.max_length < 2 or self.batch_size < 1:
             raise ConfigError("config keys 'max_length' must be >= 2 and 'batch_size' >= 1")
+
+
+@dataclass
+class LinearProbeConfig:
+    """Frozen-encoder logistic-regression probes of one or more exports on one task (pretrain/evaluation/linear_probe.py)."""
+
+    model: list[str] = field(default_factory=list)  # HF model folders (exports)
+    task: str = ""  # a GLUE name or csv:PATH / json:PATH, as fine-tuning
+    data: LocalTaskOptions = field(default_factory=LocalTaskOptions)
+    layer: int = -1  # hidden-state index: -1 the last layer, 0 the embeddings
+    features: list[str] = field(default_factory=lambda: ["mean", "cls"])  # sequence tasks; token tasks use the word vector
+    c_grid: list[float] = field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0])  # inverse L2 strengths tried by CV
+    folds: int = 5  # stratified k-fold CV on the training split picks C
+    max_train_samples: int = 0  # 0: all (a shuffled subset otherwise)
+    max_eval_samples: int = 0
+    max_length: int = 128
+    batch_size: int = 64
+    seed: int = 0
+    out: Optional[str] = None  # the results JSON (one entry per model)
+
+    def validate(self) -> None:
+        """Models and a task named; the grid and folds usable."""
+        for key in ("model", "task"):
+            if not getattr(self, key):
+                raise ConfigError(f"config key '{key}' is required (--{key} or {key}=...)")
+        if not self.c_grid or any(c <= 0 for c in self.c_grid):
+            raise ConfigError(f"config key 'c_grid' needs positive values, got {self.c_grid}")
+        if self.folds < 2:
+            raise ConfigError(f"config key 'folds' must be >= 2, got {self.folds}")
+        if self.max_length < 2 or self.batch_size < 1:
+            raise ConfigError("config keys 'max_length' must be >= 2 and 'batch_size' >= 1")

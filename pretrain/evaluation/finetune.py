@@ -67,7 +67,7 @@ def _label_ids(spec: TaskSpec, values: list) -> list:
         return [int(v) for v in values]
     index = {name: i for i, name in enumerate(spec.label_names)}
     if spec.kind == "token":
-        return [[index[str(t)] for t in tags] for tags in values]
+        return [[-100 if str(t) == spec.ignore_tag else index[str(t)] for t in tags] for tags in values]
     return [index[str(v)] for v in values]
 
 

@@ -23,6 +23,7 @@ class TaskSpec:
     eval_split: str = "validation"
     kind: str = "sequence"  # or "token" (text: a list of words, label: a list of tags)
     label_names: tuple[str, ...] = field(default=())
+    ignore_tag: Optional[str] = None  # token tasks: words with this tag are neither trained on nor scored
 
 
 GLUE: dict[str, TaskSpec] = {
@@ -119,6 +120,7 @@ class LocalTaskOptions:
     encoding: str = "utf-8"
     regression: bool = False
     token_task: bool = False  # text column holds word lists, label column tag lists
+    ignore_tag: Optional[str] = None  # token tasks: the tag of words that carry no label (sparse annotation)
 
 
 def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSpec, Any, Any]:
@@ -167,8 +169,11 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
         spec = TaskSpec(Path(path).stem, local.text_column, local.pair_column, local.label_column, 1, ("pearson", "spearman"))
         return spec, train, evaluation
     values = (v for rows in (train[local.label_column], evaluation[local.label_column]) for v in rows)
-    names = sorted({str(t) for v in values for t in (v if token else [v])})
+    names = sorted({str(t) for v in values for t in (v if token else [v])} - {local.ignore_tag if token else None})
+    if len(names) < 2:
+        raise InputDataError(f"task '{task}' has {len(names)} label(s) {names}; a classifier needs at least 2")
     metrics = ("accuracy", "f1_macro") if token else ("accuracy", "f1_macro", "matthews")
     spec = TaskSpec(Path(path).stem, local.text_column, local.pair_column, local.label_column, len(names), metrics,
-                    kind="token" if token else "sequence", label_names=tuple(names))
+                    kind="token" if token else "sequence", label_names=tuple(names),
+                    ignore_tag=local.ignore_tag if token else None)
     return spec, train, evaluation

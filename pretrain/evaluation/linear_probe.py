@@ -1,0 +1,178 @@
+"""Frozen-encoder linear probes: logistic regression on an exported model's features.
+
+A small model's fine-tuning result moves with the fine-tuning seed; a probe of frozen features does
+not, and it asks what the pre-training alone put into the representations. Sequence tasks are
+probed on two features of the chosen layer: the mean over the real tokens and the first token
+([CLS]). Token tasks (`data.token_task`) are probed on each tagged word's vector, the mean of its
+sub-tokens. Features are standardised on the training split; the inverse regularisation strength
+C is picked by stratified k-fold cross-validation on the training split (SentEval's protocol), then
+the probe is refit on the whole training split and scored on the evaluation split.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from core.errors import ConfigError, MissingFileError
+from pretrain.evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
+
+log = logging.getLogger("pretrain.linear_probe")
+
+SEQUENCE_FEATURES = ("mean", "cls")
+
+
+def _load(model_dir: str):
+    """Tokenizer and encoder (no head) of an export, in eval mode."""
+    from transformers import AutoModel, AutoTokenizer
+
+    if not (Path(model_dir) / "config.json").is_file():
+        raise MissingFileError(f"model '{model_dir}' is not a Hugging Face model folder (no config.json)")
+    return AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
+
+
+def _hidden(model, enc: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
+    """Hidden states of `layer` (-1: last; 0: embeddings) in float32."""
+    accepted = inspect.signature(model.forward).parameters  # ModernBERT takes no token_type_ids
+    out = model(**{k: v for k, v in enc.items() if k in accepted}, output_hidden_states=True)
+    return out.hidden_states[layer].float()
+
+
+@torch.no_grad()
+def sequence_features(model_dir: str, texts: Sequence[str], pairs: Optional[Sequence[str]] = None, layer: int = -1,
+                      max_length: int = 128, batch_size: int = 64) -> dict[str, np.ndarray]:
+    """Mean-pooled (over real tokens) and first-token features of every text (or text pair)."""
+    tokenizer, model = _load(model_dir)
+    mean, first = [], []
+    for start in range(0, len(texts), batch_size):
+        batch = list(texts[start:start + batch_size])
+        second = list(pairs[start:start + batch_size]) if pairs is not None else None
+        enc = tokenizer(batch, second, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+        hidden = _hidden(model, enc, layer)
+        keep = enc["attention_mask"].unsqueeze(-1).float()
+        mean.append((hidden * keep).sum(1) / keep.sum(1))
+        first.append(hidden[:, 0])
+    return {"mean": torch.cat(mean).numpy(), "cls": torch.cat(first).numpy()}
+
+
+@torch.no_grad()
+def word_features(model_dir: str, sentences: Sequence[Sequence[str]], layer: int = -1, max_length: int = 128,
+                  batch_size: int = 64) -> list[np.ndarray]:
+    """Per sentence, a (words, hidden) array: each word's vector is the mean of its sub-tokens (NaN if truncated away)."""
+    tokenizer, model = _load(model_dir)
+    out = []
+    for start in range(0, len(sentences), batch_size):
+        batch = [[str(w) for w in words] for words in sentences[start:start + batch_size]]
+        enc = tokenizer(batch, is_split_into_words=True, truncation=True, max_length=max_length, padding=True,
+                        return_tensors="pt")
+        hidden = _hidden(model, enc, layer)
+        for i, words in enumerate(batch):
+            vectors = np.full((len(words), hidden.shape[-1]), np.nan, dtype=np.float32)
+            ids = np.array([-1 if w is None else w for w in enc.word_ids(i)])
+            for word in np.unique(ids[ids >= 0]):
+                vectors[word] = hidden[i, torch.from_numpy(ids == word)].mean(0).numpy()
+            out.append(vectors)
+    return out
+
+
+def fit_probe(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, c_grid: Sequence[float] = (0.01, 0.1, 1.0, 10.0),
+              folds: int = 5, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+    """Predictions on `eval_x` of a logistic regression whose C was chosen by k-fold CV on the training split."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    def model(c: float):
+        return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
+
+    # A class rarer than the folds is spread as far as it goes (sklearn warns, and that is expected: a
+    # token task's long tail); only when no class fills two folds is there no CV, and C is the grid's middle.
+    largest = int(np.unique(train_y, return_counts=True)[1].max()) if len(train_y) else 0
+    k = min(folds, largest) if largest >= 2 else 0
+    cv = {}
+    if k >= 2 and len(c_grid) > 1:
+        splits = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            cv = {c: float(cross_val_score(model(c), train_x, train_y, cv=splits).mean()) for c in c_grid}
+        best = max(cv, key=lambda c: (cv[c], -c))  # ties go to the stronger regularisation
+    else:
+        best = c_grid[len(c_grid) // 2]
+    fitted = model(best).fit(train_x, train_y)
+    return fitted.predict(eval_x), {"c": best, "folds": k, "cv_accuracy": {str(c): a for c, a in cv.items()}}
+
+
+def _labels(spec: TaskSpec, values: list) -> np.ndarray:
+    index = {name: i for i, name in enumerate(spec.label_names)}
+    return np.array([index[str(v)] for v in values])
+
+
+def _token_examples(model_dir: str, spec: TaskSpec, rows, layer: int, max_length: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """One (feature, label) per tagged word that survived truncation; `ignore_tag` words are not examples."""
+    words, tags = list(rows[spec.text]), list(rows[spec.label])
+    vectors = word_features(model_dir, words, layer, max_length, batch_size)
+    index = {name: i for i, name in enumerate(spec.label_names)}
+    xs, ys = [], []
+    for vec, row in zip(vectors, tags):
+        for v, tag in zip(vec, row):
+            if str(tag) == spec.ignore_tag or np.isnan(v[0]):
+                continue
+            xs.append(v)
+            ys.append(index[str(tag)])
+    if not xs:
+        raise ConfigError("the token task has no tagged word to probe (every tag is data.ignore_tag, or truncated away)")
+    return np.stack(xs), np.array(ys)
+
+
+def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = None, layer: int = -1,
+                 features: Sequence[str] = SEQUENCE_FEATURES, c_grid: Sequence[float] = (0.01, 0.1, 1.0, 10.0), folds: int = 5,
+                 max_train_samples: int = 0, max_eval_samples: int = 0, max_length: int = 128, batch_size: int = 64,
+                 seed: int = 0, out: Optional[str] = None) -> dict[str, Any]:
+    """Probe one export on one task; return (and write to `out`) each feature's metrics beside the majority class."""
+    local = local or LocalTaskOptions()
+    unknown = set(features) - set(SEQUENCE_FEATURES)
+    if unknown:
+        raise ConfigError(f"unknown probe feature(s) {sorted(unknown)}: choose from {list(SEQUENCE_FEATURES)}")
+    spec, train_rows, eval_rows = load_task(task, local, seed=seed)
+    if spec.num_labels == 1:
+        raise ConfigError(f"task '{task}' is a regression; a linear probe here is a classifier")
+    if max_train_samples:
+        train_rows = train_rows.shuffle(seed=seed).select(range(min(max_train_samples, len(train_rows))))
+    if max_eval_samples:
+        eval_rows = eval_rows.select(range(min(max_eval_samples, len(eval_rows))))
+    start = time.time()
+    if spec.kind == "token":
+        sets = {"word": tuple(_token_examples(model_dir, spec, rows, layer, max_length, batch_size)
+                              for rows in (train_rows, eval_rows))}
+    else:
+        tr = sequence_features(model_dir, list(train_rows[spec.text]), list(train_rows[spec.pair]) if spec.pair else None,
+                               layer, max_length, batch_size)
+        ev = sequence_features(model_dir, list(eval_rows[spec.text]), list(eval_rows[spec.pair]) if spec.pair else None,
+                               layer, max_length, batch_size)
+        ytr, yev = (_labels(spec, list(rows[spec.label])) for rows in (train_rows, eval_rows))
+        sets = {name: ((tr[name], ytr), (ev[name], yev)) for name in features}
+    results = {}
+    for name, ((xtr, ytr), (xev, yev)) in sets.items():
+        pred, chosen = fit_probe(xtr, ytr, xev, c_grid, folds, seed)
+        results[name] = {**score(spec, pred, yev), **chosen}
+    ytr, yev = next(iter(sets.values()))[0][1], next(iter(sets.values()))[1][1]
+    majority = score(spec, np.full_like(yev, np.bincount(ytr).argmax()), yev)
+    result = {"model": str(model_dir), "task": task, "kind": spec.kind, "layer": layer, "label_names": list(spec.label_names),
+              "train_examples": int(len(ytr)), "eval_examples": int(len(yev)), "probes": results,
+              "majority_baseline": majority, "seconds": time.time() - start}
+    if out:
+        from core.atomic_files import write_text_atomic
+
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(Path(out), json.dumps(result, indent=2) + "\n")
+    log.info("%s on %s: %s", model_dir, task, ", ".join(f"{n} accuracy {r['accuracy']:.4f}" for n, r in results.items()))
+    return result
+

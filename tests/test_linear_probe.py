@@ -1,0 +1,155 @@
+"""Frozen-encoder linear probes: the features against an independent per-sentence computation, the probe
+against data whose separability is known by construction, and the CLI on a sequence and a token task."""
+from __future__ import annotations
+
+import csv
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_cli
+from test_evaluation import _tiny_random_bert_with_minilm_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A randomly initialised BERT (hidden 32) with MiniLM's WordPiece tokenizer: its features still carry word identity."""
+    return _tiny_random_bert_with_minilm_tokenizer(tmp_path_factory.mktemp("probe") / "tiny")
+
+
+def test_probe_separates_separable_classes_and_not_noise():
+    from pretrain.evaluation.linear_probe import fit_probe
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 4, 600)
+    x = rng.normal(size=(600, 16))
+    x[np.arange(600), y] += 4.0  # class k is shifted along axis k: linearly separable up to the noise
+    pred, chosen = fit_probe(x[:400], y[:400], x[400:])
+    assert (pred == y[400:]).mean() > 0.95
+    assert chosen["folds"] == 5 and set(chosen["cv_accuracy"]) == {"0.01", "0.1", "1.0", "10.0"}
+    assert chosen["c"] in (0.01, 0.1, 1.0, 10.0) and chosen["cv_accuracy"][str(chosen["c"])] == max(chosen["cv_accuracy"].values())
+    noise = rng.integers(0, 4, 600)  # labels independent of the features
+    pred, _ = fit_probe(x[:400], noise[:400], x[400:])
+    assert (pred == noise[400:]).mean() < 0.4
+
+
+def test_probe_falls_back_to_the_grid_middle_without_folds():
+    from pretrain.evaluation.linear_probe import fit_probe
+
+    x = np.array([[0.0], [1.0], [2.0]])
+    _, chosen = fit_probe(x, np.array([0, 1, 2]), x, c_grid=(0.1, 1.0, 10.0))
+    assert chosen == {"c": 1.0, "folds": 0, "cv_accuracy": {}}  # no class fills two folds: no CV
+
+
+def test_features_equal_an_independent_per_sentence_computation(tiny):
+    """Batched, padded features equal each sentence's own forward: mean over its tokens, its first token, word means."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from pretrain.evaluation.linear_probe import sequence_features, word_features
+
+    texts = ["the cat sat", "a considerably longer sentence about unbelievable tokenisation", "hi"]
+    words = [t.split() for t in texts]
+    tok, model = AutoTokenizer.from_pretrained(tiny), AutoModel.from_pretrained(tiny).eval()
+    for layer in (-1, 1):
+        feats = sequence_features(str(tiny), texts, layer=layer, batch_size=2)
+        per_word = word_features(str(tiny), words, layer=layer, batch_size=2)
+        for i, text in enumerate(texts):
+            with torch.no_grad():
+                h = model(**tok(text, return_tensors="pt"), output_hidden_states=True).hidden_states[layer][0].double()
+            np.testing.assert_allclose(feats["mean"][i], h.mean(0).numpy(), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(feats["cls"][i], h[0].numpy(), rtol=1e-5, atol=1e-5)
+            enc = tok(words[i], is_split_into_words=True, return_tensors="pt")
+            with torch.no_grad():
+                hw = model(**enc, output_hidden_states=True).hidden_states[layer][0].double()
+            ids = enc.word_ids(0)
+            assert per_word[i].shape == (len(words[i]), 32)
+            for w in range(len(words[i])):
+                rows = [j for j, k in enumerate(ids) if k == w]
+                np.testing.assert_allclose(per_word[i][w], hw[rows].mean(0).numpy(), rtol=1e-5, atol=1e-5)
+    assert len(tok.tokenize("unbelievable tokenisation")) > 2  # the word means above did average sub-tokens
+
+
+ANIMALS, TOOLS, FILLER = ["cat", "dog", "horse", "sheep"], ["hammer", "saw", "drill", "spade"], ["the", "a", "big", "old", "red"]
+
+
+def _token_rows(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        target = rng.choice(ANIMALS + TOOLS)
+        words = [rng.choice(FILLER) for _ in range(rng.randint(1, 4))] + [target] + [rng.choice(FILLER)]
+        rows.append({"tokens": words, "tags": ["-" if w != target else ("animal" if w in ANIMALS else "tool") for w in words]})
+    return rows
+
+
+def test_token_probe_cli_scores_only_the_tagged_words(tiny, tmp_path):
+    train, dev = tmp_path / "train.jsonl", tmp_path / "dev.jsonl"
+    for path, rows in ((train, _token_rows(200, 1)), (dev, _token_rows(80, 2))):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "probe.json"
+    proc = run_cli("pretrain", ["evaluate", "linear-probe", "--model", str(tiny), "--task", f"json:{train}",
+                                "--validation-file", str(dev), "--token-task", "--text-column", "tokens", "--label-column",
+                                "tags", "--ignore-tag=-", "--out", str(out)])
+    result = json.loads(out.read_text())["results"][0]
+    assert result["kind"] == "token" and result["label_names"] == ["animal", "tool"]
+    assert result["train_examples"] == 200 and result["eval_examples"] == 80  # one tagged word per row; '-' is no example
+    assert result["probes"]["word"]["accuracy"] > 0.9 > result["majority_baseline"]["accuracy"]
+    assert "word accuracy" in proc.stdout
+
+
+def test_sequence_probe_cli_and_its_errors(tiny, tmp_path):
+    rng = random.Random(0)
+    path = tmp_path / "topics.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "topic"])
+        for _ in range(240):
+            topic = rng.choice(["animals", "tools"])
+            words = [rng.choice(FILLER) for _ in range(6)] + [rng.choice(ANIMALS if topic == "animals" else TOOLS)]
+            rng.shuffle(words)
+            w.writerow([" ".join(words), topic])
+    out = tmp_path / "probe.json"
+    run_cli("pretrain", ["evaluate", "linear-probe", "--model", str(tiny), "--task", f"csv:{path}", "--label-column",
+                         "topic", "layer=0", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    result = saved["results"][0]
+    assert saved["config"]["layer"] == 0 and saved["config"]["data"]["label_column"] == "topic"
+    assert set(result["probes"]) == {"mean", "cls"} and result["eval_examples"] == 24  # val_fraction 0.1
+    # The mean of the embeddings carries the topic word; the [CLS] embedding is the same for every row.
+    assert result["probes"]["mean"]["accuracy"] > 0.9
+    assert result["probes"]["cls"]["accuracy"] <= result["majority_baseline"]["accuracy"] + 0.1
+
+    from pretrain.cli import main
+
+    cases = [(["--task", f"csv:{path}"], "no column 'label'"),
+             (["--task", f"csv:{path}", "--label-column", "topic", "features=[max]"], "unknown probe feature"),
+             (["--task", f"csv:{path}", "--label-column", "topic", "folds=1"], "'folds' must be >= 2"),
+             (["--task", f"csv:{tmp_path / 'missing.csv'}"], "missing.csv")]
+    for extra, message in cases:
+        refused = run_cli("pretrain", ["evaluate", "linear-probe", "--model", str(tiny), *extra], check=False)
+        assert refused.returncode == 2 and message in refused.stderr, (extra, refused.stderr)
+        assert refused.stderr.strip().count("\n") == 0 and "Traceback" not in refused.stderr
+    assert main(["evaluate", "linear-probe", "--task", "sst2"]) == 2
+
+
+def test_ignored_tags_are_not_labels_when_fine_tuning(tiny, tmp_path):
+    from transformers import AutoTokenizer
+
+    from pretrain.evaluation.finetune import encode
+    from pretrain.evaluation.tasks import LocalTaskOptions, load_task
+
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _token_rows(20, 3)))
+    spec, train, _ = load_task(f"json:{path}", LocalTaskOptions(text_column="tokens", label_column="tags", token_task=True,
+                                                                ignore_tag="-"))
+    assert spec.label_names == ("animal", "tool")
+    tok = AutoTokenizer.from_pretrained(tiny)
+    enc = encode(spec, train, tok, 64)
+    for i, row in enumerate(train):
+        ids = tok(row["tokens"], is_split_into_words=True).word_ids()
+        labelled = [lab for lab in enc["labels"][i] if lab != -100]
+        target = next(w for w, t in enumerate(row["tags"]) if t != "-")
+        assert labelled == [spec.label_names.index(row["tags"][target])]  # only the tagged word's first sub-token
+        assert enc["labels"][i][ids.index(target)] == labelled[0]
