@@ -193,10 +193,158 @@ def probe_all(args: argparse.Namespace, out: Path) -> None:
                 write_json(path, record)
 
 
+# Each objective's own diagnostic of its main model (issue 9), and what counts as past the plateau (issue 14's goals).
+DIAGNOSTIC = {"MLM": ("mlm_loss_below_unigram", 1.5), "TACO": ("mlm_loss_below_unigram", 1.5),
+              "ELECTRA": ("rtd_auc", 0.8), "COCO-LM": ("copy_auc", 0.8)}
+PRIOR = {"ELECTRA": "rtd_loss_below_prior", "COCO-LM": "copy_loss_below_prior"}
+PROBES = (("bbc", "mean"), ("tweets", "mean"), ("supersense", "word"))
+
+
+def _ms(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    import statistics
+
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _fmt(values: list[float], digits: int = 3) -> str:
+    if not values:
+        return ""
+    m, s = _ms(values)
+    return f"{m:.{digits}f} ± {s:.{digits}f}" if len(values) > 1 else f"{m:.{digits}f}"
+
+
+def report(args: argparse.Namespace) -> None:
+    """Tables (markdown, printed) and the plot of every recorded run: diagnostics, probes and fine-tuning against FLOPs."""
+    records: dict[str, list[dict]] = {}
+    for path in sorted(RESULTS.glob("*_seed*.json")):
+        r = json.loads(path.read_text())
+        records.setdefault(r["objective"], []).append(r)
+    names = [n for n in OBJECTIVES if n in records]
+    base = json.loads((RESULTS / "random_init.json").read_text()) if (RESULTS / "random_init.json").is_file() else None
+    print("| objective | seeds | steps | training TFLOP | wall s | MLM loss below unigram | own diagnostic | below prior |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in names:
+        finals = [r["checkpoints"][-1]["validation"] for r in records[n]]
+        mlm_key = "mlm_loss_below_unigram" if n in ("MLM", "TACO") else "generator_mlm_loss_below_unigram"
+        key, goal = DIAGNOSTIC[n]
+        own = "" if n in ("MLM", "TACO") and key == mlm_key else f"{key} {_fmt([f[key] for f in finals if key in f])}"
+        if n == "TACO":
+            own = f"tc_retrieval_accuracy {_fmt([f['tc_retrieval_accuracy'] for f in finals])}"
+        print(f"| {n} | {len(records[n])} | {records[n][0]['steps']} | {records[n][0]['flops'] / 1e12:.2f} | "
+              f"{_fmt([r['wall_s'] for r in records[n]], 0)} | {_fmt([f[mlm_key] for f in finals if mlm_key in f])}"
+              f"{' (generator)' if mlm_key.startswith('generator') else ''} | {own} | "
+              f"{_fmt([f[PRIOR[n]] for f in finals if PRIOR.get(n) in f])} |")
+    for task, feature in PROBES:
+        print(f"\nLinear probe, {task} ({feature} features): accuracy by fraction of the FLOP budget (mean ± std over seeds)")
+        print("| objective | 0 (random init) | 1/4 | 1/2 | 3/4 | 1 |")
+        print("|---|---|---|---|---|---|")
+        zero = _fmt([b[task]["accuracy"][feature] for b in base["probes"].values()]) if base else ""
+        for n in names:
+            cells = [_fmt([r["checkpoints"][i]["probes"][task]["accuracy"][feature] for r in records[n]
+                           if "probes" in r["checkpoints"][i]]) for i in range(4)]
+            print(f"| {n} | {zero} | " + " | ".join(cells) + " |")
+    print("\nBBC fine-tuning at the end of the budget (3 fine-tuning seeds per pre-training seed, mean ± std over all)")
+    for n in names:
+        accs = [a for r in records[n] for a in r["checkpoints"][-1].get("finetune", {}).get("bbc", {}).get("accuracy", [])]
+        print(f"- {n}: {_fmt(accs)}")
+    reach = fractions_to_reach_mlm(records)
+    print("\nFraction of MLM's FLOPs at which each objective's probe first reaches MLM's final probe accuracy "
+          "(linear interpolation between checkpoints; None: not reached within the budget)")
+    for (task, feature), per in reach.items():
+        print(f"- {task}: " + ", ".join(f"{n} {'not reached' if v is None else f'{v:.2f}'}" for n, v in per.items()))
+    write_json(RESULTS / "summary.json", {"fraction_of_mlm_flops_to_reach_mlm_final": {t: v for (t, _), v in reach.items()}})
+    plot(records, base, REPO / "docs" / "results" / "equal_compute.png")
+
+
+def _curve(runs: list[dict], task: str, feature: str) -> list[tuple[float, float]]:
+    """(fraction of the budget, mean probe accuracy over seeds) at each probed checkpoint."""
+    out = []
+    for i in range(4):
+        accs = [r["checkpoints"][i]["probes"][task]["accuracy"][feature] for r in runs if "probes" in r["checkpoints"][i]]
+        if len(accs) == len(runs):
+            out.append((runs[0]["checkpoints"][i]["fraction_of_budget"], _ms(accs)[0]))
+    return out
+
+
+def fractions_to_reach_mlm(records: dict[str, list[dict]]) -> dict[tuple[str, str], dict[str, float | None]]:
+    """Per probe task: the FLOP fraction where each objective's mean curve (from 0 at random init) crosses MLM's final value."""
+    base = json.loads((RESULTS / "random_init.json").read_text()) if (RESULTS / "random_init.json").is_file() else None
+    out = {}
+    for task, feature in PROBES:
+        mlm = _curve(records.get("MLM", []), task, feature)
+        if not mlm or mlm[-1][0] < 0.99:
+            continue
+        target = mlm[-1][1]
+        start = [(0.0, _ms([b[task]["accuracy"][feature] for b in base["probes"].values()])[0])] if base else []
+        per = {}
+        for n, runs in records.items():
+            points, hit = start + _curve(runs, task, feature), None
+            for (f0, a0), (f1, a1) in zip(points, points[1:]):
+                if a1 >= target:
+                    hit = f1 if a1 == a0 or a0 >= target else f0 + (target - a0) / (a1 - a0) * (f1 - f0)
+                    break
+            per[n] = hit
+        out[task, feature] = per
+    return out
+
+
+def plot(records: dict[str, list[dict]], base: dict | None, path: Path) -> None:
+    """Probe accuracies and the validation MLM loss against training FLOPs, mean ± std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from core.atomic_files import save_figure_atomic
+
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    for ax, (task, feature) in zip(axes, PROBES):
+        for n, runs in records.items():
+            xs, ms, ss = [], [], []
+            if base:
+                m, s = _ms([b[task]["accuracy"][feature] for b in base["probes"].values()])
+                xs, ms, ss = [0.0], [m], [s]
+            for i in range(4):
+                accs = [r["checkpoints"][i]["probes"][task]["accuracy"][feature] for r in runs if "probes" in r["checkpoints"][i]]
+                if accs:
+                    xs.append(runs[0]["checkpoints"][i]["flops"] / 1e12)
+                    m, s = _ms(accs)
+                    ms.append(m)
+                    ss.append(s)
+            ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=n)
+        ax.set_title(f"linear probe: {task} ({feature})")
+        ax.set_xlabel("training TFLOP (top: steps of MLM)")
+        ax.set_ylabel("accuracy")
+        ax.grid(alpha=0.3)
+    ax = axes[3]
+    for n, runs in records.items():
+        key = "mlm_loss" if n in ("MLM", "TACO") else "generator_mlm_loss"
+        xs = [c["flops"] / 1e12 for c in runs[0]["checkpoints"]]
+        vals = [[r["checkpoints"][i]["validation"].get(key) for r in runs] for i in range(4)]
+        ax.plot(xs, [_ms(v)[0] if None not in v else float("nan") for v in vals], marker="o",
+                label=n + (" (generator)" if key.startswith("generator") else ""))
+    ax.set_title("validation MLM loss (nats)")
+    ax.set_xlabel("training TFLOP")
+    ax.grid(alpha=0.3)
+    mlm = records.get("MLM")
+    if mlm:  # the step axis beside the FLOP axis: MLM's steps at the same compute
+        per_step = mlm[0]["flops_per_step"] / 1e12
+        for a in axes:
+            top = a.secondary_xaxis("top", functions=(lambda x, p=per_step: x / p, lambda s, p=per_step: s * p))
+            top.set_xlabel("MLM steps")
+    for a in axes:
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_figure_atomic(fig, path)
+    plt.close(fig)
+
+
 def main() -> None:
     """Dispatch the stage."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["plan", "train", "probe"])
+    parser.add_argument("stage", choices=["plan", "train", "probe", "report"])
     parser.add_argument("--corpora", default="runs/corpora", help="output of benchmarks/corpora.py")
     parser.add_argument("--out", default="runs/equal_compute")
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
@@ -206,6 +354,8 @@ def main() -> None:
     parser.add_argument("--mlm-steps", type=int, default=1000, help="the budget: MLM's training FLOPs in this many steps")
     args = parser.parse_args()
     setup_logging()
+    if args.stage == "report":
+        return report(args)
     out = Path(args.out).resolve()
     data = scratch_data(Path(args.corpora).resolve(), out / "data")
     if args.stage == "plan":

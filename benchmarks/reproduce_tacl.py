@@ -12,28 +12,62 @@
    fixed train/eval split for all, several seeds.
 
 Writes `OUT/results.json`, `OUT/self_similarity.{json,png}` and prints the tables RESULTS.md quotes.
+
+Issue 17, item 3: a teacher trained here instead of MiniLM. `--train-teacher bert|modernbert` first
+pre-trains an MLM teacher from scratch with the recipe (issue 14; BERT with relative_key_query
+positions, or ModernBERT; no dropout, 30% masking, lr 2e-3) on RESULTS.md (b)'s shards for
+`--teacher-steps`, validating every 1/12 of the run so the report can show its loss has flattened,
+then continues it with TaCL and with MLM only, once per `--seeds` value (the seed sets the masks and
+the data order; TaCL and MLM-only of one seed see the same of both):
+
+    python benchmarks/reproduce_tacl.py --train-teacher bert --seeds 1 2 --out runs/results/tacl_bert
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from equal_compute import PROBES, probe_one, probe_tasks  # noqa: E402
 from repro_common import (  # noqa: E402
+    REPO,
     export,
     finetune_cached,
     log,
     minilm_dir,
     prepare,
+    scratch_data,
     setup_logging,
     split_csv,
     train,
     validation_losses,
     write_json,
 )
+
+# Issue 14's recipe on each backbone, spelled out (benchmarks/recipe_sweep.py, groups mlm and scratch).
+TEACHER = {
+    "bert": ["model.architecture=bert", "model.position_embedding=relative_key_query"],
+    "modernbert": ["model.architecture=modernbert"],
+}
+RECIPE = ["model.dropout=0", "model.attention_dropout=0", "masking.mask_prob=0.3", "optimizer.lr=2e-3",
+          "train.micro_batch_size=16", "train.global_batch_size=32", "train.log_every=50", "train.eval_batches=16"]
+
+
+def train_teacher(backbone: str, data: Path, out: Path, steps: int) -> tuple[Path, dict]:
+    """An MLM teacher pre-trained here from scratch with the recipe; its export and validation curve."""
+    every = max(1, steps // 12)
+    run_dir = train("pretrain/configs/demo_mlm.yaml", [*TEACHER[backbone], *RECIPE, f"data.path={data}", "train.seed=1",
+                                                       f"train.save_every={steps}", f"train.eval_every={every}",
+                                                       f"schedule.warmup_steps={max(10, steps // 16)}"],
+                    out / f"train_teacher_{backbone}", steps)
+    curve = validation_losses(run_dir)
+    write_json(REPO / "benchmarks" / "results" / f"tacl_teacher_{backbone}.json",
+               {"backbone": backbone, "steps": steps, "overrides": [*TEACHER[backbone], *RECIPE], "validation": curve})
+    return export(run_dir, steps, out / f"teacher_{backbone}"), curve
 
 
 def main() -> None:
@@ -43,13 +77,18 @@ def main() -> None:
     parser.add_argument("--out", default="runs/results/tacl")
     parser.add_argument("--teacher", default=None, help="starting HF folder (default: the pip-installed MiniLM-L6)")
     parser.add_argument("--teacher-name", default="MiniLM-L6 (teacher)")
+    parser.add_argument("--train-teacher", choices=sorted(TEACHER), default=None,
+                        help="pre-train the teacher here (on (b)'s shards) instead of starting from --teacher")
+    parser.add_argument("--teacher-steps", type=int, default=3000)
     parser.add_argument("--data", default=None, help="existing shards in the teacher's vocabulary (default: prepare OUT/data)")
     parser.add_argument("--skip-finetune", action="store_true")
+    parser.add_argument("--probe", action="store_true", help="linear probes (BBC, tweets, supersenses) of every model")
     parser.add_argument("--override", nargs="*", default=[], help="more key=value overrides for both runs")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--global-batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-5)
-    parser.add_argument("--seed", type=int, default=42, help="pre-training seed (masking and data order)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42],
+                        help="continual pre-training seeds (masks and data order); one pair of runs per seed")
     parser.add_argument("--ft-seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--ft-train", type=int, default=2000)
     parser.add_argument("--ft-eval", type=int, default=1000)
@@ -58,20 +97,31 @@ def main() -> None:
     args = parser.parse_args()
     setup_logging()
     corpora, out = Path(args.corpora).resolve(), Path(args.out).resolve()
-    teacher = Path(args.teacher).resolve() if args.teacher else minilm_dir()
-    tname = args.teacher_name
-
-    data = Path(args.data).resolve() if args.data else prepare({"sources": [{"kind": "text", "path": f"{corpora / 'wordnet_glosses.txt'},{corpora / 'kjv.txt'}",
-                                 "text_documents": "paragraph"}],
-                    "tokenizer": {"pretrained": str(teacher)}, "seq_len": 128, "packing": "full", "val_fraction": 0.02},
-                   out / "data")
-    common = [f"model.init_from={teacher}", f"data.path={data}", f"optimizer.lr={args.lr}",
-              f"train.global_batch_size={args.global_batch}", "train.micro_batch_size=16", f"train.seed={args.seed}",
-              f"schedule.warmup_steps={max(1, args.steps // 10)}", f"train.save_every={args.steps}",
-              f"train.eval_every={args.steps}", "train.eval_batches=8", "train.log_every=10", *args.override]
-    runs = {"TaCL": train("pretrain/configs/tacl_minilm.yaml", common, out / "train_tacl", args.steps),
-            "MLM-only": train("pretrain/configs/tacl_minilm.yaml", [*common, "objective.name=mlm"], out / "train_mlm",
-                              args.steps)}
+    teacher_curve = None
+    if args.train_teacher:
+        data = scratch_data(corpora, Path(args.data).resolve() if args.data else out / "data")
+        teacher, teacher_curve = train_teacher(args.train_teacher, data, out, args.teacher_steps)
+        tname = f"{args.train_teacher} MLM teacher, {args.teacher_steps} steps"
+    else:
+        teacher = Path(args.teacher).resolve() if args.teacher else minilm_dir()
+        tname = args.teacher_name
+        data = Path(args.data).resolve() if args.data else prepare(
+            {"sources": [{"kind": "text", "path": f"{corpora / 'wordnet_glosses.txt'},{corpora / 'kjv.txt'}",
+                          "text_documents": "paragraph"}],
+             "tokenizer": {"pretrained": str(teacher)}, "seq_len": 128, "packing": "full", "val_fraction": 0.02}, out / "data")
+    legacy = args.seeds == [42]  # (a) and (a') ran one seed into unsuffixed folders; keep them reusable
+    runs: dict[str, Path] = {}
+    for seed in args.seeds:
+        suffix = "" if legacy else f"_seed{seed}"
+        tag = "" if legacy else f", seed {seed}"
+        common = [f"model.init_from={teacher}", f"data.path={data}", f"optimizer.lr={args.lr}",
+                  f"train.global_batch_size={args.global_batch}", "train.micro_batch_size=16", f"train.seed={seed}",
+                  *([] if legacy else [f"data.shuffle_seed={seed}"]),
+                  f"schedule.warmup_steps={max(1, args.steps // 10)}", f"train.save_every={args.steps}",
+                  f"train.eval_every={args.steps}", "train.eval_batches=8", "train.log_every=10", *args.override]
+        runs[f"TaCL{tag}"] = train("pretrain/configs/tacl_minilm.yaml", common, out / f"train_tacl{suffix}", args.steps)
+        runs[f"MLM-only{tag}"] = train("pretrain/configs/tacl_minilm.yaml", [*common, "objective.name=mlm"],
+                                       out / f"train_mlm{suffix}", args.steps)
     models = {tname: teacher}
     for name, run_dir in runs.items():
         models[name] = export(run_dir, args.steps, out / f"export_{run_dir.name.removeprefix('train_')}")
@@ -83,10 +133,18 @@ def main() -> None:
     write_report(sim, out / "self_similarity", {"text": str(corpora / "probe_sentences.txt"), "sentences": len(sentences),
                                                 "special_tokens": "include", "steps": args.steps})
 
+    probes = {}
+    if args.probe:
+        tasks = probe_tasks(corpora, out)
+        for name, path in models.items():
+            slug = Path(path).name
+            probes[name] = {t: probe_one(Path(path), t, tasks[t], out / "probes" / f"{slug}_{t}.json")["accuracy"][f]
+                            for t, f in PROBES}
+
     train_csv, eval_csv = split_csv(corpora / "tweets.csv", out / "tweets", args.ft_train, args.ft_eval)
     ft = {}
     for name, path in ({} if args.skip_finetune else models).items():
-        slug = name.split()[0].lower()
+        slug = "teacher" if name == tname else Path(path).name.removeprefix("export_")
         ft[name] = finetune_cached(path, train_csv, args.ft_seeds, out / f"finetune_{slug}.json", recipe_name="taco",
                                    overrides={"epochs": args.ft_epochs, "max_length": args.ft_max_length},
                                    validation_file=str(eval_csv))
@@ -98,24 +156,39 @@ def main() -> None:
         val = validation_losses(runs[name]).get(args.steps, {}) if name in runs else {}
         rows.append({"model": name, "self_similarity": sim[name], "last_layer": sim[name][-1],
                      "last_layer_vs_teacher": sim[name][-1] / teacher_last - 1.0,
-                     "validation": val, "accuracy_per_seed": acc,
+                     "validation": val, "accuracy_per_seed": acc, "probes": probes.get(name, {}),
                      # finetune() already summarises its seeds
                      "accuracy_mean": ft[name]["summary"]["accuracy"]["mean"] if name in ft else None,
                      "accuracy_std": ft[name]["summary"]["accuracy"]["std"] if name in ft else 0.0,
                      "f1_macro_mean": ft[name]["summary"]["f1_macro"]["mean"] if name in ft else None})
     majority = ft[tname]["majority_baseline"] if ft else None
-    write_json(out / "results.json", {"args": vars(args), "rows": rows, "majority_baseline": majority})
+    spread = {}
+    for kind in ("TaCL", "MLM-only"):
+        drops = [r["last_layer_vs_teacher"] for r in rows if r["model"].split(",")[0] == kind]
+        spread[kind] = {"last_layer_vs_teacher_mean": statistics.fmean(drops),
+                        "last_layer_vs_teacher_std": statistics.stdev(drops) if len(drops) > 1 else 0.0, "seeds": len(drops)}
+    write_json(out / "results.json", {"args": vars(args), "teacher": str(teacher), "teacher_validation": teacher_curve,
+                                      "rows": rows, "by_objective": spread, "majority_baseline": majority})
 
     print(f"\nTaCL vs MLM-only continual pre-training of {tname}, {args.steps} steps × {args.global_batch} × 128 tokens")
-    print("| model | self-sim. layer 1 | layer 6 | layer 6 vs teacher | val. MLM loss | tweets accuracy (mean ± std) | per seed |")
-    print("|---|---|---|---|---|---|---|")
+    if teacher_curve:
+        print("teacher validation MLM loss: " + ", ".join(f"{s}: {v['mlm_loss']:.3f}" for s, v in sorted(teacher_curve.items())))
+    last = len(sim[tname])
+    probe_head = "".join(f" {t} probe |" for t, _ in PROBES) if probes else ""
+    print(f"| model | self-sim. layer 1 | layer {last} | layer {last} vs teacher | val. MLM loss |{probe_head}"
+          " tweets accuracy (mean ± std) | per seed |")
+    print("|---|---|---|---|---|" + "---|" * (len(PROBES) if probes else 0) + "---|---|")
     for r in rows:
         mlm = r["validation"].get("mlm_loss")
         mlm_text = "" if mlm is None else f"{mlm:.3f}"
         acc_text = "" if r["accuracy_mean"] is None else f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f}"
         seeds_text = ", ".join(f"{a:.4f}" for a in r["accuracy_per_seed"])
+        probe_text = "".join(f" {r['probes'][t]:.4f} |" for t, _ in PROBES) if probes else ""
         print(f"| {r['model']} | {r['self_similarity'][0]:.3f} | {r['last_layer']:.3f} | {r['last_layer_vs_teacher']:+.1%} | "
-              f"{mlm_text} | {acc_text} | {seeds_text} |")
+              f"{mlm_text} |{probe_text} {acc_text} | {seeds_text} |")
+    for kind, v in spread.items():
+        print(f"{kind}: last layer vs teacher {v['last_layer_vs_teacher_mean']:+.1%} ± {v['last_layer_vs_teacher_std']:.1%} "
+              f"over {v['seeds']} seed(s)")
     print(f"majority class: {majority}")
     log.info("wrote %s", out / "results.json")
 

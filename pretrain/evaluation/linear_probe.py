@@ -89,6 +89,7 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, c_gr
     from sklearn.model_selection import StratifiedKFold, cross_val_score
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
+    from threadpoolctl import threadpool_limits
 
     def model(c: float):
         return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
@@ -98,16 +99,17 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, c_gr
     largest = int(np.unique(train_y, return_counts=True)[1].max()) if len(train_y) else 0
     k = min(folds, largest) if largest >= 2 else 0
     cv = {}
-    if k >= 2 and len(c_grid) > 1:
-        splits = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
+    # One BLAS thread: these matrices are small, and OpenBLAS's threads measured 20x slower beside a busy core.
+    with threadpool_limits(1), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        if k >= 2 and len(c_grid) > 1:
+            splits = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
             cv = {c: float(cross_val_score(model(c), train_x, train_y, cv=splits).mean()) for c in c_grid}
-        best = max(cv, key=lambda c: (cv[c], -c))  # ties go to the stronger regularisation
-    else:
-        best = c_grid[len(c_grid) // 2]
-    fitted = model(best).fit(train_x, train_y)
-    return fitted.predict(eval_x), {"c": best, "folds": k, "cv_accuracy": {str(c): a for c, a in cv.items()}}
+            best = max(cv, key=lambda c: (cv[c], -c))  # ties go to the stronger regularisation
+        else:
+            best = c_grid[len(c_grid) // 2]
+        pred = model(best).fit(train_x, train_y).predict(eval_x)
+    return pred, {"c": best, "folds": k, "cv_accuracy": {str(c): a for c, a in cv.items()}}
 
 
 def _labels(spec: TaskSpec, values: list) -> np.ndarray:
