@@ -248,7 +248,7 @@ def report(args: argparse.Namespace) -> None:
     for n in names:
         accs = [a for r in records[n] for a in r["checkpoints"][-1].get("finetune", {}).get("bbc", {}).get("accuracy", [])]
         print(f"- {n}: {_fmt(accs)}")
-    reach = fractions_to_reach_mlm(records)
+    reach = fractions_to_reach_mlm(records, base)
     print("\nFraction of MLM's FLOPs at which each objective's probe first reaches MLM's final probe accuracy "
           "(linear interpolation between checkpoints; None: not reached within the budget)")
     for (task, feature), per in reach.items():
@@ -267,9 +267,9 @@ def _curve(runs: list[dict], task: str, feature: str) -> list[tuple[float, float
     return out
 
 
-def fractions_to_reach_mlm(records: dict[str, list[dict]]) -> dict[tuple[str, str], dict[str, float | None]]:
-    """Per probe task: the FLOP fraction where each objective's mean curve (from 0 at random init) crosses MLM's final value."""
-    base = json.loads((RESULTS / "random_init.json").read_text()) if (RESULTS / "random_init.json").is_file() else None
+def fractions_to_reach_mlm(records: dict[str, list[dict]], base: dict | None) -> dict[tuple[str, str], dict[str, float | None]]:
+    """Per probe task: the FLOP fraction where each objective's mean curve (from the random-init point `base`, at 0)
+    first reaches MLM's final mean, interpolating linearly between checkpoints; None if it never does."""
     out = {}
     for task, feature in PROBES:
         mlm = _curve(records.get("MLM", []), task, feature)
