@@ -16,6 +16,9 @@ Writes (each through a temporary name, then a rename):
   `noun.artifact`, `verb.motion`), every other word with `-` (not a label: `data.ignore_tag=-`).
   Split by synset, so no sense is in both halves. The sentences are in `wordnet_glosses.txt` too,
   so every pre-trained model has read them; the labels are in no pre-training input.
+- `wordpos_{train,eval}.jsonl`: the same sentences and target words tagged with the coarse part of
+  the supersense, the word's part of speech in context (noun, verb, adj, adv): an easier,
+  syntactic token-level task beside the 45-way semantic one.
 """
 from __future__ import annotations
 
@@ -137,6 +140,11 @@ def supersense_split(rows: list, train: int = 4000, evaluation: int = 1500, seed
     return rng.sample(kept, min(train, len(kept))), rng.sample(held, min(evaluation, len(held)))
 
 
+def coarse(rows: list) -> list:
+    """The rows with each tag cut to its part of speech (`verb.motion` -> `verb`)."""
+    return [(synset, words, [t if t == IGNORE_TAG else t.split(".")[0] for t in tags]) for synset, words, tags in rows]
+
+
 def to_jsonl(rows: list) -> str:
     """JSON lines with `tokens` (words) and `tags`, the token-task columns of the fine-tuning and probe harnesses."""
     import json
@@ -187,7 +195,8 @@ def build(out: Path) -> dict[str, Path]:
     """Write every corpus and labelled set under `out`; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in ("wordnet_glosses.txt", "kjv.txt", "bbc_news.csv", "tweets.csv", "probe_sentences.txt",
-                                           "supersense_train.jsonl", "supersense_eval.jsonl")}
+                                           "supersense_train.jsonl", "supersense_eval.jsonl", "wordpos_train.jsonl",
+                                           "wordpos_eval.jsonl")}
     glosses = wordnet_glosses()
     # Paragraphs of 8 glosses: `text_documents: paragraph` then reads documents of ~100 tokens.
     write_text_atomic(paths["wordnet_glosses.txt"], "\n\n".join("\n".join(glosses[i:i + 8]) for i in range(0, len(glosses), 8)) + "\n")
@@ -201,6 +210,8 @@ def build(out: Path) -> dict[str, Path]:
     train, held = supersense_split(wordnet_supersense_rows())
     write_text_atomic(paths["supersense_train.jsonl"], to_jsonl(train))
     write_text_atomic(paths["supersense_eval.jsonl"], to_jsonl(held))
+    write_text_atomic(paths["wordpos_train.jsonl"], to_jsonl(coarse(train)))
+    write_text_atomic(paths["wordpos_eval.jsonl"], to_jsonl(coarse(held)))
     return paths
 
 

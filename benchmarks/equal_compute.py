@@ -125,6 +125,9 @@ def probe_tasks(corpora: Path, out: Path) -> dict[str, dict]:
         "supersense": {"task": f"json:{corpora / 'supersense_train.jsonl'}",
                        "data": {"validation_file": str(corpora / "supersense_eval.jsonl"), "token_task": True,
                                 "text_column": "tokens", "label_column": "tags", "ignore_tag": "-"}},
+        "wordpos": {"task": f"json:{corpora / 'wordpos_train.jsonl'}",
+                    "data": {"validation_file": str(corpora / "wordpos_eval.jsonl"), "token_task": True,
+                             "text_column": "tokens", "label_column": "tags", "ignore_tag": "-"}},
     }
 
 
@@ -197,7 +200,7 @@ def probe_all(args: argparse.Namespace, out: Path) -> None:
 DIAGNOSTIC = {"MLM": ("mlm_loss_below_unigram", 1.5), "TACO": ("mlm_loss_below_unigram", 1.5),
               "ELECTRA": ("rtd_auc", 0.8), "COCO-LM": ("copy_auc", 0.8)}
 PRIOR = {"ELECTRA": "rtd_loss_below_prior", "COCO-LM": "copy_loss_below_prior"}
-PROBES = (("bbc", "mean"), ("tweets", "mean"), ("supersense", "word"))
+PROBES = (("bbc", "mean"), ("tweets", "mean"), ("supersense", "word"), ("wordpos", "word"))
 
 
 def _ms(values: list[float]) -> tuple[float, float]:
@@ -298,7 +301,7 @@ def plot(records: dict[str, list[dict]], base: dict | None, path: Path) -> None:
 
     from core.atomic_files import save_figure_atomic
 
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    fig, axes = plt.subplots(1, len(PROBES) + 1, figsize=(5 * len(PROBES) + 5, 4.2))
     for ax, (task, feature) in zip(axes, PROBES):
         for n, runs in records.items():
             xs, ms, ss = [], [], []
@@ -317,7 +320,7 @@ def plot(records: dict[str, list[dict]], base: dict | None, path: Path) -> None:
         ax.set_xlabel("training TFLOP (top: steps of MLM)")
         ax.set_ylabel("accuracy")
         ax.grid(alpha=0.3)
-    ax = axes[3]
+    ax = axes[-1]
     for n, runs in records.items():
         key = "mlm_loss" if n in ("MLM", "TACO") else "generator_mlm_loss"
         xs = [c["flops"] / 1e12 for c in runs[0]["checkpoints"]]

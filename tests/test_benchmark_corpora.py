@@ -47,6 +47,10 @@ def test_corpora_are_complete_and_clean_utf8(tmp_path):
     assert len(train) == 4000 and len(held) == 1500
     for row in train + held:
         assert len(row["tokens"]) == len(row["tags"]) and sum(t != corpora.IGNORE_TAG for t in row["tags"]) == 1
+    pos = [json.loads(line) for line in paths["wordpos_train.jsonl"].read_text().splitlines()]
+    assert [r["tokens"] for r in pos] == [r["tokens"] for r in train]
+    assert all(p == t.split(".")[0] for a, b in zip(pos, train) for p, t in zip(a["tags"], b["tags"]) if t != "-")
+    assert {t for r in pos for t in r["tags"]} == {"-", "noun", "verb", "adj", "adv"}
     assert corpora.LEXNAMES[29] == "verb.body" and corpora.LEXNAMES[6] == "noun.artifact" and len(corpora.LEXNAMES) == 45
 
 
