@@ -22,7 +22,7 @@ from pretrain.run_dir import CHECKPOINTS_DIR, CONFIG_FILE, DATA_MANIFEST_FILE, M
 log = logging.getLogger("pretrain.export")
 
 
-def resolve_checkpoint(path: str | Path) -> tuple[Path, Path, str]:
+def resolve_checkpoint(path: str | Path) -> tuple[RunDir, Path, str]:
     """(run dir, checkpoint dir, tag) from either RUN_DIR (newest complete tag) or RUN_DIR/checkpoints/TAG."""
     path = Path(path)
     if ckpt.TAG_RE.match(path.name) and path.parent.name == CHECKPOINTS_DIR:
@@ -30,22 +30,23 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path, str]:
             raise CheckpointError(f"checkpoint '{path}' is incomplete (no {ckpt.COMPLETE} marker)")
         if problem := ckpt.damage(path.parent, path.name):
             raise CheckpointError(f"checkpoint '{path}' is damaged: {problem}")
-        return path.parent.parent, path.parent, path.name
-    if RunDir(path).config.is_file():
-        run_dir, ckpt_dir = path, RunDir(path).checkpoints
+        return RunDir(path.parent.parent), path.parent, path.name
+    run_dir = RunDir(path)
+    if run_dir.config.is_file():
+        ckpt_dir = run_dir.checkpoints
         tag, damaged = ckpt.newest_intact(ckpt_dir)
         for bad, why in damaged:
             log.warning("checkpoint %s is damaged (%s): exporting an older one", ckpt_dir / bad, why)
         if tag is None:
-            raise CheckpointError(f"run '{run_dir}' has no intact complete checkpoint in {ckpt_dir}"
+            raise CheckpointError(f"run '{run_dir.root}' has no intact complete checkpoint in {ckpt_dir}"
                                   + "".join(f"; {bad} is damaged: {why}" for bad, why in damaged))
         return run_dir, ckpt_dir, tag
     raise CheckpointError(f"'{path}' is neither a run folder (with {CONFIG_FILE}) nor a checkpoint tag folder in one")
 
 
-def _manifest(config_dir: Path, run_dir: Path, cfg: RunConfig) -> Optional[dict]:
+def _manifest(config_dir: Path, run_dir: RunDir, cfg: RunConfig) -> Optional[dict]:
     """The data manifest saved with the checkpoint (or the run), else the dataset's own if it is still there."""
-    for path in (config_dir / DATA_MANIFEST_FILE, RunDir(run_dir).data_manifest, Path(cfg.data.path) / "manifest.json"):
+    for path in (config_dir / DATA_MANIFEST_FILE, run_dir.data_manifest, Path(cfg.data.path) / "manifest.json"):
         if path.is_file():
             return json.loads(path.read_text())
     return None
@@ -68,7 +69,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
     run_dir, ckpt_dir, tag = resolve_checkpoint(checkpoint)
     # The checkpoint's own copies of the configs win over the run folder's (a later launch may
     # have rewritten those).
-    config_dir = ckpt_dir / tag if (ckpt_dir / tag / CONFIG_FILE).is_file() else run_dir
+    config_dir = ckpt_dir / tag if (ckpt_dir / tag / CONFIG_FILE).is_file() else run_dir.root
     out_dir = Path(out_dir)
     check_overwrite(out_dir, overwrite)  # before the slow consolidation
     setup_env()
@@ -91,7 +92,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
         for sub, model in models.items():
             target = tmp / sub if sub else tmp
             model.save_pretrained(str(target), safe_serialization=True)
-            copy_tokenizer_folder(RunDir(run_dir).tokenizer, target)
+            copy_tokenizer_folder(run_dir.tokenizer, target)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         publish(tmp, out_dir)
     except BaseException:

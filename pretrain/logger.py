@@ -18,7 +18,7 @@ def _fmt_eta(seconds: float) -> str:
 class RunLogger:
     """Writes only on rank 0; every other rank gets a logger that does nothing."""
 
-    def __init__(self, run_dir: Path, max_steps: int, enabled: bool) -> None:
+    def __init__(self, paths: RunDir, max_steps: int, enabled: bool) -> None:
         self.enabled = enabled
         self.max_steps = max_steps
         self._writer = None
@@ -26,7 +26,6 @@ class RunLogger:
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            paths = RunDir(run_dir)
             self.tb_dir = paths.tensorboard
             self._writer = SummaryWriter(str(self.tb_dir))
             self._text = open(paths.text_log, "a", buffering=1)

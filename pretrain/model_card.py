@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Optional
 
 from pretrain.run_dir import RunDir
@@ -18,9 +17,9 @@ LAYOUT = {
 }
 
 
-def final_losses(run_dir: Path, step: int) -> tuple[Optional[dict], Optional[dict]]:
+def final_losses(run_dir: RunDir, step: int) -> tuple[Optional[dict], Optional[dict]]:
     """The last train and validation rows of metrics.jsonl at or before `step`."""
-    path = RunDir(run_dir).metrics
+    path = run_dir.metrics
     if not path.is_file():
         return None, None
     train = validation = None
@@ -37,9 +36,9 @@ def final_losses(run_dir: Path, step: int) -> tuple[Optional[dict], Optional[dic
     return train, validation
 
 
-def _deepspeed_text(train: dict, run_dir: Path) -> str:
+def _deepspeed_text(train: dict, run_dir: RunDir) -> str:
     """How the run used DeepSpeed: the config the engine was given (saved in the run folder), else the run config."""
-    path = RunDir(run_dir).deepspeed_config
+    path = run_dir.deepspeed_config
     zero = json.loads(path.read_text()).get("zero_optimization", {}) if path.is_file() else None
     if zero is None:  # a run from before the folder kept it: name the JSON file it used
         return f"DeepSpeed config `{train.get('deepspeed_config') or 'deepspeed_configs/base.json'}`"
@@ -59,7 +58,7 @@ def _losses_text(row: Optional[dict]) -> str:
 
 
 def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional[dict], state: dict[str, Any], tag: str,
-           run_dir: Path, params: dict[str, int], classes: dict[str, str]) -> str:
+           run_dir: RunDir, params: dict[str, int], classes: dict[str, str]) -> str:
     """Markdown for the export's README.md; `classes` names each exported sub-folder's transformers class."""
     objective = cfg["objective"]["name"]
     holds, auto = LAYOUT[objective]

@@ -38,10 +38,10 @@ class Progress:
 class RunState:
     """The run's checkpoints and sample audit: pick, save, restore."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, zero_stage: int, run_files: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, cfg: RunConfig, paths: RunDir, zero_stage: int, run_files: Optional[dict[str, str]] = None) -> None:
         self.cfg = cfg
-        self.run_dir = run_dir
-        self.ckpt_dir = RunDir(run_dir).checkpoints
+        self.paths = paths
+        self.ckpt_dir = paths.checkpoints
         self.rank, self.world = dist.rank(), dist.world_size()
         self.zero_stage = zero_stage
         self.run_files = run_files or {}
@@ -178,7 +178,7 @@ class RunState:
 
     # ---- the sample audit -------------------------------------------------------------
     def _sample_log(self) -> Path:
-        return RunDir(self.run_dir).samples(self.rank)
+        return self.paths.samples(self.rank)
 
     def record_samples(self, step: int, sample_ids: list) -> None:
         """Append the ids this rank trained on at `step` (train.record_samples)."""

@@ -44,11 +44,10 @@ class Trainer:
         self.cfg, self.loader, self.eval_loader = cfg, train_loader, eval_loader
         self.unigram_entropy = unigram_entropy
         self.rank, self.world = dist.rank(), dist.world_size()
-        self.run_dir = Path(cfg.train.output_dir)
-        self.paths = RunDir(self.run_dir)
+        self.paths = RunDir(Path(cfg.train.output_dir))
         ds_config = build_ds_config(cfg, self.world)
         self.accum = ds_config["gradient_accumulation_steps"]
-        self.state = RunState(cfg, self.run_dir, int(ds_config.get("zero_optimization", {}).get("stage", 0)), run_files)
+        self.state = RunState(cfg, self.paths, int(ds_config.get("zero_optimization", {}).get("stage", 0)), run_files)
         self.state.plan(ds_config)  # before the engine: loading a universal checkpoint is a config flag
         if self.rank == 0:  # what DeepSpeed is given, beside config.yaml
             write_text_atomic(self.paths.deepspeed_config, json.dumps(ds_config, indent=2) + "\n")
@@ -57,7 +56,7 @@ class Trainer:
         scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
         self.device = self.engine.device
-        self.log = RunLogger(self.run_dir, cfg.train.max_steps, enabled=self.rank == 0)
+        self.log = RunLogger(self.paths, cfg.train.max_steps, enabled=self.rank == 0)
         self.progress = Progress()
         self._iter: Optional[Iterator] = None
         self.start_time = time.time()
