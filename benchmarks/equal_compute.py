@@ -183,10 +183,12 @@ def probe_all(args: argparse.Namespace, out: Path) -> None:
             write_json(path, record)
             log.info("%s step %d: %s", path.stem, point["step"],
                      {t: round(v["accuracy"].get("mean", v["accuracy"].get("word", 0)), 4) for t, v in point["probes"].items()})
-        if index == 3 and args.finetune_seeds:
+        if args.finetune_seeds:
             for path in records:
                 record = json.loads(path.read_text())
-                point = record["checkpoints"][-1]
+                if index != 3 and record["objective"] not in args.finetune_all:
+                    continue
+                point = record["checkpoints"][index]
                 bbc = tasks["bbc"]
                 result = finetune_cached(Path(point["export"]), Path(bbc["task"][4:]), args.finetune_seeds,
                                          out / "finetune" / f"{path.stem}_step{point['step']}_bbc.json",
@@ -201,6 +203,12 @@ DIAGNOSTIC = {"MLM": ("mlm_loss_below_unigram", 1.5), "TACO": ("mlm_loss_below_u
               "ELECTRA": ("rtd_auc", 0.8), "COCO-LM": ("copy_auc", 0.8)}
 PRIOR = {"ELECTRA": "rtd_loss_below_prior", "COCO-LM": "copy_loss_below_prior"}
 PROBES = (("bbc", "mean"), ("tweets", "mean"), ("supersense", "word"), ("wordpos", "word"))
+
+
+def _acc(point: dict, task: str, feature: str) -> float | None:
+    """A checkpoint's (or the random-init point's) probe accuracy, None where that probe has not run yet."""
+    probes = point.get("probes", point)
+    return probes.get(task, {}).get("accuracy", {}).get(feature)
 
 
 def _ms(values: list[float]) -> tuple[float, float]:
@@ -242,21 +250,29 @@ def report(args: argparse.Namespace) -> None:
         print(f"\nLinear probe, {task} ({feature} features): accuracy by fraction of the FLOP budget (mean ± std over seeds)")
         print("| objective | 0 (random init) | 1/4 | 1/2 | 3/4 | 1 |")
         print("|---|---|---|---|---|---|")
-        zero = _fmt([b[task]["accuracy"][feature] for b in base["probes"].values()]) if base else ""
+        zero = _fmt([a for b in base["probes"].values() if (a := _acc(b, task, feature)) is not None]) if base else ""
         for n in names:
-            cells = [_fmt([r["checkpoints"][i]["probes"][task]["accuracy"][feature] for r in records[n]
-                           if "probes" in r["checkpoints"][i]]) for i in range(4)]
+            cells = [_fmt([a for r in records[n] if (a := _acc(r["checkpoints"][i], task, feature)) is not None])
+                     for i in range(4)]
             print(f"| {n} | {zero} | " + " | ".join(cells) + " |")
-    print("\nBBC fine-tuning at the end of the budget (3 fine-tuning seeds per pre-training seed, mean ± std over all)")
+    print("\nBBC fine-tuning (3 fine-tuning seeds per pre-training seed; mean ± std over all of them)")
+    print("| objective | 1/4 | 1/2 | 3/4 | 1 |")
+    print("|---|---|---|---|---|")
     for n in names:
-        accs = [a for r in records[n] for a in r["checkpoints"][-1].get("finetune", {}).get("bbc", {}).get("accuracy", [])]
-        print(f"- {n}: {_fmt(accs)}")
+        cells = [_fmt([a for r in records[n] for a in r["checkpoints"][i].get("finetune", {}).get("bbc", {}).get("accuracy", [])])
+                 for i in range(4)]
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    ft_reach = finetune_reach(records)
+    print("BBC fine-tuning: fraction of MLM's FLOPs to reach MLM's final accuracy: " + ", ".join(
+        f"{n} {'not reached' if v is None else ('≤ ' if bound else '') + f'{v:.2f}'}" for n, (v, bound) in ft_reach.items()))
     reach = fractions_to_reach_mlm(records, base)
     print("\nFraction of MLM's FLOPs at which each objective's probe first reaches MLM's final probe accuracy "
           "(linear interpolation between checkpoints; None: not reached within the budget)")
     for (task, feature), per in reach.items():
         print(f"- {task}: " + ", ".join(f"{n} {'not reached' if v is None else f'{v:.2f}'}" for n, v in per.items()))
-    write_json(RESULTS / "summary.json", {"fraction_of_mlm_flops_to_reach_mlm_final": {t: v for (t, _), v in reach.items()}})
+    write_json(RESULTS / "summary.json", {"fraction_of_mlm_flops_to_reach_mlm_final": {
+        **{f"probe_{t}": v for (t, _), v in reach.items()},
+        "finetune_bbc": {n: {"fraction": v, "upper_bound": b} for n, (v, b) in ft_reach.items()}}})
     plot(records, base, REPO / "docs" / "results" / "equal_compute.png")
 
 
@@ -264,7 +280,7 @@ def _curve(runs: list[dict], task: str, feature: str) -> list[tuple[float, float
     """(fraction of the budget, mean probe accuracy over seeds) at each probed checkpoint."""
     out = []
     for i in range(4):
-        accs = [r["checkpoints"][i]["probes"][task]["accuracy"][feature] for r in runs if "probes" in r["checkpoints"][i]]
+        accs = [a for r in runs if (a := _acc(r["checkpoints"][i], task, feature)) is not None]
         if len(accs) == len(runs):
             out.append((runs[0]["checkpoints"][i]["fraction_of_budget"], _ms(accs)[0]))
     return out
@@ -279,16 +295,41 @@ def fractions_to_reach_mlm(records: dict[str, list[dict]], base: dict | None) ->
         if not mlm or mlm[-1][0] < 0.99:
             continue
         target = mlm[-1][1]
-        start = [(0.0, _ms([b[task]["accuracy"][feature] for b in base["probes"].values()])[0])] if base else []
-        per = {}
-        for n, runs in records.items():
-            points, hit = start + _curve(runs, task, feature), None
-            for (f0, a0), (f1, a1) in zip(points, points[1:]):
-                if a1 >= target:
-                    hit = f1 if a1 == a0 or a0 >= target else f0 + (target - a0) / (a1 - a0) * (f1 - f0)
-                    break
-            per[n] = hit
-        out[task, feature] = per
+        zero = [a for b in (base or {}).get("probes", {}).values() if (a := _acc(b, task, feature)) is not None]
+        start = [(0.0, _ms(zero)[0])] if zero else []
+        out[task, feature] = {n: first_crossing(start + _curve(runs, task, feature), target) for n, runs in records.items()}
+    return out
+
+
+def first_crossing(points: list[tuple[float, float]], target: float) -> float | None:
+    """The first x where the piecewise-linear curve through `points` reaches `target` (None if it never does)."""
+    if points and points[0][1] >= target:
+        return points[0][0]
+    for (f0, a0), (f1, a1) in zip(points, points[1:]):
+        if a1 >= target:
+            return f0 + (target - a0) / (a1 - a0) * (f1 - f0)
+    return None
+
+
+def finetune_reach(records: dict[str, list[dict]]) -> dict[str, tuple[float | None, bool]]:
+    """Per objective: the FLOP fraction where its mean BBC fine-tuning accuracy reaches MLM's final one, and whether
+    that is only an upper bound (reached already at its first fine-tuned checkpoint; there is no random-init point)."""
+    def curve(runs: list[dict]) -> list[tuple[float, float]]:
+        out = []
+        for i in range(4):
+            accs = [a for r in runs for a in r["checkpoints"][i].get("finetune", {}).get("bbc", {}).get("accuracy", [])]
+            if accs and all("finetune" in r["checkpoints"][i] for r in runs):
+                out.append((runs[0]["checkpoints"][i]["fraction_of_budget"], _ms(accs)[0]))
+        return out
+
+    mlm = curve(records.get("MLM", []))
+    if not mlm or mlm[-1][0] < 0.99:
+        return {}
+    out = {}
+    for n, runs in records.items():
+        points = curve(runs)
+        hit = first_crossing(points, mlm[-1][1])
+        out[n] = (hit, bool(points) and hit == points[0][0] and n != "MLM")
     return out
 
 
@@ -305,11 +346,12 @@ def plot(records: dict[str, list[dict]], base: dict | None, path: Path) -> None:
     for ax, (task, feature) in zip(axes, PROBES):
         for n, runs in records.items():
             xs, ms, ss = [], [], []
-            if base:
-                m, s = _ms([b[task]["accuracy"][feature] for b in base["probes"].values()])
+            zero = [a for b in (base or {}).get("probes", {}).values() if (a := _acc(b, task, feature)) is not None]
+            if zero:
+                m, s = _ms(zero)
                 xs, ms, ss = [0.0], [m], [s]
             for i in range(4):
-                accs = [r["checkpoints"][i]["probes"][task]["accuracy"][feature] for r in runs if "probes" in r["checkpoints"][i]]
+                accs = [a for r in runs if (a := _acc(r["checkpoints"][i], task, feature)) is not None]
                 if accs:
                     xs.append(runs[0]["checkpoints"][i]["flops"] / 1e12)
                     m, s = _ms(accs)
@@ -354,6 +396,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--finetune-seeds", type=int, nargs="*", default=[1, 2, 3],
                         help="fine-tuning seeds for BBC at each run's final checkpoint (none: skip)")
+    parser.add_argument("--finetune-all", nargs="*", default=[], choices=list(OBJECTIVES),
+                        help="objectives whose every checkpoint is fine-tuned (the others: the final one only)")
     parser.add_argument("--mlm-steps", type=int, default=1000, help="the budget: MLM's training FLOPs in this many steps")
     args = parser.parse_args()
     setup_logging()

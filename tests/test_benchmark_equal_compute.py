@@ -30,3 +30,27 @@ def test_fraction_to_reach_interpolates_the_seed_mean_from_the_random_init_point
     assert abs(per["STEEP"] - 0.25 * (0.7 - 0.2) / (0.95 - 0.2)) < 1e-12
     assert per["SLOW"] is None
     assert abs(per["MLM"] - 1.0) < 1e-12  # MLM reaches its own final value at its end
+
+
+def test_first_crossing_edges():
+    assert equal_compute.first_crossing([(0.0, 0.8), (0.5, 0.9)], 0.7) == 0.0  # already there at the start
+    assert equal_compute.first_crossing([(0.0, 0.5), (0.5, 0.6)], 0.7) is None
+    assert equal_compute.first_crossing([], 0.7) is None
+    assert abs(equal_compute.first_crossing([(0.25, 0.5), (0.5, 0.5), (0.75, 0.9)], 0.7) - 0.625) < 1e-12
+
+
+def _ft(curves: dict[int, list[float]]) -> list[dict]:
+    """One record; checkpoint index -> that checkpoint's BBC fine-tuning accuracies (absent: not fine-tuned)."""
+    return [{"checkpoints": [{"fraction_of_budget": f, **({"finetune": {"bbc": {"accuracy": curves[i]}}} if i in curves else {})}
+                             for i, f in enumerate(FRACTIONS)]}]
+
+
+def test_finetune_reach_marks_a_hit_at_the_first_fine_tuned_checkpoint_as_an_upper_bound():
+    records = {"MLM": _ft({3: [0.7, 0.9]}), "EARLY": _ft({0: [0.85], 1: [0.9], 2: [0.9], 3: [0.9]}),
+               "LATE": _ft({0: [0.6], 1: [0.7], 2: [0.9], 3: [0.95]}), "FINAL_ONLY": _ft({3: [0.7]})}
+    reach = equal_compute.finetune_reach(records)
+    assert reach["EARLY"] == (0.25, True)
+    hit, bound = reach["LATE"]
+    assert abs(hit - 0.625) < 1e-12 and not bound  # 0.8 lies half way between 0.7 (at 1/2) and 0.9 (at 3/4)
+    assert reach["FINAL_ONLY"] == (None, False)
+    assert reach["MLM"] == (1.0, False)
