@@ -144,6 +144,14 @@ def probe_one(model: Path, name: str, task: dict, out: Path) -> dict:
             "majority": result["majority_baseline"]["accuracy"]}
 
 
+def finetune_bbc(model: Path, task: dict, seeds: list[int], out: Path) -> list[float]:
+    """BBC accuracies of one export over fine-tuning seeds (RESULTS (b)'s settings), cached in `out`."""
+    result = finetune_cached(model, Path(task["task"][4:]), seeds, out, recipe_name="taco",
+                             overrides={"lr": 3e-4, "epochs": 4.0, "max_length": 128},
+                             validation_file=task["data"]["validation_file"])
+    return [r["metrics"]["accuracy"] for r in result["seeds"]]
+
+
 def random_init(like: Path, out: Path, seed: int) -> Path:
     """The step-0 point: an encoder of the export's shape with fresh weights (transformers' own init), and its tokenizer."""
     if (out / "config.json").is_file():
@@ -166,12 +174,15 @@ def probe_all(args: argparse.Namespace, out: Path) -> None:
     mlm = [r for r in records if r.name.startswith("mlm_")]
     if mlm:
         like = Path(json.loads(mlm[0].read_text())["checkpoints"][-1]["export"])
-        baseline = {}
+        baseline, tuned = {}, []
         for seed in args.seeds:
             model = random_init(like, out / "exports" / f"random_init_seed{seed}", seed)
             baseline[str(seed)] = {t: probe_one(model, t, task, out / "probes" / f"random_init_seed{seed}_{t}.json")
                                    for t, task in tasks.items()}
-        write_json(RESULTS / "random_init.json", {"like": str(like), "probes": baseline})
+            if args.finetune_seeds:  # the step-0 point of fine-tuning too: what pre-training must beat
+                tuned += finetune_bbc(model, tasks["bbc"], args.finetune_seeds, out / "finetune" / f"random_init_seed{seed}_bbc.json")
+        write_json(RESULTS / "random_init.json", {"like": str(like), "probes": baseline,
+                                                  **({"finetune": {"bbc": {"accuracy": tuned}}} if tuned else {})})
     order = [3, 1, 0, 2]  # final, half, quarter, three quarters: the curve's ends first
     for index in order:
         for path in records:
@@ -189,12 +200,9 @@ def probe_all(args: argparse.Namespace, out: Path) -> None:
                 if index != 3 and record["objective"] not in args.finetune_all:
                     continue
                 point = record["checkpoints"][index]
-                bbc = tasks["bbc"]
-                result = finetune_cached(Path(point["export"]), Path(bbc["task"][4:]), args.finetune_seeds,
-                                         out / "finetune" / f"{path.stem}_step{point['step']}_bbc.json",
-                                         recipe_name="taco", overrides={"lr": 3e-4, "epochs": 4.0, "max_length": 128},
-                                         validation_file=bbc["data"]["validation_file"])
-                point["finetune"] = {"bbc": {"accuracy": [r["metrics"]["accuracy"] for r in result["seeds"]]}}
+                point["finetune"] = {"bbc": {"accuracy": finetune_bbc(
+                    Path(point["export"]), tasks["bbc"], args.finetune_seeds,
+                    out / "finetune" / f"{path.stem}_step{point['step']}_bbc.json")}}
                 write_json(path, record)
 
 
@@ -256,11 +264,12 @@ def report(args: argparse.Namespace) -> None:
                      for i in range(4)]
             print(f"| {n} | {zero} | " + " | ".join(cells) + " |")
     print("\nBBC fine-tuning (3 fine-tuning seeds per pre-training seed; mean ± std over all of them)")
-    print("| objective | 1/4 | 1/2 | 3/4 | 1 |")
-    print("|---|---|---|---|---|")
+    print("| objective | 0 (random init) | 1/4 | 1/2 | 3/4 | 1 |")
+    print("|---|---|---|---|---|---|")
+    zero = _fmt((base or {}).get("finetune", {}).get("bbc", {}).get("accuracy", []))
     for n in names:
-        cells = [_fmt([a for r in records[n] for a in r["checkpoints"][i].get("finetune", {}).get("bbc", {}).get("accuracy", [])])
-                 for i in range(4)]
+        cells = [zero, *(_fmt([a for r in records[n] for a in r["checkpoints"][i].get("finetune", {}).get("bbc", {}).get("accuracy", [])])
+                         for i in range(4))]
         print(f"| {n} | " + " | ".join(cells) + " |")
     ft_reach = finetune_reach(records)
     print("BBC fine-tuning: fraction of MLM's FLOPs to reach MLM's final accuracy: " + ", ".join(
