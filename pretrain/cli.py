@@ -117,6 +117,21 @@ def _finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_task_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that say how a csv:/json: task is read (the `data.*` keys), the sample caps and the output."""
+    parser.add_argument("--text-column")
+    parser.add_argument("--pair-column")
+    parser.add_argument("--label-column")
+    parser.add_argument("--validation-file")
+    parser.add_argument("--val-fraction", type=float)
+    parser.add_argument("--encoding", help="of a csv: file (e.g. latin-1)")
+    parser.add_argument("--token-task", action="store_true", help="rows hold word lists and tag lists")
+    parser.add_argument("--ignore-tag", help="token tasks: the tag of words that carry no label (neither a class nor scored)")
+    parser.add_argument("--max-train-samples", type=int)
+    parser.add_argument("--max-eval-samples", type=int)
+    parser.add_argument("--out", help="results JSON")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run a subcommand; a user's mistake exits 2 with a one-line message, a bug 1 with its traceback."""
     parser = argparse.ArgumentParser(prog="python -m pretrain")
@@ -153,16 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     probe.add_argument("--model", nargs="+", help="one or more HF model folders")
     probe.add_argument("--task", help="GLUE name or csv:PATH / json:PATH")
     probe.add_argument("--layer", type=int, help="hidden-state index (default -1, the last layer)")
-    probe.add_argument("--text-column")
-    probe.add_argument("--pair-column")
-    probe.add_argument("--label-column")
-    probe.add_argument("--validation-file")
-    probe.add_argument("--encoding", help="of a csv: file (e.g. latin-1)")
-    probe.add_argument("--token-task", action="store_true", help="rows hold word lists and tag lists")
-    probe.add_argument("--ignore-tag", help="token tasks: the tag of words that are not examples")
-    probe.add_argument("--max-train-samples", type=int)
-    probe.add_argument("--max-eval-samples", type=int)
-    probe.add_argument("--out", help="results JSON")
+    _add_task_flags(probe)
     probe.set_defaults(func=_linear_probe)
     ft = sub.add_parser("finetune", help="fine-tune an exported model on a GLUE or local task, over seeds",
                         argument_default=unset)
@@ -180,18 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="supervised-tacl adds TaCL's supervised token contrastive loss (token tasks)")
     ft.add_argument("--tacl-weight", type=float)
     ft.add_argument("--tacl-temperature", type=float)
-    ft.add_argument("--text-column")
-    ft.add_argument("--pair-column")
-    ft.add_argument("--label-column")
-    ft.add_argument("--validation-file")
-    ft.add_argument("--val-fraction", type=float)
-    ft.add_argument("--encoding", help="of a csv: file (e.g. latin-1)")
     ft.add_argument("--regression", action="store_true", help="the label is a float score")
-    ft.add_argument("--token-task", action="store_true", help="rows hold word lists and tag lists")
-    ft.add_argument("--ignore-tag", help="token tasks: the tag of words that are neither trained on nor scored")
-    ft.add_argument("--max-train-samples", type=int)
-    ft.add_argument("--max-eval-samples", type=int)
-    ft.add_argument("--out", help="results JSON")
+    _add_task_flags(ft)
     ft.set_defaults(func=_finetune)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
