@@ -35,6 +35,7 @@ from repro_common import (  # noqa: E402
     export,
     finetune_cached,
     log,
+    mean_std,
     scratch_data,
     setup_logging,
     split_csv,
@@ -219,17 +220,10 @@ def _acc(point: dict, task: str, feature: str) -> float | None:
     return probes.get(task, {}).get("accuracy", {}).get(feature)
 
 
-def _ms(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
-    import statistics
-
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def _fmt(values: list[float], digits: int = 3) -> str:
     if not values:
         return ""
-    m, s = _ms(values)
+    m, s = mean_std(values)
     return f"{m:.{digits}f} ± {s:.{digits}f}" if len(values) > 1 else f"{m:.{digits}f}"
 
 
@@ -291,7 +285,7 @@ def _curve(runs: list[dict], task: str, feature: str) -> list[tuple[float, float
     for i in range(4):
         accs = [a for r in runs if (a := _acc(r["checkpoints"][i], task, feature)) is not None]
         if len(accs) == len(runs):
-            out.append((runs[0]["checkpoints"][i]["fraction_of_budget"], _ms(accs)[0]))
+            out.append((runs[0]["checkpoints"][i]["fraction_of_budget"], mean_std(accs)[0]))
     return out
 
 
@@ -305,7 +299,7 @@ def fractions_to_reach_mlm(records: dict[str, list[dict]], base: dict | None) ->
             continue
         target = mlm[-1][1]
         zero = [a for b in (base or {}).get("probes", {}).values() if (a := _acc(b, task, feature)) is not None]
-        start = [(0.0, _ms(zero)[0])] if zero else []
+        start = [(0.0, mean_std(zero)[0])] if zero else []
         out[task, feature] = {n: first_crossing(start + _curve(runs, task, feature), target) for n, runs in records.items()}
     return out
 
@@ -328,7 +322,7 @@ def finetune_reach(records: dict[str, list[dict]]) -> dict[str, tuple[float | No
         for i in range(4):
             accs = [a for r in runs for a in r["checkpoints"][i].get("finetune", {}).get("bbc", {}).get("accuracy", [])]
             if accs and all("finetune" in r["checkpoints"][i] for r in runs):
-                out.append((runs[0]["checkpoints"][i]["fraction_of_budget"], _ms(accs)[0]))
+                out.append((runs[0]["checkpoints"][i]["fraction_of_budget"], mean_std(accs)[0]))
         return out
 
     mlm = curve(records.get("MLM", []))
@@ -357,13 +351,13 @@ def plot(records: dict[str, list[dict]], base: dict | None, path: Path) -> None:
             xs, ms, ss = [], [], []
             zero = [a for b in (base or {}).get("probes", {}).values() if (a := _acc(b, task, feature)) is not None]
             if zero:
-                m, s = _ms(zero)
+                m, s = mean_std(zero)
                 xs, ms, ss = [0.0], [m], [s]
             for i in range(4):
                 accs = [a for r in runs if (a := _acc(r["checkpoints"][i], task, feature)) is not None]
                 if accs:
                     xs.append(runs[0]["checkpoints"][i]["flops"] / 1e12)
-                    m, s = _ms(accs)
+                    m, s = mean_std(accs)
                     ms.append(m)
                     ss.append(s)
             ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=n)
@@ -376,7 +370,7 @@ def plot(records: dict[str, list[dict]], base: dict | None, path: Path) -> None:
         key = "mlm_loss" if n in ("MLM", "TACO") else "generator_mlm_loss"
         xs = [c["flops"] / 1e12 for c in runs[0]["checkpoints"]]
         vals = [[r["checkpoints"][i]["validation"].get(key) for r in runs] for i in range(4)]
-        ax.plot(xs, [_ms(v)[0] if None not in v else float("nan") for v in vals], marker="o",
+        ax.plot(xs, [mean_std(v)[0] if None not in v else float("nan") for v in vals], marker="o",
                 label=n + (" (generator)" if key.startswith("generator") else ""))
     ax.set_title("validation MLM loss (nats)")
     ax.set_xlabel("training TFLOP")

@@ -141,6 +141,13 @@ def split_csv(src: Path, out_dir: Path, train: int, evaluation: int, seed: int =
     return train_path, eval_path
 
 
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    import statistics
+
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def write_json(path: Path, data: Any) -> None:
     """Atomic JSON write."""
     from core.atomic_files import write_text_atomic

@@ -29,6 +29,7 @@ from repro_common import (  # noqa: E402
     finetune_cached,
     fresh_bert,
     log,
+    mean_std,
     scratch_data,
     setup_logging,
     split_csv,
@@ -51,11 +52,6 @@ def random_init(like: Path, out: Path, seed: int) -> Path:
     config = AutoConfig.from_pretrained(like)
     config.architectures = ["BertModel"]
     return fresh_bert(config, like, out, seed)
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def plot(curves: dict, losses: dict, baseline: tuple[float, float], path: Path) -> None:
