@@ -51,7 +51,7 @@ def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
 
         if not get_accelerator().is_fp16_supported():
             raise ConfigError("train.precision=fp16 is not supported on this device (DeepSpeed's CPU accelerator refuses "
-                              "it); use bf16 or fp32 here, fp16 on a GPU")
+                              "it without avx512_fp16); use bf16 or fp32 here, fp16 on a GPU")
     accum = gradient_accumulation(cfg.train.global_batch_size, cfg.train.micro_batch_size, world)
     _fill(ds, "train_micro_batch_size_per_gpu", cfg.train.micro_batch_size, path, "train.micro_batch_size")
     _fill(ds, "gradient_accumulation_steps", accum, path, "train.global_batch_size / (micro_batch_size x ranks)")

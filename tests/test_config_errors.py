@@ -25,7 +25,6 @@ CASES = [
     ("objective.name=tacl", "model.init_from"),
     ("data.path=/nonexistent/data", "/nonexistent/data"),
     ("optimizer.impl=deepspeed optimizer.name=lamb train.zero_stage=0", "optimizer.impl=torch"),
-    ("train.precision=fp16", "train.precision=fp16"),
     ("optimizer.name=lamb", "train.zero_stage=0"),
     ("train.zero_stage=4", "train.zero_stage"),
     ("train.offload_params=true", "train.offload_params=false"),
@@ -40,7 +39,7 @@ CASES = [
 ]
 # Checked after the process group starts: these run in a separate process (all in one, see the helper).
 NEEDS_PROCESS_GROUP = {"model.vocab_size", "400", "model.init_from", "/nonexistent/data", "optimizer.impl=torch", "global_batch_size=30",
-                       "train.precision=fp16", "train.zero_stage=0", "train.offload_params=false",
+                       "train.zero_stage=0", "train.offload_params=false",
                        "train.offload_optimizer=false", "masking.strategy=coco", "nope.json", "fewer than one batch",
                        "needs model.architecture=bert"}
 

@@ -80,6 +80,29 @@ def test_a_deepspeed_json_of_ones_own_is_filled_and_checked(tmp_path):
     assert "zero_force_ds_cpu_optimizer" not in ds
 
 
+def test_fp16_follows_what_the_accelerator_supports(monkeypatch):
+    """fp16 is enabled where DeepSpeed's accelerator runs it (a GPU, a CPU with avx512_fp16) and refused by name elsewhere."""
+    from deepspeed.accelerator import get_accelerator
+
+    from core.config_io import load_config
+    from core.errors import ConfigError
+    from pretrain.config import RunConfig
+    from pretrain.ds_config import build_ds_config
+
+    cfg = load_config(RunConfig, REPO / "pretrain" / "configs" / "demo_mlm.yaml", ["train.precision=fp16"])
+    accelerator = get_accelerator()
+    here = bool(accelerator.is_fp16_supported())
+    # This machine's own answer first, then the other one, so both branches run on any hardware.
+    for supported in (here, not here):
+        monkeypatch.setattr(type(accelerator), "is_fp16_supported", lambda self, answer=supported: answer)
+        if supported:
+            ds = build_ds_config(cfg, 1)
+            assert ds["fp16"]["enabled"] is True and ds["bf16"]["enabled"] is False
+        else:
+            with pytest.raises(ConfigError, match="train.precision=fp16 is not supported"):
+                build_ds_config(cfg, 1)
+
+
 @pytest.mark.parametrize("stage,precision", [(3, "fp32"), (2, "bf16")])
 def test_zero_resume_is_exact(prepared, tmp_path, stage, precision):
     """ZeRO-3 in fp32, and ZeRO-2 in bf16 (DeepSpeed's bf16 optimizer, fp32 master partitions in the checkpoint)."""
