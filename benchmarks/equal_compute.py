@@ -14,7 +14,11 @@ group `scratch`): ModernBERT, hidden 128, 2 layers, no dropout, batch 32 × 128 
 masking and lr 2e-3; ELECTRA and COCO-LM with their papers' masking and a 1/4-width generator;
 TACO with 15% masking and lr 1e-3.
 
-One JSON per run lands in benchmarks/results/equal_compute/ as soon as the run ends (commit it then):
+A larger budget is a second set beside the first, on the same shards, with its own results folder:
+
+    python benchmarks/equal_compute.py train --tag 3x --mlm-steps 3000 --data runs/equal_compute/data
+
+One JSON per run lands in benchmarks/results/equal_compute[_TAG]/ as soon as the run ends (commit it then):
 the set can be continued later from what is committed, and a run cut short resumes from its
 checkpoints (the trainer's own resume) when the command is given again.
 """
@@ -47,7 +51,11 @@ from repro_common import (  # noqa: E402
 OBJECTIVES = {"MLM": GROUPS["scratch"]["mlm"], "ELECTRA": GROUPS["scratch"]["electra-g1/4"],
               "COCO-LM": GROUPS["scratch"]["coco-lm-g1/4"], "TACO": GROUPS["scratch"]["taco"]}
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
-RESULTS = REPO / "benchmarks" / "results" / "equal_compute"
+
+
+def results_dir(tag: str) -> Path:
+    """Where a budget's per-run JSONs live: `equal_compute/` for the first budget, `equal_compute_<tag>/` for others."""
+    return REPO / "benchmarks" / "results" / ("equal_compute" + (f"_{tag}" if tag else ""))
 
 
 def overrides(name: str) -> list[str]:
@@ -92,7 +100,7 @@ def train_all(args: argparse.Namespace, data: Path, out: Path) -> None:
     runs = plan(args.objectives, data, args.mlm_steps)
     for seed in args.seeds:
         for name in args.objectives:
-            record_path = RESULTS / f"{run_name(name, seed)}.json"
+            record_path = results_dir(args.tag) / f"{run_name(name, seed)}.json"
             if record_path.is_file():
                 log.info("%s seed %d: recorded in %s", name, seed, record_path)
                 continue
@@ -108,8 +116,11 @@ def train_all(args: argparse.Namespace, data: Path, out: Path) -> None:
             exports = {step: str(export(run_dir, step, out / "exports" / f"{run_name(name, seed)}_step{step}"))
                        for step in p["checkpoints"]}
             val = validation_losses(run_dir)
+            import yaml  # the precision `auto` resolved to on this machine, as the run recorded it
+
+            precision = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["precision"]
             write_json(record_path, {
-                "objective": name, "seed": seed, "overrides": overrides(name), **p, "wall_s": wall,
+                "objective": name, "seed": seed, "overrides": overrides(name), **p, "wall_s": wall, "precision": precision,
                 "checkpoints": [{"step": s, "fraction_of_budget": s * p["flops_per_step"] / p["budget_flops"],
                                  "flops": s * p["flops_per_step"], "validation": val.get(s, {}), "export": exports[s]}
                                 for s in p["checkpoints"]]})
@@ -171,7 +182,8 @@ def probe_all(args: argparse.Namespace, out: Path) -> None:
 
     Each result is written into the run's JSON as soon as it exists, so a cut-short probe stage loses nothing."""
     tasks = probe_tasks(Path(args.corpora).resolve(), out)
-    records = sorted(RESULTS.glob("*_seed*.json"))
+    results = results_dir(args.tag)
+    records = sorted(results.glob("*_seed*.json"))
     mlm = [r for r in records if r.name.startswith("mlm_")]
     if mlm:
         like = Path(json.loads(mlm[0].read_text())["checkpoints"][-1]["export"])
@@ -182,7 +194,7 @@ def probe_all(args: argparse.Namespace, out: Path) -> None:
                                    for t, task in tasks.items()}
             if args.finetune_seeds:  # the step-0 point of fine-tuning too: what pre-training must beat
                 tuned += finetune_bbc(model, tasks["bbc"], args.finetune_seeds, out / "finetune" / f"random_init_seed{seed}_bbc.json")
-        write_json(RESULTS / "random_init.json", {"like": str(like), "probes": baseline,
+        write_json(results / "random_init.json", {"like": str(like), "probes": baseline,
                                                   **({"finetune": {"bbc": {"accuracy": tuned}}} if tuned else {})})
     order = [3, 1, 0, 2]  # final, half, quarter, three quarters: the curve's ends first
     for index in order:
@@ -229,12 +241,13 @@ def _fmt(values: list[float], digits: int = 3) -> str:
 
 def report(args: argparse.Namespace) -> None:
     """Tables (markdown, printed) and the plot of every recorded run: diagnostics, probes and fine-tuning against FLOPs."""
+    results = results_dir(args.tag)
     records: dict[str, list[dict]] = {}
-    for path in sorted(RESULTS.glob("*_seed*.json")):
+    for path in sorted(results.glob("*_seed*.json")):
         r = json.loads(path.read_text())
         records.setdefault(r["objective"], []).append(r)
     names = [n for n in OBJECTIVES if n in records]
-    base = json.loads((RESULTS / "random_init.json").read_text()) if (RESULTS / "random_init.json").is_file() else None
+    base = json.loads((results / "random_init.json").read_text()) if (results / "random_init.json").is_file() else None
     print("| objective | seeds | steps | training TFLOP | wall s | MLM loss below unigram | own diagnostic | below prior |")
     print("|---|---|---|---|---|---|---|---|")
     for n in names:
@@ -273,10 +286,10 @@ def report(args: argparse.Namespace) -> None:
           "(linear interpolation between checkpoints; None: not reached within the budget)")
     for (task, feature), per in reach.items():
         print(f"- {task}: " + ", ".join(f"{n} {'not reached' if v is None else f'{v:.2f}'}" for n, v in per.items()))
-    write_json(RESULTS / "summary.json", {"fraction_of_mlm_flops_to_reach_mlm_final": {
+    write_json(results / "summary.json", {"fraction_of_mlm_flops_to_reach_mlm_final": {
         **{f"probe_{t}": v for (t, _), v in reach.items()},
         "finetune_bbc": {n: {"fraction": v, "upper_bound": b} for n, (v, b) in ft_reach.items()}}})
-    plot(records, base, REPO / "docs" / "results" / "equal_compute.png")
+    plot(records, base, REPO / "docs" / "results" / f"{results.name}.png")
 
 
 def _curve(runs: list[dict], task: str, feature: str) -> list[tuple[float, float]]:
@@ -394,7 +407,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("stage", choices=["plan", "train", "probe", "report"])
     parser.add_argument("--corpora", default="runs/corpora", help="output of benchmarks/corpora.py")
-    parser.add_argument("--out", default="runs/equal_compute")
+    parser.add_argument("--tag", default="", help="a budget's name: results in benchmarks/results/equal_compute_TAG/, "
+                        "runs in runs/equal_compute_TAG/ (default: the first budget's, untagged)")
+    parser.add_argument("--out", default=None, help="runs, exports and probes (default: runs/equal_compute[_TAG])")
+    parser.add_argument("--data", default=None, help="shards (default: OUT/data; give another budget's to share them)")
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--finetune-seeds", type=int, nargs="*", default=[1, 2, 3],
@@ -406,8 +422,8 @@ def main() -> None:
     setup_logging()
     if args.stage == "report":
         return report(args)
-    out = Path(args.out).resolve()
-    data = scratch_data(Path(args.corpora).resolve(), out / "data")
+    out = Path(args.out or "runs/equal_compute" + (f"_{args.tag}" if args.tag else "")).resolve()
+    data = scratch_data(Path(args.corpora).resolve(), Path(args.data).resolve() if args.data else out / "data")
     if args.stage == "plan":
         print(json.dumps(plan(args.objectives, data, args.mlm_steps), indent=1))
     elif args.stage == "train":
