@@ -21,11 +21,14 @@ then continues it with TaCL and with MLM only, once per `--seeds` value (the see
 the data order; TaCL and MLM-only of one seed see the same of both):
 
     python benchmarks/reproduce_tacl.py --train-teacher bert --seeds 1 2 --out runs/results/tacl_bert
+
+With a teacher trained here the results are also written where they are committed:
+`benchmarks/results/tacl_students_<backbone>.json` (the table, with self-similarity both with [CLS]/[SEP],
+as TaCL's analysis counts it, and over words only) and `docs/results/tacl_teacher_<backbone>_self_similarity.png`.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -38,6 +41,7 @@ from repro_common import (  # noqa: E402
     export,
     finetune_cached,
     log,
+    mean_std,
     minilm_dir,
     prepare,
     scratch_data,
@@ -130,8 +134,13 @@ def main() -> None:
 
     sentences = read_sentences(corpora / "probe_sentences.txt")
     sim = {name: self_similarity(path, sentences) for name, path in models.items()}
-    write_report(sim, out / "self_similarity", {"text": str(corpora / "probe_sentences.txt"), "sentences": len(sentences),
-                                                "special_tokens": "include", "steps": args.steps})
+    # TaCL's own analysis keeps [CLS]/[SEP] in the pairs; without them, the words alone must tell the same story.
+    words_only = {name: self_similarity(path, sentences, special_tokens="exclude") for name, path in models.items()}
+    figure = out / "self_similarity"
+    if args.train_teacher:  # a teacher trained here: the figure belongs in the report, not only in the run folder
+        figure = REPO / "docs" / "results" / f"tacl_teacher_{args.train_teacher}_self_similarity"
+    write_report(sim, figure, {"text": str(corpora / "probe_sentences.txt"), "sentences": len(sentences),
+                               "special_tokens": "include", "steps": args.steps})
 
     probes = {}
     if args.probe:
@@ -156,6 +165,8 @@ def main() -> None:
         val = validation_losses(runs[name]).get(args.steps, {}) if name in runs else {}
         rows.append({"model": name, "self_similarity": sim[name], "last_layer": sim[name][-1],
                      "last_layer_vs_teacher": sim[name][-1] / teacher_last - 1.0,
+                     "self_similarity_words_only": words_only[name],
+                     "last_layer_vs_teacher_words_only": words_only[name][-1] / words_only[tname][-1] - 1.0,
                      "validation": val, "accuracy_per_seed": acc, "probes": probes.get(name, {}),
                      # finetune() already summarises its seeds
                      "accuracy_mean": ft[name]["summary"]["accuracy"]["mean"] if name in ft else None,
@@ -164,11 +175,15 @@ def main() -> None:
     majority = ft[tname]["majority_baseline"] if ft else None
     spread = {}
     for kind in ("TaCL", "MLM-only"):
-        drops = [r["last_layer_vs_teacher"] for r in rows if r["model"].split(",")[0] == kind]
-        spread[kind] = {"last_layer_vs_teacher_mean": statistics.fmean(drops),
-                        "last_layer_vs_teacher_std": statistics.stdev(drops) if len(drops) > 1 else 0.0, "seeds": len(drops)}
-    write_json(out / "results.json", {"args": vars(args), "teacher": str(teacher), "teacher_validation": teacher_curve,
-                                      "rows": rows, "by_objective": spread, "majority_baseline": majority})
+        spread[kind] = {"seeds": sum(r["model"].split(",")[0] == kind for r in rows)}
+        for key in ("last_layer_vs_teacher", "last_layer_vs_teacher_words_only"):
+            m, sd = mean_std([r[key] for r in rows if r["model"].split(",")[0] == kind])
+            spread[kind] |= {f"{key}_mean": m, f"{key}_std": sd}
+    result = {"args": vars(args), "teacher": str(teacher), "teacher_validation": teacher_curve,
+              "rows": rows, "by_objective": spread, "majority_baseline": majority}
+    write_json(out / "results.json", result)
+    if args.train_teacher:
+        write_json(REPO / "benchmarks" / "results" / f"tacl_students_{args.train_teacher}.json", result)
 
     print(f"\nTaCL vs MLM-only continual pre-training of {tname}, {args.steps} steps × {args.global_batch} × 128 tokens")
     if teacher_curve:
@@ -188,6 +203,7 @@ def main() -> None:
               f"{mlm_text} |{probe_text} {acc_text} | {seeds_text} |")
     for kind, v in spread.items():
         print(f"{kind}: last layer vs teacher {v['last_layer_vs_teacher_mean']:+.1%} ± {v['last_layer_vs_teacher_std']:.1%} "
+              f"(words only: {v['last_layer_vs_teacher_words_only_mean']:+.1%} ± {v['last_layer_vs_teacher_words_only_std']:.1%}) "
               f"over {v['seeds']} seed(s)")
     print(f"majority class: {majority}")
     log.info("wrote %s", out / "results.json")
