@@ -1,6 +1,7 @@
 """Export a run's checkpoint as Hugging Face folders, through DeepSpeed's fp32 consolidation (no engine needed)."""
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import shutil
@@ -64,6 +65,19 @@ def _client_state(tag_dir: Path) -> dict:
     return {k: state[k] for k in ("step", "samples_seen", "tokens_seen", "elapsed_s") if k in state}
 
 
+def write_tokenizer(tokenizer_dir: Path, model, target: Path) -> None:
+    """The run's tokenizer files beside an exported model, set to emit only the inputs that model's forward takes.
+
+    ModernBERT's forward has no `token_type_ids`; a tokenizer that emits them breaks
+    `model(**tokenizer(text, return_tensors="pt"))`, the way users call an encoder."""
+    copy_tokenizer_folder(tokenizer_dir, target)
+    accepted = inspect.signature(model.forward).parameters
+    config_path = Path(target) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    config["model_input_names"] = [name for name in ("input_ids", "token_type_ids", "attention_mask") if name in accepted]
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
     """Write the objective's Hugging Face models, with tokenizer files, to `out_dir` (atomically)."""
     run_dir, ckpt_dir, tag = resolve_checkpoint(checkpoint)
@@ -92,7 +106,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
         for sub, model in models.items():
             target = tmp / sub if sub else tmp
             model.save_pretrained(str(target), safe_serialization=True)
-            copy_tokenizer_folder(run_dir.tokenizer, target)
+            write_tokenizer(run_dir.tokenizer, model, target)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         publish(tmp, out_dir)
     except BaseException:

@@ -7,7 +7,7 @@ import torch
 
 from data_pipeline.masking import MaskingConfig, build_masking
 from data_pipeline.shards import read_manifest
-from data_pipeline.tokenizer import copy_tokenizer_folder
+from pretrain.export import write_tokenizer
 from model.backbones import Backbone
 from model.encoder import EncoderConfig, model_config
 from model.objectives import ObjectiveConfig, build_objective
@@ -83,7 +83,7 @@ def test_export_loads_natively(backbone, name, prepared, tmp_path):
     for sub, live in models.items():
         folder = tmp_path / "export" / sub
         live.save_pretrained(str(folder))
-        copy_tokenizer_folder(prepared / "tokenizer", folder)
+        write_tokenizer(prepared / "tokenizer", live, folder)
         saved = json.loads((folder / "config.json").read_text())
         assert saved["model_type"] == ("modernbert" if backbone == "modernbert" else saved["model_type"])
         assert "auto_map" not in saved  # nothing asks for trust_remote_code
@@ -94,6 +94,9 @@ def test_export_loads_natively(backbone, name, prepared, tmp_path):
         with torch.no_grad():
             got = encoder.eval()(**inputs).last_hidden_state
         assert torch.allclose(got, want, atol=1e-5, rtol=0), (sub, (got - want).abs().max())
+        # As users call an encoder: the tokenizer's output straight into the model (ModernBERT has no token types).
+        with torch.no_grad():
+            encoder(**AutoTokenizer.from_pretrained(folder)(["In the beginning God created the heaven."], return_tensors="pt"))
         if sub == "generator" or name in MLM_ROOT:
             cls = AutoModelForMaskedLM
         elif name == "electra":

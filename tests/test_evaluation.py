@@ -136,6 +136,19 @@ def test_self_similarity_cli_equals_an_independent_computation(tmp_path):
     got = self_similarity(tiny, lines, special_tokens="exclude", batch_size=4)
     expected = _independent_self_similarity(tiny, lines, exclude_special=True)
     assert all(abs(g - e) <= 1e-6 * abs(e) for g, e in zip(got, expected))
+    # A ModernBERT (whose forward takes no token_type_ids) behind a tokenizer that emits them.
+    from transformers import ModernBertConfig, ModernBertModel
+
+    modern = tmp_path / "modern"
+    torch.manual_seed(0)
+    ModernBertModel(ModernBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, pad_token_id=0)).save_pretrained(str(modern))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny / name).is_file():
+            shutil.copy(tiny / name, modern / name)
+    got = self_similarity(modern, lines, batch_size=4)
+    expected = _independent_self_similarity(modern, lines, exclude_special=False)
+    assert all(abs(g - e) <= 1e-6 * abs(e) for g, e in zip(got, expected)), (got, expected)
     bad = run_cli("pretrain", ["evaluate", "self-similarity", "--model", str(tiny), "--text", str(tmp_path / "missing.txt"),
                                "--out", str(out)], check=False)
     assert bad.returncode == 2 and "missing.txt" in bad.stderr

@@ -14,6 +14,7 @@ fewer than 2 counted tokens add nothing. Lines longer than `max_length` tokens a
 """
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
@@ -63,6 +64,7 @@ def self_similarity(model_dir: str | Path, sentences: Sequence[str], special_tok
     max_length = min(max_length, model.config.max_position_embeddings)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
+    accepted = inspect.signature(model.forward).parameters
     sums = pair_counts = None
     start = time.time()
     for first in range(0, len(sentences), batch_size):
@@ -72,7 +74,8 @@ def self_similarity(model_dir: str | Path, sentences: Sequence[str], special_tok
         keep = enc["attention_mask"].bool()
         if special_tokens == "exclude":
             keep &= ~special
-        hidden = model(**{k: v.to(device) for k, v in enc.items()}, output_hidden_states=True).hidden_states[1:]
+        inputs = {k: v.to(device) for k, v in enc.items() if k in accepted}  # ModernBERT takes no token_type_ids
+        hidden = model(**inputs, output_hidden_states=True).hidden_states[1:]
         if sums is None:
             sums, pair_counts = [0.0] * len(hidden), [0.0] * len(hidden)
         for layer, states in enumerate(hidden):
