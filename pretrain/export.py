@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 from core.atomic_files import check_overwrite, prepare_output, publish
 from core.config_io import config_to_dict, load_config
 from core.distributed import setup_env
@@ -55,7 +57,6 @@ def _manifest(config_dir: Path, run_dir: RunDir, cfg: RunConfig) -> Optional[dic
 
 def _client_state(tag_dir: Path) -> dict:
     """Step, samples, tokens and time of a checkpoint (the trainer's client state in the rank-0 model file)."""
-    import torch
 
     # mp_rank_00_model_states.pt, or zero_pp_rank_0_mp_rank_00_model_states.pt under ZeRO-3
     files = sorted(tag_dir.glob("*mp_rank_00_model_states.pt"))
@@ -65,7 +66,7 @@ def _client_state(tag_dir: Path) -> dict:
     return {k: state[k] for k in ("step", "samples_seen", "tokens_seen", "elapsed_s") if k in state}
 
 
-def write_tokenizer(tokenizer_dir: Path, model, target: Path) -> None:
+def write_tokenizer(tokenizer_dir: Path, model: torch.nn.Module, target: Path) -> None:
     """The run's tokenizer files beside an exported model, set to emit only the inputs that model's forward takes.
 
     ModernBERT's forward has no `token_type_ids`; a tokenizer that emits them breaks
