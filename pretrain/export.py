@@ -1,7 +1,6 @@
 """Export a run's checkpoint as Hugging Face folders, through DeepSpeed's fp32 consolidation (no engine needed)."""
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import shutil
@@ -15,6 +14,7 @@ from core.config_io import config_to_dict, load_config
 from core.distributed import setup_env
 from core.errors import CheckpointError
 from data_pipeline.tokenizer import copy_tokenizer_folder
+from model.backbones.base import forward_input_names
 from model.encoder import config_from_dict
 from model.objectives import build_objective
 from pretrain import checkpoint as ckpt
@@ -72,10 +72,9 @@ def write_tokenizer(tokenizer_dir: Path, model: torch.nn.Module, target: Path) -
     ModernBERT's forward has no `token_type_ids`; a tokenizer that emits them breaks
     `model(**tokenizer(text, return_tensors="pt"))`, the way users call an encoder."""
     copy_tokenizer_folder(tokenizer_dir, target)
-    accepted = inspect.signature(model.forward).parameters
     config_path = Path(target) / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-    config["model_input_names"] = [name for name in ("input_ids", "token_type_ids", "attention_mask") if name in accepted]
+    config["model_input_names"] = forward_input_names(model)
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 

@@ -8,6 +8,7 @@ FLOPs from it. Every model it builds is one of transformers' own classes, so exp
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Callable, Optional
 
 import torch
@@ -98,3 +99,9 @@ class Backbone:
     def encoder_flops(self, config: PretrainedConfig, seq_len: int) -> float:
         """Forward FLOPs per token of the encoder at this sequence length."""
         raise NotImplementedError
+
+
+def forward_input_names(model: nn.Module) -> list[str]:
+    """Which of a tokenizer's encoder inputs the model's forward takes (ModernBERT takes no token_type_ids)."""
+    accepted = inspect.signature(model.forward).parameters
+    return [name for name in ("input_ids", "token_type_ids", "attention_mask") if name in accepted]

@@ -10,7 +10,6 @@ the probe is refit on the whole training split and scored on the evaluation spli
 """
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import time
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 from core.errors import ConfigError, MissingFileError
+from model.backbones.base import forward_input_names
 from pretrain.evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
 
 log = logging.getLogger("pretrain.linear_probe")
@@ -40,7 +40,7 @@ def _load(model_dir: str):
 
 def _hidden(model, enc: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
     """Hidden states of `layer` (-1: last; 0: embeddings) in float32."""
-    accepted = inspect.signature(model.forward).parameters  # ModernBERT takes no token_type_ids
+    accepted = forward_input_names(model)
     out = model(**{k: v for k, v in enc.items() if k in accepted}, output_hidden_states=True)
     return out.hidden_states[layer].float()
 

@@ -14,7 +14,6 @@ fewer than 2 counted tokens add nothing. Lines longer than `max_length` tokens a
 """
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import time
@@ -24,6 +23,7 @@ from typing import Literal, Sequence
 import torch
 
 from core.errors import InputDataError, MissingFileError
+from model.backbones.base import forward_input_names
 
 log = logging.getLogger("pretrain.evaluate")
 
@@ -64,7 +64,7 @@ def self_similarity(model_dir: str | Path, sentences: Sequence[str], special_tok
     max_length = min(max_length, model.config.max_position_embeddings)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
-    accepted = inspect.signature(model.forward).parameters
+    accepted = forward_input_names(model)
     sums = pair_counts = None
     start = time.time()
     for first in range(0, len(sentences), batch_size):
