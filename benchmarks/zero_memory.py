@@ -5,6 +5,11 @@ parameters (ZeRO-3: each parameter's local partition `ds_tensor`), and optimizer
 moments, plus ZeRO-3's fp32 master partitions). Gradients are freed after the step by both.
 
     python benchmarks/zero_memory.py            # launches itself under torchrun with 2 ranks
+    python benchmarks/zero_memory.py --albert   # ALBERT-base against BERT-base (H 768, 12 layers), both stages
+
+`--albert` compares ALBERT's factorized embeddings (E = 128) and cross-layer sharing with BERT of the
+same width and depth, as masked LMs with their pre-training heads (AlbertForPreTraining,
+BertForPreTraining), and writes benchmarks/results/zero_memory_albert.json.
 """
 from __future__ import annotations
 
@@ -34,18 +39,30 @@ def _tensor_bytes(obj, seen: set) -> int:
     return 0
 
 
-def worker(stage: int, precision: str) -> dict:
+def build_model(name: str):
+    """The benchmarked model: the small BERT MLM, or BERT-base / ALBERT-base with their pre-training heads."""
+    from transformers import AlbertConfig, AlbertForPreTraining, BertConfig, BertForMaskedLM, BertForPreTraining
+
+    if name == "bert_small":
+        return BertForMaskedLM(BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                          intermediate_size=1024, max_position_embeddings=128))
+    base = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                max_position_embeddings=128)
+    if name == "bert_base":
+        return BertForPreTraining(BertConfig(**base))
+    return AlbertForPreTraining(AlbertConfig(**base, embedding_size=128, num_hidden_groups=1, hidden_act="gelu_new"))
+
+
+def worker(stage: int, precision: str, name: str = "bert_small") -> dict:
     """Build the engine at this stage, train one step, and count this rank's bytes."""
     import deepspeed
     import torch
-    from transformers import BertConfig, BertForMaskedLM
 
     from core.distributed import init_distributed
 
     init_distributed()
     torch.manual_seed(0)
-    model = BertForMaskedLM(BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                       intermediate_size=1024, max_position_embeddings=128))
+    model = build_model(name)
     n_params = sum(p.numel() for p in model.parameters())
     zero = {"stage": stage}
     if stage == 3:
@@ -54,7 +71,7 @@ def worker(stage: int, precision: str) -> dict:
     engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4),
                                              config=config)
     ids = torch.randint(5, 30522, (2, 64))
-    loss = engine(input_ids=ids, labels=ids).loss
+    loss = engine(input_ids=ids, labels=ids).loss if name == "bert_small" else engine(input_ids=ids).prediction_logits.mean()
     engine.backward(loss)
     engine.step()
     seen: set = set()
@@ -74,14 +91,49 @@ def worker(stage: int, precision: str) -> dict:
             else:
                 optimizer += _tensor_bytes(value, seen)
     return {"stage": stage, "rank": torch.distributed.get_rank(), "param_bytes": params, "optimizer_bytes": optimizer,
-            "grad_buffer_bytes": grads, "model_params": n_params, "precision": precision}
+            "grad_buffer_bytes": grads, "model_params": n_params, "precision": precision, "model": name}
+
+
+def _launch(stage: int, precision: str, name: str, tmp: str) -> list[dict]:
+    """One 2-rank worker run; each rank's result."""
+    out = Path(tmp) / f"{name}_{precision}_stage{stage}.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__,
+                    "--worker", str(stage), precision, str(out), name], cwd=REPO, env=env, check=True, capture_output=True)
+    return [json.loads(out.with_name(f"{out.stem}.rank{r}.json").read_text()) for r in range(2)]
+
+
+def compare_albert() -> None:
+    """ALBERT-base against BERT-base: parameters and per-rank parameter + optimizer bytes, ZeRO-3 and not."""
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("bert_base", "albert_base"):
+            for stage in (0, 3):
+                ranks = _launch(stage, "fp32", name, tmp)
+                worst = max(ranks, key=lambda x: x["param_bytes"] + x["optimizer_bytes"])
+                rows.append({"model": name, "stage": stage, "model_params": worst["model_params"],
+                             "param_mib_per_rank": worst["param_bytes"] / 2**20,
+                             "optimizer_mib_per_rank": worst["optimizer_bytes"] / 2**20,
+                             "total_mib_per_rank": (worst["param_bytes"] + worst["optimizer_bytes"]) / 2**20})
+    print("H 768, 12 layers, vocabulary 30522, fp32, AdamW, 2 ranks (ALBERT: E 128, one shared layer)")
+    print(f"{'model':>12} {'stage':>5} {'parameters':>12} {'params MiB/rank':>16} {'optimizer MiB/rank':>19} {'total MiB/rank':>15}")
+    for r in rows:
+        print(f"{r['model']:>12} {r['stage']:>5} {r['model_params']:>12,} {r['param_mib_per_rank']:>16.1f} "
+              f"{r['optimizer_mib_per_rank']:>19.1f} {r['total_mib_per_rank']:>15.1f}")
+    out = REPO / "benchmarks" / "results" / "zero_memory_albert.json"
+    out.write_text(json.dumps({"machine": platform.platform(), "rows": rows}, indent=2) + "\n")
 
 
 def main() -> None:
     """Run both stages on 2 ranks; print per-rank bytes and the ratio."""
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
-        result = worker(int(sys.argv[2]), sys.argv[3])
+        result = worker(int(sys.argv[2]), sys.argv[3], sys.argv[5] if len(sys.argv) > 5 else "bert_small")
         Path(sys.argv[4]).with_name(f"{Path(sys.argv[4]).stem}.rank{result['rank']}.json").write_text(json.dumps(result))
+        return
+    if "--albert" in sys.argv:
+        compare_albert()
         return
     import tempfile
 

@@ -72,8 +72,8 @@ SampleTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str,
 EVAL_STREAM = 1 << 30  # keeps evaluation masks apart from training masks
 
 # What each per-token column is padded with; per-sample columns (sample_id, pair_label) are stacked.
+# Every `*input_ids` column (the input, its clean copy, COCO-LM's crop, DeCLUTR's positives) pads with the pad id.
 PAD_VALUES = {"labels": -100, "attention_mask": 0, "token_type_ids": 0, "crop_attention_mask": 0}
-PAD_WITH_PAD_ID = ("input_ids", "original_input_ids", "crop_input_ids")
 
 
 def sample_seed(seed: int, stream: int, epoch: int, sample_id: int) -> int:
@@ -106,10 +106,10 @@ class MaskingCollate:
             epoch = int(s.get("epoch", 0)) if self.per_epoch else 0
             generator = torch.Generator().manual_seed(sample_seed(self.seed, self.stream, epoch, int(s["sample_id"])))
             rows.append(self.transform(one, generator))
-        width = max(r["input_ids"].shape[1] for r in rows)
         batch = {}
         for key in rows[0]:
-            value = self.pad_id if key in PAD_WITH_PAD_ID else PAD_VALUES.get(key, 0)
+            width = max(r[key].shape[1] for r in rows)  # views (crop, positives) may be shorter than the input
+            value = self.pad_id if key.endswith("input_ids") else PAD_VALUES.get(key, 0)
             out = torch.full((len(rows), width), value, dtype=rows[0][key].dtype)
             for i, r in enumerate(rows):
                 out[i, : r[key].shape[1]] = r[key][0]

@@ -8,7 +8,11 @@ Strategies (special tokens and padding are never picked):
   vocabulary: sentencepiece pieces beginning with `▁`, WordPiece tokens not beginning with `##`.
 - `span`: SpanBERT (Joshi et al. 2020): span lengths in words ~ Geometric(p) truncated at max_span
   and renormalised (mean 3.8 for p=0.2), starts uniform over words, until mask_prob of the tokens
-  are picked; each span is 80/10/10 as a whole.
+  are picked; each span is 80/10/10 as a whole. Every picked token also gets its span's boundary
+  positions (`span_left`: the token before the span, `span_right`: the token after it) and its
+  1-based place in the span (`span_offset`; 0 where nothing is picked), for the span boundary objective.
+- `ngram`: ALBERT's n-gram masking (Lan et al. 2020): as `span`, with n-gram lengths in words
+  P(n) ∝ 1/n for n = 1..max_span (ALBERT: max_span=3).
 - `coco`: COCO-LM's corruption input: tokens picked as in `bert`, all of them → [MASK].
 `count=exact` picks exactly round(mask_prob · n) tokens per sequence (bert, coco) instead of
 independent draws. Validation uses `evaluation_masking`: the same picks, all shown as [MASK].
@@ -30,7 +34,7 @@ IGNORE_INDEX = -100
 class MaskingConfig:
     """Which tokens are picked and what they become."""
 
-    strategy: Literal["bert", "whole_word", "span", "coco"] = "bert"
+    strategy: Literal["bert", "whole_word", "span", "ngram", "coco"] = "bert"
     mask_prob: float = 0.15
     # bert/coco: bernoulli picks each token with probability mask_prob (BERT); exact picks
     # round(mask_prob · n) of a sequence's n pickable tokens (ELECTRA, COCO-LM).
@@ -38,7 +42,7 @@ class MaskingConfig:
     # Of the picked tokens: this fraction becomes [MASK], this fraction a random token, the rest stay.
     mask_token_fraction: float = 0.8
     random_token_fraction: float = 0.1
-    # span: Geometric(span_p) span lengths in words, truncated at max_span.
+    # span: Geometric(span_p) span lengths in words, truncated at max_span; ngram: P(n) ∝ 1/n up to max_span.
     span_p: float = 0.2
     max_span: int = 10
     # When set (COCO-LM uses 0.9), add a contiguous crop of the clean sequence of this length ratio.
@@ -69,9 +73,17 @@ def span_length_pmf(p: float, max_span: int) -> torch.Tensor:
     return pmf / pmf.sum()
 
 
-def sample_span_lengths(n: int, p: float, max_span: int, generator: torch.Generator) -> torch.Tensor:
-    """n span lengths (in words) drawn from `span_length_pmf`."""
-    return torch.multinomial(span_length_pmf(p, max_span).float(), n, replacement=True, generator=generator) + 1
+def ngram_length_pmf(max_n: int) -> torch.Tensor:
+    """P(n) for n = 1..max_n of ALBERT's n-gram masking: proportional to 1/n."""
+    weights = 1.0 / torch.arange(1, max_n + 1, dtype=torch.float64)
+    return weights / weights.sum()
+
+
+def sample_span_lengths(n: int, p: float, max_span: int, generator: torch.Generator,
+                        pmf: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """n span lengths (in words) drawn from `pmf` (default: `span_length_pmf(p, max_span)`)."""
+    pmf = span_length_pmf(p, max_span) if pmf is None else pmf
+    return torch.multinomial(pmf.float(), n, replacement=True, generator=generator) + 1
 
 
 class _Masking:
@@ -98,14 +110,14 @@ class _Masking:
             raise ValueError("this masking strategy needs the tokenizer's word-start table")
         return self.word_starts[input_ids] | ~self.pickable(input_ids)
 
-    def pick(self, ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Picked positions, and optionally a per-position action draw shared within a unit (span)."""
+    def pick(self, ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, Optional[torch.Tensor], dict]:
+        """Picked positions, optionally a per-position action draw shared within a unit (span), and extra columns."""
         raise NotImplementedError
 
     def __call__(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
         """Return a new batch with masked `input_ids`, `labels` and the clean `original_input_ids`."""
         ids = batch["input_ids"]
-        picked, action = self.pick(ids, generator)
+        picked, action, extra = self.pick(ids, generator)
         if action is None:
             action = torch.rand(ids.shape, generator=generator)
         mask_frac, random_frac = self.cfg.mask_token_fraction, self.cfg.random_token_fraction
@@ -117,7 +129,7 @@ class _Masking:
         masked = torch.where(to_mask, torch.full_like(ids, self.mask_id), ids)
         masked = torch.where(to_random, self.replacement_ids[draws], masked)
         labels = torch.where(picked, ids, torch.full_like(ids, IGNORE_INDEX))
-        return {**batch, "input_ids": masked, "labels": labels, "original_input_ids": ids}
+        return {**batch, "input_ids": masked, "labels": labels, "original_input_ids": ids, **extra}
 
 
 class TokenMasking(_Masking):
@@ -130,9 +142,9 @@ class TokenMasking(_Masking):
             scores = torch.rand(ids.shape, generator=generator).masked_fill(~pickable, 2.0)
             ranks = scores.argsort(dim=1).argsort(dim=1)
             k = (self.cfg.mask_prob * pickable.sum(1).double()).round().long()
-            return (ranks < k[:, None]) & pickable, None
+            return (ranks < k[:, None]) & pickable, None, {}
         probs = torch.full(ids.shape, self.cfg.mask_prob)
-        return torch.bernoulli(probs, generator=generator).bool() & pickable, None
+        return torch.bernoulli(probs, generator=generator).bool() & pickable, None, {}
 
 
 class WholeWordMasking(_Masking):
@@ -144,27 +156,38 @@ class WholeWordMasking(_Masking):
         # Index of the first token of each token's word.
         word_head = torch.cummax(torch.where(starts, positions, torch.zeros_like(positions)), dim=1).values
         head_picked = torch.bernoulli(torch.full(ids.shape, self.cfg.mask_prob), generator=generator).bool() & starts
-        return head_picked.gather(1, word_head) & self.pickable(ids), None
+        return head_picked.gather(1, word_head) & self.pickable(ids), None, {}
 
 
 class SpanMasking(_Masking):
-    """`span`: SpanBERT contiguous word spans; each span shares one 80/10/10 action draw."""
+    """`span` / `ngram`: contiguous word spans; each span shares one 80/10/10 action draw and knows its boundaries."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.length_pmf = (ngram_length_pmf(self.cfg.max_span) if self.cfg.strategy == "ngram"
+                           else span_length_pmf(self.cfg.span_p, self.cfg.max_span))
 
     def pick(self, ids, generator):
         pickable = self.pickable(ids)
         starts = self.word_start_mask(ids) & pickable
         picked = torch.zeros_like(pickable)
         action = torch.rand(ids.shape, generator=generator)
+        left, right, offset = (torch.zeros_like(ids) for _ in range(3))
         for row in range(ids.shape[0]):
-            self._pick_row(pickable[row], starts[row], picked[row], action[row], generator)
-        return picked, action
+            for lo, hi in self._pick_row(pickable[row], starts[row], picked[row], action[row], generator):
+                # [CLS] and [SEP] are never picked, so both boundary tokens exist inside the row.
+                left[row, lo:hi], right[row, lo:hi] = lo - 1, hi
+                offset[row, lo:hi] = torch.arange(1, hi - lo + 1)
+        return picked, action, {"span_left": left, "span_right": right, "span_offset": offset}
 
-    def _pick_row(self, pickable, starts, picked, action, generator) -> None:
+    def _pick_row(self, pickable, starts, picked, action, generator) -> list[tuple[int, int]]:
+        """Pick spans in one row (in place) and return them as [lo, hi) token ranges."""
         n = int(pickable.sum())
         budget = max(1, round(self.cfg.mask_prob * n)) if n else 0
         heads = starts.nonzero().squeeze(1).tolist()
+        spans: list[tuple[int, int]] = []
         if not heads or not budget:
-            return
+            return spans
         # Word i spans [heads[i], ends[i]); a word stops at the next word head or a special token.
         length = len(pickable)
         ends = []
@@ -175,7 +198,7 @@ class SpanMasking(_Masking):
                 e += 1
             ends.append(e)
         tries = 4 * len(heads) + 20
-        lengths = sample_span_lengths(tries, self.cfg.span_p, self.cfg.max_span, generator).tolist()
+        lengths = sample_span_lengths(tries, self.cfg.span_p, self.cfg.max_span, generator, self.length_pmf).tolist()
         first_words = torch.randint(len(heads), (tries,), generator=generator).tolist()
         count = 0
         for span_words, w in zip(lengths, first_words):
@@ -192,6 +215,8 @@ class SpanMasking(_Masking):
             picked[lo:hi] = True
             action[lo:hi] = action[lo]  # the whole span is masked, replaced or kept together
             count += hi - lo
+            spans.append((lo, hi))
+        return spans
 
 
 def crop_view(input_ids: torch.Tensor, pad_id: int, cls_id: int, sep_id: int, ratio: float,
@@ -220,7 +245,8 @@ class WithCropView:
         return {**self.inner(batch, generator), "crop_input_ids": crop, "crop_attention_mask": crop_mask}
 
 
-STRATEGIES = {"bert": TokenMasking, "coco": TokenMasking, "whole_word": WholeWordMasking, "span": SpanMasking}
+STRATEGIES = {"bert": TokenMasking, "coco": TokenMasking, "whole_word": WholeWordMasking, "span": SpanMasking,
+              "ngram": SpanMasking}
 
 
 def evaluation_masking(cfg: MaskingConfig) -> MaskingConfig:

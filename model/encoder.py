@@ -1,4 +1,4 @@
-"""The main Transformer encoder's typed config, and the transformers config (BERT or ModernBERT) built from it."""
+"""The main Transformer encoder's typed config, and the transformers config (BERT, ModernBERT or ALBERT) built from it."""
 from __future__ import annotations
 
 import json
@@ -6,19 +6,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from transformers import BertConfig, ModernBertConfig, PretrainedConfig
+from transformers import AlbertConfig, BertConfig, ModernBertConfig, PretrainedConfig
 
 from core.errors import ConfigError
 
-ARCHITECTURES = ("bert", "modernbert")
+ARCHITECTURES = ("bert", "modernbert", "albert")
+CONFIG_CLASSES = {"bert": BertConfig, "modernbert": ModernBertConfig, "albert": AlbertConfig}
+# ALBERT's factorized embedding size when the config leaves it unset (Lan et al. 2020 use E = 128 at every H).
+ALBERT_EMBEDDING_SIZE = 128
 
 
 @dataclass
 class EncoderConfig:
     """Shape of the encoder. `vocab_size` defaults to the tokenizer's and must match it."""
 
-    # bert: transformers' BertModel; modernbert: transformers' ModernBertModel (rotary, GeGLU, no biases).
-    architecture: Literal["bert", "modernbert"] = "bert"
+    # bert: transformers' BertModel; modernbert: transformers' ModernBertModel (rotary, GeGLU, no biases);
+    # albert: transformers' AlbertModel (factorized embeddings, layers sharing parameters).
+    architecture: Literal["bert", "modernbert", "albert"] = "bert"
     hidden_size: int = 256
     num_layers: int = 4
     num_heads: int = 4
@@ -33,6 +37,10 @@ class EncoderConfig:
     # ModernBERT only: sliding-window width of the local layers, and every n-th layer attends globally.
     local_attention: int = 128
     global_attn_every_n_layers: int = 3
+    # ALBERT only: the token embedding size E (projected to hidden_size; unset: min(128, hidden_size)) and how
+    # many parameter groups the layers share (1, ALBERT's default: every layer uses the same weights).
+    embedding_size: Optional[int] = None
+    num_hidden_groups: Optional[int] = None
     vocab_size: Optional[int] = None
     # A Hugging Face BERT or ModernBERT folder to start from (shape and weights; the fields above
     # are ignored). A missing MLM head is created, with its decoder tied to the word embeddings.
@@ -47,8 +55,20 @@ class EncoderConfig:
         if self.architecture == "modernbert" and self.position_embedding != "absolute":
             raise ConfigError("config key 'model.position_embedding' applies to architecture=bert only "
                               "(ModernBERT uses rotary positions)")
-        if self.architecture == "bert" and self.attn_implementation == "flash_attention_2":
+        if self.architecture != "modernbert" and self.attn_implementation == "flash_attention_2":
             raise ConfigError("config key 'model.attn_implementation=flash_attention_2' needs model.architecture=modernbert")
+        if self.architecture != "albert":
+            for key in ("embedding_size", "num_hidden_groups"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"config key 'model.{key}' applies to architecture=albert only")
+            return
+        if self.embedding_size is not None and not 0 < self.embedding_size <= self.hidden_size:
+            raise ConfigError(f"config key 'model.embedding_size' ({self.embedding_size}) must be in "
+                              f"[1, model.hidden_size={self.hidden_size}]")
+        groups = self.num_hidden_groups or 1
+        if groups < 1 or self.num_layers % groups:
+            raise ConfigError(f"config key 'model.num_hidden_groups' ({groups}) must divide model.num_layers "
+                              f"({self.num_layers})")
 
 
 def attention_for(config: PretrainedConfig, requested: str) -> str:
@@ -90,6 +110,16 @@ def model_config(cfg: EncoderConfig, tokenizer: dict, seq_len: int) -> Pretraine
             attention_probs_dropout_prob=cfg.attention_dropout, pad_token_id=tokenizer["pad_id"], type_vocab_size=2,
             position_embedding_type=cfg.position_embedding,
         )
+    elif cfg.architecture == "albert":
+        config = AlbertConfig(
+            vocab_size=vocab, embedding_size=cfg.embedding_size or min(ALBERT_EMBEDDING_SIZE, cfg.hidden_size),
+            hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, num_hidden_groups=cfg.num_hidden_groups or 1,
+            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size, inner_group_num=1,
+            max_position_embeddings=cfg.max_position_embeddings, hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.attention_dropout, type_vocab_size=2, pad_token_id=tokenizer["pad_id"],
+            bos_token_id=tokenizer["cls_id"], eos_token_id=tokenizer["sep_id"],
+            position_embedding_type=cfg.position_embedding,
+        )
     else:
         config = ModernBertConfig(
             vocab_size=vocab, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
@@ -114,7 +144,7 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
     if model_type not in ARCHITECTURES:
         raise ConfigError(f"config key 'model.init_from': '{path}' is a {model_type} model; supported: {', '.join(ARCHITECTURES)}")
-    config = (BertConfig if model_type == "bert" else ModernBertConfig).from_pretrained(str(path))
+    config = CONFIG_CLASSES[model_type].from_pretrained(str(path))
     if model_type == "modernbert":
         config.reference_compile = False
     _check_data_fit(config.vocab_size, config.max_position_embeddings, vocab_size, seq_len, f"'model.init_from' {path}")
@@ -124,7 +154,7 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
 
 def config_from_dict(data: dict, attn_implementation: str = "sdpa") -> PretrainedConfig:
     """A saved model_config.json back as its transformers config (export, evaluation)."""
-    cls = {"bert": BertConfig, "modernbert": ModernBertConfig}[data.get("model_type", "bert")]
+    cls = CONFIG_CLASSES[data.get("model_type", "bert")]
     config = cls.from_dict(data)
     config._attn_implementation = attention_for(config, attn_implementation)
     return config

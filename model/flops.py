@@ -14,10 +14,11 @@ TRAIN = 3.0
 
 
 def encoder_forward(config, seq_len: int) -> float:
-    """Forward FLOPs per token of the config's encoder (BERT, ELECTRA or ModernBERT layout) at this sequence length."""
+    """Forward FLOPs per token of the config's encoder (BERT, ELECTRA, ModernBERT or ALBERT layout) at this sequence length."""
     from model.backbones import backbone_for
 
-    return backbone_for("modernbert" if config.model_type == "modernbert" else "bert").encoder_flops(config, seq_len)
+    # ELECTRA's models have BERT's layout.
+    return backbone_for("bert" if config.model_type == "electra" else config.model_type).encoder_flops(config, seq_len)
 
 
 def mlm_head_forward(config, embedding_size: int | None = None) -> float:

@@ -107,6 +107,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
             target = tmp / sub if sub else tmp
             model.save_pretrained(str(target), safe_serialization=True)
             write_tokenizer(run_dir.tokenizer, model, target)
+        for name, head in objective.side_heads().items():
+            head.save(tmp, name)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         publish(tmp, out_dir)
     except BaseException:

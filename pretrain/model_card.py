@@ -12,6 +12,11 @@ LAYOUT = {
     "taco": ("`{root}`", "AutoModelForMaskedLM"),
     "tacl": ("the student as `{root}` (the teacher is the starting checkpoint and is not exported)", "AutoModelForMaskedLM"),
     "coco_lm": ("the main Transformer as `{root}`; the auxiliary generator as `{generator}` in `generator/`", "AutoModel"),
+    "spanbert": ("`{root}` (encoder + MLM head); the span boundary head beside it as "
+                 "`span_boundary_head.safetensors` + `.json` (`model.heads.SpanBoundaryHead.load(PATH)`)",
+                 "AutoModelForMaskedLM"),
+    "declutr": ("`{root}` (encoder + MLM head); its sentence embedding is the mean of the last hidden states over the "
+                "real tokens", "AutoModel"),
     "electra": ("the discriminator as `{root}` (encoder + replaced-token-detection head); the generator as "
                 "`{generator}` in `generator/`", "AutoModel"),
 }

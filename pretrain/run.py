@@ -26,7 +26,7 @@ from data_pipeline.shards import read_manifest, verify_split
 from data_pipeline.tokenizer import copy_tokenizer_folder, load_tokenizer, word_start_table
 from model.diagnostics import unigram_entropy
 from model.encoder import model_config as build_model_config
-from model.objectives import build_objective, check_objective_config
+from model.objectives import build_objective, check_objective_config, objective_class
 from pretrain.config import RunConfig
 from pretrain.hardware import resolve_precision
 from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, TOKENIZER_DIR, RunDir
@@ -82,12 +82,13 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_objective(cfg.objective, model_config, cfg.model.init_from)
     word_starts = None
-    if cfg.masking.strategy in ("whole_word", "span"):
+    if cfg.masking.strategy in ("whole_word", "span", "ngram"):
         word_starts = word_start_table(load_tokenizer(data_dir / TOKENIZER_DIR))
-    transform, eval_transform = (build_masking(
+    objective_cls = objective_class(cfg.objective.name)
+    transform, eval_transform = (objective_cls.wrap_masking(getattr(cfg.objective, cfg.objective.name), build_masking(
         masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], word_starts=word_starts,
         pad_id=tok["pad_id"], cls_id=tok["cls_id"], sep_id=tok["sep_id"],
-    ) for masking in (cfg.masking, evaluation_masking(cfg.masking)))
+    ), tok["pad_id"], tok["cls_id"], tok["sep_id"]) for masking in (cfg.masking, evaluation_masking(cfg.masking)))
     # Masked in the loader (its workers): validation shows every picked token as [MASK], the same each time.
     train_collate = MaskingCollate(transform, tok["pad_id"], cfg.train.seed)
     eval_collate = MaskingCollate(eval_transform, tok["pad_id"], cfg.train.seed, stream=EVAL_STREAM, per_epoch=False)

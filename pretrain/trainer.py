@@ -100,6 +100,7 @@ class Trainer:
         step = self.step + 1
         host: dict[str, Any] = {"lr": float(self.engine.get_lr()[0]), "tokens": 0.0, "samples": 0.0, "data_wait_s": 0.0}
         sample_ids = []
+        self.engine.module.begin_step(step)
         for micro in range(self.accum):
             t0 = time.perf_counter()
             batch = self._next_batch()

@@ -10,17 +10,20 @@ from data_pipeline.shards import read_manifest
 from pretrain.export import write_tokenizer
 from model.backbones import Backbone
 from model.encoder import EncoderConfig, model_config
-from model.objectives import ObjectiveConfig, build_objective
+from model.objectives import ObjectiveConfig, build_objective, objective_class
 
 BACKBONES = {
     "bert": {"architecture": "bert"},
     "bert-relkq": {"architecture": "bert", "position_embedding": "relative_key_query"},
     "modernbert": {"architecture": "modernbert"},
+    "albert": {"architecture": "albert", "embedding_size": 16},
 }
-OBJECTIVES = ("mlm", "electra", "coco_lm", "taco", "tacl")
-MATRIX = [(b, o) for b in BACKBONES for o in OBJECTIVES]
+OBJECTIVES = ("mlm", "electra", "coco_lm", "taco", "tacl", "spanbert", "declutr")
+# Every objective on every backbone it declares (ALBERT: the masked-LM objectives).
+MATRIX = [(b, o) for b in BACKBONES for o in OBJECTIVES
+          if BACKBONES[b]["architecture"] in objective_class(o).architectures]
 # Root folders that carry an MLM head (fill-mask works); generator/ sub-folders always do.
-MLM_ROOT = {"mlm", "taco", "tacl"}
+MLM_ROOT = {"mlm", "taco", "tacl", "spanbert", "declutr"}
 
 
 def _config(backbone: str, tok: dict):
@@ -35,9 +38,19 @@ def _batch(tok: dict, name: str, seed: int = 0) -> dict:
     ids[:, 0], ids[:, -1] = tok["cls_id"], tok["sep_id"]
     ids[2, 30:], ids[2, 29] = tok["pad_id"], tok["sep_id"]
     batch = {"input_ids": ids, "attention_mask": (ids != tok["pad_id"]).long(), "token_type_ids": torch.zeros_like(ids)}
-    masking = MaskingConfig(strategy="coco" if name == "coco_lm" else "bert", crop_ratio=0.9 if name == "coco_lm" else None)
-    return build_masking(masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], pad_id=tok["pad_id"],
-                         cls_id=tok["cls_id"], sep_id=tok["sep_id"])(batch, g)
+    strategy = {"coco_lm": "coco", "spanbert": "span"}.get(name, "bert")
+    masking = MaskingConfig(strategy=strategy, crop_ratio=0.9 if name == "coco_lm" else None)
+    starts = torch.rand(tok["vocab_size"], generator=g) < 0.6 if strategy == "span" else None
+    transform = build_masking(masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], pad_id=tok["pad_id"],
+                              cls_id=tok["cls_id"], sep_id=tok["sep_id"], word_starts=starts)
+    if name == "declutr":  # views per sample, as the loader builds them
+        from data_pipeline.loader import MaskingCollate
+
+        transform = objective_class(name).wrap_masking(ObjectiveConfig().declutr, transform, tok["pad_id"], tok["cls_id"],
+                                                       tok["sep_id"])
+        rows = [{"input_ids": row[row != tok["pad_id"]].numpy(), "sample_id": i} for i, row in enumerate(ids)]
+        return MaskingCollate(transform, tok["pad_id"], seed)(rows)
+    return transform(batch, g)
 
 
 def _build(backbone: str, name: str, tok: dict, tmp_path):
@@ -113,6 +126,13 @@ def test_export_loads_natively(backbone, name, prepared, tmp_path):
             fill = pipeline("fill-mask", model=str(folder), tokenizer=AutoTokenizer.from_pretrained(str(folder)))
             preds = fill(f"In the beginning God created the heaven and the {fill.tokenizer.mask_token}.", top_k=3)
             assert len(preds) == 3 and all(0.0 <= p["score"] <= 1.0 for p in preds)
+    for head_name, head in objective.side_heads().items():  # SpanBERT's SBO head, beside the root
+        head.save(tmp_path / "export", head_name)
+        loaded = type(head).load(tmp_path / "export", head_name).eval()
+        x = torch.randn(5, head.shape.hidden_size)
+        offsets = torch.tensor([1, 2, 3, 40, 1])
+        with torch.no_grad():
+            assert torch.equal(loaded(x, x.flip(0), offsets), head.eval()(x, x.flip(0), offsets))
 
 
 def test_generator_shares_the_main_embeddings_where_widths_match():
@@ -149,3 +169,57 @@ def test_coco_lm_narrow_generator(backbone, tmp_path):
     assert torch.isfinite(loss) and metrics["generator_mlm_loss"] > 0
     own = [p for n, p in coco.generator.named_parameters() if "embeddings" not in n]
     assert own and all(p.grad is not None for p in own)
+
+
+def test_objectives_refuse_backbones_they_do_not_declare(prepared):
+    from core.errors import ConfigError
+
+    tok = read_manifest(prepared)["tokenizer"]
+    for name in ("electra", "coco_lm", "taco", "tacl", "spanbert", "declutr"):
+        with pytest.raises(ConfigError, match=f"objective.name={name} runs on model.architecture .* not albert"):
+            build_objective(ObjectiveConfig(name=name), _config("albert", tok))
+
+
+def test_albert_is_smaller_than_bert_and_exports_its_sop_head(prepared, tmp_path):
+    """Factorized embeddings + one shared layer: far fewer parameters than BERT of the same H and depth; the
+    MLM + SOP model loads as AlbertForPreTraining with both heads' outputs, and as AutoModelForMaskedLM."""
+    from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
+
+    tok = read_manifest(prepared)["tokenizer"]
+    options = ObjectiveConfig(name="mlm")
+    options.mlm.pair_head = "sop"
+    torch.manual_seed(0)
+    albert = build_objective(options, _config("albert", tok))
+    bert = build_objective(options, _config("bert", tok))
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    h, e, v, layers = 32, 16, tok["vocab_size"], 2
+    layer = 4 * (h * h + h) + 2 * h * 64 + 64 + h + 2 * 2 * h  # attention, FFN, biases and two LayerNorms
+    # One layer's weights for both layers, plus the E -> H projection.
+    assert count(bert.model.bert.encoder) == layers * layer and count(albert.model.albert.encoder) == layer + e * h + h
+    assert albert.model.albert.embeddings.word_embeddings.weight.shape == (v, e)
+    assert count(albert.model) < count(bert.model) - v * (h - e) - (layers - 1) * layer + e * h + h
+    albert.train()
+    batch = _batch(tok, "mlm")
+    batch["pair_label"] = torch.tensor([0, 1, 0, 1, 1, 0])
+    loss, metrics = albert(batch)
+    loss.backward()
+    assert {"mlm_loss", "sop_loss", "sop_accuracy"} <= set(metrics)
+    assert albert.model.sop_classifier.classifier.weight.grad is not None
+    albert.eval()
+    albert.model.save_pretrained(str(tmp_path / "albert"))
+    ids, mask = batch["original_input_ids"], batch["attention_mask"]
+    pre = AutoModelForPreTraining.from_pretrained(tmp_path / "albert").eval()
+    assert type(pre).__name__ == "AlbertForPreTraining"
+    with torch.no_grad():
+        got, want = pre(input_ids=ids, attention_mask=mask), albert.model(input_ids=ids, attention_mask=mask)
+        assert torch.allclose(got.prediction_logits, want.prediction_logits, atol=1e-5, rtol=0)
+        assert torch.allclose(got.sop_logits, want.sop_logits, atol=1e-5, rtol=0)
+        mlm = AutoModelForMaskedLM.from_pretrained(tmp_path / "albert").eval()
+        assert torch.allclose(mlm(input_ids=ids, attention_mask=mask).logits, want.prediction_logits, atol=1e-5, rtol=0)
+
+
+def test_every_objective_has_a_model_card_layout():
+    from model.objectives import REGISTRY
+    from pretrain.model_card import LAYOUT
+
+    assert set(REGISTRY) <= set(LAYOUT)

@@ -155,6 +155,46 @@ def test_span_masking_rate_and_word_alignment():
     assert abs(as_mask - 0.8) < 0.06
 
 
+def test_span_boundaries_describe_each_span():
+    """Every picked token knows its span: the tokens before and after it, and its 1-based place in it."""
+    starts = _word_starts()
+    batch, out, picked = _masked("span", 64, 9, starts)
+    left, right, offset = out["span_left"], out["span_right"], out["span_offset"]
+    assert not offset[~picked].any() and (offset[picked] >= 1).all()
+    spans = 0
+    for row in range(picked.shape[0]):
+        for pos in (offset[row] == 1).nonzero().squeeze(1).tolist():
+            spans += 1
+            lo, hi = pos, int(right[row, pos])
+            assert int(left[row, pos]) == lo - 1
+            assert not picked[row, lo - 1] or int(right[row, lo - 1]) == lo  # before it: unpicked, or an adjacent span's end
+            assert picked[row, lo:hi].all() and (left[row, lo:hi] == lo - 1).all() and (right[row, lo:hi] == hi).all()
+            assert offset[row, lo:hi].tolist() == list(range(1, hi - lo + 1))
+            # The boundary after the span is not part of it (it may start the next span).
+            assert hi < picked.shape[1] and (not picked[row, hi] or offset[row, hi] == 1)
+    assert spans and sum(int((offset[r] >= 1).sum()) for r in range(picked.shape[0])) == int(picked.sum())
+
+
+def test_ngram_lengths_follow_albert():
+    """ALBERT's n-gram masking: P(n) ∝ 1/n for n = 1..3, whole words, the same budget."""
+    from data_pipeline.masking import ngram_length_pmf
+
+    g = torch.Generator().manual_seed(11)
+    lengths = sample_span_lengths(60_000, 0.2, 3, g, ngram_length_pmf(3))
+    want = [1 / n / (1 + 1 / 2 + 1 / 3) for n in (1, 2, 3)]
+    for n in (1, 2, 3):
+        assert abs(float((lengths == n).float().mean()) - want[n - 1]) < 0.006
+    starts = _word_starts()
+    m = build_masking(MaskingConfig(strategy="ngram", max_span=3), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK],
+                      word_starts=starts)
+    batch = _batch(rows=64)
+    out = m(batch, torch.Generator().manual_seed(2))
+    picked = out["labels"] != IGNORE_INDEX
+    _whole_word_counts(picked, batch["input_ids"], starts)
+    pickable = ~torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP]))
+    assert abs(int(picked.sum()) / int(pickable.sum()) - 0.15) < 0.01
+
+
 def test_coco_mode_masks_every_pick():
     batch, out, picked = _masked("coco", 256, 7)
     assert (out["input_ids"][picked] == MASK).all()
@@ -180,7 +220,7 @@ def test_crop_view_is_a_contiguous_crop_of_the_clean_sequence():
     assert {"crop_input_ids", "crop_attention_mask", "labels"} <= set(out)
 
 
-@pytest.mark.parametrize("strategy", ["bert", "whole_word", "span", "coco"])
+@pytest.mark.parametrize("strategy", ["bert", "whole_word", "span", "ngram", "coco"])
 def test_every_strategy_is_deterministic_given_the_generator(strategy):
     m = build_masking(MaskingConfig(strategy=strategy, crop_ratio=0.9), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK],
                       _word_starts(), PAD, CLS, SEP)

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from model.objectives.coco_lm import copy_loss, corrective_lm_loss, scl_loss
+from model.objectives.declutr import declutr_loss
 from model.objectives.electra import rtd_loss
 from model.objectives.mlm import pair_loss
+from model.objectives.spanbert import span_boundary_loss
 from model.objectives.tacl import supervised_tacl_loss, tacl_loss
 from model.objectives.taco import tc_loss
 
@@ -173,3 +175,75 @@ def test_corrective_lm_paper_form_survives_a_saturated_copy_head():
         p0 = 1 / (1 + math.exp(c))
         terms.append(-math.log((1.0 if x == t else 0.0) * p1 + p0 * math.exp(log_softmax_at(z, t))))
     assert abs(float(loss) - float(np.mean(terms))) <= 1e-5 * float(np.mean(terms))
+
+
+def _layer_norm(x, gain, bias, eps):
+    mu = x.mean()
+    return gain * (x - mu) / math.sqrt(((x - mu) ** 2).mean() + eps) + bias
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+def test_span_boundary_loss():
+    """SpanBERT eq. 1: y = LN(GeLU(W2 · LN(GeLU(W1 [x_{s-1}; x_{e+1}; p_{i-s+1}] + b1)) + b2)), then the MLM projection."""
+    from model.heads import SpanBoundaryHead, SpanBoundaryShape
+
+    b, length, h, v, table = 2, 12, 6, 11, 4
+    hidden = rng.normal(size=(b, length, h))
+    labels = np.full((b, length), -100)
+    left, right, offset = (np.zeros((b, length), dtype=np.int64) for _ in range(3))
+    # Row 0: spans [2, 5) and [5, 7) (adjacent: their own boundaries), row 1: a 6-token span longer than the table.
+    for row, lo, hi in ((0, 2, 5), (0, 5, 7), (1, 3, 9)):
+        labels[row, lo:hi] = rng.integers(0, v, size=hi - lo)
+        left[row, lo:hi], right[row, lo:hi], offset[row, lo:hi] = lo - 1, hi, np.arange(1, hi - lo + 1)
+    head = SpanBoundaryHead(SpanBoundaryShape(h, table, 1e-5)).double()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.from_numpy(rng.normal(size=tuple(p.shape))))
+    projection = torch.nn.Linear(h, v).double()
+    w = {k: x.detach().numpy() for k, x in head.state_dict().items()}
+    pw, pb = projection.weight.detach().numpy(), projection.bias.detach().numpy()
+    terms, right_count = [], 0
+    for i in range(b):
+        for j in range(length):
+            if labels[i, j] == -100:
+                continue
+            place = min(offset[i, j], table) - 1  # longer spans share the table's last position
+            h0 = np.concatenate([hidden[i, left[i, j]], hidden[i, right[i, j]], w["position.weight"][place]])
+            h1 = _layer_norm(_gelu(w["layer1.weight"] @ h0 + w["layer1.bias"]), w["norm1.weight"], w["norm1.bias"], 1e-5)
+            y = _layer_norm(_gelu(w["layer2.weight"] @ h1 + w["layer2.bias"]), w["norm2.weight"], w["norm2.bias"], 1e-5)
+            z = pw @ y + pb
+            terms.append(-log_softmax_at(list(z), labels[i, j]))
+            right_count += int(np.argmax(z) == labels[i, j])
+    loss, accuracy = span_boundary_loss(t64(hidden), torch.tensor(labels), torch.tensor(left), torch.tensor(right),
+                                        torch.tensor(offset), head, projection)
+    assert len(terms) == 11 and close(loss, float(np.mean(terms)))
+    assert abs(float(accuracy) - right_count / len(terms)) < 1e-6
+
+
+@pytest.mark.parametrize("positives,tau", [(1, 0.05), (2, 1.0)])
+def test_declutr_loss(positives, tau):
+    """DeCLUTR: mean-pooled spans, an anchor's positive is the mean of its positives' embeddings, NT-Xent over 2N."""
+    n, h = 4, 6
+    lengths = rng.integers(3, 9, size=n)
+    anchor = rng.normal(size=(n, 9, h))
+    anchor_mask = np.arange(9)[None] < lengths[:, None]
+    pos = [rng.normal(size=(n, 7, h)) for _ in range(positives)]
+    pos_masks = [np.arange(7)[None] < rng.integers(2, 8, size=n)[:, None] for _ in range(positives)]
+
+    def pool(x, m):
+        return np.array([x[i][m[i]].mean(0) for i in range(len(x))])
+
+    za = pool(anchor, anchor_mask)
+    zp = np.mean([pool(p, m) for p, m in zip(pos, pos_masks)], axis=0)
+    z = list(za) + list(zp)
+    terms = []
+    for i in range(2 * n):
+        sims = {k: cos(z[i], z[k]) / tau for k in range(2 * n) if k != i}
+        m = max(sims.values())
+        terms.append(-(sims[(i + n) % (2 * n)] - m - math.log(sum(math.exp(v - m) for v in sims.values()))))
+    got = declutr_loss(t64(anchor), torch.tensor(anchor_mask), [t64(p) for p in pos],
+                       [torch.tensor(m) for m in pos_masks], tau)
+    assert close(got, float(np.mean(terms)))

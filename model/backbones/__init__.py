@@ -12,6 +12,7 @@ from model.backbones.base import Backbone
 REGISTRY = {
     "bert": "model.backbones.bert:BertBackbone",
     "modernbert": "model.backbones.modernbert:ModernBertBackbone",
+    "albert": "model.backbones.albert:AlbertBackbone",
 }
 
 

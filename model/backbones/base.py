@@ -52,6 +52,10 @@ class Backbone:
         """hidden [N, H] -> vocabulary logits [N, V] of a masked LM built here."""
         raise NotImplementedError
 
+    def output_projection(self, model: PreTrainedModel) -> nn.Linear:
+        """A masked LM's final hidden → vocabulary projection (tied to the token embeddings), without its transform."""
+        raise NotImplementedError
+
     def encode(self, base: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: Optional[torch.Tensor] = None, output_hidden_states: bool = False):
         """Run an encoder; the output has `last_hidden_state` (and `hidden_states`, embeddings first)."""
@@ -81,6 +85,11 @@ class Backbone:
     def share_embeddings(owner: PreTrainedModel, user: PreTrainedModel) -> None:
         """`user`'s encoder reads through `owner`'s embedding module (tokens, positions, norm)."""
         Backbone.base(user).embeddings = Backbone.base(owner).embeddings
+
+    @staticmethod
+    def share_base(owner: PreTrainedModel, user: PreTrainedModel) -> None:
+        """`user` (a head model) runs on `owner`'s whole encoder: the same module, the same weights."""
+        setattr(user, user.base_model_prefix, Backbone.base(owner))
 
     @staticmethod
     def tie_decoder(model: PreTrainedModel, embeddings: nn.Embedding) -> None:

@@ -101,6 +101,11 @@ class BertBackbone(Backbone):
             return lambda hidden: model.generator_lm_head(model.generator_predictions(hidden))
         return model.cls.predictions
 
+    def output_projection(self, model):
+        if isinstance(model, ElectraForMaskedLM):
+            return model.generator_lm_head
+        return model.cls.predictions.decoder
+
     def pair_logits(self, model, pooled):
         return model.cls.seq_relationship(pooled)
 

@@ -46,6 +46,9 @@ class ModernBertBackbone(Backbone):
     def mlm_head(self, model) -> Head:
         return lambda hidden: model.decoder(model.head(hidden))
 
+    def output_projection(self, model):
+        return model.decoder
+
     def encoder_flops(self, config, seq_len):
         # Wqkv + Wo (8H²), GeGLU: Wi to 2I and Wo back (6HI); scores and weighted sum over the
         # attended span: the whole sequence in global layers, the local window elsewhere.

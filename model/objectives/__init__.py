@@ -17,6 +17,8 @@ REGISTRY = {
     "coco_lm": "model.objectives.coco_lm:CocoLM",
     "tacl": "model.objectives.tacl:TaCL",
     "taco": "model.objectives.taco:TACO",
+    "spanbert": "model.objectives.spanbert:SpanBert",
+    "declutr": "model.objectives.declutr:Declutr",
 }
 
 
@@ -48,12 +50,23 @@ ObjectiveConfig = _objective_config_class()
 
 def check_objective_config(cfg: ObjectiveConfig, model, masking) -> None:
     """The named objective's own checks of its options against the model and masking configs (ConfigError)."""
-    objective_class(cfg.name).check_config(getattr(cfg, cfg.name), model, masking)
+    cls = objective_class(cfg.name)
+    if not model.init_from:  # an init_from folder's family is checked when the objective is built
+        _check_architecture(cls, cfg.name, model.architecture)
+    cls.check_config(getattr(cfg, cfg.name), model, masking)
+
+
+def _check_architecture(cls: type[Objective], name: str, architecture: str) -> None:
+    if architecture not in cls.architectures:
+        raise ConfigError(f"objective.name={name} runs on model.architecture {', '.join(cls.architectures)}, "
+                          f"not {architecture}")
 
 
 def build_objective(cfg: ObjectiveConfig, config: PretrainedConfig, init_from: Optional[str] = None) -> Objective:
     """Instantiate the objective named in the config around an encoder of this config (weights from init_from if set)."""
-    return objective_class(cfg.name)(config, getattr(cfg, cfg.name), init_from)
+    cls = objective_class(cfg.name)
+    _check_architecture(cls, cfg.name, config.model_type)
+    return cls(config, getattr(cfg, cfg.name), init_from)
 
 
 __all__ = ["Objective", "ObjectiveConfig", "build_objective", "check_objective_config", "objective_class", "REGISTRY"]

@@ -20,10 +20,17 @@ class Objective(nn.Module):
     weights: dict[str, float] = {}
     # The dataclass of this objective's config section (`objective.<registry name>`): an objective owns its options.
     options_class: type = type(None)
+    # The backbones (model_type) this objective is built and tested on.
+    architectures: tuple[str, ...] = ("bert", "modernbert")
 
     @classmethod
     def check_config(cls, options, model, masking) -> None:
         """Raise ConfigError when these options cannot work with the model (EncoderConfig) and masking configs."""
+
+    @classmethod
+    def wrap_masking(cls, options, transform, pad_id: int, cls_id: int, sep_id: int):
+        """The loader's per-sample transform for this objective: the masking itself, or views built around it."""
+        return transform
 
     def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:  # pragma: no cover
         """(loss terms with graph, extra detached metrics) for one micro-batch."""
@@ -42,3 +49,10 @@ class Objective(nn.Module):
     def hf_models(self) -> dict[str, PreTrainedModel]:  # pragma: no cover - interface
         """The Hugging Face models to export, keyed by sub-folder ("" for the export's root)."""
         raise NotImplementedError
+
+    def side_heads(self) -> dict[str, nn.Module]:
+        """Heads transformers has no class for, saved beside the export's root by their `save(folder, name)`."""
+        return {}
+
+    def begin_step(self, step: int) -> None:
+        """Called before the micro-batches of optimizer step `step` (1-based): staged objectives switch here."""

@@ -17,16 +17,30 @@ Paper defaults and where this differs:
   the embeddings (no projection in ModernBERT) and keeps its own;
 - `generator: uniform` replaces the picked tokens with uniform draws from the vocabulary instead
   of the generator's samples: a plumbing check that the discriminator can learn at all.
+
+Two-stage training (the paper's §3.2 alternative, `two_stage_generator_steps: n`): for steps 1..n
+only the generator trains, with MLM; then the discriminator starts from the generator's weights and
+trains on RTD while the generator stays frozen. Both must have the same size. It is built so that
+no trainable weight is ever overwritten (an optimizer's fp32 master copy would undo that): the
+trainable encoder is the discriminator's from the start, and stage 1 trains it through an MLM head;
+at the switch, that encoder and head are copied into a separate frozen generator, and the same
+trainable weights go on as the discriminator. The switch happens at the start of step n + 1
+(`begin_step`) and is recorded in the `switched` buffer, so a resume on either side of it (and an
+export) sees the same model.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
@@ -58,6 +72,21 @@ class ElectraOptions:
     rtd_weight: float = 50.0
     # mlm: replacements sampled from the generator; uniform: drawn uniformly (a plumbing check).
     generator: Literal["mlm", "uniform"] = "mlm"
+    # > 0: two-stage training, the generator alone with MLM for this many steps, then the discriminator
+    # (initialised from it) with RTD against the frozen generator. Needs generator_width = generator_depth = 1.
+    two_stage_generator_steps: int = 0
+
+
+def copy_weights(source: nn.Module, target: nn.Module) -> None:
+    """target's weights := source's (same architecture), also when ZeRO-3 holds both partitioned."""
+    params = [p for p in (*source.parameters(), *target.parameters()) if hasattr(p, "ds_id")]
+    gathered = contextlib.nullcontext()
+    if params:  # ZeRO-3: gather both, copy, and let rank 0's result be re-partitioned (every rank copies the same)
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+    with gathered, torch.no_grad():
+        target.load_state_dict(source.state_dict())
 
 
 class Electra(Objective):
@@ -73,9 +102,47 @@ class Electra(Objective):
         layers = max(1, round(config.num_hidden_layers * options.generator_depth))
         self.generator = self.backbone.generator(config, options.generator_width, layers, self.discriminator)
         self.weights = {"rtd_loss": options.rtd_weight}
+        self.two_stage = options.two_stage_generator_steps > 0
+        if self.two_stage:
+            # Stage 1's generator: the discriminator's own encoder under an MLM head (tied to its embeddings).
+            self.stage_one = self.generator
+            self.backbone.share_base(self.discriminator, self.stage_one)
+            # The frozen generator of stage 2: its own copy of everything, filled at the switch.
+            self.generator = copy.deepcopy(self.stage_one).requires_grad_(False).eval()
+            self.register_buffer("switched", torch.zeros((), dtype=torch.long))
+
+    @classmethod
+    def check_config(cls, options: ElectraOptions, model, masking) -> None:
+        """Two-stage training initialises the discriminator from the generator: same size, sampled replacements."""
+        if options.two_stage_generator_steps < 0:
+            raise ConfigError("config key 'objective.electra.two_stage_generator_steps' must be >= 0")
+        if options.two_stage_generator_steps and (options.generator_width != 1.0 or options.generator_depth != 1.0
+                                                  or options.generator != "mlm"):
+            raise ConfigError("objective.electra.two_stage_generator_steps needs a generator of the discriminator's "
+                              "size (generator_width=1.0, generator_depth=1.0) sampling from its MLM (generator=mlm)")
+
+    def train(self, mode: bool = True) -> "Electra":
+        """Train mode for the trainable models; the frozen two-stage generator always samples without dropout."""
+        super().train(mode)
+        if self.two_stage:
+            self.generator.eval()
+        return self
+
+    @property
+    def stage(self) -> int:
+        """1 while only the generator trains (two-stage, before the switch), else 2."""
+        return 2 if not self.two_stage or bool(self.switched) else 1
+
+    def begin_step(self, step: int) -> None:
+        """At the first step after the generator-only phase, freeze a copy of the generator and go on with RTD."""
+        if self.two_stage and step > self.options.two_stage_generator_steps and not bool(self.switched):
+            copy_weights(self.stage_one, self.generator)
+            self.switched.fill_(1)
 
     def terms(self, batch: Batch):
         """Generator MLM and discriminator RTD losses, with the RTD head's detection diagnostics."""
+        if self.two_stage:
+            return self._stage_one_terms(batch) if self.stage == 1 else self._stage_two_terms(batch)
         attention = batch["attention_mask"]
         types = batch.get("token_type_ids")
         gen_base = self.backbone.base(self.generator)
@@ -98,12 +165,54 @@ class Electra(Objective):
                        **detection_metrics(disc_logits, replaced, valid, "rtd")}
         return {"generator_mlm_loss": gen_loss, "rtd_loss": rtd}, metrics
 
+    def _stage_one_terms(self, batch: Batch):
+        """Two-stage, before the switch: MLM through the (future discriminator's) encoder; no RTD yet."""
+        hidden = self.backbone.encode(self.backbone.base(self.stage_one), batch["input_ids"], batch["attention_mask"],
+                                      batch.get("token_type_ids")).last_hidden_state
+        loss, accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.stage_one))
+        return {"generator_mlm_loss": loss}, {"generator_accuracy": accuracy, "electra_stage": loss.new_tensor(1.0)}
+
+    def _stage_two_terms(self, batch: Batch):
+        """Two-stage, after the switch: RTD against the frozen generator's samples (its MLM loss is a metric)."""
+        attention, types = batch["attention_mask"], batch.get("token_type_ids")
+        picked = batch["labels"] != IGNORE_INDEX
+        with torch.no_grad():
+            gen_hidden = self.backbone.encode(self.backbone.base(self.generator), batch["input_ids"], attention,
+                                              types).last_hidden_state
+            gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], self.backbone.mlm_head(self.generator))
+            sampled = sample_replacements(self.backbone.mlm_head(self.generator)(gen_hidden[picked]), "mlm")
+        corrupted = batch["input_ids"].clone()
+        corrupted[picked] = sampled
+        replaced = corrupted != batch["original_input_ids"]
+        disc_logits = self.backbone.rtd_logits(self.discriminator, corrupted, attention, types)
+        valid = attention.bool()
+        rtd = rtd_loss(disc_logits, replaced, valid)
+        # Stage 1's MLM head is unused now, but ZeRO-3 keeps a parameter's last gradient once it stops getting
+        # one, and that stale gradient would go on moving the head and counting in the clipping norm: the head
+        # runs on zero rows, so its gradient is an exact zero every step.
+        rtd = rtd + self.backbone.mlm_head(self.stage_one)(gen_hidden[:0]).sum()
+        with torch.no_grad():
+            metrics = {"generator_mlm_loss": gen_loss, "generator_accuracy": gen_accuracy,
+                       "electra_stage": rtd.new_tensor(2.0),
+                       "rtd_accuracy": ((disc_logits > 0) == replaced)[valid].float().mean(),
+                       "replaced_fraction": replaced[valid].float().mean(),
+                       **detection_metrics(disc_logits, replaced, valid, "rtd")}
+        return {"rtd_loss": rtd}, metrics
+
     def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
-        """Generator (trained, MLM head at masked tokens) + discriminator (trained, 1-unit head at every token)."""
+        """Generator (trained, MLM head at masked tokens) + discriminator (trained, 1-unit head at every token).
+
+        Two-stage: stage 1 trains the generator only; stage 2 trains the discriminator and runs the frozen
+        generator forward (1×)."""
         d = self.discriminator.config
         disc = flops.encoder_forward(d, seq_len) + 2 * d.hidden_size * (d.hidden_size + 1)
-        return flops.TRAIN * (flops.mlm_forward(self.generator.config, seq_len, mask_prob) + disc)
+        generator = flops.mlm_forward(self.generator.config, seq_len, mask_prob)
+        if not self.two_stage:
+            return flops.TRAIN * (generator + disc)
+        return flops.TRAIN * generator if self.stage == 1 else flops.TRAIN * disc + generator
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
-        """The discriminator with its RTD head (AutoModel loads its encoder), and the generator."""
-        return {"": self.discriminator, "generator": self.generator}
+        """The discriminator with its RTD head (AutoModel loads its encoder), and the generator (two-stage:
+        the frozen one after the switch, the MLM head over the discriminator's encoder before it)."""
+        generator = self.stage_one if self.two_stage and self.stage == 1 else self.generator
+        return {"": self.discriminator, "generator": generator}

@@ -71,6 +71,7 @@ class MaskedLM(Objective):
     """Encoder + tied MLM head (+ NSP/SOP head on BERT); the vocabulary projection runs only at picked positions."""
 
     options_class = MLMOptions
+    architectures = ("bert", "modernbert", "albert")
 
     def __init__(self, config: PretrainedConfig, options: MLMOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
@@ -80,9 +81,9 @@ class MaskedLM(Objective):
 
     @classmethod
     def check_config(cls, options: MLMOptions, model, masking) -> None:
-        """Sentence-pair heads need BERT's token types and pooler."""
-        if options.pair_head != "none" and model.architecture != "bert":
-            raise ConfigError(f"objective.mlm.pair_head={options.pair_head} needs model.architecture=bert "
+        """Sentence-pair heads need token types and a pooler (BERT, ALBERT)."""
+        if options.pair_head != "none" and model.architecture not in ("bert", "albert"):
+            raise ConfigError(f"objective.mlm.pair_head={options.pair_head} needs model.architecture=bert or albert "
                               f"({model.architecture} has no token types or pooler)")
 
     def terms(self, batch: Batch):
@@ -105,5 +106,5 @@ class MaskedLM(Objective):
         return flops.TRAIN * flops.mlm_forward(self.model.config, seq_len, mask_prob)
 
     def hf_models(self) -> dict[str, PreTrainedModel]:
-        """The masked LM (BertForPreTraining with a pair head, which AutoModelForMaskedLM also loads)."""
+        """The masked LM (Bert/AlbertForPreTraining with a pair head, which AutoModelForMaskedLM also loads)."""
         return {"": self.model}

@@ -1,0 +1,106 @@
+"""SpanBERT: span masking, MLM, and the span boundary objective (SBO).
+
+Joshi et al. 2020, "SpanBERT: Improving Pre-training by Representing and Predicting Spans"
+(facebookresearch/SpanBERT). Masking is `masking.strategy=span` (geometric span lengths in
+whole words, p = 0.2, clipped at 10; 15% of the tokens; 80/10/10 per span), which also gives every
+picked token its span's boundary positions. Each picked token is predicted twice: by the MLM head
+from its own encoding, and by the SBO head (model/heads.py) from the two boundary tokens' encodings
+and its position in the span, through the MLM's output projection. Total = MLM + SBO (each the
+mean over picked tokens). No NSP: SpanBERT trains on single contiguous segments (`packing: full`).
+
+The export is the masked LM (BertForPreTraining on BERT, whose pooler and NSP head stay at their
+initial values; ModernBertForMaskedLM on ModernBERT), loading natively; the SBO head is written
+beside it as `span_boundary_head.safetensors` + `.json` (`model.heads.SpanBoundaryHead.load`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from core.errors import ConfigError
+from data_pipeline.masking import IGNORE_INDEX
+from model import flops
+from model.backbones import backbone_for
+from model.heads import SpanBoundaryHead, SpanBoundaryShape
+from model.objectives.base import Batch, Objective
+from model.objectives.mlm import mlm_loss, sparse_mlm
+
+SBO_HEAD_NAME = "span_boundary_head"
+
+
+def span_boundary_loss(hidden: torch.Tensor, labels: torch.Tensor, left: torch.Tensor, right: torch.Tensor,
+                       offset: torch.Tensor, head: Callable, projection: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy of predicting each picked span token from its boundaries; returns (loss, accuracy).
+
+    hidden [B, L, H]; labels [B, L] (IGNORE_INDEX where not picked); left/right [B, L] positions of the
+    span's boundary tokens; offset [B, L] 1-based place in the span (0 outside spans).
+    """
+    picked = (labels != IGNORE_INDEX) & (offset > 0)
+    size = hidden.shape[-1]
+    at = lambda index: hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, size))[picked]  # noqa: E731
+    targets = labels[picked]
+    logits = projection(head(at(left), at(right), offset[picked]))
+    loss = mlm_loss(logits, targets)
+    with torch.no_grad():
+        accuracy = (logits.argmax(-1) == targets).float().mean() if targets.numel() else loss.new_zeros(())
+    return loss, accuracy
+
+
+@dataclass
+class SpanBertOptions:
+    """The SBO head's relative position table (tokens; longer spans share its last entry) and the SBO weight."""
+
+    max_span_tokens: int = 32
+    sbo_weight: float = 1.0
+
+
+class SpanBert(Objective):
+    """Masked LM of the config's backbone + a span boundary head sharing its output projection."""
+
+    options_class = SpanBertOptions
+
+    def __init__(self, config: PretrainedConfig, options: SpanBertOptions, init_from: Optional[str] = None) -> None:
+        super().__init__()
+        self.backbone = backbone_for(config)
+        self.model = self.backbone.masked_lm(config, init_from)
+        eps = getattr(config, "layer_norm_eps", None) or getattr(config, "norm_eps", 1e-12)
+        self.sbo_head = SpanBoundaryHead(SpanBoundaryShape(config.hidden_size, options.max_span_tokens, eps))
+        self.weights = {"sbo_loss": options.sbo_weight}
+
+    @classmethod
+    def check_config(cls, options: SpanBertOptions, model, masking) -> None:
+        """SBO needs span boundaries: the span (or n-gram) masking strategy."""
+        if masking.strategy not in ("span", "ngram"):
+            raise ConfigError(f"objective.name=spanbert needs masking.strategy=span (got {masking.strategy}): "
+                              "the span boundary objective predicts masked spans from their boundaries")
+        if options.max_span_tokens < 1:
+            raise ConfigError("config key 'objective.spanbert.max_span_tokens' must be >= 1")
+
+    def terms(self, batch: Batch):
+        """MLM and SBO losses with their accuracies."""
+        hidden = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], batch["attention_mask"],
+                                      batch.get("token_type_ids")).last_hidden_state
+        mlm, mlm_accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.model))
+        sbo, sbo_accuracy = span_boundary_loss(hidden, batch["labels"], batch["span_left"], batch["span_right"],
+                                               batch["span_offset"], self.sbo_head,
+                                               self.backbone.output_projection(self.model))
+        return {"mlm_loss": mlm, "sbo_loss": sbo}, {"mlm_accuracy": mlm_accuracy, "sbo_accuracy": sbo_accuracy}
+
+    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+        """Encoder + sparse MLM head + SBO head (two H-wide layers, one 3H wide, and the projection) at picked tokens."""
+        c = self.model.config
+        h = c.hidden_size
+        sbo = 2 * (3 * h * h + h * h) + 2 * h * c.vocab_size
+        return flops.TRAIN * (flops.mlm_forward(c, seq_len, mask_prob) + mask_prob * sbo)
+
+    def hf_models(self) -> dict[str, PreTrainedModel]:
+        """The masked LM (encoder + MLM head)."""
+        return {"": self.model}
+
+    def side_heads(self) -> dict[str, nn.Module]:
+        """The SBO head, saved beside the export's root."""
+        return {SBO_HEAD_NAME: self.sbo_head}

@@ -1,0 +1,195 @@
+"""SpanBERT (MLM + SBO), ALBERT (MLM + SOP), DeCLUTR (span contrastive + MLM) and ELECTRA's two-stage training through the real trainer on 2 ranks:
+ZeRO 1, 2 and 3; a run stopped and resumed (ELECTRA: on both sides of its stage switch) ends with the same losses,
+sample order and weights as one that was not; the export loads in transformers' own classes."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY_MODEL, restored_environ
+
+pytestmark = pytest.mark.slow
+
+STEPS = 8
+SWITCH = 4  # ELECTRA two-stage: the generator alone for steps 1-4, RTD from step 5
+ELECTRA_TWO_STAGE = ["objective.name=electra", "objective.electra.generator_width=1.0",
+                     f"objective.electra.two_stage_generator_steps={SWITCH}"]
+ALBERT = ["model.architecture=albert", "model.embedding_size=16", "objective.name=mlm", "objective.mlm.pair_head=sop",
+          "masking.strategy=ngram", "masking.max_span=3"]
+SPANBERT = ["objective.name=spanbert", "masking.strategy=span"]
+DECLUTR = ["objective.name=declutr", "objective.declutr.spans.min_span_tokens=4", "objective.declutr.spans.max_span_tokens=40",
+           "objective.declutr.spans.positives=2"]
+# name: (data, overrides, ZeRO stage, the steps each resumed segment runs)
+CASES = {
+    "spanbert-zero1": ("plain", SPANBERT, 1, [3, 5]),
+    "spanbert-modernbert-zero3": ("plain", SPANBERT + ["model.architecture=modernbert"], 3, [3, 5]),
+    "albert-zero2": ("sop", ALBERT, 2, [3, 5]),
+    "declutr-zero2": ("documents", DECLUTR, 2, [5, 3]),
+    "declutr-modernbert-zero1": ("documents", DECLUTR + ["model.architecture=modernbert"], 1, [3, 5]),
+    "albert-zero3": ("sop", ALBERT, 3, [5, 3]),
+    # Stopped before the switch (step 3), then across it (steps 4-6: the switch at 5), then after it.
+    "electra_two_stage-zero2": ("plain", ELECTRA_TWO_STAGE, 2, [3, 3, 2]),
+    "electra_two_stage-modernbert-zero3": ("plain", ELECTRA_TWO_STAGE + ["model.architecture=modernbert"], 3, [3, 3, 2]),
+}
+
+
+@pytest.fixture(scope="module")
+def sop_data(tmp_path_factory, corpus_file):
+    from core.config_io import load_config
+    from data_pipeline.config import PrepareConfig
+    from data_pipeline.prepare import prepare
+
+    out = tmp_path_factory.mktemp("sop") / "data"
+    return prepare(load_config(PrepareConfig, None, [
+        f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
+        "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1", "packing=pairs", "pair_task=sop"]))
+
+
+@pytest.fixture(scope="module")
+def document_data(tmp_path_factory, corpus_file):
+    from core.config_io import load_config
+    from data_pipeline.config import PrepareConfig
+    from data_pipeline.prepare import prepare
+
+    out = tmp_path_factory.mktemp("documents") / "data"
+    return prepare(load_config(PrepareConfig, None, [
+        f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
+        "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1", "packing=document"]))
+
+
+def _args(data: Path, out: Path, extra: list[str], stage: int, stop_after: int = 0) -> list[str]:
+    return ["--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
+            "train.micro_batch_size=4", "train.global_batch_size=16", f"train.max_steps={STEPS}", "train.save_every=2",
+            "train.log_every=1", "train.eval_every=0", "train.record_samples=true", "schedule.warmup_steps=2",
+            "optimizer.lr=2e-3", "model.dropout=0.1", "model.attention_dropout=0.1", f"train.zero_stage={stage}",
+            f"train.stop_after={stop_after}", "train.keep_last=10", *extra]
+
+
+@pytest.fixture(scope="module")
+def runs(prepared, sop_data, document_data, tmp_path_factory):
+    """Each case trained straight through and in resumed segments: one torchrun per ZeRO stage, its runs in turn."""
+    base = tmp_path_factory.mktemp("family")
+    by_stage: dict[int, list] = {}
+    out = {}
+    for name, (data, extra, stage, segments) in CASES.items():
+        data_dir = {"sop": sop_data, "documents": document_data}.get(data, prepared)
+        straight, resumed = base / f"{name}-straight", base / f"{name}-resumed"
+        todo = by_stage.setdefault(stage, [])
+        todo.append({"probe_out": str(base / f"{name}.probe.pt"), "args": _args(data_dir, straight, extra, stage)})
+        for steps in segments:
+            todo.append({"probe_out": str(base / f"{name}.segment.pt"), "args": _args(data_dir, resumed, extra, stage, steps)})
+        out[name] = (straight, resumed, base / f"{name}.probe.pt")
+    for stage, todo in sorted(by_stage.items()):
+        spec = base / f"zero{stage}.json"
+        spec.write_text(json.dumps(todo))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "tests/helpers/train_and_probe.py", "--runs", str(spec)]
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+
+
+def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    """Every weight and buffer of a checkpoint (fp32 masters of the trained ones, the frozen ones as saved)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    with restored_environ():
+        return get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag=f"step_{step:08d}")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_resumed_run_equals_the_uninterrupted_one(name, runs):
+    straight, resumed, _ = runs[name]
+    a, b = _rows(straight), _rows(resumed)
+    assert [r["step"] for r in a] == list(range(1, STEPS + 1)) == [r["step"] for r in b]
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]  # every step, exactly
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in a)
+    for rank in (0, 1):
+        samples = lambda run: (run / "samples" / f"rank{rank}.jsonl").read_text()  # noqa: E731
+        assert samples(straight) == samples(resumed) and samples(straight).count("\n") == STEPS
+    wa, wb = _weights(straight, STEPS), _weights(resumed, STEPS)
+    assert wa.keys() == wb.keys()
+    assert [k for k in wa if not torch.equal(wa[k], wb[k])] == []
+    terms = {"spanbert": {"mlm_loss", "sbo_loss", "sbo_accuracy"}, "albert": {"mlm_loss", "sop_loss", "sop_accuracy"},
+             "electra_two_stage": {"generator_mlm_loss", "electra_stage"},
+             "declutr": {"declutr_loss", "mlm_loss", "declutr_retrieval_accuracy"}}[name.split("-")[0]]
+    assert terms <= set(a[0])
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n.startswith("electra_two_stage")])
+def test_two_stage_electra_switches_once_from_the_generator(name, runs):
+    """Steps 1-4: MLM only; from step 5: RTD only, against a frozen generator that is the step-4 encoder and head;
+    the discriminator goes on from that same encoder."""
+    straight, _, _ = runs[name]
+    rows = _rows(straight)
+    assert [r["electra_stage"] for r in rows] == [1.0] * SWITCH + [2.0] * (STEPS - SWITCH)
+    assert all("rtd_loss" not in r for r in rows[:SWITCH]) and all("rtd_auc" in r for r in rows[SWITCH:])
+    before, after, end = _weights(straight, SWITCH), _weights(straight, SWITCH + 2), _weights(straight, STEPS)
+    assert int(before["switched"]) == 0 and int(after["switched"]) == 1
+    prefix = "discriminator." + ("model." if "modernbert" in name else "electra.")
+    encoder = [k for k in before if k.startswith(prefix)]
+    assert len(encoder) > 10
+    for key in encoder:
+        frozen = key.replace("discriminator.", "generator.", 1)
+        assert torch.equal(end[frozen], before[key]), key  # the generator froze at the switch
+    moved = [k for k in encoder if "embeddings" not in k and not torch.equal(end[k], before[k])]
+    assert len(moved) > 0.8 * len([k for k in encoder if "embeddings" not in k])  # the discriminator trained on
+    mlm_head = [k for k in before if k.startswith("stage_one.") and not k.startswith("stage_one." + prefix.split(".")[1])]
+    assert mlm_head and all(torch.equal(end[k.replace("stage_one.", "generator.", 1)], before[k]) for k in mlm_head)
+
+
+@pytest.mark.parametrize("name", ["spanbert-modernbert-zero3", "albert-zero2", "electra_two_stage-zero2", "declutr-zero2"])
+def test_export_loads_in_transformers_classes(name, runs, tmp_path):
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining
+
+    from model.heads import SpanBoundaryHead
+    from pretrain.export import export
+
+    straight, _, probe_path = runs[name]
+    out = tmp_path / "hf"
+    with restored_environ():
+        export(straight, out)
+    probe = torch.load(probe_path)
+    inputs = {"input_ids": probe["input_ids"], "attention_mask": probe["attention_mask"]}
+    for sub, hidden in probe["hidden"].items():
+        folder = out / sub if sub else out
+        assert "auto_map" not in json.loads((folder / "config.json").read_text())
+        encoder, info = AutoModel.from_pretrained(folder, output_loading_info=True)
+        assert sub or info["missing_keys"] == [], info
+        with torch.no_grad():
+            assert torch.allclose(encoder.eval()(**inputs).last_hidden_state, hidden, atol=1e-5, rtol=0), sub
+    root = json.loads((out / "config.json").read_text())["architectures"][0]
+    if name.startswith("spanbert"):
+        assert root == "ModernBertForMaskedLM"
+        head = SpanBoundaryHead.load(out)
+        assert head.shape.hidden_size == 32 and (out / "span_boundary_head.safetensors").is_file()
+        state = _weights(straight, STEPS)
+        assert all(torch.equal(v, state["sbo_head." + k]) for k, v in head.state_dict().items())
+        mlm = AutoModelForMaskedLM.from_pretrained(out).eval()
+        with torch.no_grad():
+            assert torch.allclose(mlm(**inputs).logits, probe["logits"][""], atol=1e-5, rtol=0)
+    elif name.startswith("albert"):
+        assert root == "AlbertForPreTraining"
+        model = AutoModelForPreTraining.from_pretrained(out).eval()
+        assert type(model).__name__ == "AlbertForPreTraining"
+        with torch.no_grad():
+            assert torch.allclose(model(**inputs).prediction_logits, probe["logits"][""], atol=1e-5, rtol=0)
+        assert type(AutoModelForMaskedLM.from_pretrained(out)).__name__ == "AlbertForMaskedLM"
+    elif name.startswith("declutr"):
+        assert root == "BertForPreTraining"
+        mlm = AutoModelForMaskedLM.from_pretrained(out).eval()
+        with torch.no_grad():
+            assert torch.allclose(mlm(**inputs).logits, probe["logits"][""], atol=1e-5, rtol=0)
+    else:
+        assert root == "ElectraForPreTraining" and set(probe["hidden"]) == {"", "generator"}
+        generator = AutoModelForMaskedLM.from_pretrained(out / "generator").eval()
+        with torch.no_grad():
+            assert torch.allclose(generator(**inputs).logits, probe["logits"]["generator"], atol=1e-5, rtol=0)
