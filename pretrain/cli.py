@@ -101,6 +101,20 @@ def _linear_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sentence_embeddings(args: argparse.Namespace) -> int:
+    from pretrain.evaluation.config import SentenceEmbeddingConfig
+    from pretrain.evaluation.sentence_embeddings import evaluate_suite
+
+    cfg = _eval_config(SentenceEmbeddingConfig, args)
+    report = evaluate_suite(cfg.model, cfg.suite, cfg.tasks, cfg.features, cfg.out, layer=cfg.layer, folds=cfg.folds,
+                            c_grid=tuple(cfg.c_grid), inner_folds=cfg.inner_folds, max_examples=cfg.max_examples,
+                            max_length=cfg.max_length, batch_size=cfg.batch_size, seed=cfg.seed)
+    print(report["table"], end="")
+    if cfg.out:
+        print(f"results: {Path(cfg.out).with_suffix('.json')} {Path(cfg.out).with_suffix('.md')}")
+    return 0
+
+
 def _finetune(args: argparse.Namespace) -> int:
     from pretrain.evaluation.config import FinetuneConfig
     from pretrain.evaluation.finetune import finetune
@@ -170,6 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     probe.add_argument("--layer", type=int, help="hidden-state index (default -1, the last layer)")
     _add_task_flags(probe)
     probe.set_defaults(func=_linear_probe)
+    sent = ev.add_parser("sentence-embeddings", argument_default=unset,
+                         help="SentEval-style: frozen mean/[CLS] embeddings, k-fold logistic regression, STS correlation")
+    sent.add_argument("--config", default=None, help="YAML file (keys of SentenceEmbeddingConfig)")
+    sent.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. folds=5")
+    sent.add_argument("--model", nargs="+", help="one or more HF model folders")
+    sent.add_argument("--suite", help="task suite folder with tasks.json (default runs/senteval)")
+    sent.add_argument("--tasks", nargs="+", help="a subset of the suite's tasks")
+    sent.add_argument("--max-examples", type=int, help="a seeded sample of this many rows per task")
+    sent.add_argument("--out", help="output path without suffix: writes OUT.json and OUT.md")
+    sent.set_defaults(func=_sentence_embeddings)
     ft = sub.add_parser("finetune", help="fine-tune an exported model on a GLUE or local task, over seeds",
                         argument_default=unset)
     ft.add_argument("--config", default=None, help="YAML file (keys of FinetuneConfig; see pretrain/configs/finetune/)")

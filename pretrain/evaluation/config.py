@@ -105,3 +105,33 @@ class LinearProbeConfig:
             raise ConfigError(f"config key 'folds' must be >= 2, got {self.folds}")
         if self.max_length < 2 or self.batch_size < 1:
             raise ConfigError("config keys 'max_length' must be >= 2 and 'batch_size' >= 1")
+
+
+@dataclass
+class SentenceEmbeddingConfig:
+    """SentEval-style evaluation of frozen sentence embeddings (pretrain/evaluation/sentence_embeddings.py)."""
+
+    model: list[str] = field(default_factory=list)  # HF model folders (exports)
+    suite: str = "runs/senteval"  # a folder with tasks.json (benchmarks/senteval_data.py builds one)
+    tasks: list[str] = field(default_factory=list)  # a subset of the suite's tasks (empty: all)
+    features: list[str] = field(default_factory=lambda: ["mean", "cls"])
+    layer: int = -1
+    folds: int = 10  # outer stratified k-fold (SentEval: 10)
+    inner_folds: int = 5  # inner k-fold that picks C inside each outer training part
+    c_grid: list[float] = field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0])
+    max_examples: int = 0  # a seeded sample of this many rows per task (0: all)
+    max_length: int = 128
+    batch_size: int = 64
+    seed: int = 0
+    out: Optional[str] = None  # writes OUT.json and OUT.md
+
+    def validate(self) -> None:
+        """Models named; folds, grid and lengths usable."""
+        if not self.model:
+            raise ConfigError("config key 'model' is required (--model or model=...)")
+        if self.folds < 2 or self.inner_folds < 2:
+            raise ConfigError(f"config keys 'folds' and 'inner_folds' must be >= 2, got {self.folds}, {self.inner_folds}")
+        if not self.c_grid or any(c <= 0 for c in self.c_grid):
+            raise ConfigError(f"config key 'c_grid' needs positive values, got {self.c_grid}")
+        if self.max_length < 2 or self.batch_size < 1 or self.max_examples < 0:
+            raise ConfigError("config keys 'max_length' must be >= 2, 'batch_size' >= 1 and 'max_examples' >= 0")
