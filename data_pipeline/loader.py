@@ -73,7 +73,8 @@ EVAL_STREAM = 1 << 30  # keeps evaluation masks apart from training masks
 
 # What each per-token column is padded with; per-sample columns (sample_id, pair_label) are stacked.
 # Every `*input_ids` column (the input, its clean copy, COCO-LM's crop, DeCLUTR's positives) pads with the pad id.
-PAD_VALUES = {"labels": -100, "attention_mask": 0, "token_type_ids": 0, "crop_attention_mask": 0}
+PAD_VALUES = {"labels": -100, "attention_mask": 0, "token_type_ids": 0, "crop_attention_mask": 0,
+              "target_labels": -100}
 
 
 def sample_seed(seed: int, stream: int, epoch: int, sample_id: int) -> int:
@@ -108,11 +109,13 @@ class MaskingCollate:
             rows.append(self.transform(one, generator))
         batch = {}
         for key in rows[0]:
-            width = max(r[key].shape[1] for r in rows)  # views (crop, positives) may be shorter than the input
+            # Each column padded to its own widest row, in every dimension: views (crop, positives) may be shorter
+            # than the input, and XLNet's perm_mask [L, L] and target_mapping [P, L] are 2-D per sample.
+            shape = [max(r[key].shape[d] for r in rows) for d in range(1, rows[0][key].dim())]
             value = self.pad_id if key.endswith("input_ids") else PAD_VALUES.get(key, 0)
-            out = torch.full((len(rows), width), value, dtype=rows[0][key].dtype)
+            out = torch.full((len(rows), *shape), value, dtype=rows[0][key].dtype)
             for i, r in enumerate(rows):
-                out[i, : r[key].shape[1]] = r[key][0]
+                out[i][tuple(slice(0, n) for n in r[key].shape[1:])] = r[key][0]
             batch[key] = out
         batch["sample_id"] = torch.tensor([int(s["sample_id"]) for s in samples], dtype=torch.long)
         if "pair_label" in samples[0]:

@@ -13,6 +13,12 @@ Strategies (special tokens and padding are never picked):
   1-based place in the span (`span_offset`; 0 where nothing is picked), for the span boundary objective.
 - `ngram`: ALBERT's n-gram masking (Lan et al. 2020): as `span`, with n-gram lengths in words
   P(n) ∝ 1/n for n = 1..max_span (ALBERT: max_span=3).
+- `plm`: XLNet's permutation LM (Yang et al. 2019): the input stays clean; whole-word n-gram spans
+  (P(n) ∝ 1/n, n ≤ max_span, as XLNet's `_sample_mask`) pick mask_prob = 1/K of the tokens as
+  targets, which come last in a sampled factorization order, in a uniformly random order among
+  themselves (XLNet's `_local_perm` with the permutation over the whole sequence). Emits `perm_mask`
+  [L, L] (1: query i may not see token j: j is a target not before i in the order; non-targets see
+  no target) and `target_mapping` [P, L] / `target_labels` [P] for the P targets, in position order.
 - `coco`: COCO-LM's corruption input: tokens picked as in `bert`, all of them → [MASK].
 `count=exact` picks exactly round(mask_prob · n) tokens per sequence (bert, coco) instead of
 independent draws. Validation uses `evaluation_masking`: the same picks, all shown as [MASK].
@@ -34,7 +40,7 @@ IGNORE_INDEX = -100
 class MaskingConfig:
     """Which tokens are picked and what they become."""
 
-    strategy: Literal["bert", "whole_word", "span", "ngram", "coco"] = "bert"
+    strategy: Literal["bert", "whole_word", "span", "ngram", "plm", "coco"] = "bert"
     mask_prob: float = 0.15
     # bert/coco: bernoulli picks each token with probability mask_prob (BERT); exact picks
     # round(mask_prob · n) of a sequence's n pickable tokens (ELECTRA, COCO-LM).
@@ -219,6 +225,29 @@ class SpanMasking(_Masking):
         return spans
 
 
+class PermutationMasking(SpanMasking):
+    """`plm`: XLNet targets (n-gram spans of whole words) and a factorization order that predicts them last."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.length_pmf = ngram_length_pmf(self.cfg.max_span)
+
+    def __call__(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The clean input, its targets as `labels`, and the permutation's `perm_mask` / `target_mapping` (one sample)."""
+        ids = batch["input_ids"]
+        picked, _, _ = self.pick(ids, generator)
+        targets = picked[0].nonzero().squeeze(1)
+        rank = torch.full((ids.shape[1],), -1, dtype=torch.long)  # non-targets: before every target
+        rank[targets[torch.randperm(len(targets), generator=generator)]] = torch.arange(len(targets))
+        own = torch.where(picked[0], rank, rank + 1)  # a target's own place; non-targets sit at 0
+        perm_mask = (own[:, None] <= rank[None, :]) & picked[0][None, :]
+        target_mapping = torch.zeros(len(targets), ids.shape[1])
+        target_mapping[torch.arange(len(targets)), targets] = 1.0
+        labels = torch.where(picked, ids, torch.full_like(ids, IGNORE_INDEX))
+        return {**batch, "labels": labels, "original_input_ids": ids, "perm_mask": perm_mask.float()[None],
+                "target_mapping": target_mapping[None], "target_labels": ids[0, targets][None]}
+
+
 def crop_view(input_ids: torch.Tensor, pad_id: int, cls_id: int, sep_id: int, ratio: float,
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """A contiguous crop of each sequence's body (ratio of its length), re-wrapped as [CLS] crop [SEP]."""
@@ -246,7 +275,7 @@ class WithCropView:
 
 
 STRATEGIES = {"bert": TokenMasking, "coco": TokenMasking, "whole_word": WholeWordMasking, "span": SpanMasking,
-              "ngram": SpanMasking}
+              "ngram": SpanMasking, "plm": PermutationMasking}
 
 
 def evaluation_masking(cfg: MaskingConfig) -> MaskingConfig:

@@ -85,12 +85,12 @@ def unigram_entropy(counts: torch.Tensor) -> float:
 
 
 def headline(metrics: dict[str, float], unigram: float | None) -> dict[str, float]:
-    """Derived numbers that say whether a model learned: each `*mlm_loss` below the unigram entropy, each
-    detection loss below its prior (`X_loss` against `X_prior_loss`)."""
+    """Derived numbers that say whether a model learned: each `*mlm_loss` (and XLNet's `plm_loss`) below the
+    unigram entropy, each detection loss below its prior (`X_loss` against `X_prior_loss`)."""
     out = {}
     if unigram is not None:
         out["unigram_entropy"] = unigram
-        out.update({f"{k}_below_unigram": unigram - v for k, v in metrics.items() if k.endswith("mlm_loss")})
+        out.update({f"{k}_below_unigram": unigram - v for k, v in metrics.items() if k.endswith(("mlm_loss", "plm_loss"))})
     for key, prior in metrics.items():
         if key.endswith("_prior_loss") and (loss := key[: -len("_prior_loss")] + "_loss") in metrics:
             out[f"{loss}_below_prior"] = prior - metrics[loss]

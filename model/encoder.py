@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from transformers import AlbertConfig, BertConfig, ModernBertConfig, PretrainedConfig
+from transformers import AlbertConfig, BertConfig, ModernBertConfig, PretrainedConfig, XLNetConfig
 
 from core.errors import ConfigError
 
-ARCHITECTURES = ("bert", "modernbert", "albert")
-CONFIG_CLASSES = {"bert": BertConfig, "modernbert": ModernBertConfig, "albert": AlbertConfig}
+ARCHITECTURES = ("bert", "modernbert", "albert", "xlnet")
+CONFIG_CLASSES = {"bert": BertConfig, "modernbert": ModernBertConfig, "albert": AlbertConfig, "xlnet": XLNetConfig}
 # ALBERT's factorized embedding size when the config leaves it unset (Lan et al. 2020 use E = 128 at every H).
 ALBERT_EMBEDDING_SIZE = 128
 
@@ -21,8 +21,9 @@ class EncoderConfig:
     """Shape of the encoder. `vocab_size` defaults to the tokenizer's and must match it."""
 
     # bert: transformers' BertModel; modernbert: transformers' ModernBertModel (rotary, GeGLU, no biases);
-    # albert: transformers' AlbertModel (factorized embeddings, layers sharing parameters).
-    architecture: Literal["bert", "modernbert", "albert"] = "bert"
+    # albert: transformers' AlbertModel (factorized embeddings, layers sharing parameters);
+    # xlnet: transformers' XLNetModel (two-stream relative attention; for permutation LM, without memory).
+    architecture: Literal["bert", "modernbert", "albert", "xlnet"] = "bert"
     hidden_size: int = 256
     num_layers: int = 4
     num_heads: int = 4
@@ -52,9 +53,9 @@ class EncoderConfig:
             raise ConfigError(
                 f"config key 'model.hidden_size' ({self.hidden_size}) must be divisible by 'model.num_heads' ({self.num_heads})"
             )
-        if self.architecture == "modernbert" and self.position_embedding != "absolute":
-            raise ConfigError("config key 'model.position_embedding' applies to architecture=bert only "
-                              "(ModernBERT uses rotary positions)")
+        if self.architecture in ("modernbert", "xlnet") and self.position_embedding != "absolute":
+            raise ConfigError("config key 'model.position_embedding' applies to architectures bert and albert "
+                              f"({self.architecture} has its own relative positions)")
         if self.architecture != "modernbert" and self.attn_implementation == "flash_attention_2":
             raise ConfigError("config key 'model.attn_implementation=flash_attention_2' needs model.architecture=modernbert")
         if self.architecture != "albert":
@@ -73,7 +74,7 @@ class EncoderConfig:
 
 def attention_for(config: PretrainedConfig, requested: str) -> str:
     """The attention kernel to use: relative positions in BERT run eagerly (transformers has no SDPA path for them)."""
-    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+    if getattr(config, "position_embedding_type", "absolute") != "absolute" or config.model_type == "xlnet":
         return "eager"
     if requested == "flash_attention_2":
         from transformers.utils import is_flash_attn_2_available
@@ -109,6 +110,15 @@ def model_config(cfg: EncoderConfig, tokenizer: dict, seq_len: int) -> Pretraine
             max_position_embeddings=cfg.max_position_embeddings, hidden_dropout_prob=cfg.dropout,
             attention_probs_dropout_prob=cfg.attention_dropout, pad_token_id=tokenizer["pad_id"], type_vocab_size=2,
             position_embedding_type=cfg.position_embedding,
+        )
+    elif cfg.architecture == "xlnet":
+        # No Transformer-XL memory (mem_len None): every sequence is read on its own, as in pre-training here.
+        config = XLNetConfig(
+            vocab_size=vocab, d_model=cfg.hidden_size, n_layer=cfg.num_layers, n_head=cfg.num_heads,
+            d_inner=cfg.intermediate_size, ff_activation="gelu", untie_r=True, attn_type="bi", mem_len=None,
+            reuse_len=None, bi_data=False, clamp_len=-1, same_length=False, dropout=cfg.dropout,
+            use_mems_eval=False, use_mems_train=False, pad_token_id=tokenizer["pad_id"],
+            bos_token_id=tokenizer["cls_id"], eos_token_id=tokenizer["sep_id"],
         )
     elif cfg.architecture == "albert":
         config = AlbertConfig(

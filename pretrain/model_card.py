@@ -17,6 +17,7 @@ LAYOUT = {
                  "AutoModelForMaskedLM"),
     "declutr": ("`{root}` (encoder + MLM head); its sentence embedding is the mean of the last hidden states over the "
                 "real tokens", "AutoModel"),
+    "xlnet": ("`{root}` (XLNet trained with permutation LM, no Transformer-XL memory)", "AutoModelForCausalLM"),
     "electra": ("the discriminator as `{root}` (encoder + replaced-token-detection head); the generator as "
                 "`{generator}` in `generator/`", "AutoModel"),
 }

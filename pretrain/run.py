@@ -82,7 +82,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_objective(cfg.objective, model_config, cfg.model.init_from)
     word_starts = None
-    if cfg.masking.strategy in ("whole_word", "span", "ngram"):
+    if cfg.masking.strategy in ("whole_word", "span", "ngram", "plm"):
         word_starts = word_start_table(load_tokenizer(data_dir / TOKENIZER_DIR))
     objective_cls = objective_class(cfg.objective.name)
     transform, eval_transform = (objective_cls.wrap_masking(getattr(cfg.objective, cfg.objective.name), build_masking(

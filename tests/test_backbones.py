@@ -17,8 +17,9 @@ BACKBONES = {
     "bert-relkq": {"architecture": "bert", "position_embedding": "relative_key_query"},
     "modernbert": {"architecture": "modernbert"},
     "albert": {"architecture": "albert", "embedding_size": 16},
+    "xlnet": {"architecture": "xlnet"},
 }
-OBJECTIVES = ("mlm", "electra", "coco_lm", "taco", "tacl", "spanbert", "declutr")
+OBJECTIVES = ("mlm", "electra", "coco_lm", "taco", "tacl", "spanbert", "declutr", "xlnet")
 # Every objective on every backbone it declares (ALBERT: the masked-LM objectives).
 MATRIX = [(b, o) for b in BACKBONES for o in OBJECTIVES
           if BACKBONES[b]["architecture"] in objective_class(o).architectures]
@@ -38,12 +39,12 @@ def _batch(tok: dict, name: str, seed: int = 0) -> dict:
     ids[:, 0], ids[:, -1] = tok["cls_id"], tok["sep_id"]
     ids[2, 30:], ids[2, 29] = tok["pad_id"], tok["sep_id"]
     batch = {"input_ids": ids, "attention_mask": (ids != tok["pad_id"]).long(), "token_type_ids": torch.zeros_like(ids)}
-    strategy = {"coco_lm": "coco", "spanbert": "span"}.get(name, "bert")
+    strategy = {"coco_lm": "coco", "spanbert": "span", "xlnet": "plm"}.get(name, "bert")
     masking = MaskingConfig(strategy=strategy, crop_ratio=0.9 if name == "coco_lm" else None)
-    starts = torch.rand(tok["vocab_size"], generator=g) < 0.6 if strategy == "span" else None
+    starts = torch.rand(tok["vocab_size"], generator=g) < 0.6 if strategy in ("span", "plm") else None
     transform = build_masking(masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], pad_id=tok["pad_id"],
                               cls_id=tok["cls_id"], sep_id=tok["sep_id"], word_starts=starts)
-    if name == "declutr":  # views per sample, as the loader builds them
+    if name in ("declutr", "xlnet"):  # views (DeCLUTR) and permutations (XLNet) per sample, as the loader builds them
         from data_pipeline.loader import MaskingCollate
 
         transform = objective_class(name).wrap_masking(ObjectiveConfig().declutr, transform, tok["pad_id"], tok["cls_id"],
@@ -75,6 +76,7 @@ def _logits(out) -> torch.Tensor:
 def test_export_loads_natively(backbone, name, prepared, tmp_path):
     from transformers import (
         AutoModel,
+        AutoModelForCausalLM,
         AutoModelForMaskedLM,
         AutoModelForPreTraining,
         AutoModelForTokenClassification,
@@ -110,7 +112,9 @@ def test_export_loads_natively(backbone, name, prepared, tmp_path):
         # As users call an encoder: the tokenizer's output straight into the model (ModernBERT has no token types).
         with torch.no_grad():
             encoder(**AutoTokenizer.from_pretrained(folder)(["In the beginning God created the heaven."], return_tensors="pt"))
-        if sub == "generator" or name in MLM_ROOT:
+        if name == "xlnet":
+            cls = AutoModelForCausalLM
+        elif sub == "generator" or name in MLM_ROOT:
             cls = AutoModelForMaskedLM
         elif name == "electra":
             cls = AutoModelForTokenClassification if backbone == "modernbert" else AutoModelForPreTraining
@@ -118,7 +122,7 @@ def test_export_loads_natively(backbone, name, prepared, tmp_path):
             continue
         model, info = cls.from_pretrained(folder, output_loading_info=True)
         assert info["missing_keys"] == [], (sub, info["missing_keys"])
-        assert cls is AutoModelForMaskedLM or type(model) is type(live)
+        assert cls is AutoModelForMaskedLM or type(model) is type(live), (cls, type(model))
         with torch.no_grad():
             got_logits, want_logits = _logits(model.eval()(**inputs)), _logits(live(**inputs))
         assert torch.allclose(got_logits, want_logits, atol=1e-5, rtol=0)
@@ -175,7 +179,7 @@ def test_objectives_refuse_backbones_they_do_not_declare(prepared):
     from core.errors import ConfigError
 
     tok = read_manifest(prepared)["tokenizer"]
-    for name in ("electra", "coco_lm", "taco", "tacl", "spanbert", "declutr"):
+    for name in ("electra", "coco_lm", "taco", "tacl", "spanbert", "declutr", "xlnet"):
         with pytest.raises(ConfigError, match=f"objective.name={name} runs on model.architecture .* not albert"):
             build_objective(ObjectiveConfig(name=name), _config("albert", tok))
 

@@ -1,4 +1,5 @@
-"""SpanBERT (MLM + SBO), ALBERT (MLM + SOP), DeCLUTR (span contrastive + MLM) and ELECTRA's two-stage training through the real trainer on 2 ranks:
+"""SpanBERT (MLM + SBO), ALBERT (MLM + SOP), DeCLUTR (span contrastive + MLM), XLNet (permutation LM) and ELECTRA's
+two-stage training through the real trainer on 2 ranks:
 ZeRO 1, 2 and 3; a run stopped and resumed (ELECTRA: on both sides of its stage switch) ends with the same losses,
 sample order and weights as one that was not; the export loads in transformers' own classes."""
 import json
@@ -20,6 +21,8 @@ ELECTRA_TWO_STAGE = ["objective.name=electra", "objective.electra.generator_widt
 ALBERT = ["model.architecture=albert", "model.embedding_size=16", "objective.name=mlm", "objective.mlm.pair_head=sop",
           "masking.strategy=ngram", "masking.max_span=3"]
 SPANBERT = ["objective.name=spanbert", "masking.strategy=span"]
+XLNET = ["model.architecture=xlnet", "objective.name=xlnet", "masking.strategy=plm", "masking.mask_prob=0.1667",
+         "masking.max_span=5"]
 DECLUTR = ["objective.name=declutr", "objective.declutr.spans.min_span_tokens=4", "objective.declutr.spans.max_span_tokens=40",
            "objective.declutr.spans.positives=2"]
 # name: (data, overrides, ZeRO stage, the steps each resumed segment runs)
@@ -28,6 +31,8 @@ CASES = {
     "spanbert-modernbert-zero3": ("plain", SPANBERT + ["model.architecture=modernbert"], 3, [3, 5]),
     "albert-zero2": ("sop", ALBERT, 2, [3, 5]),
     "declutr-zero2": ("documents", DECLUTR, 2, [5, 3]),
+    "xlnet-zero1": ("plain", XLNET, 1, [3, 5]),
+    "xlnet-zero3": ("plain", XLNET, 3, [5, 3]),
     "declutr-modernbert-zero1": ("documents", DECLUTR + ["model.architecture=modernbert"], 1, [3, 5]),
     "albert-zero3": ("sop", ALBERT, 3, [5, 3]),
     # Stopped before the switch (step 3), then across it (steps 4-6: the switch at 5), then after it.
@@ -120,7 +125,8 @@ def test_resumed_run_equals_the_uninterrupted_one(name, runs):
     assert [k for k in wa if not torch.equal(wa[k], wb[k])] == []
     terms = {"spanbert": {"mlm_loss", "sbo_loss", "sbo_accuracy"}, "albert": {"mlm_loss", "sop_loss", "sop_accuracy"},
              "electra_two_stage": {"generator_mlm_loss", "electra_stage"},
-             "declutr": {"declutr_loss", "mlm_loss", "declutr_retrieval_accuracy"}}[name.split("-")[0]]
+             "declutr": {"declutr_loss", "mlm_loss", "declutr_retrieval_accuracy"},
+             "xlnet": {"plm_loss", "plm_accuracy"}}[name.split("-")[0]]
     assert terms <= set(a[0])
 
 
@@ -146,9 +152,10 @@ def test_two_stage_electra_switches_once_from_the_generator(name, runs):
     assert mlm_head and all(torch.equal(end[k.replace("stage_one.", "generator.", 1)], before[k]) for k in mlm_head)
 
 
-@pytest.mark.parametrize("name", ["spanbert-modernbert-zero3", "albert-zero2", "electra_two_stage-zero2", "declutr-zero2"])
+@pytest.mark.parametrize("name", ["spanbert-modernbert-zero3", "albert-zero2", "electra_two_stage-zero2", "declutr-zero2",
+                                  "xlnet-zero3"])
 def test_export_loads_in_transformers_classes(name, runs, tmp_path):
-    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForPreTraining
 
     from model.heads import SpanBoundaryHead
     from pretrain.export import export
@@ -183,6 +190,12 @@ def test_export_loads_in_transformers_classes(name, runs, tmp_path):
         with torch.no_grad():
             assert torch.allclose(model(**inputs).prediction_logits, probe["logits"][""], atol=1e-5, rtol=0)
         assert type(AutoModelForMaskedLM.from_pretrained(out)).__name__ == "AlbertForMaskedLM"
+    elif name.startswith("xlnet"):
+        assert root == "XLNetLMHeadModel" and type(encoder).__name__ == "XLNetModel"
+        lm = AutoModelForCausalLM.from_pretrained(out).eval()
+        assert type(lm).__name__ == "XLNetLMHeadModel"
+        with torch.no_grad():
+            assert torch.allclose(lm(**inputs).logits, probe["logits"][""], atol=1e-5, rtol=0)
     elif name.startswith("declutr"):
         assert root == "BertForPreTraining"
         mlm = AutoModelForMaskedLM.from_pretrained(out).eval()

@@ -12,6 +12,7 @@ from model.objectives.mlm import pair_loss
 from model.objectives.spanbert import span_boundary_loss
 from model.objectives.tacl import supervised_tacl_loss, tacl_loss
 from model.objectives.taco import tc_loss
+from model.objectives.xlnet_plm import plm_loss
 
 RTOL = 1e-6
 
@@ -247,3 +248,16 @@ def test_declutr_loss(positives, tau):
     got = declutr_loss(t64(anchor), torch.tensor(anchor_mask), [t64(p) for p in pos],
                        [torch.tensor(m) for m in pos_masks], tau)
     assert close(got, float(np.mean(terms)))
+
+
+def test_plm_loss():
+    """XLNet: -1/|targets| Σ log softmax(query-stream logits)[x_target] over the real targets (padded ones are -100)."""
+    b, p, v = 3, 5, 13
+    logits = rng.normal(size=(b, p, v)) * 2
+    labels = rng.integers(0, v, size=(b, p))
+    labels[1, 3:] = -100
+    labels[2, :] = -100
+    terms = [-log_softmax_at(list(logits[i, j]), labels[i, j]) for i in range(b) for j in range(p) if labels[i, j] != -100]
+    right = [int(np.argmax(logits[i, j]) == labels[i, j]) for i in range(b) for j in range(p) if labels[i, j] != -100]
+    loss, accuracy = plm_loss(t64(logits), torch.tensor(labels))
+    assert len(terms) == 8 and close(loss, float(np.mean(terms))) and abs(float(accuracy) - np.mean(right)) < 1e-6

@@ -13,6 +13,7 @@ REGISTRY = {
     "bert": "model.backbones.bert:BertBackbone",
     "modernbert": "model.backbones.modernbert:ModernBertBackbone",
     "albert": "model.backbones.albert:AlbertBackbone",
+    "xlnet": "model.backbones.xlnet:XLNetBackbone",
 }
 
 

@@ -19,6 +19,7 @@ REGISTRY = {
     "taco": "model.objectives.taco:TACO",
     "spanbert": "model.objectives.spanbert:SpanBert",
     "declutr": "model.objectives.declutr:Declutr",
+    "xlnet": "model.objectives.xlnet_plm:XLNetPLM",
 }
 
 
