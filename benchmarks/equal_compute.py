@@ -49,7 +49,23 @@ from repro_common import (  # noqa: E402
 )
 
 OBJECTIVES = {"MLM": GROUPS["scratch"]["mlm"], "ELECTRA": GROUPS["scratch"]["electra-g1/4"],
-              "COCO-LM": GROUPS["scratch"]["coco-lm-g1/4"], "TACO": GROUPS["scratch"]["taco"]}
+              "COCO-LM": GROUPS["scratch"]["coco-lm-g1/4"], "TACO": GROUPS["scratch"]["taco"],
+              # Issue 18: the papers' masking (15%) on MLM's backbone and learning rate. ALBERT: E = 64 and one layer
+              # shared by both (fewer parameters at the same FLOPs); MLM with n-gram masking (no SOP on full packing).
+              "SpanBERT": GROUPS["scratch"]["mlm"][:-2] + ["objective.name=spanbert", "masking.strategy=span",
+                                                           "optimizer.lr=2e-3"],
+              "ALBERT": ["model.architecture=albert", "model.embedding_size=64", "model.num_hidden_groups=1",
+                         "model.dropout=0", "model.attention_dropout=0", "masking.strategy=ngram", "masking.max_span=3",
+                         "optimizer.lr=2e-3"],
+              # XLNet: permutation LM predicting 1/6 of the tokens (whole-word n-grams up to 5), at the base lr.
+              "XLNet": ["model.architecture=xlnet", "model.dropout=0", "objective.name=xlnet", "masking.strategy=plm",
+                        "masking.mask_prob=0.1667", "masking.max_span=5"],
+              # ELECTRA's two-stage training: a full-width generator alone for half the FLOPs, then RTD from it.
+              "ELECTRA-2stage": GROUPS["scratch"]["electra-g1/4"] + ["objective.electra.generator_width=1.0"]}
+# Objectives whose main model is a masked LM (its validation MLM loss is the headline).
+MASKED_LM = ("MLM", "TACO", "SpanBERT", "ALBERT")
+# Two-stage objectives: the first stage gets this share of the FLOP budget (objective.electra.two_stage_generator_steps).
+TWO_STAGE = {"ELECTRA-2stage": 0.5}
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
 
@@ -63,8 +79,9 @@ def overrides(name: str) -> list[str]:
     return [*BASE[2:], *OBJECTIVES[name]]
 
 
-def flops_per_step(name: str, data: Path) -> tuple[float, int]:
-    """Training FLOPs of one optimizer step of the objective (its own count) and the tokens in that step."""
+def flops_per_step(name: str, data: Path, stage: int = 1) -> tuple[float, int]:
+    """Training FLOPs of one optimizer step of the objective (its own count; a two-stage objective's in `stage`) and
+    the tokens in that step."""
     from core.config_io import load_config
     from model.encoder import model_config
     from model.objectives import build_objective
@@ -75,6 +92,8 @@ def flops_per_step(name: str, data: Path) -> tuple[float, int]:
     objective = build_objective(cfg.objective, model_config(cfg.model, manifest["tokenizer"], manifest["seq_len"]),
                                 cfg.model.init_from)
     tokens = cfg.train.global_batch_size * manifest["seq_len"]  # packing "full": every position is a token
+    if stage == 2:
+        objective.begin_step(1)  # past the switch (two_stage_generator_steps is 0 here: the switch is at step 1)
     return objective.flops_per_token(manifest["seq_len"], cfg.masking.mask_prob) * tokens, tokens
 
 
@@ -83,11 +102,29 @@ def plan(names: list[str], data: Path, mlm_steps: int) -> dict[str, dict]:
     budget = flops_per_step("MLM", data)[0] * mlm_steps
     out = {}
     for name in names:
+        if name in TWO_STAGE:
+            out[name] = two_stage_plan(name, data, budget)
+            continue
         per_step, tokens = flops_per_step(name, data)
         steps = max(4, round(budget / per_step / 4) * 4)
         out[name] = {"flops_per_step": per_step, "tokens_per_step": tokens, "steps": steps, "budget_flops": budget,
-                     "flops": per_step * steps, "checkpoints": [int(f * steps) for f in FRACTIONS]}
+                     "flops": per_step * steps, "checkpoints": [int(f * steps) for f in FRACTIONS], "extra": []}
     return out
+
+
+def two_stage_plan(name: str, data: Path, budget: float) -> dict:
+    """Stage 1 spends TWO_STAGE[name] of the budget at its step cost, stage 2 the rest at its own; `flops_per_step` is
+    the mean, so a checkpoint's FLOPs (step × mean) are exact at the end and approximate before it."""
+    first, tokens = flops_per_step(name, data, stage=1)
+    second, _ = flops_per_step(name, data, stage=2)
+    n1 = max(1, round(TWO_STAGE[name] * budget / first))
+    n2 = max(1, round((1 - TWO_STAGE[name]) * budget / second))
+    steps = max(4, round((n1 + n2) / 4) * 4)
+    n2 = steps - n1
+    flops = n1 * first + n2 * second
+    return {"flops_per_step": flops / steps, "tokens_per_step": tokens, "steps": steps, "budget_flops": budget,
+            "flops": flops, "checkpoints": [int(f * steps) for f in FRACTIONS], "stage_one_steps": n1,
+            "stage_flops_per_step": [first, second], "extra": [f"objective.electra.two_stage_generator_steps={n1}"]}
 
 
 def run_name(name: str, seed: int) -> str:
@@ -108,7 +145,7 @@ def train_all(args: argparse.Namespace, data: Path, out: Path) -> None:
             quarter = p["steps"] // 4
             run_dir = out / "train" / run_name(name, seed)
             start = time.time()
-            train(BASE[1], [*overrides(name), f"data.path={data}", f"train.seed={seed}", f"train.save_every={quarter}",
+            train(BASE[1], [*overrides(name), *p.get("extra", []), f"data.path={data}", f"train.seed={seed}", f"train.save_every={quarter}",
                             f"train.eval_every={quarter}", "train.eval_batches=16", "train.keep_last=1000",
                             "train.log_every=25", f"schedule.warmup_steps={max(10, p['steps'] // 16)}"],
                   run_dir, p["steps"])
@@ -183,9 +220,10 @@ def probe_all(args: argparse.Namespace, out: Path) -> None:
     Each result is written into the run's JSON as soon as it exists, so a cut-short probe stage loses nothing."""
     tasks = probe_tasks(Path(args.corpora).resolve(), out)
     results = results_dir(args.tag)
-    records = sorted(results.glob("*_seed*.json"))
+    records = [r for r in sorted(results.glob("*_seed*.json"))
+               if json.loads(r.read_text())["objective"] in args.objectives]
     mlm = [r for r in records if r.name.startswith("mlm_")]
-    if mlm:
+    if mlm and not (results / "random_init.json").is_file():
         like = Path(json.loads(mlm[0].read_text())["checkpoints"][-1]["export"])
         baseline, tuned = {}, []
         for seed in args.seeds:
@@ -201,6 +239,8 @@ def probe_all(args: argparse.Namespace, out: Path) -> None:
         for path in records:
             record = json.loads(path.read_text())
             point = record["checkpoints"][index]
+            if set(point.get("probes", {})) == set(tasks):
+                continue  # probed in an earlier session (its exports may be gone since)
             model = Path(point["export"])
             stem = f"{path.stem}_step{point['step']}"
             point["probes"] = {t: probe_one(model, t, task, out / "probes" / f"{stem}_{t}.json") for t, task in tasks.items()}
@@ -210,7 +250,7 @@ def probe_all(args: argparse.Namespace, out: Path) -> None:
         if args.finetune_seeds:
             for path in records:
                 record = json.loads(path.read_text())
-                if index != 3 and record["objective"] not in args.finetune_all:
+                if (index != 3 and record["objective"] not in args.finetune_all) or "finetune" in record["checkpoints"][index]:
                     continue
                 point = record["checkpoints"][index]
                 point["finetune"] = {"bbc": {"accuracy": finetune_bbc(
@@ -221,8 +261,10 @@ def probe_all(args: argparse.Namespace, out: Path) -> None:
 
 # Each objective's own diagnostic of its main model (issue 9), and what counts as past the plateau (issue 14's goals).
 DIAGNOSTIC = {"MLM": ("mlm_loss_below_unigram", 1.5), "TACO": ("mlm_loss_below_unigram", 1.5),
+              "SpanBERT": ("sbo_accuracy", 0.0), "ALBERT": ("mlm_loss_below_unigram", 1.5),
+              "XLNet": ("plm_loss_below_unigram", 1.5), "ELECTRA-2stage": ("rtd_auc", 0.8),
               "ELECTRA": ("rtd_auc", 0.8), "COCO-LM": ("copy_auc", 0.8)}
-PRIOR = {"ELECTRA": "rtd_loss_below_prior", "COCO-LM": "copy_loss_below_prior"}
+PRIOR = {"ELECTRA": "rtd_loss_below_prior", "COCO-LM": "copy_loss_below_prior", "ELECTRA-2stage": "rtd_loss_below_prior"}
 PROBES = (("bbc", "mean"), ("tweets", "mean"), ("supersense", "word"), ("wordpos", "word"))
 
 
@@ -252,9 +294,10 @@ def report(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for n in names:
         finals = [r["checkpoints"][-1]["validation"] for r in records[n]]
-        mlm_key = "mlm_loss_below_unigram" if n in ("MLM", "TACO") else "generator_mlm_loss_below_unigram"
+        mlm_key = ("plm_loss_below_unigram" if n == "XLNet" else "mlm_loss_below_unigram" if n in MASKED_LM
+                   else "generator_mlm_loss_below_unigram")
         key, goal = DIAGNOSTIC[n]
-        own = "" if n in ("MLM", "TACO") and key == mlm_key else f"{key} {_fmt([f[key] for f in finals if key in f])}"
+        own = "" if key == mlm_key else f"{key} {_fmt([f[key] for f in finals if key in f])}"
         if n == "TACO":
             own = f"tc_retrieval_accuracy {_fmt([f['tc_retrieval_accuracy'] for f in finals])}"
         print(f"| {n} | {len(records[n])} | {records[n][0]['steps']} | {records[n][0]['flops'] / 1e12:.2f} | "
@@ -380,7 +423,7 @@ def plot(records: dict[str, list[dict]], base: dict | None, path: Path) -> None:
         ax.grid(alpha=0.3)
     ax = axes[-1]
     for n, runs in records.items():
-        key = "mlm_loss" if n in ("MLM", "TACO") else "generator_mlm_loss"
+        key = "plm_loss" if n == "XLNet" else "mlm_loss" if n in MASKED_LM else "generator_mlm_loss"
         xs = [c["flops"] / 1e12 for c in runs[0]["checkpoints"]]
         vals = [[r["checkpoints"][i]["validation"].get(key) for r in runs] for i in range(4)]
         ax.plot(xs, [mean_std(v)[0] if None not in v else float("nan") for v in vals], marker="o",
