@@ -33,6 +33,8 @@ CASES = {
     "declutr-zero2": ("documents", DECLUTR, 2, [5, 3]),
     "xlnet-zero1": ("plain", XLNET, 1, [3, 5]),
     "xlnet-zero3": ("plain", XLNET, 3, [5, 3]),
+    # XLNet builds fp32 position embeddings beside half-precision weights: bf16 must train (and resume) too.
+    "xlnet-bf16-zero2": ("plain", XLNET + ["train.precision=bf16"], 2, [3, 5]),
     "declutr-modernbert-zero1": ("documents", DECLUTR + ["model.architecture=modernbert"], 1, [3, 5]),
     "albert-zero3": ("sop", ALBERT, 3, [5, 3]),
     # Stopped before the switch (step 3), then across it (steps 4-6: the switch at 5), then after it.

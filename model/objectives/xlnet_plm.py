@@ -64,9 +64,12 @@ class XLNetPLM(Objective):
         """The permutation LM loss at the targets, through the query stream."""
         if "perm_mask" not in batch:
             raise ConfigError("objective.name=xlnet needs batches from masking.strategy=plm")
-        dtype = self.model.transformer.word_embedding.weight.dtype  # bf16 or fp32: the streams' einsums need one dtype
-        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         perm_mask=batch["perm_mask"].to(dtype), target_mapping=batch["target_mapping"].to(dtype))
+        dtype = self.model.transformer.word_embedding.weight.dtype
+        # Under DeepSpeed's bf16/fp16 the weights are half precision, but XLNet builds its relative position
+        # embeddings in fp32 and mixes them into einsums with the weights: autocast gives those one dtype.
+        with torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype != torch.float32):
+            out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                             perm_mask=batch["perm_mask"].to(dtype), target_mapping=batch["target_mapping"].to(dtype))
         loss, accuracy = plm_loss(out.logits, batch["target_labels"])
         return {"plm_loss": loss}, {"plm_accuracy": accuracy}
 
