@@ -40,6 +40,7 @@ from repro_common import (  # noqa: E402
     finetune_cached,
     log,
     mean_std,
+    random_init,
     scratch_data,
     setup_logging,
     split_csv,
@@ -199,19 +200,6 @@ def finetune_bbc(model: Path, task: dict, seeds: list[int], out: Path) -> list[f
                              overrides={"lr": 3e-4, "epochs": 4.0, "max_length": 128},
                              validation_file=task["data"]["validation_file"])
     return [r["metrics"]["accuracy"] for r in result["seeds"]]
-
-
-def random_init(like: Path, out: Path, seed: int) -> Path:
-    """The step-0 point: an encoder of the export's shape with fresh weights (transformers' own init), and its tokenizer."""
-    if (out / "config.json").is_file():
-        return out
-    import torch
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
-
-    torch.manual_seed(seed)
-    AutoModel.from_config(AutoConfig.from_pretrained(like)).save_pretrained(out)
-    AutoTokenizer.from_pretrained(like).save_pretrained(out)
-    return out
 
 
 def probe_all(args: argparse.Namespace, out: Path) -> None:

@@ -97,6 +97,19 @@ def fresh_bert(config, tokenizer_dir: Path, out: Path, seed: int, mlm_head: bool
     return out
 
 
+def random_init(like: Path, out: Path, seed: int) -> Path:
+    """The step-0 point: an encoder of the export's shape with fresh weights (transformers' own init), and its tokenizer."""
+    if (out / "config.json").is_file():
+        return out
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    torch.manual_seed(seed)
+    AutoModel.from_config(AutoConfig.from_pretrained(like)).save_pretrained(out)
+    AutoTokenizer.from_pretrained(like).save_pretrained(out)
+    return out
+
+
 def validation_losses(run_dir: Path) -> dict[int, dict[str, float]]:
     """Step -> the validation metrics the trainer logged in metrics.jsonl."""
     rows = {}

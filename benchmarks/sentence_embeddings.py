@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repro_common import REPO, export, log, mean_std, prepare, setup_logging, train, write_json  # noqa: E402
+from repro_common import REPO, export, log, mean_std, prepare, random_init, setup_logging, train, write_json  # noqa: E402
 
 STEPS = 400
 # Each student's objective on top of the continual-training settings reproduce_tacl.py uses.
@@ -41,19 +41,6 @@ def document_data(corpora: Path, teacher: Path, out: Path) -> Path:
                                  "text_documents": "paragraph"}],
                     "tokenizer": {"pretrained": str(teacher)}, "seq_len": 128, "packing": "document",
                     "val_fraction": 0.02}, out)
-
-
-def random_init(like: Path, out: Path, seed: int = 1) -> Path:
-    """The teacher's shape with fresh weights (transformers' own init) and its tokenizer: what pre-training must beat."""
-    if (out / "config.json").is_file():
-        return out
-    import torch
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
-
-    torch.manual_seed(seed)
-    AutoModel.from_config(AutoConfig.from_pretrained(like)).save_pretrained(out)
-    AutoTokenizer.from_pretrained(like).save_pretrained(out)
-    return out
 
 
 def train_students(args: argparse.Namespace, teacher: Path, out: Path) -> dict[str, Path]:
@@ -89,7 +76,7 @@ def main() -> None:
     setup_logging()
     tacl, out = Path(args.tacl).resolve(), Path(args.out).resolve()
     teacher = tacl / "teacher_bert"
-    models = {"random init": random_init(teacher, out / "random_init")}
+    models = {"random init": random_init(teacher, out / "random_init", seed=1)}
     models["MLM teacher"] = teacher
     for seed in args.seeds:
         models[f"MLM-only, seed {seed}"] = tacl / f"export_mlm_seed{seed}"

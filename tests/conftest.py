@@ -40,21 +40,21 @@ def corpus_file(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def prepared(tmp_path_factory, corpus_file) -> Path:
-    """The corpus prepared with a 400-token unigram tokenizer into 64-token sequences."""
+def prepare_corpus(out: Path, corpus_file: Path, *extra: str) -> Path:
+    """The corpus prepared with a 400-token unigram tokenizer into 64-token sequences (extra: e.g. packing=pairs)."""
     from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
 
-    out = tmp_path_factory.mktemp("prepared") / "data"
-    cfg = load_config(
-        PrepareConfig,
-        None,
-        [f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]",
-         "tokenizer.vocab_size=400", "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1"],
-    )
-    return prepare(cfg)
+    return prepare(load_config(PrepareConfig, None, [
+        f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
+        "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1", *extra]))
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, corpus_file) -> Path:
+    """The corpus prepared with a 400-token unigram tokenizer into 64-token sequences."""
+    return prepare_corpus(tmp_path_factory.mktemp("prepared") / "data", corpus_file)
 
 
 def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, check: bool = True,
@@ -96,6 +96,17 @@ def _run_ranks(module: str, args: list[str], n: int, timeout: int, check: bool) 
     if check and code != 0:
         raise AssertionError(f"{n} ranks of python -m {module} {' '.join(args)} exited {codes}\n{proc.stderr[-8000:]}")
     return proc
+
+
+def train_runs_in_one_process(runs: list[dict], spec: Path, timeout: int = 900) -> None:
+    """Train (and probe) several runs one after the other under one 2-rank torchrun (tests/helpers/train_and_probe.py
+    --runs): a process start costs ~10 s, a tiny run ~3 s. `runs`: [{"probe_out": FILE, "args": [...]}, ...]."""
+    spec.write_text(json.dumps(runs))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "tests/helpers/train_and_probe.py", "--runs", str(spec)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
 @contextlib.contextmanager

@@ -3,14 +3,11 @@ two-stage training through the real trainer on 2 ranks:
 ZeRO 1, 2 and 3; a run stopped and resumed (ELECTRA: on both sides of its stage switch) ends with the same losses,
 sample order and weights as one that was not; the export loads in transformers' own classes."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_MODEL, restored_environ
+from conftest import TINY_MODEL, prepare_corpus, restored_environ, train_runs_in_one_process
 
 pytestmark = pytest.mark.slow
 
@@ -45,26 +42,12 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def sop_data(tmp_path_factory, corpus_file):
-    from core.config_io import load_config
-    from data_pipeline.config import PrepareConfig
-    from data_pipeline.prepare import prepare
-
-    out = tmp_path_factory.mktemp("sop") / "data"
-    return prepare(load_config(PrepareConfig, None, [
-        f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
-        "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1", "packing=pairs", "pair_task=sop"]))
+    return prepare_corpus(tmp_path_factory.mktemp("sop") / "data", corpus_file, "packing=pairs", "pair_task=sop")
 
 
 @pytest.fixture(scope="module")
 def document_data(tmp_path_factory, corpus_file):
-    from core.config_io import load_config
-    from data_pipeline.config import PrepareConfig
-    from data_pipeline.prepare import prepare
-
-    out = tmp_path_factory.mktemp("documents") / "data"
-    return prepare(load_config(PrepareConfig, None, [
-        f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
-        "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1", "packing=document"]))
+    return prepare_corpus(tmp_path_factory.mktemp("documents") / "data", corpus_file, "packing=document")
 
 
 def _args(data: Path, out: Path, extra: list[str], stage: int, stop_after: int = 0) -> list[str]:
@@ -90,13 +73,7 @@ def runs(prepared, sop_data, document_data, tmp_path_factory):
             todo.append({"probe_out": str(base / f"{name}.segment.pt"), "args": _args(data_dir, resumed, extra, stage, steps)})
         out[name] = (straight, resumed, base / f"{name}.probe.pt")
     for stage, todo in sorted(by_stage.items()):
-        spec = base / f"zero{stage}.json"
-        spec.write_text(json.dumps(todo))
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "tests/helpers/train_and_probe.py", "--runs", str(spec)]
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        train_runs_in_one_process(todo, base / f"zero{stage}.json")
     return out
 
 

@@ -1,14 +1,11 @@
 """Every objective through the real trainer on 2 ranks, at ZeRO-2 and ZeRO-3 (and on ModernBERT at ZeRO-2), then
 through the export: the HF folders reproduce the training model's outputs and load in the Auto classes with new heads."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_MODEL, restored_environ, run_cli
+from conftest import TINY_MODEL, prepare_corpus, restored_environ, run_cli, train_runs_in_one_process
 
 pytestmark = pytest.mark.slow
 
@@ -22,14 +19,7 @@ OBJECTIVES = {
 
 @pytest.fixture(scope="module")
 def pairs_data(tmp_path_factory, corpus_file):
-    from core.config_io import load_config
-    from data_pipeline.config import PrepareConfig
-    from data_pipeline.prepare import prepare
-
-    out = tmp_path_factory.mktemp("pairs") / "data"
-    return prepare(load_config(PrepareConfig, None, [
-        f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
-        "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1", "packing=pairs", "pair_task=nsp"]))
+    return prepare_corpus(tmp_path_factory.mktemp("pairs") / "data", corpus_file, "packing=pairs", "pair_task=nsp")
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +87,7 @@ def runs(prepared, pairs_data, tiny_bert, tiny_modernbert, tmp_path_factory):
             run, probe = base / f"{key}-zero{stage}", base / f"{key}-zero{stage}.probe.pt"
             todo.append({"probe_out": str(probe), "args": _args(data, run, extra, stage, STEPS[stage])})
             out[(key, stage)] = (run, probe)
-        spec = base / f"zero{stage}.json"
-        spec.write_text(json.dumps(todo))
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "tests/helpers/train_and_probe.py", "--runs", str(spec)]
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        train_runs_in_one_process(todo, base / f"zero{stage}.json", timeout=600)
     return out
 
 

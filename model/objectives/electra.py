@@ -152,18 +152,23 @@ class Electra(Objective):
         picked = batch["labels"] != IGNORE_INDEX
         with torch.no_grad():
             sampled = sample_replacements(gen_head(gen_hidden[picked].detach()), self.options.generator)
+        rtd, metrics = self._detect(batch, picked, sampled)
+        return {"generator_mlm_loss": gen_loss, "rtd_loss": rtd}, {"generator_accuracy": gen_accuracy, **metrics}
+
+    def _detect(self, batch: Batch, picked: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """The discriminator on the input with `sampled` at the picked positions: RTD loss and detection metrics."""
+        attention = batch["attention_mask"]
         corrupted = batch["input_ids"].clone()
         corrupted[picked] = sampled
         replaced = corrupted != batch["original_input_ids"]
-        disc_logits = self.backbone.rtd_logits(self.discriminator, corrupted, attention, types)
+        disc_logits = self.backbone.rtd_logits(self.discriminator, corrupted, attention, batch.get("token_type_ids"))
         valid = attention.bool()
         rtd = rtd_loss(disc_logits, replaced, valid)
         with torch.no_grad():
-            metrics = {"generator_accuracy": gen_accuracy,
-                       "rtd_accuracy": ((disc_logits > 0) == replaced)[valid].float().mean(),
+            metrics = {"rtd_accuracy": ((disc_logits > 0) == replaced)[valid].float().mean(),
                        "replaced_fraction": replaced[valid].float().mean(),
                        **detection_metrics(disc_logits, replaced, valid, "rtd")}
-        return {"generator_mlm_loss": gen_loss, "rtd_loss": rtd}, metrics
+        return rtd, metrics
 
     def _stage_one_terms(self, batch: Batch):
         """Two-stage, before the switch: MLM through the (future discriminator's) encoder; no RTD yet."""
@@ -181,22 +186,12 @@ class Electra(Objective):
                                               types).last_hidden_state
             gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], self.backbone.mlm_head(self.generator))
             sampled = sample_replacements(self.backbone.mlm_head(self.generator)(gen_hidden[picked]), "mlm")
-        corrupted = batch["input_ids"].clone()
-        corrupted[picked] = sampled
-        replaced = corrupted != batch["original_input_ids"]
-        disc_logits = self.backbone.rtd_logits(self.discriminator, corrupted, attention, types)
-        valid = attention.bool()
-        rtd = rtd_loss(disc_logits, replaced, valid)
+        rtd, metrics = self._detect(batch, picked, sampled)
         # Stage 1's MLM head is unused now, but ZeRO-3 keeps a parameter's last gradient once it stops getting
         # one, and that stale gradient would go on moving the head and counting in the clipping norm: the head
         # runs on zero rows, so its gradient is an exact zero every step.
         rtd = rtd + self.backbone.mlm_head(self.stage_one)(gen_hidden[:0]).sum()
-        with torch.no_grad():
-            metrics = {"generator_mlm_loss": gen_loss, "generator_accuracy": gen_accuracy,
-                       "electra_stage": rtd.new_tensor(2.0),
-                       "rtd_accuracy": ((disc_logits > 0) == replaced)[valid].float().mean(),
-                       "replaced_fraction": replaced[valid].float().mean(),
-                       **detection_metrics(disc_logits, replaced, valid, "rtd")}
+        metrics.update(generator_mlm_loss=gen_loss, generator_accuracy=gen_accuracy, electra_stage=rtd.new_tensor(2.0))
         return {"rtd_loss": rtd}, metrics
 
     def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
