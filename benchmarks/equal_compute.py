@@ -89,12 +89,14 @@ def flops_per_step(name: str, data: Path, stage: int = 1) -> tuple[float, int]:
     from pretrain.config import RunConfig
 
     manifest = json.loads((data / "manifest.json").read_text())
-    cfg = load_config(RunConfig, REPO / BASE[1], overrides(name))
+    # A two-stage objective is built as one (its switch after step 1), so each stage's own cost is counted.
+    two_stage = ["objective.electra.two_stage_generator_steps=1"] if name in TWO_STAGE else []
+    cfg = load_config(RunConfig, REPO / BASE[1], [*overrides(name), *two_stage])
     objective = build_objective(cfg.objective, model_config(cfg.model, manifest["tokenizer"], manifest["seq_len"]),
                                 cfg.model.init_from)
     tokens = cfg.train.global_batch_size * manifest["seq_len"]  # packing "full": every position is a token
     if stage == 2:
-        objective.begin_step(1)  # past the switch (two_stage_generator_steps is 0 here: the switch is at step 1)
+        objective.begin_step(2)  # past the switch
     return objective.flops_per_token(manifest["seq_len"], cfg.masking.mask_prob) * tokens, tokens
 
 

@@ -54,3 +54,16 @@ def test_finetune_reach_marks_a_hit_at_the_first_fine_tuned_checkpoint_as_an_upp
     assert abs(hit - 0.625) < 1e-12 and not bound  # 0.8 lies half way between 0.7 (at 1/2) and 0.9 (at 3/4)
     assert reach["FINAL_ONLY"] == (None, False)
     assert reach["MLM"] == (1.0, False)
+
+
+def test_two_stage_plan_gives_each_stage_its_share_at_its_own_cost(prepared):
+    """ELECTRA two-stage: stage 1 (generator MLM) and stage 2 (RTD + the frozen generator's forward) cost differently;
+    half the budget goes to each, and the whole run spends the budget to within a step."""
+    plan = equal_compute.plan(["MLM", "ELECTRA-2stage"], prepared, 100)
+    two = plan["ELECTRA-2stage"]
+    first, second = two["stage_flops_per_step"]
+    assert first < second  # stage 2 trains the discriminator and also runs the generator forward
+    budget = plan["MLM"]["flops"]
+    assert abs(two["stage_one_steps"] * first - budget / 2) <= first
+    assert abs(two["flops"] - budget) <= 4 * second and two["steps"] % 4 == 0
+    assert two["extra"] == [f"objective.electra.two_stage_generator_steps={two['stage_one_steps']}"]
