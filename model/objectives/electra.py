@@ -110,6 +110,8 @@ class Electra(Objective):
             # The frozen generator of stage 2: its own copy of everything, filled at the switch.
             self.generator = copy.deepcopy(self.stage_one).requires_grad_(False).eval()
             self.register_buffer("switched", torch.zeros((), dtype=torch.long))
+        # The buffer read once (after any checkpoint load), so each micro-batch does not sync with the device.
+        self._switched: Optional[bool] = None
 
     @classmethod
     def check_config(cls, options: ElectraOptions, model, masking) -> None:
@@ -131,13 +133,18 @@ class Electra(Objective):
     @property
     def stage(self) -> int:
         """1 while only the generator trains (two-stage, before the switch), else 2."""
-        return 2 if not self.two_stage or bool(self.switched) else 1
+        if not self.two_stage:
+            return 2
+        if self._switched is None:
+            self._switched = bool(self.switched)
+        return 2 if self._switched else 1
 
     def begin_step(self, step: int) -> None:
         """At the first step after the generator-only phase, freeze a copy of the generator and go on with RTD."""
-        if self.two_stage and step > self.options.two_stage_generator_steps and not bool(self.switched):
+        if self.two_stage and step > self.options.two_stage_generator_steps and self.stage == 1:
             copy_weights(self.stage_one, self.generator)
             self.switched.fill_(1)
+            self._switched = True
 
     def terms(self, batch: Batch):
         """Generator MLM and discriminator RTD losses, with the RTD head's detection diagnostics."""
