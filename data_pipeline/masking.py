@@ -170,7 +170,7 @@ class SpanMasking(_Masking):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.length_pmf = (ngram_length_pmf(self.cfg.max_span) if self.cfg.strategy == "ngram"
+        self.length_pmf = (ngram_length_pmf(self.cfg.max_span) if self.cfg.strategy in ("ngram", "plm")
                            else span_length_pmf(self.cfg.span_p, self.cfg.max_span))
 
     def pick(self, ids, generator):
@@ -228,10 +228,6 @@ class SpanMasking(_Masking):
 class PermutationMasking(SpanMasking):
     """`plm`: XLNet targets (n-gram spans of whole words) and a factorization order that predicts them last."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.length_pmf = ngram_length_pmf(self.cfg.max_span)
-
     def __call__(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
         """The clean input, its targets as `labels`, and the permutation's `perm_mask` / `target_mapping` (one sample)."""
         ids = batch["input_ids"]
@@ -276,6 +272,11 @@ class WithCropView:
 
 STRATEGIES = {"bert": TokenMasking, "coco": TokenMasking, "whole_word": WholeWordMasking, "span": SpanMasking,
               "ngram": SpanMasking, "plm": PermutationMasking}
+
+
+def needs_word_starts(cfg: MaskingConfig) -> bool:
+    """Whether the strategy picks whole words (it then needs the tokenizer's word-start table)."""
+    return STRATEGIES[cfg.strategy] is not TokenMasking
 
 
 def evaluation_masking(cfg: MaskingConfig) -> MaskingConfig:

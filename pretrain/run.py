@@ -21,7 +21,7 @@ from data_pipeline.loader import (
     fetch_metadata,
     is_local_leader,
 )
-from data_pipeline.masking import build_masking, evaluation_masking
+from data_pipeline.masking import build_masking, evaluation_masking, needs_word_starts
 from data_pipeline.shards import read_manifest, verify_split
 from data_pipeline.tokenizer import copy_tokenizer_folder, load_tokenizer, word_start_table
 from model.diagnostics import unigram_entropy
@@ -82,7 +82,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_objective(cfg.objective, model_config, cfg.model.init_from)
     word_starts = None
-    if cfg.masking.strategy in ("whole_word", "span", "ngram", "plm"):
+    if needs_word_starts(cfg.masking):
         word_starts = word_start_table(load_tokenizer(data_dir / TOKENIZER_DIR))
     objective_cls = objective_class(cfg.objective.name)
     transform, eval_transform = (objective_cls.wrap_masking(getattr(cfg.objective, cfg.objective.name), build_masking(

@@ -13,9 +13,16 @@ from collections import Counter
 import pytest
 from conftest import REPO, TINY_MODEL
 
-OBJECTIVE_ARGS = {"mlm": [], "electra": [], "coco_lm": ["masking.strategy=coco", "masking.crop_ratio=0.9"], "taco": []}
-# What the step still reads back, by objective, and why (TACO's index sampling is data-dependent).
-KNOWN = {"taco": {"model/objectives/taco.py"}}
+OBJECTIVE_ARGS = {
+    "mlm": [], "electra": [], "coco_lm": ["masking.strategy=coco", "masking.crop_ratio=0.9"], "taco": [],
+    "spanbert": ["masking.strategy=span"], "declutr": [],
+    "xlnet": ["model.architecture=xlnet", "masking.strategy=plm", "masking.mask_prob=0.1667"],
+    "electra_two_stage": ["objective.name=electra", "objective.electra.generator_width=1.0",
+                          "objective.electra.two_stage_generator_steps=3"],
+}
+# What the step still reads back, by objective, and why (TACO's index sampling is data-dependent; two-stage
+# ELECTRA reads its switch buffer once, after any checkpoint load, and copies the generator at the switch).
+KNOWN = {"taco": {"model/objectives/taco.py"}, "electra_two_stage": {"model/objectives/electra.py"}}
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +32,7 @@ def reads(prepared, tmp_path_factory) -> dict:
     runs = {name: ["--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={base / name}",
                    *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=6",
                    "train.log_every=3", "train.save_every=6", "train.eval_every=6", "train.eval_batches=1",
-                   f"objective.name={name}", *extra] for name, extra in OBJECTIVE_ARGS.items()}
+                   f"objective.name={name}", *extra] for name, extra in OBJECTIVE_ARGS.items()}  # a later name wins
     (base / "runs.json").write_text(json.dumps(runs))
     cmd = [sys.executable, "tests/helpers/count_host_reads.py", str(base / "reads.json"), str(base / "runs.json")]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -24,17 +24,13 @@ from core.errors import ConfigError
 from model import flops
 from model.backbones import backbone_for
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import mlm_loss
+from model.objectives.mlm import mlm_loss, prediction_accuracy
 
 
 def plm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy over real targets of [B, P, V] query-stream logits (labels [B, P], -100 pads); and accuracy."""
     flat, targets = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
-    loss = mlm_loss(flat, targets)
-    with torch.no_grad():
-        real = targets != -100
-        accuracy = (flat.argmax(-1) == targets)[real].float().mean() if bool(real.any()) else loss.new_zeros(())
-    return loss, accuracy
+    return mlm_loss(flat, targets), prediction_accuracy(flat, targets)
 
 
 @dataclass

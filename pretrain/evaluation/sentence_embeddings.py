@@ -150,8 +150,12 @@ def evaluate_task(model_dir: str, task: SuiteTask, features: Sequence[str] = FEA
     from pretrain.evaluation.linear_probe import sequence_features
 
     rows = read_rows(task, max_examples, seed)
-    first = sequence_features(model_dir, rows[task.text], None, layer, max_length, batch_size)
-    second = sequence_features(model_dir, rows[task.pair], None, layer, max_length, batch_size) if task.pair else None
+    # Both sides of a pair in one pass: the model is loaded once per task.
+    texts = rows[task.text] + (rows[task.pair] if task.pair else [])
+    both = sequence_features(model_dir, texts, None, layer, max_length, batch_size)
+    n = len(rows[task.text])
+    first = {name: value[:n] for name, value in both.items()}
+    second = {name: value[n:] for name, value in both.items()} if task.pair else None
     out = {}
     if task.kind == "sts":
         try:
