@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from data_pipeline.loader import EVAL_STREAM, LoaderConfig, MaskingCollate, build_loader
+from data_pipeline.loader import EVAL_STREAM, LoaderConfig, MaskingCollate, PackedBatch, build_loader
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, build_masking
 
 SPECIAL = [0, 1, 2, 3, 4]  # pad, unk, cls, sep, mask
@@ -115,3 +115,30 @@ def test_each_epoch_masks_anew_and_resumes_the_same(dataset):
     assert (again_first, again_second) == (first, second)  # and the same again in a new run
     (fixed_first, fixed_second), _ = _epochs(dataset, workers=1, epochs=2, per_epoch=False)
     assert fixed_first == fixed_second
+
+
+def test_a_packed_batch_gives_back_every_column_with_its_dtype_and_shape():
+    batch = {"input_ids": torch.arange(15, dtype=torch.long).reshape(3, 5),
+             "perm_mask": torch.rand(3, 5, 5),  # XLNet's 2-D float columns
+             "flags": torch.tensor([True, False, True]),
+             "half": torch.randn(3, 2, dtype=torch.bfloat16),
+             "sample_id": torch.tensor([7, 8, 9], dtype=torch.int32)}
+    packed = PackedBatch.pack(batch)
+    assert packed.rows == 3 and packed.buffer.dtype == torch.uint8 and packed.buffer.dim() == 1
+    out = packed.unpack()
+    assert list(out) == list(batch)
+    for key, value in batch.items():
+        assert out[key].dtype == value.dtype and out[key].shape == value.shape and torch.equal(out[key], value), key
+    # One block: every column is a view of the same buffer.
+    assert {v.untyped_storage().data_ptr() for v in out.values()} == {packed.buffer.untyped_storage().data_ptr()}
+
+
+def test_a_worker_batch_reaches_the_training_process_as_one_shared_block(dataset):
+    """With workers, the loader's batches cross as one buffer and come out as the collate's dict."""
+    cfg = LoaderConfig(path=str(dataset), shuffle=False, num_workers=1)
+    loader = build_loader(cfg, "train", 4, collate_fn=MaskingCollate(_masking(), pad_id=0, seed=5))
+    batches = list(loader)
+    assert len(batches) == NUM_SAMPLES // 4 and loader.num_samples_yielded == NUM_SAMPLES  # resume counts samples
+    for batch in batches:
+        storages = {v.untyped_storage().data_ptr() for v in batch.values()}
+        assert len(storages) == 1 and set(batch) >= {"input_ids", "labels", "attention_mask", "sample_id"}
