@@ -50,7 +50,11 @@ def pair_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def prediction_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Fraction of the targets (not IGNORE_INDEX) that are their row's argmax; 0 when there are none, with no host sync."""
+    """Fraction of the targets (not IGNORE_INDEX) that are their row's argmax; 0 when there are none, with no host sync.
+
+    Pass the float32 logits the loss upcast anyway: a bf16 argmax over a vocabulary row costs 4x a float32 one on
+    a CPU (2.2 against 0.5 ms for 77 x 8000), more than the rest of the metric bookkeeping of a step.
+    """
     with torch.no_grad():
         real = targets != IGNORE_INDEX
         return ((logits.argmax(-1) == targets) & real).sum().float() / real.sum().clamp(min=1)
@@ -60,7 +64,7 @@ def sparse_mlm(hidden: torch.Tensor, labels: torch.Tensor, head) -> tuple[torch.
     """Apply the MLM head only at picked positions; return (loss, accuracy)."""
     picked = labels != IGNORE_INDEX
     targets = labels[picked]
-    logits = head(hidden[picked])
+    logits = at_least_fp32(head(hidden[picked]))  # one upcast for the loss's softmax and the accuracy's argmax
     return mlm_loss(logits, targets), prediction_accuracy(logits, targets)
 
 

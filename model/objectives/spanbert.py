@@ -27,7 +27,7 @@ from model import flops
 from model.backbones import backbone_for
 from model.heads import SpanBoundaryHead, SpanBoundaryShape
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import mlm_loss, prediction_accuracy, sparse_mlm
+from model.objectives.mlm import at_least_fp32, mlm_loss, prediction_accuracy, sparse_mlm
 
 SBO_HEAD_NAME = "span_boundary_head"
 
@@ -43,7 +43,7 @@ def span_boundary_loss(hidden: torch.Tensor, labels: torch.Tensor, left: torch.T
     size = hidden.shape[-1]
     at = lambda index: hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, size))[picked]  # noqa: E731
     targets = labels[picked]
-    logits = projection(head(at(left), at(right), offset[picked]))
+    logits = at_least_fp32(projection(head(at(left), at(right), offset[picked])))
     return mlm_loss(logits, targets), prediction_accuracy(logits, targets)
 
 

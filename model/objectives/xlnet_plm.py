@@ -14,6 +14,7 @@ Left out: Transformer-XL's segment recurrence (memory) and XLNet's bidirectional
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,12 +25,12 @@ from core.errors import ConfigError
 from model import flops
 from model.backbones import backbone_for
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import mlm_loss, prediction_accuracy
+from model.objectives.mlm import at_least_fp32, mlm_loss, prediction_accuracy
 
 
 def plm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy over real targets of [B, P, V] query-stream logits (labels [B, P], -100 pads); and accuracy."""
-    flat, targets = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    flat, targets = at_least_fp32(logits.reshape(-1, logits.shape[-1])), labels.reshape(-1)
     return mlm_loss(flat, targets), prediction_accuracy(flat, targets)
 
 
@@ -61,9 +62,11 @@ class XLNetPLM(Objective):
         if "perm_mask" not in batch:
             raise ConfigError("objective.name=xlnet needs batches from masking.strategy=plm")
         dtype = self.model.transformer.word_embedding.weight.dtype
-        # Under DeepSpeed's bf16/fp16 the weights are half precision, but XLNet builds its relative position
-        # embeddings in fp32 and mixes them into einsums with the weights: autocast gives those one dtype.
-        with torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype != torch.float32):
+        # Under DeepSpeed's bf16/fp16 weights, XLNet builds its relative position embeddings in fp32 and mixes them
+        # into einsums with the weights: autocast gives those one dtype. With fp32 weights the engine's own autocast
+        # (bf16 mixed precision), if any, stays in charge.
+        half = dtype != torch.float32
+        with torch.autocast(batch["input_ids"].device.type, dtype=dtype) if half else contextlib.nullcontext():
             out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                              perm_mask=batch["perm_mask"].to(dtype), target_mapping=batch["target_mapping"].to(dtype))
         loss, accuracy = plm_loss(out.logits, batch["target_labels"])
