@@ -67,7 +67,7 @@ def _tokenizer_documents(cfg: PrepareConfig, parts: list[Part]) -> Iterator[str]
 
 def _build_tokenizer(cfg: PrepareConfig, parts: list[Part], tok_dir: Path) -> dict[str, int]:
     """Train or copy the tokenizer into `tok_dir`; return the ids the workers need."""
-    from data_pipeline.tokenizer import copy_pretrained_tokenizer, load_tokenizer, save_tokenizer, train_sentencepiece
+    from data_pipeline.tokenizer import copy_pretrained_tokenizer, save_tokenizer, tokenizer_ids, train_sentencepiece
 
     if cfg.tokenizer.pretrained:
         copy_pretrained_tokenizer(cfg.tokenizer.pretrained, tok_dir)
@@ -76,9 +76,7 @@ def _build_tokenizer(cfg: PrepareConfig, parts: list[Part], tok_dir: Path) -> di
         model = train_sentencepiece(_tokenizer_documents(cfg, parts), cfg.tokenizer, cfg.seed)
         log.info("trained a %s tokenizer (vocab %d) in %.1fs", cfg.tokenizer.model_type, cfg.tokenizer.vocab_size, time.time() - t0)
         save_tokenizer(model, tok_dir, model_max_length=cfg.seq_len)
-    tok = load_tokenizer(tok_dir)
-    return {"cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id, "vocab_size": len(tok), "pad_id": tok.pad_token_id,
-            "mask_id": tok.mask_token_id, "special_ids": sorted(set(tok.all_special_ids))}
+    return tokenizer_ids(tok_dir)
 
 
 def _jobs(cfg: PrepareConfig, parts: list[Part], shared: Shared, workers: int) -> tuple[list[PartJob], list[int] | None]:

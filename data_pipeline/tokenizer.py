@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import shutil
 from pathlib import Path
 from typing import Iterable
@@ -110,15 +111,86 @@ def save_tokenizer(model_bytes: bytes, out_dir: Path, model_max_length: int) -> 
     (out_dir / SPM_FILE).write_bytes(model_bytes)
 
 
+# The files a Hugging Face tokenizer folder may hold (a model folder's weights and configs are not copied).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+                   "vocab.json", "merges.txt", SPM_FILE, "spiece.model", "sentencepiece.bpe.model", "tokenizer.model")
+# transformers' special-token attributes, in its order; `all_special_ids` is these plus additional_special_tokens.
+SPECIAL_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+NEEDED = ("pad_token", "cls_token", "sep_token", "mask_token")
+
+
 def copy_pretrained_tokenizer(src: str, out_dir: Path) -> None:
-    """Copy an existing tokenizer folder after checking that it loads and has the specials we need."""
-    tok = load_tokenizer(src)
-    missing = [name for name in ("pad_token", "cls_token", "sep_token", "mask_token") if getattr(tok, name) is None]
+    """Copy an existing tokenizer folder's tokenizer files after checking that it has the specials we need.
+
+    A folder with a tokenizer.json is read by the `tokenizers` library (tokenizer_ids); one without
+    (slow-only files) goes through AutoTokenizer, which converts and saves it.
+    """
+    src_dir = Path(src)
+    if not src_dir.is_dir():
+        raise MissingFileError(f"tokenizer folder not found: {src}")
+    if not (src_dir / "tokenizer.json").is_file():
+        tok = load_tokenizer(src_dir)
+        missing = [name for name in NEEDED if getattr(tok, name) is None]
+        if missing:
+            raise InputDataError(f"tokenizer '{src}' lacks {', '.join(missing)}; MLM-style pre-training needs them")
+        tok.save_pretrained(str(out_dir))
+        return
+    tokenizer_ids(src_dir)  # names what is missing before anything is copied
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (src_dir / name).is_file():
+            shutil.copy2(src_dir / name, out_dir / name)
+
+
+def _special_tokens(folder: Path) -> dict[str, list[str]]:
+    """Special-token strings by attribute, as transformers reads them: tokenizer_config.json, then
+    special_tokens_map.json over it (a value is a string or an {"content": ...} dict)."""
+    merged: dict = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = folder / name
+        if path.is_file():
+            try:
+                merged.update({k: v for k, v in json.loads(path.read_text(encoding="utf-8")).items() if v is not None})
+            except (OSError, ValueError) as exc:
+                raise InputDataError(f"tokenizer file '{path}' cannot be read: {exc}") from exc
+    content = lambda v: v.get("content") if isinstance(v, dict) else v  # noqa: E731
+    out = {attr: [content(merged[attr])] for attr in SPECIAL_ATTRIBUTES if content(merged.get(attr))}
+    extra = merged.get("additional_special_tokens") or []
+    out["additional_special_tokens"] = [content(v) for v in extra if content(v)]
+    return out
+
+
+def tokenizer_ids(path: str | Path) -> dict:
+    """The ids `prepare` records for a tokenizer folder (cls, sep, pad, mask, vocabulary size, every special id).
+
+    Read with the `tokenizers` library when the folder has a tokenizer.json (a prepare run then never imports
+    transformers, whose import is most of its serial start-up); otherwise through AutoTokenizer. Both give
+    what `AutoTokenizer` reports (tests/test_tokenizer.py checks them against each other).
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise MissingFileError(f"tokenizer folder not found: {folder}")
+    if not (folder / "tokenizer.json").is_file():
+        tok = load_tokenizer(folder)
+        return {"cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id, "vocab_size": len(tok), "pad_id": tok.pad_token_id,
+                "mask_id": tok.mask_token_id, "special_ids": sorted(set(tok.all_special_ids))}
+    from tokenizers import Tokenizer
+
+    try:
+        backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as exc:  # the Rust library raises a bare Exception for an unreadable file
+        raise InputDataError(f"'{folder / 'tokenizer.json'}' is not a tokenizer file the tokenizers library can read: {exc}") from exc
+    specials = _special_tokens(folder)
+    missing = [name for name in NEEDED if name not in specials]
     if missing:
-        raise InputDataError(f"tokenizer '{src}' lacks {', '.join(missing)}; MLM-style pre-training needs them")
-    tok.save_pretrained(str(out_dir))
-    if (Path(src) / SPM_FILE).is_file():  # a tokenizer trained here: keep its fast native encoder
-        shutil.copy2(Path(src) / SPM_FILE, out_dir / SPM_FILE)
+        raise InputDataError(f"tokenizer '{folder}' lacks {', '.join(missing)}; MLM-style pre-training needs them")
+    ids = {attr: [backend.token_to_id(t) for t in tokens] for attr, tokens in specials.items()}
+    unknown = [f"{attr}={tok!r}" for attr, tokens in specials.items() for tok, i in zip(tokens, ids[attr]) if i is None]
+    if unknown:
+        raise InputDataError(f"tokenizer '{folder}' names special tokens its vocabulary lacks: {', '.join(unknown)}")
+    return {"cls_id": ids["cls_token"][0], "sep_id": ids["sep_token"][0], "pad_id": ids["pad_token"][0],
+            "mask_id": ids["mask_token"][0], "vocab_size": backend.get_vocab_size(with_added_tokens=True),
+            "special_ids": sorted({i for values in ids.values() for i in values})}
 
 
 def load_tokenizer(path: str | Path):

@@ -2,6 +2,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import kjv_chapters
 
 from core.config_io import load_config
@@ -100,3 +102,35 @@ def test_byte_level_bpe_word_starts_and_unknown_conventions():
     plain = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]")))
     with _pytest.raises(ValueError, match="word starts"):
         word_start_table(plain)
+
+
+def _auto_ids(folder) -> dict:
+    """What AutoTokenizer reports for a folder: the reference for tokenizer_ids."""
+    tok = load_tokenizer(folder)
+    return {"cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id, "vocab_size": len(tok), "pad_id": tok.pad_token_id,
+            "mask_id": tok.mask_token_id, "special_ids": sorted(set(tok.all_special_ids))}
+
+
+def test_tokenizer_ids_without_transformers_equal_autotokenizers(tmp_path):
+    """`prepare` reads a tokenizer's ids with the tokenizers library alone; they are AutoTokenizer's."""
+    import shutil
+
+    from core.errors import InputDataError
+    from data_pipeline.tokenizer import copy_pretrained_tokenizer, tokenizer_ids
+
+    _train(tmp_path / "unigram")
+    _train(tmp_path / "bpe", model_type="bpe", character_coverage=1.0)
+    copy_pretrained_tokenizer(str(minilm_dir()), tmp_path / "minilm")
+    assert not (tmp_path / "minilm" / "model.safetensors").exists()  # tokenizer files only, not the model's
+    for folder in (tmp_path / "unigram" / "tok", tmp_path / "bpe" / "tok", minilm_dir(), tmp_path / "minilm"):
+        assert tokenizer_ids(folder) == _auto_ids(folder), folder
+    # A folder without a [MASK] is refused by name, before anything is copied.
+    broken = tmp_path / "broken"
+    shutil.copytree(tmp_path / "unigram" / "tok", broken)
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        config = json.loads((broken / name).read_text())
+        config.pop("mask_token", None)
+        (broken / name).write_text(json.dumps(config))
+    with pytest.raises(InputDataError, match="lacks mask_token"):
+        copy_pretrained_tokenizer(str(broken), tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
