@@ -152,6 +152,11 @@ def world_size() -> int:
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
 
+def local_world_size() -> int:
+    """Ranks on this machine (set by the launcher, or by setup_env)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def barrier() -> None:
     """Wait for every rank."""
     if torch.distributed.is_initialized():
@@ -160,7 +165,7 @@ def barrier() -> None:
 
 def all_gather_object(obj: Any) -> list[Any]:
     """Every rank's object, in rank order."""
-    if not torch.distributed.is_initialized():
+    if world_size() == 1:
         return [obj]
     out: list[Any] = [None] * world_size()
     torch.distributed.all_gather_object(out, obj)
@@ -186,7 +191,7 @@ def control_all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     made for these exchanges does not touch the device. Every rank must call it at the same points.
     """
     global _CONTROL_GROUP
-    if not torch.distributed.is_initialized():
+    if world_size() == 1:  # nothing to exchange: no collective call at every step
         return values
     group = None
     if torch.distributed.get_backend() != "gloo":
@@ -199,7 +204,7 @@ def control_all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
 
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     """Element-wise sum over ranks (float64 on CPU, so reductions are exact enough to compare runs)."""
-    if torch.distributed.is_initialized():
+    if world_size() > 1:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         values = values.to(device)
         torch.distributed.all_reduce(values)

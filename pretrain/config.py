@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Union
 
 from core.errors import ConfigError
 from data_pipeline.loader import LoaderConfig
@@ -57,11 +57,16 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # DeepSpeed ZeRO stage (0: plain data parallelism, 1: optimizer states sharded, 2: + gradients,
     # 3: + parameters) and CPU offload, written with the precision into deepspeed_configs/base.json.
-    zero_stage: int = 2
+    # auto: 0 on one rank, else the lowest stage whose model states fit (pretrain/zero_stage.py), or
+    # the stage of the checkpoints a run resumes; the choice and why are logged at start.
+    zero_stage: Union[Literal["auto"], int] = "auto"
     offload_optimizer: bool = False
     offload_params: bool = False  # ZeRO-3 only
     # A DeepSpeed JSON of one's own instead of the template ("" = the template).
     deepspeed_config: str = ""
+    # Regional torch.compile: each encoder layer compiled in place (ZeRO 0-2; checkpoints and exports unchanged).
+    # Costs compile time at every start; measured in BENCHMARKS.md ("Host overhead of a step").
+    compile: bool = False
     seed: int = 42
     log_every: int = 10
     save_every: int = 100
@@ -91,8 +96,11 @@ class TrainConfig:
         for key in ("max_steps", "micro_batch_size", "global_batch_size", "log_every", "save_every", "keep_last"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"config key 'train.{key}' must be >= 1, got {getattr(self, key)}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ConfigError(f"config key 'train.zero_stage' must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.zero_stage not in ("auto", 0, 1, 2, 3):
+            raise ConfigError(f"config key 'train.zero_stage' must be auto, 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.compile and self.zero_stage == 3:
+            raise ConfigError("train.compile=true needs ZeRO stage 0-2: ZeRO-3's hooks gather parameters inside the "
+                              "layers a compiled region would capture")
 
 
 @dataclass

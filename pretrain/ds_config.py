@@ -5,12 +5,19 @@ ZeRO stage, optimizer / parameter offload and precision are run-config keys (`tr
 "auto" fields with the batch sizes and clipping. `train.deepspeed_config` names a JSON of one's own
 instead; its "auto" fields are filled the same way, and an explicit value that disagrees with the
 run config is an error naming both.
+
+bf16 is mixed precision by default: fp32 weights, gradients and optimizer, with the forward and
+backward under `torch.autocast` (DeepSpeed's `torch_autocast` section), as the Hugging Face Trainer
+and torchtitan run it. DeepSpeed's `bf16` section (bf16 weights beside fp32 master copies, copied
+back after every step) is used when a JSON of one's own sets `bf16.enabled: true`, or when the
+run resumes checkpoints saved that way. The template's switches that cost host time every step
+without a use here are documented in deepspeed_configs/README.md.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from core.errors import ConfigError
 from pretrain.config import RunConfig
@@ -37,8 +44,55 @@ def _fill(node: dict[str, Any], key: str, value: Any, path: Path, config_key: st
                           f"'{key}' to \"auto\" in the file, or change {config_key}")
 
 
-def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
-    """The DeepSpeed config dict for this run and world size."""
+def explicit_bf16_weights(cfg: RunConfig) -> bool:
+    """Whether the run's DeepSpeed JSON asks for DeepSpeed's bf16 weights (`"bf16": {"enabled": true}`)."""
+    if not cfg.train.deepspeed_config:
+        return False
+    try:
+        ds = json.loads(Path(cfg.train.deepspeed_config).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False  # build_ds_config names the problem
+    return isinstance(ds.get("bf16"), dict) and ds["bf16"].get("enabled") is True
+
+
+def bf16_weights_for(cfg: RunConfig, resumed: dict[str, Any]) -> Optional[bool]:
+    """bf16 weights or autocast for a run that resumes `resumed` (a checkpoint's meta; {} when starting).
+
+    A resumed run keeps its checkpoint's mode (DeepSpeed cannot load one into the other): an explicit JSON
+    that asks for the other mode is an error; otherwise the mode follows the checkpoint. Checkpoints from
+    before autocast was the default carry no mode and were saved with bf16 weights.
+    """
+    if cfg.train.precision != "bf16" or not resumed or resumed.get("precision") != "bf16":
+        return None
+    saved = bool(resumed.get("bf16_weights", True))
+    if cfg.train.deepspeed_config and explicit_bf16_weights(cfg) != saved and _sets_bf16(cfg):
+        raise ConfigError(
+            f"the checkpoints of this run were saved with {'bf16 weights' if saved else 'bf16 autocast (fp32 weights)'} "
+            f"but {cfg.train.deepspeed_config} sets \"bf16\": {{\"enabled\": {str(not saved).lower()}}}: DeepSpeed cannot "
+            "change it on resume; set it to \"auto\", or start a new run")
+    return saved
+
+
+def _sets_bf16(cfg: RunConfig) -> bool:
+    """Whether the run's own DeepSpeed JSON gives bf16.enabled an explicit true/false."""
+    try:
+        section = json.loads(Path(cfg.train.deepspeed_config).read_text()).get("bf16", {})
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+    return isinstance(section, dict) and isinstance(section.get("enabled"), bool)
+
+
+def build_ds_config(cfg: RunConfig, world: int, zero_stage: Optional[int] = None,
+                    bf16_weights: Optional[bool] = None) -> dict[str, Any]:
+    """The DeepSpeed config dict for this run and world size.
+
+    `zero_stage` is the resolved stage (train.zero_stage, or what `auto` chose); `bf16_weights` picks
+    DeepSpeed's bf16 weights over autocast in bf16 (None: as the JSON says, autocast by default).
+    """
+    if zero_stage is None:
+        if cfg.train.zero_stage == "auto":
+            raise ValueError("train.zero_stage=auto must be resolved (pretrain.zero_stage.choose_stage) first")
+        zero_stage = int(cfg.train.zero_stage)
     path = Path(cfg.train.deepspeed_config) if cfg.train.deepspeed_config else TEMPLATE
     if not path.is_file():
         raise ConfigError(f"config key 'train.deepspeed_config': file not found: {path}")
@@ -57,11 +111,26 @@ def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
     _fill(ds, "gradient_accumulation_steps", accum, path, "train.global_batch_size / (micro_batch_size x ranks)")
     _fill(ds, "train_batch_size", cfg.train.global_batch_size, path, "train.global_batch_size")
     _fill(ds, "gradient_clipping", cfg.optimizer.grad_clip, path, "optimizer.grad_clip")
-    for precision in ("bf16", "fp16"):
-        section = ds.setdefault(precision, {})
-        _fill(section, "enabled", cfg.train.precision == precision, path, f"train.precision={cfg.train.precision}")
+    bf16 = cfg.train.precision == "bf16"
+    if bf16_weights is None:
+        bf16_weights = explicit_bf16_weights(cfg)
+    precision_key = f"train.precision={cfg.train.precision}"
+    _fill(ds.setdefault("fp16", {}), "enabled", cfg.train.precision == "fp16", path, precision_key)
+    _fill(ds.setdefault("bf16", {}), "enabled", bf16 and bf16_weights, path, precision_key)
+    autocast = ds.setdefault("torch_autocast", {})
+    _fill(autocast, "enabled", bf16 and not bf16_weights, path, precision_key)
+    if autocast["enabled"]:
+        autocast.setdefault("dtype", "bfloat16")
+        # Gradients reduced in fp32, as torchtitan's default: the listed module types would get bf16 reductions.
+        autocast.setdefault("lower_precision_safe_modules", [])
     zero = ds.setdefault("zero_optimization", {})
-    _fill(zero, "stage", cfg.train.zero_stage, path, "train.zero_stage")
+    _fill(zero, "stage", zero_stage, path, "train.zero_stage")
+    multi_gpu = world > 1 and _cuda()
+    # On GPUs with several ranks, overlap the gradient reduction with the backward (it needs the per-parameter
+    # hooks anyway); alone, or on CPU (gloo, no streams), the hooks only cost host time.
+    for key in ("overlap_comm", "contiguous_gradients"):
+        if zero.get(key) == "auto":
+            zero[key] = multi_gpu and zero["stage"] in (1, 2)
     # A file of one's own may carry its own offload sections; the run config only adds them.
     if cfg.train.offload_optimizer:
         zero.setdefault("offload_optimizer", {"device": "cpu", "pin_memory": True})
@@ -78,9 +147,7 @@ def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
     if offloads["offload_optimizer"] and zero["stage"] == 0:
         raise ConfigError("optimizer offload needs ZeRO stage 1, 2 or 3: set train.zero_stage or train.offload_optimizer=false")
     if zero["stage"] == 3:
-        import torch
-
-        if not torch.cuda.is_available():
+        if not _cuda():
             # DeepSpeed 0.19 waits only on the last handle of a coalesced all-gather; on gloo the
             # others may still be in flight (garbage parameters). Sequential all-gathers avoid it.
             zero["stage3_allgather_sequential"] = True
@@ -92,3 +159,9 @@ def build_ds_config(cfg: RunConfig, world: int) -> dict[str, Any]:
         ds["zero_allow_untested_optimizer"] = True
     ds.setdefault("steps_per_print", 1 << 30)
     return ds
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

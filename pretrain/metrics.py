@@ -9,6 +9,7 @@ norm) are kept as they are and read at the flush.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Optional, Union
 
@@ -21,38 +22,59 @@ TOTALS = ("tokens", "samples", "data_wait_s")
 Scalar = Union[float, torch.Tensor]
 
 
-def _as_float64(value: torch.Tensor) -> torch.Tensor:
-    # float64 sums equal what float(value) summed in Python gave, so the logged numbers do not move.
-    return value.detach().to(torch.float64).reshape(())
-
-
 class MetricWindow:
     """Per-step sums of micro-batch metrics for the steps since the last flush."""
 
     def __init__(self) -> None:
         self._steps: list[tuple[int, list[str], torch.Tensor, dict[str, Scalar], int]] = []
         self._sums: dict[str, torch.Tensor] = {}
+        # The open step's micro-batch sums as one float64 vector (keys in `_keys`): two kernels per micro-batch,
+        # not two per metric.
+        self._keys: tuple[str, ...] = ()
+        self._vector: Optional[torch.Tensor] = None
         self._micro = 0
 
     def add(self, values: dict[str, torch.Tensor]) -> None:
         """Add one micro-batch's scalars, left on their device."""
-        for key, value in values.items():
-            value = _as_float64(value)
-            self._sums[key] = self._sums[key] + value if key in self._sums else value
+        keys = tuple(values)
+        if self._vector is not None and keys != self._keys:
+            self._fold()  # another set of names than the earlier micro-batches': sum by name from here
+        # Stacked in the values' common dtype (exact for fp32 and bf16), then summed in float64: the logged numbers
+        # equal what float(value) summed in Python gave.
+        vector = torch.stack([v.detach().reshape(()) for v in values.values()]).to(torch.float64) if keys else None
+        if self._vector is None:
+            self._keys, self._vector = keys, vector
+        elif vector is not None:
+            self._vector = self._vector + vector
         self._micro += 1
+
+    def _fold(self) -> None:
+        """Move the open vector into the per-name sums."""
+        if self._vector is not None:
+            for i, key in enumerate(self._keys):
+                value = self._vector[i]
+                self._sums[key] = self._sums[key] + value if key in self._sums else value
+        self._keys, self._vector = (), None
 
     def end_step(self, step: int, host: dict[str, Scalar]) -> None:
         """Close the step: its device sums, its TOTALS counts and its rank-wide values (lr, grad norm)."""
-        keys = sorted(self._sums)
-        stacked = torch.stack([self._sums[k] for k in keys]) if keys else torch.zeros(0, dtype=torch.float64)
+        if not self._sums and self._vector is not None:  # the usual case: one vector, its keys sorted once
+            order = sorted(range(len(self._keys)), key=self._keys.__getitem__)
+            keys = [self._keys[i] for i in order]
+            stacked = self._vector[order] if order != list(range(len(order))) else self._vector
+        else:
+            self._fold()
+            keys = sorted(self._sums)
+            stacked = torch.stack([self._sums[k] for k in keys]) if keys else torch.zeros(0, dtype=torch.float64)
         self._steps.append((step, keys, stacked, dict(host), max(self._micro, 1)))
-        self._sums, self._micro = {}, 0
+        self._sums, self._keys, self._vector, self._micro = {}, (), None, 0
 
     def __len__(self) -> int:
         return len(self._steps)
 
     def take_means(self, world: int) -> dict[str, float]:
         """The open sums averaged over their micro-batches and ranks, read at once (evaluation's one sync), then cleared."""
+        self._fold()
         keys = sorted(self._sums)
         if not keys:
             return {}
@@ -106,14 +128,24 @@ class Rates:
         return out
 
 
+class NonFiniteError(RuntimeError):
+    """A step's loss or gradient norm was inf or NaN: training diverged."""
+
+
 class MetricsReporter:
     """What step metrics become: a TensorBoard / metrics.jsonl row per step, and at logging steps the
-    progress line with tokens/s, model TFLOP/s, MFU, data wait and peak memory."""
+    progress line with tokens/s, model TFLOP/s, MFU, data wait and peak memory.
+
+    `must_be_finite` names the values that stop the run when a step's is inf or NaN (at the drain, before
+    any checkpoint of that step): bf16 and fp32 steps are not skipped on overflow, so a diverged step
+    would otherwise train on and be saved.
+    """
 
     def __init__(self, log, world: int, flops_per_token: Optional[Callable[[int, float], float]], mask_prob: float,
-                 peak_tflops: float) -> None:
+                 peak_tflops: float, must_be_finite: tuple[str, ...] = ("loss",)) -> None:
         self.log, self.world = log, world
         self.flops_per_token, self.mask_prob, self.peak_tflops = flops_per_token, mask_prob, peak_tflops
+        self.must_be_finite = must_be_finite
         self.window, self.rates = MetricWindow(), Rates()
 
     def drain(self, progress, seq_len: int, sec_per_step: Optional[float]) -> None:
@@ -132,6 +164,12 @@ class MetricsReporter:
             self.log.progress(progress.step, last, sec_per_step)
         for step, metrics in rows:
             self.log.scalars(step, {k: v for k, v in metrics.items() if k not in ("tokens", "samples")}, "train")
+        for step, metrics in rows:  # after the rows are logged, so the diverged step is on record
+            bad = [f"{key} {metrics[key]}" for key in self.must_be_finite if key in metrics and not math.isfinite(metrics[key])]
+            if bad:
+                raise NonFiniteError(f"training diverged at step {step}: {', '.join(bad)}; the run stops before saving "
+                                     "it (its checkpoints are intact: resume from one with a lower optimizer.lr or "
+                                     "schedule.warmup_steps)")
 
     def _throughput(self, metrics: dict[str, float], seq_len: int) -> None:
         """Model TFLOP/s per device, MFU against the peak, and peak memory (max over ranks)."""

@@ -38,12 +38,13 @@ class Progress:
 class RunState:
     """The run's checkpoints and sample audit: pick, save, restore."""
 
-    def __init__(self, cfg: RunConfig, paths: RunDir, zero_stage: int, run_files: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, cfg: RunConfig, paths: RunDir, run_files: Optional[dict[str, str]] = None) -> None:
         self.cfg = cfg
         self.paths = paths
         self.ckpt_dir = paths.checkpoints
         self.rank, self.world = dist.rank(), dist.world_size()
-        self.zero_stage = zero_stage
+        self.zero_stage = 0
+        self.bf16_weights = False
         self.run_files = run_files or {}
         self.damaged: list[tuple[str, str]] = []
         self.resume_tag: Optional[str] = None
@@ -80,16 +81,27 @@ class RunState:
         self.damaged = damaged  # logged at restore, once the run's logger exists
         return tag
 
-    def plan(self, ds_config: dict) -> None:
-        """Choose the tag to resume from and the one to load (a universal copy when the world size changed).
+    def choose_checkpoint(self) -> dict[str, Any]:
+        """Pick the checkpoint to resume from; return its meta (stage, precision, world size), {} when none.
 
-        Runs before deepspeed.initialize, because loading a universal checkpoint is a config flag.
+        Runs before the DeepSpeed config is built: `auto` settings follow what the checkpoint was saved with.
         """
         if self.cfg.train.resume == "never":
             self.resume_tag = self.load_tag = ckpt.latest_complete(self.ckpt_dir)
-            return
+            return {}
         tag = self.resume_tag = self.load_tag = self._pick()
-        if tag is None:
+        return ckpt.read_meta(self.ckpt_dir, tag) if tag else {}
+
+    def plan(self, ds_config: dict, zero_stage: int) -> None:
+        """Check the chosen checkpoint against this run's stage and pick the tag to load (a universal copy when the
+        world size changed and the stage partitions states).
+
+        Runs before deepspeed.initialize, because loading a universal checkpoint is a config flag.
+        """
+        self.zero_stage = zero_stage
+        self.bf16_weights = bool(ds_config.get("bf16", {}).get("enabled"))
+        tag = self.resume_tag
+        if self.cfg.train.resume == "never" or tag is None:
             return
         meta = ckpt.read_meta(self.ckpt_dir, tag)
         if meta.get("zero_stage", self.zero_stage) != self.zero_stage:
@@ -98,8 +110,8 @@ class RunState:
                 f"stage {self.zero_stage} (train.zero_stage); DeepSpeed cannot change the stage on "
                 "resume: keep the stage, or export the weights and start a new run from them (model.init_from)"
             )
-        if meta.get("world_size", self.world) == self.world:
-            return
+        if meta.get("world_size", self.world) == self.world or self.zero_stage == 0:
+            return  # stage 0 saves whole weights and optimizer states, which any number of ranks loads
         error = ""
         if self.rank == 0:
             print(f"checkpoint {tag} was saved on {meta['world_size']} rank(s); converting it to a universal "
@@ -136,7 +148,7 @@ class RunState:
         """Checkpoint the current step on every rank."""
         t0 = time.perf_counter()
         meta = {"step": progress.step, "world_size": self.world, "zero_stage": self.zero_stage,
-                "precision": self.cfg.train.precision}
+                "precision": self.cfg.train.precision, "bf16_weights": self.bf16_weights}
         tag = ckpt.save(engine, self.ckpt_dir, progress.step, self._client_state(loader, progress), self.cfg.train.keep_last,
                         run_files={**self.run_files, ckpt.META: json.dumps(meta) + "\n"})
         seconds = time.perf_counter() - t0

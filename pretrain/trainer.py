@@ -19,11 +19,12 @@ from torch import nn
 
 from core import distributed as dist
 from core.atomic_files import write_text_atomic
-from core.errors import InputDataError
+from core.errors import ConfigError, InputDataError
 from model.diagnostics import headline
 from pretrain import checkpoint as ckpt
 from pretrain.config import RunConfig
-from pretrain.ds_config import build_ds_config
+from pretrain.ds_config import bf16_weights_for, build_ds_config
+from pretrain.engine import build_engine
 from pretrain.hardware import device_peak_tflops
 from pretrain.logger import RunLogger
 from pretrain.metrics import MetricsReporter, MetricWindow
@@ -31,6 +32,7 @@ from pretrain.optim import build_optimizer, build_scheduler
 from pretrain.preemption import PreemptionGuard, run_deadline
 from pretrain.run_dir import FAILED, PREEMPTED, RunDir
 from pretrain.run_state import Progress, RunState
+from pretrain.zero_stage import choose_stage, device_memory_bytes
 
 
 class Trainer:
@@ -39,39 +41,56 @@ class Trainer:
     def __init__(self, cfg: RunConfig, model: nn.Module, train_loader, eval_loader=None,
                  run_files: Optional[dict[str, str]] = None, unigram_entropy: Optional[float] = None,
                  notes: tuple[str, ...] = ()) -> None:
-        import deepspeed
-
         self.cfg, self.loader, self.eval_loader = cfg, train_loader, eval_loader
         self.unigram_entropy = unigram_entropy
         self.rank, self.world = dist.rank(), dist.world_size()
         self.paths = RunDir(Path(cfg.train.output_dir))
-        ds_config = build_ds_config(cfg, self.world)
+        self.state = RunState(cfg, self.paths, run_files)
+        resumed = self.state.choose_checkpoint()  # `auto` settings follow what a resumed run was saved with
+        stage, stage_note = self._zero_stage(model, resumed)
+        ds_config = build_ds_config(cfg, self.world, stage, bf16_weights_for(cfg, resumed))
         self.accum = ds_config["gradient_accumulation_steps"]
-        self.state = RunState(cfg, self.paths, int(ds_config.get("zero_optimization", {}).get("stage", 0)), run_files)
-        self.state.plan(ds_config)  # before the engine: loading a universal checkpoint is a config flag
+        self.state.plan(ds_config, stage)  # before the engine: loading a universal checkpoint is a config flag
         if self.rank == 0:  # what DeepSpeed is given, beside config.yaml
             write_text_atomic(self.paths.deepspeed_config, json.dumps(ds_config, indent=2) + "\n")
         offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
         optimizer = build_optimizer(model, cfg.optimizer, offload=offload)
         scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+        if cfg.train.compile and stage == 3:
+            raise ConfigError(f"train.compile=true needs ZeRO stage 0-2, and {stage_note}: set train.zero_stage or "
+                              "train.compile=false")
+        self.engine = build_engine(model, optimizer, scheduler, ds_config, self.world, compile=cfg.train.compile)
         self.device = self.engine.device
         self.log = RunLogger(self.paths, cfg.train.max_steps, enabled=self.rank == 0)
         self.progress = Progress()
         self._iter: Optional[Iterator] = None
         self.start_time = time.time()
         self.seq_len = 0
-        for note in notes:  # what the run's builder decided for the user (e.g. the precision `auto` picked)
+        for note in (*notes, stage_note):  # what was decided for the user (the precision and stage `auto` picked)
             self.log.info(note)
         peak, source = cfg.train.peak_tflops, "train.peak_tflops"
         if not peak:
             peak, source = device_peak_tflops(cfg.train.precision)
         self.log.info(f"MFU against {peak:.3g} TFLOP/s per device ({source})")
+        # fp16 skips an overflowing step and lowers its loss scale (DeepSpeed's own rule); elsewhere nothing skips it.
+        finite = ("loss",) if cfg.train.precision == "fp16" else ("loss", "grad_norm")
         self.metrics = MetricsReporter(self.log, self.world, getattr(self.engine.module, "flops_per_token", None),
-                                       cfg.masking.mask_prob, peak)
+                                       cfg.masking.mask_prob, peak, must_be_finite=finite)
         # Dropout differs per rank; a resume overwrites this with the saved states.
         torch.manual_seed(cfg.train.seed * 1000 + self.rank)
         np.random.seed((cfg.train.seed * 1000 + self.rank) % 2**32)
+
+    def _zero_stage(self, model: nn.Module, resumed: dict[str, Any]) -> tuple[int, str]:
+        """The ZeRO stage to run at, and a line that says where it came from."""
+        requested = self.cfg.train.zero_stage
+        if requested != "auto":
+            return int(requested), f"ZeRO stage {requested} (train.zero_stage)"
+        params = {id(p): p for p in model.parameters()}.values()
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        memory, name = device_memory_bytes(dist.local_world_size())
+        stage, why = choose_stage(trainable, sum(p.numel() for p in params) - trainable, self.world, memory, name,
+                                  resumed.get("zero_stage"))
+        return stage, f"ZeRO stage {stage} (train.zero_stage=auto: {why})"
 
     @property
     def step(self) -> int:
@@ -98,7 +117,7 @@ class Trainer:
     def train_step(self) -> None:
         """One optimizer step over `accum` micro-batches; its metrics stay on the device until the next drain."""
         step = self.step + 1
-        host: dict[str, Any] = {"lr": float(self.engine.get_lr()[0]), "tokens": 0.0, "samples": 0.0, "data_wait_s": 0.0}
+        host: dict[str, Any] = {"lr": self.engine.lr(), "tokens": 0.0, "samples": 0.0, "data_wait_s": 0.0}
         sample_ids = []
         self.engine.module.begin_step(step)
         for micro in range(self.accum):
@@ -110,18 +129,16 @@ class Trainer:
             # Counted on the host batch before it moves, and read at the drain: no device sync.
             host["tokens"] += batch["attention_mask"].sum()
             host["samples"] += batch["input_ids"].shape[0]
-            loss, metrics = self.engine(self._to_device(batch))
-            self.engine.backward(loss)
-            self.engine.step()
+            loss, metrics = self.engine.micro_step(self._to_device(batch), boundary=micro == self.accum - 1)
             self.metrics.window.add({"loss": loss, **metrics})
         self.progress.step = step
         self.seq_len = batch["input_ids"].shape[1]
         if sample_ids:
             self.state.record_samples(step, sample_ids)
-        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = self.engine.grad_norm()
         if grad_norm is not None:
             host["grad_norm"] = grad_norm  # a float, or a device tensor read at the drain
-        loss_scale = getattr(self.engine.optimizer, "cur_scale", None) or getattr(self.engine.optimizer, "loss_scale", None)
+        loss_scale = self.engine.loss_scale()
         if self.cfg.train.precision == "fp16" and loss_scale is not None:
             host["loss_scale"] = loss_scale
         self.metrics.window.end_step(step, host)
@@ -132,7 +149,7 @@ class Trainer:
         self.engine.eval()
         window = MetricWindow()
         for _, batch in zip(range(self.cfg.train.eval_batches), self.eval_loader):
-            loss, metrics = self.engine(self._to_device(batch))
+            loss, metrics = self.engine.ds(self._to_device(batch))
             window.add({"loss": loss, **metrics})
         self.engine.train()
         out = window.take_means(self.world)
@@ -141,7 +158,7 @@ class Trainer:
     def fit(self) -> str:
         """Train until max_steps, stop_after steps, or preemption; return 'finished', 'stopped' or 'preempted'."""
         cfg = self.cfg.train
-        self.state.restore(self.engine, self.loader, self.progress, self.log)
+        self.state.restore(self.engine.ds, self.loader, self.progress, self.log)
         if self.rank == 0:  # this attempt is the one that counts now
             self.paths.marker(PREEMPTED).unlink(missing_ok=True)
             self.paths.marker(FAILED).unlink(missing_ok=True)
@@ -183,7 +200,7 @@ class Trainer:
             preempt, time_save = guard.poll(step_seconds, self.state.longest_save, minutes_due)
             if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stopping or time_save or preempt:
                 self.metrics.drain(self.progress, self.seq_len, None)  # the checkpoint records the tokens seen
-                self.state.save(self.engine, self.loader, self.progress, self.log)
+                self.state.save(self.engine.ds, self.loader, self.progress, self.log)
             if preempt and self.step < cfg.max_steps:  # the last step done: finished, nothing to requeue
                 status = "preempted"
                 self._mark(PREEMPTED, f"preempted ({guard.reason}) at step {self.step}: checkpoint saved, exiting with "

@@ -1,4 +1,5 @@
-"""Elastic resume: a checkpoint from 2 ranks resumes on 1 and vice versa, through DeepSpeed's universal checkpoint."""
+"""Elastic resume: a checkpoint from 2 ranks resumes on 1 and vice versa, through DeepSpeed's universal checkpoint
+(ZeRO 1-3), or directly (stage 0 saves whole states)."""
 import json
 import shutil
 from pathlib import Path
@@ -27,9 +28,9 @@ def _global_steps(run: Path, ranks: int) -> dict[int, list[int]]:
 
 
 def _fp32(run: Path, tag: str) -> dict[str, torch.Tensor]:
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from pretrain.checkpoint import fp32_weights
 
-    return get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag=tag)
+    return fp32_weights(run / "checkpoints", tag)
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +84,20 @@ def test_stage_change_is_refused(prepared, straight_run, tmp_path):
     proc = run_cli("pretrain", _args(prepared, out, "train.zero_stage=3"), nproc=1, check=False)
     assert proc.returncode == 2
     assert "ZeRO stage 2" in proc.stderr and "stage 3" in proc.stderr
+
+
+def test_stage_zero_resumes_on_another_rank_count_without_conversion(prepared, straight, tmp_path):
+    """`zero_stage: auto` picks 0 on one rank and keeps it when the run resumes on two: the same global batches."""
+    out, probe = tmp_path / "run", tmp_path / "probe"
+    first = run_cli("pretrain", _args(prepared, out, "train.zero_stage=auto", "train.stop_after=6"), nproc=1)
+    assert "ZeRO stage 0 (train.zero_stage=auto: one rank" in first.stdout
+    shutil.copytree(out, probe)
+    resumed = run_cli("pretrain", _args(prepared, out, "train.zero_stage=auto"), nproc=2)
+    assert "ZeRO stage 0 (train.zero_stage=auto: the run's checkpoints were saved at stage 0)" in resumed.stdout
+    assert "universal" not in resumed.stdout and "at step 6" in resumed.stdout and "accumulation 2" in resumed.stdout
+    assert _global_steps(out, 2) == straight
+    # The whole states load exactly on the other rank count: one more step at lr 0 leaves every weight as saved.
+    run_cli("pretrain", _args(prepared, probe, "train.zero_stage=auto", "optimizer.lr=0", "schedule.warmup_steps=0",
+                              "train.stop_after=1"), nproc=2)
+    before, after = _fp32(probe, "step_00000006"), _fp32(probe, "step_00000007")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

@@ -39,7 +39,8 @@ def test_config_trains_on_two_ranks(prepared, tmp_path, stage, extra):
     assert meta["zero_stage"] == stage and meta["world_size"] == 2
     written = json.loads((out / "deepspeed_config.json").read_text())  # what DeepSpeed was given
     assert written["zero_optimization"]["stage"] == stage
-    assert written["bf16"]["enabled"] == ("train.precision=bf16" in extra)
+    # bf16 is autocast over fp32 weights; DeepSpeed's bf16 weights only when a JSON asks for them.
+    assert written["torch_autocast"]["enabled"] == ("train.precision=bf16" in extra) and written["bf16"]["enabled"] is False
     assert ("offload_optimizer" in written["zero_optimization"]) == ("train.offload_optimizer=true" in extra)
 
 
@@ -64,7 +65,13 @@ def test_a_deepspeed_json_of_ones_own_is_filled_and_checked(tmp_path):
                                             "train.micro_batch_size=4", "train.global_batch_size=16", "optimizer.grad_clip=0.5"])
     ds = build_ds_config(cfg, 2)
     assert ds["zero_optimization"] == {"stage": 1} and ds["gradient_accumulation_steps"] == 2
-    assert ds["bf16"]["enabled"] is True and ds["fp16"]["enabled"] is False and ds["gradient_clipping"] == 0.5
+    assert ds["torch_autocast"]["enabled"] is True and ds["bf16"]["enabled"] is False and ds["fp16"]["enabled"] is False
+    assert ds["torch_autocast"]["lower_precision_safe_modules"] == [] and ds["gradient_clipping"] == 0.5
+    # A JSON that asks for DeepSpeed's bf16 weights gets them, and no autocast.
+    own.write_text(json.dumps({"bf16": {"enabled": True}}))
+    ds = build_ds_config(load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}", "train.precision=bf16"]), 1)
+    assert ds["bf16"]["enabled"] is True and ds["torch_autocast"]["enabled"] is False
+    own.write_text(json.dumps({"zero_optimization": {"stage": 1}, "gradient_clipping": "auto"}))
     # The template, with offload asked for: the sections appear; parameter offload needs ZeRO-3.
     ds = build_ds_config(load_config(RunConfig, run_yaml, ["train.zero_stage=3", "train.offload_optimizer=true",
                                                            "train.offload_params=true"]), 1)
@@ -105,7 +112,7 @@ def test_fp16_follows_what_the_accelerator_supports(monkeypatch):
 
 @pytest.mark.parametrize("stage,precision", [(3, "fp32"), (2, "bf16")])
 def test_zero_resume_is_exact(prepared, tmp_path, stage, precision):
-    """ZeRO-3 in fp32, and ZeRO-2 in bf16 (DeepSpeed's bf16 optimizer, fp32 master partitions in the checkpoint)."""
+    """ZeRO-3 in fp32, and ZeRO-2 in bf16 (autocast over fp32 weights; fp32 master partitions in the checkpoint)."""
     z3 = [f"train.zero_stage={stage}", f"train.precision={precision}",
           "train.max_steps=12", "train.save_every=4", "model.dropout=0.1", "model.attention_dropout=0.1",
           "train.record_samples=true"]
@@ -116,8 +123,8 @@ def test_zero_resume_is_exact(prepared, tmp_path, stage, precision):
     assert _losses(out) == _losses(straight)
     samples = lambda run: (run / "samples" / "rank1.jsonl").read_text()  # noqa: E731
     assert samples(out) == samples(straight) and samples(out).count("\n") == 12
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from pretrain.checkpoint import fp32_weights
 
-    a = get_fp32_state_dict_from_zero_checkpoint(str(straight / "checkpoints"), tag="step_00000012")
-    b = get_fp32_state_dict_from_zero_checkpoint(str(out / "checkpoints"), tag="step_00000012")
+    a = fp32_weights(straight / "checkpoints", "step_00000012")
+    b = fp32_weights(out / "checkpoints", "step_00000012")
     assert all(torch.equal(a[k], b[k]) for k in a)

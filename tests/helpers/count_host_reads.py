@@ -59,7 +59,7 @@ def main() -> None:
         trainer.fit()
         results[name] = state["records"]
         state["trainer"], state["records"] = None, None
-        trainer.engine.destroy()
+        trainer.engine.ds.destroy()
     if torch.distributed.get_rank() == 0:
         Path(out).write_text(json.dumps(results, indent=1))
 

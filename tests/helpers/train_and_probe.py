@@ -5,7 +5,8 @@ Usage: [torchrun ...] python tests/helpers/train_and_probe.py --probe-out FILE -
 where RUNS.json is a list of {"probe_out": FILE, "args": ["--config", FILE, "key=value", ...]}, trained one
 after the other in this process (one interpreter and process-group start-up for many short runs).
 For every model the objective exports, the probe holds the last hidden state and, where the model
-has a head, its logits; the export tests compare these with the exported folders'.
+has a head, its logits (and BERT's NSP logits, which read the pooler); the export tests compare these with the
+exported folders'.
 """
 import argparse
 import contextlib
@@ -33,11 +34,11 @@ def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, 30:] = 0
     gather = contextlib.nullcontext()
-    if trainer.engine.zero_optimization_stage() == 3:  # partitioned parameters: gather them for plain forwards
+    if trainer.engine.ds.zero_optimization_stage() == 3:  # partitioned parameters: gather them for plain forwards
         import deepspeed
 
         gather = deepspeed.zero.GatheredParameters(list(module.parameters()))
-    probe = {"input_ids": input_ids, "attention_mask": attention_mask, "hidden": {}, "logits": {}}
+    probe = {"input_ids": input_ids, "attention_mask": attention_mask, "hidden": {}, "logits": {}, "pair_logits": {}}
     with torch.no_grad(), gather:
         for name, model in module.hf_models().items():
             out = model(input_ids=input_ids, attention_mask=attention_mask)
@@ -48,9 +49,11 @@ def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
             logits = getattr(out, "prediction_logits", None) if logits is None else logits  # BertForPreTraining
             if logits is not None:
                 probe["logits"][name] = logits.clone()
+            if getattr(out, "seq_relationship_logits", None) is not None:  # BERT's pooler and NSP head (frozen without a pair task)
+                probe["pair_logits"][name] = out.seq_relationship_logits.clone()
     if trainer.rank == 0:
         torch.save(probe, probe_out)
-    trainer.engine.destroy()
+    trainer.engine.ds.destroy()
     del trainer, module
     gc.collect()
 

@@ -1,0 +1,117 @@
+"""The DeepSpeed engine, set up and driven at the least host cost per step.
+
+DeepSpeed stays the engine: ZeRO partitioning, mixed precision, checkpoints, elastic resume. What it
+does every step without a use for this run is configured around, here and in deepspeed_configs/base.json
+(the figures: BENCHMARKS.md, "Host overhead of a step"):
+- Alone at stage 0, DeepSpeed still all-reduces the gradients (flatten, a collective, copy back): an
+  identity, skipped.
+- At stage 0 with fp32 weights (fp32, or bf16 under autocast), the gradient norm and clipping are
+  torch's foreach kernels, run here at the accumulation boundary. DeepSpeed's own takes one norm per
+  parameter, all-reduces the norm once more, builds its constants from host memory (on a GPU, a copy
+  that waits for the device), and keeps no norm to log.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import torch
+from torch import nn
+
+Batch = dict[str, torch.Tensor]
+
+
+class Engine:
+    """One micro-batch at a time through a DeepSpeed engine; `ds` is the engine itself (checkpoints, evaluation)."""
+
+    def __init__(self, ds_engine, grad_clip: float, clip_here: bool) -> None:
+        self.ds = ds_engine
+        self.grad_clip = grad_clip
+        self.clip_here = clip_here
+        self._norm: Optional[torch.Tensor] = None
+        self._params: list[nn.Parameter] = [p for p in ds_engine.module.parameters() if p.requires_grad]
+
+    @property
+    def device(self) -> torch.device:
+        """Where batches go."""
+        return self.ds.device
+
+    @property
+    def module(self) -> nn.Module:
+        """The objective module."""
+        return self.ds.module
+
+    def micro_step(self, batch: Batch, boundary: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Forward and backward of one micro-batch; at the accumulation boundary, clipping and the optimizer step."""
+        loss, metrics = self.ds(batch)
+        self.ds.backward(loss)
+        if boundary and self.clip_here:
+            self._clip()  # gradients are final here: DeepSpeed reduces them in the boundary's backward
+        self.ds.step()
+        return loss, metrics
+
+    def _clip(self) -> None:
+        """Clip the gradients to `grad_clip` by their global norm, which is kept for the log (no host read)."""
+        self._norm = torch.nn.utils.clip_grad_norm_(self._params, self.grad_clip, foreach=True)
+
+    def lr(self) -> float:
+        """The learning rate of the step about to run."""
+        return float(self.ds.get_lr()[0])
+
+    def grad_norm(self) -> Union[None, float, torch.Tensor]:
+        """The last step's gradient norm before clipping: a device tensor (read at the next metrics drain), a float, or None."""
+        if self.clip_here:
+            return self._norm.detach() if self._norm is not None else None
+        return self.ds.get_global_grad_norm()
+
+    def loss_scale(self) -> Optional[float]:
+        """fp16's current loss scale (None in other precisions)."""
+        optimizer = self.ds.optimizer
+        return getattr(optimizer, "cur_scale", None) or getattr(optimizer, "loss_scale", None)
+
+    def eval(self) -> None:
+        """Evaluation mode (dropout off)."""
+        self.ds.eval()
+
+    def train(self) -> None:
+        """Training mode."""
+        self.ds.train()
+
+
+def clips_here(ds_config: dict[str, Any]) -> bool:
+    """Whether this module clips (stage 0 without DeepSpeed's fp16/bf16 optimizers, which clip their fp32 masters)."""
+    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+    half = ds_config.get("fp16", {}).get("enabled") or ds_config.get("bf16", {}).get("enabled")
+    return stage == 0 and not half and float(ds_config.get("gradient_clipping", 0) or 0) > 0
+
+
+def repeated_layers(model: nn.Module) -> list[nn.Module]:
+    """The modules held in innermost ModuleLists: the encoder layers of every network (BERT's `encoder.layer`,
+    ModernBERT's `layers`, ALBERT's shared `albert_layers`, XLNet's `layer`), each a compile region."""
+    return [child for module in model.modules() if isinstance(module, nn.ModuleList)
+            for child in module if not any(isinstance(m, nn.ModuleList) for m in child.modules())]
+
+
+def compile_layers(model: nn.Module) -> int:
+    """Regional torch.compile: every repeated layer compiled in place (same-shaped layers share one compiled graph;
+    parameter names, so checkpoints and exports, are unchanged). Returns how many layers were compiled."""
+    layers = repeated_layers(model)
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
+def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, Any], world: int,
+                 compile: bool = False) -> Engine:
+    """deepspeed.initialize with `ds_config` (as written to the run folder), then the host-cost settings above."""
+    import deepspeed
+
+    if compile:
+        compile_layers(model)
+
+    clip_here = clips_here(ds_config)
+    grad_clip = float(ds_config.get("gradient_clipping", 0) or 0)
+    given = {**ds_config, "gradient_clipping": 0.0} if clip_here else ds_config
+    ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=given)
+    if world == 1 and ds_engine.zero_optimization_stage() == 0:
+        ds_engine.enable_backward_allreduce = False
+    return Engine(ds_engine, grad_clip, clip_here)

@@ -1,0 +1,65 @@
+"""`train.zero_stage: auto` and the bf16 mode a resumed run keeps: pure decisions, checked against hand-counted bytes."""
+import json
+
+import pytest
+
+from core.config_io import load_config
+from core.errors import ConfigError
+from pretrain.config import RunConfig
+from pretrain.ds_config import bf16_weights_for, build_ds_config
+from pretrain.zero_stage import choose_stage, model_state_bytes
+
+GIB = 2**30
+
+
+def test_model_state_bytes_shard_what_each_stage_shards():
+    # 1000 trainable + 200 frozen parameters, 4 ranks: weights 4 B, gradients 4 B, Adam 8 B per trainable parameter.
+    assert model_state_bytes(1000, 200, 0, 4) == 4 * 1200 + 4 * 1000 + 8 * 1000
+    assert model_state_bytes(1000, 200, 1, 4) == 4 * 1200 + 4 * 1000 + 8 * 1000 / 4
+    assert model_state_bytes(1000, 200, 2, 4) == 4 * 1200 + 4 * 1000 / 4 + 8 * 1000 / 4
+    assert model_state_bytes(1000, 200, 3, 4) == 4 * 1200 / 4 + 4 * 1000 / 4 + 8 * 1000 / 4
+
+
+def test_auto_picks_zero_alone_the_lowest_stage_that_fits_else_and_the_checkpoints_stage_on_resume():
+    bert_base = 110_000_000  # 16 B each unsharded: 1.64 GiB
+    stage, why = choose_stage(bert_base, 0, 1, 80 * GIB, "GPU memory")
+    assert stage == 0 and why.startswith("one rank") and "1.64 GiB" in why
+    assert choose_stage(bert_base, 0, 1, 1 * GIB)[0] == 0  # alone no stage helps, even when it does not fit
+    assert choose_stage(bert_base, 0, 8, 80 * GIB)[0] == 1  # several ranks: optimizer states sharded
+    # 7B parameters on 8 ranks with 80 GiB each: stage 1 needs 4+4+1 = 9 B/param = 58.7 GiB > 40; stage 2 needs
+    # 4 + 0.5 + 1 = 5.5 B/param = 35.9 GiB <= 40.
+    seven_b = 7_000_000_000
+    assert choose_stage(seven_b, 0, 8, 80 * GIB)[0] == 2
+    # On 2 ranks of 40 GiB nothing but stage 3 comes close, and it is named as not fitting.
+    stage, why = choose_stage(seven_b, 0, 2, 40 * GIB)
+    assert stage == 3 and "do not fit" in why
+    # A run that resumes keeps its checkpoints' stage, whatever fits now.
+    assert choose_stage(bert_base, 0, 1, 80 * GIB, resumed_stage=2) == (2, "the run's checkpoints were saved at stage 2")
+
+
+def test_a_resumed_bf16_run_keeps_the_mode_its_checkpoints_were_saved_in(tmp_path):
+    run_yaml = "pretrain/configs/demo_mlm.yaml"
+    cfg = load_config(RunConfig, run_yaml, ["train.precision=bf16"])
+    assert bf16_weights_for(cfg, {}) is None  # a new run: the JSON decides (autocast by default)
+    assert bf16_weights_for(cfg, {"precision": "bf16", "bf16_weights": False}) is False
+    assert bf16_weights_for(cfg, {"precision": "bf16", "bf16_weights": True}) is True
+    assert bf16_weights_for(cfg, {"precision": "bf16"}) is True  # saved before autocast was the default
+    ds = build_ds_config(cfg, 1, 2, bf16_weights_for(cfg, {"precision": "bf16"}))
+    assert ds["bf16"]["enabled"] is True and ds["torch_autocast"]["enabled"] is False
+    # A JSON that names the other mode explicitly is refused by name; "auto" follows the checkpoint.
+    own = tmp_path / "mine.json"
+    own.write_text(json.dumps({"bf16": {"enabled": True}}))
+    mine = load_config(RunConfig, run_yaml, ["train.precision=bf16", f"train.deepspeed_config={own}"])
+    with pytest.raises(ConfigError, match="saved with bf16 autocast .* cannot change it on resume"):
+        bf16_weights_for(mine, {"precision": "bf16", "bf16_weights": False})
+    own.write_text(json.dumps({"bf16": {"enabled": "auto"}}))
+    assert bf16_weights_for(mine, {"precision": "bf16", "bf16_weights": False}) is False
+
+
+def test_zero_stage_accepts_auto_or_a_stage_and_names_anything_else():
+    assert load_config(RunConfig, None, []).train.zero_stage == "auto"
+    assert load_config(RunConfig, None, ["train.zero_stage=3"]).train.zero_stage == 3
+    with pytest.raises(ConfigError, match="train.zero_stage"):
+        load_config(RunConfig, None, ["train.zero_stage=4"])
+    with pytest.raises(ValueError, match="must be resolved"):
+        build_ds_config(load_config(RunConfig, None, []), 1)
