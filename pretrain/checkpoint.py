@@ -172,6 +172,32 @@ def load(engine, ckpt_dir: Path, tag: str) -> dict[str, Any]:
 
 
 META = "meta.json"
+# DeepSpeed's file of the module's whole state at stages 0-2 (at stage 3 each rank writes a placeholder instead).
+MODULE_STATES = "mp_rank_00_model_states.pt"
+
+
+def fp32_weights(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
+    """Every weight and buffer of a checkpoint, floats in fp32, whatever its ZeRO stage and precision.
+
+    The fp32 master partitions (ZeRO 1-3, and bf16 / fp16 optimizer wrappers) win; the module states fill in
+    what they lack: everything at stage 0 (no partitions), and frozen parameters at stage 1 (DeepSpeed writes
+    them to the ZeRO files from stage 2 only). At stage 0 with fp16 weights the fp32 masters are not read:
+    the weights are their fp16 copies.
+    """
+    folder = Path(ckpt_dir) / tag
+    state: dict[str, torch.Tensor] = {}
+    if any(folder.glob("*zero_pp_rank_*_optim_states.pt")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag))
+    if (folder / MODULE_STATES).is_file():
+        module = torch.load(folder / MODULE_STATES, map_location="cpu", weights_only=False)["module"]
+        for name, value in module.items():
+            if name not in state:
+                state[name] = value.float() if value.is_floating_point() else value
+    if not state:
+        raise CheckpointError(f"checkpoint '{folder}' has neither DeepSpeed's ZeRO files nor {MODULE_STATES}")
+    return state
 
 
 def read_meta(ckpt_dir: Path, tag: str) -> dict[str, Any]:

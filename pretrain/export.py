@@ -87,12 +87,10 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
     out_dir = Path(out_dir)
     check_overwrite(out_dir, overwrite)  # before the slow consolidation
     setup_env()
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
     cfg = load_config(RunConfig, config_dir / CONFIG_FILE)
     model_config = config_from_dict(json.loads((config_dir / MODEL_CONFIG_FILE).read_text()), cfg.model.attn_implementation)
     objective = build_objective(cfg.objective, model_config)
-    state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+    state = ckpt.fp32_weights(ckpt_dir, tag)
     missing, unexpected = objective.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {ckpt_dir / tag} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
