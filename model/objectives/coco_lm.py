@@ -5,7 +5,7 @@ Pretraining" (microsoft/COCO-LM: the model code with every head was released, th
 loss was not; the authors posted the loss skeleton in the repository's issues). An auxiliary MLM
 generator (main width, fewer layers: 2 small, 4 base; sharing the embedding module, tied MLM
 head; `generator_width` < 1 makes it narrower, sharing embeddings where the widths allow) fills
-15% [MASK]ed positions by sampling its softmax (multinomial, no temperature) in a no-grad,
+15% [MASK]ed positions by sampling its softmax (no temperature) in a no-grad,
 dropout-free pass. The main Transformer reads the corrupted text and learns:
 - copy: Linear(H, 1) at every non-pad token, BCE against "unchanged" (a sample equal to the
   original counts as unchanged); weight 50;

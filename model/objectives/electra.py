@@ -57,10 +57,18 @@ def rtd_loss(logits: torch.Tensor, replaced: torch.Tensor, mask: torch.Tensor) -
 
 
 def sample_replacements(logits: torch.Tensor, mode: str) -> torch.Tensor:
-    """Tokens for the picked positions: a draw from the generator's softmax, or uniform over the vocabulary."""
+    """Tokens for the picked positions: a draw from the generator's softmax, or uniform over the vocabulary.
+
+    The draw inverts the cumulative softmax at one uniform variate per row (u in [0, total), the first
+    index whose cumulative probability exceeds u: a zero-probability token is never drawn).
+    torch.multinomial draws an exponential variate for every vocabulary entry instead: 47 ms against
+    1.2 ms for 300 x 8000 logits on a CPU, 3% of a COCO-LM step (BENCHMARKS.md).
+    """
     if mode == "uniform":
         return torch.randint(logits.shape[-1], (logits.shape[0],), device=logits.device)
-    return torch.multinomial(torch.softmax(logits.float(), -1), 1).squeeze(1)
+    cdf = torch.softmax(logits.float(), -1).cumsum(-1)
+    u = torch.rand(cdf.shape[0], 1, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[-1] - 1)
 
 
 @dataclass
