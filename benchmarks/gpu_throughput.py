@@ -1,17 +1,25 @@
-"""BERT-base training throughput and MFU per GPU for MLM, COCO-LM and TaCL (bf16), at seq 128 and 512.
+"""BERT-base and ModernBERT-base training throughput and MFU per GPU: MLM, COCO-LM and TaCL, seq 128 and 512, against
+a bare PyTorch loop of the same model, over a micro-batch sweep, with and without torch.compile, and the GPU's idle
+fraction from a profiler trace.
 
     python benchmarks/corpora.py --out runs/corpora
-    python benchmarks/gpu_throughput.py                     # on a GPU machine (one process, one GPU)
-    python benchmarks/gpu_throughput.py --tiny --steps 20   # the same path at CPU size (a check, not a figure)
+    python benchmarks/gpu_throughput.py                       # on a GPU machine (one process, one GPU)
+    python benchmarks/gpu_throughput.py --batches-128 32 64 128 --batches-512 8 16 32 --compile off on --profile
+    python benchmarks/gpu_throughput.py --tiny --steps 20 --warmup 5 --batches-128 8 --batches-512 2   # the path on a CPU
 
-Each point is a real `python -m pretrain train` run (torchrun, one rank, DeepSpeed ZeRO-2, bf16) of a
-BERT-base-shaped model (hidden 768, 12 layers, 12 heads, FFN 3072, BERT's 30,522-token WordPiece
-vocabulary) on real packed shards (WordNet glosses + KJV, MiniLM's WordPiece tokenizer), so the loader,
-dynamic masking and the engine are all in the timing. tokens/s and MFU are the trainer's own logged
-values (MFU = the objective's `flops_per_token` × tokens/s / the GPU's dense bf16 peak, model/flops.py),
-the median over logged intervals after `--warmup` steps. TaCL's teacher is a BERT-base-shaped folder
-with fresh weights (its speed does not depend on its values); COCO-LM's generator has 4 layers (the
-paper's base setting). Writes benchmarks/results/gpu_throughput.json.
+Each point is a real `python -m pretrain train` run (torchrun, one rank, `train.zero_stage=auto`, so stage 0 on one
+GPU; bf16) of a base-shaped model (hidden 768, 12 layers, 12 heads; BERT's FFN 3072, ModernBERT's GeGLU 1152 so the
+parameters are close; BERT's 30,522-token WordPiece vocabulary) on real packed shards (WordNet glosses + KJV, MiniLM's
+WordPiece tokenizer): the loader, masking in its workers and the engine are all in the timing. tokens/s and MFU are the
+trainer's own logged values (MFU = the objective's `flops_per_token` x tokens/s / the GPU's dense bf16 peak,
+model/flops.py), the median over logged intervals after `--warmup` steps. TaCL's teacher is a base-shaped folder with
+fresh weights; COCO-LM's generator has 4 layers (the paper's base setting).
+
+`bare` is the same transformers masked LM in a plain loop (benchmarks/host_overhead.py: the encoder, the MLM head at
+the masked positions, cross-entropy, backward, clipping, fused AdamW, autocast bf16), the same shape and batch, on
+random tokens: the yardstick of what the kernels cost. `--profile` runs each trainer point once more in this process
+under torch.profiler for `--profile-steps` steps after the warm-up: the idle fraction is the share of that wall time
+in which no GPU kernel ran. Writes benchmarks/results/gpu_throughput.json.
 """
 from __future__ import annotations
 
@@ -21,7 +29,9 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,11 +39,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging  # noqa: E402
 
-BASE = {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072}
-TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 256}
-OBJECTIVES = {"mlm": ["objective.name=mlm", "masking.strategy=bert"],
-              "coco_lm": ["objective.name=coco_lm", "masking.strategy=coco", "masking.crop_ratio=0.9"],
-              "tacl": ["objective.name=tacl", "masking.strategy=bert"]}
+SHAPES = {"base": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072},
+          "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 256}}
+MODERNBERT_FFN = {"base": 1152, "tiny": 256}  # base: ModernBERT's GeGLU at BERT-base's parameter count
+BACKBONES = {"bert": ["model.architecture=bert", "model.position_embedding=absolute"],
+             "modernbert": ["model.architecture=modernbert"]}
+# The papers' 15% (the demo config's recipe masks 30%), as the bare loop does.
+OBJECTIVES = {"mlm": ["objective.name=mlm", "masking.strategy=bert", "masking.mask_prob=0.15"],
+              "coco_lm": ["objective.name=coco_lm", "masking.strategy=coco", "masking.crop_ratio=0.9", "masking.mask_prob=0.15"],
+              "tacl": ["objective.name=tacl", "masking.strategy=bert", "masking.mask_prob=0.15"]}
 
 
 def teacher_folder(shape: dict, seq: int, tokenizer_dir: Path, out: Path) -> Path:
@@ -60,63 +74,178 @@ def measure(rows: list[dict], warmup: int) -> dict:
     return out
 
 
+def point_overrides(point: dict, args, data: Path, teacher: Path, run_dir: Path) -> list[str]:
+    """The run config of one (objective, backbone, seq, batch, compile) point."""
+    shape = dict(SHAPES[args.size])
+    if point["backbone"] == "modernbert":
+        shape["intermediate_size"] = MODERNBERT_FFN[args.size]
+    overrides = [*BACKBONES[point["backbone"]], *[f"model.{k}={v}" for k, v in shape.items()], *OBJECTIVES[point["objective"]],
+                 f"data.path={data}", f"model.max_position_embeddings={max(512, point['seq'])}", f"train.output_dir={run_dir}",
+                 f"train.max_steps={args.steps}", f"train.micro_batch_size={point['batch']}",
+                 f"train.global_batch_size={point['batch']}", f"train.precision={args.precision}", "train.log_every=5",
+                 f"train.save_every={args.steps * 10}", "train.resume=never", "train.eval_every=0",
+                 "schedule.warmup_steps=10", "optimizer.lr=1e-4", f"train.zero_stage={args.zero_stage}",
+                 f"train.compile={str(point['compile']).lower()}", f"data.num_workers={args.loader_workers}"]
+    if point["objective"] == "tacl":
+        overrides.append(f"model.init_from={teacher}")
+    if point["objective"] == "coco_lm":
+        overrides.append(f"objective.coco_lm.generator_layers={1 if args.size == 'tiny' else 4}")
+    return overrides
+
+
+def bare_loop(point: dict, args, data: Path) -> dict:
+    """tokens/s and MFU of the bare transformers loop at this point (MLM only), in a fresh process."""
+    cmd = [sys.executable, str(Path(__file__).resolve().parent / "host_overhead.py"), "--worker", "plain", "--case",
+           json.dumps({"backbone": point["backbone"], "stage": "0", "precision": args.precision}),
+           "--shape", args.size, "--batch", str(point["batch"]), "--seq", str(point["seq"]),
+           "--steps", str(args.steps), "--window", "5", "--data", str(data), "--device", args.device,
+           # torchrun gives the trainer one thread per rank; on a CPU the bare loop gets the same.
+           "--threads", "1" if args.device == "cpu" else "0"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bare loop failed: {proc.stderr[-3000:]}")
+    samples = json.loads(proc.stdout.strip().splitlines()[-1])["samples_per_s"]
+    return {"tokens_per_s": samples * point["seq"]}
+
+
+def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
+    """One trainer run in this process with torch.profiler over `--profile-steps` steps after the warm-up: the share
+    of that wall time with no GPU kernel running (None on a CPU)."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from pretrain.cli import main
+    from pretrain.trainer import Trainer
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    prof = profile(activities=activities)
+    span: dict[str, float] = {}
+    original = Trainer.train_step
+
+    def train_step(self):
+        if self.step == args.warmup:
+            prof.start()
+            span["start"] = time.perf_counter()
+        result = original(self)
+        if self.step == args.warmup + args.profile_steps:
+            if cuda:
+                torch.cuda.synchronize()
+            span["end"] = time.perf_counter()
+            prof.stop()
+        return result
+
+    Trainer.train_step = train_step
+    with tempfile.TemporaryDirectory(prefix="gpu_profile_") as work:
+        overrides = point_overrides(point, args, data, teacher, Path(work) / "run")
+        if main(["train", "--config", "pretrain/configs/demo_mlm.yaml", *overrides]) != 0:
+            raise RuntimeError("the profiled trainer run failed")
+    if not cuda or "end" not in span:
+        return {"idle_fraction": None}
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    busy, cursor = 0.0, None
+    for start, end in kernels:  # union of kernel intervals (us)
+        if cursor is None or start > cursor:
+            busy += end - start
+            cursor = end
+        elif end > cursor:
+            busy += end - cursor
+            cursor = end
+    wall_us = 1e6 * (span["end"] - span["start"])
+    trace = Path(args.out).with_suffix("").parent / f"gpu_trace_{point['objective']}_{point['backbone']}_{point['seq']}.json"
+    prof.export_chrome_trace(str(trace))
+    return {"idle_fraction": max(0.0, 1.0 - busy / wall_us), "profiled_steps": args.profile_steps, "trace": str(trace)}
+
+
 def main() -> None:
-    """Run every (objective, sequence length) point and print the table."""
+    """Run every point and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpora", default="runs/corpora")
     parser.add_argument("--work", default="runs/bench_gpu")
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
+    parser.add_argument("--backbones", nargs="+", default=list(BACKBONES), choices=list(BACKBONES))
     parser.add_argument("--seqs", type=int, nargs="+", default=[128, 512])
-    parser.add_argument("--batch-128", type=int, default=64, help="micro-batch per GPU at seq 128")
-    parser.add_argument("--batch-512", type=int, default=16, help="micro-batch per GPU at seq 512")
+    parser.add_argument("--batches-128", type=int, nargs="+", default=[64], help="micro-batches per GPU at seq 128 (a sweep)")
+    parser.add_argument("--batches-512", type=int, nargs="+", default=[16], help="micro-batches per GPU at seq 512")
+    parser.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"], help="train.compile values to run")
+    parser.add_argument("--zero-stage", default="auto")
+    parser.add_argument("--loader-workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--no-bare", action="store_true", help="skip the bare loop (MLM points)")
+    parser.add_argument("--profile", action="store_true", help="also profile each point for the GPU's idle fraction")
+    parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, hidden-64 model (checks the path on a CPU)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpu_throughput.json"))
+    parser.add_argument("--worker", choices=["profile"], help=argparse.SUPPRESS)
+    parser.add_argument("--point", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    setup_logging()
+    args.size = "tiny" if args.tiny else "base"
     import torch
 
-    shape = TINY if args.tiny else BASE
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    setup_logging()
     corpora, work = Path(args.corpora).resolve(), Path(args.work).resolve()
     tokenizer = minilm_dir()
+    if args.worker:
+        point = json.loads(args.point)
+        result = profile_worker(point, args, Path(point["data"]), Path(point["teacher"]))
+        print(json.dumps(result), flush=True)
+        os._exit(0)
     results = []
     for seq in args.seqs:
         data = prepare({"sources": [{"kind": "text", "path": f"{corpora / 'wordnet_glosses.txt'},{corpora / 'kjv.txt'}",
                                      "text_documents": "paragraph"}],
                         "tokenizer": {"pretrained": str(tokenizer)}, "seq_len": seq, "packing": "full", "val_fraction": 0.01},
                        work / f"data{seq}")
-        batch = args.batch_128 if seq <= 128 else args.batch_512
-        teacher = teacher_folder(shape, seq, tokenizer, work / f"teacher_{'tiny' if args.tiny else 'base'}_{seq}")
-        for name in args.objectives:
-            run_dir = work / f"{name}_seq{seq}{'_tiny' if args.tiny else ''}"
-            overrides = [f"model.{k}={v}" for k, v in shape.items()] + OBJECTIVES[name] + [
-                f"data.path={data}", f"model.max_position_embeddings={max(512, seq)}", f"train.output_dir={run_dir}",
-                f"train.max_steps={args.steps}", f"train.micro_batch_size={batch}", f"train.global_batch_size={batch}",
-                f"train.precision={args.precision}", "train.log_every=5", f"train.save_every={args.steps}",
-                "train.resume=never", "schedule.warmup_steps=10", "optimizer.lr=1e-4"]
-            if name == "tacl":
-                overrides.append(f"model.init_from={teacher}")
-            if name == "coco_lm":
-                overrides.append(f"objective.coco_lm.generator_layers={1 if args.tiny else 4}")
-            if run_dir.exists():
-                shutil.rmtree(run_dir)
-            run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "pretrain", "train", "--config",
-                 "pretrain/configs/demo_mlm.yaml", *overrides])
-            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-            results.append({"objective": name, "seq_len": seq, "micro_batch": batch, **measure(rows, args.warmup)})
+        teacher = teacher_folder(SHAPES[args.size], seq, tokenizer, work / f"teacher_{args.size}_{seq}")
+        for backbone in args.backbones:
+            for batch in (args.batches_128 if seq <= 128 else args.batches_512):
+                for name in args.objectives:
+                    for compiled in args.compile:
+                        point = {"objective": name, "backbone": backbone, "seq": seq, "batch": batch, "compile": compiled == "on"}
+                        run_dir = work / f"{name}_{backbone}_seq{seq}_b{batch}_{compiled}_{args.size}"
+                        shutil.rmtree(run_dir, ignore_errors=True)
+                        run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m",
+                             "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
+                             *point_overrides(point, args, data, teacher, run_dir)])
+                        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+                        row = {**point, **measure(rows, args.warmup)}
+                        if name == "mlm" and not args.no_bare and not compiled == "on":
+                            bare = bare_loop(point, args, data)
+                            row["bare_tokens_per_s"] = bare["tokens_per_s"]
+                            row["vs_bare"] = row["tokens_per_s"] / bare["tokens_per_s"]
+                        if args.profile:
+                            cmd = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--worker", "profile",
+                                   "--point", json.dumps({**point, "data": str(data), "teacher": str(teacher)})]
+                            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+                            if proc.returncode != 0:
+                                raise RuntimeError(f"profile failed: {proc.stderr[-3000:]}")
+                            row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+                        results.append(row)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
-    print(f"\n{device}; {'tiny' if args.tiny else 'BERT-base'}, {args.precision}, ZeRO-2, 1 rank, steps {args.warmup}..{args.steps}")
-    print("| objective | seq | micro-batch | tokens/s/GPU | samples/s | model TFLOP/s | MFU | peak memory GiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"\n{device}; {args.size}, {args.precision}, train.zero_stage={args.zero_stage}, 1 rank, steps {args.warmup}..{args.steps}")
+    print("| objective | backbone | seq | micro-batch | compile | tokens/s/GPU | MFU | vs bare loop | GPU idle | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        print(f"| {r['objective']} | {r['seq_len']} | {r['micro_batch']} | {r['tokens_per_s']:,.0f} | {r['samples_per_s']:.1f} | "
-              f"{r['model_tflops_per_device']:.2f} | {mfu} | {r['peak_memory_gib']:.1f} |")
+        bare = f"{r['vs_bare']:.2f}" if "vs_bare" in r else ""
+        idle = f"{100 * r['idle_fraction']:.1f}%" if r.get("idle_fraction") is not None else ""
+        print(f"| {r['objective']} | {r['backbone']} | {r['seq']} | {r['batch']} | {'on' if r['compile'] else 'off'} | "
+              f"{r['tokens_per_s']:,.0f} | {mfu} | {bare} | {idle} | {r['peak_memory_gib']:.1f} |")
+    import deepspeed
+    import transformers
+
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"device": device, "machine": platform.platform(), "torch": torch.__version__,
-                                          "args": vars(args), "shape": shape, "rows": results}, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps({
+        "device": device, "machine": platform.platform(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+        "transformers": transformers.__version__, "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                                                          capture_output=True, text=True).stdout.strip(),
+        "args": {k: v for k, v in vars(args).items() if k not in ("worker", "point")}, "rows": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

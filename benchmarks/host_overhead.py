@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 SHAPES = {"proxy": dict(hidden_size=64, num_layers=12, num_heads=2, intermediate_size=256),
+          "tiny": dict(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256),  # gpu_throughput.py --tiny
           # BERT-base; ModernBERT's GeGLU FFN at 1152 keeps its parameters near BERT-base's.
           "base": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072)}
 MODERNBERT_BASE_FFN = 1152
