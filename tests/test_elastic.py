@@ -87,17 +87,19 @@ def test_stage_change_is_refused(prepared, straight_run, tmp_path):
 
 
 def test_stage_zero_resumes_on_another_rank_count_without_conversion(prepared, straight, tmp_path):
-    """`zero_stage: auto` picks 0 on one rank and keeps it when the run resumes on two: the same global batches."""
+    """`zero_stage: auto` picks 0 on one rank and keeps it when the run resumes on two: the same global batches.
+    In bf16 (autocast over fp32 weights): the precision mode changes nothing a resume loads."""
     out, probe = tmp_path / "run", tmp_path / "probe"
-    first = run_cli("pretrain", _args(prepared, out, "train.zero_stage=auto", "train.stop_after=6"), nproc=1)
+    auto = lambda *extra: _args(prepared, out, "train.zero_stage=auto", "train.precision=bf16", *extra)  # noqa: E731
+    first = run_cli("pretrain", auto("train.stop_after=6"), nproc=1)
     assert "ZeRO stage 0 (train.zero_stage=auto: one rank" in first.stdout
     shutil.copytree(out, probe)
-    resumed = run_cli("pretrain", _args(prepared, out, "train.zero_stage=auto"), nproc=2)
+    resumed = run_cli("pretrain", auto(), nproc=2)
     assert "ZeRO stage 0 (train.zero_stage=auto: the run's checkpoints were saved at stage 0)" in resumed.stdout
     assert "universal" not in resumed.stdout and "at step 6" in resumed.stdout and "accumulation 2" in resumed.stdout
     assert _global_steps(out, 2) == straight
     # The whole states load exactly on the other rank count: one more step at lr 0 leaves every weight as saved.
-    run_cli("pretrain", _args(prepared, probe, "train.zero_stage=auto", "optimizer.lr=0", "schedule.warmup_steps=0",
-                              "train.stop_after=1"), nproc=2)
+    run_cli("pretrain", _args(prepared, probe, "train.zero_stage=auto", "train.precision=bf16", "optimizer.lr=0",
+                              "schedule.warmup_steps=0", "train.stop_after=1"), nproc=2)
     before, after = _fp32(probe, "step_00000006"), _fp32(probe, "step_00000007")
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
