@@ -29,6 +29,7 @@ class Engine:
         self.clip_here = clip_here
         self._norm: Optional[torch.Tensor] = None
         self._params: list[nn.Parameter] = [p for p in ds_engine.module.parameters() if p.requires_grad]
+        self.compiled_layers = 0  # set by build_engine (train.compile)
 
     @property
     def device(self) -> torch.device:
@@ -105,8 +106,7 @@ def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, An
     """deepspeed.initialize with `ds_config` (as written to the run folder), then the host-cost settings above."""
     import deepspeed
 
-    if compile:
-        compile_layers(model)
+    compiled = compile_layers(model) if compile else 0
 
     clip_here = clips_here(ds_config)
     grad_clip = float(ds_config.get("gradient_clipping", 0) or 0)
@@ -114,4 +114,6 @@ def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, An
     ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=given)
     if world == 1 and ds_engine.zero_optimization_stage() == 0:
         ds_engine.enable_backward_allreduce = False
-    return Engine(ds_engine, grad_clip, clip_here)
+    engine = Engine(ds_engine, grad_clip, clip_here)
+    engine.compiled_layers = compiled
+    return engine

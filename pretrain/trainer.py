@@ -66,6 +66,9 @@ class Trainer:
         self._iter: Optional[Iterator] = None
         self.start_time = time.time()
         self.seq_len = 0
+        if self.engine.compiled_layers:
+            stage_note += (f"; compiled {self.engine.compiled_layers} layer(s) with torch.compile (train.compile): "
+                           "the first steps wait for the compiler")
         for note in (*notes, stage_note):  # what was decided for the user (the precision and stage `auto` picked)
             self.log.info(note)
         peak, source = cfg.train.peak_tflops, "train.peak_tflops"
