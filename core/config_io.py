@@ -188,13 +188,17 @@ def compose(path: Path, group_choices: dict[str, str] | None = None) -> dict[str
     return _merge(merged, data)
 
 
-def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
+def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None,
+                search: tuple[Path, ...] = ()) -> T:
     """Load dataclass `cls` from a YAML file (with its `defaults:` groups) and apply key=value overrides.
 
     An override `group=option` (no dot, a plain name) picks another option of a config group the file's
-    defaults list; every other override sets a key.
+    defaults list; every other override sets a key. A relative `path` missing from the working directory is
+    looked up under each folder of `search` (where an installed package keeps its example configs).
     """
     overrides = list(overrides or [])
+    if path is not None and not Path(path).is_absolute() and not Path(path).exists():
+        path = next((root / path for root in search if (root / path).is_file()), path)
     data: dict[str, Any] = {}
     if path is not None:
         # `section=name` (a section of the config given a plain name, not a mapping) picks a group option.

@@ -34,3 +34,20 @@ class OutputExistsError(UserError, FileExistsError):
 
 class SetupError(UserError, RuntimeError):
     """The environment cannot do what was asked: no network for a hub download, a launcher layout, a device feature."""
+
+
+class StorageError(UserError, OSError):
+    """Object storage cannot be used: no credentials, a missing bucket or object, an unreachable endpoint."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of a user error in one line, also when a DataLoader worker re-raised it with its traceback."""
+    text = str(exc).strip()
+    if "\n" not in text:
+        return text
+    last = text.splitlines()[-1].strip()
+    prefix = f"{type(exc).__name__}: "
+    for cls in type(exc).__mro__:  # the worker's traceback ends with "module.Class: message"
+        if f"{cls.__name__}: " in last:
+            return last.split(f"{cls.__name__}: ", 1)[1]
+    return last.removeprefix(prefix)

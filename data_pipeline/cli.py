@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from core.config_io import load_config
-from core.errors import ConfigError, UserError
+from core.errors import ConfigError, UserError, one_line
 from data_pipeline.config import PrepareConfig
 
 
@@ -20,7 +20,7 @@ def _verify(dataset: str) -> int:
             shards = verify_split(Path(dataset) / split)
             print(f"{split}: {shards} shard(s), {counts['sequences']} sequences: hashes match")
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     return 0
 
@@ -42,13 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     ver.add_argument("dataset", help="a folder written by prepare")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
-    for noisy in ("datasets", "streaming", "fsspec", "urllib3", "huggingface_hub"):
+    for noisy in ("datasets", "streaming", "fsspec", "urllib3", "huggingface_hub", "botocore", "boto3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.command == "verify":
         return _verify(args.dataset)
     try:
         overrides = list(args.overrides) + (["overwrite=true"] if args.overwrite else [])
-        cfg = load_config(PrepareConfig, args.config, overrides)
+        cfg = load_config(PrepareConfig, args.config, overrides, search=(Path(__file__).resolve().parents[1],))
         from data_pipeline.prepare import prepare, prepare_task
 
         command = " ".join(["python -m data_pipeline", *(argv if argv is not None else sys.argv[1:])])
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--task, --tasks and --array-id go together")
         out = prepare(cfg, command=command) if args.tasks is None else prepare_task(cfg, args.task, args.tasks, args.array_id, command)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     print(f"dataset: {out}" if out else "this task's parts are written; another task publishes the dataset")
     return 0

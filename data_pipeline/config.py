@@ -54,7 +54,12 @@ class TokenizerConfig:
 class PrepareConfig:
     """Everything `prepare` needs: sources, tokenizer, packing and the output folder."""
 
+    # A folder, or an object store prefix (s3://bucket/prefix, gs://, ...): the dataset is then built in
+    # `staging_dir` and uploaded, shards before their index and the manifest last.
     output_dir: str = "runs/data"
+    # Local folder where a dataset bound for object storage is built (default: a temporary folder in $TMPDIR,
+    # removed after the upload). A job array writing to a bucket needs one on a filesystem all its tasks share.
+    staging_dir: Optional[str] = None
     sources: list[SourceConfig] = field(default_factory=list)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     seq_len: int = 128

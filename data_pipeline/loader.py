@@ -11,8 +11,9 @@ function of which sample it is and which pass over the data, not of the rank, th
 it shares or the number of ranks, so a resumed run (on any number of nodes) masks the same way.
 
 Remote data: with `remote: s3://bucket/dataset` (or gs://, oci://, ...), shards are fetched on
-demand by mosaicml-streaming into `path` (a local cache); the manifest and tokenizer are fetched
-when training starts. This path is untested here (no network); it is streaming's own code.
+demand by mosaicml-streaming into `path` (a local cache) and checked against their xxh64 hashes;
+the manifest, tokenizer and indexes are fetched when training starts. A shard that fails its hash
+or cannot be fetched stops the run with one line naming it (tested against an S3-compatible server).
 """
 from __future__ import annotations
 
@@ -56,17 +57,11 @@ class LoaderConfig:
 
 
 def fetch_metadata(cfg: LoaderConfig) -> None:
-    """With a remote dataset, download its manifest and tokenizer into the local cache (idempotent)."""
-    if not cfg.remote:
-        return
-    from streaming.base.storage import download_file
+    """With a remote dataset, bring its manifest, tokenizer and indexes into the local cache (idempotent)."""
+    if cfg.remote:
+        from data_pipeline.remote_dataset import fetch_metadata as fetch
 
-    local = Path(cfg.path)
-    if not (local / MANIFEST).is_file():
-        download_file(f"{cfg.remote.rstrip('/')}/{MANIFEST}", str(local / MANIFEST), timeout=120)
-    for name in read_manifest(local)["tokenizer"]["files"]:
-        if not (local / "tokenizer" / name).is_file():
-            download_file(f"{cfg.remote.rstrip('/')}/tokenizer/{name}", str(local / "tokenizer" / name), timeout=120)
+        fetch(cfg.remote, Path(cfg.path))
 
 
 SampleTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
@@ -215,7 +210,67 @@ def _indexed_dataset_class():
             item["epoch"] = self._epoch
             return item
 
+        def __iter__(self):
+            # When its download thread fails, streaming ends the epoch early without a word (or raises a bare
+            # RuntimeError on the next pass): a truncated epoch would pass for a whole one. Raise the reason instead.
+            try:
+                yield from super().__iter__()
+            except RuntimeError as exc:
+                if _SHARD_FAILURES:
+                    raise _SHARD_FAILURES[-1] from exc
+                raise
+            if _SHARD_FAILURES:
+                raise _SHARD_FAILURES[-1]
+            if getattr(self, "_event", None) is not None and self._event.is_set():
+                raise RuntimeError("streaming's shard download thread failed (its traceback is above); the epoch "
+                                   "ended early")
+
     return IndexedStreamingDataset
+
+
+# The failures of this process's shard downloads: streaming's download thread ends with a bare
+# RuntimeError in the iterating thread, so the reason is kept here to be raised there instead.
+_SHARD_FAILURES: list[Exception] = []
+
+
+def _guarded_stream_class():
+    from streaming import Stream
+
+    class GuardedStream(Stream):
+        """A remote stream whose failed shard (a hash mismatch, a failed download) is one line naming the shard."""
+
+        def prepare_shard(self, shard) -> int:
+            try:
+                return super().prepare_shard(shard)
+            except Exception as exc:
+                error = shard_failure(exc, self.remote or "", self.local)
+                if error is None:
+                    raise
+                _SHARD_FAILURES.append(error)
+                raise error from exc
+
+    return GuardedStream
+
+
+def shard_failure(exc: Exception, remote: str, local: str) -> Optional[Exception]:
+    """The user-facing error for a shard that could not be brought into the cache, None for a bug."""
+    from core.object_store import describe, join
+    from data_pipeline.shards import CorruptShardError
+
+    message = str(exc)
+    if isinstance(exc, ValueError) and message.startswith("Checksum failure: "):
+        named = message.split(": ", 1)[1].strip()  # streaming names the local file
+        basename = os.path.relpath(named, local) if os.path.isabs(named) else named
+        (Path(local) / basename).unlink(missing_ok=True)  # else the next run would read the damaged copy again
+        return CorruptShardError(f"shard '{join(remote, basename)}' does not match the hash in its index (damaged in "
+                                 "the store or in transit); the local copy was removed. Upload a good copy (prepare "
+                                 "again) or set data.verify_hashes=false to read it unchecked")
+    line = describe(exc, join(remote, "")) if remote else None
+    if line is None:
+        return None
+    from core.errors import StorageError
+
+    return StorageError(f"fetching a shard: {line}")
 
 
 @contextlib.contextmanager
@@ -259,9 +314,11 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
     if not cfg.remote and not (split_dir / "index.json").is_file():
         raise MissingFileError(f"no '{split}' split in '{cfg.path}' (missing {split_dir / 'index.json'})")
     with shared_memory_registration():
+        where = {"local": str(split_dir)}
+        if cfg.remote:
+            where = {"streams": [_guarded_stream_class()(remote=f"{cfg.remote.rstrip('/')}/{split}", local=str(split_dir))]}
         return _indexed_dataset_class()(
-            remote=f"{cfg.remote.rstrip('/')}/{split}" if cfg.remote else None,
-            local=str(split_dir),
+            **where,
             batch_size=batch_size,
             shuffle=cfg.shuffle if shuffle is None else shuffle,
             shuffle_seed=cfg.shuffle_seed,

@@ -20,6 +20,7 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from itertools import chain
@@ -29,11 +30,13 @@ from typing import Any, Iterator
 from core.atomic_files import check_overwrite, prepare_output, publish, write_text_atomic
 from core.config_io import config_to_dict
 from core.errors import ConfigError, InputDataError
+from core.object_store import is_remote
 from data_pipeline.config import PrepareConfig
 from data_pipeline.input_parts import Part, plan_parts
 from data_pipeline.mds import merge_indexes
 from data_pipeline.mixture import mix, plan_takes
 from data_pipeline.part_writer import SPLITS, PartJob, Shared, count_part, done_marker, part_name, write_part
+from data_pipeline.remote_dataset import check_remote_output, upload_dataset
 from data_pipeline.raw_text import ReadStats, iter_part
 from data_pipeline.shards import token_dtype, write_manifest
 from data_pipeline.worker_pool import WorkerPool, available_cpus
@@ -200,10 +203,42 @@ def _workers(cfg: PrepareConfig) -> int:
     return cfg.num_workers or available_cpus()
 
 
-def prepare(cfg: PrepareConfig, command: str | None = None) -> Path:
-    """Build the dataset folder described by `cfg` in this process and its workers; return its path."""
-    final_dir = Path(cfg.output_dir)
-    tmp_dir = prepare_output(final_dir, cfg.overwrite)
+def _local_output(cfg: PrepareConfig, array: bool = False) -> tuple[Path, Path | None]:
+    """The local folder the dataset is built in, and the temporary folder to remove afterwards (remote output only)."""
+    if not is_remote(cfg.output_dir):
+        return Path(cfg.output_dir), None
+    if cfg.staging_dir:
+        return Path(cfg.staging_dir) / "dataset", None
+    if array:
+        raise ConfigError(f"output_dir={cfg.output_dir} from a job array needs staging_dir: a folder on a "
+                          "filesystem every task of the array shares, where the dataset is built before the upload")
+    tmp = Path(tempfile.mkdtemp(prefix="prepare-staging-"))
+    return tmp / "dataset", tmp
+
+
+def _upload(cfg: PrepareConfig, local: Path, temporary: Path | None) -> Path | str:
+    """Upload a finished local dataset to `output_dir` when it is a bucket; return where the dataset is."""
+    if not is_remote(cfg.output_dir):
+        return local
+    upload_dataset(local, cfg.output_dir, cfg.overwrite)
+    if temporary is not None:  # a staging_dir the user named keeps its local copy
+        shutil.rmtree(temporary, ignore_errors=True)
+    return cfg.output_dir
+
+
+def prepare(cfg: PrepareConfig, command: str | None = None) -> Path | str:
+    """Build the dataset described by `cfg` in this process and its workers (then upload it); return its folder,
+    or its URL when `output_dir` is a bucket."""
+    final_dir, temporary = _local_output(cfg)
+    if is_remote(cfg.output_dir):
+        check_remote_output(cfg.output_dir, cfg.overwrite)  # before hours of tokenizing, not after
+    try:
+        # Bound for a bucket, the bucket's prefix is what must be new (checked above); the staging copy is replaced.
+        tmp_dir = prepare_output(final_dir, cfg.overwrite or is_remote(cfg.output_dir))
+    except BaseException:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise
     try:
         t0 = time.time()
         workers = _workers(cfg)
@@ -212,15 +247,17 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> Path:
         _finish(cfg, tmp_dir, plan, command, workers, tasks=1)
         publish(tmp_dir, final_dir)
         log.info("dataset written in %.1fs with %d worker(s) -> %s", time.time() - t0, min(workers, plan["parts"]), final_dir)
-        return final_dir
+        return _upload(cfg, final_dir, temporary)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
         raise
 
 
 def staging_dir(cfg: PrepareConfig, array_id: str) -> Path:
     """Where the tasks of one job array build the dataset together (kept across requeues)."""
-    final_dir = Path(cfg.output_dir)
+    final_dir, _ = _local_output(cfg, array=True)
     return final_dir.with_name(f".{final_dir.name}.array-{array_id}")
 
 
@@ -256,16 +293,18 @@ def _same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, command: str | None = None,
-                 plan_timeout_s: float = 24 * 3600.0) -> Path | None:
+                 plan_timeout_s: float = 24 * 3600.0) -> Path | str | None:
     """One task of a job array: task 0 plans; every task writes parts task, task + tasks, ...; the last one to end
     merges and publishes. Returns the dataset folder from the task that published it, else None."""
     if not 0 <= task < tasks:
         raise ConfigError(f"--task must be in 0..--tasks - 1, got task {task} of {tasks}")
-    final_dir, staging = Path(cfg.output_dir), staging_dir(cfg, array_id)
+    final_dir, staging = _local_output(cfg, array=True)[0], staging_dir(cfg, array_id)
     workers = _workers(cfg)
     if task == 0 and not (staging / PLAN).is_file():
         try:
-            check_overwrite(final_dir, cfg.overwrite)
+            check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir))
+            if is_remote(cfg.output_dir):
+                check_remote_output(cfg.output_dir, cfg.overwrite)
             staging.mkdir(parents=True, exist_ok=True)
             (staging / FAILED).unlink(missing_ok=True)
             _make_plan(cfg, staging, workers)
@@ -294,9 +333,9 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
     except (FileExistsError, FileNotFoundError):  # another task merges, or has already published
         return None
     _finish(cfg, staging, plan, command, workers, tasks)
-    check_overwrite(final_dir, cfg.overwrite)
+    check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir))
     publish(staging, final_dir)
     for leftover in final_dir.glob("merging-*"):
         leftover.rmdir()
     log.info("task %d/%d merged %d parts -> %s", task, tasks, len(jobs), final_dir)
-    return final_dir
+    return _upload(cfg, final_dir, None)

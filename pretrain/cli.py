@@ -9,8 +9,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from core.config_io import load_config
-from core.errors import MissingFileError, UserError
-from pretrain.config import RunConfig
+from core.errors import MissingFileError, UserError, one_line
+
+# Where the installed packages are: `--config pretrain/configs/X.yaml` is found there when it is not under the
+# working directory (an installed wheel run from any folder).
+INSTALLED = (Path(__file__).resolve().parents[1],)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -20,7 +23,9 @@ def _train(args: argparse.Namespace) -> int:
     from pretrain.preemption import EXIT_FINISHED, EXIT_PREEMPTED
     from pretrain.run import build_trainer
 
-    cfg = load_config(RunConfig, args.config, args.overrides)
+    from pretrain.config import RunConfig
+
+    cfg = load_config(RunConfig, args.config, args.overrides, search=INSTALLED)
     trainer = build_trainer(cfg)
     try:
         status = trainer.fit()
@@ -58,7 +63,7 @@ def _eval_config(cls, args: argparse.Namespace):
     """
     given = [f"{'data.' if name in _DATA_FLAGS else ''}{name}={json.dumps(value, ensure_ascii=False)}"
              for name, value in vars(args).items() if name not in _NOT_KEYS]
-    return load_config(cls, args.config, [*args.overrides, *given])
+    return load_config(cls, args.config, [*args.overrides, *given], search=INSTALLED)
 
 
 def _self_similarity(args: argparse.Namespace) -> int:
@@ -218,5 +223,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2

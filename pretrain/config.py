@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
 from core.errors import ConfigError
 from data_pipeline.loader import LoaderConfig
 from data_pipeline.masking import MaskingConfig
 from model.encoder import EncoderConfig
 from model.objectives import ObjectiveConfig
+from pretrain.run_dir import TENSORBOARD, TRACKERS
 
 
 @dataclass
@@ -81,6 +82,13 @@ class TrainConfig:
     # Dense peak TFLOP/s of one device for MFU (0: a known GPU's data sheet, else measured once and cached).
     peak_tflops: float = 0.0
     keep_last: int = 3
+    # Also keep checkpoints in object storage (s3://bucket/prefix, ...): each complete checkpoint is uploaded
+    # with its COMPLETE marker last, and a run whose folder has none (a requeue onto another node) resumes
+    # from the newest complete one there. keep_last applies to the bucket too (s3:// only).
+    checkpoint_remote: Optional[str] = None
+    # Where metrics go besides metrics.jsonl and train.log: any of tensorboard, wandb, mlflow (rank 0 only).
+    # wandb: WANDB_PROJECT / WANDB_MODE as usual; mlflow: MLFLOW_TRACKING_URI (default ./mlruns), MLFLOW_EXPERIMENT_NAME.
+    report_to: list[str] = field(default_factory=lambda: [TENSORBOARD])
     eval_every: int = 0
     eval_batches: int = 20
     # Stop (after saving) once this many steps ran in this invocation; 0 runs to max_steps.
@@ -98,6 +106,12 @@ class TrainConfig:
                 raise ConfigError(f"config key 'train.{key}' must be >= 1, got {getattr(self, key)}")
         if self.zero_stage not in ("auto", 0, 1, 2, 3):
             raise ConfigError(f"config key 'train.zero_stage' must be auto, 0, 1, 2 or 3, got {self.zero_stage!r}")
+        unknown = sorted(set(self.report_to) - set(TRACKERS))
+        if unknown:
+            raise ConfigError(f"config key 'train.report_to' has {', '.join(unknown)}; choose from {', '.join(TRACKERS)}")
+        if self.checkpoint_remote is not None and "://" not in self.checkpoint_remote:
+            raise ConfigError(f"config key 'train.checkpoint_remote' must be an object store URL such as "
+                              f"s3://bucket/prefix, got {self.checkpoint_remote!r}")
         if self.compile and self.zero_stage == 3:
             raise ConfigError("train.compile=true needs ZeRO stage 0-2: ZeRO-3's hooks gather parameters inside the "
                               "layers a compiled region would capture")

@@ -15,6 +15,7 @@ without a use here are documented in deepspeed_configs/README.md.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -22,7 +23,8 @@ from typing import Any, Optional
 from core.errors import ConfigError
 from pretrain.config import RunConfig
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "deepspeed_configs" / "base.json"
+# deepspeed_configs/ is a package of its own (data only), so a wheel installs the template beside pretrain/.
+TEMPLATE = Path(importlib.util.find_spec("deepspeed_configs").origin).parent / "base.json"
 
 
 def gradient_accumulation(global_batch: int, micro_batch: int, world: int) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from core.atomic_files import write_text_atomic
-from pretrain.run_dir import RunDir
+from pretrain.run_dir import TENSORBOARD, RunDir
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -18,18 +18,25 @@ def _fmt_eta(seconds: float) -> str:
 class RunLogger:
     """Writes only on rank 0; every other rank gets a logger that does nothing."""
 
-    def __init__(self, paths: RunDir, max_steps: int, enabled: bool) -> None:
+    def __init__(self, paths: RunDir, max_steps: int, enabled: bool, report_to: tuple[str, ...] = (TENSORBOARD,),
+                 config: Optional[dict] = None) -> None:
         self.enabled = enabled
         self.max_steps = max_steps
         self._writer = None
         self._text = self._jsonl = None
+        self.trackers = None
         if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
             self.tb_dir = paths.tensorboard
-            self._writer = SummaryWriter(str(self.tb_dir))
+            if TENSORBOARD in report_to:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(str(self.tb_dir))
             self._text = open(paths.text_log, "a", buffering=1)
             self._jsonl = open(paths.metrics, "a", buffering=1)
+            if set(report_to) - {TENSORBOARD}:
+                from pretrain.trackers import Trackers
+
+                self.trackers = Trackers(paths, list(report_to), config or {})
 
     def rewind(self, step: int) -> None:
         """Forget what a previous attempt logged after `step` (it is redone): metrics.jsonl and TensorBoard."""
@@ -40,12 +47,16 @@ class RunLogger:
         self._jsonl.close()
         path = self._jsonl.name
         with open(path) as fh:
-            keep = [line for line in fh if line.strip() and json.loads(line)["step"] <= step]
+            rows = [line for line in fh if line.strip()]
+        keep = [line for line in rows if json.loads(line)["step"] <= step]
         write_text_atomic(Path(path), "".join(keep))
         self._jsonl = open(path, "a", buffering=1)
-        self._writer.close()
-        # TensorBoard drops events at or after purge_step that earlier sessions wrote.
-        self._writer = SummaryWriter(str(self.tb_dir), purge_step=step + 1)
+        if self.trackers is not None and rows:
+            self.trackers.resumed(max(json.loads(line)["step"] for line in rows))
+        if self._writer is not None:
+            self._writer.close()
+            # TensorBoard drops events at or after purge_step that earlier sessions wrote.
+            self._writer = SummaryWriter(str(self.tb_dir), purge_step=step + 1)
 
     def info(self, message: str) -> None:
         """A plain message to stdout and train.log."""
@@ -59,8 +70,11 @@ class RunLogger:
         """Scalars to TensorBoard and metrics.jsonl."""
         if not self.enabled:
             return
-        for key, value in values.items():
-            self._writer.add_scalar(f"{prefix}/{key}", value, step)
+        if self._writer is not None:
+            for key, value in values.items():
+                self._writer.add_scalar(f"{prefix}/{key}", value, step)
+        if self.trackers is not None:
+            self.trackers.log(step, values, prefix)
         self._jsonl.write(json.dumps({"step": step, "split": prefix, **values}) + "\n")
 
     def progress(self, step: int, metrics: dict[str, float], sec_per_step: Optional[float]) -> None:
@@ -82,7 +96,10 @@ class RunLogger:
     def close(self) -> None:
         """Flush and close the files."""
         if self.enabled:
-            self._writer.flush()
-            self._writer.close()
+            if self._writer is not None:
+                self._writer.flush()
+                self._writer.close()
+            if self.trackers is not None:
+                self.trackers.close()
             self._text.close()
             self._jsonl.close()

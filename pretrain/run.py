@@ -37,7 +37,7 @@ def quiet_libraries() -> None:
     """Keep third-party chatter out of the progress output."""
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
-    for name in ("DeepSpeed", "deepspeed", "streaming", "torch.distributed"):
+    for name in ("DeepSpeed", "deepspeed", "streaming", "torch.distributed", "botocore", "boto3", "s3transfer"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 

@@ -8,6 +8,7 @@
       tokenizer/              a copy of the dataset's tokenizer (export needs no dataset)
       checkpoints/step_NNNNNNNN/   DeepSpeed files + meta.json + COMPLETE (sizes and hashes)
       train.log, metrics.jsonl, tensorboard/   progress, one row per step, scalars
+      trackers.json, wandb/, mlflow.db   with train.report_to: the tracked runs' ids, W&B's files, MLflow's default store
       samples/rank<N>.jsonl   with train.record_samples: the sample ids each rank trained on, per step
       PREEMPTED, FAILED       markers of the last attempt (for the sbatch wrapper and the user)
 """
@@ -24,6 +25,10 @@ DEEPSPEED_CONFIG_FILE = "deepspeed_config.json"
 TOKENIZER_DIR = "tokenizer"
 CHECKPOINTS_DIR = "checkpoints"
 PREEMPTED = "PREEMPTED"
+TENSORBOARD = "tensorboard"
+# What train.report_to may name; tensorboard writes TENSORBOARD/, wandb wandb/, mlflow MLFLOW_DB (unless
+# MLFLOW_TRACKING_URI says otherwise).
+TRACKERS = (TENSORBOARD, "wandb", "mlflow")
 FAILED = "FAILED"  # the run stopped on an error: what it was and at which step (the requeue must not hide it)
 
 
@@ -74,7 +79,22 @@ class RunDir:
     @property
     def tensorboard(self) -> Path:
         """TensorBoard event files."""
-        return self.root / "tensorboard"
+        return self.root / TENSORBOARD
+
+    @property
+    def tracker_ids(self) -> Path:
+        """The ids of the W&B and MLflow runs this run logs to (a resume continues them)."""
+        return self.root / "trackers.json"
+
+    @property
+    def wandb(self) -> Path:
+        """Where W&B keeps its files (offline runs included)."""
+        return self.root
+
+    @property
+    def mlflow_db(self) -> Path:
+        """MLflow's store when MLFLOW_TRACKING_URI is not set."""
+        return self.root / "mlflow.db"
 
     def samples(self, rank: int) -> Path:
         """The sample audit of one rank."""

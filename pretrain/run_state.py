@@ -18,7 +18,7 @@ import torch
 from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.config_io import config_hash
-from core.errors import CheckpointError, ConfigError
+from core.errors import CheckpointError, ConfigError, StorageError, UserError
 from pretrain import checkpoint as ckpt
 from pretrain.config import RunConfig
 from pretrain.optim import reset_schedule
@@ -51,6 +51,12 @@ class RunState:
         self.load_tag: Optional[str] = None
         self.longest_save = 0.0
         self.last_save_time = time.time()
+        self.remote = None
+        if cfg.train.checkpoint_remote:
+            from pretrain.remote_checkpoints import RemoteCheckpoints
+
+            self.remote = RemoteCheckpoints(cfg.train.checkpoint_remote, self.ckpt_dir)
+        self.fetched: Optional[str] = None
 
     # ---- which checkpoint -------------------------------------------------------------
     def _pick(self) -> Optional[str]:
@@ -89,8 +95,25 @@ class RunState:
         if self.cfg.train.resume == "never":
             self.resume_tag = self.load_tag = ckpt.latest_complete(self.ckpt_dir)
             return {}
+        self._fetch_remote()
         tag = self.resume_tag = self.load_tag = self._pick()
         return ckpt.read_meta(self.ckpt_dir, tag) if tag else {}
+
+    def _fetch_remote(self) -> None:
+        """Rank 0 brings the newest complete checkpoint from train.checkpoint_remote when no local one is as new."""
+        if self.remote is None or self.cfg.train.resume_from:
+            return
+        fetched, error = None, None
+        if self.rank == 0:
+            try:
+                self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+                fetched = self.remote.fetch_newest()
+            except UserError as exc:  # every rank must learn of it, or the others wait forever
+                error = str(exc)
+        fetched, error = dist.broadcast_object(fetched, error)
+        if error:
+            raise StorageError(error)
+        self.fetched = fetched
 
     def plan(self, ds_config: dict, zero_stage: int) -> None:
         """Check the chosen checkpoint against this run's stage and pick the tag to load (a universal copy when the
@@ -155,6 +178,20 @@ class RunState:
         self.longest_save = max(self.longest_save, seconds)
         self.last_save_time = time.time()
         log.info(f"saved checkpoint {self.ckpt_dir / tag} in {seconds:.1f}s")
+        if self.remote is not None and self.rank == 0:
+            self._upload(tag, log)
+
+    def _upload(self, tag: str, log) -> None:
+        """Mirror a saved checkpoint to the bucket. A failure is logged, not fatal: the local copy is whole, and the
+        next save uploads its own checkpoint."""
+        try:
+            files, seconds, pruned = self.remote.upload(tag, self.cfg.train.keep_last)
+        except UserError as exc:
+            log.info(f"warning: checkpoint {tag} was not uploaded to {self.remote.url}: {exc}")
+            log.scalars(int(tag.removeprefix("step_")), {"checkpoint_upload_failed": 1.0}, "checkpoint")
+            return
+        log.info(f"uploaded checkpoint {tag} to {self.remote.url} ({files} files, {seconds:.1f}s)"
+                 + (f"; pruned {', '.join(pruned)} there" if pruned else ""))
 
     def restore(self, engine, loader, progress: Progress, log) -> None:
         """Continue from the planned checkpoint, if any: weights, optimizer, schedule, loader, RNG, counters."""
@@ -186,6 +223,8 @@ class RunState:
         for bad, why in self.damaged:
             log.info(f"checkpoint {self.ckpt_dir / bad} is damaged ({why}): set aside as {bad}.damaged")
             log.scalars(progress.step, {"damaged_checkpoint_step": float(bad.removeprefix("step_"))}, "resume")
+        if self.fetched == tag:
+            log.info(f"downloaded checkpoint {tag} from {self.remote.url} (no local checkpoint was as new)")
         log.info(f"resumed from {self.ckpt_dir / tag} at step {progress.step}")
 
     # ---- the sample audit -------------------------------------------------------------

@@ -19,6 +19,7 @@ from torch import nn
 
 from core import distributed as dist
 from core.atomic_files import write_text_atomic
+from core.config_io import config_to_dict
 from core.errors import ConfigError, InputDataError
 from model.diagnostics import headline
 from pretrain import checkpoint as ckpt
@@ -61,7 +62,8 @@ class Trainer:
                               "train.compile=false")
         self.engine = build_engine(model, optimizer, scheduler, ds_config, self.world, compile=cfg.train.compile)
         self.device = self.engine.device
-        self.log = RunLogger(self.paths, cfg.train.max_steps, enabled=self.rank == 0)
+        self.log = RunLogger(self.paths, cfg.train.max_steps, enabled=self.rank == 0,
+                             report_to=tuple(cfg.train.report_to), config=config_to_dict(cfg))
         self.progress = Progress()
         self._iter: Optional[Iterator] = None
         self.start_time = time.time()

@@ -1,0 +1,186 @@
+"""Object storage (s3://, gs://, oci://, ...) through mosaicml-streaming's uploaders and downloaders.
+
+One small interface for what the project writes and reads in a bucket (prepared datasets, checkpoints):
+upload a file, download a file, list keys, delete keys. Every scheme streaming supports goes through
+the same calls; only s3:// (and S3-compatible stores through `S3_ENDPOINT_URL`) is tested here.
+
+Errors a user can fix (no credentials, a missing bucket, an unreachable endpoint, a missing object)
+become one `StorageError` line naming the URL and, for S3, the endpoint.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import urllib.parse
+from pathlib import Path
+from typing import Callable, Optional, TypeVar
+
+from core.errors import StorageError
+
+T = TypeVar("T")
+# Transient failures are retried by botocore and by streaming's uploader; this bounds how long a dead endpoint holds a job.
+TIMEOUT_S = 60.0
+
+
+def is_remote(path: str | os.PathLike | None) -> bool:
+    """True for a URL with a scheme (s3://bucket/prefix), False for a local path or None."""
+    if path is None:
+        return False
+    scheme = urllib.parse.urlparse(str(path)).scheme
+    return len(scheme) > 1 and scheme != "file"  # one letter: a Windows drive
+
+
+def join(url: str, *parts: str) -> str:
+    """`url/part/...` with one slash between the parts."""
+    return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+
+def endpoint(url: str) -> str:
+    """Where requests for `url` go, for error messages."""
+    if urllib.parse.urlparse(url).scheme == "s3":
+        return os.environ.get("S3_ENDPOINT_URL") or "AWS S3 (S3_ENDPOINT_URL not set)"
+    return urllib.parse.urlparse(url).scheme
+
+
+def describe(exc: BaseException, url: str) -> Optional[str]:
+    """One line for a storage failure a user can fix, None for anything else (a bug keeps its traceback)."""
+    try:
+        from botocore import exceptions as bx
+    except ImportError:  # pragma: no cover - boto3 comes with the project's dependencies
+        bx = None
+    where = f"{url} (endpoint {endpoint(url)})"
+    if bx is not None:
+        if isinstance(exc, bx.NoCredentialsError):
+            return (f"no credentials for {where}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+                    "or a credentials file")
+        if isinstance(exc, (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ConnectionClosedError)):
+            return f"cannot reach the object store for {where}: {type(exc).__name__}; check S3_ENDPOINT_URL and the network"
+        if isinstance(exc, bx.ClientError):
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            bucket = urllib.parse.urlparse(url).netloc
+            if code in ("NoSuchBucket",):
+                return f"bucket '{bucket}' does not exist at {endpoint(url)} (for {url})"
+            if code in ("404", "NoSuchKey", "NotFound"):
+                return f"not found in the object store: {where} (a missing bucket or object)"
+            if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                return (f"access denied to {where} ({code}): the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE) "
+                        "lack permission or are wrong")
+            return f"the object store refused a request for {where}: {code} {exc}"
+        if isinstance(exc, bx.BotoCoreError):
+            return f"object store error for {where}: {exc}"
+    if isinstance(exc, FileNotFoundError):
+        return f"not found in the object store: {where}"
+    if isinstance(exc, ImportError):
+        return f"the client library for {urllib.parse.urlparse(url).scheme}:// is not installed ({exc})"
+    if isinstance(exc, ValueError) and ("Unsupported remote path" in str(exc) or "Invalid Cloud provider" in str(exc)):
+        return f"unsupported object store URL '{url}': {exc}"
+    return None
+
+
+def guarded(url: str, call: Callable[[], T]) -> T:
+    """Run `call`; a storage failure a user can fix becomes a StorageError naming `url`."""
+    try:
+        return call()
+    except StorageError:
+        raise
+    except Exception as exc:
+        line = describe(exc, url)
+        if line is None:
+            raise
+        raise StorageError(line) from exc
+
+
+class ObjectStore:
+    """Files under one remote prefix (`s3://bucket/prefix`): upload, download, list, delete."""
+
+    def __init__(self, url: str) -> None:
+        if not is_remote(url):
+            raise StorageError(f"'{url}' is not an object store URL (expected scheme://bucket/prefix)")
+        self.url = url.rstrip("/")
+        self._uploader = None
+        self._downloader = None
+
+    def _up(self, staging: Path):
+        """Streaming's uploader for this prefix; its constructor checks the bucket exists."""
+        from streaming.base.storage import CloudUploader
+
+        # It warns that the staging folder is not empty, which is the point of uploading from it.
+        logging.getLogger("streaming.base.storage.upload").setLevel(logging.ERROR)
+        if self._uploader is None or Path(self._uploader.local) != staging:
+            self._uploader = guarded(self.url, lambda: CloudUploader.get(
+                (str(staging), self.url), keep_local=True, exist_ok=True, retry=2))
+        return self._uploader
+
+    def check(self) -> None:
+        """Fail with one line when the bucket is missing, the endpoint unreachable or the credentials absent."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                self._up(Path(tmp))
+            except StorageError as exc:
+                code = getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")
+                if code in ("404", "NoSuchBucket"):  # HeadBucket answers a bare 404
+                    bucket = urllib.parse.urlparse(self.url).netloc
+                    raise StorageError(f"bucket '{bucket}' does not exist at {endpoint(self.url)} (for {self.url}); "
+                                       "create it, or check the name and S3_ENDPOINT_URL") from exc.__cause__
+                raise
+            self._uploader = None
+
+    def upload(self, local_root: Path, relative: str) -> None:
+        """Upload `local_root/relative` to `url/relative`."""
+        up = self._up(Path(local_root))
+        guarded(join(self.url, relative), lambda: up.upload_file(relative))
+
+    def upload_tree(self, local_root: Path, last: tuple[str, ...] = ()) -> list[str]:
+        """Upload every file under `local_root`; the names in `last` (relative paths) go after all others."""
+        files = sorted(str(p.relative_to(local_root)) for p in Path(local_root).rglob("*") if p.is_file())
+        ordered = [f for f in files if f not in last] + [f for f in last if f in files]
+        for rel in ordered:
+            self.upload(local_root, rel)
+        return ordered
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Keys under `url/prefix`, relative to `url`."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            up = self._up(Path(tmp))
+            keys = guarded(join(self.url, prefix), lambda: up.list_objects(prefix) or [])
+            self._uploader = None
+        base = urllib.parse.urlparse(self.url).path.strip("/")
+        return sorted(k[len(base):].lstrip("/") if base and k.startswith(base) else k for k in keys)
+
+    def download(self, relative: str, local: Path, overwrite: bool = True) -> Path:
+        """Download `url/relative` to `local` (through a temporary name, so no half file stays behind)."""
+        from streaming.base.storage import CloudDownloader
+
+        local = Path(local)
+        if local.exists() and not overwrite:
+            return local
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.download-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        remote = join(self.url, relative)
+        if self._downloader is None:
+            self._downloader = guarded(remote, lambda: CloudDownloader.get(remote))
+        try:
+            guarded(remote, lambda: self._downloader.download(remote, str(tmp), TIMEOUT_S))
+            os.replace(tmp, local)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return local
+
+    def delete(self, keys: list[str]) -> bool:
+        """Delete `keys` (relative to `url`); False where the scheme has no delete here (only s3:// does)."""
+        parsed = urllib.parse.urlparse(self.url)
+        if parsed.scheme != "s3" or not keys:
+            return parsed.scheme == "s3"
+        import boto3
+
+        client = boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL"))
+        base = parsed.path.strip("/")
+        objects = [{"Key": f"{base}/{k}" if base else k} for k in keys]
+        for i in range(0, len(objects), 1000):
+            guarded(self.url, lambda: client.delete_objects(Bucket=parsed.netloc, Delete={"Objects": objects[i:i + 1000]}))
+        return True

@@ -1,0 +1,90 @@
+"""A prepared dataset in object storage: publish a local folder to a bucket, fetch its metadata back.
+
+The order of the upload is what keeps a bucket consistent: every shard of a split before that split's
+`index.json`, the tokenizer after both splits, `manifest.json` last. A reader that finds the manifest
+finds everything it names, and an interrupted upload leaves no index that points at a missing shard.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+from core.errors import OutputExistsError, StorageError
+from core.object_store import ObjectStore
+from data_pipeline.shards import MANIFEST, read_manifest
+
+log = logging.getLogger("data_pipeline")
+INDEX = "index.json"
+
+
+def check_remote_output(url: str, overwrite: bool) -> ObjectStore:
+    """The bucket is reachable and the prefix empty (or `overwrite`): checked before any work is done."""
+    store = ObjectStore(url)
+    store.check()
+    existing = store.list()
+    if existing and not overwrite:
+        raise OutputExistsError(f"'{url}' already holds {len(existing)} object(s) (e.g. {existing[0]}); "
+                                "choose another prefix, or pass --overwrite (overwrite=true) to replace them")
+    return store
+
+
+def upload_dataset(local: Path | str, url: str, overwrite: bool) -> int:
+    """Upload a prepared folder: shards, then each split's index, the tokenizer, the manifest last; return the file count."""
+    local = Path(local)
+    store = check_remote_output(url, overwrite)
+    stale = store.list()
+    if stale:  # overwrite: the old manifest goes first, so no reader takes the half-replaced prefix for a dataset
+        ordered = sorted(stale, key=lambda k: k != MANIFEST)
+        if not store.delete(ordered):
+            raise OutputExistsError(f"cannot replace the objects under '{url}' (deleting is only supported for s3://); "
+                                    "remove them with your store's tools")
+    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    indexes = [f for f in files if f.endswith(f"/{INDEX}")]
+    tokenizer = [f for f in files if f.startswith("tokenizer/")]
+    first = [f for f in files if f not in indexes and f not in tokenizer and f != MANIFEST]
+    t0 = time.time()
+    order = first + indexes + tokenizer + [MANIFEST]
+    for i, rel in enumerate(order, 1):
+        store.upload(local, rel)
+        if i % 50 == 0:
+            log.info("uploaded %d / %d files to %s", i, len(order), url)
+    log.info("uploaded %d files (%.1f MB) to %s in %.1fs", len(order),
+             sum((local / f).stat().st_size for f in order) / 1e6, url, time.time() - t0)
+    return len(order)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def fetch_metadata(url: str, cache: Path) -> None:
+    """Bring the manifest, tokenizer and split indexes of a remote dataset into the local cache folder.
+
+    A cache that holds another dataset's index would be read silently by streaming (its local index always
+    wins), so each index is compared with the bucket's and replaced, with the shards it names, where they differ.
+    """
+    store = ObjectStore(url)
+    cache.mkdir(parents=True, exist_ok=True)
+    fresh = cache / f".{MANIFEST}.remote"
+    try:
+        store.download(MANIFEST, fresh)
+    except StorageError as exc:
+        if "not found" not in str(exc):
+            raise
+        store.check()  # a missing bucket says so
+        raise StorageError(f"no prepared dataset at {url} (no {MANIFEST} there); write one with "
+                           f"`python -m data_pipeline prepare ... output_dir={url}`") from exc
+    manifest_path = cache / MANIFEST
+    if manifest_path.is_file() and _digest(manifest_path) != _digest(fresh):
+        log.warning("the local cache %s held another dataset than %s: replacing it", cache, url)
+        for split in ("train", "validation"):
+            for old in (cache / split).glob("*") if (cache / split).is_dir() else ():
+                old.unlink()
+    fresh.replace(manifest_path)
+    manifest = read_manifest(cache)
+    for name in manifest["tokenizer"]["files"]:
+        store.download(f"tokenizer/{name}", cache / "tokenizer" / name, overwrite=False)
+    for split in manifest["splits"]:
+        store.download(f"{split}/{INDEX}", cache / split / INDEX, overwrite=False)

@@ -1,0 +1,1 @@
+"""The DeepSpeed config template (base.json), a package so that an installed wheel carries it."""

@@ -1,0 +1,73 @@
+"""Checkpoints mirrored to object storage (train.checkpoint_remote): upload after save, download to resume.
+
+A checkpoint counts in the bucket only once its COMPLETE marker is there, and the marker is uploaded
+after every other file of the checkpoint and deleted before any of them. A download goes to a
+temporary folder renamed into place once whole, so a killed transfer never looks like a checkpoint.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Optional
+
+from core.object_store import ObjectStore
+from pretrain import checkpoint as ckpt
+
+
+class RemoteCheckpoints:
+    """The checkpoints under one remote prefix, beside the run's local checkpoint folder."""
+
+    def __init__(self, url: str, ckpt_dir: Path) -> None:
+        self.store = ObjectStore(url)
+        self.url = self.store.url
+        self.ckpt_dir = Path(ckpt_dir)
+
+    def complete_tags(self) -> list[str]:
+        """Tags whose COMPLETE marker is in the bucket, oldest first."""
+        keys = self.store.list()
+        return sorted({k.split("/", 1)[0] for k in keys
+                       if k.endswith(f"/{ckpt.COMPLETE}") and ckpt.TAG_RE.match(k.split("/", 1)[0])})
+
+    def upload(self, tag: str, keep_last: int) -> tuple[int, float, list[str]]:
+        """Upload one complete local checkpoint (marker last), then prune the bucket to `keep_last`.
+
+        Returns the number of files, the seconds taken and the tags pruned.
+        """
+        t0 = time.time()
+        folder = self.ckpt_dir / tag
+        names = sorted(p.relative_to(self.ckpt_dir).as_posix() for p in folder.rglob("*") if p.is_file())
+        marker = f"{tag}/{ckpt.COMPLETE}"
+        for rel in sorted(names, key=lambda n: n == marker):
+            self.store.upload(self.ckpt_dir, rel)
+        pruned = []
+        stale = self.complete_tags()[:-keep_last]
+        if stale:
+            keys = self.store.list()
+            for old in stale:
+                mine = [k for k in keys if k.startswith(f"{old}/")]
+                # The marker first: a prune cut short leaves files no resume takes for a checkpoint.
+                if self.store.delete([f"{old}/{ckpt.COMPLETE}"]) and self.store.delete(
+                        [k for k in mine if k != f"{old}/{ckpt.COMPLETE}"]):
+                    pruned.append(old)
+        return len(names), time.time() - t0, pruned
+
+    def fetch_newest(self) -> Optional[str]:
+        """Download the newest complete remote checkpoint when it is newer than every local one; its tag, or None."""
+        remote = self.complete_tags()
+        if not remote:
+            return None
+        newest = remote[-1]
+        local = ckpt.complete_tags(self.ckpt_dir) if self.ckpt_dir.is_dir() else []
+        if local and local[-1] >= newest:
+            return None
+        keys = [k for k in self.store.list(f"{newest}/") if k.startswith(f"{newest}/")]
+        tmp = self.ckpt_dir / f".{newest}.download"
+        shutil.rmtree(tmp, ignore_errors=True)
+        marker = f"{newest}/{ckpt.COMPLETE}"
+        for key in sorted(keys, key=lambda k: k == marker):
+            self.store.download(key, tmp / key.split("/", 1)[1])
+        target = self.ckpt_dir / newest
+        shutil.rmtree(target, ignore_errors=True)  # an unmarked local folder of that tag: the debris of a killed save
+        tmp.rename(target)
+        return newest

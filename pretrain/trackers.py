@@ -1,0 +1,139 @@
+"""Experiment trackers beside TensorBoard (train.report_to): Weights & Biases and MLflow, on rank 0.
+
+Each tracker gets the run's resolved config once and every scalar row the run logs (the rows of
+metrics.jsonl, keyed `split/name`). The tracker's run id is kept in the run folder (trackers.json),
+so a resumed or requeued run continues the same tracked run instead of starting a new one.
+A step a tracker has already seen (the steps a killed run redoes after its last checkpoint) is not
+sent again: W&B refuses steps that go back, and MLflow would keep both values.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import Any, Optional
+
+from core.atomic_files import write_text_atomic
+from core.errors import SetupError
+from pretrain.run_dir import RunDir
+
+PROJECT = "contrastive-pretrain"
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+class Tracker:
+    """One tracking backend: `log` a row of scalars at a step, `close` at the end."""
+
+    name = ""
+
+    run_id = ""
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Send one row (keys already prefixed with the split)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush and end the tracked run (it stays resumable)."""
+
+
+class WandbTracker(Tracker):
+    """Weights & Biases: WANDB_PROJECT (default contrastive-pretrain), WANDB_ENTITY, WANDB_MODE=offline as usual."""
+
+    name = "wandb"
+
+    def __init__(self, paths: RunDir, config: dict[str, Any], run_id: Optional[str]) -> None:
+        import wandb
+
+        self.run_id = run_id or uuid.uuid4().hex[:8]
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), id=self.run_id, resume="allow",
+                              dir=str(paths.wandb), name=paths.root.name, config=config)
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker(Tracker):
+    """MLflow: MLFLOW_TRACKING_URI (default a SQLite file in the run folder), MLFLOW_EXPERIMENT_NAME."""
+
+    name = "mlflow"
+
+    def __init__(self, paths: RunDir, config: dict[str, Any], run_id: Optional[str]) -> None:
+        import mlflow
+        from mlflow.entities import Metric, Param
+
+        self._metric = Metric
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{paths.mlflow_db.resolve()}"
+        self.client = mlflow.MlflowClient(tracking_uri=uri)
+        self.uri = uri
+        if run_id is None:
+            name = os.environ.get("MLFLOW_EXPERIMENT_NAME", PROJECT)
+            experiment = self.client.get_experiment_by_name(name)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+            run_id = self.client.create_run(experiment_id, run_name=paths.root.name).info.run_id
+            # MLflow caps a parameter's value at 6000 characters; a config's values are far shorter.
+            params = [Param(k, (v if isinstance(v, str) else json.dumps(v))[:6000]) for k, v in _flatten(config).items()]
+            for i in range(0, len(params), 100):
+                self.client.log_batch(run_id, params=params[i:i + 100])
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[self._metric(k, float(v), now, step) for k, v in values.items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+BACKENDS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
+
+
+class Trackers:
+    """The trackers named in train.report_to (besides tensorboard, which the run logger writes itself)."""
+
+    def __init__(self, paths: RunDir, report_to: list[str], config: dict[str, Any]) -> None:
+        path = paths.tracker_ids
+        saved = json.loads(path.read_text()) if path.is_file() else {}
+        self.items: list[Tracker] = []
+        self.skip_through = -1
+        for name in report_to:
+            if name not in BACKENDS:
+                continue
+            try:
+                self.items.append(BACKENDS[name](paths, config, saved.get(name)))
+            except ImportError as exc:
+                raise SetupError(f"train.report_to has {name}, but its library is not installed ({exc}); "
+                                 f"pip install {'wandb' if name == 'wandb' else 'mlflow-skinny sqlalchemy alembic'}") from exc
+        if self.items:
+            write_text_atomic(path, json.dumps({t.name: t.run_id for t in self.items}, indent=2) + "\n")
+
+    def resumed(self, last_logged: int) -> None:
+        """Rows up to `last_logged` were sent by an earlier attempt; the steps it redoes are not sent twice."""
+        self.skip_through = last_logged
+
+    def log(self, step: int, values: dict[str, float], prefix: str) -> None:
+        """One row of scalars to every tracker."""
+        if step <= self.skip_through or not self.items:
+            return
+        row = {f"{prefix}/{k}": v for k, v in values.items()}
+        for tracker in self.items:
+            tracker.log(step, row)
+
+    def close(self) -> None:
+        """End every tracked run (each stays resumable by its id in trackers.json)."""
+        for tracker in self.items:
+            tracker.close()

@@ -1,0 +1,205 @@
+"""Data and checkpoints in object storage, against a real S3-compatible server (moto's, started here on localhost).
+
+Nothing is mocked: prepare uploads through streaming's uploader, training reads through streaming's
+downloader and boto3 over HTTP, exactly as against AWS S3 or MinIO with `S3_ENDPOINT_URL`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY_MODEL, free_port, launch_ranks, restored_environ, run_cli, wait_for_step
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on a free port; the environment points boto3 and streaming at it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    with restored_environ():
+        os.environ.update({"S3_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                           "AWS_EC2_METADATA_DISABLED": "true"})
+        client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+        for bucket in ("corpus", "ckpt"):
+            client.create_bucket(Bucket=bucket)
+        yield client
+    server.stop()
+
+
+def _keys(client, bucket: str, prefix: str) -> list[str]:
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def _cli(module: str, args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The error a user sees: exit 2, exactly one `error:` line, no traceback."""
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, caplog):
+    config = tmp_path / "prepare.yaml"
+    config.write_text(f"sources: [{{kind: text, path: '{corpus_file}'}}]\ntokenizer: {{vocab_size: 400, "
+                      "character_coverage: 1.0}\nseq_len: 64\nval_fraction: 0.1\n")
+    work, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    work.mkdir(), tmp.mkdir()
+    env = {"TMPDIR": str(tmp)}
+    done = _cli("data_pipeline", ["prepare", "--config", str(config), "output_dir=s3://corpus/direct"], work, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "dataset: s3://corpus/direct" in done.stdout
+    assert list(work.iterdir()) == []  # no folder named after the URL
+    assert not [p for p in tmp.iterdir() if "staging" in p.name]  # nor a staging copy left behind
+    # The order the server received the files in: a split's shards before its index, the manifest last.
+    puts = [m.split("PUT /corpus/direct/")[1].split(" ")[0] for m in caplog.messages if "PUT /corpus/direct/" in m]
+    assert puts[-1] == "manifest.json"
+    for split in ("train", "validation"):
+        shard_puts = [i for i, p in enumerate(puts) if p.startswith(f"{split}/") and ".mds" in p]
+        assert shard_puts and max(shard_puts) < puts.index(f"{split}/index.json")
+
+    keys = [k.removeprefix("direct/") for k in _keys(s3, "corpus", "direct/")]
+    manifest = json.loads(s3.get_object(Bucket="corpus", Key="direct/manifest.json")["Body"].read())
+    assert {f"tokenizer/{name}" for name in manifest["tokenizer"]["files"]} <= set(keys)
+    for split in ("train", "validation"):
+        index = json.loads(s3.get_object(Bucket="corpus", Key=f"direct/{split}/index.json")["Body"].read())
+        shards = [f"{split}/{s['zip_data']['basename']}" for s in index["shards"]]
+        assert shards and set(shards) <= set(keys), (shards, keys)
+        assert sum(s["samples"] for s in index["shards"]) == manifest["splits"][split]["sequences"]
+
+    again = _cli("data_pipeline", ["prepare", "--config", str(config), "output_dir=s3://corpus/direct"], work, env)
+    assert "already holds" in _one_line_error(again)
+    assert [k.removeprefix("direct/") for k in _keys(s3, "corpus", "direct/")] == keys  # nothing lost
+
+    missing = _cli("data_pipeline", ["prepare", "--config", str(config), "output_dir=s3://no-such-bucket/x"], work, env)
+    assert "bucket 'no-such-bucket' does not exist" in _one_line_error(missing)
+    dead = f"http://127.0.0.1:{free_port()}"
+    unreachable = _cli("data_pipeline", ["prepare", "--config", str(config), "output_dir=s3://corpus/y"], work,
+                       {**env, "S3_ENDPOINT_URL": dead})
+    line = _one_line_error(unreachable)
+    assert "cannot reach" in line and dead in line
+    no_keys = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.run([sys.executable, "-m", "data_pipeline", "prepare", "--config", str(config),
+                           "output_dir=s3://corpus/z"], cwd=work, capture_output=True, text=True, timeout=300,
+                          env={**no_keys, "PYTHONPATH": str(REPO), "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "none"),
+                               "AWS_CONFIG_FILE": str(tmp / "none"), "AWS_EC2_METADATA_DISABLED": "true", **env})
+    assert "no credentials" in _one_line_error(proc)
+    assert list(work.iterdir()) == []
+
+
+def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}",
+            *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=16", "train.max_steps=10",
+            "train.save_every=4", "train.log_every=2", "train.eval_every=0", "train.record_samples=true",
+            "schedule.warmup_steps=2", "optimizer.lr=3e-3", "model.dropout=0.1", *extra]
+
+
+def _samples(run: Path, rank: int) -> dict[int, list]:
+    rows = [json.loads(line) for line in (run / "samples" / f"rank{rank}.jsonl").read_text().splitlines()]
+    return {r["step"]: r["sample_ids"] for r in rows}
+
+
+def _weights(run: Path, tag: str = "step_00000010") -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoints" / tag / "mp_rank_00_model_states.pt", map_location="cpu",
+                      weights_only=False)["module"]
+
+
+def test_two_ranks_from_the_bucket_resume_exactly_after_the_node_is_lost(s3, prepared, tmp_path):
+    """Killed, its data cache and run folder wiped (a requeue onto another node), the run resumes from the
+    bucket's checkpoint and ends with the weights and sample order of an uninterrupted run on local shards."""
+    from data_pipeline.remote_dataset import upload_dataset
+
+    upload_dataset(prepared, "s3://corpus/shards", overwrite=False)
+    reference = tmp_path / "reference"
+    run_cli("pretrain", _train_args(prepared, reference), nproc=2)
+
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    args = _train_args(cache, run, "data.remote=s3://corpus/shards", "train.checkpoint_remote=s3://ckpt/run")
+    procs = launch_ranks(args, 2, tmp_path / "logs")
+    try:
+        wait_for_step(run, 6, procs, timeout=240)  # checkpoint 4 was uploaded before step 5 began
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+    assert "uploaded checkpoint step_00000004 to s3://ckpt/run" in (tmp_path / "logs" / "rank0.log").read_text()
+    assert {k.split("/")[1] for k in _keys(s3, "ckpt", "run/")} == {"step_00000004"}
+    import shutil
+
+    shutil.rmtree(cache), shutil.rmtree(run)
+    # A newer checkpoint whose upload never finished (no COMPLETE marker) must not be taken.
+    s3.put_object(Bucket="ckpt", Key="run/step_00000008/mp_rank_00_model_states.pt", Body=b"half")
+
+    resumed = run_cli("pretrain", args, nproc=2)
+    assert "downloaded checkpoint step_00000004 from s3://ckpt/run" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
+    wa, wb = _weights(reference), _weights(run)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    for rank in (0, 1):
+        want = {s: ids for s, ids in _samples(reference, rank).items() if s > 4}
+        assert _samples(run, rank) == want
+    # The bucket holds the newest complete checkpoints (keep_last=3) with their markers.
+    tags = {k.split("/")[1] for k in _keys(s3, "ckpt", "run/") if k.endswith("/COMPLETE")}
+    assert tags == {"step_00000004", "step_00000008", "step_00000010"}
+
+    # The resumed run folder exports like any other.
+    out = tmp_path / "export"
+    run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(out)])
+    assert (out / "config.json").is_file()
+
+
+def test_a_damaged_shard_in_the_bucket_stops_the_run_with_one_line(s3, prepared, tmp_path):
+    from data_pipeline.remote_dataset import upload_dataset
+
+    upload_dataset(prepared, "s3://corpus/damaged", overwrite=False)
+    index = json.loads((prepared / "train" / "index.json").read_text())
+    shard = f"train/{index['shards'][0]['zip_data']['basename']}"
+    body = bytearray(s3.get_object(Bucket="corpus", Key=f"damaged/{shard}")["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    s3.put_object(Bucket="corpus", Key=f"damaged/{shard}", Body=bytes(body))
+    before = _keys(s3, "corpus", "damaged/")
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    proc = run_cli("pretrain", _train_args(cache, run, "data.remote=s3://corpus/damaged", "train.max_steps=2"),
+                   check=False)
+    line = _one_line_error(proc)
+    assert f"s3://corpus/damaged/{shard}" in line and "does not match" in line
+    assert not (cache / shard).exists()  # the damaged copy is not left for the next run to read
+    assert _keys(s3, "corpus", "damaged/") == before
+    assert not (run / "checkpoints").exists() or not any((run / "checkpoints").glob("step_*"))
+
+
+def test_a_missing_bucket_or_an_unreachable_endpoint_is_one_line(s3, tmp_path):
+    missing = run_cli("pretrain", _train_args(tmp_path / "cache", tmp_path / "run", "data.remote=s3://no-such-bucket/d"),
+                      check=False)
+    assert "bucket 'no-such-bucket' does not exist" in _one_line_error(missing)
+    absent = run_cli("pretrain", _train_args(tmp_path / "cache", tmp_path / "run", "data.remote=s3://corpus/never-prepared"),
+                     check=False)
+    assert "no prepared dataset at s3://corpus/never-prepared" in _one_line_error(absent)
+    dead = f"http://127.0.0.1:{free_port()}"
+    os.environ["S3_ENDPOINT_URL"], live = dead, os.environ["S3_ENDPOINT_URL"]
+    try:
+        unreachable = run_cli("pretrain", _train_args(tmp_path / "cache", tmp_path / "run", "data.remote=s3://corpus/d"),
+                              check=False)
+    finally:
+        os.environ["S3_ENDPOINT_URL"] = live
+    line = _one_line_error(unreachable)
+    assert "cannot reach" in line and dead in line
