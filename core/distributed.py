@@ -1,6 +1,8 @@
 """Process-group set-up for one process, torchrun, or the deepspeed launcher; CPU uses gloo."""
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
 import socket
 import sys
@@ -76,9 +78,18 @@ def setup_env() -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
-def init_distributed() -> None:
-    """Start the process group through DeepSpeed (NCCL on GPU, gloo on CPU)."""
+def init_distributed(timeout_s: float = 600.0) -> None:
+    """Start the process group through DeepSpeed (NCCL on GPU, gloo on CPU), its collectives bounded by `timeout_s`.
+
+    The bound at start covers ZeRO's set-up, the data's and the first step; `set_timeout` tightens it after that.
+    """
     setup_env()
+    if torch.cuda.is_available():
+        # Explicitly what torch defaults to (3: tear down on a failed collective), and the flight recorder's
+        # buffer, so a timeout dumps what each rank was doing (TORCH_FR_DUMP_TEMP_FILE: set by the trainer).
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "20000")
     import deepspeed
 
     if not torch.cuda.is_available():
@@ -88,8 +99,51 @@ def init_distributed() -> None:
     else:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     _import_muon_uncompiled()
-    deepspeed.init_distributed(auto_mpi_discovery=False)
+    deepspeed.init_distributed(auto_mpi_discovery=False, timeout=datetime.timedelta(seconds=timeout_s))
     _local_world_is_this_host()
+
+
+def set_timeout(seconds: float) -> None:
+    """Bound every later collective of the default group and the control group by `seconds`."""
+    if world_size() == 1 or not torch.distributed.is_initialized():
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = datetime.timedelta(seconds=seconds)
+    c10d._set_pg_timeout(timeout, None)  # private in torch 2.x; the only way to change a live group's bound
+    if _CONTROL_GROUP is not None:
+        c10d._set_pg_timeout(timeout, _CONTROL_GROUP)
+
+
+@contextlib.contextmanager
+def long_wait(seconds: float, after: float):
+    """Collectives inside may wait `seconds` (a save, an evaluation, an upload); `after` applies again afterwards."""
+    set_timeout(seconds)
+    try:
+        yield
+    finally:
+        set_timeout(after)
+
+
+# What gloo, NCCL and c10d say when a peer process died or stopped answering.
+_PEER_FAILURE_TEXT = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting",
+                      "Socket Timeout", "NCCL communicator was aborted", "Watchdog caught collective operation timeout")
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """True when `exc` is a collective that failed because another rank died or hung (not a bug of this rank)."""
+    if world_size() == 1:
+        return False
+    kinds = tuple(k for k in (getattr(torch.distributed, "DistBackendError", None),
+                              getattr(torch.distributed, "DistNetworkError", None)) if k is not None)
+    seen = set()
+    while exc is not None and id(exc) not in seen:  # DeepSpeed and the loader may wrap it
+        seen.add(id(exc))
+        if (kinds and isinstance(exc, kinds)) or (
+                isinstance(exc, RuntimeError) and any(t in str(exc) for t in _PEER_FAILURE_TEXT)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _import_muon_uncompiled() -> None:

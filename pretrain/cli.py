@@ -19,25 +19,59 @@ INSTALLED = (Path(__file__).resolve().parents[1],)
 def _train(args: argparse.Namespace) -> int:
     import torch
 
+    from core import distributed as dist
     from pretrain import signals
+    from pretrain.config import RunConfig
+    from pretrain.exit_status import write_status
     from pretrain.preemption import EXIT_FINISHED, EXIT_PREEMPTED
     from pretrain.run import build_trainer
 
-    from pretrain.config import RunConfig
-
-    cfg = load_config(RunConfig, args.config, args.overrides, search=INSTALLED)
-    trainer = build_trainer(cfg)
+    write_status("running")
+    trainer = None
     try:
-        status = trainer.fit()
+        cfg = load_config(RunConfig, args.config, args.overrides, search=INSTALLED)
+        trainer = build_trainer(cfg)
+        try:
+            status = trainer.fit()
+        except Exception as exc:
+            if not dist.is_peer_failure(exc):
+                trainer.mark_failed(exc)  # then the error goes on: one line if it is the user's, a traceback if a bug
+            raise
     except Exception as exc:
-        trainer.mark_failed(exc)  # then the error goes on: one line if it is the user's, a traceback if a bug
+        if dist.is_peer_failure(exc):
+            _peer_lost(exc, trainer)
+        write_status("failed", error=type(exc).__name__, code=2 if isinstance(exc, UserError) else 1)
         raise
     # The decision is made and the checkpoint written: a late SIGTERM (SLURM sends more than one)
     # must not turn "preempted, requeue me" into "killed by a signal" during shutdown.
     signals.ignore()
+    write_status(status, step=trainer.step)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return EXIT_PREEMPTED if status == "preempted" else EXIT_FINISHED
+
+
+def _peer_lost(exc: BaseException, trainer) -> None:
+    """Another rank died or hung: one line, no checkpoint (its shards are gone), exit 76 without teardown."""
+    import os
+
+    import torch
+
+    from core import distributed as dist
+    from pretrain.exit_status import EXIT_PEER_LOST, write_status
+
+    step = trainer.step if trainer is not None else -1
+    backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "?"
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    line = (f"peer lost: rank {dist.rank()} of {dist.world_size()}, step {step}, backend {backend}: {first[:300]} "
+            f"(exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
+    if trainer is not None and trainer.rank == 0:
+        trainer.log.info(line)
+    print(line, file=sys.stderr, flush=True)
+    write_status("peer_lost", step=step, error=first[:500])
+    sys.stdout.flush()
+    # Tearing down a group whose peer is gone can hang (and NCCL's can spin): leave now.
+    os._exit(EXIT_PEER_LOST)
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -82,6 +82,11 @@ class TrainConfig:
     # Dense peak TFLOP/s of one device for MFU (0: a known GPU's data sheet, else measured once and cached).
     peak_tflops: float = 0.0
     keep_last: int = 3
+    # How long a collective may wait for the other ranks: at start (process group, ZeRO set-up, data, the
+    # first step) and in saves and evaluations; then, from the second step on, in every training step.
+    # A rank that died ends the others within step_timeout_s even when its host sends nothing (exit 76).
+    init_timeout_s: float = 600.0
+    step_timeout_s: float = 120.0
     # Also keep checkpoints in object storage (s3://bucket/prefix, ...): each complete checkpoint is uploaded
     # with its COMPLETE marker last, and a run whose folder has none (a requeue onto another node) resumes
     # from the newest complete one there. keep_last applies to the bucket too (s3:// only).
@@ -106,6 +111,9 @@ class TrainConfig:
                 raise ConfigError(f"config key 'train.{key}' must be >= 1, got {getattr(self, key)}")
         if self.zero_stage not in ("auto", 0, 1, 2, 3):
             raise ConfigError(f"config key 'train.zero_stage' must be auto, 0, 1, 2 or 3, got {self.zero_stage!r}")
+        for key in ("init_timeout_s", "step_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"config key 'train.{key}' must be > 0 seconds, got {getattr(self, key)}")
         unknown = sorted(set(self.report_to) - set(TRACKERS))
         if unknown:
             raise ConfigError(f"config key 'train.report_to' has {', '.join(unknown)}; choose from {', '.join(TRACKERS)}")

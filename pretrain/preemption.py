@@ -1,9 +1,11 @@
 """Preemption: signals and deadlines become a flag that all ranks agree on at a step boundary.
 
-Exit codes of `python -m pretrain train` (the SLURM templates act on them):
+Exit codes of `python -m pretrain train` (the SLURM templates act on them; all of them in
+pretrain/exit_status.py):
 - 0  EXIT_FINISHED   reached max_steps (or stopped by train.stop_after);
 - 75 EXIT_PREEMPTED  a signal or the deadline arrived; a complete checkpoint and the PREEMPTED
                      marker were written: requeue and run the same command again;
+- 76                 another rank died or hung (pretrain/exit_status.py);
 - anything else      a crash (Python exits 1 on an exception): do not requeue blindly.
 """
 from __future__ import annotations

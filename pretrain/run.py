@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -60,7 +61,11 @@ def _write_run_files(files: dict[str, str], run_dir: RunDir, data_dir: Path) -> 
 def build_trainer(cfg: RunConfig) -> Trainer:
     """Initialise the process group and everything the trainer needs."""
     quiet_libraries()
-    dist.init_distributed()
+    if torch.cuda.is_available():  # read when NCCL's group is created: a timeout dumps every rank's last collectives here
+        recorder = RunDir(cfg.train.output_dir).flight_recorder
+        recorder.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(recorder / "rank_"))
+    dist.init_distributed(cfg.train.init_timeout_s)
     data_dir = Path(cfg.data.path)
     if is_local_leader():
         fetch_metadata(cfg.data)

@@ -82,6 +82,11 @@ class RunDir:
         return self.root / TENSORBOARD
 
     @property
+    def flight_recorder(self) -> Path:
+        """Where NCCL's flight recorder dumps each rank's last collectives on a timeout (GPU runs)."""
+        return self.root / "flight_recorder"
+
+    @property
     def tracker_ids(self) -> Path:
         """The ids of the W&B and MLflow runs this run logs to (a resume continues them)."""
         return self.root / "trackers.json"

@@ -178,8 +178,10 @@ class RunState:
         self.longest_save = max(self.longest_save, seconds)
         self.last_save_time = time.time()
         log.info(f"saved checkpoint {self.ckpt_dir / tag} in {seconds:.1f}s")
-        if self.remote is not None and self.rank == 0:
-            self._upload(tag, log)
+        if self.remote is not None:
+            if self.rank == 0:
+                self._upload(tag, log)
+            dist.barrier()  # the others wait here, under the save's long timeout, not in the next step's short one
 
     def _upload(self, tag: str, log) -> None:
         """Mirror a saved checkpoint to the bucket. A failure is logged, not fatal: the local copy is whole, and the

@@ -27,6 +27,7 @@ from pretrain.config import RunConfig
 from pretrain.ds_config import bf16_weights_for, build_ds_config
 from pretrain.engine import build_engine
 from pretrain.hardware import device_peak_tflops
+from pretrain.exit_status import write_status
 from pretrain.logger import RunLogger
 from pretrain.metrics import MetricsReporter, MetricWindow
 from pretrain.optim import build_optimizer, build_scheduler
@@ -189,6 +190,12 @@ class Trainer:
             t_step = time.perf_counter()
             self.train_step()
             step_seconds = time.perf_counter() - t_step
+            if self.step == start_step + 1:
+                # Every rank is past its first step (its slowest: set-up, data, compilation): from here a rank
+                # that does not answer within step_timeout_s is taken for dead. A barrier first, or the
+                # fastest rank would time out waiting for the others' first step.
+                dist.barrier()
+                dist.set_timeout(cfg.step_timeout_s)
             self.progress.elapsed += step_seconds
             stopping = bool(cfg.stop_after) and self.step - start_step >= cfg.stop_after
             log_due = self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping
@@ -197,7 +204,8 @@ class Trainer:
                 pace = (time.perf_counter() - run_start) / (self.step - start_step) if log_due else None
                 self.metrics.drain(self.progress, self.seq_len, pace)
             if eval_due:
-                val = {**self.evaluate(), "train_seconds": self.progress.elapsed}
+                with dist.long_wait(cfg.init_timeout_s, after=cfg.step_timeout_s):
+                    val = {**self.evaluate(), "train_seconds": self.progress.elapsed}
                 self.log.scalars(self.step, val, "validation")
                 self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
             minutes_due = bool(cfg.save_every_minutes) and self.rank == 0 and (
@@ -205,11 +213,14 @@ class Trainer:
             preempt, time_save = guard.poll(step_seconds, self.state.longest_save, minutes_due)
             if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stopping or time_save or preempt:
                 self.metrics.drain(self.progress, self.seq_len, None)  # the checkpoint records the tokens seen
-                self.state.save(self.engine.ds, self.loader, self.progress, self.log)
+                with dist.long_wait(cfg.init_timeout_s, after=cfg.step_timeout_s):  # a save may take minutes
+                    self.state.save(self.engine.ds, self.loader, self.progress, self.log)
             if preempt and self.step < cfg.max_steps:  # the last step done: finished, nothing to requeue
                 status = "preempted"
                 self._mark(PREEMPTED, f"preempted ({guard.reason}) at step {self.step}: checkpoint saved, exiting with "
                            "code 75", reason=guard.reason, deadline=guard.deadline, checkpoint=ckpt.tag_for(self.step))
+                # Every rank says so before any exits: srun --kill-on-bad-exit ends the others at the first exit 75.
+                write_status("preempted", step=self.step)
                 dist.barrier()
                 break
             if stopping and self.step < cfg.max_steps:

@@ -158,7 +158,7 @@ def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> None:
 # Longest modules first, so that `pytest -n 2 --dist loadfile` (the Makefile's test command) starts the
 # long, mostly waiting SLURM module at once and packs the short ones around the long ones (measured
 # durations on the 2-core machine; a module not listed runs after these, in collection order).
-LONGEST_FIRST = ["test_slurm", "test_train_resume", "test_object_storage", "test_engine_configs", "test_objective_training",
+LONGEST_FIRST = ["test_slurm", "test_train_resume", "test_object_storage", "test_peer_loss", "test_engine_configs", "test_objective_training",
                  "test_family_objectives",
                  "test_evaluation", "test_elastic", "test_preemption", "test_loader_resume", "test_export",
                  "test_launch", "test_checkpoint_integrity", "test_hot_loop", "test_parallel_and_integrity",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -130,11 +131,40 @@ def jobs(cluster, prepared, tmp_path_factory):
         OVERRIDES=" ".join([f"data.path={data}", f"train.output_dir={limited_run}", *TRAIN_OVERRIDES,
                             "train.max_steps=100000", "train.log_every=5"]))
 
+    # A rank SIGKILLed after the checkpoint of step 250: the step ends, the job requeues and resumes from it;
+    # stop_after=500 makes the resumed attempt end at step 750, a step the reference keeps.
+    lost_run = work / "lost"
+    lost = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
+        OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={lost_run}", *TRAIN_OVERRIDES,
+                            "train.stop_after=500"]))
+    # A rank killed in every attempt (2 tasks on one node): requeued once, away from that node, then failed at the cap.
+    doomed = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
+        OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'doomed'}", *TRAIN_OVERRIDES]))
+    kills: dict[str, list[float]] = {"lost": [], "doomed": []}
+
+    def kill_rank1(job: int, attempt: int) -> bool:
+        """SIGKILL rank 1 of an attempt once it has written its status (its pid); True when done."""
+        status = work / ".pretrain-status" / str(job) / f"attempt-{attempt}" / "rank1.json"
+        try:
+            os.kill(json.loads(status.read_text())["pid"], signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            return False
+        return True
+
     markers: list[dict] = []
     limit_signals = 0
-    deadline = time.time() + 540
+    deadline = time.time() + 720
     while time.time() < deadline:
-        states = {j: cluster.job(j).get("JobState") for j in (pretrain, export, crash, limited)}
+        states = {j: cluster.job(j).get("JobState") for j in (pretrain, export, crash, limited, lost, doomed)}
+        if not kills["lost"] and (lost_run / "checkpoints" / "step_00000250" / "COMPLETE").is_file() \
+                and kill_rank1(lost, 0):
+            kills["lost"].append(time.time())
+        if states[doomed] == "RUNNING" and len(kills["doomed"]) < 2:
+            attempt = int(cluster.job(doomed).get("Restarts", "0"))
+            if attempt == len(kills["doomed"]) and kill_rank1(doomed, attempt):
+                kills["doomed"].append(time.time())
         states.update({f"prepare {i}": t.get("JobState") for i, t in enumerate(cluster.tasks(prepare))})
         marker = run / "PREEMPTED"
         if marker.is_file():
@@ -153,10 +183,12 @@ def jobs(cluster, prepared, tmp_path_factory):
         time.sleep(0.2)
     assert all(p.poll() == 0 for p in reference_procs), f"reference run failed; see {work / 'reference_logs'}"
     return {"work": work, "run": run, "hf": hf, "reference": reference, "markers": markers, "limit_signals": limit_signals,
-            "ids": {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited},
-            "prepare_tasks": cluster.tasks(prepare), "corpus": corpus,
+            "ids": {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited,
+                    "lost": lost, "doomed": doomed},
+            "prepare_tasks": cluster.tasks(prepare), "corpus": corpus, "kills": kills, "lost_run": lost_run,
             "info": {name: cluster.job(j) for name, j in
-                     {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited}.items()}}
+                     {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited,
+                      "lost": lost, "doomed": doomed}.items()}}
 
 
 def _log(jobs, name: str) -> str:
@@ -170,8 +202,8 @@ def _samples(run: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in (run / "samples" / f"rank{rank}.jsonl").read_text().splitlines()]
 
 
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    path = run / "checkpoints" / f"step_{MAX_STEPS:08d}" / "mp_rank_00_model_states.pt"
+def _weights(run: Path, step: int = MAX_STEPS) -> dict[str, torch.Tensor]:
+    path = run / "checkpoints" / f"step_{step:08d}" / "mp_rank_00_model_states.pt"
     return torch.load(path, map_location="cpu", weights_only=False)["module"]
 
 
@@ -248,3 +280,50 @@ def test_restart_limit_is_respected(jobs):
     assert "requeueing job" in log  # the first preemption was requeued ...
     assert "restart 1 reached MAX_RESTARTS=1: not requeueing" in log  # ... the second was not
     assert log.count(f"job {jobs['ids']['limited']} attempt ") == 2
+
+
+def _said_at(log: str, text: str) -> float:
+    """When the sbatch said `text` (its "[pretrain.sbatch YYYY-MM-DD HH:MM:SS]" prefix), as a Unix time."""
+    import datetime
+
+    line = next(line for line in log.splitlines() if text in line)
+    stamp = line.split("[pretrain.sbatch ", 1)[1][:19]
+    return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
+
+
+def test_a_killed_rank_ends_the_step_requeues_and_resumes_exactly(jobs):
+    info, log = jobs["info"]["lost"], _log(jobs, "lost")
+    assert jobs["kills"]["lost"], log[-3000:]
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, log[-3000:])
+    assert "a rank or node was lost (crash 1 of at most 2): srun: error: n2: task 1: Killed (host n2)" in log, log[-3000:]
+    seconds = _said_at(log, "a rank or node was lost") - jobs["kills"]["lost"][0]
+    print(f"SIGKILL of rank 1 -> the step ended and the sbatch decided {seconds:.0f}s later (1 s resolution)")
+    assert seconds < 40, seconds
+    # Two nodes for a 2-node job: excluding n2 would leave it unschedulable, so the requeue keeps it.
+    assert "not excluding n2: the partition would keep 1 usable node(s) for a 2-node job" in log
+    assert "requeueing job" in log and "after the lost rank" in log
+    resumed = log.split(f"job {jobs['ids']['lost']} attempt 2")[1]
+    assert "resumed from" in resumed and "at step 250" in resumed and "stopped at step 750" in resumed
+    ours, ref = _weights(jobs["lost_run"], 750), _weights(jobs["reference"], 750)
+    assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
+    for rank in (0, 1):
+        assert _samples(jobs["lost_run"], rank) == _samples(jobs["reference"], rank)[:750]
+
+
+def test_a_rank_lost_in_every_attempt_stops_at_the_crash_cap_away_from_the_bad_node(jobs):
+    info, log = jobs["info"]["doomed"], _log(jobs, "doomed")
+    assert len(jobs["kills"]["doomed"]) == 2, log[-3000:]
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "1" and info["ExitCode"] == "76:0", (info, log[-3000:])
+    first = log.split(" attempt 2 ")[0]
+    node = first.split("node(s) [", 1)[1].split("]", 1)[0]
+    assert f"srun: error: {node}: task 1: Killed (host {node})" in first, first[-3000:]
+    # A running job cannot change its ExcNodeList: it requeued itself held, and a helper job excluded the node.
+    helper = first.split(f"requeueing job {jobs['ids']['doomed']} held after the lost rank")[1].split("job ", 1)[1].split()[0]
+    helper_log = (jobs["work"] / ".pretrain-status" / str(jobs["ids"]["doomed"]) / f"exclude-{helper}.out").read_text()
+    assert f"excluded {node} (scontrol show job confirms ExcNodeList={node}) and released it" in helper_log, helper_log
+    assert info["ExcNodeList"] == node
+    second = log.split(" attempt 2 ")[1]
+    other = second.split("node(s) [", 1)[1].split("]", 1)[0]
+    assert other != node  # the requeued attempt ran elsewhere
+    assert f"crash 2 reached MAX_CRASHES=2 (last failing host: {other}): not requeueing" in second
+    assert "MAX_RESTARTS" not in second  # the crash cap stopped it, not the preemption cap

@@ -1,0 +1,38 @@
+"""`python -m pretrain` with a fault injected into one rank at one step (FAULT=rank:step:kind), for the peer-loss tests.
+
+kind: sigkill (os.kill SIGKILL), exit (sys.exit(1)), abort (os.abort()), stop (SIGSTOP: the process hangs and
+sends nothing, as a lost host). Just before the fault the rank writes the time to FAULT_TIME_FILE.
+"""
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pretrain import cli  # noqa: E402
+from pretrain.trainer import Trainer  # noqa: E402
+
+rank, step, kind = os.environ["FAULT"].split(":")
+original = Trainer.train_step
+
+
+def train_step(self) -> None:
+    """The real step, then the fault on the chosen rank once the chosen step is done."""
+    original(self)
+    if self.rank == int(rank) and self.step == int(step):
+        Path(os.environ["FAULT_TIME_FILE"]).write_text(repr(time.time()))
+        if kind == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "exit":
+            sys.exit(1)
+        elif kind == "abort":
+            os.abort()
+        elif kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+Trainer.train_step = train_step
+if __name__ == "__main__":
+    sys.exit(cli.main(sys.argv[1:]))

@@ -1,0 +1,75 @@
+"""When a rank dies or hangs, the survivor says so in one line and exits 76 within seconds, with two bare ranks
+started as srun starts them (RANK, WORLD_SIZE, MASTER_* set; no torchrun), gloo on CPU."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TINY_MODEL, free_port
+
+from pretrain.exit_status import EXIT_PEER_LOST
+
+pytestmark = pytest.mark.slow
+
+
+def _launch(data: Path, tmp: Path, fault: str, *extra: str) -> tuple[list[subprocess.Popen], Path]:
+    port, procs = free_port(), []
+    status = tmp / "status"
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={tmp / 'run'}",
+            *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=40",
+            "train.save_every=2", "train.eval_every=0", *extra]
+    for rank in range(2):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+               "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "FAULT": fault,
+               "FAULT_TIME_FILE": str(tmp / "fault_time"), "PRETRAIN_STATUS_DIR": str(status)}
+        with open(tmp / f"rank{rank}.log", "w") as out:
+            procs.append(subprocess.Popen([sys.executable, "tests/helpers/faulty_rank.py", *args], cwd=REPO, env=env,
+                                          stdout=out, stderr=subprocess.STDOUT))
+    return procs, status
+
+
+def _survivor(procs: list[subprocess.Popen], tmp: Path, limit: float) -> tuple[int, float, str]:
+    """Rank 0's exit code, seconds from the fault to its exit, and its log; every process is gone afterwards."""
+    try:
+        code = procs[0].wait(timeout=limit + 240)
+        ended = time.time()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    return code, ended - float((tmp / "fault_time").read_text()), (tmp / "rank0.log").read_text()
+
+
+@pytest.mark.parametrize("kind", ["sigkill", "exit", "abort"])
+def test_a_dead_peer_ends_the_survivor_within_seconds(prepared, tmp_path, kind):
+    procs, status = _launch(prepared, tmp_path, f"1:3:{kind}")
+    code, seconds, log = _survivor(procs, tmp_path, limit=15)
+    print(f"{kind}: rank 0 exited {code} {seconds:.1f}s after rank 1's fault")
+    assert code == EXIT_PEER_LOST, log[-3000:]
+    lines = [line for line in log.splitlines() if "peer lost:" in line]
+    assert lines and "rank 0 of 2, step 3" in lines[-1] and "backend gloo" in lines[-1], log[-3000:]
+    assert "Traceback" not in log
+    assert seconds < 15, seconds
+    assert json.loads((status / "rank0.json").read_text())["status"] == "peer_lost"
+    assert json.loads((status / "rank1.json").read_text())["status"] == "running"  # died without a word
+    # This attempt saved nothing after the fault: the newest checkpoint is the one before it.
+    tags = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*") if (p / "COMPLETE").is_file())
+    assert tags[-1] == "step_00000002"
+
+
+def test_a_hung_peer_ends_the_survivor_within_the_step_timeout(prepared, tmp_path):
+    """SIGSTOP: the peer's sockets stay open and silent, as when its host is lost; only the timeout can end the wait."""
+    procs, _ = _launch(prepared, tmp_path, "1:3:stop", "train.step_timeout_s=10")
+    code, seconds, log = _survivor(procs, tmp_path, limit=15)
+    print(f"stop: rank 0 exited {code} {seconds:.1f}s after rank 1 stopped (step_timeout_s=10)")
+    assert code == EXIT_PEER_LOST, log[-3000:]
+    assert "peer lost: rank 0 of 2, step 3" in log
+    assert seconds < 10 + 5, seconds
