@@ -110,9 +110,10 @@ def set_timeout(seconds: float) -> None:
     from torch.distributed import distributed_c10d as c10d
 
     timeout = datetime.timedelta(seconds=seconds)
-    c10d._set_pg_timeout(timeout, None)  # private in torch 2.x; the only way to change a live group's bound
-    if _CONTROL_GROUP is not None:
-        c10d._set_pg_timeout(timeout, _CONTROL_GROUP)
+    # Every group: the default one, the control group, and those DeepSpeed made for ZeRO (private API in torch
+    # 2.x, the only way to change a live group's bound).
+    for group in [None, *c10d._world.pg_map.keys()]:
+        c10d._set_pg_timeout(timeout, group)
 
 
 @contextlib.contextmanager
