@@ -34,13 +34,18 @@ def _train(args: argparse.Namespace) -> int:
         try:
             status = trainer.fit()
         except Exception as exc:
-            if not dist.is_peer_failure(exc):
+            if not dist.is_peer_failure(exc) and signals.first_received() != "SIGTERM":
                 trainer.mark_failed(exc)  # then the error goes on: one line if it is the user's, a traceback if a bug
             raise
     except Exception as exc:
         if dist.is_peer_failure(exc):
             _peer_lost(exc, trainer)
-        write_status("failed", error=type(exc).__name__, code=2 if isinstance(exc, UserError) else 1)
+        if signals.first_received() == "SIGTERM":
+            # srun ends the other tasks when one dies (--kill-on-bad-exit), or SLURM a failed node's job: what
+            # breaks then (a loader worker terminated with us) is the termination, not a bug of this rank.
+            write_status("terminated", error=type(exc).__name__, step=trainer.step if trainer is not None else -1)
+        else:
+            write_status("failed", error=type(exc).__name__, code=2 if isinstance(exc, UserError) else 1)
         raise
     # The decision is made and the checkpoint written: a late SIGTERM (SLURM sends more than one)
     # must not turn "preempted, requeue me" into "killed by a signal" during shutdown.

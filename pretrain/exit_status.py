@@ -10,8 +10,9 @@ Exit codes of `python -m pretrain train` (slurm/pretrain.sbatch acts on them):
 With srun's --kill-on-bad-exit the first rank to exit non-zero ends the others, so the step's exit code
 is not always the ranks' own (a rank killed by srun counts as 143). With PRETRAIN_STATUS_DIR set (the
 sbatch sets it per attempt), each rank also writes rankN.json there: "running" with its host once it
-starts, then how it ended. A rank still "running" after the step ended died without a word (killed,
-out of memory, aborted, its node lost): its host is the one to suspect.
+starts, then how it ended ("terminated": srun or SLURM ended it while it ran, after another task died).
+A rank still "running" after the step ended died without a word (killed, out of memory, aborted, its
+node lost): its host is the one to suspect.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def status_file() -> Path | None:
 
 
 def write_status(status: str, **fields) -> None:
-    """Record this rank's state (running, finished, stopped, preempted, peer_lost, failed) with its host."""
+    """Record this rank's state (running, finished, stopped, preempted, peer_lost, terminated, failed) with its host."""
     path = status_file()
     if path is None:
         return
