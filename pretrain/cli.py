@@ -17,16 +17,18 @@ INSTALLED = (Path(__file__).resolve().parents[1],)
 
 
 def _train(args: argparse.Namespace) -> int:
+    from pretrain.exit_status import write_status
+
+    write_status("running")  # before the slow imports: a rank that dies in them is still named by its host
+
     import torch
 
     from core import distributed as dist
     from pretrain import signals
     from pretrain.config import RunConfig
-    from pretrain.exit_status import write_status
     from pretrain.preemption import EXIT_FINISHED, EXIT_PREEMPTED
     from pretrain.run import build_trainer
 
-    write_status("running")
     trainer = None
     try:
         cfg = load_config(RunConfig, args.config, args.overrides, search=INSTALLED)
