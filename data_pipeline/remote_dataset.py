@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -79,9 +80,8 @@ def fetch_metadata(url: str, cache: Path) -> None:
     manifest_path = cache / MANIFEST
     if manifest_path.is_file() and _digest(manifest_path) != _digest(fresh):
         log.warning("the local cache %s held another dataset than %s: replacing it", cache, url)
-        for split in ("train", "validation"):
-            for old in (cache / split).glob("*") if (cache / split).is_dir() else ():
-                old.unlink()
+        for stale in ("train", "validation", "tokenizer"):  # its shards, indexes and tokenizer all go
+            shutil.rmtree(cache / stale, ignore_errors=True)
     fresh.replace(manifest_path)
     manifest = read_manifest(cache)
     for name in manifest["tokenizer"]["files"]:

@@ -215,3 +215,29 @@ def test_a_missing_bucket_or_an_unreachable_endpoint_is_one_line(s3, tmp_path):
         os.environ["S3_ENDPOINT_URL"] = live
     line = _one_line_error(unreachable)
     assert "cannot reach" in line and dead in line
+
+
+def test_a_cache_holding_another_dataset_is_replaced_not_read(s3, prepared, tmp_path):
+    """Streaming reads a local index without asking the bucket; a cache filled from another dataset must not be used."""
+    import shutil
+
+    from data_pipeline.remote_dataset import fetch_metadata, upload_dataset
+
+    other = tmp_path / "other"
+    shutil.copytree(prepared, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["note"] = "another dataset"
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    name = manifest["tokenizer"]["files"][0]
+    (other / "tokenizer" / name).write_bytes((other / "tokenizer" / name).read_bytes() + b"\n")
+    upload_dataset(prepared, "s3://corpus/first", overwrite=False)
+    upload_dataset(other, "s3://corpus/second", overwrite=False)
+
+    cache = tmp_path / "cache"
+    fetch_metadata("s3://corpus/first", cache)
+    (cache / "train" / "shard.from-first").write_text("a shard of the first dataset")
+    fetch_metadata("s3://corpus/second", cache)
+    assert json.loads((cache / "manifest.json").read_text())["note"] == "another dataset"
+    assert (cache / "tokenizer" / name).read_bytes() == (other / "tokenizer" / name).read_bytes()
+    assert not (cache / "train" / "shard.from-first").exists()
+    assert (cache / "train" / "index.json").read_bytes() == (other / "train" / "index.json").read_bytes()
