@@ -112,7 +112,7 @@ def set_timeout(seconds: float) -> None:
     timeout = datetime.timedelta(seconds=seconds)
     # Every group: the default one, the control group, and those DeepSpeed made for ZeRO (private API in torch
     # 2.x, the only way to change a live group's bound).
-    for group in [None, *c10d._world.pg_map.keys()]:
+    for group in list(c10d._world.pg_map.keys()):  # the default group is among them
         c10d._set_pg_timeout(timeout, group)
 
 

@@ -132,14 +132,6 @@ class ObjectStore:
         up = self._up(Path(local_root))
         guarded(join(self.url, relative), lambda: up.upload_file(relative))
 
-    def upload_tree(self, local_root: Path, last: tuple[str, ...] = ()) -> list[str]:
-        """Upload every file under `local_root`; the names in `last` (relative paths) go after all others."""
-        files = sorted(str(p.relative_to(local_root)) for p in Path(local_root).rglob("*") if p.is_file())
-        ordered = [f for f in files if f not in last] + [f for f in last if f in files]
-        for rel in ordered:
-            self.upload(local_root, rel)
-        return ordered
-
     def list(self, prefix: str = "") -> list[str]:
         """Keys under `url/prefix`, relative to `url`."""
         import tempfile

@@ -47,12 +47,11 @@ class RunLogger:
         self._jsonl.close()
         path = self._jsonl.name
         with open(path) as fh:
-            rows = [line for line in fh if line.strip()]
-        keep = [line for line in rows if json.loads(line)["step"] <= step]
-        write_text_atomic(Path(path), "".join(keep))
+            rows = [(json.loads(line)["step"], line) for line in fh if line.strip()]
+        write_text_atomic(Path(path), "".join(line for s, line in rows if s <= step))
         self._jsonl = open(path, "a", buffering=1)
         if self.trackers is not None and rows:
-            self.trackers.resumed(max(json.loads(line)["step"] for line in rows))
+            self.trackers.resumed(max(s for s, _ in rows))
         if self._writer is not None:
             self._writer.close()
             # TensorBoard drops events at or after purge_step that earlier sessions wrote.

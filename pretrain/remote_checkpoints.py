@@ -23,9 +23,9 @@ class RemoteCheckpoints:
         self.url = self.store.url
         self.ckpt_dir = Path(ckpt_dir)
 
-    def complete_tags(self) -> list[str]:
-        """Tags whose COMPLETE marker is in the bucket, oldest first."""
-        keys = self.store.list()
+    def complete_tags(self, keys: Optional[list[str]] = None) -> list[str]:
+        """Tags whose COMPLETE marker is in the bucket (among `keys`, else a fresh listing), oldest first."""
+        keys = self.store.list() if keys is None else keys
         return sorted({k.split("/", 1)[0] for k in keys
                        if k.endswith(f"/{ckpt.COMPLETE}") and ckpt.TAG_RE.match(k.split("/", 1)[0])})
 
@@ -41,9 +41,9 @@ class RemoteCheckpoints:
         for rel in sorted(names, key=lambda n: n == marker):
             self.store.upload(self.ckpt_dir, rel)
         pruned = []
-        stale = self.complete_tags()[:-keep_last]
+        keys = self.store.list()  # one listing serves both the tags and their files
+        stale = self.complete_tags(keys)[:-keep_last]
         if stale:
-            keys = self.store.list()
             for old in stale:
                 mine = [k for k in keys if k.startswith(f"{old}/")]
                 # The marker first: a prune cut short leaves files no resume takes for a checkpoint.
