@@ -89,7 +89,10 @@ def _tiny_random_bert_with_minilm_tokenizer(path: Path) -> Path:
 
 
 def _independent_self_similarity(model_dir: Path, sentences: list[str], exclude_special: bool) -> list[float]:
-    """Written from the definition: per sentence, every pair i<j of tokens, cosine in float64; pooled by pairs."""
+    """Written from the definition: per sentence, every pair i<j of tokens, cosine in float64; pooled by pairs.
+
+    The last layer is the model's output (`last_hidden_state`), what the heads read: ModernBERT's last
+    `hidden_states` entry is taken before its final norm."""
     from transformers import AutoModel, AutoTokenizer
 
     tok, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
@@ -97,7 +100,8 @@ def _independent_self_similarity(model_dir: Path, sentences: list[str], exclude_
     for sentence in sentences:
         ids = tok(sentence)["input_ids"]
         with torch.no_grad():
-            states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states[1:]
+            out = model(torch.tensor([ids]), output_hidden_states=True)
+        states = [*out.hidden_states[1:-1], out[0]]
         keep = [i for i, t in enumerate(ids) if not (exclude_special and t in tok.all_special_ids)]
         if totals is None:
             totals = [0.0] * len(states)
@@ -141,8 +145,14 @@ def test_self_similarity_cli_equals_an_independent_computation(tmp_path):
 
     modern = tmp_path / "modern"
     torch.manual_seed(0)
-    ModernBertModel(ModernBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, pad_token_id=0)).save_pretrained(str(modern))
+    network = ModernBertModel(ModernBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                               intermediate_size=64, pad_token_id=0, norm_bias=True))
+    # A trained final norm is far from identity; at initialisation it barely changes a cosine, and the
+    # difference between ModernBERT's last hidden_states entry (before it) and its output would not show.
+    with torch.no_grad():
+        network.final_norm.weight.uniform_(0.2, 2.0)
+        network.final_norm.bias.normal_(0.0, 1.0)
+    network.save_pretrained(str(modern))
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         if (tiny / name).is_file():
             shutil.copy(tiny / name, modern / name)

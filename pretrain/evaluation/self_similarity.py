@@ -1,7 +1,8 @@
 """TaCL's layer-wise self-similarity: how alike the token representations within a sentence are.
 
 For a sentence of n tokens and layer l (1..L, the outputs of the Transformer layers; the
-embeddings are not a layer here), the statistic is the cosine of every unordered pair of distinct
+embeddings are not a layer here; layer L is the model's `last_hidden_state`, what its heads and
+losses read, which for ModernBERT is after `final_norm`), the statistic is the cosine of every unordered pair of distinct
 tokens. Sentences are pooled by pairs, as TaCL's analysis does (yxuansu/TaCL,
 analysis/layerwise_intra_sentence_similarity.py and plot_result.py):
 
@@ -75,7 +76,10 @@ def self_similarity(model_dir: str | Path, sentences: Sequence[str], special_tok
         if special_tokens == "exclude":
             keep &= ~special
         inputs = {k: v.to(device) for k, v in enc.items() if k in accepted}  # ModernBERT takes no token_type_ids
-        hidden = model(**inputs, output_hidden_states=True).hidden_states[1:]
+        out = model(**inputs, output_hidden_states=True)
+        # ModernBERT appends its last hidden_states entry before final_norm; the heads and the losses read
+        # last_hidden_state, so that is the last layer measured (for BERT the two are one tensor).
+        hidden = (*out.hidden_states[1:-1], out.last_hidden_state)
         if sums is None:
             sums, pair_counts = [0.0] * len(hidden), [0.0] * len(hidden)
         for layer, states in enumerate(hidden):
