@@ -61,17 +61,30 @@ RECIPE = ["model.dropout=0", "model.attention_dropout=0", "masking.mask_prob=0.3
           "train.micro_batch_size=16", "train.global_batch_size=32", "train.log_every=50", "train.eval_batches=16"]
 
 
-def train_teacher(backbone: str, data: Path, out: Path, steps: int) -> tuple[Path, dict]:
+# The paper's layer-wise figure (English, BERT-base and TaCL from it; values read off yxuansu/TaCL's
+# analysis/self-similarity.png, ../shared/notes/tacl-depth.md): drawn beside ours.
+PAPER = {"paper: BERT-base (12 layers)": {1: 0.17, 5: 0.26, 8: 0.28, 10: 0.31, 11: 0.36, 12: 0.355},
+         "paper: TaCL from it": {1: 0.215, 5: 0.385, 8: 0.385, 10: 0.345, 11: 0.27, 12: 0.21}}
+
+
+def teacher_slug(backbone: str, layers: int) -> str:
+    """File-name part of a teacher: the backbone, and its depth where it is not the recipe's 2 layers."""
+    return backbone if layers == 2 else f"{backbone}_L{layers}"
+
+
+def train_teacher(backbone: str, data: Path, out: Path, steps: int, layers: int = 2) -> tuple[Path, dict]:
     """An MLM teacher pre-trained here from scratch with the recipe; its export and validation curve."""
     every = max(1, steps // 12)
-    run_dir = train("pretrain/configs/demo_mlm.yaml", [*TEACHER[backbone], *RECIPE, f"data.path={data}", "train.seed=1",
+    slug = teacher_slug(backbone, layers)
+    overrides = [*TEACHER[backbone], *RECIPE, f"model.num_layers={layers}"]
+    run_dir = train("pretrain/configs/demo_mlm.yaml", [*overrides, f"data.path={data}", "train.seed=1",
                                                        f"train.save_every={steps}", f"train.eval_every={every}",
                                                        f"schedule.warmup_steps={max(10, steps // 16)}"],
-                    out / f"train_teacher_{backbone}", steps)
+                    out / f"train_teacher_{slug}", steps)
     curve = validation_losses(run_dir)
-    write_json(REPO / "benchmarks" / "results" / f"tacl_teacher_{backbone}.json",
-               {"backbone": backbone, "steps": steps, "overrides": [*TEACHER[backbone], *RECIPE], "validation": curve})
-    return export(run_dir, steps, out / f"teacher_{backbone}"), curve
+    write_json(REPO / "benchmarks" / "results" / f"tacl_teacher_{slug}.json",
+               {"backbone": backbone, "layers": layers, "steps": steps, "overrides": overrides, "validation": curve})
+    return export(run_dir, steps, out / f"teacher_{slug}"), curve
 
 
 def main() -> None:
@@ -84,6 +97,7 @@ def main() -> None:
     parser.add_argument("--train-teacher", choices=sorted(TEACHER), default=None,
                         help="pre-train the teacher here (on (b)'s shards) instead of starting from --teacher")
     parser.add_argument("--teacher-steps", type=int, default=3000)
+    parser.add_argument("--teacher-layers", type=int, default=2, help="depth of a teacher trained here")
     parser.add_argument("--data", default=None, help="existing shards in the teacher's vocabulary (default: prepare OUT/data)")
     parser.add_argument("--skip-finetune", action="store_true")
     parser.add_argument("--probe", action="store_true", help="linear probes (BBC, tweets, supersenses) of every model")
@@ -104,8 +118,8 @@ def main() -> None:
     teacher_curve = None
     if args.train_teacher:
         data = scratch_data(corpora, Path(args.data).resolve() if args.data else out / "data")
-        teacher, teacher_curve = train_teacher(args.train_teacher, data, out, args.teacher_steps)
-        tname = f"{args.train_teacher} MLM teacher, {args.teacher_steps} steps"
+        teacher, teacher_curve = train_teacher(args.train_teacher, data, out, args.teacher_steps, args.teacher_layers)
+        tname = f"{args.train_teacher} MLM teacher, {args.teacher_layers} layers, {args.teacher_steps} steps"
     else:
         teacher = Path(args.teacher).resolve() if args.teacher else minilm_dir()
         tname = args.teacher_name
@@ -138,9 +152,11 @@ def main() -> None:
     words_only = {name: self_similarity(path, sentences, special_tokens="exclude") for name, path in models.items()}
     figure = out / "self_similarity"
     if args.train_teacher:  # a teacher trained here: the figure belongs in the report, not only in the run folder
-        figure = REPO / "docs" / "results" / f"tacl_teacher_{args.train_teacher}_self_similarity"
+        figure = REPO / "docs" / "results" / f"tacl_teacher_{teacher_slug(args.train_teacher, args.teacher_layers)}_self_similarity"
+    labels = {name: name.split(",")[0] if name in runs else "teacher" for name in models}
     write_report(sim, figure, {"text": str(corpora / "probe_sentences.txt"), "sentences": len(sentences),
-                               "special_tokens": "include", "steps": args.steps})
+                               "special_tokens": "include", "steps": args.steps, "models": {n: str(p) for n, p in models.items()}},
+                 labels=labels, reference=PAPER if args.train_teacher else None)
 
     probes = {}
     if args.probe:
@@ -183,7 +199,8 @@ def main() -> None:
               "rows": rows, "by_objective": spread, "majority_baseline": majority}
     write_json(out / "results.json", result)
     if args.train_teacher:
-        write_json(REPO / "benchmarks" / "results" / f"tacl_students_{args.train_teacher}.json", result)
+        write_json(REPO / "benchmarks" / "results" / f"tacl_students_{teacher_slug(args.train_teacher, args.teacher_layers)}.json",
+                   result)
 
     print(f"\nTaCL vs MLM-only continual pre-training of {tname}, {args.steps} steps × {args.global_batch} × 128 tokens")
     if teacher_curve:

@@ -109,18 +109,20 @@ def _eval_config(cls, args: argparse.Namespace):
 
 def _self_similarity(args: argparse.Namespace) -> int:
     from pretrain.evaluation.config import SelfSimilarityConfig
-    from pretrain.evaluation.self_similarity import read_sentences, self_similarity, write_report
+    from pretrain.evaluation.self_similarity import model_spec, read_sentences, self_similarity, write_report
 
     cfg = _eval_config(SelfSimilarityConfig, args)
     sentences = read_sentences(cfg.text)
-    for model in cfg.model:
+    labels = dict(model_spec(spec)[::-1] for spec in cfg.model)  # path -> label
+    for model in labels:
         if not (Path(model) / "config.json").is_file():
             raise MissingFileError(f"--model '{model}' is not a Hugging Face model folder (no config.json)")
     results = {model: self_similarity(model, sentences, cfg.special_tokens, cfg.max_length, cfg.batch_size)
-               for model in cfg.model}
+               for model in labels}
     json_path, png_path = write_report(results, cfg.out, {
         "text": str(cfg.text), "sentences": len(sentences), "special_tokens": cfg.special_tokens,
-        "max_length": cfg.max_length, "pooling": "sum of pairwise cosines / number of pairs, over all sentences"})
+        "max_length": cfg.max_length, "pooling": "sum of pairwise cosines / number of pairs, over all sentences"},
+        labels=labels)
     for model, values in results.items():
         print(f"{model}: " + " ".join(f"L{i + 1} {v:.3f}" for i, v in enumerate(values)))
     print(f"self-similarity: {json_path} {png_path}")
@@ -213,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     sim = ev.add_parser("self-similarity", help="TaCL's layer-wise token self-similarity (JSON + PNG)", argument_default=unset)
     sim.add_argument("--config", default=None, help="YAML file (keys of SelfSimilarityConfig)")
     sim.add_argument("overrides", nargs="*", default=[], help="key=value overrides")
-    sim.add_argument("--model", nargs="+", help="one or more HF model folders")
+    sim.add_argument("--model", nargs="+",
+                     help="one or more HF model folders, each PATH or LABEL=PATH (one label over several seeds: one line, range shaded)")
     sim.add_argument("--text", help="UTF-8 text, one sentence per line")
     sim.add_argument("--out", help="output path without suffix: writes OUT.json and OUT.png")
     sim.add_argument("--special-tokens", choices=("include", "exclude"),

@@ -75,11 +75,11 @@ def test_glue_offline_fails_at_once_with_a_clear_message(tmp_path, monkeypatch):
 # ---- self-similarity -------------------------------------------------------------------------------
 
 
-def _tiny_random_bert_with_minilm_tokenizer(path: Path) -> Path:
+def _tiny_random_bert_with_minilm_tokenizer(path: Path, seed: int = 0) -> Path:
     from test_tokenizer import minilm_dir
     from transformers import BertConfig, BertModel
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
                          intermediate_size=64)).save_pretrained(str(path))
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
@@ -123,16 +123,26 @@ def test_self_similarity_cli_equals_an_independent_computation(tmp_path):
     text.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
     tiny = _tiny_random_bert_with_minilm_tokenizer(tmp_path / "tiny")
     out = tmp_path / "report" / "selfsim"
-    proc = run_cli("pretrain", ["evaluate", "self-similarity", "--model", str(minilm_dir()), str(tiny), "--text", str(text),
-                                "--out", str(out), "--batch-size", "5"])
+    # Two seeds under one label: one line of the figure, their mean and spread; MiniLM unlabelled is its own line.
+    tiny_seed1 = _tiny_random_bert_with_minilm_tokenizer(tmp_path / "tiny_seed1", seed=1)
+    proc = run_cli("pretrain", ["evaluate", "self-similarity", "--model", str(minilm_dir()), f"tiny={tiny}",
+                                f"tiny={tiny_seed1}", "--text", str(text), "--out", str(out), "--batch-size", "5"])
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["sentences"] == len(lines) and report["special_tokens"] == "include"
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for model in (minilm_dir(), tiny):
+    independent = {}
+    for model in (minilm_dir(), tiny, tiny_seed1):
         got = report["self_similarity"][str(model)]
-        expected = _independent_self_similarity(model, lines, exclude_special=False)
+        expected = independent[model] = _independent_self_similarity(model, lines, exclude_special=False)
         assert len(got) == len(expected)
         assert all(abs(g - e) <= 1e-6 * abs(e) for g, e in zip(got, expected)), (got, expected)
+    assert set(report["by_label"]) == {str(minilm_dir()), "tiny"}
+    group = report["by_label"]["tiny"]
+    assert group["models"] == [str(tiny), str(tiny_seed1)]
+    for layer, (a, b) in enumerate(zip(independent[tiny], independent[tiny_seed1])):
+        assert abs(group["mean"][layer] - (a + b) / 2) <= 1e-6 * abs(a + b) / 2
+        assert abs(group["std"][layer] - abs(a - b) / 2 ** 0.5) <= 1e-6 * abs(a - b)
+        assert abs(group["min"][layer] - min(a, b)) <= 1e-6 * abs(a) and abs(group["max"][layer] - max(a, b)) <= 1e-6 * abs(a)
     assert str(minilm_dir()) in proc.stdout
     # Excluding the special tokens changes the statistic, and again matches the definition.
     from pretrain.evaluation.self_similarity import self_similarity

@@ -59,7 +59,7 @@ class FinetuneConfig:
 class SelfSimilarityConfig:
     """TaCL's layer-wise token self-similarity of one or more exported models on a text file."""
 
-    model: list[str] = field(default_factory=list)  # HF model folders
+    model: list[str] = field(default_factory=list)  # HF model folders, PATH or LABEL=PATH (seeds share a label)
     text: str = ""  # UTF-8, one sentence per line
     out: str = ""  # output path without suffix: writes OUT.json and OUT.png
     # include: keep [CLS]/[SEP] in the pairs (as TaCL's analysis); exclude: drop them.

@@ -23,7 +23,7 @@ from typing import Literal, Sequence
 
 import torch
 
-from core.errors import InputDataError, MissingFileError
+from core.errors import ConfigError, InputDataError, MissingFileError
 from model.backbones.base import forward_input_names
 
 log = logging.getLogger("pretrain.evaluate")
@@ -97,8 +97,36 @@ def self_similarity(model_dir: str | Path, sentences: Sequence[str], special_tok
     return [s / c for s, c in zip(sums, pair_counts)]
 
 
-def write_report(results: dict[str, list[float]], out: str | Path, meta: dict) -> tuple[Path, Path]:
-    """OUT.json (per-model, per-layer values) and OUT.png (one line per model)."""
+def model_spec(spec: str) -> tuple[str, str]:
+    """`LABEL=PATH` or `PATH` -> (label, path); models given one label are seeds of one line in the figure."""
+    label, sep, path = spec.partition("=")
+    if sep and label and not Path(spec).exists():
+        return label, path
+    return spec, spec
+
+
+def by_label(results: dict[str, list[float]], labels: dict[str, str]) -> dict[str, dict]:
+    """Per label: the layer-wise mean, sample std, min and max over its models (its seeds), and which models."""
+    groups: dict[str, list[str]] = {}
+    for model in results:
+        groups.setdefault(labels.get(model, model), []).append(model)
+    out = {}
+    for label, models in groups.items():
+        if len({len(results[m]) for m in models}) > 1:
+            raise ConfigError(f"--model: the models labelled '{label}' differ in depth; one label is one model's seeds")
+        table = torch.tensor([results[m] for m in models], dtype=torch.float64)
+        std = table.std(dim=0, unbiased=True) if len(models) > 1 else torch.zeros(table.shape[1], dtype=torch.float64)
+        out[label] = {"models": models, "mean": table.mean(0).tolist(), "std": std.tolist(),
+                      "min": table.min(0).values.tolist(), "max": table.max(0).values.tolist()}
+    return out
+
+
+def write_report(results: dict[str, list[float]], out: str | Path, meta: dict, labels: dict[str, str] | None = None,
+                 reference: dict[str, dict[int, float]] | None = None) -> tuple[Path, Path]:
+    """OUT.json (per model and per label, per layer) and OUT.png: one line per label, its seeds' range shaded.
+
+    `reference` (label -> {layer: value}) is drawn in a second panel beside it, e.g. the values read off a
+    paper's figure, whose model may be deeper than the ones measured."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,15 +137,33 @@ def write_report(results: dict[str, list[float]], out: str | Path, meta: dict) -
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out.with_suffix(".json"), out.with_suffix(".png")
-    write_text_atomic(json_path, json.dumps({**meta, "self_similarity": results}, indent=2) + "\n")
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, values in results.items():
-        ax.plot(range(1, len(values) + 1), values, marker="o", label=name)
+    groups = by_label(results, labels or {})
+    payload = {**meta, "self_similarity": results, "by_label": groups}
+    if reference:
+        payload["reference"] = {name: {str(k): v for k, v in values.items()} for name, values in reference.items()}
+    write_text_atomic(json_path, json.dumps(payload, indent=2) + "\n")
+    fig, axes = plt.subplots(1, 2 if reference else 1, figsize=(11 if reference else 6, 4), squeeze=False)
+    ax = axes[0][0]
+    for label, g in groups.items():
+        layers = range(1, len(g["mean"]) + 1)
+        seeds = f" ({len(g['models'])} seeds, range shaded)" if len(g["models"]) > 1 else ""
+        line, = ax.plot(layers, g["mean"], marker="o", label=label + seeds)
+        if len(g["models"]) > 1:
+            ax.fill_between(layers, g["min"], g["max"], color=line.get_color(), alpha=0.2)
     ax.set_xlabel("layer")
     ax.set_ylabel("self-similarity (mean pairwise cosine)")
     ax.set_title("Token self-similarity within a sentence")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    if reference:
+        ref_ax = axes[0][1]
+        for name, values in reference.items():
+            layers = sorted(values)
+            ref_ax.plot(layers, [values[k] for k in layers], marker="s", linestyle="--", label=name)
+        ref_ax.set_xlabel("layer")
+        ref_ax.set_title("Reference values")
+        ref_ax.legend(fontsize=8)
+        ref_ax.grid(alpha=0.3)
     save_figure_atomic(fig, png_path)
     plt.close(fig)
     return json_path, png_path
