@@ -178,12 +178,48 @@ def optimizer_for(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
                              lr=lr, betas=(0.9, 0.98), eps=1e-6)
 
 
+def summarize(folder: Path) -> dict:
+    """Per variant, over its seeds: the change of every measurement from step 0 (the teacher) to the last step."""
+    import statistics
+
+    runs: dict[str, list[dict]] = {}
+    for path in sorted(folder.glob("*_seed*.json")):
+        record = json.loads(path.read_text())
+        runs.setdefault(record["args"]["variant"], []).append(record)
+    table = {}
+    for variant in [v for v in VARIANTS if v in runs]:
+        rows = []
+        for record in runs[variant]:
+            first, last = record["points"][0], record["points"][-1]
+            rows.append({"seed": record["args"]["seed"],
+                         "probe_change_by_layer": [b / a - 1.0 for a, b in zip(first["self_similarity_probe"], last["self_similarity_probe"])],
+                         "validation_change_by_layer": [b / a - 1.0 for a, b in
+                                                        zip(first["self_similarity_validation"], last["self_similarity_validation"])],
+                         "teacher_probe": first["self_similarity_probe"], "probe": last["self_similarity_probe"],
+                         "anchors": [first["anchor_self_similarity"], last["anchor_self_similarity"]],
+                         "masked_windows": [first["masked_window_self_similarity"], last["masked_window_self_similarity"]],
+                         "mlm_loss": last["mlm_loss"], "tacl_loss": last["tacl_loss"],
+                         "below_unigram": record["unigram_entropy_validation"] - last["mlm_loss"],
+                         "probe_last_by_step": {p["step"]: p["self_similarity_probe"][-1] for p in record["points"]}})
+        last_change = [r["probe_change_by_layer"][-1] for r in rows]
+        table[variant] = {"seeds": rows, "last_layer_change_mean": statistics.mean(last_change),
+                          "last_layer_change_std": statistics.stdev(last_change) if len(rows) > 1 else 0.0}
+        print(f"{variant:16s} last layer (probe) {table[variant]['last_layer_change_mean']:+.1%} ± "
+              f"{table[variant]['last_layer_change_std']:.1%} over {len(rows)} seed(s); by layer "
+              + " / ".join("[" + ", ".join(f"{c:+.1%}" for c in r["probe_change_by_layer"]) + "]" for r in rows)
+              + "; anchors " + " / ".join(f"{r['anchors'][0]:.3f}->{r['anchors'][1]:.3f}" for r in rows)
+              + "; masked windows " + " / ".join(f"{r['masked_windows'][0]:.3f}->{r['masked_windows'][1]:.3f}" for r in rows)
+              + "; val MLM " + " / ".join(f"{r['mlm_loss']:.3f} ({r['below_unigram']:.2f} below unigram)" for r in rows))
+    return table
+
+
 def main() -> None:
-    """Train one variant from the teacher and write its measurements every --every steps."""
+    """Train one variant from the teacher and write its measurements every --every steps (or --summarize a folder)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--teacher", required=True, help="the teacher's HF folder (an MLM export)")
-    parser.add_argument("--data", required=True, help="prepared dataset folder (train/ and validation/ MDS)")
-    parser.add_argument("--sentences", required=True, help="probe sentences, one per line")
+    parser.add_argument("--summarize", default=None, help="a folder of this script's JSONs: print and write summary.json")
+    parser.add_argument("--teacher", help="the teacher's HF folder (an MLM export)")
+    parser.add_argument("--data", help="prepared dataset folder (train/ and validation/ MDS)")
+    parser.add_argument("--sentences", help="probe sentences, one per line")
     parser.add_argument("--variant", choices=VARIANTS, default="tacl")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=400)
@@ -195,8 +231,14 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--val-windows", type=int, default=256)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
     args = parser.parse_args()
+    if args.summarize:
+        folder = Path(args.summarize)
+        (folder / "summary.json").write_text(json.dumps(summarize(folder), indent=1) + "\n")
+        return
+    if not all((args.teacher, args.data, args.sentences, args.out)):
+        parser.error("--teacher, --data, --sentences and --out are required to train")
     torch.set_num_threads(args.threads)
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
