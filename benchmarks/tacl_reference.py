@@ -10,7 +10,9 @@ them itself and writes the losses from the paper (Su et al. 2022, eq. 1-3):
 
 with the budget of RESULTS.md's TaCL rows: the teacher's own weights as the student's start, 400 steps x 32
 sequences of 128 tokens, AdamW (lr 5e-4, betas 0.9/0.98, eps 1e-6, weight decay 0.01 off biases and
-LayerNorm weights), 40 warm-up steps then linear decay to 0, gradient clipping at 1.0, fp32.
+LayerNorm weights), 40 warm-up steps then linear decay to 0, gradient clipping at 1.0; in fp32, where the
+project's rows trained in bf16 autocast: a difference between the two then points at precision first.
+Validation shows every picked token as [MASK] (as the trainer's validation does); training masks 80/10/10.
 
 Variants (`--variant`):
 - `tacl`: the loss above;
@@ -23,8 +25,9 @@ Variants (`--variant`):
 Every `--every` steps (and at step 0, the teacher itself) it records the self-similarity of every layer
 (the last one is `last_hidden_state`) on the probe sentences ([CLS] s [SEP], pairs pooled over sentences)
 and on clean validation windows, the self-similarity of the anchors' own last-layer states on masked
-validation windows (pairs of anchors within a window), the last layer's over every position of the masked
-windows (what the trainer's TaCL validation diagnostic reads), and the validation MLM and TaCL losses.
+validation windows (80/10/10 as in training; pairs of anchors within a window), the last layer's over every position of the masked
+windows (what the trainer's TaCL validation diagnostic reads), and the validation MLM and TaCL losses (the
+paper's TaCL loss, whatever the variant trains).
 
     python benchmarks/tacl_reference.py --teacher runs/results/tacl_bert/teacher_bert \\
         --data runs/equal_compute/data --sentences runs/corpora/probe_sentences.txt \\
@@ -108,7 +111,8 @@ def probe_self_similarity(encoder, tokenizer, sentences: list[str]) -> list[floa
     """Per layer: cosines of every pair of tokens of `[CLS] s [SEP]`, pooled over the sentences."""
     totals = pairs = None
     for first in range(0, len(sentences), 64):
-        enc = tokenizer(sentences[first:first + 64], truncation=True, max_length=128, padding=True, return_tensors="pt")
+        enc = tokenizer(sentences[first:first + 64], truncation=True, padding=True, return_tensors="pt",
+                        max_length=min(512, encoder.config.max_position_embeddings))
         hidden = layers_of(encoder, enc["input_ids"], enc["attention_mask"])
         totals = totals or [0.0] * len(hidden)
         pairs = pairs or [0.0] * len(hidden)
@@ -122,7 +126,7 @@ def probe_self_similarity(encoder, tokenizer, sentences: list[str]) -> list[floa
 
 @torch.no_grad()
 def validation_measures(student, teacher, val: torch.Tensor, val_inputs: torch.Tensor, val_picked: torch.Tensor,
-                        tau: float) -> dict:
+                        val_train_inputs: torch.Tensor, tau: float) -> dict:
     """Self-similarity of every layer on clean windows, of the anchors on masked windows, and the losses."""
     attention = (val != PAD).long()
     anchor_sum = anchor_pairs = masked_sum = masked_pairs = 0.0
@@ -130,6 +134,7 @@ def validation_measures(student, teacher, val: torch.Tensor, val_inputs: torch.T
     mlm_sum = tacl_sum = count = 0.0
     for first in range(0, len(val), 32):
         ids, inputs, picked = val[first:first + 32], val_inputs[first:first + 32], val_picked[first:first + 32]
+        train_inputs = val_train_inputs[first:first + 32]
         att = attention[first:first + 32]
         hidden = layers_of(student.base_model, ids, att)
         totals = totals or [0.0] * len(hidden)
@@ -140,18 +145,19 @@ def validation_measures(student, teacher, val: torch.Tensor, val_inputs: torch.T
                 totals[layer] += s
                 pairs[layer] += c
         masked_last = student.base_model(input_ids=inputs, attention_mask=att).last_hidden_state
+        anchor_last = student.base_model(input_ids=train_inputs, attention_mask=att).last_hidden_state  # 80/10/10, as in training
         for row in range(len(ids)):
-            s, c = pooled_pairs(masked_last[row], picked[row])
+            s, c = pooled_pairs(anchor_last[row], picked[row])
             anchor_sum += s
             anchor_pairs += c
             s, c = pooled_pairs(masked_last[row], att[row].bool())  # what the trainer's TaCL diagnostic reads
             masked_sum += s
             masked_pairs += c
-        logits = student.cls(masked_last[picked])
+        logits = mlm_logits(student, masked_last[picked])
         mlm_sum += float(F.cross_entropy(logits.double(), ids[picked], reduction="sum"))
         teacher_last = teacher(input_ids=ids, attention_mask=att).last_hidden_state
         n = int(picked.sum())
-        tacl_sum += float(tacl_term(masked_last.double(), teacher_last.double(), picked, att.bool(), tau)) * n
+        tacl_sum += float(tacl_term(anchor_last.double(), teacher_last.double(), picked, att.bool(), tau)) * n
         count += n
     return {"self_similarity_validation": [t / c for t, c in zip(totals, pairs)],
             "anchor_self_similarity": anchor_sum / anchor_pairs,
@@ -160,11 +166,21 @@ def validation_measures(student, teacher, val: torch.Tensor, val_inputs: torch.T
 
 
 def unigram_entropy(ids: torch.Tensor) -> float:
-    """Entropy (nats) of the non-special token frequencies: the loss of a model that ignores context."""
+    """Entropy (nats) of the non-special token frequencies, the loss of a model that ignores context.
+
+    With the Miller-Madow term (K - 1) / 2N, as the trainer reports it: the plug-in estimate from a few
+    thousand tokens of an 8k vocabulary reads about 0.07 nats low."""
     tokens = ids[ids > SPECIAL_MAX]
     p = torch.bincount(tokens).double()
     p = p[p > 0] / p.sum()
-    return float(-(p * p.log()).sum())
+    return float(-(p * p.log()).sum() + (p.numel() - 1) / (2 * tokens.numel()))
+
+
+def mlm_logits(student, hidden: torch.Tensor) -> torch.Tensor:
+    """The masked-LM head of a transformers BertForMaskedLM (`cls`) or ModernBertForMaskedLM (`head`, `decoder`)."""
+    if hasattr(student, "cls"):
+        return student.cls(hidden)
+    return student.decoder(student.head(hidden))
 
 
 def optimizer_for(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -242,14 +258,25 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
+    torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.teacher)
-    student = AutoModelForMaskedLM.from_pretrained(args.teacher).train()
+    student, info = AutoModelForMaskedLM.from_pretrained(args.teacher, output_loading_info=True)
+    if info["missing_keys"]:
+        raise SystemExit(f"{args.teacher}: the masked-LM head is not in the export ({info['missing_keys']})")
+    student.train()
     teacher = AutoModel.from_pretrained(args.teacher).eval().requires_grad_(False)
+    with torch.no_grad():  # the student starts as the teacher: the same encoder output
+        probe = torch.arange(SPECIAL_MAX + 1, SPECIAL_MAX + 17)[None]
+        student.eval()
+        if not torch.allclose(student.base_model(input_ids=probe).last_hidden_state, teacher(input_ids=probe).last_hidden_state):
+            raise SystemExit("the student's encoder does not start from the teacher's weights")
+        student.train()
     vocab, mask_id = student.config.vocab_size, tokenizer.mask_token_id
     train_ids, val = windows(Path(args.data) / "train"), windows(Path(args.data) / "validation")[:args.val_windows]
     sentences = [s.strip() for s in Path(args.sentences).read_text(encoding="utf-8").splitlines() if s.strip()]
     val_gen = torch.Generator().manual_seed(12345)  # the same validation masks for every run
-    val_inputs, val_picked = mask_batch(val, vocab, mask_id, args.mask_prob, val_gen)
+    val_train_inputs, val_picked = mask_batch(val, vocab, mask_id, args.mask_prob, val_gen)
+    val_inputs = torch.where(val_picked, torch.full_like(val, mask_id), val)  # validation shows every pick as [MASK], as the trainer's
     order = torch.randperm(len(train_ids), generator=torch.Generator().manual_seed(args.seed))
     mask_gen = torch.Generator().manual_seed(1000 + args.seed)  # same masks for every variant of a seed
     opt = optimizer_for(student, args.lr, 0.01)
@@ -261,7 +288,7 @@ def main() -> None:
         student.eval()
         point = {"step": step, "train": train_losses,
                  "self_similarity_probe": probe_self_similarity(student.base_model, tokenizer, sentences),
-                 **validation_measures(student, teacher, val, val_inputs, val_picked, args.tau)}
+                 **validation_measures(student, teacher, val, val_inputs, val_picked, val_train_inputs, args.tau)}
         student.train()
         record["points"].append(point)
         print(f"step {step}: probe self-sim {['%.3f' % v for v in point['self_similarity_probe']]}, "
@@ -276,7 +303,7 @@ def main() -> None:
         inputs, picked = mask_batch(ids, vocab, mask_id, args.mask_prob, mask_gen)
         attention = (ids != PAD).long()
         hidden = student.base_model(input_ids=inputs, attention_mask=attention).last_hidden_state
-        mlm = F.cross_entropy(student.cls(hidden[picked]), ids[picked])
+        mlm = F.cross_entropy(mlm_logits(student, hidden[picked]), ids[picked])
         loss = mlm
         tacl = torch.zeros(())
         if args.variant != "mlm":
