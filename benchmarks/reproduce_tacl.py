@@ -67,6 +67,21 @@ PAPER = {"paper: BERT-base (12 layers)": {1: 0.17, 5: 0.26, 8: 0.28, 10: 0.31, 1
          "paper: TaCL from it": {1: 0.215, 5: 0.385, 8: 0.385, 10: 0.345, 11: 0.27, 12: 0.21}}
 
 
+def equal_flops_steps(teacher: Path, steps: int, seq_len: int = 128, mask_prob: float = 0.15) -> int:
+    """MLM-only steps that cost what `steps` of TaCL cost, by the objectives' own FLOP counts (TaCL adds the teacher)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from model.objectives.mlm import MaskedLM
+    from model.objectives.tacl import TaCL
+
+    config = AutoConfig.from_pretrained(teacher)
+    tacl = TaCL.flops_per_token(SimpleNamespace(student=SimpleNamespace(config=config)), seq_len, mask_prob)
+    mlm = MaskedLM.flops_per_token(SimpleNamespace(model=SimpleNamespace(config=config)), seq_len, mask_prob)
+    return round(steps * tacl / mlm)
+
+
 def teacher_slug(backbone: str, layers: int) -> str:
     """File-name part of a teacher: the backbone, and its depth where it is not the recipe's 2 layers."""
     return backbone if layers == 2 else f"{backbone}_L{layers}"
@@ -105,6 +120,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--global-batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--mlm-budget", choices=("steps", "flops", "both"), default="both",
+                        help="MLM-only students at TaCL's steps, at TaCL's training FLOPs (more steps: no teacher), or both")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42],
                         help="continual pre-training seeds (masks and data order); one pair of runs per seed")
     parser.add_argument("--ft-seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -129,20 +146,29 @@ def main() -> None:
              "tokenizer": {"pretrained": str(teacher)}, "seq_len": 128, "packing": "full", "val_fraction": 0.02}, out / "data")
     legacy = args.seeds == [42]  # (a) and (a') ran one seed into unsuffixed folders; keep them reusable
     runs: dict[str, Path] = {}
+    steps_of: dict[str, int] = {}
+    mlm_steps = equal_flops_steps(teacher, args.steps) if args.mlm_budget != "steps" and not legacy else None
     for seed in args.seeds:
         suffix = "" if legacy else f"_seed{seed}"
         tag = "" if legacy else f", seed {seed}"
-        common = [f"model.init_from={teacher}", f"data.path={data}", f"optimizer.lr={args.lr}",
-                  f"train.global_batch_size={args.global_batch}", "train.micro_batch_size=16", f"train.seed={seed}",
-                  *([] if legacy else [f"data.shuffle_seed={seed}"]),
-                  f"schedule.warmup_steps={max(1, args.steps // 10)}", f"train.save_every={args.steps}",
-                  f"train.eval_every={args.steps}", "train.eval_batches=8", "train.log_every=10", *args.override]
-        runs[f"TaCL{tag}"] = train("pretrain/configs/tacl_minilm.yaml", common, out / f"train_tacl{suffix}", args.steps)
-        runs[f"MLM-only{tag}"] = train("pretrain/configs/tacl_minilm.yaml", [*common, "objective.name=mlm"],
-                                       out / f"train_mlm{suffix}", args.steps)
+        def common(steps: int) -> list[str]:
+            return [f"model.init_from={teacher}", f"data.path={data}", f"optimizer.lr={args.lr}",
+                    f"train.global_batch_size={args.global_batch}", "train.micro_batch_size=16", f"train.seed={seed}",
+                    *([] if legacy else [f"data.shuffle_seed={seed}"]),
+                    f"schedule.warmup_steps={max(1, steps // 10)}", f"train.save_every={steps}",
+                    f"train.eval_every={steps}", "train.eval_batches=8", "train.log_every=10", *args.override]
+        todo = [(f"TaCL{tag}", "tacl", f"train_tacl{suffix}", args.steps)]
+        if args.mlm_budget in ("steps", "both") or legacy:
+            todo.append((f"MLM-only{tag}", "mlm", f"train_mlm{suffix}", args.steps))
+        if mlm_steps:
+            todo.append((f"MLM-only (equal FLOPs){tag}", "mlm", f"train_mlm_flops{suffix}", mlm_steps))
+        for name, objective, folder, steps in todo:
+            runs[name] = train("pretrain/configs/tacl_minilm.yaml", [*common(steps), f"objective.name={objective}"],
+                               out / folder, steps)
+            steps_of[name] = steps
     models = {tname: teacher}
     for name, run_dir in runs.items():
-        models[name] = export(run_dir, args.steps, out / f"export_{run_dir.name.removeprefix('train_')}")
+        models[name] = export(run_dir, steps_of[name], out / f"export_{run_dir.name.removeprefix('train_')}")
 
     from pretrain.evaluation.self_similarity import read_sentences, self_similarity, write_report
 
@@ -178,9 +204,10 @@ def main() -> None:
     rows = []
     for name in models:
         acc = [r["metrics"]["accuracy"] for r in ft[name]["seeds"]] if name in ft else []
-        val = validation_losses(runs[name]).get(args.steps, {}) if name in runs else {}
-        rows.append({"model": name, "self_similarity": sim[name], "last_layer": sim[name][-1],
+        val = validation_losses(runs[name]).get(steps_of[name], {}) if name in runs else {}
+        rows.append({"model": name, "steps": steps_of.get(name, 0), "self_similarity": sim[name], "last_layer": sim[name][-1],
                      "last_layer_vs_teacher": sim[name][-1] / teacher_last - 1.0,
+                     "by_layer_vs_teacher": [v / t - 1.0 for v, t in zip(sim[name], sim[tname])],
                      "self_similarity_words_only": words_only[name],
                      "last_layer_vs_teacher_words_only": words_only[name][-1] / words_only[tname][-1] - 1.0,
                      "validation": val, "accuracy_per_seed": acc, "probes": probes.get(name, {}),
@@ -190,7 +217,7 @@ def main() -> None:
                      "f1_macro_mean": ft[name]["summary"]["f1_macro"]["mean"] if name in ft else None})
     majority = ft[tname]["majority_baseline"] if ft else None
     spread = {}
-    for kind in ("TaCL", "MLM-only"):
+    for kind in dict.fromkeys(r["model"].split(",")[0] for r in rows if r["model"] in runs):
         spread[kind] = {"seeds": sum(r["model"].split(",")[0] == kind for r in rows)}
         for key in ("last_layer_vs_teacher", "last_layer_vs_teacher_words_only"):
             m, sd = mean_std([r[key] for r in rows if r["model"].split(",")[0] == kind])
