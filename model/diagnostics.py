@@ -62,9 +62,10 @@ def retrieval_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 @torch.no_grad()
 def token_self_similarity(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Mean cosine similarity between distinct non-pad tokens of the same sequence (TaCL's measure of anisotropy)."""
-    z = F.normalize(hidden.float(), dim=-1)
+    with torch.autocast(hidden.device.type, enabled=False):  # a bf16 matmul would round the statistic to 3 digits
+        z = F.normalize(hidden.float(), dim=-1)
+        sims = z @ z.transpose(1, 2)  # [B, L, L]
     valid = attention_mask.bool()
-    sims = z @ z.transpose(1, 2)  # [B, L, L]
     pair = valid[:, :, None] & valid[:, None, :]
     pair &= ~torch.eye(valid.shape[1], dtype=torch.bool, device=valid.device)
     return (sims * pair).sum() / pair.sum().clamp(min=1)

@@ -66,6 +66,10 @@ def test_self_similarity_and_retrieval_against_loops():
                     pairs += 1
     want = total / pairs
     assert abs(float(token_self_similarity(hidden, mask)) - want) < 1e-6 * abs(want)
+    # Under bf16 autocast (how the trainer validates) the statistic is still computed in fp32, not in bf16 matmuls.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = token_self_similarity(hidden.float(), mask)
+    assert got.dtype == torch.float32 and abs(float(got) - want) < 1e-6 * abs(want)
     logits = torch.tensor([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1], [0.2, 0.3, 0.5]])
     assert abs(float(retrieval_accuracy(logits, torch.tensor([1, 1, 2]))) - 2 / 3) < 1e-7
 
