@@ -280,3 +280,35 @@ def test_replacements_are_drawn_from_the_generators_softmax():
         assert (freq[expected[row] == 0] == 0).all()
     torch.manual_seed(0)  # seeded like the rest of the step: the same draws again
     assert torch.equal(sample_replacements(logits.repeat_interleave(draws, 0), "mlm").view(2, draws), picked)
+
+
+def _contrastive_cases():
+    """Each contrastive loss as a function of its float inputs, at a width and temperature where bf16 would show."""
+    g = torch.Generator().manual_seed(3)
+    b, length, h = 3, 16, 64
+    x, y = torch.randn(b, length, h, generator=g, dtype=torch.float64), torch.randn(b, length, h, generator=g, dtype=torch.float64)
+    y = x + 7 * y  # cos(x, y) about 0.14, negatives about ±0.12: at τ 0.01 the losses are of order 1-10
+    anchors = torch.rand(b, length, generator=g) < 0.4
+    attention = torch.ones(b, length, dtype=torch.long)
+    labels = torch.randint(0, 4, (b, length), generator=g)
+    idx = torch.arange(b * length)
+    masks = torch.ones(b, length, dtype=torch.bool)
+    return {
+        "tacl": lambda s, t: tacl_loss(s, t, anchors, attention, 0.01),
+        "tacl_cross": lambda s, t: tacl_loss(s, t, anchors, attention, 0.01, cross_sequence=True),
+        "supervised_tacl": lambda s, t: supervised_tacl_loss(s, t, labels, anchors, attention, 0.01),
+        "scl": lambda s, t: scl_loss(s[:, 0], t[:, 0], 0.01),
+        "tc": lambda s, t: tc_loss(s + t, idx[:8], idx[8:16], idx[16:48].view(8, 4), 0.01),
+        "declutr": lambda s, t: declutr_loss(s, masks, [t], [masks], 0.01),
+    }, x, y
+
+
+@pytest.mark.parametrize("name", ["tacl", "tacl_cross", "supervised_tacl", "scl", "tc", "declutr"])
+def test_contrastive_logits_stay_fp32_under_bf16_autocast(name):
+    """The trainer runs bf16 as autocast: the losses' cosine / τ must not be a bf16 matmul (τ 0.01: errors of 0.4 a logit)."""
+    cases, x, y = _contrastive_cases()
+    want = float(cases[name](x, y))  # float64, checked against the formula above
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = cases[name](x.float(), y.float())
+    assert got.dtype == torch.float32, got.dtype
+    assert abs(float(got) - want) <= 1e-5 * abs(want), (float(got), want)

@@ -41,7 +41,7 @@ from model.backbones import backbone_for
 from model.diagnostics import detection_metrics, retrieval_accuracy
 from model.objectives.base import Batch, Objective
 from model.objectives.electra import sample_replacements
-from model.objectives.mlm import at_least_fp32, sparse_mlm
+from model.objectives.mlm import at_least_fp32, full_precision, sparse_mlm
 
 
 def copy_loss(copy_logits: torch.Tensor, unchanged: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -74,9 +74,10 @@ def corrective_lm_loss(clm_logits: torch.Tensor, targets: torch.Tensor, copy_log
 
 def scl_logits(z_corrupted: torch.Tensor, z_crop: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Cosine similarities / τ among the 2B [CLS] vectors (self excluded), and each row's positive column."""
-    z = F.normalize(at_least_fp32(torch.cat([z_corrupted, z_crop])), dim=-1)
     n = z_corrupted.shape[0]
-    sims = z @ z.T / temperature
+    with full_precision(z_corrupted):
+        z = F.normalize(at_least_fp32(torch.cat([z_corrupted, z_crop])), dim=-1)
+        sims = z @ z.T / temperature
     sims = sims.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), float("-inf"))
     targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
     return sims, targets

@@ -33,7 +33,7 @@ from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import token_self_similarity
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import at_least_fp32, pair_loss, sparse_mlm
+from model.objectives.mlm import at_least_fp32, full_precision, pair_loss, sparse_mlm
 
 
 def _contrast(logits: torch.Tensor, key_mask: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
@@ -48,20 +48,21 @@ def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tenso
     b, length, _ = student.shape
     if not bool(anchors.any()):
         return student.sum() * 0.0
-    s = F.normalize(at_least_fp32(student), dim=-1)
-    t = F.normalize(at_least_fp32(teacher), dim=-1)
     rows, cols = anchors.nonzero(as_tuple=True)
-    anchor_vecs = s[rows, cols]  # [N, H]
     keys_valid = torch.ones_like(attention_mask, dtype=torch.bool) if include_padding else attention_mask.bool()
-    if cross_sequence:
-        logits = anchor_vecs @ t.reshape(b * length, -1).T / temperature  # [N, B*L]
-        key_mask = keys_valid.reshape(1, b * length).expand(len(rows), -1)
-        positive = rows * length + cols
-    else:
-        logits = torch.einsum("nh,nlh->nl", anchor_vecs, t[rows]) / temperature  # [N, L]
-        key_mask = keys_valid[rows]
-        positive = cols
-    return _contrast(logits, key_mask, positive).mean()
+    with full_precision(student):
+        s = F.normalize(at_least_fp32(student), dim=-1)
+        t = F.normalize(at_least_fp32(teacher), dim=-1)
+        anchor_vecs = s[rows, cols]  # [N, H]
+        if cross_sequence:
+            logits = anchor_vecs @ t.reshape(b * length, -1).T / temperature  # [N, B*L]
+            key_mask = keys_valid.reshape(1, b * length).expand(len(rows), -1)
+            positive = rows * length + cols
+        else:
+            logits = torch.einsum("nh,nlh->nl", anchor_vecs, t[rows]) / temperature  # [N, L]
+            key_mask = keys_valid[rows]
+            positive = cols
+        return _contrast(logits, key_mask, positive).mean()
 
 
 def supervised_tacl_loss(student: torch.Tensor, teacher: torch.Tensor, token_labels: torch.Tensor, anchors: torch.Tensor,
@@ -69,14 +70,15 @@ def supervised_tacl_loss(student: torch.Tensor, teacher: torch.Tensor, token_lab
     """Variant (b): like tacl_loss within each sequence, but other tokens of the anchor's class leave the denominator."""
     if not bool(anchors.any()):
         return student.sum() * 0.0
-    s = F.normalize(at_least_fp32(student), dim=-1)
-    t = F.normalize(at_least_fp32(teacher), dim=-1)
     rows, cols = anchors.nonzero(as_tuple=True)
-    logits = torch.einsum("nh,nlh->nl", s[rows, cols], t[rows]) / temperature
     same_class = token_labels[rows] == token_labels[rows, cols][:, None]
     key_mask = attention_mask.bool()[rows] & ~same_class
     key_mask[torch.arange(len(rows)), cols] = True  # the positive itself stays
-    return _contrast(logits, key_mask, cols).mean()
+    with full_precision(student):
+        s = F.normalize(at_least_fp32(student), dim=-1)
+        t = F.normalize(at_least_fp32(teacher), dim=-1)
+        logits = torch.einsum("nh,nlh->nl", s[rows, cols], t[rows]) / temperature
+        return _contrast(logits, key_mask, cols).mean()
 
 
 @dataclass

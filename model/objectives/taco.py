@@ -27,7 +27,7 @@ from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import retrieval_accuracy
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import at_least_fp32, sparse_mlm
+from model.objectives.mlm import at_least_fp32, full_precision, sparse_mlm
 
 OFFSETS = torch.tensor([-2, -1, 1, 2])
 
@@ -71,12 +71,13 @@ def sample_taco_indices(valid: torch.Tensor, anchors: torch.Tensor, negatives: i
 def tc_logits(g: torch.Tensor, anchor_idx: torch.Tensor, pos_idx: torch.Tensor, neg_idx: torch.Tensor,
               temperature: float = 0.07) -> torch.Tensor:
     """[N, 1 + K] logits: cos(g_a, g_p)/τ first, then cos(g_a, g_n)/τ, with detached keys. g [B, L, H] or [B*L, H]."""
-    flat = at_least_fp32(g.reshape(-1, g.shape[-1]))
-    a = F.normalize(flat[anchor_idx], dim=-1)
-    keys = F.normalize(flat.detach(), dim=-1)
-    p = keys[pos_idx]
-    n = keys[neg_idx]
-    return torch.cat([(a * p).sum(-1, keepdim=True), torch.einsum("nh,nkh->nk", a, n)], dim=1) / temperature
+    with full_precision(g):
+        flat = at_least_fp32(g.reshape(-1, g.shape[-1]))
+        a = F.normalize(flat[anchor_idx], dim=-1)
+        keys = F.normalize(flat.detach(), dim=-1)
+        p = keys[pos_idx]
+        n = keys[neg_idx]
+        return torch.cat([(a * p).sum(-1, keepdim=True), torch.einsum("nh,nkh->nk", a, n)], dim=1) / temperature
 
 
 def tc_loss(g: torch.Tensor, anchor_idx: torch.Tensor, pos_idx: torch.Tensor, neg_idx: torch.Tensor,
