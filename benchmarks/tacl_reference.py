@@ -229,10 +229,36 @@ def summarize(folder: Path) -> dict:
     return table
 
 
+def draw_trajectories(table: dict, out: Path) -> None:
+    """Last-layer probe self-similarity against the step, one line per variant (mean of its seeds, range shaded)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for variant, entry in table.items():
+        by_step = [{int(k): v for k, v in seed["probe_last_by_step"].items()} for seed in entry["seeds"]]
+        steps = sorted(by_step[0])
+        values = [[seed[k] for k in steps] for seed in by_step]
+        mean = [sum(v) / len(v) for v in zip(*values)]
+        line, = ax.plot(steps, mean, marker="o", label=f"{variant} ({len(values)} seeds)")
+        ax.fill_between(steps, [min(v) for v in zip(*values)], [max(v) for v in zip(*values)], color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("step (step 0: the teacher)")
+    ax.set_ylabel("last-layer self-similarity (probe sentences)")
+    ax.set_title("Reference loop, from the 2-layer BERT teacher")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
 def main() -> None:
     """Train one variant from the teacher and write its measurements every --every steps (or --summarize a folder)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--summarize", default=None, help="a folder of this script's JSONs: print and write summary.json")
+    parser.add_argument("--figure", default=None, help="with --summarize: a PNG of the last layer against the step")
     parser.add_argument("--teacher", help="the teacher's HF folder (an MLM export)")
     parser.add_argument("--data", help="prepared dataset folder (train/ and validation/ MDS)")
     parser.add_argument("--sentences", help="probe sentences, one per line")
@@ -251,7 +277,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.summarize:
         folder = Path(args.summarize)
-        (folder / "summary.json").write_text(json.dumps(summarize(folder), indent=1) + "\n")
+        table = summarize(folder)
+        (folder / "summary.json").write_text(json.dumps(table, indent=1) + "\n")
+        if args.figure:
+            draw_trajectories(table, Path(args.figure))
         return
     if not all((args.teacher, args.data, args.sentences, args.out)):
         parser.error("--teacher, --data, --sentences and --out are required to train")
