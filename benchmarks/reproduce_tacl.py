@@ -65,6 +65,7 @@ RECIPE = ["model.dropout=0", "model.attention_dropout=0", "masking.mask_prob=0.3
 # analysis/self-similarity.png, ../shared/notes/tacl-depth.md): drawn beside ours.
 PAPER = {"paper: BERT-base (12 layers)": {1: 0.17, 5: 0.26, 8: 0.28, 10: 0.31, 11: 0.36, 12: 0.355},
          "paper: TaCL from it": {1: 0.215, 5: 0.385, 8: 0.385, 10: 0.345, 11: 0.27, 12: 0.21}}
+PAPER_TITLE = "TaCL paper (English), read off its figure"
 
 
 def equal_flops_steps(teacher: Path, steps: int, seq_len: int = 128, mask_prob: float = 0.15) -> int:
@@ -182,7 +183,7 @@ def main() -> None:
     labels = {name: name.split(",")[0] if name in runs else "teacher" for name in models}
     write_report(sim, figure, {"text": str(corpora / "probe_sentences.txt"), "sentences": len(sentences),
                                "special_tokens": "include", "steps": args.steps, "models": {n: str(p) for n, p in models.items()}},
-                 labels=labels, reference=PAPER if args.train_teacher else None)
+                 labels=labels, reference=PAPER if args.train_teacher else None, reference_title=PAPER_TITLE)
 
     probes = {}
     if args.probe:

@@ -122,7 +122,8 @@ def by_label(results: dict[str, list[float]], labels: dict[str, str]) -> dict[st
 
 
 def write_report(results: dict[str, list[float]], out: str | Path, meta: dict, labels: dict[str, str] | None = None,
-                 reference: dict[str, dict[int, float]] | None = None) -> tuple[Path, Path]:
+                 reference: dict[str, dict[int, float]] | None = None,
+                 reference_title: str = "Reference values") -> tuple[Path, Path]:
     """OUT.json (per model and per label, per layer) and OUT.png: one line per label, its seeds' range shaded.
 
     `reference` (label -> {layer: value}) is drawn in a second panel beside it, e.g. the values read off a
@@ -161,7 +162,7 @@ def write_report(results: dict[str, list[float]], out: str | Path, meta: dict, l
             layers = sorted(values)
             ref_ax.plot(layers, [values[k] for k in layers], marker="s", linestyle="--", label=name)
         ref_ax.set_xlabel("layer")
-        ref_ax.set_title("Reference values")
+        ref_ax.set_title(reference_title)
         ref_ax.legend(fontsize=8)
         ref_ax.grid(alpha=0.3)
     save_figure_atomic(fig, png_path)
