@@ -22,6 +22,11 @@ the data order; TaCL and MLM-only of one seed see the same of both):
 
     python benchmarks/reproduce_tacl.py --train-teacher bert --seeds 1 2 --out runs/results/tacl_bert
 
+Issue 31: `--teacher-layers N` trains the teacher N layers deep (files named `<backbone>_L<N>`); MLM-only
+students run at TaCL's steps and at TaCL's training FLOPs (`--mlm-budget both`, the default: TaCL also runs
+the teacher's forward, so MLM-only gets about 1.3x the steps); the figure groups the seeds of each recipe
+(range shaded) and draws the paper's layer-wise values beside it.
+
 With a teacher trained here the results are also written where they are committed:
 `benchmarks/results/tacl_students_<backbone>.json` (the table, with self-similarity both with [CLS]/[SEP],
 as TaCL's analysis counts it, and over words only) and `docs/results/tacl_teacher_<backbone>_self_similarity.png`.
