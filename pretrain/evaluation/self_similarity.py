@@ -151,6 +151,7 @@ def write_report(results: dict[str, list[float]], out: str | Path, meta: dict, l
         line, = ax.plot(layers, g["mean"], marker="o", label=label + seeds)
         if len(g["models"]) > 1:
             ax.fill_between(layers, g["min"], g["max"], color=line.get_color(), alpha=0.2)
+    ax.set_xticks(range(1, 1 + max(len(g["mean"]) for g in groups.values())))
     ax.set_xlabel("layer")
     ax.set_ylabel("self-similarity (mean pairwise cosine)")
     ax.set_title("Token self-similarity within a sentence")
