@@ -93,7 +93,14 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
             f"'{data_dir}' is not a prepared dataset (no {MANIFEST}); run `python -m data_pipeline prepare` first"
         )
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise InputDataError(f"'{path}' is corrupt: {exc}; prepare the dataset again") from exc
+    # The names are joined into local paths (a remote dataset's cache among them): one that climbs out is refused.
+    names = [*manifest.get("tokenizer", {}).get("files", []), *manifest.get("splits", {})]
+    for name in names:
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise InputDataError(f"'{path}' names a file or split {name!r} that is not a plain file name; "
+                                 "prepare the dataset again")
+    return manifest
 
