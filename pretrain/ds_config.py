@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +26,20 @@ from pretrain.config import RunConfig
 
 # deepspeed_configs/ is a package of its own (data only), so a wheel installs the template beside pretrain/.
 TEMPLATE = Path(importlib.util.find_spec("deepspeed_configs").origin).parent / "base.json"
+
+
+# Keys whose values are credentials (DeepSpeed's comet monitor takes an api_key): never copied into a run folder.
+_SECRET_KEY = re.compile(r"(api_?key|secret|password|access_?token|auth_?token)$", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def redacted(node: Any) -> Any:
+    """A copy of a JSON-like config with the values of secret-looking keys replaced, for files others may read."""
+    if isinstance(node, dict):
+        return {k: REDACTED if _SECRET_KEY.search(str(k)) and v is not None else redacted(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [redacted(v) for v in node]
+    return node
 
 
 def gradient_accumulation(global_batch: int, micro_batch: int, world: int) -> int:

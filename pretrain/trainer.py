@@ -24,7 +24,7 @@ from core.errors import ConfigError, InputDataError
 from model.diagnostics import headline
 from pretrain import checkpoint as ckpt
 from pretrain.config import RunConfig
-from pretrain.ds_config import bf16_weights_for, build_ds_config
+from pretrain.ds_config import bf16_weights_for, build_ds_config, redacted
 from pretrain.engine import build_engine
 from pretrain.hardware import device_peak_tflops
 from pretrain.exit_status import write_status
@@ -54,7 +54,7 @@ class Trainer:
         self.accum = ds_config["gradient_accumulation_steps"]
         self.state.plan(ds_config, stage)  # before the engine: loading a universal checkpoint is a config flag
         if self.rank == 0:  # what DeepSpeed is given, beside config.yaml
-            write_text_atomic(self.paths.deepspeed_config, json.dumps(ds_config, indent=2) + "\n")
+            write_text_atomic(self.paths.deepspeed_config, json.dumps(redacted(ds_config), indent=2) + "\n")
         offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
         optimizer = build_optimizer(model, cfg.optimizer, offload=offload)
         scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)

@@ -128,3 +128,15 @@ def test_zero_resume_is_exact(prepared, tmp_path, stage, precision):
     a = fp32_weights(straight / "checkpoints", "step_00000012")
     b = fp32_weights(out / "checkpoints", "step_00000012")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_secret_looking_keys_are_redacted_in_what_a_run_folder_keeps():
+    """Credentials in a DeepSpeed JSON of one's own (a monitor's api_key) are not copied; everything else is."""
+    from pretrain.ds_config import REDACTED, redacted
+
+    given = {"comet": {"enabled": True, "api_key": "k-123", "project": "p"}, "wandb": {"team": "t"},
+             "list": [{"ApiKey": "k-456"}, {"max_tokens": 8}], "auth_token": None, "train_batch_size": 32}
+    got = redacted(given)
+    assert got == {"comet": {"enabled": True, "api_key": REDACTED, "project": "p"}, "wandb": {"team": "t"},
+                   "list": [{"ApiKey": REDACTED}, {"max_tokens": 8}], "auth_token": None, "train_batch_size": 32}
+    assert given["comet"]["api_key"] == "k-123"  # the engine's own config is not touched

@@ -10,7 +10,10 @@ from conftest import TINY_MODEL, restored_environ, train_runs_in_one_process
 
 pytestmark = pytest.mark.slow
 
-BF16_WEIGHTS = {"bf16": {"enabled": True}}  # a DeepSpeed JSON of one's own: DeepSpeed's bf16 weights, not autocast
+# A DeepSpeed JSON of one's own: DeepSpeed's bf16 weights, not autocast; and a (disabled) monitor's credential,
+# which DeepSpeed is given but the run folder's copy must not hold.
+SECRET = "not-a-real-comet-key-7f3a"
+BF16_WEIGHTS = {"bf16": {"enabled": True}, "comet": {"enabled": False, "api_key": SECRET}}
 CASES = {
     **{f"zero{stage}_{precision}": [f"train.zero_stage={stage}", f"train.precision={precision}"]
        for stage in (0, 1, 2, 3) for precision in ("fp32", "bf16")},
@@ -53,6 +56,9 @@ def test_every_stage_and_precision_exports_the_training_model(exports, case):
     assert ds["zero_optimization"]["stage"] == stage  # the case ran at the stage it names
     bf16_weights = case.endswith("bf16_weights")
     assert ds["bf16"]["enabled"] is bf16_weights
+    if bf16_weights:  # the run's copy of one's own JSON keeps the section, not the credential
+        assert ds["comet"] == {"enabled": False, "api_key": "<redacted>"}
+        assert SECRET not in (folder.parent / case / "deepspeed_config.json").read_text()
     assert ds["torch_autocast"]["enabled"] is (case.endswith("_bf16"))
     masked_lm = AutoModelForMaskedLM.from_pretrained(str(folder), local_files_only=True).eval()
     pretraining = AutoModelForPreTraining.from_pretrained(str(folder), local_files_only=True).eval()
