@@ -93,11 +93,11 @@ def flops_per_step(name: str, data: Path, stage: int = 1) -> tuple[float, int]:
     two_stage = ["objective.electra.two_stage_generator_steps=1"] if name in TWO_STAGE else []
     cfg = load_config(RunConfig, REPO / BASE[1], [*overrides(name), *two_stage])
     objective = build_objective(cfg.objective, model_config(cfg.model, manifest["tokenizer"], manifest["seq_len"]),
-                                cfg.model.init_from)
+                                cfg.model.init_from, cfg.masking.mask_prob)
     tokens = cfg.train.global_batch_size * manifest["seq_len"]  # packing "full": every position is a token
     if stage == 2:
         objective.begin_step(2)  # past the switch
-    return objective.flops_per_token(manifest["seq_len"], cfg.masking.mask_prob) * tokens, tokens
+    return objective.flops_per_token(manifest["seq_len"]) * tokens, tokens
 
 
 def plan(names: list[str], data: Path, mlm_steps: int) -> dict[str, dict]:

@@ -83,8 +83,8 @@ def equal_flops_steps(teacher: Path, steps: int, seq_len: int = 128, mask_prob: 
     from model.objectives.tacl import TaCL
 
     config = AutoConfig.from_pretrained(teacher)
-    tacl = TaCL.flops_per_token(SimpleNamespace(student=SimpleNamespace(config=config)), seq_len, mask_prob)
-    mlm = MaskedLM.flops_per_token(SimpleNamespace(model=SimpleNamespace(config=config)), seq_len, mask_prob)
+    tacl = TaCL.flops_per_token(SimpleNamespace(student=SimpleNamespace(config=config), mask_prob=mask_prob), seq_len)
+    mlm = MaskedLM.flops_per_token(SimpleNamespace(model=SimpleNamespace(config=config), mask_prob=mask_prob), seq_len)
     return round(steps * tacl / mlm)
 
 

@@ -86,7 +86,8 @@ def plain_setup(objective: str, backbone: str, shape: str, data: Path, args) -> 
     precision, _ = resolve_precision(cfg.train.precision)
     tok = read_manifest(data)["tokenizer"]
     torch.manual_seed(0)
-    model = build_objective(cfg.objective, build_model_config(cfg.model, tok, 128), cfg.model.init_from)
+    model = build_objective(cfg.objective, build_model_config(cfg.model, tok, 128), cfg.model.init_from,
+                            cfg.masking.mask_prob)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
@@ -105,7 +106,7 @@ def plain_setup(objective: str, backbone: str, shape: str, data: Path, args) -> 
         # Kept, not freed: fresh gradient tensors each step cost page faults on CPU (DeepSpeed keeps its buffers too).
         opt.zero_grad(set_to_none=False)
 
-    return {"step": step, "flops": model.flops_per_token(128, cfg.masking.mask_prob) * args.batch * 128,
+    return {"step": step, "flops": model.flops_per_token(128) * args.batch * 128,
             "peak": device_peak_tflops(precision)[0], "precision": precision, "params": sum(p.numel() for p in params)}
 
 

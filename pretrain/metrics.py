@@ -141,10 +141,10 @@ class MetricsReporter:
     would otherwise train on and be saved.
     """
 
-    def __init__(self, log, world: int, flops_per_token: Optional[Callable[[int, float], float]], mask_prob: float,
-                 peak_tflops: float, must_be_finite: tuple[str, ...] = ("loss",)) -> None:
+    def __init__(self, log, world: int, flops_per_token: Optional[Callable[[int], float]], peak_tflops: float,
+                 must_be_finite: tuple[str, ...] = ("loss",)) -> None:
         self.log, self.world = log, world
-        self.flops_per_token, self.mask_prob, self.peak_tflops = flops_per_token, mask_prob, peak_tflops
+        self.flops_per_token, self.peak_tflops = flops_per_token, peak_tflops
         self.must_be_finite = must_be_finite
         self.window, self.rates = MetricWindow(), Rates()
 
@@ -174,7 +174,7 @@ class MetricsReporter:
     def _throughput(self, metrics: dict[str, float], seq_len: int) -> None:
         """Model TFLOP/s per device, MFU against the peak, and peak memory (max over ranks)."""
         if self.flops_per_token is not None and seq_len:
-            per_device = self.flops_per_token(seq_len, self.mask_prob) * metrics["tokens_per_s"] / self.world / 1e12
+            per_device = self.flops_per_token(seq_len) * metrics["tokens_per_s"] / self.world / 1e12
             metrics["model_tflops_per_device"] = per_device
             if self.peak_tflops:
                 metrics["mfu"] = per_device / self.peak_tflops

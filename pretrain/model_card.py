@@ -4,24 +4,8 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+from model.objectives import objective_class
 from pretrain.run_dir import RunDir
-
-# What each objective's export holds ({root}: the root folder's class, {generator}: generator/'s), and how to load it.
-LAYOUT = {
-    "mlm": ("`{root}`", "AutoModelForMaskedLM"),
-    "taco": ("`{root}`", "AutoModelForMaskedLM"),
-    "tacl": ("the student as `{root}` (the teacher is the starting checkpoint and is not exported)", "AutoModelForMaskedLM"),
-    "coco_lm": ("the main Transformer as `{root}`; the auxiliary generator as `{generator}` in `generator/`", "AutoModel"),
-    "spanbert": ("`{root}` (encoder + MLM head); the span boundary head beside it as "
-                 "`span_boundary_head.safetensors` + `.json` (`model.heads.SpanBoundaryHead.load(PATH)`)",
-                 "AutoModelForMaskedLM"),
-    "declutr": ("`{root}` (encoder + MLM head); its sentence embedding is the mean of the last hidden states over the "
-                "real tokens", "AutoModel"),
-    "xlnet": ("`{root}` (XLNet trained with permutation LM, no Transformer-XL memory)", "AutoModelForCausalLM"),
-    "electra": ("the discriminator as `{root}` (encoder + replaced-token-detection head); the generator as "
-                "`{generator}` in `generator/`", "AutoModel"),
-}
-
 
 def final_losses(run_dir: RunDir, step: int) -> tuple[Optional[dict], Optional[dict]]:
     """The last train and validation rows of metrics.jsonl at or before `step`."""
@@ -67,8 +51,9 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
            run_dir: RunDir, params: dict[str, int], classes: dict[str, str]) -> str:
     """Markdown for the export's README.md; `classes` names each exported sub-folder's transformers class."""
     objective = cfg["objective"]["name"]
-    holds, auto = LAYOUT[objective]
-    holds = holds.format(root=classes.get(""), generator=classes.get("generator"))
+    spec = objective_class(objective)
+    auto = spec.export_loader
+    holds = spec.export_holds.format(root=classes.get(""), generator=classes.get("generator"))
     step = int(state.get("step", 0))
     train_row, val_row = final_losses(run_dir, step)
     lines = [

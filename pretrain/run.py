@@ -85,7 +85,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
         _write_run_files(files, RunDir(cfg.train.output_dir), data_dir)
     dist.barrier()
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    model = build_objective(cfg.objective, model_config, cfg.model.init_from)
+    model = build_objective(cfg.objective, model_config, cfg.model.init_from, cfg.masking.mask_prob)
     word_starts = None
     if needs_word_starts(cfg.masking):
         word_starts = word_start_table(load_tokenizer(data_dir / TOKENIZER_DIR))
@@ -109,7 +109,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     if cfg.train.eval_every and manifest["splits"]["validation"]["sequences"] >= cfg.train.micro_batch_size * dist.world_size():
         eval_loader = build_loader(cfg.data, "validation", cfg.train.micro_batch_size, shuffle=False,
                                    collate_fn=eval_collate, pin_memory=pin)
-    return Trainer(cfg, model, train_loader, eval_loader, run_files=files,
+    return Trainer(cfg, model, train_loader, eval_loader, run_files=files, flops_per_token=model.flops_per_token,
                    unigram_entropy=None if eval_loader is None else
                    validation_unigram_entropy(eval_loader, cfg.train.eval_batches, tok),
                    notes=(f"precision {cfg.train.precision} ({why})",))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, model: nn.Module, train_loader, eval_loader=None,
                  run_files: Optional[dict[str, str]] = None, unigram_entropy: Optional[float] = None,
-                 notes: tuple[str, ...] = ()) -> None:
+                 notes: tuple[str, ...] = (), flops_per_token: Optional[Callable[[int], float]] = None) -> None:
         self.cfg, self.loader, self.eval_loader = cfg, train_loader, eval_loader
         self.unigram_entropy = unigram_entropy
         self.rank, self.world = dist.rank(), dist.world_size()
@@ -80,8 +80,7 @@ class Trainer:
         self.log.info(f"MFU against {peak:.3g} TFLOP/s per device ({source})")
         # fp16 skips an overflowing step and lowers its loss scale (DeepSpeed's own rule); elsewhere nothing skips it.
         finite = ("loss",) if cfg.train.precision == "fp16" else ("loss", "grad_norm")
-        self.metrics = MetricsReporter(self.log, self.world, getattr(self.engine.module, "flops_per_token", None),
-                                       cfg.masking.mask_prob, peak, must_be_finite=finite)
+        self.metrics = MetricsReporter(self.log, self.world, flops_per_token, peak, must_be_finite=finite)
         # Dropout differs per rank; a resume overwrites this with the saved states.
         torch.manual_seed(cfg.train.seed * 1000 + self.rank)
         np.random.seed((cfg.train.seed * 1000 + self.rank) % 2**32)

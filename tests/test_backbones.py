@@ -10,7 +10,7 @@ from data_pipeline.shards import read_manifest
 from pretrain.export import write_tokenizer
 from model.backbones import Backbone
 from model.encoder import EncoderConfig, model_config
-from model.objectives import ObjectiveConfig, build_objective, objective_class
+from model.objectives import ObjectiveConfig, build_objective, objective_class, runs_on
 
 BACKBONES = {
     "bert": {"architecture": "bert"},
@@ -20,9 +20,9 @@ BACKBONES = {
     "xlnet": {"architecture": "xlnet"},
 }
 OBJECTIVES = ("mlm", "electra", "coco_lm", "taco", "tacl", "spanbert", "declutr", "xlnet")
-# Every objective on every backbone it declares (ALBERT: the masked-LM objectives).
+# Every objective on every backbone that provides what it needs.
 MATRIX = [(b, o) for b in BACKBONES for o in OBJECTIVES
-          if BACKBONES[b]["architecture"] in objective_class(o).architectures]
+          if BACKBONES[b]["architecture"] in runs_on(objective_class(o))]
 # Root folders that carry an MLM head (fill-mask works); generator/ sub-folders always do.
 MLM_ROOT = {"mlm", "taco", "tacl", "spanbert", "declutr"}
 
@@ -175,13 +175,20 @@ def test_coco_lm_narrow_generator(backbone, tmp_path):
     assert own and all(p.grad is not None for p in own)
 
 
-def test_objectives_refuse_backbones_they_do_not_declare(prepared):
+def test_objectives_refuse_backbones_that_lack_what_they_need(prepared):
+    """ALBERT has no discriminator or generator, and its output projection reads E-wide vectors; XLNet's head model
+    is driven only by the permutation LM: each refusal names what is missing and where the objective runs."""
     from core.errors import ConfigError
 
     tok = read_manifest(prepared)["tokenizer"]
-    for name in ("electra", "coco_lm", "taco", "tacl", "spanbert", "declutr", "xlnet"):
-        with pytest.raises(ConfigError, match=f"objective.name={name} runs on model.architecture .* not albert"):
-            build_objective(ObjectiveConfig(name=name), _config("albert", tok))
+    refused = {("albert", "electra"): "discriminator, generator", ("albert", "coco_lm"): "generator",
+               ("albert", "spanbert"): "hidden_projection", ("albert", "xlnet"): "permutation_lm",
+               ("xlnet", "mlm"): "masked_lm", ("xlnet", "tacl"): "encoder, masked_lm", ("bert", "xlnet"): "permutation_lm"}
+    for (backbone, name), missing in refused.items():
+        with pytest.raises(ConfigError, match=rf"objective.name={name} runs on model.architecture .* not "
+                                              rf"{BACKBONES[backbone]['architecture']} \(it has no {missing}\)"):
+            build_objective(ObjectiveConfig(name=name), _config(backbone, tok))
+    assert [o for o in OBJECTIVES if "albert" in runs_on(objective_class(o))] == ["mlm", "taco", "tacl", "declutr"]
 
 
 def test_albert_is_smaller_than_bert_and_exports_its_sop_head(prepared, tmp_path):
@@ -222,8 +229,16 @@ def test_albert_is_smaller_than_bert_and_exports_its_sop_head(prepared, tmp_path
         assert torch.allclose(mlm(input_ids=ids, attention_mask=mask).logits, want.prediction_logits, atol=1e-5, rtol=0)
 
 
-def test_every_objective_has_a_model_card_layout():
-    from model.objectives import REGISTRY
-    from pretrain.model_card import LAYOUT
+def test_every_objective_names_a_loader_its_export_fits():
+    """The model card's usage line: each objective's export_loader is a transformers Auto class, and the export's root
+    loads in it (checked by class above for every objective on every backbone)."""
+    import transformers
 
-    assert set(REGISTRY) <= set(LAYOUT)
+    from model.objectives import REGISTRY
+
+    for name in REGISTRY:
+        spec = objective_class(name)
+        assert spec.export_loader.startswith("Auto") and hasattr(transformers, spec.export_loader), name
+        assert "{root}" in spec.export_holds, name
+    assert objective_class("mlm").export_loader == "AutoModelForMaskedLM"
+    assert objective_class("xlnet").export_loader == "AutoModelForCausalLM"

@@ -25,9 +25,9 @@ def test_encoder_forward_matches_the_counted_matmuls():
 
 def test_mlm_training_flops_are_three_forwards_with_a_sparse_head():
     cfg, seq = _config(), 32
-    m = build_objective(ObjectiveConfig(name="mlm"), cfg)
-    want = 3 * (encoder_forward(cfg, seq) + 0.15 * mlm_head_forward(cfg))
-    assert abs(m.flops_per_token(seq, 0.15) - want) < 1e-6 * want
+    m = build_objective(ObjectiveConfig(name="mlm"), cfg, mask_prob=0.2)  # the rate is bound when it is built
+    want = 3 * (encoder_forward(cfg, seq) + 0.2 * mlm_head_forward(cfg))
+    assert abs(m.flops_per_token(seq) - want) < 1e-6 * want
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         m.model.cls.predictions(torch.randn(10, cfg.hidden_size))
     assert abs(counter.get_total_flops() / 10 - mlm_head_forward(cfg)) / mlm_head_forward(cfg) < 0.01

@@ -5,21 +5,51 @@ Lan et al. 2020, "ALBERT: A Lite BERT for Self-supervised Learning of Language R
 the pooled [CLS]), so the export loads in AutoModel, AutoModelForMaskedLM and AutoModelForPreTraining;
 without a pair task the pooler and SOP head stay frozen at their initial values. The MLM head maps
 H → E before the decoder, which is tied to the E-wide token embeddings. ALBERT is built here for
-the objectives that need only a masked LM and a bare encoder (`Objective.architectures`).
+the objectives that need only a masked LM and a bare encoder (`provides`, `Objective.needs`).
 """
 from __future__ import annotations
 
-from transformers import AlbertForPreTraining, AlbertModel
+from transformers import AlbertConfig, AlbertForPreTraining, AlbertModel
+
+from core.errors import ConfigError
 
 from model.backbones.base import Head
 from model.backbones.bert import BertBackbone
+
+
+# The factorized embedding size when the config leaves it unset (Lan et al. 2020 use E = 128 at every H).
+EMBEDDING_SIZE = 128
 
 
 class AlbertBackbone(BertBackbone):
     """transformers' ALBERT classes (BERT's uniform access, ALBERT's heads and FLOPs)."""
 
     model_type = "albert"
-    has_pair_head = True
+    config_class = AlbertConfig
+    provides = frozenset({"masked_lm", "encoder", "pair_head"})
+    family_keys = ("position_embedding", "embedding_size", "num_hidden_groups")
+
+    def hf_config(self, cfg, tokenizer):
+        return AlbertConfig(
+            vocab_size=tokenizer["vocab_size"],
+            embedding_size=cfg.embedding_size or min(EMBEDDING_SIZE, cfg.hidden_size),
+            hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, num_hidden_groups=cfg.num_hidden_groups or 1,
+            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size, inner_group_num=1,
+            max_position_embeddings=cfg.max_position_embeddings, hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.attention_dropout, type_vocab_size=2, pad_token_id=tokenizer["pad_id"],
+            bos_token_id=tokenizer["cls_id"], eos_token_id=tokenizer["sep_id"],
+            position_embedding_type=cfg.position_embedding,
+        )
+
+    def check(self, cfg):
+        super().check(cfg)
+        if cfg.embedding_size is not None and not 0 < cfg.embedding_size <= cfg.hidden_size:
+            raise ConfigError(f"config key 'model.embedding_size' ({cfg.embedding_size}) must be in "
+                              f"[1, model.hidden_size={cfg.hidden_size}]")
+        groups = cfg.num_hidden_groups or 1
+        if groups < 1 or cfg.num_layers % groups:
+            raise ConfigError(f"config key 'model.num_hidden_groups' ({groups}) must divide model.num_layers "
+                              f"({cfg.num_layers})")
 
     def masked_lm(self, config, init_from=None, pair_head=False):
         model = AlbertForPreTraining.from_pretrained(init_from, config=config) if init_from else AlbertForPreTraining(config)
@@ -33,10 +63,10 @@ class AlbertBackbone(BertBackbone):
         model.pooler.requires_grad_(False)
         return model
 
-    def discriminator(self, config, init_from=None):  # pragma: no cover - refused by Objective.architectures
+    def discriminator(self, config, init_from=None):  # pragma: no cover - not in `provides`
         raise NotImplementedError("ALBERT has no replaced-token discriminator here")
 
-    def generator(self, config, width, layers, owner):  # pragma: no cover - refused by Objective.architectures
+    def generator(self, config, width, layers, owner):  # pragma: no cover - not in `provides`
         raise NotImplementedError("ALBERT has no generator here")
 
     def mlm_head(self, model) -> Head:

@@ -9,21 +9,66 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from core.errors import ConfigError
+
+if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
+    from model.encoder import EncoderConfig
+
 Head = Callable[[torch.Tensor], torch.Tensor]
+# `model.*` keys only some families read, with the value that means "left unset": a family that does not
+# list one in `family_keys` refuses it when set, so a user never trains with a key that was silently ignored.
+FAMILY_KEYS = {"position_embedding": "absolute", "embedding_size": None, "num_hidden_groups": None}
+# What an objective may ask a backbone for (`Objective.needs`); a backbone lists what it provides. The builders
+# below by name; "pair_head": `pair_logits` (NSP/SOP); "hidden_projection": `output_projection` reads hidden-size
+# vectors (not ALBERT's, which reads the factorized embedding size); "permutation_lm": XLNet's two streams.
+CAPABILITIES = ("masked_lm", "encoder", "discriminator", "generator", "pair_head", "hidden_projection", "permutation_lm")
 
 
 class Backbone:
     """An encoder family: builders for its models, a uniform forward, and its FLOP count."""
 
     model_type: str = ""
-    # Sentence-pair (NSP/SOP) heads exist natively only where the family has token types and a pooler.
-    has_pair_head: bool = False
+    # transformers' config class of the family (saved configs and `model.init_from` folders are read with it).
+    config_class: type[PretrainedConfig] = PretrainedConfig
+    # Which builders below work (see CAPABILITIES); objectives run on the backbones that provide what they need.
+    provides: frozenset[str] = frozenset()
+    # The FAMILY_KEYS this family reads.
+    family_keys: tuple[str, ...] = ()
+    # The `model.attn_implementation` values this family supports.
+    attention_kernels: tuple[str, ...] = ("sdpa", "eager")
+
+    @property
+    def has_pair_head(self) -> bool:
+        """Sentence-pair (NSP/SOP) heads exist natively only where the family has token types and a pooler."""
+        return "pair_head" in self.provides
+
+    # ---- its transformers config -------------------------------------------------------
+    def hf_config(self, cfg: "EncoderConfig", tokenizer: dict) -> PretrainedConfig:
+        """The family's transformers config for this shape, vocabulary and special ids (a manifest's tokenizer entry)."""
+        raise NotImplementedError
+
+    def check(self, cfg: "EncoderConfig") -> None:
+        """Refuse `model.*` keys and values this family does not read (ConfigError); families add their own checks."""
+        for key, unset in FAMILY_KEYS.items():
+            if key not in self.family_keys and getattr(cfg, key) != unset:
+                raise ConfigError(f"config key 'model.{key}' does not apply to model.architecture={self.model_type}")
+        if cfg.attn_implementation not in self.attention_kernels:
+            raise ConfigError(f"config key 'model.attn_implementation={cfg.attn_implementation}' is not available for "
+                              f"model.architecture={self.model_type} (it has {', '.join(self.attention_kernels)})")
+
+    def from_folder(self, path: str) -> PretrainedConfig:
+        """The config saved in a Hugging Face folder of this family."""
+        return self.config_class.from_pretrained(path)
+
+    def attention(self, config: PretrainedConfig, requested: str) -> str:
+        """The attention kernel this config runs with (a family may need eager attention for some of its options)."""
+        return requested
 
     # ---- builders --------------------------------------------------------------------
     def masked_lm(self, config: PretrainedConfig, init_from: Optional[str] = None, pair_head: bool = False) -> PreTrainedModel:

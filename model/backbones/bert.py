@@ -60,7 +60,22 @@ class BertBackbone(Backbone):
     """transformers' BERT classes."""
 
     model_type = "bert"
-    has_pair_head = True
+    config_class = BertConfig
+    provides = frozenset({"masked_lm", "encoder", "discriminator", "generator", "hidden_projection", "pair_head"})
+    family_keys = ("position_embedding",)
+
+    def hf_config(self, cfg, tokenizer):
+        return BertConfig(
+            vocab_size=tokenizer["vocab_size"], hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_position_embeddings, hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.attention_dropout, pad_token_id=tokenizer["pad_id"], type_vocab_size=2,
+            position_embedding_type=cfg.position_embedding,
+        )
+
+    def attention(self, config, requested):
+        # transformers has no SDPA path for its relative positions.
+        return requested if getattr(config, "position_embedding_type", "absolute") == "absolute" else "eager"
 
     def masked_lm(self, config, init_from=None, pair_head=False):
         # Always BertForPreTraining, the layout of Google's BERT checkpoints: AutoModel then finds

@@ -8,7 +8,7 @@ them. No token types and no pooler: sentence-pair heads (NSP/SOP) are BERT-only.
 """
 from __future__ import annotations
 
-from transformers import ModernBertForMaskedLM, ModernBertForTokenClassification, ModernBertModel
+from transformers import ModernBertConfig, ModernBertForMaskedLM, ModernBertForTokenClassification, ModernBertModel
 
 from core.errors import ConfigError
 from model.backbones.base import Backbone, Head
@@ -19,7 +19,37 @@ class ModernBertBackbone(Backbone):
     """transformers' ModernBERT classes."""
 
     model_type = "modernbert"
-    has_pair_head = False
+    config_class = ModernBertConfig
+    provides = frozenset({"masked_lm", "encoder", "discriminator", "generator", "hidden_projection"})
+    # flash_attention_2: transformers' unpadded path, on a GPU with the flash-attn package.
+    attention_kernels = ("sdpa", "eager", "flash_attention_2")
+
+    def hf_config(self, cfg, tokenizer):
+        return ModernBertConfig(
+            vocab_size=tokenizer["vocab_size"], hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_position_embeddings, embedding_dropout=cfg.dropout,
+            mlp_dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+            local_attention=cfg.local_attention, global_attn_every_n_layers=cfg.global_attn_every_n_layers,
+            pad_token_id=tokenizer["pad_id"], cls_token_id=tokenizer["cls_id"], sep_token_id=tokenizer["sep_id"],
+            bos_token_id=tokenizer["cls_id"], eos_token_id=tokenizer["sep_id"],
+            # Compiling is a GPU choice made outside the model; the config must not depend on the machine.
+            reference_compile=False,
+        )
+
+    def from_folder(self, path):
+        config = super().from_folder(path)
+        config.reference_compile = False
+        return config
+
+    def attention(self, config, requested):
+        if requested == "flash_attention_2":
+            from transformers.utils import is_flash_attn_2_available
+
+            if not is_flash_attn_2_available():
+                raise ConfigError("config key 'model.attn_implementation=flash_attention_2' needs the flash-attn "
+                                  "package and a GPU")
+        return requested
 
     def masked_lm(self, config, init_from=None, pair_head=False):
         if pair_head:

@@ -8,7 +8,7 @@ has no pooler and no [CLS]-based pair head here; only the permutation LM objecti
 """
 from __future__ import annotations
 
-from transformers import XLNetLMHeadModel, XLNetModel
+from transformers import XLNetConfig, XLNetLMHeadModel, XLNetModel
 
 from model.backbones.base import Backbone, Head
 
@@ -17,7 +17,22 @@ class XLNetBackbone(Backbone):
     """transformers' XLNet classes."""
 
     model_type = "xlnet"
-    has_pair_head = False
+    config_class = XLNetConfig
+    # Its masked_lm is XLNetLMHeadModel, whose two-stream attention only the permutation LM drives.
+    provides = frozenset({"permutation_lm"})
+
+    def hf_config(self, cfg, tokenizer):
+        # No Transformer-XL memory (mem_len None): every sequence is read on its own, as in pre-training here.
+        return XLNetConfig(
+            vocab_size=tokenizer["vocab_size"], d_model=cfg.hidden_size, n_layer=cfg.num_layers, n_head=cfg.num_heads,
+            d_inner=cfg.intermediate_size, ff_activation="gelu", untie_r=True, attn_type="bi", mem_len=None,
+            reuse_len=None, bi_data=False, clamp_len=-1, same_length=False, dropout=cfg.dropout,
+            use_mems_eval=False, use_mems_train=False, pad_token_id=tokenizer["pad_id"],
+            bos_token_id=tokenizer["cls_id"], eos_token_id=tokenizer["sep_id"],
+        )
+
+    def attention(self, config, requested):
+        return "eager"  # XLNet's relative attention has no other path in transformers
 
     def masked_lm(self, config, init_from=None, pair_head=False):
         return XLNetLMHeadModel.from_pretrained(init_from, config=config) if init_from else XLNetLMHeadModel(config)

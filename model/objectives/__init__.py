@@ -8,6 +8,9 @@ from typing import Literal, Optional
 from transformers import PretrainedConfig
 
 from core.errors import ConfigError
+from data_pipeline.masking import MaskingConfig
+from model import backbones
+from model.backbones import backbone_for
 from model.objectives.base import Objective
 
 # name -> "module:class"; imported lazily so one objective's dependencies never load another's.
@@ -57,17 +60,27 @@ def check_objective_config(cfg: ObjectiveConfig, model, masking) -> None:
     cls.check_config(getattr(cfg, cfg.name), model, masking)
 
 
+def runs_on(cls: type[Objective]) -> list[str]:
+    """The registered backbones that provide everything this objective needs."""
+    return [name for name in backbones.REGISTRY if cls.needs <= backbone_for(name).provides]
+
+
 def _check_architecture(cls: type[Objective], name: str, architecture: str) -> None:
-    if architecture not in cls.architectures:
-        raise ConfigError(f"objective.name={name} runs on model.architecture {', '.join(cls.architectures)}, "
-                          f"not {architecture}")
+    missing = cls.needs - backbone_for(architecture).provides
+    if missing:
+        raise ConfigError(f"objective.name={name} runs on model.architecture {', '.join(runs_on(cls))}, not "
+                          f"{architecture} (it has no {', '.join(sorted(missing))})")
 
 
-def build_objective(cfg: ObjectiveConfig, config: PretrainedConfig, init_from: Optional[str] = None) -> Objective:
-    """Instantiate the objective named in the config around an encoder of this config (weights from init_from if set)."""
+def build_objective(cfg: ObjectiveConfig, config: PretrainedConfig, init_from: Optional[str] = None,
+                    mask_prob: float = MaskingConfig.mask_prob) -> Objective:
+    """The objective named in the config around an encoder of this config (weights from init_from if set), trained
+    on data masked at `mask_prob` (`masking.mask_prob`)."""
     cls = objective_class(cfg.name)
     _check_architecture(cls, cfg.name, config.model_type)
-    return cls(config, getattr(cfg, cfg.name), init_from)
+    objective = cls(config, getattr(cfg, cfg.name), init_from)
+    objective.mask_prob = mask_prob
+    return objective
 
 
-__all__ = ["Objective", "ObjectiveConfig", "build_objective", "check_objective_config", "objective_class", "REGISTRY"]
+__all__ = ["Objective", "ObjectiveConfig", "build_objective", "check_objective_config", "objective_class", "runs_on", "REGISTRY"]

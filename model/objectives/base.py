@@ -20,8 +20,14 @@ class Objective(nn.Module):
     weights: dict[str, float] = {}
     # The dataclass of this objective's config section (`objective.<registry name>`): an objective owns its options.
     options_class: type = type(None)
-    # The backbones (model_type) this objective is built and tested on.
-    architectures: tuple[str, ...] = ("bert", "modernbert")
+    # The export's model card: what the folder holds (`{root}`, `{generator}`: the classes exported there), and
+    # the transformers Auto class its usage snippet loads it with.
+    export_holds: str = "`{root}`"
+    export_loader: str = "AutoModel"
+    # The masking's rate, bound when it is built (`build_objective`): the FLOPs of the sparse heads depend on it.
+    mask_prob: float = 0.0
+    # What it asks a backbone for (model.backbones.base.CAPABILITIES): it runs on every backbone that provides them.
+    needs: frozenset[str] = frozenset({"masked_lm"})
 
     @classmethod
     def check_config(cls, options, model, masking) -> None:
@@ -42,8 +48,8 @@ class Objective(nn.Module):
         total = sum(self.weights.get(name, 1.0) * value for name, value in terms.items())
         return total, {**{name: value.detach() for name, value in terms.items()}, **metrics}
 
-    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:  # pragma: no cover - interface
-        """Training FLOPs per input token, every pass of every network counted (see model/flops.py)."""
+    def flops_per_token(self, seq_len: int) -> float:  # pragma: no cover - interface
+        """Training FLOPs per input token, every pass of every network counted (see model/flops.py), at `mask_prob`."""
         raise NotImplementedError
 
     def hf_models(self) -> dict[str, PreTrainedModel]:  # pragma: no cover - interface

@@ -109,6 +109,8 @@ class CocoLMOptions:
 class CocoLM(Objective):
     """Main Transformer with copy, corrective-LM and SCL heads, plus the auxiliary generator."""
 
+    needs = frozenset({"encoder", "generator"})
+    export_holds = "the main Transformer as `{root}`; the auxiliary generator as `{generator}` in `generator/`"
     options_class = CocoLMOptions
 
     def __init__(self, config: PretrainedConfig, options: CocoLMOptions, init_from: Optional[str] = None) -> None:
@@ -183,8 +185,9 @@ class CocoLM(Objective):
             }
         return {"generator_mlm_loss": gen_loss, "copy_loss": copy, "clm_loss": clm, "scl_loss": scl}, metrics
 
-    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+    def flops_per_token(self, seq_len: int) -> float:
         """Generator trained + its no-grad sampling pass + main trained on the corrupted text and on the crop."""
+        mask_prob = self.mask_prob
         g, m = self.generator.config, self.main.config
         gen = flops.mlm_forward(g, seq_len, mask_prob)
         ratio = 0.9  # COCO-LM's crop; the exact ratio only moves this estimate slightly

@@ -65,6 +65,8 @@ class DeclutrOptions:
 class Declutr(Objective):
     """A masked LM of the config's backbone reading anchors (masked, MLM + contrastive) and positives (clean)."""
 
+    export_holds = ("`{root}` (encoder + MLM head); its sentence embedding is the mean of the last hidden states "
+                    "over the real tokens")
     options_class = DeclutrOptions
 
     def __init__(self, config: PretrainedConfig, options: DeclutrOptions, init_from: Optional[str] = None) -> None:
@@ -115,9 +117,10 @@ class Declutr(Objective):
                    "declutr_retrieval_accuracy": retrieval_accuracy(logits.detach(), targets)}
         return {"declutr_loss": loss, "mlm_loss": mlm}, metrics
 
-    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+    def flops_per_token(self, seq_len: int) -> float:
         """Per anchor token: the anchor's encoder + sparse MLM head, and the positives' encoder passes (each at most
         an anchor's length: counted as one anchor-length pass each, an upper bound), all trained."""
+        mask_prob = self.mask_prob
         c = self.model.config
         return flops.TRAIN * (flops.mlm_forward(c, seq_len, mask_prob)
                               + self.options.spans.positives * flops.encoder_forward(c, seq_len))

@@ -100,6 +100,9 @@ def copy_weights(source: nn.Module, target: nn.Module) -> None:
 class Electra(Objective):
     """Generator and discriminator of the config's backbone, with shared embeddings where the widths allow."""
 
+    needs = frozenset({"discriminator", "generator"})
+    export_holds = ("the discriminator as `{root}` (encoder + replaced-token-detection head); the generator as "
+                    "`{generator}` in `generator/`")
     options_class = ElectraOptions
 
     def __init__(self, config: PretrainedConfig, options: ElectraOptions, init_from: Optional[str] = None) -> None:
@@ -209,11 +212,12 @@ class Electra(Objective):
         metrics.update(generator_mlm_loss=gen_loss, generator_accuracy=gen_accuracy, electra_stage=rtd.new_tensor(2.0))
         return {"rtd_loss": rtd}, metrics
 
-    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+    def flops_per_token(self, seq_len: int) -> float:
         """Generator (trained, MLM head at masked tokens) + discriminator (trained, 1-unit head at every token).
 
         Two-stage: stage 1 trains the generator only; stage 2 trains the discriminator and runs the frozen
         generator forward (1×)."""
+        mask_prob = self.mask_prob
         d = self.discriminator.config
         disc = flops.encoder_forward(d, seq_len) + 2 * d.hidden_size * (d.hidden_size + 1)
         generator = flops.mlm_forward(self.generator.config, seq_len, mask_prob)

@@ -86,8 +86,8 @@ class MLMOptions:
 class MaskedLM(Objective):
     """Encoder + tied MLM head (+ NSP/SOP head on BERT); the vocabulary projection runs only at picked positions."""
 
+    export_loader = "AutoModelForMaskedLM"
     options_class = MLMOptions
-    architectures = ("bert", "modernbert", "albert")
 
     def __init__(self, config: PretrainedConfig, options: MLMOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
@@ -98,9 +98,12 @@ class MaskedLM(Objective):
     @classmethod
     def check_config(cls, options: MLMOptions, model, masking) -> None:
         """Sentence-pair heads need token types and a pooler (BERT, ALBERT)."""
-        if options.pair_head != "none" and model.architecture not in ("bert", "albert"):
-            raise ConfigError(f"objective.mlm.pair_head={options.pair_head} needs model.architecture=bert or albert "
-                              f"({model.architecture} has no token types or pooler)")
+        if options.pair_head != "none" and not backbone_for(model.architecture).has_pair_head:
+            from model.backbones import REGISTRY
+
+            having = [name for name in REGISTRY if backbone_for(name).has_pair_head]
+            raise ConfigError(f"objective.mlm.pair_head={options.pair_head} needs model.architecture="
+                              f"{' or '.join(having)} ({model.architecture} has no token types or pooler)")
 
     def terms(self, batch: Batch):
         """MLM loss (+ NSP/SOP loss) and accuracies."""
@@ -117,8 +120,9 @@ class MaskedLM(Objective):
             metrics[f"{self.pair_head}_accuracy"] = (logits.argmax(-1) == batch["pair_label"]).float().mean()
         return terms, metrics
 
-    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+    def flops_per_token(self, seq_len: int) -> float:
         """Encoder + sparse MLM head, trained."""
+        mask_prob = self.mask_prob
         return flops.TRAIN * flops.mlm_forward(self.model.config, seq_len, mask_prob)
 
     def hf_models(self) -> dict[str, PreTrainedModel]:

@@ -58,6 +58,11 @@ class SpanBertOptions:
 class SpanBert(Objective):
     """Masked LM of the config's backbone + a span boundary head sharing its output projection."""
 
+    # Its span boundary head feeds the MLM's output projection with hidden-size vectors.
+    needs = frozenset({"masked_lm", "hidden_projection"})
+    export_holds = ("`{root}` (encoder + MLM head); the span boundary head beside it as "
+                    "`span_boundary_head.safetensors` + `.json` (`model.heads.SpanBoundaryHead.load(PATH)`)")
+    export_loader = "AutoModelForMaskedLM"
     options_class = SpanBertOptions
 
     def __init__(self, config: PretrainedConfig, options: SpanBertOptions, init_from: Optional[str] = None) -> None:
@@ -87,8 +92,9 @@ class SpanBert(Objective):
                                                self.backbone.output_projection(self.model))
         return {"mlm_loss": mlm, "sbo_loss": sbo}, {"mlm_accuracy": mlm_accuracy, "sbo_accuracy": sbo_accuracy}
 
-    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+    def flops_per_token(self, seq_len: int) -> float:
         """Encoder + sparse MLM head + SBO head (two H-wide layers, one 3H wide, and the projection) at picked tokens."""
+        mask_prob = self.mask_prob
         c = self.model.config
         h = c.hidden_size
         sbo = 2 * (3 * h * h + h * h) + 2 * h * c.vocab_size

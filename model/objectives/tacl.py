@@ -97,6 +97,9 @@ class TaCLOptions:
 class TaCL(Objective):
     """Student (the backbone's masked LM, with NSP on BERT) and a frozen copy of its encoder as the teacher."""
 
+    needs = frozenset({"masked_lm", "encoder"})
+    export_holds = "the student as `{root}` (the teacher is the starting checkpoint and is not exported)"
+    export_loader = "AutoModelForMaskedLM"
     options_class = TaCLOptions
 
     def __init__(self, config: PretrainedConfig, options: TaCLOptions, init_from: Optional[str] = None) -> None:
@@ -149,8 +152,9 @@ class TaCL(Objective):
             terms["nsp_loss"] = pair_loss(bb.pair_logits(self.student, out.pooler_output), batch["pair_label"])
         return terms, metrics
 
-    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+    def flops_per_token(self, seq_len: int) -> float:
         """Student trained + teacher forward (no grad) + the anchors' similarity rows over the sequence."""
+        mask_prob = self.mask_prob
         c = self.student.config
         contrast = mask_prob * 2 * seq_len * c.hidden_size
         return flops.TRAIN * (flops.mlm_forward(c, seq_len, mask_prob) + contrast) + flops.encoder_forward(c, seq_len)

@@ -102,6 +102,7 @@ class TACOOptions:
 class TACO(Objective):
     """The backbone's masked LM with the token-alignment contrastive loss on g = last hidden − embeddings."""
 
+    export_loader = "AutoModelForMaskedLM"
     options_class = TACOOptions
 
     def __init__(self, config: PretrainedConfig, options: TACOOptions, init_from: Optional[str] = None) -> None:
@@ -130,8 +131,9 @@ class TACO(Objective):
             retrieval = retrieval_accuracy(logits.detach(), positive)
         return {"mlm_loss": mlm, "tc_loss": tc}, {"mlm_accuracy": accuracy, "tc_retrieval_accuracy": retrieval}
 
-    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+    def flops_per_token(self, seq_len: int) -> float:
         """Encoder + MLM head trained, plus each anchor against 1 + K keys."""
+        mask_prob = self.mask_prob
         c = self.model.config
         contrast = 2 * (1 + self.options.negatives) * c.hidden_size
         return flops.TRAIN * (flops.mlm_forward(c, seq_len, mask_prob) + contrast)

@@ -42,8 +42,10 @@ class XLNetOptions:
 class XLNetPLM(Objective):
     """XLNetLMHeadModel trained on permutation LM."""
 
+    export_holds = "`{root}` (XLNet trained with permutation LM, no Transformer-XL memory)"
+    export_loader = "AutoModelForCausalLM"
     options_class = XLNetOptions
-    architectures = ("xlnet",)
+    needs = frozenset({"permutation_lm"})
 
     def __init__(self, config: PretrainedConfig, options: XLNetOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
@@ -72,8 +74,9 @@ class XLNetPLM(Objective):
         loss, accuracy = plm_loss(out.logits, batch["target_labels"])
         return {"plm_loss": loss}, {"plm_accuracy": accuracy}
 
-    def flops_per_token(self, seq_len: int, mask_prob: float = 0.15) -> float:
+    def flops_per_token(self, seq_len: int) -> float:
         """Content stream at every token; query stream and the vocabulary projection at the targets (mask_prob)."""
+        mask_prob = self.mask_prob
         c = self.model.config
         query = self.backbone.query_stream_flops(c, seq_len) + 2 * c.d_model * c.vocab_size
         return flops.TRAIN * (flops.encoder_forward(c, seq_len) + mask_prob * query)
