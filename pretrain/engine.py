@@ -23,8 +23,9 @@ Batch = dict[str, torch.Tensor]
 class Engine:
     """One micro-batch at a time through a DeepSpeed engine; `ds` is the engine itself (checkpoints, evaluation)."""
 
-    def __init__(self, ds_engine, grad_clip: float, clip_here: bool) -> None:
+    def __init__(self, ds_engine, grad_clip: float, clip_here: bool, accumulation: int = 1) -> None:
         self.ds = ds_engine
+        self.accumulation = accumulation  # micro-batches per optimizer step
         self.grad_clip = grad_clip
         self.clip_here = clip_here
         self._norm: Optional[torch.Tensor] = None
@@ -114,6 +115,6 @@ def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, An
     ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=given)
     if world == 1 and ds_engine.zero_optimization_stage() == 0:
         ds_engine.enable_backward_allreduce = False
-    engine = Engine(ds_engine, grad_clip, clip_here)
+    engine = Engine(ds_engine, grad_clip, clip_here, int(ds_config["gradient_accumulation_steps"]))
     engine.compiled_layers = compiled
     return engine

@@ -148,20 +148,17 @@ class MetricsReporter:
         self.must_be_finite = must_be_finite
         self.window, self.rates = MetricWindow(), Rates()
 
-    def drain(self, progress, seq_len: int, sec_per_step: Optional[float]) -> None:
-        """Read the window (one all-reduce), count what it saw into `progress`, log its rows and, given the pace,
-        the progress line."""
+    def drain(self, step: int, seq_len: int, sec_per_step: Optional[float]) -> None:
+        """Read the window (one all-reduce), log its rows and, given the pace, the progress line at `step`."""
         rows = self.window.flush(self.world)
         for _, metrics in rows:
-            progress.tokens_seen += int(metrics["tokens"])
-            progress.samples_seen += int(metrics["samples"])
             metrics["data_wait_s"] /= self.world
         self.rates.add(rows)
         if sec_per_step is not None and rows:
             last = rows[-1][1]
             last.update(self.rates.take())
             self._throughput(last, seq_len)
-            self.log.progress(progress.step, last, sec_per_step)
+            self.log.progress(step, last, sec_per_step)
         for step, metrics in rows:
             self.log.scalars(step, {k: v for k, v in metrics.items() if k not in ("tokens", "samples")}, "train")
         for step, metrics in rows:  # after the rows are logged, so the diverged step is on record

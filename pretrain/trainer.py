@@ -1,14 +1,14 @@
-"""The training loop: DeepSpeed engine, evaluation, saves and stops.
+"""The training loop: a step, and the questions it asks after each one (log? evaluate? save? stop?).
 
 The trainer knows nothing about objectives: the model's forward takes a batch and returns
 (loss, metrics), and batches come from the loader already masked (data_pipeline.loader.MaskingCollate),
-so the training process only moves them to the device.
-Checkpoints and resume are RunState's (pretrain/run_state.py), metrics MetricsReporter's
-(pretrain/metrics.py).
+so the training process only moves them to the device. It is handed its parts: the engine
+(pretrain/engine_setup.py), the checkpoint manager and its save policy (pretrain/checkpoint_manager.py),
+the counters (pretrain/progress.py), the sample audit (pretrain/sample_audit.py) and the metrics
+reporter (pretrain/metrics.py).
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -18,23 +18,21 @@ import torch
 from torch import nn
 
 from core import distributed as dist
-from core.atomic_files import write_text_atomic
 from core.config_io import config_to_dict
-from core.errors import ConfigError, InputDataError
+from core.errors import InputDataError
 from model.diagnostics import headline
 from pretrain import checkpoint as ckpt
+from pretrain.checkpoint_manager import CheckpointManager
 from pretrain.config import RunConfig
-from pretrain.ds_config import bf16_weights_for, build_ds_config, redacted
-from pretrain.engine import build_engine
-from pretrain.hardware import device_peak_tflops
+from pretrain.engine_setup import set_up_engine
 from pretrain.exit_status import write_status
+from pretrain.hardware import device_peak_tflops
 from pretrain.logger import RunLogger
 from pretrain.metrics import MetricsReporter, MetricWindow
-from pretrain.optim import build_optimizer, build_scheduler
 from pretrain.preemption import PreemptionGuard, run_deadline
+from pretrain.progress import Progress
 from pretrain.run_dir import FAILED, PREEMPTED, RunDir
-from pretrain.run_state import Progress, RunState
-from pretrain.zero_stage import choose_stage, device_memory_bytes
+from pretrain.sample_audit import SampleAudit
 
 
 class Trainer:
@@ -47,32 +45,19 @@ class Trainer:
         self.unigram_entropy = unigram_entropy
         self.rank, self.world = dist.rank(), dist.world_size()
         self.paths = RunDir(Path(cfg.train.output_dir))
-        self.state = RunState(cfg, self.paths, run_files)
-        resumed = self.state.choose_checkpoint()  # `auto` settings follow what a resumed run was saved with
-        stage, stage_note = self._zero_stage(model, resumed)
-        ds_config = build_ds_config(cfg, self.world, stage, bf16_weights_for(cfg, resumed))
-        self.accum = ds_config["gradient_accumulation_steps"]
-        self.state.plan(ds_config, stage)  # before the engine: loading a universal checkpoint is a config flag
-        if self.rank == 0:  # what DeepSpeed is given, beside config.yaml
-            write_text_atomic(self.paths.deepspeed_config, json.dumps(redacted(ds_config), indent=2) + "\n")
-        offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
-        optimizer = build_optimizer(model, cfg.optimizer, offload=offload)
-        scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
-        if cfg.train.compile and stage == 3:
-            raise ConfigError(f"train.compile=true needs ZeRO stage 0-2, and {stage_note}: set train.zero_stage or "
-                              "train.compile=false")
-        self.engine = build_engine(model, optimizer, scheduler, ds_config, self.world, compile=cfg.train.compile)
+        self.checkpoints = CheckpointManager(cfg, self.paths, run_files)
+        resumed = self.checkpoints.choose_checkpoint()  # `auto` settings follow what a resumed run was saved with
+        self.engine, engine_notes = set_up_engine(cfg, model, self.checkpoints, self.paths, resumed)
+        self.accum = self.engine.accumulation
         self.device = self.engine.device
+        self.audit = SampleAudit(self.paths, self.rank, self.world, cfg.train.record_samples)
         self.log = RunLogger(self.paths, cfg.train.max_steps, enabled=self.rank == 0,
                              report_to=tuple(cfg.train.report_to), config=config_to_dict(cfg))
         self.progress = Progress()
         self._iter: Optional[Iterator] = None
         self.start_time = time.time()
         self.seq_len = 0
-        if self.engine.compiled_layers:
-            stage_note += (f"; compiled {self.engine.compiled_layers} layer(s) with torch.compile (train.compile): "
-                           "the first steps wait for the compiler")
-        for note in (*notes, stage_note):  # what was decided for the user (the precision and stage `auto` picked)
+        for note in (*notes, *engine_notes):  # what was decided for the user (the precision and stage `auto` picked)
             self.log.info(note)
         peak, source = cfg.train.peak_tflops, "train.peak_tflops"
         if not peak:
@@ -84,18 +69,6 @@ class Trainer:
         # Dropout differs per rank; a resume overwrites this with the saved states.
         torch.manual_seed(cfg.train.seed * 1000 + self.rank)
         np.random.seed((cfg.train.seed * 1000 + self.rank) % 2**32)
-
-    def _zero_stage(self, model: nn.Module, resumed: dict[str, Any]) -> tuple[int, str]:
-        """The ZeRO stage to run at, and a line that says where it came from."""
-        requested = self.cfg.train.zero_stage
-        if requested != "auto":
-            return int(requested), f"ZeRO stage {requested} (train.zero_stage)"
-        params = {id(p): p for p in model.parameters()}.values()
-        trainable = sum(p.numel() for p in params if p.requires_grad)
-        memory, name = device_memory_bytes(dist.local_world_size())
-        stage, why = choose_stage(trainable, sum(p.numel() for p in params) - trainable, self.world, memory, name,
-                                  resumed.get("zero_stage"))
-        return stage, f"ZeRO stage {stage} (train.zero_stage=auto: {why})"
 
     @property
     def step(self) -> int:
@@ -129,17 +102,19 @@ class Trainer:
             t0 = time.perf_counter()
             batch = self._next_batch()
             host["data_wait_s"] += time.perf_counter() - t0
-            if self.cfg.train.record_samples:
+            if self.audit.enabled:
                 sample_ids.append(batch["sample_id"].tolist())
-            # Counted on the host batch before it moves, and read at the drain: no device sync.
-            host["tokens"] += batch["attention_mask"].sum()
-            host["samples"] += batch["input_ids"].shape[0]
+            # Counted on the host batch before it moves, and read at the drain or a save: no device sync.
+            tokens, samples = batch["attention_mask"].sum(), batch["input_ids"].shape[0]
+            self.progress.count(samples, tokens)
+            host["tokens"] += tokens
+            host["samples"] += samples
             loss, metrics = self.engine.micro_step(self._to_device(batch), boundary=micro == self.accum - 1)
             self.metrics.window.add({"loss": loss, **metrics})
         self.progress.step = step
         self.seq_len = batch["input_ids"].shape[1]
         if sample_ids:
-            self.state.record_samples(step, sample_ids)
+            self.audit.record(step, sample_ids)
         grad_norm = self.engine.grad_norm()
         if grad_norm is not None:
             host["grad_norm"] = grad_norm  # a float, or a device tensor read at the drain
@@ -162,74 +137,98 @@ class Trainer:
 
     def fit(self) -> str:
         """Train until max_steps, stop_after steps, or preemption; return 'finished', 'stopped' or 'preempted'."""
-        cfg = self.cfg.train
-        self.state.restore(self.engine.ds, self.loader, self.progress, self.log)
+        max_steps = self.cfg.train.max_steps
+        start_step = self._resume()
+        if self.step >= max_steps:
+            self.log.info(f"nothing to do: step {self.step} >= max_steps {max_steps}")
+            return "finished"
+        guard = self._begin()
+        status, run_start = "finished", time.perf_counter()
+        # The guard's handlers stay installed after the loop: a signal that arrives while the
+        # process shuts down must not kill it before it exits with its status code.
+        while self.step < max_steps:
+            step_seconds = self._timed_step(first=self.step == start_step)
+            stopping = bool(self.cfg.train.stop_after) and self.step - start_step >= self.cfg.train.stop_after
+            self._report((time.perf_counter() - run_start) / (self.step - start_step), stopping)
+            preempt, time_save = guard.poll(step_seconds, self.checkpoints.longest_save, self.checkpoints.minutes_due())
+            if self.checkpoints.save_due(self.step, stopping or time_save or preempt):
+                self._save()
+            if preempt and self.step < max_steps:  # the last step done: finished, nothing to requeue
+                status = self._preempted(guard)
+                break
+            if stopping and self.step < max_steps:
+                status = "stopped"
+                self.log.info(f"stopping after {self.step - start_step} steps (train.stop_after) at step {self.step}")
+                break
+        self.progress.sync()
+        self.log.info(f"{status} at step {self.step}: {self.progress.samples_seen} samples, "
+                      f"{self.progress.tokens_seen} tokens, {self.progress.elapsed:.0f}s of training")
+        self.log.close()
+        return status
+
+    def _resume(self) -> int:
+        """Continue from the chosen checkpoint (if any); this attempt's markers and later records are cleared."""
+        self.checkpoints.restore(self.engine.ds, self.loader, self.progress, self.log)
         if self.rank == 0:  # this attempt is the one that counts now
             self.paths.marker(PREEMPTED).unlink(missing_ok=True)
             self.paths.marker(FAILED).unlink(missing_ok=True)
         # Whatever an earlier attempt logged after this step (or before its first checkpoint) is redone.
-        self.state.rewind_samples(self.step)
+        self.audit.rewind(self.step)
         self.log.rewind(self.step)
-        start_step = self.step
-        if self.step >= cfg.max_steps:
-            self.log.info(f"nothing to do: step {self.step} >= max_steps {cfg.max_steps}")
-            return "finished"
-        deadline = run_deadline(self.start_time, cfg.max_wall_time, cfg.use_slurm_deadline)
-        guard = PreemptionGuard(deadline, cfg.deadline_margin_s)
+        return self.step
+
+    def _begin(self) -> PreemptionGuard:
+        """The preemption guard for this attempt's deadline, and the line that says what is about to run."""
+        cfg = self.cfg.train
+        guard = PreemptionGuard(run_deadline(self.start_time, cfg.max_wall_time, cfg.use_slurm_deadline),
+                                cfg.deadline_margin_s)
         self.log.info(
             f"training {type(self.engine.module).__name__} on {self.world} rank(s), accumulation {self.accum}, "
             f"global batch {cfg.global_batch_size}, from step {self.step} to {cfg.max_steps}"
             + (f", deadline in {guard.deadline - time.time():.0f}s" if guard.deadline else ""))
         self.metrics.rates.reset()
-        run_start = time.perf_counter()
-        status = "finished"
-        # The guard's handlers stay installed after the loop: a signal that arrives while the
-        # process shuts down must not kill it before it exits with its status code.
-        while self.step < cfg.max_steps:
-            t_step = time.perf_counter()
-            self.train_step()
-            step_seconds = time.perf_counter() - t_step
-            if self.step == start_step + 1:
-                # Every rank is past its first step (its slowest: set-up, data, compilation): from here a rank
-                # that does not answer within step_timeout_s is taken for dead. A barrier first, or the
-                # fastest rank would time out waiting for the others' first step.
-                dist.barrier()
-                dist.set_timeout(cfg.step_timeout_s)
-            self.progress.elapsed += step_seconds
-            stopping = bool(cfg.stop_after) and self.step - start_step >= cfg.stop_after
-            log_due = self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping
-            eval_due = bool(cfg.eval_every) and self.eval_loader is not None and self.step % cfg.eval_every == 0
-            if log_due or eval_due:  # the only points where metrics leave the device, with saves
-                pace = (time.perf_counter() - run_start) / (self.step - start_step) if log_due else None
-                self.metrics.drain(self.progress, self.seq_len, pace)
-            if eval_due:
-                with dist.long_wait(cfg.init_timeout_s, after=cfg.step_timeout_s):
-                    val = {**self.evaluate(), "train_seconds": self.progress.elapsed}
-                self.log.scalars(self.step, val, "validation")
-                self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
-            minutes_due = bool(cfg.save_every_minutes) and self.rank == 0 and (
-                time.time() - self.state.last_save_time >= 60 * cfg.save_every_minutes)
-            preempt, time_save = guard.poll(step_seconds, self.state.longest_save, minutes_due)
-            if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stopping or time_save or preempt:
-                self.metrics.drain(self.progress, self.seq_len, None)  # the checkpoint records the tokens seen
-                with dist.long_wait(cfg.init_timeout_s, after=cfg.step_timeout_s):  # a save may take minutes
-                    self.state.save(self.engine.ds, self.loader, self.progress, self.log)
-            if preempt and self.step < cfg.max_steps:  # the last step done: finished, nothing to requeue
-                status = "preempted"
-                self._mark(PREEMPTED, f"preempted ({guard.reason}) at step {self.step}: checkpoint saved, exiting with "
-                           "code 75", reason=guard.reason, deadline=guard.deadline, checkpoint=ckpt.tag_for(self.step))
-                # Every rank says so before any exits: srun --kill-on-bad-exit ends the others at the first exit 75.
-                write_status("preempted", step=self.step)
-                dist.barrier()
-                break
-            if stopping and self.step < cfg.max_steps:
-                status = "stopped"
-                self.log.info(f"stopping after {self.step - start_step} steps (train.stop_after) at step {self.step}")
-                break
-        self.log.info(f"{status} at step {self.step}: {self.progress.samples_seen} samples, "
-                      f"{self.progress.tokens_seen} tokens, {self.progress.elapsed:.0f}s of training")
-        self.log.close()
-        return status
+        return guard
+
+    def _timed_step(self, first: bool) -> float:
+        """One optimizer step; its seconds. After the first, a rank that does not answer in step_timeout_s is dead."""
+        t_step = time.perf_counter()
+        self.train_step()
+        step_seconds = time.perf_counter() - t_step
+        if first:
+            # Every rank is past its first step (its slowest: set-up, data, compilation). A barrier first, or the
+            # fastest rank would time out waiting for the others' first step.
+            dist.barrier()
+            dist.set_timeout(self.cfg.train.step_timeout_s)
+        self.progress.elapsed += step_seconds
+        return step_seconds
+
+    def _report(self, sec_per_step: float, stopping: bool) -> None:
+        """At logging steps the metrics leave the device (the progress line with the pace); at evaluation steps, validation."""
+        cfg = self.cfg.train
+        log_due = self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping
+        eval_due = bool(cfg.eval_every) and self.eval_loader is not None and self.step % cfg.eval_every == 0
+        if log_due or eval_due:
+            self.metrics.drain(self.step, self.seq_len, sec_per_step if log_due else None)
+        if eval_due:
+            with dist.long_wait(cfg.init_timeout_s, after=cfg.step_timeout_s):
+                val = {**self.evaluate(), "train_seconds": self.progress.elapsed}
+            self.log.scalars(self.step, val, "validation")
+            self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
+
+    def _save(self) -> None:
+        """Checkpoint this step on every rank (the step's metrics are logged first, so the log covers the checkpoint)."""
+        self.metrics.drain(self.step, self.seq_len, None)
+        with dist.long_wait(self.cfg.train.init_timeout_s, after=self.cfg.train.step_timeout_s):  # may take minutes
+            self.checkpoints.save(self.engine.ds, self.loader, self.progress, self.log)
+
+    def _preempted(self, guard: PreemptionGuard) -> str:
+        """Mark the run preempted (its checkpoint is saved) on every rank before any exits."""
+        self._mark(PREEMPTED, f"preempted ({guard.reason}) at step {self.step}: checkpoint saved, exiting with "
+                   "code 75", reason=guard.reason, deadline=guard.deadline, checkpoint=ckpt.tag_for(self.step))
+        # Every rank says so before any exits: srun --kill-on-bad-exit ends the others at the first exit 75.
+        write_status("preempted", step=self.step)
+        dist.barrier()
+        return "preempted"
 
     def mark_failed(self, exc: BaseException) -> None:
         """Record that the run stopped on an error (its type, message and step) before the error propagates."""

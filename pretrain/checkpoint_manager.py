@@ -1,42 +1,31 @@
-"""What a run saves and restores beside the engine's tensors: which checkpoint to resume from, the
-loader's position, every rank's RNG states, the progress counters and the audit of samples seen.
+"""The run's checkpoints: which one to resume from, when to save, and what is saved beside the engine's
+tensors (the loader's position, every rank's RNG states, the progress counters).
 
-The trainer hands it the engine and the loader at save and restore; everything about checkpoint
-folders (tags, markers, hashes, damaged copies, world-size conversion) lives here and in checkpoint.py.
+The trainer hands it the engine, the loader and the counters at save and restore, and asks it whether a
+save is due; everything about checkpoint folders (tags, markers, hashes, damaged copies, world-size
+conversion) lives here and in checkpoint.py.
 """
 from __future__ import annotations
 
 import json
 import shutil
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from core import distributed as dist
-from core.atomic_files import write_text_atomic
 from core.config_io import config_hash
 from core.errors import CheckpointError, ConfigError, StorageError, UserError
 from pretrain import checkpoint as ckpt
 from pretrain.config import RunConfig
 from pretrain.optim import reset_schedule
+from pretrain.progress import Progress
 from pretrain.run_dir import RunDir
 
 
-@dataclass
-class Progress:
-    """Where the run is and what it has seen (saved in every checkpoint)."""
-
-    step: int = 0
-    samples_seen: int = 0
-    tokens_seen: int = 0
-    elapsed: float = 0.0
-
-
-class RunState:
-    """The run's checkpoints and sample audit: pick, save, restore."""
+class CheckpointManager:
+    """The run's checkpoints: pick, plan, decide when to save, save, restore."""
 
     def __init__(self, cfg: RunConfig, paths: RunDir, run_files: Optional[dict[str, str]] = None) -> None:
         self.cfg = cfg
@@ -115,17 +104,16 @@ class RunState:
             raise StorageError(error)
         self.fetched = fetched
 
-    def plan(self, ds_config: dict, zero_stage: int) -> None:
+    def plan(self, zero_stage: int, bf16_weights: bool) -> bool:
         """Check the chosen checkpoint against this run's stage and pick the tag to load (a universal copy when the
-        world size changed and the stage partitions states).
+        world size changed and the stage partitions states); True when that copy must be loaded as universal.
 
         Runs before deepspeed.initialize, because loading a universal checkpoint is a config flag.
         """
-        self.zero_stage = zero_stage
-        self.bf16_weights = bool(ds_config.get("bf16", {}).get("enabled"))
+        self.zero_stage, self.bf16_weights = zero_stage, bf16_weights
         tag = self.resume_tag
         if self.cfg.train.resume == "never" or tag is None:
-            return
+            return False
         meta = ckpt.read_meta(self.ckpt_dir, tag)
         if meta.get("zero_stage", self.zero_stage) != self.zero_stage:
             raise ConfigError(
@@ -134,7 +122,7 @@ class RunState:
                 "resume: keep the stage, or export the weights and start a new run from them (model.init_from)"
             )
         if meta.get("world_size", self.world) == self.world or self.zero_stage == 0:
-            return  # stage 0 saves whole weights and optimizer states, which any number of ranks loads
+            return False  # stage 0 saves whole weights and optimizer states, which any number of ranks loads
         error = ""
         if self.rank == 0:
             print(f"checkpoint {tag} was saved on {meta['world_size']} rank(s); converting it to a universal "
@@ -146,17 +134,26 @@ class RunState:
         (error,) = dist.broadcast_object(error)
         if error:
             raise RuntimeError(error)
-        ds_config.setdefault("checkpoint", {})["load_universal"] = True
         self.load_tag = ckpt.universal_tag(tag)
+        return True
+
+    # ---- when to save -----------------------------------------------------------------
+    def minutes_due(self) -> bool:
+        """Whether train.save_every_minutes have passed since the last save (rank 0's clock; the ranks agree on it
+        through the preemption guard's per-step exchange)."""
+        minutes = self.cfg.train.save_every_minutes
+        return bool(minutes) and self.rank == 0 and time.time() - self.last_save_time >= 60 * minutes
+
+    def save_due(self, step: int, asked: bool) -> bool:
+        """Whether to save after `step`: every train.save_every steps, at max_steps, or when asked (a stop, a
+        preemption, a time-based save)."""
+        return asked or step % self.cfg.train.save_every == 0 or step == self.cfg.train.max_steps
 
     # ---- save and restore -------------------------------------------------------------
     def _client_state(self, loader, progress: Progress) -> dict[str, Any]:
         return {
             "version": 1,
-            "step": progress.step,
-            "samples_seen": progress.samples_seen,
-            "tokens_seen": progress.tokens_seen,
-            "elapsed_s": progress.elapsed,
+            **progress.state_dict(),  # step, samples_seen, tokens_seen, elapsed_s: every rank's counts summed
             "world_size": self.world,
             "config_hash": config_hash(self.cfg),
             "loader": loader.state_dict(),
@@ -213,10 +210,7 @@ class RunState:
         if state.get("config_hash") != config_hash(self.cfg):
             log.info("note: the config differs from the one the checkpoint was saved with; the current one applies")
         reset_schedule(engine.lr_scheduler, self.cfg.train.max_steps, self.cfg.schedule, self.cfg.optimizer.lr)
-        progress.step = state["step"]
-        progress.samples_seen = state["samples_seen"]
-        progress.tokens_seen = state["tokens_seen"]
-        progress.elapsed = state["elapsed_s"]
+        progress.load_state_dict(state)
         loader.load_state_dict(state["loader"])
         if state["world_size"] == self.world:
             ckpt.set_rng_state(state["rng"][self.rank])
@@ -228,28 +222,3 @@ class RunState:
         if self.fetched == tag:
             log.info(f"downloaded checkpoint {tag} from {self.remote.url} (no local checkpoint was as new)")
         log.info(f"resumed from {self.ckpt_dir / tag} at step {progress.step}")
-
-    # ---- the sample audit -------------------------------------------------------------
-    def _sample_log(self) -> Path:
-        return self.paths.samples(self.rank)
-
-    def record_samples(self, step: int, sample_ids: list) -> None:
-        """Append the ids this rank trained on at `step` (train.record_samples)."""
-        path = self._sample_log()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as fh:
-            fh.write(json.dumps({"step": step, "sample_ids": sample_ids}) + "\n")
-
-    def rewind_samples(self, last_step: int) -> None:
-        """Drop the records of steps after the checkpoint we resume from (they will be redone).
-
-        Each rank rewinds its own file; rank 0 also rewinds those of ranks that an elastic resume
-        onto fewer ranks left behind, so the audit never shows a step twice.
-        """
-        paths = [self._sample_log()]
-        if self.rank == 0:
-            paths += [p for p in self._sample_log().parent.glob("rank*.jsonl") if int(p.stem[4:]) >= self.world]
-        for path in paths:
-            if path.is_file():
-                keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
-                write_text_atomic(path, "".join(line + "\n" for line in keep))

@@ -1,0 +1,63 @@
+"""From the run config to a running engine: the ZeRO stage, the DeepSpeed config, the optimizer and schedule.
+
+The trainer gets the engine (its accumulation steps included) and the lines that say what was chosen for the
+user; it reads no DeepSpeed key. The checkpoint manager is asked, not written into: whether a universal
+checkpoint must be loaded is its answer, which becomes a DeepSpeed config flag here.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from torch import nn
+
+from core import distributed as dist
+from core.atomic_files import write_text_atomic
+from core.errors import ConfigError
+from pretrain.checkpoint_manager import CheckpointManager
+from pretrain.config import RunConfig
+from pretrain.ds_config import bf16_weights_for, build_ds_config, redacted
+from pretrain.engine import Engine, build_engine
+from pretrain.optim import build_optimizer, build_scheduler
+from pretrain.run_dir import RunDir
+from pretrain.zero_stage import choose_stage, device_memory_bytes
+
+
+def zero_stage_for(cfg: RunConfig, model: nn.Module, world: int, resumed: dict[str, Any]) -> tuple[int, str]:
+    """The ZeRO stage to run at, and a line that says where it came from."""
+    requested = cfg.train.zero_stage
+    if requested != "auto":
+        return int(requested), f"ZeRO stage {requested} (train.zero_stage)"
+    params = {id(p): p for p in model.parameters()}.values()
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    memory, name = device_memory_bytes(dist.local_world_size())
+    stage, why = choose_stage(trainable, sum(p.numel() for p in params) - trainable, world, memory, name,
+                              resumed.get("zero_stage"))
+    return stage, f"ZeRO stage {stage} (train.zero_stage=auto: {why})"
+
+
+def set_up_engine(cfg: RunConfig, model: nn.Module, checkpoints: CheckpointManager, run_dir: RunDir,
+                  resumed: dict[str, Any]) -> tuple[Engine, list[str]]:
+    """The engine around `model` for this run (resuming `resumed`, a checkpoint's meta or {}), and notes for the log.
+
+    Rank 0 writes the DeepSpeed config the engine is given into the run folder (secrets redacted).
+    """
+    world = dist.world_size()
+    stage, stage_note = zero_stage_for(cfg, model, world, resumed)
+    ds_config = build_ds_config(cfg, world, stage, bf16_weights_for(cfg, resumed))
+    if checkpoints.plan(stage, bool(ds_config.get("bf16", {}).get("enabled"))):
+        ds_config.setdefault("checkpoint", {})["load_universal"] = True
+    if dist.rank() == 0:  # what DeepSpeed is given, beside config.yaml
+        write_text_atomic(run_dir.deepspeed_config, json.dumps(redacted(ds_config), indent=2) + "\n")
+    offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
+    optimizer = build_optimizer(model, cfg.optimizer, offload=offload)
+    scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
+    if cfg.train.compile and stage == 3:
+        raise ConfigError(f"train.compile=true needs ZeRO stage 0-2, and {stage_note}: set train.zero_stage or "
+                          "train.compile=false")
+    engine = build_engine(model, optimizer, scheduler, ds_config, world, compile=cfg.train.compile)
+    notes = [stage_note]
+    if engine.compiled_layers:
+        notes.append(f"compiled {engine.compiled_layers} layer(s) with torch.compile (train.compile): the first "
+                     "steps wait for the compiler")
+    return engine, notes
