@@ -186,8 +186,8 @@ def probe_tasks(corpora: Path, out: Path) -> dict[str, dict]:
 def probe_one(model: Path, name: str, task: dict, out: Path) -> dict:
     """Linear-probe accuracies of one export on one task ({feature: accuracy}), cached in `out`."""
     if not out.is_file():
-        from pretrain.evaluation.linear_probe import linear_probe
-        from pretrain.evaluation.tasks import LocalTaskOptions
+        from evaluation.linear_probe import linear_probe
+        from evaluation.tasks import LocalTaskOptions
 
         linear_probe(str(model), task["task"], LocalTaskOptions(**task["data"]), out=str(out))
     result = json.loads(out.read_text())

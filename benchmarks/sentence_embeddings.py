@@ -82,7 +82,7 @@ def main() -> None:
         models[f"MLM-only, seed {seed}"] = tacl / f"export_mlm_seed{seed}"
         models[f"TaCL, seed {seed}"] = tacl / f"export_tacl_seed{seed}"
     models.update(train_students(args, teacher, out))
-    from pretrain.evaluation.sentence_embeddings import evaluate_suite
+    from evaluation.sentence_embeddings import evaluate_suite
 
     results = {}
     for name, path in models.items():

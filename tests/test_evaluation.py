@@ -28,7 +28,7 @@ def _package_dir(name: str) -> Path:
 
 
 def test_metrics_match_their_definitions():
-    from pretrain.evaluation.tasks import f1_binary, f1_macro, matthews, pearson, spearman
+    from evaluation.tasks import f1_binary, f1_macro, matthews, pearson, spearman
 
     rng = np.random.default_rng(0)
     gold, pred = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
@@ -61,7 +61,7 @@ def test_metrics_match_their_definitions():
 
 
 def test_glue_offline_fails_at_once_with_a_clear_message(tmp_path, monkeypatch):
-    from pretrain.evaluation.tasks import LocalTaskOptions, load_task
+    from evaluation.tasks import LocalTaskOptions, load_task
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(SetupError, match="nyu-mll/glue.*cannot be reached"):
@@ -145,7 +145,7 @@ def test_self_similarity_cli_equals_an_independent_computation(tmp_path):
         assert abs(group["min"][layer] - min(a, b)) <= 1e-6 * abs(a) and abs(group["max"][layer] - max(a, b)) <= 1e-6 * abs(a)
     assert str(minilm_dir()) in proc.stdout
     # Excluding the special tokens changes the statistic, and again matches the definition.
-    from pretrain.evaluation.self_similarity import self_similarity
+    from evaluation.self_similarity import self_similarity
 
     got = self_similarity(tiny, lines, special_tokens="exclude", batch_size=4)
     expected = _independent_self_similarity(tiny, lines, exclude_special=True)
@@ -273,9 +273,9 @@ def test_evaluation_configs_load_and_their_errors_are_one_line(tmp_path, capsys)
     """The shipped fine-tuning YAMLs are valid FinetuneConfigs; a bad key, value or missing input exits 2 naming it."""
     from core.config_io import load_config
     from pretrain.cli import main
-    from pretrain.evaluation.config import FinetuneConfig
+    from evaluation.config import FinetuneConfig
 
-    configs = sorted((Path(__file__).resolve().parents[1] / "pretrain" / "configs" / "finetune").glob("*.yaml"))
+    configs = sorted((Path(__file__).resolve().parents[1] / "evaluation" / "configs" / "finetune").glob("*.yaml"))
     assert len(configs) >= 3
     for path in configs:
         cfg = load_config(FinetuneConfig, path)

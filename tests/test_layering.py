@@ -1,4 +1,5 @@
-"""Imports run one way: core <- data_pipeline, model <- pretrain (and nothing imports upward)."""
+"""Imports run one way: core <- data_pipeline <- model <- pretrain and evaluation, side by side (nothing imports
+upward; evaluation never imports pretrain, and pretrain reaches evaluation only to put its commands on the CLI)."""
 import ast
 import subprocess
 import sys
@@ -7,7 +8,8 @@ from pathlib import Path
 from conftest import REPO
 
 # package -> packages it must never import
-FORBIDDEN = {"core": {"data_pipeline", "model", "pretrain"}, "data_pipeline": {"pretrain"}, "model": {"pretrain"}}
+FORBIDDEN = {"core": {"data_pipeline", "model", "pretrain", "evaluation"}, "data_pipeline": {"model", "pretrain", "evaluation"},
+             "model": {"pretrain", "evaluation"}, "evaluation": {"pretrain"}}
 
 
 def imported_packages(path: Path) -> set[tuple[str, int]]:
@@ -28,6 +30,12 @@ def test_no_import_runs_upward():
             violations += [f"{path.relative_to(REPO)}:{line} imports {name}"
                            for name, line in imported_packages(path) if name in forbidden]
     assert not violations, "\n".join(violations)
+
+
+def test_pretrain_reaches_evaluation_only_from_its_command_line():
+    users = [f"{path.relative_to(REPO)}:{line}" for path in sorted((REPO / "pretrain").rglob("*.py"))
+             for name, line in imported_packages(path) if name == "evaluation" and path.name != "cli.py"]
+    assert not users, "\n".join(users)
 
 
 def test_the_checker_sees_lazy_imports(tmp_path):

@@ -20,7 +20,7 @@ def tiny(tmp_path_factory):
 
 
 def test_probe_separates_separable_classes_and_not_noise():
-    from pretrain.evaluation.linear_probe import fit_probe
+    from evaluation.linear_probe import fit_probe
 
     rng = np.random.default_rng(0)
     y = rng.integers(0, 4, 600)
@@ -36,7 +36,7 @@ def test_probe_separates_separable_classes_and_not_noise():
 
 
 def test_probe_falls_back_to_the_grid_middle_without_folds():
-    from pretrain.evaluation.linear_probe import fit_probe
+    from evaluation.linear_probe import fit_probe
 
     x = np.array([[0.0], [1.0], [2.0]])
     _, chosen = fit_probe(x, np.array([0, 1, 2]), x, c_grid=(0.1, 1.0, 10.0))
@@ -47,7 +47,7 @@ def test_features_equal_an_independent_per_sentence_computation(tiny):
     """Batched, padded features equal each sentence's own forward: mean over its tokens, its first token, word means."""
     from transformers import AutoModel, AutoTokenizer
 
-    from pretrain.evaluation.linear_probe import sequence_features, word_features
+    from evaluation.linear_probe import sequence_features, word_features
 
     texts = ["the cat sat", "a considerably longer sentence about unbelievable tokenisation", "hi"]
     words = [t.split() for t in texts]
@@ -137,8 +137,8 @@ def test_sequence_probe_cli_and_its_errors(tiny, tmp_path):
 def test_ignored_tags_are_not_labels_when_fine_tuning(tiny, tmp_path):
     from transformers import AutoTokenizer
 
-    from pretrain.evaluation.finetune import encode
-    from pretrain.evaluation.tasks import LocalTaskOptions, load_task
+    from evaluation.finetune import encode
+    from evaluation.tasks import LocalTaskOptions, load_task
 
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in _token_rows(20, 3)))

@@ -55,7 +55,7 @@ def suite(tmp_path_factory):
 
 
 def test_nested_cross_validation_on_known_data():
-    from pretrain.evaluation.sentence_embeddings import cross_validated
+    from evaluation.sentence_embeddings import cross_validated
 
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, 300)
@@ -72,7 +72,7 @@ def test_nested_cross_validation_on_known_data():
 def test_pair_features_cosine_and_sts_against_independent_formulas():
     from scipy.stats import pearsonr, spearmanr
 
-    from pretrain.evaluation.sentence_embeddings import cosine, pair_features, sts_scores
+    from evaluation.sentence_embeddings import cosine, pair_features, sts_scores
 
     rng = np.random.default_rng(1)
     u, v = rng.normal(size=(20, 5)), rng.normal(size=(20, 5))

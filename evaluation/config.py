@@ -2,7 +2,7 @@
 
 `python -m pretrain finetune --config FILE.yaml key=value ...`: a YAML (with `defaults:` groups, as the
 training configs), then `key=value` overrides, then the command-line flags (`--lr 3e-5` is `lr=3e-5`).
-Examples: pretrain/configs/finetune/.
+Examples: evaluation/configs/finetune/.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from core.errors import ConfigError
-from pretrain.evaluation.tasks import LocalTaskOptions
+from evaluation.tasks import LocalTaskOptions
 
 
 @dataclass
@@ -78,7 +78,7 @@ class SelfSimilarityConfig:
 
 @dataclass
 class LinearProbeConfig:
-    """Frozen-encoder logistic-regression probes of one or more exports on one task (pretrain/evaluation/linear_probe.py)."""
+    """Frozen-encoder logistic-regression probes of one or more exports on one task (evaluation/linear_probe.py)."""
 
     model: list[str] = field(default_factory=list)  # HF model folders (exports)
     task: str = ""  # a GLUE name or csv:PATH / json:PATH, as fine-tuning
@@ -109,7 +109,7 @@ class LinearProbeConfig:
 
 @dataclass
 class SentenceEmbeddingConfig:
-    """SentEval-style evaluation of frozen sentence embeddings (pretrain/evaluation/sentence_embeddings.py)."""
+    """SentEval-style evaluation of frozen sentence embeddings (evaluation/sentence_embeddings.py)."""
 
     model: list[str] = field(default_factory=list)  # HF model folders (exports)
     suite: str = "runs/senteval"  # a folder with tasks.json (benchmarks/senteval_data.py builds one)

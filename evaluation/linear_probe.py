@@ -22,7 +22,7 @@ import torch
 
 from core.errors import ConfigError, MissingFileError
 from model.backbones.base import forward_input_names
-from pretrain.evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
+from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
 
 log = logging.getLogger("pretrain.linear_probe")
 

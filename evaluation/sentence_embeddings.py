@@ -119,7 +119,7 @@ def cross_validated(x: np.ndarray, y: np.ndarray, folds: int, c_grid: Sequence[f
     """Outer stratified k-fold accuracy of a logistic regression whose C each fold picks by inner CV."""
     from sklearn.model_selection import StratifiedKFold
 
-    from pretrain.evaluation.linear_probe import fit_probe
+    from evaluation.linear_probe import fit_probe
 
     smallest = int(np.unique(y, return_counts=True)[1].min())
     k = min(folds, smallest)
@@ -137,7 +137,7 @@ def cross_validated(x: np.ndarray, y: np.ndarray, folds: int, c_grid: Sequence[f
 
 def sts_scores(u: np.ndarray, v: np.ndarray, gold: np.ndarray) -> dict[str, Any]:
     """Spearman and Pearson (× 100) of the embeddings' cosine against the gold scores."""
-    from pretrain.evaluation.tasks import pearson, spearman
+    from evaluation.tasks import pearson, spearman
 
     sims = cosine(u, v)
     return {"spearman": 100 * spearman(sims, gold), "pearson": 100 * pearson(sims, gold), "examples": int(len(gold))}
@@ -147,7 +147,7 @@ def evaluate_task(model_dir: str, task: SuiteTask, features: Sequence[str] = FEA
                   folds: int = 10, c_grid: Sequence[float] = (0.01, 0.1, 1.0, 10.0), inner_folds: int = 5,
                   max_examples: int = 0, max_length: int = 128, batch_size: int = 64, seed: int = 0) -> dict[str, Any]:
     """One model on one task: {feature: scores}."""
-    from pretrain.evaluation.linear_probe import sequence_features
+    from evaluation.linear_probe import sequence_features
 
     rows = read_rows(task, max_examples, seed)
     # Both sides of a pair in one pass: the model is loaded once per task.

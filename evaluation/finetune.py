@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from core.errors import ConfigError, MissingFileError
-from pretrain.evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
+from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
 
 log = logging.getLogger("pretrain.finetune")
 
