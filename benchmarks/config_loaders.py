@@ -1,7 +1,7 @@
 """The project's config loader (core/config_io.py) against OmegaConf structured configs, on the project's own schema.
 
     pip install --target /tmp/omega omegaconf
-    PYTHONPATH=/tmp/omega python benchmarks/config_loaders.py
+    PYTHONPATH=/tmp/omega python -m benchmarks.config_loaders
 
 Issue 16 asked to adopt OmegaConf unless a measured reason says otherwise. This measures, for the
 training config (RunConfig) and the shipped run YAMLs:
@@ -22,7 +22,6 @@ import typing
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 MISTAKES = [("unknown key", ["train.max_stepz=3"]), ("wrong type", ["train.max_steps=lots"]),
             ("not a choice", ["train.precision=fp8"]), ("nested unknown key", ["objective.coco_lm.copy_weigth=1"])]

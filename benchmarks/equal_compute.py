@@ -1,9 +1,9 @@
 """Issue 17, item 1: MLM, ELECTRA, COCO-LM and TACO from scratch at equal training FLOPs, two seeds.
 
-    python benchmarks/corpora.py --out runs/corpora
-    python benchmarks/equal_compute.py train --corpora runs/corpora        # pre-train every (objective, seed)
-    python benchmarks/equal_compute.py probe --corpora runs/corpora        # linear probes + fine-tuning
-    python benchmarks/equal_compute.py report                              # tables and the plot
+    python -m benchmarks.corpora --out runs/corpora
+    python -m benchmarks.equal_compute train --corpora runs/corpora        # pre-train every (objective, seed)
+    python -m benchmarks.equal_compute probe --corpora runs/corpora        # linear probes + fine-tuning
+    python -m benchmarks.equal_compute report                              # tables and the plot
 
 Every objective gets the training FLOPs MLM spends in `--mlm-steps` steps, as its own
 `flops_per_token` counts them (model/flops.py: matmuls of every pass of every network, the
@@ -16,7 +16,7 @@ TACO with 15% masking and lr 1e-3.
 
 A larger budget is a second set beside the first, on the same shards, with its own results folder:
 
-    python benchmarks/equal_compute.py train --tag 3x --mlm-steps 3000 --data runs/equal_compute/data
+    python -m benchmarks.equal_compute train --tag 3x --mlm-steps 3000 --data runs/equal_compute/data
 
 One JSON per run lands in benchmarks/results/equal_compute[_TAG]/ as soon as the run ends (commit it then):
 the set can be continued later from what is committed, and a run cut short resumes from its
@@ -26,15 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from recipe_sweep import BASE, GROUPS  # noqa: E402
-from repro_common import (  # noqa: E402
+from benchmarks.recipe_sweep import BASE, GROUPS
+from benchmarks.repro_common import (
     REPO,
     export,
     finetune_cached,

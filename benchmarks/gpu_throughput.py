@@ -2,10 +2,10 @@
 a bare PyTorch loop of the same model, over a micro-batch sweep, with and without torch.compile, and the GPU's idle
 fraction from a profiler trace.
 
-    python benchmarks/corpora.py --out runs/corpora
-    python benchmarks/gpu_throughput.py                       # on a GPU machine (one process, one GPU)
-    python benchmarks/gpu_throughput.py --batches-128 32 64 128 --batches-512 8 16 32 --compile off on --profile
-    python benchmarks/gpu_throughput.py --tiny --steps 20 --warmup 5 --batches-128 8 --batches-512 2   # the path on a CPU
+    python -m benchmarks.corpora --out runs/corpora
+    python -m benchmarks.gpu_throughput                       # on a GPU machine (one process, one GPU)
+    python -m benchmarks.gpu_throughput --batches-128 32 64 128 --batches-512 8 16 32 --compile off on --profile
+    python -m benchmarks.gpu_throughput --tiny --steps 20 --warmup 5 --batches-128 8 --batches-512 2   # the path on a CPU
 
 Each point is a real `python -m pretrain train` run (torchrun, one rank, `train.zero_stage=auto`, so stage 0 on one
 GPU; bf16) of a base-shaped model (hidden 768, 12 layers, 12 heads; BERT's FFN 3072, ModernBERT's GeGLU 1152 so the
@@ -34,10 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging  # noqa: E402
+from benchmarks.repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging
 
 SHAPES = {"base": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072},
           "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 256}}
@@ -95,7 +92,7 @@ def point_overrides(point: dict, args, data: Path, teacher: Path, run_dir: Path)
 
 def bare_loop(point: dict, args, data: Path) -> dict:
     """tokens/s and MFU of the bare transformers loop at this point (MLM only), in a fresh process."""
-    cmd = [sys.executable, str(Path(__file__).resolve().parent / "host_overhead.py"), "--worker", "plain", "--case",
+    cmd = [sys.executable, "-m", "benchmarks.host_overhead", "--worker", "plain", "--case",
            json.dumps({"backbone": point["backbone"], "stage": "0", "precision": args.precision}),
            "--shape", args.size, "--batch", str(point["batch"]), "--seq", str(point["seq"]),
            "--steps", str(args.steps), "--window", "5", "--data", str(data), "--device", args.device,
@@ -220,7 +217,7 @@ def main() -> None:
                             row["bare_tokens_per_s"] = bare["tokens_per_s"]
                             row["vs_bare"] = row["tokens_per_s"] / bare["tokens_per_s"]
                         if args.profile:
-                            cmd = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--worker", "profile",
+                            cmd = [sys.executable, "-m", "benchmarks.gpu_throughput", *sys.argv[1:], "--worker", "profile",
                                    "--point", json.dumps({**point, "data": str(data), "teacher": str(teacher)})]
                             proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
                             if proc.returncode != 0:

@@ -1,8 +1,8 @@
 """Host overhead of a training step: the trainer against a plain PyTorch loop of the same transformers model.
 
-    python benchmarks/host_overhead.py                                  # CPU proxy: ModernBERT and BERT, ZeRO-2, auto precision
-    python benchmarks/host_overhead.py --stages 0 1 2 3 auto --pairs 3  # every stage
-    python benchmarks/host_overhead.py --shape base --device cuda --batch 64 --threads 0   # BERT-base / ModernBERT-base on a GPU
+    python -m benchmarks.host_overhead                                  # CPU proxy: ModernBERT and BERT, ZeRO-2, auto precision
+    python -m benchmarks.host_overhead --stages 0 1 2 3 auto --pairs 3  # every stage
+    python -m benchmarks.host_overhead --shape base --device cuda --batch 64 --threads 0   # BERT-base / ModernBERT-base on a GPU
 
 The proxy is narrow and deep (hidden 64, 12 layers, 2 heads, FFN 256; micro-batch 4 x 128, one thread): many
 parameters and kernels per FLOP, as BERT-base is on a GPU, so the host's per-parameter and per-kernel work shows on a
@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 SHAPES = {"proxy": dict(hidden_size=64, num_layers=12, num_heads=2, intermediate_size=256),
           "tiny": dict(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256),  # gpu_throughput.py --tiny

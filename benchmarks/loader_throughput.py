@@ -1,6 +1,6 @@
 """Loader throughput (StreamingDataLoader + collate + masking) against what training consumes.
 
-    python benchmarks/loader_throughput.py --data runs/demo/data --run runs/demo/train [--batches 400]
+    python -m benchmarks.loader_throughput --data runs/demo/data --run runs/demo/train [--batches 400]
 
 The loader side reads `--batches` micro-batches of one rank, with 0 and 2 loader workers, masked
 with BERT masking in the loader's collate as training does (in the workers when there are any). The training side reads samples/s and the fraction of

@@ -1,7 +1,7 @@
 """Step time of each objective relative to MLM, on the same main model and batch.
 
-    python benchmarks/objective_step_time.py                       # CPU, a small BERT (what CI machines can run)
-    python benchmarks/objective_step_time.py --device cuda --bf16 --hidden 768 --layers 12 --heads 12 \\
+    python -m benchmarks.objective_step_time                       # CPU, a small BERT (what CI machines can run)
+    python -m benchmarks.objective_step_time --device cuda --bf16 --hidden 768 --layers 12 --heads 12 \\
         --intermediate 3072 --batch 32 --seq 128                   # BERT-base on a GPU
 
 A step is forward + backward + AdamW update of the objective module (no DeepSpeed, no data

@@ -1,7 +1,7 @@
 """Which optimizer implementation to use on this machine, and what share of a training step it costs.
 
-    python benchmarks/optimizer_step.py                       # hidden 512, 4 layers (the issue's benchmark shape)
-    python benchmarks/optimizer_step.py --hidden 768 --layers 12 --heads 12 --ffn 3072
+    python -m benchmarks.optimizer_step                       # hidden 512, 4 layers (the issue's benchmark shape)
+    python -m benchmarks.optimizer_step --hidden 768 --layers 12 --heads 12 --ffn 3072
 
 One process with the threads of one rank (1 by default: two ranks on two cores). For an MLM step of
 the shape (micro-batch 16 × 128 tokens, sparse head at 15%), it times forward + backward, then each
@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def median_seconds(fn, reps: int) -> float:

@@ -1,7 +1,7 @@
 """The device's dense matmul peak per dtype: what the trainer's MFU divides by (pretrain/hardware.py).
 
-    python benchmarks/peak.py                 # 1 thread (a rank's share when ranks = cores) and all threads
-    python benchmarks/peak.py --sizes 512 1024 2048 --json benchmarks/results/peak.json
+    python -m benchmarks.peak                 # 1 thread (a rank's share when ranks = cores) and all threads
+    python -m benchmarks.peak --sizes 512 1024 2048 --json benchmarks/results/peak.json
 
 The trainer measures the peak once per machine, dtype and thread count, at the size the table marks,
 and caches it (~/.cache/contrastive-pretrain/peak_tflops.json). A measurement taken while other work
@@ -13,10 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:

@@ -4,8 +4,8 @@ Same corpus (the bundled KJV, repeated), same tokenizer (a fixed sentencepiece u
 sequence length and the same number of processes. Both read the raw text with `datasets` and end
 with packed sequences on disk (MDS shards for us, Arrow cache files for the baseline).
 
-    python benchmarks/prepare_throughput.py [--repeat 4] [--workers 1 2] [--out benchmarks/results/prepare_throughput.json]
-    python benchmarks/prepare_throughput.py --repeat 24 --workers 1 2 --no-baseline --cli   # scaling, 100 MB
+    python -m benchmarks.prepare_throughput [--repeat 4] [--workers 1 2] [--out benchmarks/results/prepare_throughput.json]
+    python -m benchmarks.prepare_throughput --repeat 24 --workers 1 2 --no-baseline --cli   # scaling, 100 MB
 
 `ours` is timed in this process after the imports (as a long-lived job would run it); `--cli` also
 times `python -m data_pipeline prepare` end to end, start-up and the tokenizer's transformers

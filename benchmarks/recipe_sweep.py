@@ -1,10 +1,10 @@
 """What makes a small encoder learn fastest per second of 2-core CPU (the cramming method), measured with the real trainer.
 
     python -m data_pipeline prepare --config data_pipeline/configs/demo.yaml output_dir=runs/sweep/data
-    python benchmarks/recipe_sweep.py --group mlm --budget-s 240          # MLM: backbone, positions, lr, schedule, ...
-    python benchmarks/recipe_sweep.py --group rtd --budget-s 600          # ELECTRA / COCO-LM: generator size, λ, lr
-    python benchmarks/recipe_sweep.py --group scratch --corpora runs/corpora --budget-s 600   # RESULTS.md (b)'s corpora
-    python benchmarks/recipe_sweep.py --plot-only                          # redraw from benchmarks/results/
+    python -m benchmarks.recipe_sweep --group mlm --budget-s 240          # MLM: backbone, positions, lr, schedule, ...
+    python -m benchmarks.recipe_sweep --group rtd --budget-s 600          # ELECTRA / COCO-LM: generator size, λ, lr
+    python -m benchmarks.recipe_sweep --group scratch --corpora runs/corpora --budget-s 600   # RESULTS.md (b)'s corpora
+    python -m benchmarks.recipe_sweep --plot-only                          # redraw from benchmarks/results/
 
 Each point is one `torchrun --nproc_per_node 2 -m pretrain train` run on the bundled KJV data. A
 short timing probe (`train.stop_after`) measures seconds per step, then the run gets as many steps
@@ -218,14 +218,12 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[], help="run only these configurations")
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     if args.plot_only:
         results = json.loads((REPO / "benchmarks" / "results" / f"recipe_sweep_{args.group}.json").read_text())
     else:
         data = Path(args.data)
         if args.corpora:
-            sys.path.insert(0, str(REPO / "benchmarks"))
-            from repro_common import scratch_data
+            from benchmarks.repro_common import scratch_data
 
             data = scratch_data(Path(args.corpora).resolve(), Path(args.out).resolve() / "scratch_data")
         results = sweep(args.group, data, Path(args.out), args.budget_s, args.probe_steps, args.only)

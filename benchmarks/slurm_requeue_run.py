@@ -1,8 +1,8 @@
 """A training run through the project's own SLURM path, requeued until done, against its uninterrupted twin.
 
-    python benchmarks/slurm_requeue_run.py --name demo_mlm --config pretrain/configs/demo_mlm.yaml \\
+    python -m benchmarks.slurm_requeue_run --name demo_mlm --config pretrain/configs/demo_mlm.yaml \\
         --data runs/demo/data [--time 2] [--min-requeues 3] [key=value ...]
-    python benchmarks/slurm_requeue_run.py --name NAME --twin RUN_DIR     # a finished run of a report is the twin
+    python -m benchmarks.slurm_requeue_run --name NAME --twin RUN_DIR     # a finished run of a report is the twin
 
 What users will do with a month-long run, at a scale that fits here (issue 17, item 4):
 1. start the one-machine SLURM (slurm/local_cluster.sh: munge, slurmctld, one slurmd; needs root);

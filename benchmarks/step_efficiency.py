@@ -1,8 +1,8 @@
 """Step efficiency: the trainer against a plain PyTorch loop of the same modules, and MFU against the measured peak.
 
-    python benchmarks/step_efficiency.py                                   # every objective, both backbones, 512 / 4 layers
-    python benchmarks/step_efficiency.py --shape base --objectives mlm     # BERT-base shape (768 / 12 layers)
-    python benchmarks/step_efficiency.py --precision bf16                  # on a machine with AMX or a GPU
+    python -m benchmarks.step_efficiency                                   # every objective, both backbones, 512 / 4 layers
+    python -m benchmarks.step_efficiency --shape base --objectives mlm     # BERT-base shape (768 / 12 layers)
+    python -m benchmarks.step_efficiency --precision bf16                  # on a machine with AMX or a GPU
 
 For each objective and backbone, at the same micro-batch (16 x 128 tokens, one process, `--threads` threads):
 - trainer: `python -m pretrain train` (DeepSpeed ZeRO-2 engine, the objective's example config, real MDS shards

@@ -10,7 +10,7 @@ both sides). The baseline reads those sequences (from our MDS shards) as a `data
 or, with `--hf-fused`, torch's fused AdamW (ours).
 
     pip install -e ".[bench]"      # accelerate, which the HF Trainer needs
-    python benchmarks/train_throughput.py [--steps 40] [--batch 16] [--threads 2] [--pairs 3] [--precision auto]
+    python -m benchmarks.train_throughput [--steps 40] [--batch 16] [--threads 2] [--pairs 3] [--precision auto]
 
 The runs alternate (ours, HF, ours, HF, ...), each a fresh process; the ratio is taken pair by pair. The FLOP table
 says where a gain can come from: the sparse MLM head (the 30k-vocabulary projection only at the 15% masked tokens)
@@ -153,7 +153,6 @@ def main() -> None:
     import logging
 
     logging.disable(logging.WARNING)
-    sys.path.insert(0, str(REPO))
     from pretrain.hardware import resolve_precision
 
     args.resolved = resolve_precision(args.precision)[0]

@@ -4,8 +4,8 @@ Counts the bytes of the tensors each rank holds after the step (exact, unlike RS
 parameters (ZeRO-3: each parameter's local partition `ds_tensor`), and optimizer state (Adam's
 moments, plus ZeRO-3's fp32 master partitions). Gradients are freed after the step by both.
 
-    python benchmarks/zero_memory.py            # launches itself under torchrun with 2 ranks
-    python benchmarks/zero_memory.py --albert   # ALBERT-base against BERT-base (H 768, 12 layers), both stages
+    python -m benchmarks.zero_memory            # launches itself under torchrun with 2 ranks
+    python -m benchmarks.zero_memory --albert   # ALBERT-base against BERT-base (H 768, 12 layers), both stages
 
 `--albert` compares ALBERT's factorized embeddings (E = 128) and cross-layer sharing with BERT of the
 same width and depth, as masked LMs with their pre-training heads (AlbertForPreTraining,
@@ -161,6 +161,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     main()

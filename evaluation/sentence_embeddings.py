@@ -54,7 +54,7 @@ def read_suite(folder: str | Path, names: Sequence[str] = ()) -> list[SuiteTask]
     index = folder / "tasks.json"
     if not index.is_file():
         raise MissingFileError(f"'{folder}' is not a sentence-embedding task suite (no tasks.json); "
-                               "build one with `python benchmarks/senteval_data.py --out DIR`")
+                               "build one with `python -m benchmarks.senteval_data --out DIR`")
     try:
         entries = json.loads(index.read_text(encoding="utf-8"))["tasks"]
     except (ValueError, KeyError, TypeError) as exc:

@@ -8,13 +8,10 @@ CrowdFlower tweets 38,158 rows (neg 16,186 / neu 15,018 / pos 6,954; the file's 
 import collections
 import csv
 import json
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import corpora  # noqa: E402
+from benchmarks import corpora
 
 
 def _rows(path: Path) -> list[dict]:

@@ -1,10 +1,6 @@
 """The equal-compute report's 'fraction of MLM's compute to reach MLM's final accuracy', on curves made up here."""
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import equal_compute  # noqa: E402
+from benchmarks import equal_compute
 
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 

@@ -2,14 +2,10 @@
 import csv
 import io
 import json
-import sys
 import tarfile
 import zipfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import senteval_data  # noqa: E402
+from benchmarks import senteval_data
 
 
 def _tar_add(tf: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -1,16 +1,12 @@
 """benchmarks/tacl_reference.py: its loss, written apart from model/objectives, agrees with the project's and with
 a per-anchor loop; its variants remove what they say; its masking is BERT's 80/10/10."""
-import importlib.util
 import math
-from pathlib import Path
 
 import torch
 
+from benchmarks import tacl_reference as ref
 from model.objectives.tacl import tacl_loss
 
-_spec = importlib.util.spec_from_file_location("tacl_reference", Path(__file__).resolve().parents[1] / "benchmarks" / "tacl_reference.py")
-ref = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ref)
 
 
 def _case(seed: int = 0):

@@ -9,10 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from pretrain import cli  # noqa: E402
-from pretrain.trainer import Trainer  # noqa: E402
+from pretrain import cli
+from pretrain.trainer import Trainer
 
 rank, step, kind = os.environ["FAULT"].split(":")
 original = Trainer.train_step
