@@ -58,6 +58,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return dict(value)
     if tp is Any:
         return value
+    if tp in (bool, int, float, str):
+        return _coerce_scalar(value, tp, key)
+    raise ConfigError(f"config key '{key}': unsupported type {tp!r}")
+
+
+def _coerce_scalar(value: Any, tp: type, key: str) -> Any:
+    """A YAML scalar as bool, int, float or str; a number written as a string is read as one."""
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -78,11 +85,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
         return float(value)
-    if tp is str:
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
-        return str(value)
-    raise ConfigError(f"config key '{key}': unsupported type {tp!r}")
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+    return str(value)
 
 
 def _build(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:

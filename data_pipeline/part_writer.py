@@ -125,16 +125,7 @@ def write_part(shared: Shared, job: PartJob) -> dict[str, Any]:
             if not chosen:
                 continue
             documents[split] += len(chosen)
-            if cfg.packing == "pairs":
-                sentences = [split_sentences(text) for _, text in chosen]
-                flat = encode([s for sents in sentences for s in sents])
-                pos = 0
-                per_doc = []
-                for sents in sentences:
-                    per_doc.append(flat[pos:pos + len(sents)])
-                    pos += len(sents)
-            else:
-                per_doc = encode([text for _, text in chosen])
+            per_doc = _encode_documents(encode, [text for _, text in chosen], cfg.packing == "pairs")
             if cfg.packing == "full":  # no per-document columns: whole batches at once
                 writers[split].write_rows(packers[split].add_many(per_doc))
                 continue
@@ -147,12 +138,29 @@ def write_part(shared: Shared, job: PartJob) -> dict[str, Any]:
         for sample in packers[split].flush():
             writers[split].write(sample)
         counts[split] = {**writers[split].close(), "documents": documents[split]}
+    return _publish(out, name, tmp, {"part": job.index, "splits": counts, "read": vars(stats)})
+
+
+def _encode_documents(encode, texts: list[str], by_sentence: bool) -> list:
+    """Token ids per document; with `by_sentence` (pairs packing) a list of sentences' ids per document."""
+    if not by_sentence:
+        return encode(texts)
+    sentences = [split_sentences(text) for text in texts]
+    flat = encode([s for sents in sentences for s in sents])
+    per_doc, pos = [], 0
+    for sents in sentences:
+        per_doc.append(flat[pos:pos + len(sents)])
+        pos += len(sents)
+    return per_doc
+
+
+def _publish(out: Path, name: str, tmp: dict[str, Path], result: dict[str, Any]) -> dict[str, Any]:
+    """Rename the part's finished splits into place, then write its done marker (last: it says the part is whole)."""
     for split in SPLITS:
         final = out / split / name
         shutil.rmtree(final, ignore_errors=True)  # a half-written copy from a killed attempt
         tmp[split].rename(final)
-    result = {"part": job.index, "splits": counts, "read": vars(stats)}
-    marker = done_marker(out, job.index)
+    marker = done_marker(out, result["part"])
     marker.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(marker, json.dumps(result) + "\n")
     return result

@@ -124,6 +124,11 @@ def _add_task_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Add `evaluate` (self-similarity, linear-probe, sentence-embeddings) and `finetune` to a command line."""
+    _add_evaluate(sub)
+    _add_finetune(sub)
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser("evaluate", help="analyses of exported models").add_subparsers(dest="analysis", required=True)
     # Evaluation flags default to unset: a flag given overrides the config file and key=value (evaluation/config.py).
     unset = argparse.SUPPRESS
@@ -158,6 +163,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     sent.add_argument("--max-examples", type=int, help="a seeded sample of this many rows per task")
     sent.add_argument("--out", help="output path without suffix: writes OUT.json and OUT.md")
     sent.set_defaults(func=_sentence_embeddings)
+
+
+def _add_finetune(sub: argparse._SubParsersAction) -> None:
+    unset = argparse.SUPPRESS
     ft = sub.add_parser("finetune", help="fine-tune an exported model on a GLUE or local task, over seeds",
                         argument_default=unset)
     ft.add_argument("--config", default=None, help="YAML file (keys of FinetuneConfig; see evaluation/configs/finetune/)")

@@ -151,6 +151,18 @@ def majority_baseline(spec: TaskSpec, train_enc: dict[str, Any], eval_enc: dict[
     return score(spec, np.full_like(gold, majority), gold)
 
 
+def _optimizer(model: torch.nn.Module, hp: Hyper, total: int):
+    """AdamW without decay on biases and LayerNorms, and linear warmup then linear decay over `total` steps."""
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=hp.lr, betas=hp.betas, eps=hp.eps)
+    warmup = int(total * hp.warmup_ratio)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+    return optimizer, schedule
+
+
 def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, eval_enc, pad_id: int, device: str,
                loss: str, tacl_weight: float, tacl_temperature: float) -> dict[str, float]:
     _seed_everything(seed)
@@ -162,16 +174,9 @@ def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, 
         from model.objectives.tacl import supervised_tacl_loss
 
         teacher = AutoModel.from_pretrained(model_dir).to(device).eval().requires_grad_(False)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=hp.lr, betas=hp.betas, eps=hp.eps)
     n = len(train_enc["labels"])
-    steps_per_epoch = math.ceil(n / hp.batch_size)
-    total = max(1, math.ceil(steps_per_epoch * hp.epochs))
-    warmup = int(total * hp.warmup_ratio)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+    total = max(1, math.ceil(math.ceil(n / hp.batch_size) * hp.epochs))
+    optimizer, schedule = _optimizer(model, hp, total)
     generator = random.Random(seed)
     step, start = 0, time.time()
     model.train()

@@ -130,17 +130,7 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
     datasets.disable_progress_bars()
     name = glue_name(task)
     if name is not None:
-        from data_pipeline.raw_text import hub_reachable
-
-        spec = GLUE[name]
-        if not hub_reachable():
-            raise SetupError(f"GLUE task '{task}' is read from the Hugging Face hub (nyu-mll/glue), which cannot be reached "
-                             f"(offline?). Download it elsewhere and pass the files: --task csv:train.csv --validation-file dev.csv")
-        try:
-            data = datasets.load_dataset("nyu-mll/glue", name)
-        except Exception as exc:  # datasets raises many types; all mean the same here
-            raise SetupError(f"GLUE task '{task}' could not be loaded from the hub: {exc}") from exc
-        return spec, data["train"], data[spec.eval_split]
+        return _load_glue(task, name)
     kind, _, path = task.partition(":")
     if kind not in ("csv", "json") or not path:
         raise ConfigError(f"unknown task '{task}': use a GLUE name ({', '.join(sorted(GLUE))}) or csv:PATH / json:PATH")
@@ -164,16 +154,36 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
         train, evaluation = split["train"], split["test"]
     if len(train) == 0 or len(evaluation) == 0:
         raise InputDataError(f"task '{task}' has an empty train or evaluation split")
+    return _local_spec(task, path, local, train, evaluation), train, evaluation
+
+
+def _load_glue(task: str, name: str) -> tuple[TaskSpec, Any, Any]:
+    """A GLUE task from the Hugging Face hub (one clear line when it cannot be reached)."""
+    import datasets
+
+    from data_pipeline.raw_text import hub_reachable
+
+    spec = GLUE[name]
+    if not hub_reachable():
+        raise SetupError(f"GLUE task '{task}' is read from the Hugging Face hub (nyu-mll/glue), which cannot be reached "
+                         f"(offline?). Download it elsewhere and pass the files: --task csv:train.csv --validation-file dev.csv")
+    try:
+        data = datasets.load_dataset("nyu-mll/glue", name)
+    except Exception as exc:  # datasets raises many types; all mean the same here
+        raise SetupError(f"GLUE task '{task}' could not be loaded from the hub: {exc}") from exc
+    return spec, data["train"], data[spec.eval_split]
+
+
+def _local_spec(task: str, path: str, local: LocalTaskOptions, train: Any, evaluation: Any) -> TaskSpec:
+    """A local task's spec: regression, or its label set (at least two labels) read from both splits."""
     token = local.token_task
     if local.regression:
-        spec = TaskSpec(Path(path).stem, local.text_column, local.pair_column, local.label_column, 1, ("pearson", "spearman"))
-        return spec, train, evaluation
+        return TaskSpec(Path(path).stem, local.text_column, local.pair_column, local.label_column, 1, ("pearson", "spearman"))
     values = (v for rows in (train[local.label_column], evaluation[local.label_column]) for v in rows)
     names = sorted({str(t) for v in values for t in (v if token else [v])} - {local.ignore_tag if token else None})
     if len(names) < 2:
         raise InputDataError(f"task '{task}' has {len(names)} label(s) {names}; a classifier needs at least 2")
     metrics = ("accuracy", "f1_macro") if token else ("accuracy", "f1_macro", "matthews")
-    spec = TaskSpec(Path(path).stem, local.text_column, local.pair_column, local.label_column, len(names), metrics,
+    return TaskSpec(Path(path).stem, local.text_column, local.pair_column, local.label_column, len(names), metrics,
                     kind="token" if token else "sequence", label_names=tuple(names),
                     ignore_tag=local.ignore_tag if token else None)
-    return spec, train, evaluation

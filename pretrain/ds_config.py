@@ -110,27 +110,46 @@ def build_ds_config(cfg: RunConfig, world: int, zero_stage: Optional[int] = None
         if cfg.train.zero_stage == "auto":
             raise ValueError("train.zero_stage=auto must be resolved (pretrain.zero_stage.choose_stage) first")
         zero_stage = int(cfg.train.zero_stage)
+    path, ds = _read_template(cfg)
+    accum = gradient_accumulation(cfg.train.global_batch_size, cfg.train.micro_batch_size, world)
+    _fill(ds, "train_micro_batch_size_per_gpu", cfg.train.micro_batch_size, path, "train.micro_batch_size")
+    _fill(ds, "gradient_accumulation_steps", accum, path, "train.global_batch_size / (micro_batch_size x ranks)")
+    _fill(ds, "train_batch_size", cfg.train.global_batch_size, path, "train.global_batch_size")
+    _fill(ds, "gradient_clipping", cfg.optimizer.grad_clip, path, "optimizer.grad_clip")
+    _fill_precision(ds, cfg, path, explicit_bf16_weights(cfg) if bf16_weights is None else bf16_weights)
+    zero = ds.setdefault("zero_optimization", {})
+    _fill(zero, "stage", zero_stage, path, "train.zero_stage")
+    _fill_zero(ds, zero, cfg, world)
+    if cfg.optimizer.name == "lamb":
+        if zero.get("stage", 0) != 0:
+            raise ConfigError(
+                f"optimizer.name=lamb needs ZeRO stage 0 (train.zero_stage=0): LAMB's trust ratio is per "
+                f"layer, and ZeRO stage {zero['stage']} hands the optimizer flat slices of many layers instead")
+        ds["zero_allow_untested_optimizer"] = True
+    ds.setdefault("steps_per_print", 1 << 30)
+    return ds
+
+
+def _read_template(cfg: RunConfig) -> tuple[Path, dict[str, Any]]:
+    """The DeepSpeed JSON the run starts from (train.deepspeed_config, else the template), parsed."""
     path = Path(cfg.train.deepspeed_config) if cfg.train.deepspeed_config else TEMPLATE
     if not path.is_file():
         raise ConfigError(f"config key 'train.deepspeed_config': file not found: {path}")
     try:
-        ds = json.loads(path.read_text())
+        return path, json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"deepspeed config {path} is not valid JSON: {exc}") from exc
+
+
+def _fill_precision(ds: dict[str, Any], cfg: RunConfig, path: Path, bf16_weights: bool) -> None:
+    """fp16, bf16 weights or bf16 autocast over fp32 weights, as train.precision says."""
     if cfg.train.precision == "fp16":
         from deepspeed.accelerator import get_accelerator
 
         if not get_accelerator().is_fp16_supported():
             raise ConfigError("train.precision=fp16 is not supported on this device (DeepSpeed's CPU accelerator refuses "
                               "it without avx512_fp16); use bf16 or fp32 here, fp16 on a GPU")
-    accum = gradient_accumulation(cfg.train.global_batch_size, cfg.train.micro_batch_size, world)
-    _fill(ds, "train_micro_batch_size_per_gpu", cfg.train.micro_batch_size, path, "train.micro_batch_size")
-    _fill(ds, "gradient_accumulation_steps", accum, path, "train.global_batch_size / (micro_batch_size x ranks)")
-    _fill(ds, "train_batch_size", cfg.train.global_batch_size, path, "train.global_batch_size")
-    _fill(ds, "gradient_clipping", cfg.optimizer.grad_clip, path, "optimizer.grad_clip")
     bf16 = cfg.train.precision == "bf16"
-    if bf16_weights is None:
-        bf16_weights = explicit_bf16_weights(cfg)
     precision_key = f"train.precision={cfg.train.precision}"
     _fill(ds.setdefault("fp16", {}), "enabled", cfg.train.precision == "fp16", path, precision_key)
     _fill(ds.setdefault("bf16", {}), "enabled", bf16 and bf16_weights, path, precision_key)
@@ -140,8 +159,10 @@ def build_ds_config(cfg: RunConfig, world: int, zero_stage: Optional[int] = None
         autocast.setdefault("dtype", "bfloat16")
         # Gradients reduced in fp32, as torchtitan's default: the listed module types would get bf16 reductions.
         autocast.setdefault("lower_precision_safe_modules", [])
-    zero = ds.setdefault("zero_optimization", {})
-    _fill(zero, "stage", zero_stage, path, "train.zero_stage")
+
+
+def _fill_zero(ds: dict[str, Any], zero: dict[str, Any], cfg: RunConfig, world: int) -> None:
+    """Overlap, offload and stage-3 settings of the `zero_optimization` section, checked against the stage."""
     multi_gpu = world > 1 and _cuda()
     # On GPUs with several ranks, overlap the gradient reduction with the backward (it needs the per-parameter
     # hooks anyway); alone, or on CPU (gloo, no streams), the hooks only cost host time.
@@ -163,19 +184,10 @@ def build_ds_config(cfg: RunConfig, world: int, zero_stage: Optional[int] = None
                           "train.offload_params=false")
     if offloads["offload_optimizer"] and zero["stage"] == 0:
         raise ConfigError("optimizer offload needs ZeRO stage 1, 2 or 3: set train.zero_stage or train.offload_optimizer=false")
-    if zero["stage"] == 3:
-        if not _cuda():
-            # DeepSpeed 0.19 waits only on the last handle of a coalesced all-gather; on gloo the
-            # others may still be in flight (garbage parameters). Sequential all-gathers avoid it.
-            zero["stage3_allgather_sequential"] = True
-    if cfg.optimizer.name == "lamb":
-        if zero.get("stage", 0) != 0:
-            raise ConfigError(
-                f"optimizer.name=lamb needs ZeRO stage 0 (train.zero_stage=0): LAMB's trust ratio is per "
-                f"layer, and ZeRO stage {zero['stage']} hands the optimizer flat slices of many layers instead")
-        ds["zero_allow_untested_optimizer"] = True
-    ds.setdefault("steps_per_print", 1 << 30)
-    return ds
+    if zero["stage"] == 3 and not _cuda():
+        # DeepSpeed 0.19 waits only on the last handle of a coalesced all-gather; on gloo the
+        # others may still be in flight (garbage parameters). Sequential all-gathers avoid it.
+        zero["stage3_allgather_sequential"] = True
 
 
 def _cuda() -> bool:

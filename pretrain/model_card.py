@@ -54,8 +54,6 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
     spec = objective_class(objective)
     auto = spec.export_loader
     holds = spec.export_holds.format(root=classes.get(""), generator=classes.get("generator"))
-    step = int(state.get("step", 0))
-    train_row, val_row = final_losses(run_dir, step)
     lines = [
         "---",
         "library_name: transformers",
@@ -77,6 +75,18 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
         "(the classification heads are new and need fine-tuning: `python -m pretrain finetune`; a ModernBERT "
         "ELECTRA export holds a 1-label RTD classifier, so pass `ignore_mismatched_sizes=True` for another label count).",
         "",
+    ]
+    lines += [*_training_lines(cfg, state, tag, run_dir), *_model_lines(model_config, params), "## Data", "",
+              *_data_lines(cfg, manifest), ""]
+    return "\n".join(lines)
+
+
+def _training_lines(cfg: dict[str, Any], state: dict[str, Any], tag: str, run_dir: RunDir) -> list[str]:
+    """The card's training section: objective, masking, checkpoint, what was seen, recipe and final losses."""
+    objective = cfg["objective"]["name"]
+    step = int(state.get("step", 0))
+    train_row, val_row = final_losses(run_dir, step)
+    return [
         "## Training",
         "",
         f"- objective: `{objective}`, options: `{json.dumps(cfg['objective'].get(objective, {}), sort_keys=True)}`",
@@ -91,6 +101,12 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
         f"- final training losses ({_losses_text(train_row)})",
         f"- final validation losses ({_losses_text(val_row)})",
         "",
+    ]
+
+
+def _model_lines(model_config: dict[str, Any], params: dict[str, int]) -> list[str]:
+    """The card's model section: shape and parameter counts."""
+    return [
         "## Model",
         "",
         f"- {model_config.get('model_type')}: {model_config.get('num_hidden_layers')} layers, hidden {model_config.get('hidden_size')}, "
@@ -98,9 +114,12 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
         f"vocabulary {model_config.get('vocab_size')}, max positions {model_config.get('max_position_embeddings')}",
         "- parameters: " + ", ".join(f"{name or 'root'} {n:,}" for name, n in params.items()),
         "",
-        "## Data",
-        "",
     ]
+
+
+def _data_lines(cfg: dict[str, Any], manifest: Optional[dict]) -> list[str]:
+    """The card's data section: the prepared dataset, its tokenizer, splits and sources, and the manifest itself."""
+    lines: list[str] = []
     if manifest is None:
         lines.append(f"- prepared dataset: `{cfg['data']['path']}` (its manifest was not found)")
     else:
@@ -117,5 +136,4 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
                          f"{source.get('documents', '?')} documents)")
         lines += ["", "<details><summary>manifest.json</summary>", "", "```json", json.dumps(manifest, indent=2), "```",
                   "", "</details>"]
-    lines.append("")
-    return "\n".join(lines)
+    return lines

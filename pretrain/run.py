@@ -66,6 +66,28 @@ def build_trainer(cfg: RunConfig) -> Trainer:
         recorder.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(recorder / "rank_"))
     dist.init_distributed(cfg.train.init_timeout_s)
+    manifest = _checked_manifest(cfg)
+    tok = manifest["tokenizer"]
+    check_objective_config(cfg.objective, cfg.model, cfg.masking)
+    # Resolved before the run files are written: config.yaml records the precision the run trained in.
+    cfg.train.precision, why = resolve_precision(cfg.train.precision)
+    model_config = build_model_config(cfg.model, tok, manifest["seq_len"])
+    files = run_files(cfg, model_config, manifest)
+    if dist.rank() == 0:
+        _write_run_files(files, RunDir(cfg.train.output_dir), Path(cfg.data.path))
+    dist.barrier()
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    model = build_objective(cfg.objective, model_config, cfg.model.init_from, cfg.masking.mask_prob)
+    train_loader, eval_loader = _loaders(cfg, manifest, *_collates(cfg, tok))
+    return Trainer(cfg, model, train_loader, eval_loader, run_files=files, flops_per_token=model.flops_per_token,
+                   unigram_entropy=None if eval_loader is None else
+                   validation_unigram_entropy(eval_loader, cfg.train.eval_batches, tok),
+                   notes=(f"precision {cfg.train.precision} ({why})",))
+
+
+def _checked_manifest(cfg: RunConfig) -> dict:
+    """The prepared dataset's manifest, its metadata fetched (a remote dataset) and its shards' hashes checked once
+    per node."""
     data_dir = Path(cfg.data.path)
     if is_local_leader():
         fetch_metadata(cfg.data)
@@ -74,45 +96,39 @@ def build_trainer(cfg: RunConfig) -> Trainer:
                 if (data_dir / split / "index.json").is_file():
                     verify_split(data_dir / split)
     dist.barrier()
-    manifest = read_manifest(data_dir)
-    tok = manifest["tokenizer"]
-    check_objective_config(cfg.objective, cfg.model, cfg.masking)
-    # Resolved before the run files are written: config.yaml records the precision the run trained in.
-    cfg.train.precision, why = resolve_precision(cfg.train.precision)
-    model_config = build_model_config(cfg.model, tok, manifest["seq_len"])
-    files = run_files(cfg, model_config, manifest)
-    if dist.rank() == 0:
-        _write_run_files(files, RunDir(cfg.train.output_dir), data_dir)
-    dist.barrier()
-    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    model = build_objective(cfg.objective, model_config, cfg.model.init_from, cfg.masking.mask_prob)
+    return read_manifest(data_dir)
+
+
+def _collates(cfg: RunConfig, tok: dict) -> tuple[MaskingCollate, MaskingCollate]:
+    """The loader workers' per-batch transforms: the objective's view of the masking, for training and validation."""
     word_starts = None
     if needs_word_starts(cfg.masking):
-        word_starts = word_start_table(load_tokenizer(data_dir / TOKENIZER_DIR))
+        word_starts = word_start_table(load_tokenizer(Path(cfg.data.path) / TOKENIZER_DIR))
     objective_cls = objective_class(cfg.objective.name)
     transform, eval_transform = (objective_cls.wrap_masking(getattr(cfg.objective, cfg.objective.name), build_masking(
         masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], word_starts=word_starts,
         pad_id=tok["pad_id"], cls_id=tok["cls_id"], sep_id=tok["sep_id"],
     ), tok["pad_id"], tok["cls_id"], tok["sep_id"]) for masking in (cfg.masking, evaluation_masking(cfg.masking)))
     # Masked in the loader (its workers): validation shows every picked token as [MASK], the same each time.
-    train_collate = MaskingCollate(transform, tok["pad_id"], cfg.train.seed)
-    eval_collate = MaskingCollate(eval_transform, tok["pad_id"], cfg.train.seed, stream=EVAL_STREAM, per_epoch=False)
-    pin = torch.cuda.is_available()  # the engine copies pinned batches with non_blocking
+    return (MaskingCollate(transform, tok["pad_id"], cfg.train.seed),
+            MaskingCollate(eval_transform, tok["pad_id"], cfg.train.seed, stream=EVAL_STREAM, per_epoch=False))
 
+
+def _loaders(cfg: RunConfig, manifest: dict, train_collate: MaskingCollate, eval_collate: MaskingCollate):
+    """The training loader, and the validation loader when evaluation is on and the split holds a batch per rank."""
+    pin = torch.cuda.is_available()  # the engine copies pinned batches with non_blocking
+    per_step = cfg.train.micro_batch_size * dist.world_size()
     train_sequences = manifest["splits"]["train"]["sequences"]
-    if train_sequences < cfg.train.micro_batch_size * dist.world_size():
+    if train_sequences < per_step:
         raise ConfigError(f"the training split has {train_sequences} sequences, fewer than one batch "
                           f"(micro_batch_size {cfg.train.micro_batch_size} x {dist.world_size()} ranks)")
     clean_stale_shared_memory(cfg.data)
     train_loader = build_loader(cfg.data, "train", cfg.train.micro_batch_size, collate_fn=train_collate, pin_memory=pin)
     eval_loader = None
-    if cfg.train.eval_every and manifest["splits"]["validation"]["sequences"] >= cfg.train.micro_batch_size * dist.world_size():
+    if cfg.train.eval_every and manifest["splits"]["validation"]["sequences"] >= per_step:
         eval_loader = build_loader(cfg.data, "validation", cfg.train.micro_batch_size, shuffle=False,
                                    collate_fn=eval_collate, pin_memory=pin)
-    return Trainer(cfg, model, train_loader, eval_loader, run_files=files, flops_per_token=model.flops_per_token,
-                   unigram_entropy=None if eval_loader is None else
-                   validation_unigram_entropy(eval_loader, cfg.train.eval_batches, tok),
-                   notes=(f"precision {cfg.train.precision} ({why})",))
+    return train_loader, eval_loader
 
 
 def validation_unigram_entropy(eval_loader, batches: int, tok: dict) -> float:

@@ -68,3 +68,17 @@ def test_run_folder_paths_come_from_run_dir_only():
             if isinstance(node, ast.Constant) and node.value in RUN_FOLDER_NAMES:
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno} spells {node.value!r}")
     assert not offenders, "\n".join(offenders)
+
+
+LIBRARY = ("core", "data_pipeline", "model", "pretrain", "evaluation")
+
+
+def test_no_library_function_is_longer_than_50_lines():
+    """A function that long does several jobs; split it where one job ends (issue 32)."""
+    long = []
+    for package in LIBRARY:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not long, "\n".join(long)
