@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 
 from benchmarks.recipe_sweep import BASE, GROUPS
+from data_pipeline.dataset_dir import DatasetDir
+from pretrain.run_dir import RunDir
 from benchmarks.repro_common import (
     REPO,
     export,
@@ -84,7 +86,7 @@ def flops_per_step(name: str, data: Path, stage: int = 1) -> tuple[float, int]:
     from model.objectives import build_objective
     from pretrain.config import RunConfig
 
-    manifest = json.loads((data / "manifest.json").read_text())
+    manifest = json.loads(DatasetDir(data).manifest.read_text())
     # A two-stage objective is built as one (its switch after step 1), so each stage's own cost is counted.
     two_stage = ["objective.electra.two_stage_generator_steps=1"] if name in TWO_STAGE else []
     cfg = load_config(RunConfig, REPO / BASE[1], [*overrides(name), *two_stage])
@@ -154,7 +156,7 @@ def train_all(args: argparse.Namespace, data: Path, out: Path) -> None:
             val = validation_losses(run_dir)
             import yaml  # the precision `auto` resolved to on this machine, as the run recorded it
 
-            precision = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["precision"]
+            precision = yaml.safe_load(RunDir(run_dir).config.read_text())["train"]["precision"]
             write_json(record_path, {
                 "objective": name, "seed": seed, "overrides": overrides(name), **p, "wall_s": wall, "precision": precision,
                 "checkpoints": [{"step": s, "fraction_of_budget": s * p["flops_per_step"] / p["budget_flops"],

@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging
+from pretrain.run_dir import RunDir
 
 SHAPES = {"base": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072},
           "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 256}}
@@ -210,7 +211,7 @@ def main() -> None:
                         run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m",
                              "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
                              *point_overrides(point, args, data, teacher, run_dir)])
-                        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+                        rows = RunDir(run_dir).metric_rows()
                         row = {**point, **measure(rows, args.warmup)}
                         if name == "mlm" and not args.no_bare and not compiled == "on":
                             bare = bare_loop(point, args, data)

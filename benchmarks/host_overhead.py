@@ -34,6 +34,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Optional
+from pretrain.run_dir import RunDir
+from data_pipeline.dataset_dir import DatasetDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,7 +85,7 @@ def run_trainer(case: dict, args, work: Path) -> dict:
     proc = subprocess.run(trainer_command(case, args, out), cwd=REPO, env=thread_env(args), capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"trainer failed ({case}):\n{proc.stderr[-4000:]}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = RunDir(out).metric_rows()
     shutil.rmtree(out, ignore_errors=True)
     windows = [r["samples_per_s"] for r in rows if r["split"] == "train" and "samples_per_s" in r][1:]
     if not windows:
@@ -439,7 +441,7 @@ def git_commit() -> str:
 
 def ensure_data(args) -> None:
     """The demo's shards (KJV, 8k unigram, 128-token packing), prepared once."""
-    if (Path(args.data) / "manifest.json").is_file():
+    if DatasetDir(args.data).is_complete():
         return
     subprocess.run([sys.executable, "-m", "data_pipeline", "prepare", "--config", "data_pipeline/configs/demo.yaml",
                     f"output_dir={args.data}"], cwd=REPO, check=True, env=thread_env(args))

@@ -14,6 +14,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,7 +47,7 @@ def loader_rate(data: str, batch: int, workers: int, batches: int) -> dict:
 
 def training_rate(run: Path) -> dict:
     """Mean samples/s and data-wait fraction over a run's logged steps (after the first window)."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = RunDir(run).metric_rows()
     rows = [r for r in rows if r["split"] == "train" and "samples_per_s" in r][1:]
     mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
     return {"samples_per_s": round(mean("samples_per_s"), 1), "tokens_per_s": round(mean("tokens_per_s")),
@@ -63,7 +64,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "loader_throughput.json"))
     args = parser.parse_args()
     loaders = [loader_rate(args.data, args.batch, w, args.batches) for w in (0, 2)]
-    training = training_rate(Path(args.run)) if (Path(args.run) / "metrics.jsonl").is_file() else None
+    training = training_rate(Path(args.run)) if RunDir(args.run).metrics.is_file() else None
     print(f"{'loader workers':>14} {'batch':>6} {'sequences/s':>12} {'tokens/s':>10}")
     for r in loaders:
         print(f"{r['workers']:>14} {r['batch']:>6} {r['sequences_per_s']:>12,} {r['tokens_per_s']:>10,}")

@@ -23,6 +23,7 @@ import tempfile
 import time
 from itertools import chain
 from pathlib import Path
+from data_pipeline.dataset_dir import DatasetDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ def make_tokenizer(workdir: Path, corpus: Path) -> Path:
     cfg = load_config(PrepareConfig, None, [f"output_dir={workdir / 'tok_run'}", f"sources=[{{kind: text, path: '{corpus}'}}]",
                                              "tokenizer.vocab_size=8000", "tokenizer.max_training_documents=2000", "val_fraction=0",
                                              "max_documents=2000"])
-    return prepare(cfg) / "tokenizer"
+    return DatasetDir(prepare(cfg)).tokenizer
 
 
 def run_ours(workdir: Path, corpus: Path, tok_dir: Path, workers: int, seq_len: int) -> dict:
@@ -60,7 +61,7 @@ def run_ours(workdir: Path, corpus: Path, tok_dir: Path, workers: int, seq_len: 
     start = time.perf_counter()
     prepare(cfg)
     elapsed = time.perf_counter() - start
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads(DatasetDir(out).manifest.read_text())
     return {"seconds": elapsed, "tokens": manifest["splits"]["train"]["tokens"], "sequences": manifest["splits"]["train"]["sequences"]}
 
 
@@ -76,7 +77,7 @@ def run_cli(workdir: Path, corpus: Path, tok_dir: Path, workers: int, seq_len: i
                     f"seq_len={seq_len}", "val_fraction=0", f"num_workers={workers}"], cwd=REPO, check=True,
                    stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
     elapsed = time.perf_counter() - start
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads(DatasetDir(out).manifest.read_text())
     return {"seconds": elapsed, "tokens": manifest["splits"]["train"]["tokens"], "sequences": manifest["splits"]["train"]["sequences"]}
 
 

@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional
+from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 # The sweep's baseline, spelled out so that it does not move with the demo config it chose.
@@ -106,7 +107,7 @@ def torchrun(args: list[str], log: Path) -> None:
 
 
 def rows(path: Path, split: str) -> list[dict]:
-    return [r for r in map(json.loads, (path / "metrics.jsonl").read_text().splitlines()) if r["split"] == split]
+    return RunDir(path).metric_rows(split)
 
 
 def seconds_per_step(data: Path, out: Path, overrides: list[str], probe_steps: int) -> float:
@@ -116,7 +117,7 @@ def seconds_per_step(data: Path, out: Path, overrides: list[str], probe_steps: i
               f"train.stop_after={probe_steps}", "train.log_every=10", "train.eval_every=0"], out.with_suffix(".log"))
     import yaml
 
-    batch = yaml.safe_load((out / "config.yaml").read_text())["train"]["global_batch_size"]
+    batch = yaml.safe_load(RunDir(out).config.read_text())["train"]["global_batch_size"]
     per_step = sorted(batch / r["samples_per_s"] for r in rows(out, "train")[10:] if r.get("samples_per_s"))
     shutil.rmtree(out, ignore_errors=True)
     return per_step[len(per_step) // 2]
@@ -145,7 +146,7 @@ def sweep(group: str, data: Path, out: Path, budget_s: float, probe_steps: int, 
                          "wall_s": time.time() - start, "curve": curve, "final": curve[-1]}
         results_path.parent.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps(results, indent=1))
-        shutil.rmtree(target / "checkpoints", ignore_errors=True)  # the curve is what the sweep keeps
+        shutil.rmtree(RunDir(target).checkpoints, ignore_errors=True)  # the curve is what the sweep keeps
         final = curve[-1]
         print(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items() if isinstance(v, float)), flush=True)
     return results

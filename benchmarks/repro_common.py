@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+from pretrain.run_dir import RunDir
+from data_pipeline.dataset_dir import DatasetDir
 
 REPO = Path(__file__).resolve().parents[1]
 log = logging.getLogger("reproduce")
@@ -42,7 +44,7 @@ def minilm_dir() -> Path:
 
 def prepare(config: dict[str, Any], out: Path) -> Path:
     """Shards for `config` (a data_pipeline PrepareConfig as a dict) in `out`, unless already there."""
-    if (out / "manifest.json").is_file():
+    if DatasetDir(out).is_complete():
         log.info("data: %s exists", out)
         return out
     import yaml
@@ -58,7 +60,7 @@ def train(config: str, overrides: list[str], out: Path, max_steps: int, nproc: i
     """Train (or resume) a run into `out` with torchrun; skipped when its final checkpoint exists."""
     from pretrain.checkpoint import COMPLETE, tag_for
 
-    if (out / "checkpoints" / tag_for(max_steps) / COMPLETE).is_file():
+    if (RunDir(out).checkpoint(tag_for(max_steps)) / COMPLETE).is_file():
         log.info("train: %s is complete", out)
         return out
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m", "pretrain", "train", "--config", config,
@@ -81,7 +83,7 @@ def export(run_dir: Path, step: int, out: Path) -> Path:
     from pretrain.checkpoint import tag_for
     from pretrain.export import export as export_checkpoint
 
-    return export_checkpoint(run_dir / "checkpoints" / tag_for(step), out)
+    return export_checkpoint(RunDir(run_dir).checkpoint(tag_for(step)), out)
 
 
 def fresh_bert(config, tokenizer_dir: Path, out: Path, seed: int, mlm_head: bool = False) -> Path:
@@ -112,12 +114,8 @@ def random_init(like: Path, out: Path, seed: int) -> Path:
 
 def validation_losses(run_dir: Path) -> dict[int, dict[str, float]]:
     """Step -> the validation metrics the trainer logged in metrics.jsonl."""
-    rows = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row.get("split") == "validation":
-            rows[row["step"]] = {k: v for k, v in row.items() if k not in ("step", "split")}
-    return rows
+    return {row["step"]: {k: v for k, v in row.items() if k not in ("step", "split")}
+            for row in RunDir(run_dir).metric_rows("validation")}
 
 
 def finetune_cached(model_dir: Path, task_csv: Path, seeds: list[int], out: Path, **kwargs: Any) -> dict[str, Any]:

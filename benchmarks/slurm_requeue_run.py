@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ def free_port() -> int:
 
 def final_weights(run: Path) -> dict[str, torch.Tensor]:
     """The module weights of a run's newest complete checkpoint (rank 0's model file)."""
-    tags = sorted(p for p in (run / "checkpoints").glob("step_*") if (p / "COMPLETE").is_file())
+    tags = sorted(p for p in RunDir(run).checkpoints.glob("step_*") if (p / "COMPLETE").is_file())
     files = sorted(tags[-1].glob("*mp_rank_00_model_states.pt"))
     return torch.load(files[0], map_location="cpu", weights_only=False)["module"]
 
@@ -52,10 +53,8 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
 def rows(run: Path) -> dict[int, float]:
     """Training loss per step from metrics.jsonl."""
     out = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r["split"] == "train":
-            out[r["step"]] = r["loss"]
+    for r in RunDir(run).metric_rows("train"):
+        out[r["step"]] = r["loss"]
     return out
 
 
@@ -82,10 +81,10 @@ def main() -> None:
     if args.twin:
         if args.config or args.data:
             raise SystemExit("--twin takes the config and data from the twin's config.yaml: drop --config and --data")
-        if not (twin / "config.yaml").is_file():
+        if not RunDir(twin).config.is_file():
             raise SystemExit(f"--twin {twin} is not a run folder (no config.yaml)")
         args.config = str(work / "twin_config.yaml")
-        shutil.copyfile(twin / "config.yaml", args.config)
+        shutil.copyfile(RunDir(twin).config, args.config)
         common = ["train.record_samples=true", *args.overrides]
     elif not (args.config and args.data):
         raise SystemExit("give --config and --data, or --twin")

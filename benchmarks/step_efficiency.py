@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"mlm": "pretrain/configs/demo_mlm.yaml", "electra": "pretrain/configs/electra.yaml",
@@ -64,7 +65,7 @@ def run_trainer(objective: str, backbone: str, shape: str, data: Path, work: Pat
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"trainer failed for {objective}/{backbone}/{shape}:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = RunDir(out).metric_rows()
     windows = [r for r in rows if r["split"] == "train" and "samples_per_s" in r][1:]
     return {"samples_per_s": statistics.mean(r["samples_per_s"] for r in windows),
             "mfu": statistics.mean(r["mfu"] for r in windows) if all("mfu" in r for r in windows) else None}

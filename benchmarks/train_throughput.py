@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024, max_position_embeddings=128)
@@ -66,7 +67,7 @@ def run_ours(data: Path, work: Path, args) -> float:
                            *overrides], cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = RunDir(out).metric_rows()
     shutil.rmtree(out, ignore_errors=True)
     windows = [r["samples_per_s"] for r in rows if r["split"] == "train" and "samples_per_s" in r][1:]  # skip warm-up
     return statistics.fmean(windows)

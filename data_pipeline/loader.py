@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from core.errors import MissingFileError
-from data_pipeline.shards import MANIFEST, read_manifest
+from data_pipeline.dataset_dir import INDEX
+from data_pipeline.shards import read_manifest
 
 
 @dataclass
@@ -311,8 +312,8 @@ def clean_stale_shared_memory(cfg: LoaderConfig) -> None:
 def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None):
     """A StreamingDataset over one split of a prepared dataset."""
     split_dir = Path(cfg.path) / split
-    if not cfg.remote and not (split_dir / "index.json").is_file():
-        raise MissingFileError(f"no '{split}' split in '{cfg.path}' (missing {split_dir / 'index.json'})")
+    if not cfg.remote and not (split_dir / INDEX).is_file():
+        raise MissingFileError(f"no '{split}' split in '{cfg.path}' (missing {split_dir / INDEX})")
     with shared_memory_registration():
         where = {"local": str(split_dir)}
         if cfg.remote:

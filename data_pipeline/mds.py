@@ -20,7 +20,7 @@ import xxhash
 
 from core.errors import ConfigError
 
-INDEX = "index.json"
+from data_pipeline.dataset_dir import INDEX
 HASHES = ("sha1", "xxh64")
 _DTYPES = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16", "float32", "float64"}
 

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import xxhash
 
 from core.atomic_files import write_text_atomic
+from data_pipeline.dataset_dir import SPLITS
 from data_pipeline.config import PrepareConfig
 from data_pipeline.input_parts import Part
 from data_pipeline.packing import DocumentPacker, FullPacker, PairPacker
@@ -27,7 +28,6 @@ from data_pipeline.raw_text import ReadStats, iter_part
 from data_pipeline.sentences import split_sentences
 from data_pipeline.shards import SplitWriter, token_dtype
 
-SPLITS = ("train", "validation")
 BATCH_DOCS = 512
 DONE_DIR = "parts"
 

@@ -31,6 +31,7 @@ from core.atomic_files import check_overwrite, prepare_output, publish, write_te
 from core.config_io import config_to_dict
 from core.errors import ConfigError, InputDataError
 from core.object_store import is_remote
+from data_pipeline.dataset_dir import TOKENIZER, DatasetDir
 from data_pipeline.config import PrepareConfig
 from data_pipeline.input_parts import Part, plan_parts
 from data_pipeline.mds import merge_indexes
@@ -107,8 +108,8 @@ def _jobs(cfg: PrepareConfig, parts: list[Part], shared: Shared, workers: int) -
 def _make_plan(cfg: PrepareConfig, out_dir: Path, workers: int) -> dict[str, Any]:
     """Step 1: tokenizer, parts and what to take of each; written to `out_dir/plan.json`."""
     parts, step = plan_parts(cfg)
-    ids = _build_tokenizer(cfg, parts, out_dir / "tokenizer")
-    jobs, taken = _jobs(cfg, parts, Shared(cfg, out_dir / "tokenizer", ids, out_dir), workers)
+    ids = _build_tokenizer(cfg, parts, DatasetDir(out_dir).tokenizer)
+    jobs, taken = _jobs(cfg, parts, Shared(cfg, DatasetDir(out_dir).tokenizer, ids, out_dir), workers)
     plan = {"config": config_to_dict(cfg), "ids": ids, "parts": len(parts), "taken": taken, "part_bytes": step,
             "jobs": [{**asdict(j), "part": asdict(j.part)} for j in jobs]}
     write_text_atomic(out_dir / PLAN, json.dumps(plan) + "\n")
@@ -127,7 +128,7 @@ def _write_parts(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], jobs: 
     """Step 2: write the given parts with `workers` processes, logging progress."""
     if not jobs:
         return
-    shared = Shared(cfg, out_dir / "tokenizer", plan["ids"], out_dir)
+    shared = Shared(cfg, DatasetDir(out_dir).tokenizer, plan["ids"], out_dir)
     total_bytes = sum(_job_bytes(j) for j in jobs)
     start = last = time.time()
     done = {"parts": 0, "bytes": 0}
@@ -166,13 +167,13 @@ def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: st
                                    for s in range(len(cfg.sources))]
     from data_pipeline.tokenizer import tokenizer_hash
 
-    tok_dir, ids = out_dir / "tokenizer", plan["ids"]
+    tok_dir, ids = DatasetDir(out_dir).tokenizer, plan["ids"]
     manifest = {
         "format": "contrastive-pretrain/mds-v1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": command or " ".join(shlex.quote(a) for a in sys.argv),
         "tokenizer": {
-            "path": "tokenizer", "hash": tokenizer_hash(tok_dir), "vocab_size": ids["vocab_size"],
+            "path": TOKENIZER, "hash": tokenizer_hash(tok_dir), "vocab_size": ids["vocab_size"],
             "pad_id": ids["pad_id"], "cls_id": ids["cls_id"], "sep_id": ids["sep_id"], "mask_id": ids["mask_id"],
             "special_ids": ids["special_ids"], "files": sorted(p.name for p in tok_dir.iterdir()),
         },
@@ -267,7 +268,7 @@ def _attempt() -> str:
 
 
 def _published(final_dir: Path) -> bool:
-    return (final_dir / "manifest.json").is_file()
+    return DatasetDir(final_dir).is_complete()
 
 
 def _await_plan(staging: Path, final_dir: Path, timeout_s: float) -> dict[str, Any] | None:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from core.errors import OutputExistsError, StorageError
 from core.object_store import ObjectStore
-from data_pipeline.shards import MANIFEST, read_manifest
+from data_pipeline.dataset_dir import INDEX, MANIFEST, SPLITS, TOKENIZER
+from data_pipeline.shards import read_manifest
 
 log = logging.getLogger("data_pipeline")
-INDEX = "index.json"
 
 
 def check_remote_output(url: str, overwrite: bool) -> ObjectStore:
@@ -43,7 +43,7 @@ def upload_dataset(local: Path | str, url: str, overwrite: bool) -> int:
                                     "remove them with your store's tools")
     files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
     indexes = [f for f in files if f.endswith(f"/{INDEX}")]
-    tokenizer = [f for f in files if f.startswith("tokenizer/")]
+    tokenizer = [f for f in files if f.startswith(f"{TOKENIZER}/")]
     first = [f for f in files if f not in indexes and f not in tokenizer and f != MANIFEST]
     t0 = time.time()
     order = first + indexes + tokenizer + [MANIFEST]
@@ -80,11 +80,11 @@ def fetch_metadata(url: str, cache: Path) -> None:
     manifest_path = cache / MANIFEST
     if manifest_path.is_file() and _digest(manifest_path) != _digest(fresh):
         log.warning("the local cache %s held another dataset than %s: replacing it", cache, url)
-        for stale in ("train", "validation", "tokenizer"):  # its shards, indexes and tokenizer all go
+        for stale in (*SPLITS, TOKENIZER):  # its shards, indexes and tokenizer all go
             shutil.rmtree(cache / stale, ignore_errors=True)
     fresh.replace(manifest_path)
     manifest = read_manifest(cache)
     for name in manifest["tokenizer"]["files"]:
-        store.download(f"tokenizer/{name}", cache / "tokenizer" / name, overwrite=False)
+        store.download(f"{TOKENIZER}/{name}", cache / TOKENIZER / name, overwrite=False)
     for split in manifest["splits"]:
         store.download(f"{split}/{INDEX}", cache / split / INDEX, overwrite=False)

@@ -9,8 +9,8 @@ import numpy as np
 
 from core.atomic_files import write_text_atomic
 from core.errors import InputDataError, MissingFileError
+from data_pipeline.dataset_dir import INDEX, MANIFEST
 
-MANIFEST = "manifest.json"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -59,7 +59,7 @@ def verify_split(split_dir: Path) -> int:
     """Check every shard file of a split against the xxh64 hashes in its index; return the shard count."""
     import xxhash
 
-    index_path = split_dir / "index.json"
+    index_path = split_dir / INDEX
     try:
         index = json.loads(index_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:

@@ -13,6 +13,7 @@ from core.atomic_files import check_overwrite, prepare_output, publish
 from core.config_io import config_to_dict, load_config
 from core.distributed import setup_env
 from core.errors import CheckpointError
+from data_pipeline.dataset_dir import DatasetDir
 from data_pipeline.tokenizer import copy_tokenizer_folder
 from model.backbones.base import forward_input_names
 from model.encoder import config_from_dict
@@ -49,7 +50,7 @@ def resolve_checkpoint(path: str | Path) -> tuple[RunDir, Path, str]:
 
 def _manifest(config_dir: Path, run_dir: RunDir, cfg: RunConfig) -> Optional[dict]:
     """The data manifest saved with the checkpoint (or the run), else the dataset's own if it is still there."""
-    for path in (config_dir / DATA_MANIFEST_FILE, run_dir.data_manifest, Path(cfg.data.path) / "manifest.json"):
+    for path in (config_dir / DATA_MANIFEST_FILE, run_dir.data_manifest, DatasetDir(cfg.data.path).manifest):
         if path.is_file():
             return json.loads(path.read_text())
     return None

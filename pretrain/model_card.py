@@ -8,22 +8,12 @@ from model.objectives import objective_class
 from pretrain.run_dir import RunDir
 
 def final_losses(run_dir: RunDir, step: int) -> tuple[Optional[dict], Optional[dict]]:
-    """The last train and validation rows of metrics.jsonl at or before `step`."""
-    path = run_dir.metrics
-    if not path.is_file():
-        return None, None
-    train = validation = None
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if row["step"] > step:
-            continue
-        if row["split"] == "train":
-            train = row
-        elif row["split"] == "validation":
-            validation = row
-    return train, validation
+    """The last train and validation rows of the run's metrics at or before `step`."""
+    last = {split: None for split in ("train", "validation")}
+    for row in run_dir.metric_rows():
+        if row["step"] <= step and row["split"] in last:
+            last[row["split"]] = row
+    return last["train"], last["validation"]
 
 
 def _deepspeed_text(train: dict, run_dir: RunDir) -> str:

@@ -22,6 +22,7 @@ from data_pipeline.loader import (
     fetch_metadata,
     is_local_leader,
 )
+from data_pipeline.dataset_dir import SPLITS, DatasetDir
 from data_pipeline.masking import build_masking, evaluation_masking, needs_word_starts
 from data_pipeline.shards import read_manifest, verify_split
 from data_pipeline.tokenizer import copy_tokenizer_folder, load_tokenizer, word_start_table
@@ -30,7 +31,7 @@ from model.encoder import model_config as build_model_config
 from model.objectives import build_objective, check_objective_config, objective_class
 from pretrain.config import RunConfig
 from pretrain.hardware import resolve_precision
-from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, TOKENIZER_DIR, RunDir
+from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, RunDir
 from pretrain.trainer import Trainer
 
 
@@ -55,7 +56,7 @@ def _write_run_files(files: dict[str, str], run_dir: RunDir, data_dir: Path) -> 
     for name, text in files.items():
         write_text_atomic(run_dir.file(name), text)
     # The dataset folder keeps its tokenizer under the same name as the run folder does.
-    copy_tokenizer_folder(data_dir / TOKENIZER_DIR, run_dir.tokenizer)
+    copy_tokenizer_folder(DatasetDir(data_dir).tokenizer, run_dir.tokenizer)
 
 
 def build_trainer(cfg: RunConfig) -> Trainer:
@@ -92,9 +93,9 @@ def _checked_manifest(cfg: RunConfig) -> dict:
     if is_local_leader():
         fetch_metadata(cfg.data)
         if cfg.data.verify_hashes and not cfg.data.remote:
-            for split in ("train", "validation"):
-                if (data_dir / split / "index.json").is_file():
-                    verify_split(data_dir / split)
+            for split in SPLITS:
+                if DatasetDir(data_dir).index(split).is_file():
+                    verify_split(DatasetDir(data_dir).split(split))
     dist.barrier()
     return read_manifest(data_dir)
 
@@ -103,7 +104,7 @@ def _collates(cfg: RunConfig, tok: dict) -> tuple[MaskingCollate, MaskingCollate
     """The loader workers' per-batch transforms: the objective's view of the masking, for training and validation."""
     word_starts = None
     if needs_word_starts(cfg.masking):
-        word_starts = word_start_table(load_tokenizer(Path(cfg.data.path) / TOKENIZER_DIR))
+        word_starts = word_start_table(load_tokenizer(DatasetDir(cfg.data.path).tokenizer))
     objective_cls = objective_class(cfg.objective.name)
     transform, eval_transform = (objective_cls.wrap_masking(getattr(cfg.objective, cfg.objective.name), build_masking(
         masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], word_starts=word_starts,

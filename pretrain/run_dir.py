@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 CONFIG_FILE = "config.yaml"
 MODEL_CONFIG_FILE = "model_config.json"
@@ -75,6 +76,17 @@ class RunDir:
     def metrics(self) -> Path:
         """One JSON row per logged step (train, validation, resume)."""
         return self.root / "metrics.jsonl"
+
+    def metric_rows(self, split: Optional[str] = None) -> list[dict]:
+        """The rows of metrics.jsonl in order (those of one split: train, validation, resume, ...); [] before any."""
+        if not self.metrics.is_file():
+            return []
+        rows = [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+        return [row for row in rows if split is None or row.get("split") == split]
+
+    def checkpoint(self, tag: str) -> Path:
+        """One checkpoint's folder (tag: step_NNNNNNNN)."""
+        return self.checkpoints / tag
 
     @property
     def tensorboard(self) -> Path:

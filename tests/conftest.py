@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = [
@@ -147,7 +148,7 @@ def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> None:
     """Block until the run's metrics.jsonl reaches `step` (failing if a rank exits first)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        path = run / "metrics.jsonl"
+        path = RunDir(run).metrics
         if path.is_file() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines() if line.strip()):
             return
         assert all(p.poll() is None for p in procs), "a rank exited early"

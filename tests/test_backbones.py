@@ -11,6 +11,7 @@ from pretrain.export import write_tokenizer
 from model.backbones import Backbone
 from model.encoder import EncoderConfig, model_config
 from model.objectives import ObjectiveConfig, build_objective, objective_class, runs_on
+from data_pipeline.dataset_dir import DatasetDir
 
 BACKBONES = {
     "bert": {"architecture": "bert"},
@@ -98,7 +99,7 @@ def test_export_loads_natively(backbone, name, prepared, tmp_path):
     for sub, live in models.items():
         folder = tmp_path / "export" / sub
         live.save_pretrained(str(folder))
-        write_tokenizer(prepared / "tokenizer", live, folder)
+        write_tokenizer(DatasetDir(prepared).tokenizer, live, folder)
         saved = json.loads((folder / "config.json").read_text())
         assert saved["model_type"] == ("modernbert" if backbone == "modernbert" else saved["model_type"])
         assert "auto_map" not in saved  # nothing asks for trust_remote_code

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import torch
 from conftest import TINY_MODEL, run_cli
+from pretrain.run_dir import RunDir
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
 
@@ -15,7 +16,7 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _weights(run: Path, tag: str) -> dict[str, torch.Tensor]:
-    return torch.load(run / "checkpoints" / tag / MODEL_FILE, map_location="cpu", weights_only=False)["module"]
+    return torch.load(RunDir(run).checkpoints / tag / MODEL_FILE, map_location="cpu", weights_only=False)["module"]
 
 
 def _truncate(path: Path) -> None:
@@ -27,7 +28,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_ends_as_if_resumed_f
     run, reference = tmp_path / "run", tmp_path / "reference"
     for out in (run, reference):
         run_cli("pretrain", _args(prepared, out, "train.stop_after=6"))  # checkpoints at steps 3 and 6
-    tag = run / "checkpoints" / "step_00000006"
+    tag = RunDir(run).checkpoints / "step_00000006"
     files = json.loads((tag / "COMPLETE").read_text())["files"]  # the marker records every file's size and hash
     on_disk = {str(p.relative_to(tag)) for p in tag.rglob("*") if p.is_file() and p.name != "COMPLETE"}
     assert set(files) == on_disk and MODEL_FILE in files
@@ -37,8 +38,8 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_ends_as_if_resumed_f
     resumed = run_cli("pretrain", _args(prepared, run))
     assert f"step_00000006 is damaged ({MODEL_FILE} has" in resumed.stdout, resumed.stdout[-3000:]
     assert "resumed from" in resumed.stdout and "at step 3" in resumed.stdout
-    assert (run / "checkpoints" / "step_00000006.damaged" / MODEL_FILE).is_file()  # set aside, not deleted
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert (RunDir(run).checkpoints / "step_00000006.damaged" / MODEL_FILE).is_file()  # set aside, not deleted
+    rows = RunDir(run).metric_rows()
     assert {"step": 3, "split": "resume", "damaged_checkpoint_step": 6.0} in rows
     # The reference resumes from step 3 by hand (train.resume_from) although its step 6 is intact.
     by_hand = run_cli("pretrain", _args(prepared, reference, "train.resume_from=3"))
@@ -50,7 +51,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_ends_as_if_resumed_f
 def test_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path):
     run = tmp_path / "run"
     run_cli("pretrain", _args(prepared, run, "train.stop_after=3"))
-    _truncate(run / "checkpoints" / "step_00000003" / MODEL_FILE)
+    _truncate(RunDir(run).checkpoints / "step_00000003" / MODEL_FILE)
     proc = run_cli("pretrain", _args(prepared, run), check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

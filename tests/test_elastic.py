@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_MODEL, run_cli
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ def _global_steps(run: Path, ranks: int) -> dict[int, list[int]]:
 def _fp32(run: Path, tag: str) -> dict[str, torch.Tensor]:
     from pretrain.checkpoint import fp32_weights
 
-    return fp32_weights(run / "checkpoints", tag)
+    return fp32_weights(RunDir(run).checkpoints, tag)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def straight(straight_run):
 def _rewound_copy(run: Path, dest: Path, step: int) -> Path:
     """A copy of the run as it was after saving `step`: later checkpoints gone (the trainer rewinds the logs)."""
     shutil.copytree(run, dest)
-    for tag in (dest / "checkpoints").glob("step_*"):
+    for tag in (RunDir(dest).checkpoints).glob("step_*"):
         if int(tag.name.split("_")[1]) > step:
             shutil.rmtree(tag)
     return dest
@@ -63,7 +64,7 @@ def test_two_to_one_rank(prepared, straight_run, straight, tmp_path):
     assert "accumulation 4" in resumed.stdout  # the global batch stayed 16
     # Steps 1-6 came from two ranks, 7-12 from one: together they are the uninterrupted run's global batches.
     assert _global_steps(out, 2) == straight
-    assert not any(p.is_dir() and p.name.endswith("_universal") for p in (out / "checkpoints").iterdir())
+    assert not any(p.is_dir() and p.name.endswith("_universal") for p in (RunDir(out).checkpoints).iterdir())
     # The converted weights load exactly: one more step at lr 0 leaves the fp32 weights bit-identical.
     run_cli("pretrain", _args(prepared, probe, "optimizer.lr=0", "schedule.warmup_steps=0", "train.stop_after=1"), nproc=1)
     before, after = _fp32(probe, "step_00000006"), _fp32(probe, "step_00000007")

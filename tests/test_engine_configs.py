@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY_MODEL, run_cli
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +18,7 @@ def _args(data, out, *extra):
 
 
 def _losses(out: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = RunDir(out).metric_rows()
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
 
 
@@ -35,7 +36,7 @@ def test_config_trains_on_two_ranks(prepared, tmp_path, stage, extra):
     losses = _losses(out)
     assert sorted(losses) == list(range(1, 9)) and all(torch.isfinite(torch.tensor(v)) for v in losses.values())
     assert losses[8] < losses[1]
-    meta = json.loads((out / "checkpoints" / "step_00000008" / "meta.json").read_text())
+    meta = json.loads((RunDir(out).checkpoints / "step_00000008" / "meta.json").read_text())
     assert meta["zero_stage"] == stage and meta["world_size"] == 2
     written = json.loads((out / "deepspeed_config.json").read_text())  # what DeepSpeed was given
     assert written["zero_optimization"]["stage"] == stage
@@ -125,8 +126,8 @@ def test_zero_resume_is_exact(prepared, tmp_path, stage, precision):
     assert samples(out) == samples(straight) and samples(out).count("\n") == 12
     from pretrain.checkpoint import fp32_weights
 
-    a = fp32_weights(straight / "checkpoints", "step_00000012")
-    b = fp32_weights(out / "checkpoints", "step_00000012")
+    a = fp32_weights(RunDir(straight).checkpoints, "step_00000012")
+    b = fp32_weights(RunDir(out).checkpoints, "step_00000012")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

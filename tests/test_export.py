@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 from conftest import REPO, TINY_MODEL, run_cli
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,7 @@ def test_fill_mask_pipeline_runs_offline(exported):
 def test_older_tag_and_existing_folder(trained):
     base, run, _ = trained
     out = base / "hf_old"
-    run_cli("pretrain", ["export", "--checkpoint", str(run / "checkpoints" / "step_00000003"), "--out", str(out)])
+    run_cli("pretrain", ["export", "--checkpoint", str(RunDir(run).checkpoints / "step_00000003"), "--out", str(out)])
     before = (out / "model.safetensors").read_bytes()
     refused = run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(out)], check=False)
     assert refused.returncode == 2 and "--overwrite" in refused.stderr

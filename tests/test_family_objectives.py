@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_MODEL, prepare_corpus, restored_environ, train_runs_in_one_process
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +82,7 @@ def runs(prepared, sop_data, document_data, tmp_path_factory):
 
 
 def _rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+    return RunDir(run).metric_rows("train")
 
 
 def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
@@ -89,7 +90,7 @@ def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     with restored_environ():
-        return get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag=f"step_{step:08d}")
+        return get_fp32_state_dict_from_zero_checkpoint(str(RunDir(run).checkpoints), tag=f"step_{step:08d}")
 
 
 @pytest.mark.parametrize("name", list(CASES))

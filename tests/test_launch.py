@@ -8,6 +8,7 @@ import pytest
 from conftest import REPO, TINY_MODEL, free_port
 
 from core.distributed import first_host, slurm_env
+from pretrain.run_dir import RunDir
 
 
 def test_slurm_env_mapping():
@@ -56,5 +57,5 @@ def test_deepspeed_launcher_starts_the_same_training(prepared, tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "on 2 rank(s), accumulation 1" in proc.stdout
-    assert (tmp_path / "run" / "checkpoints" / "step_00000003" / "COMPLETE").is_file()
+    assert (RunDir(tmp_path / "run").checkpoints / "step_00000003" / "COMPLETE").is_file()
 

@@ -82,3 +82,37 @@ def test_no_library_function_is_longer_than_50_lines():
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not long, "\n".join(long)
+
+
+# The names a run folder and a dataset folder are made of: only their folder classes join them into paths.
+FOLDER_NAMES = ("metrics.jsonl", "checkpoints", "config.yaml", "manifest.json", "index.json", "tokenizer")
+FOLDER_CLASSES = ("pretrain/run_dir.py", "data_pipeline/dataset_dir.py")
+
+
+def path_literals(path: Path) -> list[tuple[int, str]]:
+    """(line, name) of every FOLDER_NAMES string joined into a path with `/`, or starting a `name/...` key."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            found += [(node.lineno, side.value) for side in (node.left, node.right)
+                      if isinstance(side, ast.Constant) and side.value in FOLDER_NAMES]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += [(node.lineno, name) for name in FOLDER_NAMES if node.value.startswith(name + "/")]
+    return found
+
+
+def test_folder_layouts_are_spelled_by_their_folder_classes_only():
+    """RunDir and DatasetDir own their file names, in the library, the benchmarks and the tests alike (issue 32)."""
+    offenders = []
+    for package in (*LIBRARY, "benchmarks", "tests"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            if str(path.relative_to(REPO)) in FOLDER_CLASSES:
+                continue
+            offenders += [f"{path.relative_to(REPO)}:{line} joins {name!r}" for line, name in path_literals(path)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_folder_guard_sees_joins_and_keys(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('a = run / "checkpoints" / tag\nb = f"tokenizer/{name}"\nc = {"checkpoints": 1}\nd = "tokenizer"\n')
+    assert path_literals(path) == [(1, "checkpoints"), (2, "tokenizer")]

@@ -8,6 +8,7 @@ import torch
 
 from data_pipeline.loader import EVAL_STREAM, LoaderConfig, MaskingCollate, PackedBatch, build_loader
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, build_masking
+from data_pipeline.dataset_dir import DatasetDir
 
 SPECIAL = [0, 1, 2, 3, 4]  # pad, unk, cls, sep, mask
 NUM_SAMPLES = 24
@@ -43,7 +44,7 @@ def dataset(tmp_path_factory):
         for _ in range(NUM_SAMPLES):
             body = rng.integers(5, 100, size=rng.integers(10, 40))
             w.write({"input_ids": np.concatenate([[2], body, [3]]).astype(np.uint16)})
-    (root / "manifest.json").write_text(json.dumps({"tokenizer": {"pad_id": 0}}))
+    (DatasetDir(root).manifest).write_text(json.dumps({"tokenizer": {"pad_id": 0}}))
     return root
 
 

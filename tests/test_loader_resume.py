@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import REPO
+from data_pipeline.dataset_dir import DatasetDir
 
 pytestmark = pytest.mark.slow
 NUM_SAMPLES = 96
@@ -22,7 +23,7 @@ def dataset(tmp_path_factory):
     with MDSWriter(out=str(root / "train"), columns={"input_ids": "ndarray:uint16"}, size_limit=2000) as w:
         for _ in range(NUM_SAMPLES):
             w.write({"input_ids": rng.integers(5, 100, size=rng.integers(8, 32)).astype(np.uint16)})
-    (root / "manifest.json").write_text(json.dumps({"tokenizer": {"pad_id": 0}}))
+    (DatasetDir(root).manifest).write_text(json.dumps({"tokenizer": {"pad_id": 0}}))
     return root
 
 

@@ -7,6 +7,7 @@ import pytest
 from core.errors import ConfigError
 from data_pipeline.mds import MDSShardWriter, check_compression, merge_indexes
 from data_pipeline.packing import DocumentPacker, FullPacker, PairPacker
+from data_pipeline.dataset_dir import DatasetDir
 
 
 def _samples(columns: dict[str, str], n: int, seed: int) -> list[dict]:
@@ -68,7 +69,7 @@ def test_merged_index_reads_back_in_part_order(tmp_path):
     with shared_memory_registration():
         ds = StreamingDataset(local=str(tmp_path / "train"), shuffle=False, batch_size=1)
     assert [ds[i]["input_ids"].tolist() for i in range(ds.num_samples)] == expected
-    index = json.loads((tmp_path / "train" / "index.json").read_text())
+    index = json.loads((DatasetDir(tmp_path).index("train")).read_text())
     assert index["shards"][0]["zip_data"]["basename"].startswith("part-00000/shard.00000.mds")
 
 

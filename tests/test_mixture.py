@@ -11,6 +11,7 @@ from core.errors import InputDataError, SetupError
 from data_pipeline.config import PrepareConfig
 from data_pipeline.mixture import mix
 from data_pipeline.prepare import prepare
+from data_pipeline.dataset_dir import DatasetDir
 
 
 def _counting_sources(sizes):
@@ -59,7 +60,7 @@ def test_prepare_records_the_mixture(tmp_path):
     cfg = load_config(PrepareConfig, None, [
         f"output_dir={tmp_path / 'out'}", "tokenizer.vocab_size=300", "seq_len=64", "max_documents=240",
         f"sources=[{{kind: json, path: '{a}', weight: 3}}, {{kind: parquet, path: '{b}', text_column: content, weight: 1}}]"])
-    manifest = json.loads((prepare(cfg) / "manifest.json").read_text())
+    manifest = json.loads(DatasetDir(prepare(cfg)).manifest.read_text())
     docs = [s["documents"] for s in manifest["sources"]]
     assert sum(docs) == 240 and abs(docs[0] / 240 - 0.75) < 0.08
     assert [s["weight"] for s in manifest["sources"]] == [3.0, 1.0]

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY_MODEL, free_port, launch_ranks, restored_environ, run_cli, wait_for_step
+from data_pipeline.dataset_dir import INDEX, MANIFEST, TOKENIZER, DatasetDir
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -72,16 +74,16 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, c
     assert not [p for p in tmp.iterdir() if "staging" in p.name]  # nor a staging copy left behind
     # The order the server received the files in: a split's shards before its index, the manifest last.
     puts = [m.split("PUT /corpus/direct/")[1].split(" ")[0] for m in caplog.messages if "PUT /corpus/direct/" in m]
-    assert puts[-1] == "manifest.json"
+    assert puts[-1] == MANIFEST
     for split in ("train", "validation"):
         shard_puts = [i for i, p in enumerate(puts) if p.startswith(f"{split}/") and ".mds" in p]
-        assert shard_puts and max(shard_puts) < puts.index(f"{split}/index.json")
+        assert shard_puts and max(shard_puts) < puts.index(f"{split}/{INDEX}")
 
     keys = [k.removeprefix("direct/") for k in _keys(s3, "corpus", "direct/")]
-    manifest = json.loads(s3.get_object(Bucket="corpus", Key="direct/manifest.json")["Body"].read())
-    assert {f"tokenizer/{name}" for name in manifest["tokenizer"]["files"]} <= set(keys)
+    manifest = json.loads(s3.get_object(Bucket="corpus", Key=f"direct/{MANIFEST}")["Body"].read())
+    assert {f"{TOKENIZER}/{name}" for name in manifest["tokenizer"]["files"]} <= set(keys)
     for split in ("train", "validation"):
-        index = json.loads(s3.get_object(Bucket="corpus", Key=f"direct/{split}/index.json")["Body"].read())
+        index = json.loads(s3.get_object(Bucket="corpus", Key=f"direct/{split}/{INDEX}")["Body"].read())
         shards = [f"{split}/{s['zip_data']['basename']}" for s in index["shards"]]
         assert shards and set(shards) <= set(keys), (shards, keys)
         assert sum(s["samples"] for s in index["shards"]) == manifest["splits"][split]["sequences"]
@@ -131,7 +133,7 @@ def _samples(run: Path, rank: int) -> dict[int, list]:
 
 
 def _weights(run: Path, tag: str = "step_00000010") -> dict[str, torch.Tensor]:
-    return torch.load(run / "checkpoints" / tag / "mp_rank_00_model_states.pt", map_location="cpu",
+    return torch.load(RunDir(run).checkpoints / tag / "mp_rank_00_model_states.pt", map_location="cpu",
                       weights_only=False)["module"]
 
 
@@ -183,7 +185,7 @@ def test_a_damaged_shard_in_the_bucket_stops_the_run_with_one_line(s3, prepared,
     from data_pipeline.remote_dataset import upload_dataset
 
     upload_dataset(prepared, "s3://corpus/damaged", overwrite=False)
-    index = json.loads((prepared / "train" / "index.json").read_text())
+    index = json.loads((DatasetDir(prepared).index("train")).read_text())
     shard = f"train/{index['shards'][0]['zip_data']['basename']}"
     body = bytearray(s3.get_object(Bucket="corpus", Key=f"damaged/{shard}")["Body"].read())
     body[len(body) // 2] ^= 0xFF
@@ -196,7 +198,7 @@ def test_a_damaged_shard_in_the_bucket_stops_the_run_with_one_line(s3, prepared,
     assert f"s3://corpus/damaged/{shard}" in line and "does not match" in line
     assert not (cache / shard).exists()  # the damaged copy is not left for the next run to read
     assert _keys(s3, "corpus", "damaged/") == before
-    assert not (run / "checkpoints").exists() or not any((run / "checkpoints").glob("step_*"))
+    assert not (RunDir(run).checkpoints).exists() or not any((RunDir(run).checkpoints).glob("step_*"))
 
 
 def test_a_missing_bucket_or_an_unreachable_endpoint_is_one_line(s3, tmp_path):
@@ -225,11 +227,11 @@ def test_a_cache_holding_another_dataset_is_replaced_not_read(s3, prepared, tmp_
 
     other = tmp_path / "other"
     shutil.copytree(prepared, other)
-    manifest = json.loads((other / "manifest.json").read_text())
+    manifest = json.loads((DatasetDir(other).manifest).read_text())
     manifest["note"] = "another dataset"
-    (other / "manifest.json").write_text(json.dumps(manifest))
+    (DatasetDir(other).manifest).write_text(json.dumps(manifest))
     name = manifest["tokenizer"]["files"][0]
-    (other / "tokenizer" / name).write_bytes((other / "tokenizer" / name).read_bytes() + b"\n")
+    (DatasetDir(other).tokenizer / name).write_bytes((DatasetDir(other).tokenizer / name).read_bytes() + b"\n")
     upload_dataset(prepared, "s3://corpus/first", overwrite=False)
     upload_dataset(other, "s3://corpus/second", overwrite=False)
 
@@ -237,7 +239,7 @@ def test_a_cache_holding_another_dataset_is_replaced_not_read(s3, prepared, tmp_
     fetch_metadata("s3://corpus/first", cache)
     (cache / "train" / "shard.from-first").write_text("a shard of the first dataset")
     fetch_metadata("s3://corpus/second", cache)
-    assert json.loads((cache / "manifest.json").read_text())["note"] == "another dataset"
-    assert (cache / "tokenizer" / name).read_bytes() == (other / "tokenizer" / name).read_bytes()
+    assert json.loads((DatasetDir(cache).manifest).read_text())["note"] == "another dataset"
+    assert (DatasetDir(cache).tokenizer / name).read_bytes() == (DatasetDir(other).tokenizer / name).read_bytes()
     assert not (cache / "train" / "shard.from-first").exists()
-    assert (cache / "train" / "index.json").read_bytes() == (other / "train" / "index.json").read_bytes()
+    assert (DatasetDir(cache).index("train")).read_bytes() == (DatasetDir(other).index("train")).read_bytes()

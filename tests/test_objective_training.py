@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_MODEL, prepare_corpus, restored_environ, run_cli, train_runs_in_one_process
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +93,7 @@ def runs(prepared, pairs_data, tiny_bert, tiny_modernbert, tmp_path_factory):
 
 
 def _losses(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+    return RunDir(out).metric_rows("train")
 
 
 TERMS = {"mlm_nsp": {"mlm_loss", "nsp_loss"}, "electra": {"generator_mlm_loss", "rtd_loss", "rtd_auc"},
@@ -180,14 +181,14 @@ def test_objective_trains_and_exports(name, stage, runs, tiny_bert, tmp_path):
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert TERMS[name.split("-")[0]] <= set(rows[0])
-    tag = run / "checkpoints" / f"step_{steps:08d}"
+    tag = RunDir(run).checkpoints / f"step_{steps:08d}"
     assert (tag / "COMPLETE").is_file()
     if name == "tacl" and stage == 3:  # the teacher under ZeRO-3 is still exactly the starting checkpoint
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         from safetensors.torch import load_file
 
         with restored_environ():
-            state = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag=tag.name)
+            state = get_fp32_state_dict_from_zero_checkpoint(str(RunDir(run).checkpoints), tag=tag.name)
         start = load_file(str(tiny_bert / "model.safetensors"))
         for key, value in start.items():
             if key.startswith("bert.") and not key.startswith("bert.pooler"):
@@ -212,7 +213,7 @@ def test_tacl_from_real_minilm(corpus_file, tmp_path):
         "train", "--config", "pretrain/configs/tacl_minilm.yaml", f"data.path={data}", f"train.output_dir={out}",
         f"model.init_from={minilm_dir()}", "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=3",
         "train.save_every=3", "train.log_every=1", "schedule.warmup_steps=1", "optimizer.lr=1e-4", "train.precision=fp32"], nproc=2)
-    module = torch.load(out / "checkpoints" / "step_00000003" / "mp_rank_00_model_states.pt", map_location="cpu",
+    module = torch.load(RunDir(out).checkpoints / "step_00000003" / "mp_rank_00_model_states.pt", map_location="cpu",
                         weights_only=False)["module"]
     start = load_file(str(minilm_dir() / "model.safetensors"))
     encoder_keys = [k for k in start if not k.startswith("pooler.") and not k.endswith("position_ids")]  # a buffer

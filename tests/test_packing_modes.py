@@ -5,6 +5,7 @@ from core.config_io import load_config
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.sentences import split_sentences
+from data_pipeline.dataset_dir import DatasetDir
 
 
 def _squash(text: str) -> str:
@@ -25,7 +26,7 @@ def _read(out):
 
     from data_pipeline.loader import shared_memory_registration
 
-    tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(DatasetDir(out).tokenizer), local_files_only=True)
     with shared_memory_registration():  # other test workers register datasets at the same time
         ds = StreamingDataset(local=str(out / "train"), shuffle=False, batch_size=1)
     return tok, [ds[i] for i in range(ds.num_samples)]

@@ -12,6 +12,8 @@ from data_pipeline.cli import main as data_main
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import CorruptShardError, verify_split
+from data_pipeline.dataset_dir import MANIFEST, DatasetDir
+from pretrain.run_dir import RunDir
 
 
 def _tokens(out, specials):
@@ -31,7 +33,7 @@ def _tokens(out, specials):
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
 @pytest.mark.slow
@@ -43,14 +45,14 @@ def test_any_number_of_workers_writes_the_same_dataset(tmp_path, corpus_file):
             f"output_dir={tmp_path / f'w{workers}'}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]",
             "tokenizer.vocab_size=400", "seq_len=64", "val_fraction=0.1", f"num_workers={workers}", "part_bytes=20000"])
         outs[workers] = prepare(cfg)
-    m1, m3 = (json.loads((outs[w] / "manifest.json").read_text()) for w in (1, 3))
+    m1, m3 = (json.loads((DatasetDir(outs[w]).manifest).read_text()) for w in (1, 3))
     assert m1["parts"] == m3["parts"] >= 6 and (m1["num_workers"], m3["num_workers"]) == (1, 3)
     assert _files(outs[1]) == _files(outs[3])
     assert m1["splits"] == m3["splits"]
     # Every document once across the parts: the tokens are those of encoding each document alone.
     import sentencepiece as spm
 
-    sp = spm.SentencePieceProcessor(model_file=str(outs[3] / "tokenizer" / "spm.model"))
+    sp = spm.SentencePieceProcessor(model_file=str(DatasetDir(outs[3]).tokenizer / "spm.model"))
     docs = [d.strip() for d in corpus_file.read_text().split("\n\n") if d.strip()]
     specials = set(m1["tokenizer"]["special_ids"])  # [UNK] included: _tokens drops them
     expected = Counter(t for ids in sp.encode(docs) for t in ids if t not in specials)
@@ -82,7 +84,7 @@ def test_array_tasks_write_what_one_process_writes(tmp_path, corpus_file, caplog
     assert prepare_task(cfg, 1, 2, "77") == tmp_path / "array"
     assert not staging_dir(cfg, "77").exists()
     assert _files(single) == _files(tmp_path / "array")
-    manifest = json.loads((tmp_path / "array" / "manifest.json").read_text())
+    manifest = json.loads((DatasetDir(tmp_path / "array").manifest).read_text())
     assert manifest["tasks"] == 2 and manifest["parts"] >= 4
     assert prepare_task(cfg, 1, 2, "77", plan_timeout_s=5) is None  # started after the others published: done
 
@@ -132,7 +134,7 @@ def test_training_refuses_a_corrupt_shard(prepared, tmp_path):
                                 f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL], check=False)
     assert proc.returncode == 2
     assert str(shard) in proc.stderr and "hash" in proc.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (RunDir(tmp_path / "run").checkpoints).exists()
 
 
 @pytest.mark.slow
@@ -146,7 +148,7 @@ def test_failing_parallel_prepare_exits_cleanly(tmp_path, prepared):
     (src / "b_bad.txt").write_bytes(b"caf\xe9\n")
     proc = run_cli("data_pipeline", ["prepare", "--config", "data_pipeline/configs/demo.yaml", f"output_dir={tmp_path / 'out'}",
                                      f"sources=[{{kind: text, path: '{src}/*.txt'}}]", "num_workers=2",
-                                     f"tokenizer.pretrained={prepared / 'tokenizer'}"], check=False, timeout=120)
+                                     f"tokenizer.pretrained={DatasetDir(prepared).tokenizer}"], check=False, timeout=120)
     assert proc.returncode == 2
     assert "b_bad.txt" in proc.stderr and "UTF-8" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, TINY_MODEL, free_port
 
 from pretrain.exit_status import EXIT_PEER_LOST
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +61,7 @@ def test_a_dead_peer_ends_the_survivor_within_seconds(prepared, tmp_path, kind):
     assert json.loads((status / "rank0.json").read_text())["status"] == "peer_lost"
     assert json.loads((status / "rank1.json").read_text())["status"] == "running"  # died without a word
     # This attempt saved nothing after the fault: the newest checkpoint is the one before it.
-    tags = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*") if (p / "COMPLETE").is_file())
+    tags = sorted(p.name for p in (RunDir(tmp_path / "run").checkpoints).glob("step_*") if (p / "COMPLETE").is_file())
     assert tags[-1] == "step_00000002"
 
 

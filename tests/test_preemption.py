@@ -7,6 +7,7 @@ import pytest
 from conftest import TINY_MODEL, launch_ranks, run_cli, wait_for_step
 
 from pretrain.preemption import EXIT_PREEMPTED, parse_duration
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ def test_deadline_saves_and_exits_before_the_limit(prepared, tmp_path):
     assert proc.returncode == EXIT_PREEMPTED, proc.stderr[-2000:]
     marker = json.loads((out / "PREEMPTED").read_text())
     assert marker["reason"] == "deadline" and marker["step"] > 0
-    assert (out / "checkpoints" / marker["checkpoint"] / "COMPLETE").is_file()
+    assert (RunDir(out).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()
     # The trainer's clock starts after the imports (seconds on a slow machine), somewhere inside the
     # process's lifetime; the checkpoint and the marker must be written before that clock's limit.
     assert start + 12 <= marker["deadline"] <= end + 12
@@ -46,7 +47,7 @@ def test_repeated_signals_during_a_save_leave_a_good_checkpoint(prepared, tmp_pa
         time.sleep(0.02)
     assert proc.wait(timeout=120) == EXIT_PREEMPTED
     marker = json.loads((out / "PREEMPTED").read_text())
-    tag = out / "checkpoints" / marker["checkpoint"]
+    tag = RunDir(out).checkpoints / marker["checkpoint"]
     assert (tag / "COMPLETE").is_file()
     resumed = run_cli("pretrain", _args(prepared, out, f"train.max_steps={marker['step'] + 2}"))
     assert f"at step {marker['step']}" in resumed.stdout
@@ -55,8 +56,8 @@ def test_repeated_signals_during_a_save_leave_a_good_checkpoint(prepared, tmp_pa
 def test_time_based_saves(prepared, tmp_path):
     out = tmp_path / "run"
     run_cli("pretrain", _args(prepared, out, "train.max_steps=4", "train.save_every_minutes=0.0001", "train.keep_last=10"))
-    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == [f"step_0000000{i}" for i in range(1, 5)]
-    state = __import__("torch").load(out / "checkpoints" / "step_00000004" / "mp_rank_00_model_states.pt",
+    assert sorted(p.name for p in (RunDir(out).checkpoints).glob("step_*")) == [f"step_0000000{i}" for i in range(1, 5)]
+    state = __import__("torch").load(RunDir(out).checkpoints / "step_00000004" / "mp_rank_00_model_states.pt",
                                      map_location="cpu", weights_only=False)
     assert state["loader_per_rank"] == [state["loader"]]
     assert {"step", "samples_seen", "tokens_seen", "elapsed_s", "config_hash", "rng"} <= set(state)

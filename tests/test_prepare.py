@@ -11,6 +11,7 @@ from core.errors import InputDataError
 from data_pipeline.cli import main as prepare_main
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
+from data_pipeline.dataset_dir import DatasetDir
 
 
 def _squash(text: str) -> str:
@@ -38,8 +39,8 @@ def test_shards_decode_back_to_the_corpus(prepared, corpus_file):
 
     from data_pipeline.loader import shared_memory_registration
 
-    manifest = json.loads((prepared / "manifest.json").read_text())
-    tok = AutoTokenizer.from_pretrained(str(prepared / "tokenizer"), local_files_only=True)
+    manifest = json.loads((DatasetDir(prepared).manifest).read_text())
+    tok = AutoTokenizer.from_pretrained(str(DatasetDir(prepared).tokenizer), local_files_only=True)
     texts = {}
     for split in ("train", "validation"):
         with shared_memory_registration():  # other test workers register datasets at the same time
@@ -62,8 +63,8 @@ def test_tokenizer_matches_sentencepiece_and_round_trips(prepared):
     import sentencepiece as spm
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(prepared / "tokenizer"), local_files_only=True)
-    sp = spm.SentencePieceProcessor(model_file=str(prepared / "tokenizer" / "spm.model"))
+    tok = AutoTokenizer.from_pretrained(str(DatasetDir(prepared).tokenizer), local_files_only=True)
+    sp = spm.SentencePieceProcessor(model_file=str(DatasetDir(prepared).tokenizer / "spm.model"))
     assert len(tok) == sp.get_piece_size() == 400
     assert [tok.pad_token, tok.unk_token, tok.cls_token, tok.sep_token, tok.mask_token] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     for doc in kjv_chapters(80)[60:80]:  # text the tokenizer was not trained on, [UNK]s included
@@ -77,7 +78,7 @@ def test_tokenizer_matches_sentencepiece_and_round_trips(prepared):
 
 
 def test_manifest(prepared):
-    m = json.loads((prepared / "manifest.json").read_text())
+    m = json.loads((DatasetDir(prepared).manifest).read_text())
     assert m["tokenizer"]["vocab_size"] == 400 and m["seq_len"] == 64 and m["packing"] == "full"
     assert m["splits"]["train"]["documents"] + m["splits"]["validation"]["documents"] == 60
     assert m["splits"]["validation"]["documents"] == sum(_in_validation(d, 0.1) for d in kjv_chapters(60))
@@ -92,12 +93,12 @@ def test_a_manifest_name_that_climbs_out_of_the_dataset_is_refused(prepared, tmp
 
     from data_pipeline.shards import read_manifest
 
-    m = json.loads((prepared / "manifest.json").read_text())
+    m = json.loads((DatasetDir(prepared).manifest).read_text())
     if where == "tokenizer":
         m["tokenizer"]["files"].append(name)
     else:
         m["splits"][name] = m["splits"]["train"]
-    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    (DatasetDir(tmp_path).manifest).write_text(json.dumps(m))
     with pytest.raises(InputDataError, match=re.escape(repr(name))):
         read_manifest(tmp_path)
     if name == "..":  # once through the command line: one line, exit 2
@@ -114,7 +115,7 @@ def test_json_source(tmp_path):
     cfg = load_config(PrepareConfig, None, [f"output_dir={tmp_path/'out'}", f"sources=[{{kind: json, path: '{src}', text_column: body}}]",
                                              "tokenizer.vocab_size=200", "tokenizer.character_coverage=1.0", "seq_len=32", "val_fraction=0"])
     out = prepare(cfg)
-    m = json.loads((out / "manifest.json").read_text())
+    m = json.loads((DatasetDir(out).manifest).read_text())
     assert m["splits"]["train"]["documents"] == 20
 
 
@@ -140,7 +141,7 @@ def test_non_utf8_error_names_file_or_replaces(tmp_path):
         prepare(_cfg(tmp_path / "out", src))
     assert not (tmp_path / "out").exists()
     out = prepare(_cfg(tmp_path / "out", src, "encoding_errors=replace"))
-    assert json.loads((out / "manifest.json").read_text())["replaced_characters"] == 2
+    assert json.loads((DatasetDir(out).manifest).read_text())["replaced_characters"] == 2
 
 
 def test_existing_dataset_is_kept_without_overwrite(tmp_path, corpus_file):

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY_MODEL, free_port, kjv_chapters, launch_ranks
+from data_pipeline.dataset_dir import MANIFEST, DatasetDir
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -173,7 +175,7 @@ def jobs(cluster, prepared, tmp_path_factory):
         # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
         known = cluster.all_jobs()
         states = {j: known.get(str(j), [{}])[-1].get("JobState") for j in (pretrain, export, crash, limited, lost, doomed)}
-        if not kills["lost"] and (lost_run / "checkpoints" / "step_00000125" / "COMPLETE").is_file() \
+        if not kills["lost"] and (RunDir(lost_run).checkpoints / "step_00000125" / "COMPLETE").is_file() \
                 and kill_rank1(lost, 0):
             kills["lost"].append(time.time())
         if states[doomed] == "RUNNING" and len(kills["doomed"]) < 2:
@@ -185,7 +187,7 @@ def jobs(cluster, prepared, tmp_path_factory):
         if marker.is_file():
             record = json.loads(marker.read_text())
             if record not in [m for m, _ in markers]:
-                markers.append((record, (run / "checkpoints" / record["checkpoint"] / "COMPLETE").is_file()))
+                markers.append((record, (RunDir(run).checkpoints / record["checkpoint"] / "COMPLETE").is_file()))
         # The limit job: USR1 once it trains in attempt 1, and again once it trains in attempt 2.
         log = work / f"pretrain-{limited}.out"
         if states[limited] == "RUNNING" and log.is_file():
@@ -218,7 +220,7 @@ def _samples(run: Path, rank: int) -> list[dict]:
 
 
 def _weights(run: Path, step: int = MAX_STEPS) -> dict[str, torch.Tensor]:
-    path = run / "checkpoints" / f"step_{step:08d}" / "mp_rank_00_model_states.pt"
+    path = RunDir(run).checkpoints / f"step_{step:08d}" / "mp_rank_00_model_states.pt"
     return torch.load(path, map_location="cpu", weights_only=False)["module"]
 
 
@@ -233,7 +235,7 @@ def test_time_limit_signal_requeue_and_exact_resume(jobs):
     record, complete = jobs["markers"][0]
     # srun delivers USR1 to both tasks; rank 0 names the first rank that had it.
     assert record["reason"] in ("SIGUSR1", "SIGUSR1 on rank 1") and 0 < record["step"] < MAX_STEPS and complete
-    assert f"resumed from {jobs['run'] / 'checkpoints' / record['checkpoint']} at step {record['step']}" in log
+    assert f"resumed from {RunDir(jobs['run']).checkpoints / record['checkpoint']} at step {record['step']}" in log
     assert not (jobs["run"] / "PREEMPTED").exists()  # the finished attempt cleared it
 
     # Same weights, bit for bit, as the run that was never interrupted.
@@ -253,7 +255,7 @@ def test_time_limit_signal_requeue_and_exact_resume(jobs):
 def test_chain_prepare_pretrain_export_with_afterok(jobs):
     """prepare (a 2-task array) -> (afterok) pretrain on its data; pretrain -> (afterok) export, held through the requeues."""
     assert [t["JobState"] for t in jobs["prepare_tasks"]] == ["COMPLETED", "COMPLETED"], _log(jobs, "prepare")[-3000:]
-    manifest = json.loads((jobs["work"] / "data" / "manifest.json").read_text())
+    manifest = json.loads((DatasetDir(jobs["work"] / "data").manifest).read_text())
     assert manifest["splits"]["train"]["sequences"] > 0 and manifest["tokenizer"]["vocab_size"] == 400
     # Both tasks wrote parts, one of them merged; the result is what one process writes.
     log = _log(jobs, "prepare")
@@ -267,7 +269,7 @@ def test_chain_prepare_pretrain_export_with_afterok(jobs):
         f"output_dir={jobs['work'] / 'data_single'}", f"sources=[{{kind: text, path: '{jobs['corpus']}'}}]", "num_workers=1"]))
     # (Training on it has since unpacked raw .mds files beside the zstd shards: not part of what prepare wrote.)
     files = {d: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
-                 if p.is_file() and p.name != "manifest.json" and p.suffix != ".mds"} for d in (single, jobs["work"] / "data")}
+                 if p.is_file() and p.name != MANIFEST and p.suffix != ".mds"} for d in (single, jobs["work"] / "data")}
     assert files[single] == files[jobs["work"] / "data"]
     assert "| ETA" in _log(jobs, "limited")  # the dependent job trained on what prepare wrote
     export = jobs["info"]["export"]

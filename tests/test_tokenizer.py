@@ -10,6 +10,7 @@ from core.config_io import load_config
 from data_pipeline.config import PrepareConfig, TokenizerConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.tokenizer import load_tokenizer, save_tokenizer, train_sentencepiece, word_start_table
+from data_pipeline.dataset_dir import DatasetDir
 
 
 def minilm_dir() -> Path:
@@ -51,10 +52,10 @@ def test_existing_wordpiece_tokenizer(tmp_path, corpus_file):
         f"output_dir={tmp_path / 'out'}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]",
         f"tokenizer.pretrained={minilm_dir()}", "seq_len=64"])
     out = prepare(cfg)
-    m = json.loads((out / "manifest.json").read_text())
+    m = json.loads((DatasetDir(out).manifest).read_text())
     assert m["tokenizer"]["vocab_size"] == 30522
     assert (m["tokenizer"]["pad_id"], m["tokenizer"]["cls_id"], m["tokenizer"]["sep_id"], m["tokenizer"]["mask_id"]) == (0, 101, 102, 103)
-    tok = load_tokenizer(out / "tokenizer")
+    tok = load_tokenizer(DatasetDir(out).tokenizer)
     assert type(tok).__name__ == "BertTokenizerFast"
     text = "And God called the light Day, and the darkness he called Night."
     assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text.lower()

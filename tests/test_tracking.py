@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY_MODEL, restored_environ, run_cli
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,7 @@ def _wandb_rows(run: Path) -> tuple[set[str], dict[tuple[int, str], float]]:
 
 def _jsonl_rows(run: Path) -> dict[tuple[int, str], float]:
     rows = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
+    for line in RunDir(run).metrics.read_text().splitlines():
         row = json.loads(line)
         step, split = row.pop("step"), row.pop("split")
         rows.update({(step, f"{split}/{k}"): v for k, v in row.items()})

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_MODEL, launch_ranks, run_cli, wait_for_step
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +23,7 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _train_losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = RunDir(run).metric_rows()
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
 
 
@@ -31,14 +32,14 @@ def _samples(run: Path, rank: int) -> list[dict]:
 
 
 def _final_weights(run: Path) -> dict[str, torch.Tensor]:
-    path = run / "checkpoints" / "step_00000020" / "mp_rank_00_model_states.pt"
+    path = RunDir(run).checkpoints / "step_00000020" / "mp_rank_00_model_states.pt"
     return torch.load(path, map_location="cpu", weights_only=False)["module"]
 
 
 def _fp32_master(run: Path, tag: str = "step_00000020") -> dict[str, torch.Tensor]:
     from pretrain.checkpoint import fp32_weights
 
-    return fp32_weights(run / "checkpoints", tag)
+    return fp32_weights(RunDir(run).checkpoints, tag)
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +82,14 @@ def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
     out = tmp_path / "run"
     first = run_cli("pretrain", _args(prepared, out, "train.stop_after=12"), nproc=2)
     assert "stopping after 12 steps" in first.stdout
-    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_00000005", "step_00000010", "step_00000012"]
+    assert sorted(p.name for p in (RunDir(out).checkpoints).glob("step_*")) == ["step_00000005", "step_00000010", "step_00000012"]
     # As if the job died while saving step 12: without its marker that checkpoint does not count.
-    (out / "checkpoints" / "step_00000012" / "COMPLETE").unlink()
+    (RunDir(out).checkpoints / "step_00000012" / "COMPLETE").unlink()
     second = run_cli("pretrain", _args(prepared, out), nproc=2)
     assert "resumed from" in second.stdout and "at step 10" in second.stdout
 
     assert _train_losses(out) == _train_losses(uninterrupted)  # every step, exactly
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = RunDir(out).metric_rows()
     assert [r["step"] for r in rows if r["split"] == "train"] == list(range(1, 21))  # steps 11-12 not logged twice
     for rank in (0, 1):
         assert _samples(out, rank) == _samples(uninterrupted, rank)
@@ -102,8 +103,8 @@ def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
     ma, mb = _fp32_master(uninterrupted), _fp32_master(out)
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
     # keep_last=3 pruned the oldest checkpoints; only complete ones remain.
-    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_00000010", "step_00000015", "step_00000020"]
-    assert all((p / "COMPLETE").is_file() for p in (out / "checkpoints").glob("step_*"))
+    assert sorted(p.name for p in (RunDir(out).checkpoints).glob("step_*")) == ["step_00000010", "step_00000015", "step_00000020"]
+    assert all((p / "COMPLETE").is_file() for p in (RunDir(out).checkpoints).glob("step_*"))
     # TensorBoard was rewound too: the redone steps 11-12 appear once.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -130,7 +131,7 @@ def test_sigusr1_on_one_rank_saves_marks_and_resumes_exactly(prepared, uninterru
     assert marker["reason"] == "SIGUSR1 on rank 1"  # rank 0 learned it, and from whom, through the reduction
     step = marker["step"]
     assert 6 <= step < 20
-    assert (out / "checkpoints" / ckpt_tag(step) / "COMPLETE").is_file()
+    assert (RunDir(out).checkpoints / ckpt_tag(step) / "COMPLETE").is_file()
     assert "exiting with code 75" in logs
     resumed = run_cli("pretrain", _args(prepared, out), nproc=2)
     assert f"at step {step}" in resumed.stdout
@@ -168,7 +169,7 @@ def test_kill_9_at_random_moments(prepared, tmp_path, precision):
         if attempt % 2 == 0:  # kill as soon as a checkpoint folder exists without its marker
             killed = False
             while time.time() < deadline and proc.poll() is None and not killed:
-                ckdir = out / "checkpoints"
+                ckdir = RunDir(out).checkpoints
                 pending = [p for p in ckdir.glob("step_*") if not (p / "COMPLETE").exists()] if ckdir.is_dir() else []
                 if pending:
                     proc.kill()
@@ -183,7 +184,7 @@ def test_kill_9_at_random_moments(prepared, tmp_path, precision):
     run_cli("pretrain", args(out), nproc=1)
     assert mid_save >= 1  # at least one kill landed inside a save
     assert _train_losses(out) == _train_losses(straight)
-    path = lambda run: run / "checkpoints" / "step_00000016" / "mp_rank_00_model_states.pt"  # noqa: E731
+    path = lambda run: RunDir(run).checkpoints / "step_00000016" / "mp_rank_00_model_states.pt"  # noqa: E731
     wa = torch.load(path(straight), map_location="cpu", weights_only=False)["module"]
     wb = torch.load(path(out), map_location="cpu", weights_only=False)["module"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -224,7 +225,7 @@ def test_compiled_layers_stop_resume_and_export_exactly(prepared, tmp_path):
     run_cli("pretrain", _args(prepared, out, *compiled), nproc=1)
     assert _train_losses(out) == _train_losses(straight) and sorted(_train_losses(out)) == list(range(1, 7))
     assert _samples(out, 0) == _samples(straight, 0)
-    path = lambda run: run / "checkpoints" / "step_00000006" / "mp_rank_00_model_states.pt"  # noqa: E731
+    path = lambda run: RunDir(run).checkpoints / "step_00000006" / "mp_rank_00_model_states.pt"  # noqa: E731
     wa = torch.load(path(straight), map_location="cpu", weights_only=False)["module"]
     wb = torch.load(path(out), map_location="cpu", weights_only=False)["module"]
     assert wa.keys() == wb.keys() and not any("_orig_mod" in k for k in wa)
