@@ -27,10 +27,10 @@ from pretrain.run_dir import RunDir
 class CheckpointManager:
     """The run's checkpoints: pick, plan, decide when to save, save, restore."""
 
-    def __init__(self, cfg: RunConfig, paths: RunDir, run_files: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: RunDir, run_files: Optional[dict[str, str]] = None) -> None:
         self.cfg = cfg
-        self.paths = paths
-        self.ckpt_dir = paths.checkpoints
+        self.run_dir = run_dir
+        self.ckpt_dir = run_dir.checkpoints
         self.rank, self.world = dist.rank(), dist.world_size()
         self.zero_stage = 0
         self.bf16_weights = False

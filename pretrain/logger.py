@@ -18,7 +18,7 @@ def _fmt_eta(seconds: float) -> str:
 class RunLogger:
     """Writes only on rank 0; every other rank gets a logger that does nothing."""
 
-    def __init__(self, paths: RunDir, max_steps: int, enabled: bool, report_to: tuple[str, ...] = (TENSORBOARD,),
+    def __init__(self, run_dir: RunDir, max_steps: int, enabled: bool, report_to: tuple[str, ...] = (TENSORBOARD,),
                  config: Optional[dict] = None) -> None:
         self.enabled = enabled
         self.max_steps = max_steps
@@ -26,17 +26,17 @@ class RunLogger:
         self._text = self._jsonl = None
         self.trackers = None
         if enabled:
-            self.tb_dir = paths.tensorboard
+            self.tb_dir = run_dir.tensorboard
             if TENSORBOARD in report_to:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._writer = SummaryWriter(str(self.tb_dir))
-            self._text = open(paths.text_log, "a", buffering=1)
-            self._jsonl = open(paths.metrics, "a", buffering=1)
+            self._text = open(run_dir.text_log, "a", buffering=1)
+            self._jsonl = open(run_dir.metrics, "a", buffering=1)
             if set(report_to) - {TENSORBOARD}:
                 from pretrain.trackers import Trackers
 
-                self.trackers = Trackers(paths, list(report_to), config or {})
+                self.trackers = Trackers(run_dir, list(report_to), config or {})
 
     def rewind(self, step: int) -> None:
         """Forget what a previous attempt logged after `step` (it is redone): metrics.jsonl and TensorBoard."""

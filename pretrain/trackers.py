@@ -51,12 +51,12 @@ class WandbTracker(Tracker):
 
     name = "wandb"
 
-    def __init__(self, paths: RunDir, config: dict[str, Any], run_id: Optional[str]) -> None:
+    def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str]) -> None:
         import wandb
 
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), id=self.run_id, resume="allow",
-                              dir=str(paths.wandb), name=paths.root.name, config=config)
+                              dir=str(run_dir.wandb), name=run_dir.root.name, config=config)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
@@ -70,19 +70,19 @@ class MlflowTracker(Tracker):
 
     name = "mlflow"
 
-    def __init__(self, paths: RunDir, config: dict[str, Any], run_id: Optional[str]) -> None:
+    def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str]) -> None:
         import mlflow
         from mlflow.entities import Metric, Param
 
         self._metric = Metric
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{paths.mlflow_db.resolve()}"
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{run_dir.mlflow_db.resolve()}"
         self.client = mlflow.MlflowClient(tracking_uri=uri)
         self.uri = uri
         if run_id is None:
             name = os.environ.get("MLFLOW_EXPERIMENT_NAME", PROJECT)
             experiment = self.client.get_experiment_by_name(name)
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-            run_id = self.client.create_run(experiment_id, run_name=paths.root.name).info.run_id
+            run_id = self.client.create_run(experiment_id, run_name=run_dir.root.name).info.run_id
             # MLflow caps a parameter's value at 6000 characters; a config's values are far shorter.
             params = [Param(k, (v if isinstance(v, str) else json.dumps(v))[:6000]) for k, v in _flatten(config).items()]
             for i in range(0, len(params), 100):
@@ -105,8 +105,8 @@ BACKENDS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
 class Trackers:
     """The trackers named in train.report_to (besides tensorboard, which the run logger writes itself)."""
 
-    def __init__(self, paths: RunDir, report_to: list[str], config: dict[str, Any]) -> None:
-        path = paths.tracker_ids
+    def __init__(self, run_dir: RunDir, report_to: list[str], config: dict[str, Any]) -> None:
+        path = run_dir.tracker_ids
         saved = json.loads(path.read_text()) if path.is_file() else {}
         self.items: list[Tracker] = []
         self.skip_through = -1
@@ -114,7 +114,7 @@ class Trackers:
             if name not in BACKENDS:
                 continue
             try:
-                self.items.append(BACKENDS[name](paths, config, saved.get(name)))
+                self.items.append(BACKENDS[name](run_dir, config, saved.get(name)))
             except ImportError as exc:
                 raise SetupError(f"train.report_to has {name}, but its library is not installed ({exc}); "
                                  f"pip install {'wandb' if name == 'wandb' else 'mlflow-skinny sqlalchemy alembic'}") from exc

@@ -44,14 +44,14 @@ class Trainer:
         self.cfg, self.loader, self.eval_loader = cfg, train_loader, eval_loader
         self.unigram_entropy = unigram_entropy
         self.rank, self.world = dist.rank(), dist.world_size()
-        self.paths = RunDir(Path(cfg.train.output_dir))
-        self.checkpoints = CheckpointManager(cfg, self.paths, run_files)
+        self.run_dir = RunDir(Path(cfg.train.output_dir))
+        self.checkpoints = CheckpointManager(cfg, self.run_dir, run_files)
         resumed = self.checkpoints.choose_checkpoint()  # `auto` settings follow what a resumed run was saved with
-        self.engine, engine_notes = set_up_engine(cfg, model, self.checkpoints, self.paths, resumed)
+        self.engine, engine_notes = set_up_engine(cfg, model, self.checkpoints, self.run_dir, resumed)
         self.accum = self.engine.accumulation
         self.device = self.engine.device
-        self.audit = SampleAudit(self.paths, self.rank, self.world, cfg.train.record_samples)
-        self.log = RunLogger(self.paths, cfg.train.max_steps, enabled=self.rank == 0,
+        self.audit = SampleAudit(self.run_dir, self.rank, self.world, cfg.train.record_samples)
+        self.log = RunLogger(self.run_dir, cfg.train.max_steps, enabled=self.rank == 0,
                              report_to=tuple(cfg.train.report_to), config=config_to_dict(cfg))
         self.progress = Progress()
         self._iter: Optional[Iterator] = None
@@ -170,8 +170,8 @@ class Trainer:
         """Continue from the chosen checkpoint (if any); this attempt's markers and later records are cleared."""
         self.checkpoints.restore(self.engine.ds, self.loader, self.progress, self.log)
         if self.rank == 0:  # this attempt is the one that counts now
-            self.paths.marker(PREEMPTED).unlink(missing_ok=True)
-            self.paths.marker(FAILED).unlink(missing_ok=True)
+            self.run_dir.marker(PREEMPTED).unlink(missing_ok=True)
+            self.run_dir.marker(FAILED).unlink(missing_ok=True)
         # Whatever an earlier attempt logged after this step (or before its first checkpoint) is redone.
         self.audit.rewind(self.step)
         self.log.rewind(self.step)
@@ -238,5 +238,5 @@ class Trainer:
     def _mark(self, marker: str, line: str, **fields: Any) -> None:
         """Rank 0 writes a run-folder marker (PREEMPTED, FAILED) with the step and time; the log gets `line`."""
         if self.rank == 0:
-            self.paths.write_marker(marker, {"step": self.step, "time": time.time(), **fields})
+            self.run_dir.write_marker(marker, {"step": self.step, "time": time.time(), **fields})
         self.log.info(line)
