@@ -161,35 +161,49 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _group_file(root: Path, group: str, option: str, where: str) -> dict[str, Any]:
-    """A config group option's content, placed under its group's section (or at top level with `# @package _global_`)."""
+def _group_file(root: Path, group: str, option: str, where: str) -> tuple[dict[str, Any], list[str]]:
+    """A config group option's content, placed under its group's section (or at top level with `# @package _global_`),
+    and the `defaults` it lists in turn (a recipe names its objective option)."""
     path = root / group / f"{option}.yaml"
     if not path.is_file():
         options = sorted(p.stem for p in (root / group).glob("*.yaml")) if (root / group).is_dir() else []
         raise ConfigError(f"{where}: no config group option '{group}/{option}' ({path} does not exist; "
                           f"options in {root / group}: {', '.join(options) or 'none'})")
     content = _read_yaml(path)
+    nested = _defaults(content, path)
     first_line = path.read_text(encoding="utf-8").split("\n", 1)[0].strip()
-    return content if first_line == GLOBAL_PACKAGE else {group: content}
+    return (content if first_line == GLOBAL_PACKAGE else {group: content}), nested
+
+
+def _defaults(data: dict[str, Any], path: Path) -> list[str]:
+    """The `defaults:` list taken out of a config file's data: group/option names."""
+    defaults = data.pop("defaults", [])
+    if not isinstance(defaults, list) or not all(isinstance(d, str) and d.count("/") == 1 for d in defaults):
+        raise ConfigError(f"config file {path}: 'defaults' must be a list of group/option names, got {defaults!r}")
+    return defaults
 
 
 def compose(path: Path, group_choices: dict[str, str] | None = None) -> dict[str, Any]:
     """A run YAML with its `defaults:` list resolved: each `group/option` (a YAML beside the file, in
-    `group/option.yaml`) is merged in order, then the file's own keys on top. `group_choices` replaces
-    the option of a listed group (the `group=option` override)."""
+    `group/option.yaml`, which may list defaults of its own) is merged in order, then the file's own keys on top.
+    `group_choices` replaces the option of a group listed at any depth (the `group=option` override)."""
     data = _read_yaml(path)
-    defaults = data.pop("defaults", [])
-    if not isinstance(defaults, list) or not all(isinstance(d, str) and d.count("/") == 1 for d in defaults):
-        raise ConfigError(f"config file {path}: 'defaults' must be a list of group/option names, got {defaults!r}")
-    choices = dict(d.split("/") for d in defaults)
-    for group, option in (group_choices or {}).items():
-        if group not in choices:
-            raise ConfigError(f"override '{group}={option}': {path} has no config group '{group}' in its defaults "
-                              f"({', '.join(sorted(choices)) or 'none'})")
-        choices[group] = option
-    merged: dict[str, Any] = {}
+    choices = group_choices or {}
+    seen: list[str] = []
+
+    def resolve(defaults: list[str], where: str) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for group, option in (d.split("/") for d in defaults):
+            seen.append(group)
+            content, nested = _group_file(path.parent, group, choices.get(group, option), where)
+            merged = _merge(_merge(merged, resolve(nested, f"config group option {group}/{option}")), content)
+        return merged
+
+    merged = resolve(_defaults(data, path), f"config file {path}")
     for group, option in choices.items():
-        merged = _merge(merged, _group_file(path.parent, group, option, f"config file {path}"))
+        if group not in seen:
+            raise ConfigError(f"override '{group}={option}': {path} has no config group '{group}' in its defaults "
+                              f"({', '.join(sorted(set(seen))) or 'none'})")
     return _merge(merged, data)
 
 
@@ -206,12 +220,14 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | No
         path = next((root / path for root in search if (root / path).is_file()), path)
     data: dict[str, Any] = {}
     if path is not None:
-        # `section=name` (a section of the config given a plain name, not a mapping) picks a group option.
+        # `group=name` (a section of the config, or a group such as `recipe` that only the defaults name, given a
+        # plain name rather than a mapping) picks a group option.
         sections = {name for name, tp in _field_types(cls).items() if dataclasses.is_dataclass(tp)}
+        groups = sections | {d.split("/")[0] for d in _read_yaml(Path(path)).get("defaults", []) if isinstance(d, str)}
         picks = {}
         for item in overrides:
             key, _, value = (part.strip() for part in item.partition("="))
-            if key in sections and value and not value.startswith(("{", "[")):
+            if key in groups and value and not value.startswith(("{", "[")):
                 picks[key] = value
         overrides = [o for o in overrides if o.partition("=")[0].strip() not in picks]
         data = compose(Path(path), picks)
