@@ -17,7 +17,8 @@ from core.errors import ConfigError
 T = TypeVar("T")
 
 
-def _field_types(cls: type) -> dict[str, Any]:
+def field_types(cls: type) -> dict[str, Any]:
+    """A config dataclass's fields and their resolved annotated types, in order."""
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
@@ -91,7 +92,7 @@ def _coerce_scalar(value: Any, tp: type, key: str) -> Any:
 
 
 def _build(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
-    types_ = _field_types(cls)
+    types_ = field_types(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(types_), n=2, cutoff=0.75)
@@ -222,7 +223,7 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | No
     if path is not None:
         # `group=name` (a section of the config, or a group such as `recipe` that only the defaults name, given a
         # plain name rather than a mapping) picks a group option.
-        sections = {name for name, tp in _field_types(cls).items() if dataclasses.is_dataclass(tp)}
+        sections = {name for name, tp in field_types(cls).items() if dataclasses.is_dataclass(tp)}
         groups = sections | {d.split("/")[0] for d in _read_yaml(Path(path)).get("defaults", []) if isinstance(d, str)}
         picks = {}
         for item in overrides:

@@ -9,6 +9,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from core.config_flags import add_config_flags, flag_overrides
 from core.config_io import load_config
 from core.errors import MissingFileError
 
@@ -17,22 +18,9 @@ from core.errors import MissingFileError
 INSTALLED = (Path(__file__).resolve().parents[1],)
 
 
-# Flags of the evaluation commands that are keys of their configs' `data` section.
-_DATA_FLAGS = ("text_column", "pair_column", "label_column", "validation_file", "val_fraction", "encoding", "regression",
-               "token_task", "ignore_tag")
-# Parsed arguments that are not config keys.
-_NOT_KEYS = ("func", "command", "analysis", "config", "overrides", "local_rank")
-
-
 def _eval_config(cls, args: argparse.Namespace):
-    """YAML (--config), then key=value overrides, then the flags given (each one is `key=value`).
-
-    The evaluation parsers default every flag to unset (argparse.SUPPRESS), so `args` holds only
-    the flags on the command line besides the names in _NOT_KEYS.
-    """
-    given = [f"{'data.' if name in _DATA_FLAGS else ''}{name}={json.dumps(value, ensure_ascii=False)}"
-             for name, value in vars(args).items() if name not in _NOT_KEYS]
-    return load_config(cls, args.config, [*args.overrides, *given], search=INSTALLED)
+    """YAML (--config), then key=value overrides, then the flags given (each one is `key=value`)."""
+    return load_config(cls, args.config, [*args.overrides, *flag_overrides(args, cls)], search=INSTALLED)
 
 
 def _self_similarity(args: argparse.Namespace) -> int:
@@ -107,82 +95,48 @@ def _finetune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_task_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags that say how a csv:/json: task is read (the `data.*` keys), the sample caps and the output."""
-    parser.add_argument("--text-column")
-    parser.add_argument("--pair-column")
-    parser.add_argument("--label-column")
-    parser.add_argument("--validation-file")
-    parser.add_argument("--val-fraction", type=float)
-    parser.add_argument("--encoding", help="of a csv: file (e.g. latin-1)")
-    parser.add_argument("--token-task", action="store_true", help="rows hold word lists and tag lists")
-    parser.add_argument("--ignore-tag", help="token tasks: the tag of words that carry no label (neither a class nor scored)")
-    parser.add_argument("--max-train-samples", type=int)
-    parser.add_argument("--max-eval-samples", type=int)
-    parser.add_argument("--out", help="results JSON")
+# Help of the generated flags (every config key is a flag: core/config_flags.py), by key.
+FLAG_HELP = {
+    "model": "HF model folder(s): exports (self-similarity: PATH or LABEL=PATH; one label over seeds is one line)",
+    "task": "GLUE name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte) or csv:PATH / json:PATH",
+    "text": "UTF-8 text, one sentence per line",
+    "out": "output: the results JSON (self-similarity, sentence-embeddings: a path without suffix)",
+    "special_tokens": "keep [CLS]/[SEP] in the pairs (include, the default, as TaCL's analysis) or drop them",
+    "layer": "hidden-state index (default -1, the last layer; 0 the embeddings)",
+    "suite": "task suite folder with tasks.json (default runs/senteval)",
+    "tasks": "a subset of the suite's tasks",
+    "max_examples": "a seeded sample of this many rows per task",
+    "seeds": "default 1 2 3",
+    "recipe": "hyper-parameter recipe (docs/finetuning.md; default taco)",
+    **{key: "override the recipe" for key in ("lr", "batch_size", "epochs", "weight_decay", "warmup_ratio")},
+    "loss": "supervised-tacl adds TaCL's supervised token contrastive loss (token tasks)",
+    "encoding": "of a csv: file (e.g. latin-1)",
+    "regression": "the label is a float score",
+    "token_task": "rows hold word lists and tag lists",
+    "ignore_tag": "token tasks: the tag of words that carry no label (neither a class nor scored)",
+}
+
+
+def _command(sub: argparse._SubParsersAction, name: str, cls: type, func, help: str, example: str) -> None:
+    """A command that reads config `cls`: --config, key=value overrides, and one flag per key."""
+    parser = sub.add_parser(name, help=help)
+    parser.add_argument("--config", default=None, help=f"YAML file (keys of {cls.__name__})")
+    parser.add_argument("overrides", nargs="*", default=[], help=f"key=value overrides, e.g. {example}")
+    add_config_flags(parser, cls, FLAG_HELP)
+    parser.set_defaults(func=func)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Add `evaluate` (self-similarity, linear-probe, sentence-embeddings) and `finetune` to a command line."""
-    _add_evaluate(sub)
-    _add_finetune(sub)
+    from evaluation.config import FinetuneConfig, LinearProbeConfig, SelfSimilarityConfig, SentenceEmbeddingConfig
 
-
-def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser("evaluate", help="analyses of exported models").add_subparsers(dest="analysis", required=True)
-    # Evaluation flags default to unset: a flag given overrides the config file and key=value (evaluation/config.py).
-    unset = argparse.SUPPRESS
-    sim = ev.add_parser("self-similarity", help="TaCL's layer-wise token self-similarity (JSON + PNG)", argument_default=unset)
-    sim.add_argument("--config", default=None, help="YAML file (keys of SelfSimilarityConfig)")
-    sim.add_argument("overrides", nargs="*", default=[], help="key=value overrides")
-    sim.add_argument("--model", nargs="+",
-                     help="one or more HF model folders, each PATH or LABEL=PATH (one label over several seeds: one line, range shaded)")
-    sim.add_argument("--text", help="UTF-8 text, one sentence per line")
-    sim.add_argument("--out", help="output path without suffix: writes OUT.json and OUT.png")
-    sim.add_argument("--special-tokens", choices=("include", "exclude"),
-                     help="keep [CLS]/[SEP] in the pairs (include, the default, as TaCL's analysis) or drop them")
-    sim.add_argument("--max-length", type=int, help="default 512")
-    sim.add_argument("--batch-size", type=int, help="default 32")
-    sim.set_defaults(func=_self_similarity)
-    probe = ev.add_parser("linear-probe", help="logistic regression on frozen features (mean-pooled, [CLS], word)",
-                          argument_default=unset)
-    probe.add_argument("--config", default=None, help="YAML file (keys of LinearProbeConfig)")
-    probe.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. data.label_column=topic")
-    probe.add_argument("--model", nargs="+", help="one or more HF model folders")
-    probe.add_argument("--task", help="GLUE name or csv:PATH / json:PATH")
-    probe.add_argument("--layer", type=int, help="hidden-state index (default -1, the last layer)")
-    _add_task_flags(probe)
-    probe.set_defaults(func=_linear_probe)
-    sent = ev.add_parser("sentence-embeddings", argument_default=unset,
-                         help="SentEval-style: frozen mean/[CLS] embeddings, k-fold logistic regression, STS correlation")
-    sent.add_argument("--config", default=None, help="YAML file (keys of SentenceEmbeddingConfig)")
-    sent.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. folds=5")
-    sent.add_argument("--model", nargs="+", help="one or more HF model folders")
-    sent.add_argument("--suite", help="task suite folder with tasks.json (default runs/senteval)")
-    sent.add_argument("--tasks", nargs="+", help="a subset of the suite's tasks")
-    sent.add_argument("--max-examples", type=int, help="a seeded sample of this many rows per task")
-    sent.add_argument("--out", help="output path without suffix: writes OUT.json and OUT.md")
-    sent.set_defaults(func=_sentence_embeddings)
-
-
-def _add_finetune(sub: argparse._SubParsersAction) -> None:
-    unset = argparse.SUPPRESS
-    ft = sub.add_parser("finetune", help="fine-tune an exported model on a GLUE or local task, over seeds",
-                        argument_default=unset)
-    ft.add_argument("--config", default=None, help="YAML file (keys of FinetuneConfig; see evaluation/configs/finetune/)")
-    ft.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. lr=3e-5 data.label_column=topic")
-    ft.add_argument("--model", help="HF model folder (an export)")
-    ft.add_argument("--task", help="GLUE name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte) or csv:PATH / json:PATH")
-    ft.add_argument("--seeds", type=int, nargs="+", help="default 1 2 3")
-    ft.add_argument("--recipe", choices=("hf", "tacl_squad", "taco", "coco_lm"),
-                    help="hyper-parameter recipe (docs/finetuning.md; default taco)")
-    for name, typ in (("--lr", float), ("--batch-size", int), ("--epochs", float), ("--max-length", int),
-                      ("--weight-decay", float), ("--warmup-ratio", float)):
-        ft.add_argument(name, type=typ, help="override the recipe")
-    ft.add_argument("--loss", choices=("ce", "supervised-tacl"),
-                    help="supervised-tacl adds TaCL's supervised token contrastive loss (token tasks)")
-    ft.add_argument("--tacl-weight", type=float)
-    ft.add_argument("--tacl-temperature", type=float)
-    ft.add_argument("--regression", action="store_true", help="the label is a float score")
-    _add_task_flags(ft)
-    ft.set_defaults(func=_finetune)
+    _command(ev, "self-similarity", SelfSimilarityConfig, _self_similarity,
+             "TaCL's layer-wise token self-similarity (JSON + PNG)", "max_length=256")
+    _command(ev, "linear-probe", LinearProbeConfig, _linear_probe,
+             "logistic regression on frozen features (mean-pooled, [CLS], word)", "data.label_column=topic")
+    _command(ev, "sentence-embeddings", SentenceEmbeddingConfig, _sentence_embeddings,
+             "SentEval-style: frozen mean/[CLS] embeddings, k-fold logistic regression, STS correlation", "folds=5")
+    _command(sub, "finetune", FinetuneConfig, _finetune,
+             "fine-tune an exported model on a GLUE or local task, over seeds (evaluation/configs/finetune/)",
+             "lr=3e-5 data.label_column=topic")

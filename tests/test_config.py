@@ -155,3 +155,30 @@ def test_a_toy_objective_is_one_file_and_one_yaml(tmp_path, monkeypatch):
     # The project's own config, built without the entry, refuses the name.
     with pytest.raises(ConfigError, match="'toy' is not one of"):
         load_config(RunConfig, None, ["objective.name=toy"])
+
+
+def test_every_evaluation_key_is_a_flag_and_a_flag_is_its_key():
+    """The evaluation commands' flags are generated from their config dataclasses (no flag mirrors a key by hand):
+    every key has one, nested `data.*` keys included, and a flag sets exactly the key=value it names."""
+    import argparse
+    import dataclasses
+
+    from core.config_flags import flag_overrides
+    from evaluation.cli import add_commands
+    from evaluation.config import FinetuneConfig, LinearProbeConfig
+
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["finetune", "--model", "m", "--task", "csv:t.csv", "--lr", "3e-5", "--seeds", "1", "2",
+                              "--token-task", "--text-column", "words", "--recipe", "hf", "--max-train-samples", "8"])
+    by_flags = load_config(FinetuneConfig, None, flag_overrides(args, FinetuneConfig))
+    by_keys = load_config(FinetuneConfig, None, ["model=m", "task=csv:t.csv", "lr=3e-5", "seeds=[1, 2]", "data.token_task=true",
+                                                 "data.text_column=words", "recipe=hf", "max_train_samples=8"])
+    assert by_flags == by_keys and by_flags.data.token_task and by_flags.lr == 3e-5
+    probe = parser.parse_args(["evaluate", "linear-probe", "--c-grid", "0.5", "2", "--folds", "3"])
+    assert flag_overrides(probe, LinearProbeConfig) == ["c_grid=[0.5, 2.0]", "folds=3"]
+    flags = {a.dest for a in parser._subparsers._group_actions[0].choices["finetune"]._actions}
+    keys = {f.name for f in dataclasses.fields(FinetuneConfig) if f.name != "data"}
+    assert keys | {f"data.{f.name}" for f in dataclasses.fields(FinetuneConfig().data)} <= flags
+    with pytest.raises(SystemExit):  # a Literal's choices are the flag's
+        parser.parse_args(["finetune", "--recipe", "nope"])

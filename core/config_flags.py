@@ -1,0 +1,59 @@
+"""Command-line flags generated from a config dataclass: one flag per key, so no flag mirrors a key by hand.
+
+A field `max_length: int` becomes `--max-length N`; a nested section's fields become flags of their own
+(`data.text_column` is `--text-column`); `bool` is a switch, `list[T]` takes one or more values, a `Literal`
+its choices. Every flag defaults to unset (argparse.SUPPRESS), so the parsed namespace holds only the flags
+given, keyed by their config key: `flag_overrides` turns them into `key=value` overrides.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import typing
+from typing import Any, Optional
+
+from core.config_io import field_types
+
+
+def _flag_kwargs(tp: Any) -> dict[str, Any]:
+    """argparse settings for a field of this annotated type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:  # Optional[X]
+        inner = [a for a in args if a is not type(None)]
+        return _flag_kwargs(inner[0]) if len(inner) == 1 else {}
+    if tp is bool:
+        return {"action": "store_true"}
+    if origin is typing.Literal:
+        return {"choices": args, "type": type(args[0])}
+    if origin in (list, tuple):
+        return {"nargs": "+", "type": args[0] if args and args[0] in (int, float, str) else str}
+    return {"type": tp} if tp in (int, float, str) else {}
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, help: Optional[dict[str, str]] = None,
+                     prefix: str = "") -> None:
+    """A flag for every key of `cls` (nested sections flattened), with `help[key]` as its help text."""
+    help = help or {}
+    for name, tp in field_types(cls).items():
+        if dataclasses.is_dataclass(tp):
+            add_config_flags(parser, tp, help, prefix=f"{prefix}{name}.")
+            continue
+        kwargs = _flag_kwargs(tp)
+        if kwargs.get("action") != "store_true":
+            kwargs["metavar"] = name.upper()
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=f"{prefix}{name}", default=argparse.SUPPRESS,
+                            help=help.get(name), **kwargs)
+
+
+def flag_overrides(args: argparse.Namespace, cls: type) -> list[str]:
+    """The flags given, as `key=value` overrides of `cls` (arguments that are not keys of it are left out)."""
+    keys = set(_keys(cls))
+    return [f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in vars(args).items() if key in keys]
+
+
+def _keys(cls: type, prefix: str = "") -> list[str]:
+    out = []
+    for name, tp in field_types(cls).items():
+        out += _keys(tp, f"{prefix}{name}.") if dataclasses.is_dataclass(tp) else [f"{prefix}{name}"]
+    return out
