@@ -10,7 +10,21 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from core.errors import ConfigError
-from evaluation.tasks import LocalTaskOptions
+
+
+@dataclass
+class LocalTaskOptions:
+    """How to read a `csv:`/`json:` task."""
+
+    text_column: str = "text"
+    pair_column: Optional[str] = None
+    label_column: str = "label"
+    validation_file: Optional[str] = None
+    val_fraction: float = 0.1
+    encoding: str = "utf-8"
+    regression: bool = False
+    token_task: bool = False  # text column holds word lists, label column tag lists
+    ignore_tag: Optional[str] = None  # token tasks: the tag of words that carry no label (sparse annotation)
 
 
 @dataclass
@@ -20,7 +34,7 @@ class FinetuneConfig:
     model: str = ""  # an exported Hugging Face folder
     task: str = ""  # a GLUE name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte) or csv:PATH / json:PATH
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
-    recipe: Literal["hf", "tacl_squad", "taco", "coco_lm"] = "taco"
+    recipe: str = "taco"  # a YAML of evaluation/configs/finetune/recipe/ (hf, tacl_squad, taco, coco_lm)
     # Set to replace the recipe's value; unset (null) keeps it.
     lr: Optional[float] = None
     batch_size: Optional[int] = None
@@ -45,6 +59,10 @@ class FinetuneConfig:
                 raise ConfigError(f"config key '{key}' is required (--{key} or {key}=...)")
         if not self.seeds:
             raise ConfigError("config key 'seeds' needs at least one seed")
+        from evaluation.finetune import recipe_names
+
+        if self.recipe not in recipe_names():
+            raise ConfigError(f"config key 'recipe': unknown recipe '{self.recipe}'; options: {', '.join(recipe_names())}")
         for key in ("lr", "batch_size", "epochs", "max_length"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be > 0, got {getattr(self, key)}")

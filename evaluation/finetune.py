@@ -27,7 +27,7 @@ log = logging.getLogger("pretrain.finetune")
 
 @dataclass(frozen=True)
 class Hyper:
-    """One fine-tuning recipe."""
+    """One fine-tuning recipe: a YAML of evaluation/configs/finetune/recipe/ (docs/finetuning.md)."""
 
     lr: float
     batch_size: int
@@ -38,20 +38,26 @@ class Hyper:
     weight_decay: float = 0.0
     warmup_ratio: float = 0.0
     grad_clip: float = 1.0
+    # The lr for models narrower than BERT-base (hidden < 768), where a paper gives one (TACO, COCO-LM).
+    small_model_lr: Optional[float] = None
+
+
+RECIPES = Path(__file__).resolve().parent / "configs" / "finetune" / "recipe"
+
+
+def recipe_names() -> list[str]:
+    """The recipes shipped as YAML files."""
+    return sorted(p.stem for p in RECIPES.glob("*.yaml"))
 
 
 def recipe(name: str, hidden_size: int) -> Hyper:
-    """The named recipe (docs/finetuning.md); TACO's lr depends on the model's size."""
-    if name == "hf":  # transformers' run_glue / Trainer defaults; TaCL fine-tunes GLUE with these
-        return Hyper(lr=5e-5, batch_size=8, epochs=3)
-    if name == "tacl_squad":  # TaCL's SQuAD setting
-        return Hyper(lr=3e-5, batch_size=12, epochs=2, max_length=384)
-    if name == "taco":  # TACO's GLUE setting: lr 3e-5 for base, 5e-5 for small models
-        return Hyper(lr=3e-5 if hidden_size >= 768 else 5e-5, batch_size=32, epochs=3)
-    if name == "coco_lm":  # COCO-LM's GLUE optimizer: Adam(0.9, 0.98), eps 1e-6, wd 0.01, warmup 1/16
-        return Hyper(lr=3e-5 if hidden_size >= 768 else 5e-5, batch_size=32, epochs=3, betas=(0.9, 0.98), eps=1e-6,
-                     weight_decay=0.01, warmup_ratio=1 / 16)
-    raise ConfigError(f"unknown recipe '{name}': hf, tacl_squad, taco, coco_lm")
+    """The named recipe for a model of this width (a paper's small-model lr below hidden 768)."""
+    from core.config_io import load_config
+
+    if name not in recipe_names():
+        raise ConfigError(f"config key 'recipe': unknown recipe '{name}'; options: {', '.join(recipe_names())}")
+    hp = load_config(Hyper, RECIPES / f"{name}.yaml")
+    return replace(hp, lr=hp.small_model_lr) if hp.small_model_lr is not None and hidden_size < 768 else hp
 
 
 def _seed_everything(seed: int) -> None:

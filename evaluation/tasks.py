@@ -8,6 +8,7 @@ from typing import Any, Optional
 import numpy as np
 
 from core.errors import ConfigError, InputDataError, MissingFileError, SetupError
+from evaluation.config import LocalTaskOptions
 
 
 @dataclass(frozen=True)
@@ -106,21 +107,6 @@ def score(spec: TaskSpec, pred: np.ndarray, gold: np.ndarray) -> dict[str, float
 
 
 # ---- loading ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LocalTaskOptions:
-    """How to read a `csv:`/`json:` task."""
-
-    text_column: str = "text"
-    pair_column: Optional[str] = None
-    label_column: str = "label"
-    validation_file: Optional[str] = None
-    val_fraction: float = 0.1
-    encoding: str = "utf-8"
-    regression: bool = False
-    token_task: bool = False  # text column holds word lists, label column tag lists
-    ignore_tag: Optional[str] = None  # token tasks: the tag of words that carry no label (sparse annotation)
 
 
 def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSpec, Any, Any]:

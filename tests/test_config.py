@@ -181,4 +181,4 @@ def test_every_evaluation_key_is_a_flag_and_a_flag_is_its_key():
     keys = {f.name for f in dataclasses.fields(FinetuneConfig) if f.name != "data"}
     assert keys | {f"data.{f.name}" for f in dataclasses.fields(FinetuneConfig().data)} <= flags
     with pytest.raises(SystemExit):  # a Literal's choices are the flag's
-        parser.parse_args(["finetune", "--recipe", "nope"])
+        parser.parse_args(["finetune", "--loss", "nope"])

@@ -294,3 +294,19 @@ def test_evaluation_configs_load_and_their_errors_are_one_line(tmp_path, capsys)
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+
+
+def test_recipes_are_yaml_files_with_the_papers_values():
+    """A recipe is a file of evaluation/configs/finetune/recipe/ (values from docs/finetuning.md's table, written out
+    here); TACO's and COCO-LM's small-model lr applies below hidden 768; an unknown name lists the files."""
+    from core.errors import ConfigError
+    from evaluation.finetune import recipe, recipe_names
+
+    assert recipe_names() == ["coco_lm", "hf", "tacl_squad", "taco"]
+    assert (recipe("hf", 768).lr, recipe("hf", 768).batch_size, recipe("hf", 768).epochs) == (5e-5, 8, 3)
+    assert (recipe("tacl_squad", 256).lr, recipe("tacl_squad", 256).max_length) == (3e-5, 384)
+    assert (recipe("taco", 768).lr, recipe("taco", 256).lr, recipe("taco", 256).batch_size) == (3e-5, 5e-5, 32)
+    coco = recipe("coco_lm", 768)
+    assert (coco.betas, coco.eps, coco.weight_decay, coco.warmup_ratio) == ((0.9, 0.98), 1e-6, 0.01, 1 / 16)
+    with pytest.raises(ConfigError, match="unknown recipe 'bert'; options: coco_lm, hf, tacl_squad, taco"):
+        recipe("bert", 768)
