@@ -1,6 +1,7 @@
 """Write packed sequences as MDS shards, check them against their hashes, and keep the manifest."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,16 @@ def verify_split(split_dir: Path) -> int:
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> None:
     """Write manifest.json (what was built, from what, and how)."""
     write_text_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+
+
+def data_fingerprint(manifest: dict[str, Any]) -> str:
+    """What identifies a prepared dataset's contents, wherever it lies: tokenizer, shape, counts per split and source
+    (not the paths, the date or the command, which differ for the same data moved or prepared again)."""
+    sources = [{k: v for k, v in s.items() if k != "path"} for s in manifest.get("sources", [])]
+    identity = {key: manifest.get(key) for key in ("seq_len", "packing", "pair_task", "token_dtype", "splits",
+                                                   "replaced_characters")}
+    identity.update(tokenizer=manifest.get("tokenizer", {}).get("hash"), sources=sources)
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def read_manifest(data_dir: str | Path) -> dict[str, Any]:

@@ -15,13 +15,16 @@ from typing import Any, Optional
 import torch
 
 from core import distributed as dist
+from core.atomic_files import write_text_atomic
 from core.config_io import config_hash
 from core.errors import CheckpointError, ConfigError, StorageError, UserError
+from data_pipeline.shards import data_fingerprint
 from pretrain import checkpoint as ckpt
 from pretrain.config import RunConfig
 from pretrain.optim import reset_schedule
 from pretrain.progress import Progress
-from pretrain.run_dir import RunDir
+from pretrain.resume_checks import check_resume
+from pretrain.run_dir import DATA_MANIFEST_FILE, RunDir
 
 
 class CheckpointManager:
@@ -46,6 +49,7 @@ class CheckpointManager:
 
             self.remote = RemoteCheckpoints(cfg.train.checkpoint_remote, self.ckpt_dir)
         self.fetched: Optional[str] = None
+        self.previous_data: Optional[dict[str, Any]] = None  # the checkpoint's manifest when the data changed
 
     # ---- which checkpoint -------------------------------------------------------------
     def _pick(self) -> Optional[str]:
@@ -112,8 +116,12 @@ class CheckpointManager:
         """
         self.zero_stage, self.bf16_weights = zero_stage, bf16_weights
         tag = self.resume_tag
-        if self.cfg.train.resume == "never" or tag is None:
+        if self.cfg.train.resume == "never" and tag is not None:
+            raise ConfigError(f"train.resume=never but '{self.ckpt_dir}' already holds checkpoints ({tag}); "
+                              "use a new train.output_dir, or resume=auto to continue")
+        if tag is None:
             return False
+        self.previous_data = check_resume(self.ckpt_dir / tag, self.run_files, self.cfg.train.allow_new_data)
         meta = ckpt.read_meta(self.ckpt_dir, tag)
         if meta.get("zero_stage", self.zero_stage) != self.zero_stage:
             raise ConfigError(
@@ -148,6 +156,21 @@ class CheckpointManager:
         """Whether to save after `step`: every train.save_every steps, at max_steps, or when asked (a stop, a
         preemption, a time-based save)."""
         return asked or step % self.cfg.train.save_every == 0 or step == self.cfg.train.max_steps
+
+    def _record_new_data(self, step: int, log) -> None:
+        """Rank 0 appends the switch to other data to the run's data history (the old dataset first, if unrecorded)."""
+        now = json.loads(self.run_files[DATA_MANIFEST_FILE])
+        log.info(f"resuming at step {step} on new data (train.allow_new_data): dataset {data_fingerprint(now)} replaces "
+                 f"{data_fingerprint(self.previous_data)}; its sample order starts afresh")
+        if self.rank != 0:
+            return
+        path = self.run_dir.data_history
+        rows = path.read_text() if path.is_file() else json.dumps(self._history_row(self.previous_data, 0)) + "\n"
+        write_text_atomic(path, rows + json.dumps(self._history_row(now, step)) + "\n")
+
+    def _history_row(self, manifest: dict[str, Any], step: int) -> dict[str, Any]:
+        return {"from_step": step, "dataset": data_fingerprint(manifest), "tokenizer": manifest["tokenizer"].get("hash"),
+                "sources": [s.get("path") for s in manifest.get("sources", [])], "splits": manifest.get("splits")}
 
     # ---- save and restore -------------------------------------------------------------
     def _client_state(self, loader, progress: Progress) -> dict[str, Any]:
@@ -195,12 +218,7 @@ class CheckpointManager:
     def restore(self, engine, loader, progress: Progress, log) -> None:
         """Continue from the planned checkpoint, if any: weights, optimizer, schedule, loader, RNG, counters."""
         tag = self.resume_tag
-        if self.cfg.train.resume == "never":
-            if tag is not None:
-                raise ConfigError(f"train.resume=never but '{self.ckpt_dir}' already holds checkpoints ({tag}); "
-                                  "use a new train.output_dir, or resume=auto to continue")
-            return
-        if tag is None:
+        if self.cfg.train.resume == "never" or tag is None:  # plan() refused a never-resume over checkpoints
             return
         state = ckpt.load(engine, self.ckpt_dir, self.load_tag)
         if self.load_tag != tag:
@@ -211,7 +229,10 @@ class CheckpointManager:
             log.info("note: the config differs from the one the checkpoint was saved with; the current one applies")
         reset_schedule(engine.lr_scheduler, self.cfg.train.max_steps, self.cfg.schedule, self.cfg.optimizer.lr)
         progress.load_state_dict(state)
-        loader.load_state_dict(state["loader"])
+        if self.previous_data is None:
+            loader.load_state_dict(state["loader"])
+        else:  # train.allow_new_data: the new dataset is read from its start
+            self._record_new_data(progress.step, log)
         if state["world_size"] == self.world:
             ckpt.set_rng_state(state["rng"][self.rank])
         else:

@@ -101,6 +101,9 @@ class TrainConfig:
     # Write every sample id each rank trained on to samples/rank<N>.jsonl (an audit of the order).
     record_samples: bool = False
     resume: Literal["auto", "never"] = "auto"
+    # Resume on a dataset other than the checkpoint's (same tokenizer): continued pre-training on new data. The
+    # sample order starts afresh on it, and data_history.jsonl in the run folder records both datasets.
+    allow_new_data: bool = False
     # Resume from this checkpoint (a tag like step_00000750, or its step) instead of the newest intact one.
     resume_from: str = ""
 

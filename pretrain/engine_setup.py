@@ -48,6 +48,7 @@ def set_up_engine(cfg: RunConfig, model: nn.Module, checkpoints: CheckpointManag
     if checkpoints.plan(stage, bool(ds_config.get("bf16", {}).get("enabled"))):
         ds_config.setdefault("checkpoint", {})["load_universal"] = True
     if dist.rank() == 0:  # what DeepSpeed is given, beside config.yaml
+        run_dir.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir.deepspeed_config, json.dumps(redacted(ds_config), indent=2) + "\n")
     offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
     optimizer = build_optimizer(model, cfg.optimizer, offload=offload)

@@ -14,7 +14,7 @@ from core.config_io import config_to_dict, load_config
 from core.distributed import setup_env
 from core.errors import CheckpointError
 from data_pipeline.dataset_dir import DatasetDir
-from data_pipeline.tokenizer import copy_tokenizer_folder
+from data_pipeline.tokenizer import copy_tokenizer_folder, tokenizer_hash
 from model.backbones.base import forward_input_names
 from model.encoder import config_from_dict
 from model.objectives import build_objective
@@ -67,6 +67,18 @@ def _client_state(tag_dir: Path) -> dict:
     return {k: state[k] for k in ("step", "samples_seen", "tokens_seen", "elapsed_s") if k in state}
 
 
+def _check_tokenizer(run_dir: RunDir, config_dir: Path) -> None:
+    """The run folder's tokenizer must be the one the checkpoint was trained with (its manifest names the hash)."""
+    saved = config_dir / DATA_MANIFEST_FILE
+    want = json.loads(saved.read_text()).get("tokenizer", {}).get("hash") if saved.is_file() else None
+    if want is None or not run_dir.tokenizer.is_dir():
+        return  # a run from before checkpoints carried their manifest
+    have = tokenizer_hash(run_dir.tokenizer)
+    if have != want:
+        raise CheckpointError(f"checkpoint in {config_dir} was trained with tokenizer {want}, but {run_dir.tokenizer} "
+                              f"holds tokenizer {have}: refusing to ship a model with another tokenizer's files")
+
+
 def write_tokenizer(tokenizer_dir: Path, model: torch.nn.Module, target: Path) -> None:
     """The run's tokenizer files beside an exported model, set to emit only the inputs that model's forward takes.
 
@@ -88,6 +100,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
     out_dir = Path(out_dir)
     check_overwrite(out_dir, overwrite)  # before the slow consolidation
     setup_env()
+    _check_tokenizer(run_dir, config_dir)
     cfg = load_config(RunConfig, config_dir / CONFIG_FILE)
     model_config = config_from_dict(json.loads((config_dir / MODEL_CONFIG_FILE).read_text()), cfg.model.attn_implementation)
     objective = build_objective(cfg.objective, model_config)

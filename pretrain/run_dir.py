@@ -9,6 +9,7 @@
       checkpoints/step_NNNNNNNN/   DeepSpeed files + meta.json + COMPLETE (sizes and hashes)
       train.log, metrics.jsonl, tensorboard/   progress, one row per step, scalars
       trackers.json, wandb/, mlflow.db   with train.report_to: the tracked runs' ids, W&B's files, MLflow's default store
+      data_history.jsonl      with train.allow_new_data: the datasets trained on, from which step
       samples/rank<N>.jsonl   with train.record_samples: the sample ids each rank trained on, per step
       PREEMPTED, FAILED       markers of the last attempt (for the sbatch wrapper and the user)
 """
@@ -87,6 +88,11 @@ class RunDir:
     def checkpoint(self, tag: str) -> Path:
         """One checkpoint's folder (tag: step_NNNNNNNN)."""
         return self.checkpoints / tag
+
+    @property
+    def data_history(self) -> Path:
+        """The datasets a run trained on, one JSON row each with the step it started at (train.allow_new_data)."""
+        return self.root / "data_history.jsonl"
 
     @property
     def tensorboard(self) -> Path:

@@ -1,0 +1,76 @@
+"""A launch is checked against the checkpoint it resumes before it writes anything (issue 34): another tokenizer,
+other data, another model shape or stage is refused in one line, exit 2, and the run folder stays byte-identical
+apart from its logs; new data is allowed on purpose (train.allow_new_data) and recorded; export refuses a tokenizer
+that is not the checkpoint's."""
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TINY_MODEL, kjv_chapters, prepare_corpus, run_cli
+from data_pipeline.dataset_dir import DatasetDir
+from pretrain.run_dir import RunDir
+
+LOGS = ("train.log", "metrics.jsonl", "tensorboard")
+
+
+def _args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}",
+            *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=6",
+            "train.save_every=3", "train.eval_every=0", "train.log_every=3", "train.zero_stage=2", *extra]
+
+
+def _snapshot(run: Path) -> dict[str, str]:
+    """Every file of the run folder but its logs, by content."""
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run.rglob("*"))
+            if p.is_file() and p.relative_to(run).parts[0] not in LOGS}
+
+
+def _refused(args: list[str], run: Path, *expected: str) -> None:
+    before = _snapshot(run)
+    proc = run_cli("pretrain", args, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and all(e in line for e in expected), line
+    assert "Traceback" not in proc.stderr
+    assert _snapshot(run) == before  # config.yaml, manifest, model config, tokenizer/, checkpoints: untouched
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory, corpus_file, prepared):
+    """Another tokenizer (300 tokens), and other text prepared with the run's own tokenizer."""
+    root = tmp_path_factory.mktemp("launch_data")
+    other_text = root / "other.txt"
+    other_text.write_text("\n\n".join(kjv_chapters(90)[60:]) + "\n", encoding="utf-8")
+    other_tok = prepare_corpus(root / "other_tokenizer", corpus_file, "tokenizer.vocab_size=300")
+    same_tok = prepare_corpus(root / "same_tokenizer", other_text, f"tokenizer.pretrained={DatasetDir(prepared).tokenizer}")
+    return other_tok, same_tok
+
+
+def test_a_launch_that_cannot_resume_writes_nothing(prepared, datasets, tmp_path):
+    other_tok, same_tok = datasets
+    run = tmp_path / "run"
+    run_cli("pretrain", _args(prepared, run, "train.stop_after=3"))
+    _refused(_args(other_tok, run, "train.zero_stage=3"), run, "tokenizer", "tokenizer.pretrained=RUN/tokenizer")
+    _refused(_args(same_tok, run), run, "other data", "train.allow_new_data=true")
+    _refused(_args(prepared, run, "model.hidden_size=48"), run, "hidden_size 32 -> 48", "model.init_from")
+    _refused(_args(prepared, run, "objective.name=taco"), run, "objective.name=mlm", "model.init_from")
+    _refused(_args(prepared, run, "train.zero_stage=3"), run, "ZeRO stage 2", "stage 3")
+    # Continued pre-training on new data, asked for: it resumes the weights, reads the new data from its start and
+    # records both datasets.
+    resumed = run_cli("pretrain", _args(same_tok, run, "train.allow_new_data=true"))
+    assert "resumed from" in resumed.stdout and "at step 3" in resumed.stdout and "on new data" in resumed.stdout
+    history = [json.loads(line) for line in RunDir(run).data_history.read_text().splitlines()]
+    assert [row["from_step"] for row in history] == [0, 3] and history[0]["dataset"] != history[1]["dataset"]
+    assert history[0]["tokenizer"] == history[1]["tokenizer"]
+    assert (RunDir(run).checkpoints / "step_00000006" / "COMPLETE").is_file()
+
+
+def test_export_refuses_a_tokenizer_that_is_not_the_checkpoints(prepared, tmp_path):
+    run = tmp_path / "run"
+    run_cli("pretrain", _args(prepared, run, "train.max_steps=3"))
+    vocab = next(p for p in RunDir(run).tokenizer.iterdir() if p.suffix == ".json")
+    vocab.write_bytes(vocab.read_bytes() + b"\n")  # what another tokenizer's files in the run folder would be
+    proc = run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(tmp_path / "export")], check=False)
+    assert proc.returncode == 2 and "refusing to ship a model with another tokenizer's files" in proc.stderr
+    assert not (tmp_path / "export").exists()
