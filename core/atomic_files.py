@@ -1,11 +1,13 @@
 """Outputs are never half-written: files and folders are written under a temporary name, then renamed."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import time
 from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 from core.errors import OutputExistsError
 
@@ -30,10 +32,43 @@ def save_figure_atomic(fig, path: Path, dpi: int = 120) -> None:
     tmp.replace(path)
 
 
-def check_overwrite(final_dir: Path, overwrite: bool) -> None:
-    """Refuse to clobber an existing output unless asked."""
-    if final_dir.exists() and not overwrite:
+# Marks a folder this tool wrote as a whole (an export, a prepared dataset): --overwrite replaces only those.
+OUTPUT_MARKER = ".contrastive-pretrain.json"
+
+
+def mark_output(folder: Path, kind: str) -> None:
+    """Say that `folder` is a whole `kind` (export, dataset) written by this tool, so --overwrite may replace it."""
+    write_text_atomic(Path(folder) / OUTPUT_MARKER, json.dumps({"kind": kind}) + "\n")
+
+
+def output_kind(folder: Path) -> Optional[str]:
+    """The kind of tool-written folder this is, None when it carries no readable marker."""
+    try:
+        return json.loads((Path(folder) / OUTPUT_MARKER).read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_overwrite(final_dir: Path, overwrite: bool, kind: Optional[str] = None, reads: Sequence[Path] = (),
+                    legacy: Optional[Callable[[Path], bool]] = None) -> None:
+    """Refuse to clobber an existing output unless asked; asked, replace only a `kind` folder this tool wrote (its
+    marker, or `legacy(folder)` for one written before markers), never one that holds or lies inside what is read."""
+    final_dir = Path(final_dir)
+    if not final_dir.exists():
+        return
+    if not overwrite:
         raise OutputExistsError(f"output folder '{final_dir}' already exists; pass --overwrite to replace it")
+    if kind is None:
+        return
+    final = final_dir.resolve()
+    for path in reads:
+        read = Path(path).resolve()
+        if read == final or final in read.parents or read in final.parents:
+            raise OutputExistsError(f"--overwrite: '{final_dir}' holds or lies inside '{path}', which this command reads; "
+                                    "write the output to another folder")
+    if output_kind(final_dir) != kind and not (legacy is not None and legacy(final_dir)):
+        raise OutputExistsError(f"--overwrite replaces only a {kind} folder this tool wrote, and '{final_dir}' is not one "
+                                f"(no {OUTPUT_MARKER} naming a {kind}): remove it yourself, or write to another folder")
 
 
 def _remove_debris(final_dir: Path) -> None:
@@ -49,9 +84,10 @@ def _remove_debris(final_dir: Path) -> None:
             continue
 
 
-def prepare_output(final_dir: Path, overwrite: bool) -> Path:
-    """Refuse to clobber an existing output unless asked; return a fresh temporary folder beside it."""
-    check_overwrite(final_dir, overwrite)
+def prepare_output(final_dir: Path, overwrite: bool, kind: Optional[str] = None, reads: Sequence[Path] = (),
+                   legacy: Optional[Callable[[Path], bool]] = None) -> Path:
+    """Refuse to clobber an existing output unless asked (check_overwrite); return a fresh temporary folder beside it."""
+    check_overwrite(final_dir, overwrite, kind, reads, legacy)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_debris(final_dir)
     tmp = final_dir.with_name(f".{final_dir.name}.tmp-{socket.gethostname()}-{os.getpid()}-{int(time.time())}")

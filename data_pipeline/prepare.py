@@ -27,7 +27,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, Iterator
 
-from core.atomic_files import check_overwrite, prepare_output, publish, write_text_atomic
+from core.atomic_files import check_overwrite, mark_output, prepare_output, publish, write_text_atomic
 from core.config_io import config_to_dict
 from core.errors import ConfigError, InputDataError
 from core.object_store import is_remote
@@ -190,6 +190,7 @@ def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: st
     for debris in out_dir.glob("*/.part-*.tmp-*"):  # from workers killed in an earlier run of an array
         shutil.rmtree(debris, ignore_errors=True)
     # The plan and done markers go last: a merge killed before here can simply be run again.
+    mark_output(out_dir, DATASET)
     write_manifest(out_dir, manifest)
     for name in (PLAN, "parts"):
         path = out_dir / name
@@ -202,6 +203,31 @@ def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: st
 
 def _workers(cfg: PrepareConfig) -> int:
     return cfg.num_workers or available_cpus()
+
+
+DATASET = "dataset"
+
+
+def _reads(cfg: PrepareConfig) -> list[Path]:
+    """The local files and folders preparing reads (sources, a pretrained tokenizer): overwrite never replaces them."""
+    paths = [Path(cfg.tokenizer.pretrained)] if cfg.tokenizer.pretrained and Path(cfg.tokenizer.pretrained).exists() else []
+    for source in cfg.sources:
+        if source.kind == "hub" or is_remote(source.path):
+            continue
+        for pattern in source.path.split(","):
+            parts = Path(pattern.strip()).parts
+            fixed = [p for p in parts[:next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), len(parts))]]
+            if fixed:
+                paths.append(Path(*fixed))
+    return paths
+
+
+def _legacy_dataset(folder: Path) -> bool:
+    """A dataset prepared before folders carried their marker: its manifest says so."""
+    try:
+        return json.loads(DatasetDir(folder).manifest.read_text()).get("format", "").startswith("contrastive-pretrain/")
+    except (OSError, ValueError, AttributeError):  # no manifest, or not one of ours
+        return False
 
 
 def _local_output(cfg: PrepareConfig, array: bool = False) -> tuple[Path, Path | None]:
@@ -235,7 +261,8 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> Path | str:
         check_remote_output(cfg.output_dir, cfg.overwrite)  # before hours of tokenizing, not after
     try:
         # Bound for a bucket, the bucket's prefix is what must be new (checked above); the staging copy is replaced.
-        tmp_dir = prepare_output(final_dir, cfg.overwrite or is_remote(cfg.output_dir))
+        tmp_dir = prepare_output(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg),
+                                 _legacy_dataset)
     except BaseException:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -303,7 +330,7 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
     workers = _workers(cfg)
     if task == 0 and not (staging / PLAN).is_file():
         try:
-            check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir))
+            check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)
             if is_remote(cfg.output_dir):
                 check_remote_output(cfg.output_dir, cfg.overwrite)
             staging.mkdir(parents=True, exist_ok=True)
@@ -334,7 +361,7 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
     except (FileExistsError, FileNotFoundError):  # another task merges, or has already published
         return None
     _finish(cfg, staging, plan, command, workers, tasks)
-    check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir))
+    check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)
     publish(staging, final_dir)
     for leftover in final_dir.glob("merging-*"):
         leftover.rmdir()

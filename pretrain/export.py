@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from core.atomic_files import check_overwrite, prepare_output, publish
+from core.atomic_files import check_overwrite, mark_output, prepare_output, publish
 from core.config_io import config_to_dict, load_config
 from core.distributed import setup_env
 from core.errors import CheckpointError
@@ -67,6 +67,15 @@ def _client_state(tag_dir: Path) -> dict:
     return {k: state[k] for k in ("step", "samples_seen", "tokens_seen", "elapsed_s") if k in state}
 
 
+EXPORT = "export"
+
+
+def _legacy_export(folder: Path) -> bool:
+    """An export written before folders carried their marker: a model card of ours beside a config.json."""
+    card = folder / "README.md"
+    return (folder / "config.json").is_file() and card.is_file() and "tags: [contrastive-pretrain" in card.read_text()
+
+
 def _check_tokenizer(run_dir: RunDir, config_dir: Path) -> None:
     """The run folder's tokenizer must be the one the checkpoint was trained with (its manifest names the hash)."""
     saved = config_dir / DATA_MANIFEST_FILE
@@ -98,7 +107,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
     # have rewritten those).
     config_dir = ckpt_dir / tag if (ckpt_dir / tag / CONFIG_FILE).is_file() else run_dir.root
     out_dir = Path(out_dir)
-    check_overwrite(out_dir, overwrite)  # before the slow consolidation
+    reads = (ckpt_dir / tag, run_dir.tokenizer)
+    check_overwrite(out_dir, overwrite, EXPORT, reads, _legacy_export)  # before the slow consolidation
     setup_env()
     _check_tokenizer(run_dir, config_dir)
     cfg = load_config(RunConfig, config_dir / CONFIG_FILE)
@@ -113,7 +123,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
         config_to_dict(cfg), model_config.to_dict(), _manifest(config_dir, run_dir, cfg), _client_state(ckpt_dir / tag), tag,
         run_dir, {sub: sum(p.numel() for p in m.parameters()) for sub, m in models.items()},
         {sub: type(m).__name__ for sub, m in models.items()})
-    tmp = prepare_output(out_dir, overwrite)
+    tmp = prepare_output(out_dir, overwrite, EXPORT, reads, _legacy_export)
     try:
         for sub, model in models.items():
             target = tmp / sub if sub else tmp
@@ -122,6 +132,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
         for name, head in objective.side_heads().items():
             head.save(tmp, name)
         (tmp / "README.md").write_text(card, encoding="utf-8")
+        mark_output(tmp, EXPORT)
         publish(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -66,11 +66,46 @@ def test_a_launch_that_cannot_resume_writes_nothing(prepared, datasets, tmp_path
     assert (RunDir(run).checkpoints / "step_00000006" / "COMPLETE").is_file()
 
 
-def test_export_refuses_a_tokenizer_that_is_not_the_checkpoints(prepared, tmp_path):
-    run = tmp_path / "run"
+def test_export_overwrites_only_its_own_folders_and_ships_only_the_checkpoints_tokenizer(prepared, tmp_path):
+    run, export = tmp_path / "run", tmp_path / "export"
     run_cli("pretrain", _args(prepared, run, "train.max_steps=3"))
+    exporting = ["export", "--checkpoint", str(run), "--overwrite"]
+    run_cli("pretrain", [*exporting, "--out", str(export)])
+    run_cli("pretrain", [*exporting, "--out", str(export)])  # an export of ours: replaced
+    assert (export / "config.json").is_file()
+    unrelated = tmp_path / "mine"
+    unrelated.mkdir()
+    (unrelated / "notes.txt").write_text("keep me")
+    for out, expected in ((run, "which this command reads"), (RunDir(run).checkpoints, "which this command reads"),
+                          (unrelated, "is not one")):
+        before = _snapshot(out)
+        proc = run_cli("pretrain", [*exporting, "--out", str(out)], check=False)
+        assert proc.returncode == 2 and expected in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+        assert _snapshot(out) == before
     vocab = next(p for p in RunDir(run).tokenizer.iterdir() if p.suffix == ".json")
     vocab.write_bytes(vocab.read_bytes() + b"\n")  # what another tokenizer's files in the run folder would be
-    proc = run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(tmp_path / "export")], check=False)
+    proc = run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(tmp_path / "export2")], check=False)
     assert proc.returncode == 2 and "refusing to ship a model with another tokenizer's files" in proc.stderr
-    assert not (tmp_path / "export").exists()
+    assert not (tmp_path / "export2").exists()
+
+
+def test_prepare_overwrites_only_a_dataset_and_never_what_it_reads(prepared, corpus_file, tmp_path):
+    from data_pipeline.dataset_dir import MANIFEST
+
+    sources = f"sources=[{{kind: text, path: '{corpus_file}'}}]"
+    base = ["prepare", "--config", "data_pipeline/configs/demo.yaml", sources, "tokenizer.vocab_size=300", "seq_len=64",
+            "overwrite=true"]
+    data = tmp_path / "data"
+    run_cli("data_pipeline", [*base, f"output_dir={data}"])
+    run_cli("data_pipeline", [*base, f"output_dir={data}"])  # a dataset of ours: replaced
+    (data / ".contrastive-pretrain.json").unlink()  # a dataset prepared before the marker: its manifest says it is ours
+    run_cli("data_pipeline", [*base, f"output_dir={data}"])
+    assert (data / MANIFEST).is_file()
+    unrelated = tmp_path / "mine"
+    unrelated.mkdir()
+    (unrelated / "notes.txt").write_text("keep me")
+    for out, expected in ((corpus_file.parent, "which this command reads"), (unrelated, "is not one")):
+        before = _snapshot(out)
+        proc = run_cli("data_pipeline", [*base, f"output_dir={out}"], check=False)
+        assert proc.returncode == 2 and expected in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+        assert _snapshot(out) == before
