@@ -2,10 +2,26 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Optional
 
 from model.objectives import objective_class
 from pretrain.run_dir import RunDir
+
+def shown(path: Optional[str]) -> Optional[str]:
+    """A path as a model card may show it: a local path by its last names only (the card is published; the machine's
+    folders are not), a URL or a hub name as it is."""
+    if not path or "://" in path or not Path(path).is_absolute():
+        return path
+    return ",".join(Path(part.strip()).name for part in path.split(","))
+
+
+def _public(manifest: dict) -> dict:
+    """The manifest without the command line and the local config it was prepared with, its sources by name."""
+    out = {k: v for k, v in manifest.items() if k not in ("command", "config")}
+    out["sources"] = [{**s, "path": shown(s.get("path"))} for s in manifest.get("sources", [])]
+    return out
+
 
 def final_losses(run_dir: RunDir, step: int) -> tuple[Optional[dict], Optional[dict]]:
     """The last train and validation rows of the run's metrics at or before `step`."""
@@ -21,12 +37,12 @@ def _deepspeed_text(train: dict, run_dir: RunDir) -> str:
     path = run_dir.deepspeed_config
     zero = json.loads(path.read_text()).get("zero_optimization", {}) if path.is_file() else None
     if zero is None:  # a run from before the folder kept it: name the JSON file it used
-        return f"DeepSpeed config `{train.get('deepspeed_config') or 'deepspeed_configs/base.json'}`"
+        return f"DeepSpeed config `{shown(train.get('deepspeed_config')) or 'deepspeed_configs/base.json'}`"
     parts = [f"DeepSpeed ZeRO stage {zero.get('stage', 0)}"]
     parts += [f"{what} offload" for what, key in (("optimizer", "offload_optimizer"), ("parameter", "offload_param"))
               if zero.get(key, {}).get("device", "none") != "none"]
     if train.get("deepspeed_config"):
-        parts.append(f"config `{train['deepspeed_config']}`")
+        parts.append(f"config `{shown(train['deepspeed_config'])}`")
     return ", ".join(parts)
 
 
@@ -87,7 +103,7 @@ def _training_lines(cfg: dict[str, Any], state: dict[str, Any], tag: str, run_di
         f"- global batch {cfg['train']['global_batch_size']}, optimizer `{cfg['optimizer']['name']}` lr {cfg['optimizer']['lr']}, "
         f"schedule `{cfg['schedule']['decay']}` with {cfg['schedule']['warmup_steps']} warmup steps, precision "
         f"`{cfg['train']['precision']}`, {_deepspeed_text(cfg['train'], run_dir)}",
-        f"- started from: `{cfg['model'].get('init_from') or 'random initialisation'}`",
+        f"- started from: `{shown(cfg['model'].get('init_from')) or 'random initialisation'}`",
         f"- final training losses ({_losses_text(train_row)})",
         f"- final validation losses ({_losses_text(val_row)})",
         "",
@@ -111,10 +127,10 @@ def _data_lines(cfg: dict[str, Any], manifest: Optional[dict]) -> list[str]:
     """The card's data section: the prepared dataset, its tokenizer, splits and sources, and the manifest itself."""
     lines: list[str] = []
     if manifest is None:
-        lines.append(f"- prepared dataset: `{cfg['data']['path']}` (its manifest was not found)")
+        lines.append(f"- prepared dataset: `{shown(cfg['data']['path'])}` (its manifest was not found)")
     else:
         tok = manifest.get("tokenizer", {})
-        lines.append(f"- prepared dataset: `{cfg['data']['path']}`, sequence length {manifest.get('seq_len')}, packing "
+        lines.append(f"- prepared dataset: `{shown(cfg['data']['path'])}`, sequence length {manifest.get('seq_len')}, packing "
                      f"`{manifest.get('packing')}`")
         lines.append(f"- tokenizer: vocabulary {tok.get('vocab_size')}, hash `{tok.get('hash', '?')}`")
         for split, info in manifest.get("splits", {}).items():
@@ -122,8 +138,8 @@ def _data_lines(cfg: dict[str, Any], manifest: Optional[dict]) -> list[str]:
                          if isinstance(info.get("sequences"), int) and isinstance(info.get("tokens"), int)
                          else f"- {split}: {json.dumps(info)}")
         for source in manifest.get("sources", []):
-            lines.append(f"- source: `{source.get('kind')}` `{source.get('path')}` (weight {source.get('weight', 1)}, "
+            lines.append(f"- source: `{source.get('kind')}` `{shown(source.get('path'))}` (weight {source.get('weight', 1)}, "
                          f"{source.get('documents', '?')} documents)")
-        lines += ["", "<details><summary>manifest.json</summary>", "", "```json", json.dumps(manifest, indent=2), "```",
+        lines += ["", "<details><summary>manifest.json</summary>", "", "```json", json.dumps(_public(manifest), indent=2), "```",
                   "", "</details>"]
     return lines

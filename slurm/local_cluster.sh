@@ -17,6 +17,7 @@ BASE=${SLURM_LOCAL_DIR:-/tmp/contrastive-pretrain-slurm}
 CTLD_PORT=${SLURM_LOCAL_PORT:-16817}
 CONF=$BASE/slurm.conf
 PIDS=$BASE/pids
+MARKER=.made-by-local-cluster
 
 log() { echo "[local_cluster] $*" >&2; }
 
@@ -113,6 +114,11 @@ wait_idle() {
 start() {
     local nodes=${1:-2}
     [[ $nodes =~ ^[12]$ ]] || { log "NODES must be 1 or 2, got '$nodes'"; exit 2; }
+    # Run as root: remove only a folder this script made (its marker), never whatever SLURM_LOCAL_DIR names.
+    if [ -e "$BASE" ] && [ ! -f "$BASE/$MARKER" ]; then
+        log "SLURM_LOCAL_DIR=$BASE exists and was not made by local_cluster.sh (no $MARKER): choose another folder"
+        exit 2
+    fi
     if [ -f "$PIDS" ] && grep -q '^slurmctld ' "$PIDS" && kill -0 "$(awk '/^slurmctld /{print $2}' "$PIDS")" 2>/dev/null; then
         log "already running (SLURM_CONF=$CONF); stop it first"
         echo "export SLURM_CONF=$CONF"
@@ -122,6 +128,7 @@ start() {
     export PATH=$PATH:/usr/sbin
     rm -rf "$BASE"
     mkdir -p "$BASE"
+    : > "$BASE/$MARKER"
     : > "$PIDS"
     write_conf "$nodes"
     export SLURM_CONF=$CONF

@@ -73,6 +73,9 @@ def test_export_overwrites_only_its_own_folders_and_ships_only_the_checkpoints_t
     run_cli("pretrain", [*exporting, "--out", str(export)])
     run_cli("pretrain", [*exporting, "--out", str(export)])  # an export of ours: replaced
     assert (export / "config.json").is_file()
+    card = (export / "README.md").read_text()  # published with the model: no path of this machine in it
+    assert str(prepared) not in card and str(tmp_path) not in card and "/pytest-of-" not in card
+    assert f"prepared dataset: `{prepared.name}`" in card and '"command"' not in card
     unrelated = tmp_path / "mine"
     unrelated.mkdir()
     (unrelated / "notes.txt").write_text("keep me")
@@ -109,3 +112,19 @@ def test_prepare_overwrites_only_a_dataset_and_never_what_it_reads(prepared, cor
         proc = run_cli("data_pipeline", [*base, f"output_dir={out}"], check=False)
         assert proc.returncode == 2 and expected in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
         assert _snapshot(out) == before
+
+
+def test_local_cluster_removes_only_a_folder_it_made(tmp_path):
+    """slurm/local_cluster.sh runs as root and clears SLURM_LOCAL_DIR on start: a folder without its marker is refused."""
+    import os
+    import subprocess
+
+    from conftest import REPO
+
+    mine = tmp_path / "precious"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("keep me")
+    proc = subprocess.run(["bash", str(REPO / "slurm" / "local_cluster.sh"), "start", "1"], capture_output=True, text=True,
+                          env={**os.environ, "SLURM_LOCAL_DIR": str(mine)}, timeout=60)
+    assert proc.returncode == 2 and "not made by local_cluster.sh" in proc.stderr
+    assert (mine / "thesis.tex").read_text() == "keep me"
