@@ -39,6 +39,8 @@ class CheckpointManager:
         self.bf16_weights = False
         self.run_files = run_files or {}
         self.damaged: list[tuple[str, str]] = []
+        self.notes: list[str] = []
+        self.following_branch = False
         self.resume_tag: Optional[str] = None
         self.load_tag: Optional[str] = None
         self.longest_save = 0.0
@@ -58,27 +60,64 @@ class CheckpointManager:
         Rank 0 checks the files and sets damaged newer checkpoints aside (TAG.damaged); every rank gets its answer.
         """
         wanted = self.cfg.train.resume_from
-        tag, damaged, error = None, [], ""
+        tag, damaged, error, note = None, [], "", ""
         if self.rank == 0:
-            if wanted:
-                tag = ckpt.tag_for(int(wanted)) if wanted.isdigit() else wanted
-                if not (self.ckpt_dir / tag / ckpt.COMPLETE).is_file():
-                    error = (f"train.resume_from={wanted}: no complete checkpoint {tag} in {self.ckpt_dir} "
-                             f"(complete: {', '.join(ckpt.complete_tags(self.ckpt_dir)) or 'none'})")
-                elif problem := ckpt.damage(self.ckpt_dir, tag):
-                    error = f"train.resume_from={wanted}: checkpoint {self.ckpt_dir / tag} is damaged: {problem}"
+            if wanted and not self._branch_taken(wanted):
+                tag, error = self._pick_wanted(wanted)
             else:
+                if wanted:  # a requeue after the branch saved: resume_from has done its work
+                    note = (f"train.resume_from={wanted} was applied by an earlier attempt and its branch has saved "
+                            "since: resuming the branch's newest checkpoint")
                 tag, damaged = ckpt.newest_intact(self.ckpt_dir, set_aside=True)
                 if tag is None and damaged:
                     error = (f"every checkpoint in {self.ckpt_dir} is damaged ("
                              + "; ".join(f"{t}: {why}" for t, why in damaged)
                              + "); they were renamed to TAG.damaged. Start again with a new train.output_dir, "
                              "or restore a good copy")
-        tag, damaged, error = dist.broadcast_object(tag, damaged, error)
+        tag, damaged, error, note = dist.broadcast_object(tag, damaged, error, note)
         if error:
             raise CheckpointError(error)
-        self.damaged = damaged  # logged at restore, once the run's logger exists
+        self.damaged, self.notes = damaged, [note] if note else []  # logged at restore, once the run's logger exists
+        self.following_branch = bool(note)
         return tag
+
+    def _pick_wanted(self, wanted: str) -> tuple[Optional[str], str]:
+        """train.resume_from as a tag of this run's complete, intact checkpoints; (tag, error)."""
+        tag = ckpt.tag_for(int(wanted)) if wanted.isdigit() else wanted
+        if not ckpt.TAG_RE.match(tag):
+            raise ConfigError(f"config key 'train.resume_from': {wanted!r} is neither a step nor a tag like step_00000750")
+        if not (self.ckpt_dir / tag / ckpt.COMPLETE).is_file():
+            return tag, (f"train.resume_from={wanted}: no complete checkpoint {tag} in {self.ckpt_dir} "
+                         f"(complete: {', '.join(ckpt.complete_tags(self.ckpt_dir)) or 'none'})")
+        if problem := ckpt.damage(self.ckpt_dir, tag):
+            return tag, f"train.resume_from={wanted}: checkpoint {self.ckpt_dir / tag} is damaged: {problem}"
+        return tag, ""
+
+    def _branch_taken(self, wanted: str) -> bool:
+        """Whether an earlier attempt branched from train.resume_from and the branch has saved a checkpoint since."""
+        tag = ckpt.tag_for(int(wanted)) if wanted.isdigit() else wanted
+        rows = self.run_dir.branches.read_text().splitlines() if self.run_dir.branches.is_file() else []
+        if not any(json.loads(row)["from"] == tag for row in rows):
+            return False
+        return any(t > tag for t in ckpt.complete_tags(self.ckpt_dir))
+
+    def _branch(self) -> None:
+        """Rank 0 moves the checkpoints after train.resume_from aside (kept, not deleted) and records the branch, so
+        that an automatic resume (a requeue) follows the branch."""
+        tag = self.resume_tag
+        later = sorted(p.name for p in self.ckpt_dir.iterdir() if ckpt.TAG_RE.match(p.name) and p.name > tag)
+        if self.rank == 0:
+            aside = self.ckpt_dir / f"aside-after-{tag}-{time.strftime('%Y%m%dT%H%M%S')}"
+            if later:
+                aside.mkdir()
+                for name in later:
+                    (self.ckpt_dir / name).rename(aside / name)
+                self.notes.append(f"branching from {tag} (train.resume_from): {', '.join(later)} moved aside to {aside}")
+            # Recorded even when nothing moved: once the branch has saved, a requeue resumes the branch, not the tag.
+            row = {"from": tag, "moved_aside": later, "to": aside.name if later else None, "time": time.time()}
+            with open(self.run_dir.branches, "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+        dist.barrier()
 
     def choose_checkpoint(self) -> dict[str, Any]:
         """Pick the checkpoint to resume from; return its meta (stage, precision, world size), {} when none.
@@ -129,6 +168,8 @@ class CheckpointManager:
                 f"stage {self.zero_stage} (train.zero_stage); DeepSpeed cannot change the stage on "
                 "resume: keep the stage, or export the weights and start a new run from them (model.init_from)"
             )
+        if self.cfg.train.resume_from and not self.following_branch:  # the checks passed: only now may it move anything
+            self._branch()
         if meta.get("world_size", self.world) == self.world or self.zero_stage == 0:
             return False  # stage 0 saves whole weights and optimizer states, which any number of ranks loads
         error = ""
@@ -237,6 +278,8 @@ class CheckpointManager:
             ckpt.set_rng_state(state["rng"][self.rank])
         else:
             torch.manual_seed(self.cfg.train.seed * 1000 + self.rank + 7919 * progress.step)
+        for note in self.notes:
+            log.info(note)
         for bad, why in self.damaged:
             log.info(f"checkpoint {self.ckpt_dir / bad} is damaged ({why}): set aside as {bad}.damaged")
             log.scalars(progress.step, {"damaged_checkpoint_step": float(bad.removeprefix("step_"))}, "resume")

@@ -9,6 +9,7 @@
       checkpoints/step_NNNNNNNN/   DeepSpeed files + meta.json + COMPLETE (sizes and hashes)
       train.log, metrics.jsonl, tensorboard/   progress, one row per step, scalars
       trackers.json, wandb/, mlflow.db   with train.report_to: the tracked runs' ids, W&B's files, MLflow's default store
+      branches.jsonl          with train.resume_from: the branches taken, and where later checkpoints were moved
       data_history.jsonl      with train.allow_new_data: the datasets trained on, from which step
       samples/rank<N>.jsonl   with train.record_samples: the sample ids each rank trained on, per step
       PREEMPTED, FAILED       markers of the last attempt (for the sbatch wrapper and the user)
@@ -88,6 +89,11 @@ class RunDir:
     def checkpoint(self, tag: str) -> Path:
         """One checkpoint's folder (tag: step_NNNNNNNN)."""
         return self.checkpoints / tag
+
+    @property
+    def branches(self) -> Path:
+        """Where train.resume_from branched the run: one JSON row each (the tag, the checkpoints moved aside)."""
+        return self.root / "branches.jsonl"
 
     @property
     def data_history(self) -> Path:

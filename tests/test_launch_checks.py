@@ -4,6 +4,7 @@ apart from its logs; new data is allowed on purpose (train.allow_new_data) and r
 that is not the checkpoint's."""
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,21 @@ LOGS = ("train.log", "metrics.jsonl", "tensorboard")
 
 def _args(data: Path, out: Path, *extra: str) -> list[str]:
     return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}",
-            *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=6",
-            "train.save_every=3", "train.eval_every=0", "train.log_every=3", "train.zero_stage=2", *extra]
+            *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=9",
+            "train.save_every=3", "train.keep_last=5", "train.eval_every=0", "train.log_every=3", "train.zero_stage=2",
+            *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(prepared, tmp_path_factory) -> Path:
+    """A run of 9 steps with checkpoints at 3, 6 and 9; each test works on a copy."""
+    run = tmp_path_factory.mktemp("launch_run") / "run"
+    run_cli("pretrain", _args(prepared, run))
+    return run
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / "run"))
 
 
 def _snapshot(run: Path) -> dict[str, str]:
@@ -47,10 +61,9 @@ def datasets(tmp_path_factory, corpus_file, prepared):
     return other_tok, same_tok
 
 
-def test_a_launch_that_cannot_resume_writes_nothing(prepared, datasets, tmp_path):
+def test_a_launch_that_cannot_resume_writes_nothing(prepared, datasets, trained, tmp_path):
     other_tok, same_tok = datasets
-    run = tmp_path / "run"
-    run_cli("pretrain", _args(prepared, run, "train.stop_after=3"))
+    run = _copy(trained, tmp_path)
     _refused(_args(other_tok, run, "train.zero_stage=3"), run, "tokenizer", "tokenizer.pretrained=RUN/tokenizer")
     _refused(_args(same_tok, run), run, "other data", "train.allow_new_data=true")
     _refused(_args(prepared, run, "model.hidden_size=48"), run, "hidden_size 32 -> 48", "model.init_from")
@@ -58,17 +71,16 @@ def test_a_launch_that_cannot_resume_writes_nothing(prepared, datasets, tmp_path
     _refused(_args(prepared, run, "train.zero_stage=3"), run, "ZeRO stage 2", "stage 3")
     # Continued pre-training on new data, asked for: it resumes the weights, reads the new data from its start and
     # records both datasets.
-    resumed = run_cli("pretrain", _args(same_tok, run, "train.allow_new_data=true"))
-    assert "resumed from" in resumed.stdout and "at step 3" in resumed.stdout and "on new data" in resumed.stdout
+    resumed = run_cli("pretrain", _args(same_tok, run, "train.allow_new_data=true", "train.max_steps=12"))
+    assert "resumed from" in resumed.stdout and "at step 9" in resumed.stdout and "on new data" in resumed.stdout
     history = [json.loads(line) for line in RunDir(run).data_history.read_text().splitlines()]
-    assert [row["from_step"] for row in history] == [0, 3] and history[0]["dataset"] != history[1]["dataset"]
+    assert [row["from_step"] for row in history] == [0, 9] and history[0]["dataset"] != history[1]["dataset"]
     assert history[0]["tokenizer"] == history[1]["tokenizer"]
-    assert (RunDir(run).checkpoints / "step_00000006" / "COMPLETE").is_file()
+    assert (RunDir(run).checkpoints / "step_00000012" / "COMPLETE").is_file()
 
 
-def test_export_overwrites_only_its_own_folders_and_ships_only_the_checkpoints_tokenizer(prepared, tmp_path):
-    run, export = tmp_path / "run", tmp_path / "export"
-    run_cli("pretrain", _args(prepared, run, "train.max_steps=3"))
+def test_export_overwrites_only_its_own_folders_and_ships_only_the_checkpoints_tokenizer(prepared, trained, tmp_path):
+    run, export = _copy(trained, tmp_path), tmp_path / "export"
     exporting = ["export", "--checkpoint", str(run), "--overwrite"]
     run_cli("pretrain", [*exporting, "--out", str(export)])
     run_cli("pretrain", [*exporting, "--out", str(export)])  # an export of ours: replaced
@@ -128,3 +140,23 @@ def test_local_cluster_removes_only_a_folder_it_made(tmp_path):
                           env={**os.environ, "SLURM_LOCAL_DIR": str(mine)}, timeout=60)
     assert proc.returncode == 2 and "not made by local_cluster.sh" in proc.stderr
     assert (mine / "thesis.tex").read_text() == "keep me"
+
+
+def test_resume_from_branches_once_and_keeps_the_later_checkpoints(prepared, trained, tmp_path):
+    """Branching from step 3 moves steps 6 and 9 aside (kept); a requeue with the same overrides resumes the branch's
+    newest checkpoint, not step 3 again; a tag that is not one of the run's is refused."""
+    run = _copy(trained, tmp_path)
+    ckpts = RunDir(run).checkpoints
+    for bad in ("../../elsewhere/step_00000003", "step_3"):
+        _refused(_args(prepared, run, f"train.resume_from={bad}"), run, "train.resume_from", "neither a step nor a tag")
+    branch = _args(prepared, run, "train.resume_from=3", "train.stop_after=1")
+    first = run_cli("pretrain", branch)
+    assert "at step 3" in first.stdout and "moved aside" in first.stdout
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000003", "step_00000004"]
+    (aside,) = ckpts.glob("aside-after-step_00000003-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["step_00000006", "step_00000009"]
+    assert all((aside / name / "COMPLETE").is_file() for name in ("step_00000006", "step_00000009"))
+    requeued = run_cli("pretrain", branch)  # SLURM requeues with the same overrides
+    assert "at step 4" in requeued.stdout and "was applied by an earlier attempt" in requeued.stdout
+    assert sorted(p.name for p in ckpts.glob("step_*"))[-1] == "step_00000005"
+    assert [json.loads(line)["from"] for line in RunDir(run).branches.read_text().splitlines()] == ["step_00000003"]
