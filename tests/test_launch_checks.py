@@ -160,3 +160,15 @@ def test_resume_from_branches_once_and_keeps_the_later_checkpoints(prepared, tra
     assert "at step 4" in requeued.stdout and "was applied by an earlier attempt" in requeued.stdout
     assert sorted(p.name for p in ckpts.glob("step_*"))[-1] == "step_00000005"
     assert [json.loads(line)["from"] for line in RunDir(run).branches.read_text().splitlines()] == ["step_00000003"]
+
+
+def test_export_skips_a_damaged_newest_checkpoint(trained, tmp_path):
+    """A newest checkpoint whose files no longer match their recorded hashes is named and skipped for the newest
+    intact one; the model card says which step was exported."""
+    run = _copy(trained, tmp_path)
+    model_file = RunDir(run).checkpoints / "step_00000009" / "mp_rank_00_model_states.pt"
+    model_file.write_bytes(model_file.read_bytes()[:1000])
+    proc = run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(tmp_path / "export")])
+    assert "step_00000009 is damaged" in proc.stderr + proc.stdout and "exporting an older one" in proc.stderr + proc.stdout
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "checkpoint: `step_00000006`: step 6 of max_steps 9" in card
