@@ -114,8 +114,9 @@ wait_idle() {
 start() {
     local nodes=${1:-2}
     [[ $nodes =~ ^[12]$ ]] || { log "NODES must be 1 or 2, got '$nodes'"; exit 2; }
-    # Run as root: remove only a folder this script made (its marker), never whatever SLURM_LOCAL_DIR names.
-    if [ -e "$BASE" ] && [ ! -f "$BASE/$MARKER" ]; then
+    # Run as root: clear only a folder this script made (its marker) or an empty one, never whatever
+    # SLURM_LOCAL_DIR names.
+    if [ -e "$BASE" ] && [ ! -f "$BASE/$MARKER" ] && [ -n "$(ls -A "$BASE" 2>/dev/null || echo x)" ]; then
         log "SLURM_LOCAL_DIR=$BASE exists and was not made by local_cluster.sh (no $MARKER): choose another folder"
         exit 2
     fi

@@ -127,7 +127,8 @@ def test_prepare_overwrites_only_a_dataset_and_never_what_it_reads(prepared, cor
 
 
 def test_local_cluster_removes_only_a_folder_it_made(tmp_path):
-    """slurm/local_cluster.sh runs as root and clears SLURM_LOCAL_DIR on start: a folder without its marker is refused."""
+    """slurm/local_cluster.sh runs as root and clears SLURM_LOCAL_DIR on start: a non-empty folder without its marker
+    is refused (an empty one, as the tests make, is taken)."""
     import os
     import subprocess
 
