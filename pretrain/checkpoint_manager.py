@@ -27,6 +27,11 @@ from pretrain.resume_checks import check_resume
 from pretrain.run_dir import DATA_MANIFEST_FILE, RunDir
 
 
+def _as_tag(wanted: str) -> str:
+    """train.resume_from as a tag: a step number becomes step_NNNNNNNN, anything else is taken as written."""
+    return ckpt.tag_for(int(wanted)) if wanted.isdigit() else wanted
+
+
 class CheckpointManager:
     """The run's checkpoints: pick, plan, decide when to save, save, restore."""
 
@@ -83,7 +88,7 @@ class CheckpointManager:
 
     def _pick_wanted(self, wanted: str) -> tuple[Optional[str], str]:
         """train.resume_from as a tag of this run's complete, intact checkpoints; (tag, error)."""
-        tag = ckpt.tag_for(int(wanted)) if wanted.isdigit() else wanted
+        tag = _as_tag(wanted)
         if not ckpt.TAG_RE.match(tag):
             raise ConfigError(f"config key 'train.resume_from': {wanted!r} is neither a step nor a tag like step_00000750")
         if not (self.ckpt_dir / tag / ckpt.COMPLETE).is_file():
@@ -95,7 +100,7 @@ class CheckpointManager:
 
     def _branch_taken(self, wanted: str) -> bool:
         """Whether an earlier attempt branched from train.resume_from and the branch has saved a checkpoint since."""
-        tag = ckpt.tag_for(int(wanted)) if wanted.isdigit() else wanted
+        tag = _as_tag(wanted)
         rows = self.run_dir.branches.read_text().splitlines() if self.run_dir.branches.is_file() else []
         if not any(json.loads(row)["from"] == tag for row in rows):
             return False

@@ -23,7 +23,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
-from model.backbones import backbone_for
+from model.backbones import REGISTRY, backbone_for
 from model.objectives.base import Batch, Objective
 
 
@@ -99,8 +99,6 @@ class MaskedLM(Objective):
     def check_config(cls, options: MLMOptions, model, masking) -> None:
         """Sentence-pair heads need token types and a pooler (BERT, ALBERT)."""
         if options.pair_head != "none" and not backbone_for(model.architecture).has_pair_head:
-            from model.backbones import REGISTRY
-
             having = [name for name in REGISTRY if backbone_for(name).has_pair_head]
             raise ConfigError(f"objective.mlm.pair_head={options.pair_head} needs model.architecture="
                               f"{' or '.join(having)} ({model.architecture} has no token types or pooler)")
