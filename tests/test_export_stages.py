@@ -1,7 +1,7 @@
-"""Export from every ZeRO stage and precision: stages 0-3 in fp32 and bf16 (autocast), LAMB (stage 0), and DeepSpeed's
-bf16 weights at stages 0 and 1, each trained on 2 ranks; every export loads in AutoModelForMaskedLM and gives the
-training model's logits, BERT's frozen pooler and NSP head included (DeepSpeed writes frozen parameters to its ZeRO
-files from stage 2 only, and stage 0 writes no ZeRO files at all)."""
+"""Export from every ZeRO stage and precision: stages 0-3 in fp32 and bf16 (autocast) for BERT and ModernBERT, LAMB
+(stage 0), and DeepSpeed's bf16 weights at stages 0 and 1, each trained on 2 ranks; every export loads in
+AutoModelForMaskedLM and gives the training model's logits, BERT's frozen pooler and NSP head included (DeepSpeed writes
+frozen parameters to its ZeRO files from stage 2 only, and stage 0 writes no ZeRO files at all)."""
 import json
 
 import pytest
@@ -14,8 +14,11 @@ pytestmark = pytest.mark.slow
 # which DeepSpeed is given but the run folder's copy must not hold.
 SECRET = "not-a-real-comet-key-7f3a"
 BF16_WEIGHTS = {"bf16": {"enabled": True}, "comet": {"enabled": False, "api_key": SECRET}}
+MODERNBERT = "model.architecture=modernbert"  # TINY_MODEL's shape, ModernBERT's classes (no pooler, no NSP head)
 CASES = {
     **{f"zero{stage}_{precision}": [f"train.zero_stage={stage}", f"train.precision={precision}"]
+       for stage in (0, 1, 2, 3) for precision in ("fp32", "bf16")},
+    **{f"modernbert_zero{stage}_{precision}": [f"train.zero_stage={stage}", f"train.precision={precision}", MODERNBERT]
        for stage in (0, 1, 2, 3) for precision in ("fp32", "bf16")},
     "lamb_fp32": ["train.zero_stage=0", "train.precision=fp32", "optimizer.name=lamb"],
     "lamb_bf16": ["train.zero_stage=0", "train.precision=bf16", "optimizer.name=lamb"],
@@ -54,6 +57,8 @@ def test_every_stage_and_precision_exports_the_training_model(exports, case):
     folder, probe, ds = exports[case]
     stage = int(CASES[case][0].split("=")[1])
     assert ds["zero_optimization"]["stage"] == stage  # the case ran at the stage it names
+    modernbert = MODERNBERT in CASES[case]
+    assert json.loads((folder / "config.json").read_text())["model_type"] == ("modernbert" if modernbert else "bert")
     bf16_weights = case.endswith("bf16_weights")
     assert ds["bf16"]["enabled"] is bf16_weights
     if bf16_weights:  # the run's copy of one's own JSON keeps the section, not the credential
@@ -61,13 +66,15 @@ def test_every_stage_and_precision_exports_the_training_model(exports, case):
         assert SECRET not in (folder.parent / case / "deepspeed_config.json").read_text()
     assert ds["torch_autocast"]["enabled"] is (case.endswith("_bf16"))
     masked_lm = AutoModelForMaskedLM.from_pretrained(str(folder), local_files_only=True).eval()
-    pretraining = AutoModelForPreTraining.from_pretrained(str(folder), local_files_only=True).eval()
     assert masked_lm.dtype == torch.float32
+    inputs = {"input_ids": probe["input_ids"], "attention_mask": probe["attention_mask"]}
     with torch.no_grad():
-        logits = masked_lm(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
-        pair = pretraining(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).seq_relationship_logits
+        compared = [(masked_lm(**inputs).logits, probe["logits"][""])]
+        if not modernbert:
+            pretraining = AutoModelForPreTraining.from_pretrained(str(folder), local_files_only=True).eval()
+            compared.append((pretraining(**inputs).seq_relationship_logits, probe["pair_logits"][""]))
     # The live model computed with fp32 weights, except with DeepSpeed's bf16 weights: the export holds their fp32
     # masters, which the bf16 copies round.
     tolerance = 0.15 if bf16_weights else 1e-5
-    for got, live in ((logits, probe["logits"][""].float()), (pair, probe["pair_logits"][""].float())):
+    for got, live in ((g, live.float()) for g, live in compared):
         assert torch.allclose(got, live, atol=tolerance, rtol=0), (got - live).abs().max()
