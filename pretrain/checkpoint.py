@@ -191,6 +191,7 @@ def fp32_weights(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
 
         state = dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag))
     if (folder / MODULE_STATES).is_file():
+        # With pickle, as DeepSpeed's consolidation above: export checks the tag first (checkpoint_data).
         module = torch.load(folder / MODULE_STATES, map_location="cpu", weights_only=False)["module"]
         for name, value in module.items():
             if name not in state:

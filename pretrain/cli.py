@@ -83,7 +83,7 @@ def _peer_lost(exc: BaseException, trainer) -> None:
 def _export(args: argparse.Namespace) -> int:
     from pretrain.export import export
 
-    out = export(args.checkpoint, args.out, overwrite=args.overwrite)
+    out = export(args.checkpoint, args.out, overwrite=args.overwrite, trust_checkpoint=args.trust_checkpoint)
     print(f"export: {out}")
     return 0
 
@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--checkpoint", required=True, help="RUN_DIR (newest complete checkpoint) or RUN_DIR/checkpoints/TAG")
     exp.add_argument("--out", required=True, help="folder to write")
     exp.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    exp.add_argument("--trust-checkpoint", action="store_true",
+                     help="read the checkpoint's files with pickle even where they hold more than weights and plain data "
+                          "(that can run code: only for a checkpoint from a source you trust)")
     exp.set_defaults(func=_export)
     add_evaluation_commands(sub)
     args = parser.parse_args(argv)

@@ -20,6 +20,7 @@ from model.encoder import config_from_dict
 from model.objectives import build_objective
 from pretrain import checkpoint as ckpt
 from pretrain import model_card
+from pretrain.checkpoint_data import check_tag_is_data, read_as_data
 from pretrain.config import RunConfig
 from pretrain.run_dir import CHECKPOINTS_DIR, CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, RunDir
 
@@ -56,14 +57,14 @@ def _manifest(config_dir: Path, run_dir: RunDir, cfg: RunConfig) -> Optional[dic
     return None
 
 
-def _client_state(tag_dir: Path) -> dict:
+def _client_state(tag_dir: Path, trust: bool) -> dict:
     """Step, samples, tokens and time of a checkpoint (the trainer's client state in the rank-0 model file)."""
 
     # mp_rank_00_model_states.pt, or zero_pp_rank_0_mp_rank_00_model_states.pt under ZeRO-3
     files = sorted(tag_dir.glob("*mp_rank_00_model_states.pt"))
     if not files:
         return {}
-    state = torch.load(files[0], map_location="cpu", weights_only=False)
+    state = torch.load(files[0], map_location="cpu", weights_only=False) if trust else read_as_data(files[0])
     return {k: state[k] for k in ("step", "samples_seen", "tokens_seen", "elapsed_s") if k in state}
 
 
@@ -100,8 +101,9 @@ def write_tokenizer(tokenizer_dir: Path, model: torch.nn.Module, target: Path) -
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
-    """Write the objective's Hugging Face models, with tokenizer files, to `out_dir` (atomically)."""
+def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False, trust_checkpoint: bool = False) -> Path:
+    """Write the objective's Hugging Face models, with tokenizer files, to `out_dir` (atomically); the checkpoint's
+    files are read as data only unless `trust_checkpoint`."""
     run_dir, ckpt_dir, tag = resolve_checkpoint(checkpoint)
     # The checkpoint's own copies of the configs win over the run folder's (a later launch may
     # have rewritten those).
@@ -114,13 +116,15 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False)
     cfg = load_config(RunConfig, config_dir / CONFIG_FILE)
     model_config = config_from_dict(json.loads((config_dir / MODEL_CONFIG_FILE).read_text()), cfg.model.attn_implementation)
     objective = build_objective(cfg.objective, model_config)
+    if not trust_checkpoint:
+        check_tag_is_data(ckpt_dir / tag)  # before DeepSpeed's consolidation reads them with pickle
     state = ckpt.fp32_weights(ckpt_dir, tag)
     missing, unexpected = objective.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {ckpt_dir / tag} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     models = objective.hf_models()
     card = model_card.render(
-        config_to_dict(cfg), model_config.to_dict(), _manifest(config_dir, run_dir, cfg), _client_state(ckpt_dir / tag), tag,
+        config_to_dict(cfg), model_config.to_dict(), _manifest(config_dir, run_dir, cfg), _client_state(ckpt_dir / tag, trust_checkpoint), tag,
         run_dir, {sub: sum(p.numel() for p in m.parameters()) for sub, m in models.items()},
         {sub: type(m).__name__ for sub, m in models.items()})
     tmp = prepare_output(out_dir, overwrite, EXPORT, reads, _legacy_export)

@@ -206,3 +206,35 @@ def test_export_skips_a_damaged_newest_checkpoint(trained, tmp_path, capsys, cap
     assert "step_00000009 is damaged" in caplog.text and "exporting an older one" in caplog.text
     card = (tmp_path / "export" / "README.md").read_text()
     assert "checkpoint: `step_00000006`: step 6 of max_steps 9" in card
+
+
+class _RunsCode:
+    """What a hostile checkpoint file can hold: unpickling it calls `open(path, "w")`, creating `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def test_export_reads_a_checkpoint_as_data_and_refuses_one_that_holds_code(trained, tmp_path, capsys):
+    """A checkpoint whose files (and completion marker) were rewritten to carry a pickled call is refused unread
+    (exit 2, one line naming the file and what it holds); --trust-checkpoint reads it with pickle, which runs it."""
+    import torch
+    from pretrain.checkpoint import COMPLETE, file_manifest
+
+    run = _copy(trained, tmp_path)
+    tag = RunDir(run).checkpoints / "step_00000009"
+    model_file, ran = tag / "mp_rank_00_model_states.pt", tmp_path / "the-payload-ran"
+    state = torch.load(model_file, weights_only=False)
+    torch.save({**state, "note": _RunsCode(ran)}, model_file)
+    marker = json.loads((tag / COMPLETE).read_text())
+    (tag / COMPLETE).write_text(json.dumps({**marker, "files": file_manifest(tag)}))  # intact by its own record
+    args = ["export", "--checkpoint", str(tag), "--out", str(tmp_path / "export")]
+    code, line = _in_process("pretrain", args, capsys)
+    assert code == 2, line
+    assert f"checkpoint file '{model_file}' holds more than weights and plain data (io.open)" in line  # builtins.open pickles by its home
+    assert "--trust-checkpoint" in line and not ran.exists() and not (tmp_path / "export").exists()
+    assert _in_process("pretrain", [*args, "--trust-checkpoint"], capsys)[0] == 0 and ran.exists()
+    assert (tmp_path / "export" / "config.json").is_file()

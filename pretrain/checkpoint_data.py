@@ -1,0 +1,49 @@
+"""Checkpoint files read as data only: `torch.load(weights_only=True)` with the few plain types that DeepSpeed and
+the trainer write, so a file that carries code is refused instead of run.
+
+DeepSpeed reads its own files with the pickle loader (resume, `zero_to_fp32`, `ds_to_universal`). Export reads
+a checkpoint that may come from elsewhere, so it first reads every file of the tag here; resume reads the run's
+own checkpoints through DeepSpeed (README, "What is refused, what is trusted").
+"""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.errors import CheckpointError
+
+
+def plain_types() -> list[Any]:
+    """The classes besides tensors and Python containers that checkpoints hold: each is rebuilt from its fields,
+    none runs code of the file's choosing."""
+    import numpy as np
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    from pretrain.config import ScheduleConfig
+
+    numpy_arrays = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]  # RNG states
+    deepspeed_state = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]  # ZeRO optimizer state
+    return [*numpy_arrays, *deepspeed_state, ScheduleConfig]  # the LR schedule's fields, in the scheduler's state
+
+
+def read_as_data(path: str | Path) -> Any:
+    """A checkpoint file's contents, loaded without running code; a file that holds more than data is refused."""
+    try:
+        with torch.serialization.safe_globals(plain_types()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = str(exc).split("Unsupported global: GLOBAL ", 1)[-1].split(" ", 1)[0] if "GLOBAL " in str(exc) else "an object"
+        raise CheckpointError(
+            f"checkpoint file '{path}' holds more than weights and plain data ({found}), which loading would run as "
+            f"code: refused unread. Export it with --trust-checkpoint only if you trust where it came from") from None
+
+
+def check_tag_is_data(folder: Path) -> None:
+    """Read every .pt file of a checkpoint tag as data (before DeepSpeed reads them with pickle)."""
+    for path in sorted(Path(folder).rglob("*.pt")):
+        read_as_data(path)
