@@ -5,8 +5,10 @@ All jobs are submitted at once by one fixture, so their start-ups and SLURM's re
 - pretrain on 2 nodes x 1 task with --time=2 and --signal=B:USR1@60, which needs more than one
   allocation, then export with --dependency=afterok on it;
 - prepare_data as a job array of 2 tasks, then (afterok on the array) a job with MAX_RESTARTS=1 on
-  its output that is sent USR1 twice (requeued once, then not);
-- a job with a bad config (a crash: must not be requeued).
+  its output that is sent USR1 twice (requeued once, then not), the second time before srun starts;
+- a job with a bad config (a crash: must not be requeued);
+- a job with --time=2 and no signal before its end: the trainer reads the job's end time from SLURM and stops
+  before it (train.use_slurm_deadline).
 Meanwhile an uninterrupted run of the same training config runs outside SLURM as the reference.
 """
 from __future__ import annotations
@@ -140,9 +142,13 @@ def jobs(cluster, prepared, tmp_path_factory):
     crash = cluster.sbatch("pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0",
                            "--cpus-per-task=1", cwd=work, OVERRIDES=f"data.path={data} train.no_such_key=1")
     limited_run = work / "limited"
+    # ENV_SETUP (run by the batch shell before srun) says when an attempt has begun, and in the second attempt holds
+    # the shell for 8 s before srun: the window in which the test sends the second USR1.
     limited = cluster.sbatch(
         "pretrain.sbatch", f"--dependency=afterok:{prepare}", "--nodes=1", "--ntasks-per-node=1",
         "--gpus-per-node=0", "--cpus-per-task=1", cwd=work, MAX_RESTARTS="1",
+        ENV_SETUP=f'touch {work}/limited-setup-${{SLURM_RESTART_COUNT:-0}}; '
+                  f'if [ "${{SLURM_RESTART_COUNT:-0}}" = 1 ]; then sleep 8; fi',
         OVERRIDES=" ".join([f"data.path={data}", f"train.output_dir={limited_run}", *TRAIN_OVERRIDES,
                             "train.max_steps=100000", "train.log_every=5"]))
 
@@ -157,6 +163,14 @@ def jobs(cluster, prepared, tmp_path_factory):
     doomed = cluster.sbatch(
         "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
         OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'doomed'}", *TRAIN_OVERRIDES]))
+    # No signal before the end of a 2-minute allocation (it would come 5-35 s before): the trainer's own deadline, the
+    # job's end time from SLURM less a step, a save and the margin, comes first. Not requeued (MAX_RESTARTS=0).
+    deadline_run = work / "deadline"
+    deadline_job = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=2",
+        "--signal=B:USR1@5", cwd=work, MAX_RESTARTS="0",
+        OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={deadline_run}", *TRAIN_OVERRIDES,
+                            "train.max_steps=100000", "train.use_slurm_deadline=true", "train.deadline_margin_s=45"]))
     kills: dict[str, list[float]] = {"lost": [], "doomed": []}
 
     def kill_rank1(job: int, attempt: int) -> bool:
@@ -174,7 +188,8 @@ def jobs(cluster, prepared, tmp_path_factory):
     while time.time() < deadline:
         # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
         known = cluster.all_jobs()
-        states = {j: known.get(str(j), [{}])[-1].get("JobState") for j in (pretrain, export, crash, limited, lost, doomed)}
+        states = {j: known.get(str(j), [{}])[-1].get("JobState")
+                  for j in (pretrain, export, crash, limited, lost, doomed, deadline_job)}
         if not kills["lost"] and (RunDir(lost_run).checkpoints / "step_00000125" / "COMPLETE").is_file() \
                 and kill_rank1(lost, 0):
             kills["lost"].append(time.time())
@@ -188,24 +203,28 @@ def jobs(cluster, prepared, tmp_path_factory):
             record = json.loads(marker.read_text())
             if record not in [m for m, _ in markers]:
                 markers.append((record, (RunDir(run).checkpoints / record["checkpoint"] / "COMPLETE").is_file()))
-        # The limit job: USR1 once it trains in attempt 1, and again once it trains in attempt 2.
+        # The limit job: USR1 once it trains in attempt 1, and again in attempt 2 while its batch shell is still in
+        # ENV_SETUP, before srun has started the trainer.
         log = work / f"pretrain-{limited}.out"
-        if states[limited] == "RUNNING" and log.is_file():
-            attempts = log.read_text().split(f"job {limited} attempt ")
-            if limit_signals < len(attempts) - 1 and "| ETA" in attempts[-1]:
+        if states[limited] == "RUNNING":
+            if limit_signals == 0 and log.is_file() and "| ETA" in log.read_text():
                 cluster.signal_batch(limited)
-                limit_signals += 1
+                limit_signals = 1
+            elif limit_signals == 1 and (work / "limited-setup-1").is_file():
+                cluster.signal_batch(limited)
+                limit_signals = 2
         if all(s in FINAL for s in states.values()) and all(p.poll() is not None for p in reference_procs):
             break
         time.sleep(0.5)
     assert all(p.poll() == 0 for p in reference_procs), f"reference run failed; see {work / 'reference_logs'}"
     return {"work": work, "run": run, "hf": hf, "reference": reference, "markers": markers, "limit_signals": limit_signals,
             "ids": {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited,
-                    "lost": lost, "doomed": doomed},
+                    "lost": lost, "doomed": doomed, "deadline": deadline_job}, "limited_run": limited_run,
+            "deadline_run": deadline_run,
             "prepare_tasks": cluster.tasks(prepare), "corpus": corpus, "kills": kills, "lost_run": lost_run,
             "info": {name: cluster.job(j) for name, j in
                      {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited,
-                      "lost": lost, "doomed": doomed}.items()}}
+                      "lost": lost, "doomed": doomed, "deadline": deadline_job}.items()}}
 
 
 def _log(jobs, name: str) -> str:
@@ -297,6 +316,33 @@ def test_restart_limit_is_respected(jobs):
     assert "requeueing job" in log  # the first preemption was requeued ...
     assert "restart 1 reached MAX_RESTARTS=1: not requeueing" in log  # ... the second was not
     assert log.count(f"job {jobs['ids']['limited']} attempt ") == 2
+    # The second USR1 came while the batch shell ran ENV_SETUP: kept, forwarded once the trainer caught signals, and
+    # the trainer saved and exited 75 (a task killed by an early USR1 would have been a crash, exit 1).
+    second = log.split("requeueing job", 1)[1]
+    said = ["USR1 received before srun started", f"job {jobs['ids']['limited']} attempt 2",
+            "USR1 received: forwarding it to the training tasks", "preempted (SIGUSR1) at step"]
+    where = [second.find(text) for text in said]
+    assert -1 not in where and where == sorted(where), (where, second[-3000:])
+    marker = json.loads((jobs["limited_run"] / "PREEMPTED").read_text())
+    assert marker["reason"] == "SIGUSR1" and (RunDir(jobs["limited_run"]).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()
+
+
+def test_the_job_end_time_from_slurm_stops_the_run_before_its_limit(jobs):
+    """With no signal in time, the trainer's deadline (SLURM's end time for the job, less two steps, a save and
+    train.deadline_margin_s) stops it with a complete checkpoint before SLURM would kill it."""
+    import datetime
+
+    info, log = jobs["info"]["deadline"], _log(jobs, "deadline")
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "75:0" and info["Restarts"] == "0", (info, log[-3000:])
+    assert "USR1 received" not in log and "preempted (deadline) at step" in log, log[-3000:]
+    assert "preempted with a checkpoint, but restart 0 reached MAX_RESTARTS=0" in log
+    marker = json.loads((jobs["deadline_run"] / "PREEMPTED").read_text())
+    # (EndTime is when the job ended; the limit it ran under is its start plus its 2-minute time limit.)
+    limit = datetime.datetime.fromisoformat(info["StartTime"]).timestamp() + 120
+    assert info["TimeLimit"] == "00:02:00" and marker["reason"] == "deadline", (marker, info)
+    assert abs(marker["deadline"] - limit) <= 1 and marker["time"] < limit - 30, (marker, info["StartTime"])
+    assert (RunDir(jobs["deadline_run"]).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()
+    assert marker["step"] > 0
 
 
 def _said_at(log: str, text: str) -> float:
