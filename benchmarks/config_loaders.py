@@ -13,6 +13,7 @@ Writes benchmarks/results/config_loaders.json.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import subprocess
@@ -20,6 +21,8 @@ import sys
 import time
 import typing
 from pathlib import Path
+
+from benchmarks.arguments import add_shared, results_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,6 +54,9 @@ def import_seconds(statement: str) -> float:
 
 def main() -> None:
     """Print and write what each loader does with the project's schema."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_shared(parser, out=results_file("config_loaders"))
+    args = parser.parse_args()
     from core.config_io import compose, load_config
     from core.errors import ConfigError
     from pretrain.config import RunConfig
@@ -136,7 +142,7 @@ def main() -> None:
         result["ours"]["messages_LoaderConfig"] = ours_data
         result["omegaconf"] = omega
     print(json.dumps(result, indent=2))
-    out = REPO / "benchmarks" / "results" / "config_loaders.json"
+    out = Path(args.out)
     out.write_text(json.dumps(result, indent=2) + "\n")
 
 

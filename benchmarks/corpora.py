@@ -34,6 +34,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from benchmarks.arguments import add_shared
 from core.atomic_files import write_text_atomic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,7 +219,7 @@ def build(out: Path) -> dict[str, Path]:
 def main() -> None:
     """CLI entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="runs/corpora")
+    add_shared(parser, out="runs/corpora")
     args = parser.parse_args()
     for path in build(Path(args.out)).values():
         print(f"{path}  {path.stat().st_size / 1e6:.1f} MB")

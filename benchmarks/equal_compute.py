@@ -29,6 +29,7 @@ import json
 import time
 from pathlib import Path
 
+from benchmarks.arguments import add_shared
 from benchmarks.recipe_sweep import BASE, GROUPS
 from data_pipeline.dataset_dir import DatasetDir
 from pretrain.run_dir import RunDir
@@ -437,13 +438,12 @@ def main() -> None:
     """Dispatch the stage."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("stage", choices=["plan", "train", "probe", "report"])
-    parser.add_argument("--corpora", default="runs/corpora", help="output of benchmarks/corpora.py")
+    add_shared(parser, corpora="runs/corpora")
     parser.add_argument("--tag", default="", help="a budget's name: results in benchmarks/results/equal_compute_TAG/, "
                         "runs in runs/equal_compute_TAG/ (default: the first budget's, untagged)")
     parser.add_argument("--out", default=None, help="runs, exports and probes (default: runs/equal_compute[_TAG])")
     parser.add_argument("--data", default=None, help="shards (default: OUT/data; give another budget's to share them)")
-    parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    add_shared(parser, choices={"objectives": list(OBJECTIVES)}, objectives=list(OBJECTIVES), seeds=[1, 2])
     parser.add_argument("--finetune-seeds", type=int, nargs="*", default=[1, 2, 3],
                         help="fine-tuning seeds for BBC at each run's final checkpoint (none: skip)")
     parser.add_argument("--finetune-all", nargs="*", default=[], choices=list(OBJECTIVES),

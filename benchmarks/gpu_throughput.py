@@ -34,6 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.arguments import add_shared, results_file
 from benchmarks.repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging
 from pretrain.run_dir import RunDir
 
@@ -161,24 +162,20 @@ def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
 def main() -> None:
     """Run every point and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpora", default="runs/corpora")
-    parser.add_argument("--work", default="runs/bench_gpu")
-    parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
-    parser.add_argument("--backbones", nargs="+", default=list(BACKBONES), choices=list(BACKBONES))
+    add_shared(parser, choices={"objectives": list(OBJECTIVES), "backbones": list(BACKBONES)}, corpora="runs/corpora",
+               work="runs/bench_gpu", objectives=list(OBJECTIVES), backbones=list(BACKBONES))
     parser.add_argument("--seqs", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--batches-128", type=int, nargs="+", default=[64], help="micro-batches per GPU at seq 128 (a sweep)")
     parser.add_argument("--batches-512", type=int, nargs="+", default=[16], help="micro-batches per GPU at seq 512")
     parser.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"], help="train.compile values to run")
     parser.add_argument("--zero-stage", default="auto")
-    parser.add_argument("--loader-workers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
+    add_shared(parser, choices={"precision": ["bf16", "fp16", "fp32"]}, loader_workers=4, steps=60, warmup=20,
+               precision="bf16")
     parser.add_argument("--no-bare", action="store_true", help="skip the bare loop (MLM points)")
     parser.add_argument("--profile", action="store_true", help="also profile each point for the GPU's idle fraction")
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, hidden-64 model (checks the path on a CPU)")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpu_throughput.json"))
+    add_shared(parser, out=results_file("gpu_throughput"))
     parser.add_argument("--worker", choices=["profile"], help=argparse.SUPPRESS)
     parser.add_argument("--point", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -34,6 +34,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Optional
+from benchmarks.arguments import add_shared, results_file
 from pretrain.run_dir import RunDir
 from data_pipeline.dataset_dir import DatasetDir
 
@@ -506,26 +507,22 @@ def print_tables(results: list[dict], info: dict, args) -> None:
 def main() -> None:
     """Run every case and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backbones", nargs="+", default=["modernbert", "bert"], choices=list(BACKBONES))
+    add_shared(parser, choices={"backbones": list(BACKBONES)}, backbones=["modernbert", "bert"])
     parser.add_argument("--stages", nargs="+", default=["2"], choices=["0", "1", "2", "3", "auto"])
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    add_shared(parser, precision="auto")
     parser.add_argument("--shape", default="proxy", choices=list(SHAPES))
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=128, help="the data's sequence length (the demo's shards: 128)")
-    parser.add_argument("--steps", type=int, default=60)
+    add_shared(parser, batch=4, seq=128, steps=60)
     parser.add_argument("--window", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=10, help="steps before the phase timing starts")
+    add_shared(parser, warmup=10)
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (0: the library default)")
-    parser.add_argument("--loader-workers", type=int, default=1)
+    add_shared(parser, threads=1, loader_workers=1)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more overrides for the trainer only (a lever to measure, e.g. train.deepspeed_config=...)")
     parser.add_argument("--interleaved", type=int, default=0, metavar="RUNS",
                         help="also run the trainer and the plain loop step by step in one process, RUNS times")
     parser.add_argument("--phases", action="store_true", help="also time each phase of a step (one more run of each)")
-    parser.add_argument("--data", default=str(REPO / "runs" / "bench" / "data"))
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "host_overhead.json"))
+    add_shared(parser, data=str(REPO / "runs" / "bench" / "data"), out=results_file("host_overhead"))
     parser.add_argument("--worker", choices=["plain", "plain-phases", "trainer-phases", "interleaved"], help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()

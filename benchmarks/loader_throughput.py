@@ -14,6 +14,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from benchmarks.arguments import add_shared, results_file
 from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,11 +58,11 @@ def training_rate(run: Path) -> dict:
 def main() -> None:
     """Print a table and write JSON."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--data", default=str(REPO / "runs/demo/data"))
+    add_shared(parser, data=str(REPO / "runs/demo/data"))
     parser.add_argument("--run", default=str(REPO / "runs/demo/train"))
-    parser.add_argument("--batch", type=int, default=16)
+    add_shared(parser, batch=16)
     parser.add_argument("--batches", type=int, default=400)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "loader_throughput.json"))
+    add_shared(parser, out=results_file("loader_throughput"))
     args = parser.parse_args()
     loaders = [loader_rate(args.data, args.batch, w, args.batches) for w in (0, 2)]
     training = training_rate(Path(args.run)) if RunDir(args.run).metrics.is_file() else None

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from benchmarks.arguments import add_shared, results_file
 
 REPO = Path(__file__).resolve().parents[1]
 OBJECTIVES = ["mlm", "electra", "coco_lm", "tacl", "taco"]
@@ -82,11 +83,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--intermediate", type=int, default=1024)
     parser.add_argument("--coco-generator-layers", type=int, default=1)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "objective_step_time.json"))
+    add_shared(parser, batch=16, seq=128, warmup=3, steps=10, out=results_file("objective_step_time"))
     args = parser.parse_args()
     rows = [time_objective(name, args, args.device) for name in OBJECTIVES]
     base = rows[0]["step_s"]

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from benchmarks.arguments import add_shared, results_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,10 +77,9 @@ def main() -> None:
     parser.add_argument("--ffn", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--micro-batch", type=int, default=16)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=1)
+    add_shared(parser, seq=128, threads=1)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "optimizer_step.json"))
+    add_shared(parser, out=results_file("optimizer_step"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import BertConfig

@@ -23,6 +23,7 @@ import tempfile
 import time
 from itertools import chain
 from pathlib import Path
+from benchmarks.arguments import add_shared, results_file
 from data_pipeline.dataset_dir import DatasetDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,7 +119,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=4)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "prepare_throughput.json"))
+    add_shared(parser, out=results_file("prepare_throughput"))
     parser.add_argument("--no-baseline", action="store_true", help="skip the HF datasets.map baseline")
     parser.add_argument("--cli", action="store_true", help="also time the command line end to end")
     args = parser.parse_args()

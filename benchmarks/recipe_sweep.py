@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional
+from benchmarks.arguments import add_shared
 from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,10 +211,10 @@ def main() -> None:
     """Sweep one group, print its table and draw its plot."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--group", choices=sorted(GROUPS), default="mlm")
-    parser.add_argument("--data", default="runs/sweep/data")
+    add_shared(parser, data="runs/sweep/data")
     parser.add_argument("--corpora", default=None,
                         help="output of benchmarks/corpora.py: train on RESULTS.md (b)'s shards (prepared once) instead of --data")
-    parser.add_argument("--out", default="runs/sweep")
+    add_shared(parser, out="runs/sweep")
     parser.add_argument("--budget-s", type=float, default=240.0, help="training seconds per configuration")
     parser.add_argument("--probe-steps", type=int, default=40)
     parser.add_argument("--only", nargs="*", default=[], help="run only these configurations")

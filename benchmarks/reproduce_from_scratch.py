@@ -20,6 +20,7 @@ import argparse
 import statistics
 from pathlib import Path
 
+from benchmarks.arguments import add_shared
 from benchmarks.repro_common import (
     export,
     finetune_cached,
@@ -86,12 +87,10 @@ def plot(curves: dict, losses: dict, baseline: tuple[float, float], path: Path) 
 def main() -> None:
     """Run (or resume) every pre-training and fine-tuning, then print and plot the comparison."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpora", default="runs/corpora", help="output of benchmarks/corpora.py")
-    parser.add_argument("--out", default="runs/results/scratch")
-    parser.add_argument("--objectives", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--steps", type=int, default=1000)
+    add_shared(parser, choices={"objectives": list(CONFIGS)}, corpora="runs/corpora", out="runs/results/scratch",
+               objectives=list(CONFIGS), steps=1000)
     parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    add_shared(parser, lr=1e-3)
     parser.add_argument("--pretrain-seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--ft-seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--ft-train", type=int, default=1200)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from benchmarks.arguments import add_shared
 from benchmarks.equal_compute import PROBES, probe_one, probe_tasks
 from benchmarks.repro_common import (
     REPO,
@@ -107,8 +108,7 @@ def train_teacher(backbone: str, data: Path, out: Path, steps: int, layers: int 
 def main() -> None:
     """Run (or resume) the whole comparison and print its tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpora", default="runs/corpora", help="output of benchmarks/corpora.py")
-    parser.add_argument("--out", default="runs/results/tacl")
+    add_shared(parser, corpora="runs/corpora", out="runs/results/tacl")
     parser.add_argument("--teacher", default=None, help="starting HF folder (default: the pip-installed MiniLM-L6)")
     parser.add_argument("--teacher-name", default="MiniLM-L6 (teacher)")
     parser.add_argument("--train-teacher", choices=sorted(TEACHER), default=None,
@@ -119,9 +119,9 @@ def main() -> None:
     parser.add_argument("--skip-finetune", action="store_true")
     parser.add_argument("--probe", action="store_true", help="linear probes (BBC, tweets, supersenses) of every model")
     parser.add_argument("--override", nargs="*", default=[], help="more key=value overrides for both runs")
-    parser.add_argument("--steps", type=int, default=200)
+    add_shared(parser, steps=200)
     parser.add_argument("--global-batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=5e-5)
+    add_shared(parser, lr=5e-5)
     parser.add_argument("--mlm-budget", choices=("steps", "flops", "both"), default="both",
                         help="MLM-only students at TaCL's steps, at TaCL's training FLOPs (more steps: no teacher), or both")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42],

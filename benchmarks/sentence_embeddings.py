@@ -19,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.arguments import add_shared
 from benchmarks.repro_common import REPO, export, log, mean_std, prepare, random_init, setup_logging, train, write_json
 
 STEPS = 400
@@ -60,13 +61,11 @@ def train_students(args: argparse.Namespace, teacher: Path, out: Path) -> dict[s
 def main() -> None:
     """Train the missing students, evaluate every model, write the JSON and the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpora", default="runs/corpora")
+    add_shared(parser, corpora="runs/corpora")
     parser.add_argument("--tacl", default="runs/results/tacl_bert", help="reproduce_tacl.py's output (teacher, TaCL, MLM-only)")
     parser.add_argument("--data", default="runs/equal_compute/data", help="the teacher's shards (COCO-LM trains on them)")
     parser.add_argument("--suite", default="runs/senteval")
-    parser.add_argument("--out", default="runs/results/sentence_embeddings")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--lr", type=float, default=5e-4)
+    add_shared(parser, out="runs/results/sentence_embeddings", seeds=[1, 2], lr=5e-4)
     parser.add_argument("--max-examples", type=int, default=2000)
     args = parser.parse_args()
     setup_logging()

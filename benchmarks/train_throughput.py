@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from benchmarks.arguments import add_shared, results_file
 from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,13 +141,11 @@ def flop_table() -> list[tuple[str, float]]:
 def main() -> None:
     """Alternate the two trainers; print a table and write JSON."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
+    add_shared(parser, steps=40, batch=16, threads=2)
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
+    add_shared(parser, choices={"precision": ["auto", "fp32", "bf16"]}, precision="auto")
     parser.add_argument("--hf-fused", action="store_true", help="the HF Trainer with torch's fused AdamW too")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "train_throughput.json"))
+    add_shared(parser, out=results_file("train_throughput"))
     parser.add_argument("--worker", choices=["hf"], help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)

@@ -13,12 +13,15 @@ BertForPreTraining), and writes benchmarks/results/zero_memory_albert.json.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
+
+from benchmarks.arguments import add_shared, results_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,8 +101,8 @@ def _launch(stage: int, precision: str, name: str, tmp: str) -> list[dict]:
     """One 2-rank worker run; each rank's result."""
     out = Path(tmp) / f"{name}_{precision}_stage{stage}.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__,
-                    "--worker", str(stage), precision, str(out), name], cwd=REPO, env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                    "-m", "benchmarks.zero_memory", "--worker", str(stage), precision, str(out), name], cwd=REPO, env=env, check=True, capture_output=True)
     return [json.loads(out.with_name(f"{out.stem}.rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -128,11 +131,17 @@ def compare_albert() -> None:
 
 def main() -> None:
     """Run both stages on 2 ranks; print per-rank bytes and the ratio."""
-    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
-        result = worker(int(sys.argv[2]), sys.argv[3], sys.argv[5] if len(sys.argv) > 5 else "bert_small")
-        Path(sys.argv[4]).with_name(f"{Path(sys.argv[4]).stem}.rank{result['rank']}.json").write_text(json.dumps(result))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--albert", action="store_true", help="compare ALBERT with BERT of the same width and depth")
+    add_shared(parser, out=results_file("zero_memory"))
+    parser.add_argument("--worker", nargs="+", metavar="STAGE PRECISION OUT [MODEL]", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        stage, precision, out, *model = args.worker
+        result = worker(int(stage), precision, model[0] if model else "bert_small")
+        Path(out).with_name(f"{Path(out).stem}.rank{result['rank']}.json").write_text(json.dumps(result))
         return
-    if "--albert" in sys.argv:
+    if args.albert:
         compare_albert()
         return
     import tempfile
@@ -144,8 +153,8 @@ def main() -> None:
             for stage in (0, 3):
                 out = Path(tmp) / f"{precision}_stage{stage}.json"
                 env = {**os.environ, "OMP_NUM_THREADS": "1"}
-                subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__,
-                                "--worker", str(stage), precision, str(out)], cwd=REPO, env=env, check=True, capture_output=True)
+                subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                "-m", "benchmarks.zero_memory", "--worker", str(stage), precision, str(out)], cwd=REPO, env=env, check=True, capture_output=True)
                 results[stage] = [json.loads((Path(tmp) / f"{precision}_stage{stage}.rank{r}.json").read_text()) for r in range(2)]
             per_rank = {s: max(r["param_bytes"] + r["optimizer_bytes"] for r in rs) for s, rs in results.items()}
             summary[precision] = {"results": results, "ratio": per_rank[3] / per_rank[0]}
@@ -156,8 +165,7 @@ def main() -> None:
                 print(f"{s:>5} {r['param_bytes'] / 2**20:>16.1f} {r['optimizer_bytes'] / 2**20:>19.1f} "
                       f"{(r['param_bytes'] + r['optimizer_bytes']) / 2**20:>15.1f} {r['grad_buffer_bytes'] / 2**20:>15.1f}")
             print(f"ZeRO-3 / stage 0 per rank ({precision}): {summary[precision]['ratio']:.3f}\n")
-    out = REPO / "benchmarks" / "results" / "zero_memory.json"
-    out.write_text(json.dumps({"machine": platform.platform(), **summary}, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps({"machine": platform.platform(), **summary}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

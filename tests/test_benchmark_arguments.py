@@ -1,0 +1,35 @@
+"""Every benchmark's command line parses (`--help` exits 0), and the arguments several of them take are defined once
+(benchmarks/arguments.py): a script redefines one only with a help of its own, for a meaning of its own."""
+import ast
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+SCRIPTS = sorted(p.stem for p in (REPO / "benchmarks").glob("*.py") if "def main(" in p.read_text())
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_benchmark_parses_its_command_line(name, monkeypatch, capsys):
+    module = importlib.import_module(f"benchmarks.{name}")
+    monkeypatch.setattr(sys, "argv", [name, "--help"])
+    with pytest.raises(SystemExit) as exc:
+        module.main()
+    assert exc.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def test_shared_arguments_are_defined_once():
+    from benchmarks.arguments import SHARED
+
+    redefined = []
+    for path in sorted((REPO / "benchmarks").glob("*.py")):
+        for call in ast.walk(ast.parse(path.read_text())):
+            if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "add_argument" and call.args:
+                flag = getattr(call.args[0], "value", "")
+                own_help = any(k.arg == "help" for k in call.keywords)
+                if flag.startswith("--") and flag[2:].replace("-", "_") in SHARED and not own_help:
+                    redefined.append(f"{path.name}: {flag}")
+    assert not redefined, redefined
+    assert len(SCRIPTS) >= 15
