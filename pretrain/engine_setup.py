@@ -23,12 +23,12 @@ from pretrain.run_dir import RunDir
 from pretrain.zero_stage import choose_stage, device_memory_bytes
 
 
-def zero_stage_for(cfg: RunConfig, model: nn.Module, world: int, resumed: dict[str, Any]) -> tuple[int, str]:
+def zero_stage_for(cfg: RunConfig, objective: nn.Module, world: int, resumed: dict[str, Any]) -> tuple[int, str]:
     """The ZeRO stage to run at, and a line that says where it came from."""
     requested = cfg.train.zero_stage
     if requested != "auto":
         return int(requested), f"ZeRO stage {requested} (train.zero_stage)"
-    params = {id(p): p for p in model.parameters()}.values()
+    params = {id(p): p for p in objective.parameters()}.values()
     trainable = sum(p.numel() for p in params if p.requires_grad)
     memory, name = device_memory_bytes(dist.local_world_size())
     stage, why = choose_stage(trainable, sum(p.numel() for p in params) - trainable, world, memory, name,
@@ -36,14 +36,14 @@ def zero_stage_for(cfg: RunConfig, model: nn.Module, world: int, resumed: dict[s
     return stage, f"ZeRO stage {stage} (train.zero_stage=auto: {why})"
 
 
-def set_up_engine(cfg: RunConfig, model: nn.Module, checkpoints: CheckpointManager, run_dir: RunDir,
+def set_up_engine(cfg: RunConfig, objective: nn.Module, checkpoints: CheckpointManager, run_dir: RunDir,
                   resumed: dict[str, Any]) -> tuple[Engine, list[str]]:
-    """The engine around `model` for this run (resuming `resumed`, a checkpoint's meta or {}), and notes for the log.
+    """The engine around `objective` for this run (resuming `resumed`, a checkpoint's meta or {}), and notes for the log.
 
     Rank 0 writes the DeepSpeed config the engine is given into the run folder (secrets redacted).
     """
     world = dist.world_size()
-    stage, stage_note = zero_stage_for(cfg, model, world, resumed)
+    stage, stage_note = zero_stage_for(cfg, objective, world, resumed)
     ds_config = build_ds_config(cfg, world, stage, bf16_weights_for(cfg, resumed))
     if checkpoints.plan(stage, bool(ds_config.get("bf16", {}).get("enabled"))):
         ds_config.setdefault("checkpoint", {})["load_universal"] = True
@@ -51,12 +51,12 @@ def set_up_engine(cfg: RunConfig, model: nn.Module, checkpoints: CheckpointManag
         run_dir.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir.deepspeed_config, json.dumps(redacted(ds_config), indent=2) + "\n")
     offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
-    optimizer = build_optimizer(model, cfg.optimizer, offload=offload)
+    optimizer = build_optimizer(objective, cfg.optimizer, offload=offload)
     scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
     if cfg.train.compile and stage == 3:
         raise ConfigError(f"train.compile=true needs ZeRO stage 0-2, and {stage_note}: set train.zero_stage or "
                           "train.compile=false")
-    engine = build_engine(model, optimizer, scheduler, ds_config, world, compile=cfg.train.compile)
+    engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=cfg.train.compile)
     notes = [stage_note]
     if engine.compiled_layers:
         notes.append(f"compiled {engine.compiled_layers} layer(s) with torch.compile (train.compile): the first "

@@ -75,12 +75,12 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     model_config = build_model_config(cfg.model, tok, manifest["seq_len"])
     files = run_files(cfg, model_config, manifest)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    model = build_objective(cfg.objective, model_config, cfg.model.init_from, cfg.masking.mask_prob)
+    objective = build_objective(cfg.objective, model_config, cfg.model.init_from, cfg.masking.mask_prob)
     train_loader, eval_loader = _loaders(cfg, manifest, *_collates(cfg, tok))
     # The trainer checks the launch against what it resumes (stage, tokenizer, data, shape) before it writes
     # anything; the run files replace the folder's only after that: a refused launch leaves the run as it was.
-    trainer = Trainer(cfg, model, train_loader, eval_loader, run_files=files, flops_per_token=model.flops_per_token,
-                      unigram_entropy=None if eval_loader is None else
+    trainer = Trainer(cfg, objective, train_loader, eval_loader, run_files=files,
+                      flops_per_token=objective.flops_per_token, unigram_entropy=None if eval_loader is None else
                       validation_unigram_entropy(eval_loader, cfg.train.eval_batches, tok),
                       notes=(f"precision {cfg.train.precision} ({why})",))
     if dist.rank() == 0:

@@ -1,6 +1,6 @@
 """The training loop: a step, and the questions it asks after each one (log? evaluate? save? stop?).
 
-The trainer knows nothing about objectives: the model's forward takes a batch and returns
+The trainer knows no objective: the objective's forward takes a batch and returns
 (loss, metrics), and batches come from the loader already masked (data_pipeline.loader.MaskingCollate),
 so the training process only moves them to the device. It is handed its parts: the engine
 (pretrain/engine_setup.py), the checkpoint manager and its save policy (pretrain/checkpoint_manager.py),
@@ -36,9 +36,9 @@ from pretrain.sample_audit import SampleAudit
 
 
 class Trainer:
-    """Runs `max_steps` optimizer steps of whatever objective `model` is, resuming where a run stopped."""
+    """Runs `max_steps` optimizer steps of whatever `objective` is, resuming where a run stopped."""
 
-    def __init__(self, cfg: RunConfig, model: nn.Module, train_loader, eval_loader=None,
+    def __init__(self, cfg: RunConfig, objective: nn.Module, train_loader, eval_loader=None,
                  run_files: Optional[dict[str, str]] = None, unigram_entropy: Optional[float] = None,
                  notes: tuple[str, ...] = (), flops_per_token: Optional[Callable[[int], float]] = None) -> None:
         self.cfg, self.loader, self.eval_loader = cfg, train_loader, eval_loader
@@ -47,7 +47,7 @@ class Trainer:
         self.run_dir = RunDir(Path(cfg.train.output_dir))
         self.checkpoints = CheckpointManager(cfg, self.run_dir, run_files)
         resumed = self.checkpoints.choose_checkpoint()  # `auto` settings follow what a resumed run was saved with
-        self.engine, engine_notes = set_up_engine(cfg, model, self.checkpoints, self.run_dir, resumed)
+        self.engine, engine_notes = set_up_engine(cfg, objective, self.checkpoints, self.run_dir, resumed)
         self.accum = self.engine.accumulation
         self.device = self.engine.device
         self.audit = SampleAudit(self.run_dir, self.rank, self.world, cfg.train.record_samples)
