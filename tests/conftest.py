@@ -160,8 +160,8 @@ def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> None:
 # long, mostly waiting SLURM module at once and packs the short ones around the long ones (measured
 # durations on the 2-core machine; a module not listed runs after these, in collection order).
 LONGEST_FIRST = ["test_slurm", "test_train_resume", "test_object_storage", "test_peer_loss", "test_engine_configs", "test_objective_training",
-                 "test_family_objectives",
-                 "test_evaluation", "test_elastic", "test_preemption", "test_loader_resume", "test_export",
+                 "test_family_objectives", "test_launch_checks",
+                 "test_evaluation", "test_export_stages", "test_elastic", "test_preemption", "test_loader_resume", "test_export",
                  "test_launch", "test_checkpoint_integrity", "test_hot_loop", "test_parallel_and_integrity",
                  "test_diagnostics", "test_objective_behaviour", "test_warm_start", "test_tracking", "test_wheel"]
 
