@@ -9,6 +9,9 @@ does every step without a use for this run is configured around, here and in dee
   torch's foreach kernels, run here at the accumulation boundary. DeepSpeed's own takes one norm per
   parameter, all-reduces the norm once more, builds its constants from host memory (on a GPU, a copy
   that waits for the device), and keeps no norm to log.
+- At ZeRO 1 and 2, DeepSpeed's own norm of the partition's gradients stays, with its all-reduce, its fp64
+  accumulation and its invalid-norm sentinel, but as one foreach kernel over all the gradients instead of
+  a cast, a norm and a copy per parameter (no model or pipeline parallelism here, which that loop is for).
 """
 from __future__ import annotations
 
@@ -102,6 +105,36 @@ def compile_layers(model: nn.Module) -> int:
     return len(layers)
 
 
+def foreach_zero_grad_norm(optimizer) -> bool:
+    """Give a ZeRO-1/2 optimizer a gradient norm computed by one foreach kernel; False where its own must stay."""
+    from deepspeed.runtime.utils import mask_nan_or_inf_with_val_inplace
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer, pg_utils
+    from deepspeed.runtime.zero.utils import get_norm_dtype
+    from deepspeed import comm
+
+    if not isinstance(optimizer, DeepSpeedZeroOptimizer) or pg_utils.is_parallel(optimizer.model_parallel_group):
+        return False
+    own = optimizer.get_grad_norm_direct
+    norm_dtype = get_norm_dtype()
+
+    def grad_norm(gradients: list[torch.Tensor], params: list[nn.Parameter], norm_type: float = 2) -> torch.Tensor:
+        if float(norm_type) != 2.0 or any(getattr(p, "ds_pipe_replicated", False) for p in params):
+            return own(gradients, params, norm_type)
+        # As DeepSpeed's: padding gradients skipped, paired with the parameters, squared norms summed over ranks.
+        grads = [g.detach() for g, _ in zip((g for g in gradients if not getattr(g, "_zero_padding", False)), params)]
+        if grads:
+            total = torch.stack(torch._foreach_norm(grads, 2.0, dtype=norm_dtype)).pow(2).sum().float()
+        else:
+            total = torch.zeros((), dtype=torch.float32, device=optimizer.device)
+        comm.all_reduce(total, op=comm.ReduceOp.SUM, group=optimizer.dp_process_group)
+        total = total.pow(0.5)
+        mask_nan_or_inf_with_val_inplace(total, device=optimizer.device)
+        return total
+
+    optimizer.get_grad_norm_direct = grad_norm
+    return True
+
+
 def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, Any], world: int,
                  compile: bool = False) -> Engine:
     """deepspeed.initialize with `ds_config` (as written to the run folder), then the host-cost settings above."""
@@ -115,6 +148,7 @@ def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, An
     ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=given)
     if world == 1 and ds_engine.zero_optimization_stage() == 0:
         ds_engine.enable_backward_allreduce = False
+    foreach_zero_grad_norm(ds_engine.optimizer)
     engine = Engine(ds_engine, grad_clip, clip_here, int(ds_config["gradient_accumulation_steps"]))
     engine.compiled_layers = compiled
     return engine

@@ -58,6 +58,10 @@ def test_every_stage_and_precision_exports_the_training_model(exports, case):
     stage = int(CASES[case][0].split("=")[1])
     assert ds["zero_optimization"]["stage"] == stage  # the case ran at the stage it names
     modernbert = MODERNBERT in CASES[case]
+    # ZeRO 1-2: the engine's foreach gradient norm gave DeepSpeed's own, bit for bit, at every step and group.
+    norms = probe["grad_norms"]
+    assert (len(norms) >= 4) if stage in (1, 2) else not norms, norms
+    assert all(ours == deepspeeds for ours, deepspeeds in norms), norms
     assert json.loads((folder / "config.json").read_text())["model_type"] == ("modernbert" if modernbert else "bert")
     bf16_weights = case.endswith("bf16_weights")
     assert ds["bf16"]["enabled"] is bf16_weights

@@ -24,6 +24,7 @@ from pretrain.run import build_trainer
 def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
     """Train one run, then probe the engine's module in eval mode (every rank joins; rank 0 writes)."""
     trainer = build_trainer(load_config(RunConfig, config, overrides))
+    norms = _compare_grad_norms(trainer.engine.ds.optimizer)
     trainer.fit()
     module = trainer.engine.module
     module.eval()
@@ -38,7 +39,8 @@ def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
         import deepspeed
 
         gather = deepspeed.zero.GatheredParameters(list(module.parameters()))
-    probe = {"input_ids": input_ids, "attention_mask": attention_mask, "hidden": {}, "logits": {}, "pair_logits": {}}
+    probe = {"input_ids": input_ids, "attention_mask": attention_mask, "hidden": {}, "logits": {}, "pair_logits": {},
+             "grad_norms": norms}
     with torch.no_grad(), gather:
         for name, model in module.hf_models().items():
             out = model(input_ids=input_ids, attention_mask=attention_mask)
@@ -56,6 +58,25 @@ def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
     trainer.engine.ds.destroy()
     del trainer, module
     gc.collect()
+
+
+def _compare_grad_norms(optimizer) -> list[tuple[float, float]]:
+    """At ZeRO 1-2 the engine computes DeepSpeed's gradient norm with a foreach kernel (pretrain/engine.py): record
+    (that norm, DeepSpeed's own on the same gradients) at every call."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    pairs: list[tuple[float, float]] = []
+    ours = optimizer.__dict__.get("get_grad_norm_direct")  # set on the instance only where the engine replaced it
+    if ours is None:
+        return pairs
+
+    def both(gradients, params, norm_type=2):
+        norm = ours(gradients, params, norm_type)
+        pairs.append((norm.item(), DeepSpeedZeroOptimizer.get_grad_norm_direct(optimizer, gradients, params, norm_type).item()))
+        return norm
+
+    optimizer.get_grad_norm_direct = both
+    return pairs
 
 
 def main() -> None:
