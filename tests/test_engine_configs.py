@@ -1,5 +1,5 @@
 """The DeepSpeed config matrix on 2 CPU ranks (ZeRO stage x bf16 x offload, written into one template; fp16 needs a
-GPU), a DeepSpeed JSON of one's own, LAMB, and exact resume under ZeRO-3 and in bf16."""
+GPU), a DeepSpeed JSON of one's own, LAMB, and exact resume under ZeRO-3 with offload."""
 import json
 from pathlib import Path
 
@@ -111,10 +111,11 @@ def test_fp16_follows_what_the_accelerator_supports(monkeypatch):
                 build_ds_config(cfg, 1)
 
 
-@pytest.mark.parametrize("stage,precision,offload", [(3, "fp32", True), (2, "bf16", False)])
+@pytest.mark.parametrize("stage,precision,offload", [(3, "fp32", True)])
 def test_zero_resume_is_exact(prepared, tmp_path, stage, precision, offload):
     """ZeRO-3 in fp32 with parameters and optimizer state offloaded to the host (train.offload_params,
-    train.offload_optimizer), and ZeRO-2 in bf16 (autocast over fp32 weights; fp32 master partitions in the checkpoint)."""
+    train.offload_optimizer). (ZeRO-2 in bf16 on 2 ranks: test_family_objectives' xlnet-bf16-zero2; on one rank,
+    killed at random: test_train_resume's kill -9 test.)"""
     offloads = ["train.offload_params=true", "train.offload_optimizer=true"] if offload else []
     z3 = [f"train.zero_stage={stage}", f"train.precision={precision}", *offloads,
           "train.max_steps=12", "train.save_every=4", "model.dropout=0.1", "model.attention_dropout=0.1",
