@@ -35,7 +35,8 @@ def read_as_data(path: str | Path) -> Any:
     """A checkpoint file's contents, loaded without running code; a file that holds more than data is refused."""
     try:
         with torch.serialization.safe_globals(plain_types()):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            # Memory-mapped: the check reads the pickled structure, and a tensor's bytes only if someone uses them.
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:
         found = str(exc).split("Unsupported global: GLOBAL ", 1)[-1].split(" ", 1)[0] if "GLOBAL " in str(exc) else "an object"
         raise CheckpointError(
