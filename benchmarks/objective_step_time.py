@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 from benchmarks.arguments import add_shared, results_file
 
-REPO = Path(__file__).resolve().parents[1]
 OBJECTIVES = ["mlm", "electra", "coco_lm", "tacl", "taco"]
 
 

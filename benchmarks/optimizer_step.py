@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 from benchmarks.arguments import add_shared, results_file
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def median_seconds(fn, reps: int) -> float:

@@ -101,8 +101,9 @@ def _launch(stage: int, precision: str, name: str, tmp: str) -> list[dict]:
     """One 2-rank worker run; each rank's result."""
     out = Path(tmp) / f"{name}_{precision}_stage{stage}.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                    "-m", "benchmarks.zero_memory", "--worker", str(stage), precision, str(out), name], cwd=REPO, env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                    "benchmarks.zero_memory", "--worker", str(stage), precision, str(out), name],
+                   cwd=REPO, env=env, check=True, capture_output=True)
     return [json.loads(out.with_name(f"{out.stem}.rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -151,11 +152,7 @@ def main() -> None:
         for precision in ("bf16", "fp32"):
             results = {}
             for stage in (0, 3):
-                out = Path(tmp) / f"{precision}_stage{stage}.json"
-                env = {**os.environ, "OMP_NUM_THREADS": "1"}
-                subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                "-m", "benchmarks.zero_memory", "--worker", str(stage), precision, str(out)], cwd=REPO, env=env, check=True, capture_output=True)
-                results[stage] = [json.loads((Path(tmp) / f"{precision}_stage{stage}.rank{r}.json").read_text()) for r in range(2)]
+                results[stage] = _launch(stage, precision, "bert_small", tmp)
             per_rank = {s: max(r["param_bytes"] + r["optimizer_bytes"] for r in rs) for s, rs in results.items()}
             summary[precision] = {"results": results, "ratio": per_rank[3] / per_rank[0]}
             print(f"BertForMaskedLM, {results[0][0]['model_params']:,} parameters, {precision}, AdamW, 2 ranks")

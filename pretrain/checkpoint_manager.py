@@ -28,8 +28,12 @@ from pretrain.run_dir import DATA_MANIFEST_FILE, RunDir
 
 
 def _as_tag(wanted: str) -> str:
-    """train.resume_from as a tag: a step number becomes step_NNNNNNNN, anything else is taken as written."""
-    return ckpt.tag_for(int(wanted)) if wanted.isdigit() else wanted
+    """train.resume_from as a tag: a step number becomes step_NNNNNNNN, a tag is taken as written, anything else is
+    refused."""
+    tag = ckpt.tag_for(int(wanted)) if wanted.isdigit() else wanted
+    if not ckpt.TAG_RE.match(tag):
+        raise ConfigError(f"config key 'train.resume_from': {wanted!r} is neither a step nor a tag like step_00000750")
+    return tag
 
 
 class CheckpointManager:
@@ -65,6 +69,8 @@ class CheckpointManager:
         Rank 0 checks the files and sets damaged newer checkpoints aside (TAG.damaged); every rank gets its answer.
         """
         wanted = self.cfg.train.resume_from
+        if wanted:
+            _as_tag(wanted)  # a malformed value is refused on every rank, not on rank 0 alone while the rest wait
         tag, damaged, error, note = None, [], "", ""
         if self.rank == 0:
             if wanted and not self._branch_taken(wanted):
@@ -89,8 +95,6 @@ class CheckpointManager:
     def _pick_wanted(self, wanted: str) -> tuple[Optional[str], str]:
         """train.resume_from as a tag of this run's complete, intact checkpoints; (tag, error)."""
         tag = _as_tag(wanted)
-        if not ckpt.TAG_RE.match(tag):
-            raise ConfigError(f"config key 'train.resume_from': {wanted!r} is neither a step nor a tag like step_00000750")
         if not (self.ckpt_dir / tag / ckpt.COMPLETE).is_file():
             return tag, (f"train.resume_from={wanted}: no complete checkpoint {tag} in {self.ckpt_dir} "
                          f"(complete: {', '.join(ckpt.complete_tags(self.ckpt_dir)) or 'none'})")
@@ -110,8 +114,8 @@ class CheckpointManager:
         """Rank 0 moves the checkpoints after train.resume_from aside (kept, not deleted) and records the branch, so
         that an automatic resume (a requeue) follows the branch."""
         tag = self.resume_tag
-        later = sorted(p.name for p in self.ckpt_dir.iterdir() if ckpt.TAG_RE.match(p.name) and p.name > tag)
         if self.rank == 0:
+            later = sorted(p.name for p in self.ckpt_dir.iterdir() if ckpt.TAG_RE.match(p.name) and p.name > tag)
             aside = self.ckpt_dir / f"aside-after-{tag}-{time.strftime('%Y%m%dT%H%M%S')}"
             if later:
                 aside.mkdir()

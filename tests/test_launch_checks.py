@@ -107,7 +107,7 @@ def test_export_overwrites_only_its_own_folders_and_ships_only_the_checkpoints_t
                                                                                           capsys):
     run, export = _copy(trained, tmp_path), tmp_path / "export"
     exporting = ["export", "--checkpoint", str(run), "--overwrite"]
-    run_cli("pretrain", [*exporting, "--out", str(export)])
+    assert _in_process("pretrain", [*exporting, "--out", str(export)], capsys)[0] == 0
     assert _in_process("pretrain", [*exporting, "--out", str(export)], capsys)[0] == 0  # an export of ours: replaced
     assert (export / "config.json").is_file()
     card = (export / "README.md").read_text()  # published with the model: no path of this machine in it
@@ -136,7 +136,7 @@ def test_prepare_overwrites_only_a_dataset_and_never_what_it_reads(prepared, cor
     base = ["prepare", "--config", "data_pipeline/configs/demo.yaml", sources, "tokenizer.vocab_size=300", "seq_len=64",
             "overwrite=true"]
     data = tmp_path / "data"
-    run_cli("data_pipeline", [*base, f"output_dir={data}"])
+    assert _in_process("data_pipeline", [*base, f"output_dir={data}"], capsys)[0] == 0
     assert _in_process("data_pipeline", [*base, f"output_dir={data}"], capsys)[0] == 0  # a dataset of ours: replaced
     (data / ".contrastive-pretrain.json").unlink()  # a dataset prepared before the marker: its manifest says it is ours
     assert _in_process("data_pipeline", [*base, f"output_dir={data}"], capsys)[0] == 0
@@ -238,3 +238,24 @@ def test_export_reads_a_checkpoint_as_data_and_refuses_one_that_holds_code(train
     assert "--trust-checkpoint" in line and not ran.exists() and not (tmp_path / "export").exists()
     assert _in_process("pretrain", [*args, "--trust-checkpoint"], capsys)[0] == 0 and ran.exists()
     assert (tmp_path / "export" / "config.json").is_file()
+
+
+def test_sbatch_overrides_are_split_into_words_never_run_and_bad_quoting_is_refused(tmp_path):
+    """slurm/shell_words.sh, which the three sbatch templates source: quoted values keep their spaces, a command
+    substitution stays text, and quotes that do not close stop the job (exit 2) instead of dropping every override."""
+    import os
+    import subprocess
+    import sys
+    from conftest import REPO
+
+    def split(text: str) -> subprocess.CompletedProcess:
+        script = f'source "{REPO}/slurm/shell_words.sh"; split_words got OVERRIDES "$1"; echo -n "${{#got[@]}}"; printf "<%s>" "${{got[@]}}"'
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        return subprocess.run(["bash", "-c", script, "bash", text], cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    ok = split(f"a=1 'b=[x, y]' c=$(touch {tmp_path / 'ran'})")
+    assert ok.returncode == 0 and ok.stdout == f"4<a=1><b=[x, y]><c=$(touch><{tmp_path / 'ran'})>", ok
+    assert not (tmp_path / "ran").exists() and split("").stdout == "0<>"
+    bad = split("a=1 'b=2")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert "OVERRIDES cannot be split into words (ValueError: No closing quotation)" in bad.stderr, bad.stderr

@@ -172,6 +172,8 @@ def jobs(cluster, prepared, tmp_path_factory):
         "--signal=B:USR1@5", cwd=work, MAX_RESTARTS="0",
         OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={deadline_run}", *TRAIN_OVERRIDES,
                             "train.max_steps=100000", "train.use_slurm_deadline=true", "train.deadline_margin_s=100"]))
+    ids = {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited, "lost": lost,
+           "doomed": doomed, "deadline": deadline_job}
     kills: dict[str, list[float]] = {"lost": [], "doomed": []}
 
     def kill_rank1(job: int, attempt: int) -> bool:
@@ -189,8 +191,7 @@ def jobs(cluster, prepared, tmp_path_factory):
     while time.time() < deadline:
         # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
         known = cluster.all_jobs()
-        states = {j: known.get(str(j), [{}])[-1].get("JobState")
-                  for j in (pretrain, export, crash, limited, lost, doomed, deadline_job)}
+        states = {j: known.get(str(j), [{}])[-1].get("JobState") for j in ids.values() if j != prepare}
         if not kills["lost"] and (RunDir(lost_run).checkpoints / "step_00000125" / "COMPLETE").is_file() \
                 and kill_rank1(lost, 0):
             kills["lost"].append(time.time())
@@ -219,13 +220,10 @@ def jobs(cluster, prepared, tmp_path_factory):
         time.sleep(0.5)
     assert all(p.poll() == 0 for p in reference_procs), f"reference run failed; see {work / 'reference_logs'}"
     return {"work": work, "run": run, "hf": hf, "reference": reference, "markers": markers, "limit_signals": limit_signals,
-            "ids": {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited,
-                    "lost": lost, "doomed": doomed, "deadline": deadline_job}, "limited_run": limited_run,
+            "ids": ids, "limited_run": limited_run,
             "deadline_run": deadline_run,
             "prepare_tasks": cluster.tasks(prepare), "corpus": corpus, "kills": kills, "lost_run": lost_run,
-            "info": {name: cluster.job(j) for name, j in
-                     {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited,
-                      "lost": lost, "doomed": doomed, "deadline": deadline_job}.items()}}
+            "info": {name: cluster.job(j) for name, j in ids.items()}}
 
 
 def _log(jobs, name: str) -> str:
@@ -333,13 +331,15 @@ def test_the_job_end_time_from_slurm_stops_the_run_before_its_limit(jobs):
     train.deadline_margin_s) stops it with a complete checkpoint before SLURM would kill it."""
     import datetime
 
+    from pretrain.preemption import parse_duration
+
     info, log = jobs["info"]["deadline"], _log(jobs, "deadline")
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "75:0" and info["Restarts"] == "0", (info, log[-3000:])
     assert "USR1 received" not in log and "preempted (deadline) at step" in log, log[-3000:]
     assert "preempted with a checkpoint, but restart 0 reached MAX_RESTARTS=0" in log
     marker = json.loads((jobs["deadline_run"] / "PREEMPTED").read_text())
     # (EndTime is when the job ended; the limit it ran under is its start plus its 2-minute time limit.)
-    limit = datetime.datetime.fromisoformat(info["StartTime"]).timestamp() + 120
+    limit = datetime.datetime.fromisoformat(info["StartTime"]).timestamp() + parse_duration(info["TimeLimit"])
     assert info["TimeLimit"] == "00:02:00" and marker["reason"] == "deadline", (marker, info)
     assert abs(marker["deadline"] - limit) <= 1 and marker["time"] < limit - 60, (marker, info["StartTime"])
     assert (RunDir(jobs["deadline_run"]).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()

@@ -63,12 +63,11 @@ def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
 def _compare_grad_norms(optimizer) -> list[tuple[float, float]]:
     """At ZeRO 1-2 the engine computes DeepSpeed's gradient norm with a foreach kernel (pretrain/engine.py): record
     (that norm, DeepSpeed's own on the same gradients) at every call."""
-    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-
     pairs: list[tuple[float, float]] = []
     ours = optimizer.__dict__.get("get_grad_norm_direct")  # set on the instance only where the engine replaced it
     if ours is None:
         return pairs
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     def both(gradients, params, norm_type=2):
         norm = ours(gradients, params, norm_type)
