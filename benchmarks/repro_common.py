@@ -58,7 +58,7 @@ def prepare(config: dict[str, Any], out: Path) -> Path:
 
 def train(config: str, overrides: list[str], out: Path, max_steps: int, nproc: int = 2) -> Path:
     """Train (or resume) a run into `out` with torchrun; skipped when its final checkpoint exists."""
-    from pretrain.checkpoint import COMPLETE, tag_for
+    from pretrain.checkpoint_dir import COMPLETE, tag_for
 
     if (RunDir(out).checkpoint(tag_for(max_steps)) / COMPLETE).is_file():
         log.info("train: %s is complete", out)
@@ -80,7 +80,7 @@ def export(run_dir: Path, step: int, out: Path) -> Path:
     """Export the checkpoint of `step` of a run as a Hugging Face folder (in this process)."""
     if (out / "config.json").is_file():
         return out
-    from pretrain.checkpoint import tag_for
+    from pretrain.checkpoint_dir import tag_for
     from pretrain.export import export as export_checkpoint
 
     return export_checkpoint(RunDir(run_dir).checkpoint(tag_for(step)), out)

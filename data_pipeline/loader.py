@@ -31,7 +31,6 @@ import torch
 
 from core.errors import MissingFileError
 from data_pipeline.dataset_dir import INDEX
-from data_pipeline.shards import read_manifest
 
 
 @dataclass
@@ -55,14 +54,6 @@ class LoaderConfig:
     # segment on the machine, so turn it off when other streaming jobs share the node. Without
     # `remote`, leftovers block nothing and are never removed.
     clean_stale_shared_memory: bool = True
-
-
-def fetch_metadata(cfg: LoaderConfig) -> None:
-    """With a remote dataset, bring its manifest, tokenizer and indexes into the local cache (idempotent)."""
-    if cfg.remote:
-        from data_pipeline.remote_dataset import fetch_metadata as fetch
-
-        fetch(cfg.remote, Path(cfg.path))
 
 
 SampleTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
@@ -329,20 +320,18 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
         )
 
 
-def build_loader(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None,
-                 collate_fn: Optional[Callable] = None, pin_memory: bool = False):
+def build_loader(cfg: LoaderConfig, split: str, batch_size: int, collate_fn: Callable, shuffle: Optional[bool] = None,
+                 pin_memory: bool = False):
     """A StreamingDataLoader whose `state_dict()` resumes mid-epoch without replaying batches.
 
-    `collate_fn` defaults to padding only (a MaskingCollate without a transform); training passes one that masks. `pin_memory` (GPU) lets
-    the training process copy batches to the device with `non_blocking`.
+    `collate_fn` is the per-batch transform its workers run (a MaskingCollate); `pin_memory` (GPU) lets the training
+    process copy batches to the device with `non_blocking`.
     """
-    pad_id = read_manifest(cfg.path)["tokenizer"]["pad_id"]
     dataset = build_dataset(cfg, split, batch_size, shuffle)
-    collate = collate_fn or MaskingCollate(None, pad_id)
     return _unpacking_loader_class()(
         dataset,
         batch_size=batch_size,
-        collate_fn=PackingCollate(collate) if cfg.num_workers > 0 else collate,
+        collate_fn=PackingCollate(collate_fn) if cfg.num_workers > 0 else collate_fn,
         num_workers=cfg.num_workers,
         pin_memory=pin_memory,
         # Every rank must take the same number of steps, or the collectives hang.

@@ -10,6 +10,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from core import distributed as dist
+
 
 @torch.no_grad()
 def binary_auc(scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
@@ -69,6 +71,18 @@ def token_self_similarity(hidden: torch.Tensor, attention_mask: torch.Tensor) ->
     pair = valid[:, :, None] & valid[:, None, :]
     pair &= ~torch.eye(valid.shape[1], dtype=torch.bool, device=valid.device)
     return (sims * pair).sum() / pair.sum().clamp(min=1)
+
+
+def validation_unigram_entropy(loader, batches: int, tokenizer: dict) -> float:
+    """Entropy of the ordinary tokens in the first `batches` validation batches (clean, before masking), counted over
+    every rank: the MLM loss of a model that learned only word counts, on the batches evaluation reads."""
+    vocab = tokenizer["vocab_size"]
+    counts = torch.zeros(vocab, dtype=torch.float64)
+    for _, batch in zip(range(batches), loader):
+        ids = batch["original_input_ids"][batch["attention_mask"].bool()].long()
+        counts += torch.bincount(ids, minlength=vocab)[:vocab].double()
+    counts[[i for i in tokenizer["special_ids"] if i < vocab]] = 0
+    return unigram_entropy(dist.all_reduce_sum(counts))
 
 
 def unigram_entropy(counts: torch.Tensor) -> float:

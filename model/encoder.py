@@ -79,8 +79,9 @@ def model_config(cfg: EncoderConfig, tokenizer: dict, seq_len: int) -> Pretraine
     if cfg.vocab_size is not None:
         _check_data_fit(cfg.vocab_size, cfg.max_position_embeddings, vocab, seq_len, "config key 'model.vocab_size'")
     _check_data_fit(vocab, cfg.max_position_embeddings, vocab, seq_len, "'model.max_position_embeddings'")
-    config = backbone_for(cfg.architecture).hf_config(cfg, tokenizer)
-    config._attn_implementation = attention_for(config, cfg.attn_implementation)
+    backbone = backbone_for(cfg.architecture)
+    config = backbone.hf_config(cfg, tokenizer)
+    config._attn_implementation = backbone.attention(config, cfg.attn_implementation)
     return config
 
 
@@ -92,9 +93,10 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
     if model_type not in REGISTRY:
         raise ConfigError(f"config key 'model.init_from': '{path}' is a {model_type} model; supported: {', '.join(REGISTRY)}")
-    config = backbone_for(model_type).from_folder(str(path))
+    backbone = backbone_for(model_type)
+    config = backbone.from_folder(str(path))
     _check_data_fit(config.vocab_size, config.max_position_embeddings, vocab_size, seq_len, f"'model.init_from' {path}")
-    config._attn_implementation = attention_for(config, cfg.attn_implementation)
+    config._attn_implementation = backbone.attention(config, cfg.attn_implementation)
     return config
 
 

@@ -1,11 +1,12 @@
-"""Checkpoints: DeepSpeed's files per tag, a completion marker written last with every file's size and hash,
-resume from the newest complete checkpoint whose files still match."""
+"""Saving and loading a checkpoint: DeepSpeed's files per tag, the run files beside them, a completion marker
+written last with every file's size and hash; the RNG states; the fp32 weights of any stage; the universal copy.
+
+Which tags exist, are complete and intact is the folder's own knowledge (checkpoint_dir.py)."""
 from __future__ import annotations
 
 import json
 import os
 import random
-import re
 import shutil
 import time
 from pathlib import Path
@@ -17,88 +18,7 @@ import torch
 from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.errors import CheckpointError
-
-COMPLETE = "COMPLETE"
-TAG_RE = re.compile(r"^step_(\d{8})$")
-
-
-def tag_for(step: int) -> str:
-    """Checkpoint tag of an optimizer step (zero-padded so names sort by step)."""
-    return f"step_{step:08d}"
-
-
-def complete_tags(ckpt_dir: str | Path) -> list[str]:
-    """Tags whose completion marker exists, oldest first; half-written ones are not listed."""
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    tags = [p.name for p in ckpt_dir.iterdir() if TAG_RE.match(p.name) and (p / COMPLETE).is_file()]
-    return sorted(tags)
-
-
-def latest_complete(ckpt_dir: str | Path) -> Optional[str]:
-    """The newest complete tag, or None."""
-    tags = complete_tags(ckpt_dir)
-    return tags[-1] if tags else None
-
-
-def file_manifest(folder: Path) -> dict[str, list]:
-    """[size, xxh64] of every file in a checkpoint folder (its marker excepted), by relative path."""
-    import xxhash
-
-    out = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and path.name != COMPLETE:
-            digest = xxhash.xxh64()
-            with open(path, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 22), b""):
-                    digest.update(chunk)
-            out[str(path.relative_to(folder))] = [path.stat().st_size, digest.hexdigest()]
-    return out
-
-
-def damage(ckpt_dir: str | Path, tag: str) -> Optional[str]:
-    """What is wrong with a complete checkpoint's files against the sizes and hashes its marker recorded (None: intact).
-
-    Markers written before hashes were recorded carry no list; such checkpoints count as intact.
-    """
-    folder = Path(ckpt_dir) / tag
-    try:
-        recorded = json.loads((folder / COMPLETE).read_text()).get("files")
-    except (OSError, ValueError) as exc:
-        return f"its {COMPLETE} marker cannot be read ({exc})"
-    if recorded is None:
-        return None
-    for name, (size, digest) in recorded.items():
-        path = folder / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size} bytes, {size} when saved"
-    actual = file_manifest(folder)
-    for name, (_, digest) in recorded.items():
-        if actual[name][1] != digest:
-            return f"{name} does not match the hash recorded when it was saved"
-    return None
-
-
-def newest_intact(ckpt_dir: str | Path, set_aside: bool = False) -> tuple[Optional[str], list[tuple[str, str]]]:
-    """(newest complete tag whose files match its marker, [(damaged newer tag, what is wrong), ...]).
-
-    With `set_aside`, a damaged tag is renamed to TAG.damaged (kept for inspection, no longer a
-    checkpoint), so later saves and resumes do not read it again.
-    """
-    damaged = []
-    for tag in reversed(complete_tags(ckpt_dir)):
-        problem = damage(ckpt_dir, tag)
-        if problem is None:
-            return tag, damaged
-        damaged.append((tag, problem))
-        if set_aside:
-            target = Path(ckpt_dir) / f"{tag}.damaged"
-            shutil.rmtree(target, ignore_errors=True)
-            (Path(ckpt_dir) / tag).rename(target)
-    return None, damaged
+from pretrain.checkpoint_dir import COMPLETE, LATEST, CheckpointDir, file_manifest, tag_for, universal_tag
 
 
 def rng_state() -> dict[str, Any]:
@@ -152,13 +72,8 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict[str, Any], keep_l
         # Sizes and hashes let a resume tell a damaged copy (a full disk, a bad transfer) from a good one.
         marker = {"step": step, "time": time.time(), "files": file_manifest(ckpt_dir / tag)}
         write_text_atomic(ckpt_dir / tag / COMPLETE, json.dumps(marker) + "\n", fsync=True)
-        write_text_atomic(ckpt_dir / "latest", tag)  # DeepSpeed's own pointer, for its tools
-        for old in complete_tags(ckpt_dir)[:-keep_last]:
-            shutil.rmtree(ckpt_dir / old, ignore_errors=True)
-        # Unmarked folders of earlier steps are debris of saves that were killed.
-        for debris in ckpt_dir.iterdir():
-            if TAG_RE.match(debris.name) and debris.name < tag and not (debris / COMPLETE).is_file():
-                shutil.rmtree(debris, ignore_errors=True)
+        write_text_atomic(ckpt_dir / LATEST, tag)  # DeepSpeed's own pointer, for its tools
+        CheckpointDir(ckpt_dir).remove_stale(tag, keep_last)
     dist.barrier()
     return tag
 
@@ -171,7 +86,6 @@ def load(engine, ckpt_dir: Path, tag: str) -> dict[str, Any]:
     return client_state
 
 
-META = "meta.json"
 # DeepSpeed's file of the module's whole state at stages 0-2 (at stage 3 each rank writes a placeholder instead).
 MODULE_STATES = "mp_rank_00_model_states.pt"
 
@@ -199,17 +113,6 @@ def fp32_weights(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
     if not state:
         raise CheckpointError(f"checkpoint '{folder}' has neither DeepSpeed's ZeRO files nor {MODULE_STATES}")
     return state
-
-
-def read_meta(ckpt_dir: Path, tag: str) -> dict[str, Any]:
-    """What a checkpoint was saved with (world size, ZeRO stage, precision); {} for older checkpoints."""
-    path = Path(ckpt_dir) / tag / META
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def universal_tag(tag: str) -> str:
-    """Name of the universal (world-size independent) copy of a tag."""
-    return f"{tag}_universal"
 
 
 def convert_to_universal(ckpt_dir: Path, tag: str) -> str:

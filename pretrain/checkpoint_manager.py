@@ -20,6 +20,7 @@ from core.config_io import config_hash
 from core.errors import CheckpointError, ConfigError, StorageError, UserError
 from data_pipeline.shards import data_fingerprint
 from pretrain import checkpoint as ckpt
+from pretrain.checkpoint_dir import META, TAG_RE, CheckpointDir, tag_for, universal_tag
 from pretrain.config import RunConfig
 from pretrain.optim import reset_schedule
 from pretrain.progress import Progress
@@ -30,8 +31,8 @@ from pretrain.run_dir import DATA_MANIFEST_FILE, RunDir
 def _as_tag(wanted: str) -> str:
     """train.resume_from as a tag: a step number becomes step_NNNNNNNN, a tag is taken as written, anything else is
     refused."""
-    tag = ckpt.tag_for(int(wanted)) if wanted.isdigit() else wanted
-    if not ckpt.TAG_RE.match(tag):
+    tag = tag_for(int(wanted)) if wanted.isdigit() else wanted
+    if not TAG_RE.match(tag):
         raise ConfigError(f"config key 'train.resume_from': {wanted!r} is neither a step nor a tag like step_00000750")
     return tag
 
@@ -42,7 +43,8 @@ class CheckpointManager:
     def __init__(self, cfg: RunConfig, run_dir: RunDir, run_files: Optional[dict[str, str]] = None) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
-        self.ckpt_dir = run_dir.checkpoints
+        self.folder = CheckpointDir(run_dir.checkpoints)
+        self.ckpt_dir = self.folder.root
         self.rank, self.world = dist.rank(), dist.world_size()
         self.zero_stage = 0
         self.bf16_weights = False
@@ -58,7 +60,7 @@ class CheckpointManager:
         if cfg.train.checkpoint_remote:
             from pretrain.remote_checkpoints import RemoteCheckpoints
 
-            self.remote = RemoteCheckpoints(cfg.train.checkpoint_remote, self.ckpt_dir)
+            self.remote = RemoteCheckpoints(cfg.train.checkpoint_remote, self.folder)
         self.fetched: Optional[str] = None
         self.previous_data: Optional[dict[str, Any]] = None  # the checkpoint's manifest when the data changed
 
@@ -79,7 +81,7 @@ class CheckpointManager:
                 if wanted:  # a requeue after the branch saved: resume_from has done its work
                     note = (f"train.resume_from={wanted} was applied by an earlier attempt and its branch has saved "
                             "since: resuming the branch's newest checkpoint")
-                tag, damaged = ckpt.newest_intact(self.ckpt_dir, set_aside=True)
+                tag, damaged = self.folder.newest_intact(set_aside=True)
                 if tag is None and damaged:
                     error = (f"every checkpoint in {self.ckpt_dir} is damaged ("
                              + "; ".join(f"{t}: {why}" for t, why in damaged)
@@ -95,10 +97,10 @@ class CheckpointManager:
     def _pick_wanted(self, wanted: str) -> tuple[Optional[str], str]:
         """train.resume_from as a tag of this run's complete, intact checkpoints; (tag, error)."""
         tag = _as_tag(wanted)
-        if not (self.ckpt_dir / tag / ckpt.COMPLETE).is_file():
+        if not self.folder.is_complete(tag):
             return tag, (f"train.resume_from={wanted}: no complete checkpoint {tag} in {self.ckpt_dir} "
-                         f"(complete: {', '.join(ckpt.complete_tags(self.ckpt_dir)) or 'none'})")
-        if problem := ckpt.damage(self.ckpt_dir, tag):
+                         f"(complete: {', '.join(self.folder.complete_tags()) or 'none'})")
+        if problem := self.folder.damage(tag):
             return tag, f"train.resume_from={wanted}: checkpoint {self.ckpt_dir / tag} is damaged: {problem}"
         return tag, ""
 
@@ -108,14 +110,14 @@ class CheckpointManager:
         rows = self.run_dir.branches.read_text().splitlines() if self.run_dir.branches.is_file() else []
         if not any(json.loads(row)["from"] == tag for row in rows):
             return False
-        return any(t > tag for t in ckpt.complete_tags(self.ckpt_dir))
+        return any(t > tag for t in self.folder.complete_tags())
 
     def _branch(self) -> None:
         """Rank 0 moves the checkpoints after train.resume_from aside (kept, not deleted) and records the branch, so
         that an automatic resume (a requeue) follows the branch."""
         tag = self.resume_tag
         if self.rank == 0:
-            later = sorted(p.name for p in self.ckpt_dir.iterdir() if ckpt.TAG_RE.match(p.name) and p.name > tag)
+            later = sorted(p.name for p in self.ckpt_dir.iterdir() if TAG_RE.match(p.name) and p.name > tag)
             aside = self.ckpt_dir / f"aside-after-{tag}-{time.strftime('%Y%m%dT%H%M%S')}"
             if later:
                 aside.mkdir()
@@ -134,11 +136,11 @@ class CheckpointManager:
         Runs before the DeepSpeed config is built: `auto` settings follow what the checkpoint was saved with.
         """
         if self.cfg.train.resume == "never":
-            self.resume_tag = self.load_tag = ckpt.latest_complete(self.ckpt_dir)
+            self.resume_tag = self.load_tag = self.folder.latest()
             return {}
         self._fetch_remote()
         tag = self.resume_tag = self.load_tag = self._pick()
-        return ckpt.read_meta(self.ckpt_dir, tag) if tag else {}
+        return self.folder.meta(tag) if tag else {}
 
     def _fetch_remote(self) -> None:
         """Rank 0 brings the newest complete checkpoint from train.checkpoint_remote when no local one is as new."""
@@ -170,7 +172,7 @@ class CheckpointManager:
         if tag is None:
             return False
         self.previous_data = check_resume(self.ckpt_dir / tag, self.run_files, self.cfg.train.allow_new_data)
-        meta = ckpt.read_meta(self.ckpt_dir, tag)
+        meta = self.folder.meta(tag)
         if meta.get("zero_stage", self.zero_stage) != self.zero_stage:
             raise ConfigError(
                 f"checkpoint {self.ckpt_dir / tag} was saved with ZeRO stage {meta['zero_stage']} but this run uses "
@@ -192,7 +194,7 @@ class CheckpointManager:
         (error,) = dist.broadcast_object(error)
         if error:
             raise RuntimeError(error)
-        self.load_tag = ckpt.universal_tag(tag)
+        self.load_tag = universal_tag(tag)
         return True
 
     # ---- when to save -----------------------------------------------------------------
@@ -243,7 +245,7 @@ class CheckpointManager:
         meta = {"step": progress.step, "world_size": self.world, "zero_stage": self.zero_stage,
                 "precision": self.cfg.train.precision, "bf16_weights": self.bf16_weights}
         tag = ckpt.save(engine, self.ckpt_dir, progress.step, self._client_state(loader, progress), self.cfg.train.keep_last,
-                        run_files={**self.run_files, ckpt.META: json.dumps(meta) + "\n"})
+                        run_files={**self.run_files, META: json.dumps(meta) + "\n"})
         seconds = time.perf_counter() - t0
         self.longest_save = max(self.longest_save, seconds)
         self.last_save_time = time.time()

@@ -19,6 +19,7 @@ from model.backbones.base import forward_input_names
 from model.encoder import config_from_dict
 from model.objectives import build_objective
 from pretrain import checkpoint as ckpt
+from pretrain.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
 from pretrain import model_card
 from pretrain.checkpoint_data import check_tag_is_data, read_as_data
 from pretrain.config import RunConfig
@@ -30,16 +31,16 @@ log = logging.getLogger("pretrain.export")
 def resolve_checkpoint(path: str | Path) -> tuple[RunDir, Path, str]:
     """(run dir, checkpoint dir, tag) from either RUN_DIR (newest complete tag) or RUN_DIR/checkpoints/TAG."""
     path = Path(path)
-    if ckpt.TAG_RE.match(path.name) and path.parent.name == CHECKPOINTS_DIR:
-        if not (path / ckpt.COMPLETE).is_file():
-            raise CheckpointError(f"checkpoint '{path}' is incomplete (no {ckpt.COMPLETE} marker)")
-        if problem := ckpt.damage(path.parent, path.name):
+    if TAG_RE.match(path.name) and path.parent.name == CHECKPOINTS_DIR:
+        if not (path / COMPLETE).is_file():
+            raise CheckpointError(f"checkpoint '{path}' is incomplete (no {COMPLETE} marker)")
+        if problem := CheckpointDir(path.parent).damage(path.name):
             raise CheckpointError(f"checkpoint '{path}' is damaged: {problem}")
         return RunDir(path.parent.parent), path.parent, path.name
     run_dir = RunDir(path)
     if run_dir.config.is_file():
         ckpt_dir = run_dir.checkpoints
-        tag, damaged = ckpt.newest_intact(ckpt_dir)
+        tag, damaged = CheckpointDir(ckpt_dir).newest_intact()
         for bad, why in damaged:
             log.warning("checkpoint %s is damaged (%s): exporting an older one", ckpt_dir / bad, why)
         if tag is None:

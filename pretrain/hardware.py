@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -149,3 +150,23 @@ def device_peak_tflops(precision: str, cache: Optional[Path] = None) -> tuple[fl
     peak = record_peak(precision, measure_matmul_tflops(precision), cache)
     threads = torch.get_num_threads()
     return peak, f"measured {precision} matmul, {threads} thread{'s' if threads > 1 else ''}"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a run resolved about its device: the precision it trains in, the peak its MFU is measured against, and the
+    lines that say where each came from (for the log)."""
+
+    precision: str
+    peak_tflops: float
+    notes: tuple[str, ...]
+
+
+def resolve_hardware(precision: str, peak_tflops: float = 0.0) -> Hardware:
+    """`precision` (`auto` resolved for this device) and the device's peak TFLOP/s in it (`peak_tflops` when set)."""
+    precision, why = resolve_precision(precision)
+    source = "train.peak_tflops"
+    if not peak_tflops:
+        peak_tflops, source = device_peak_tflops(precision)
+    return Hardware(precision, peak_tflops, (f"precision {precision} ({why})",
+                                             f"MFU against {peak_tflops:.3g} TFLOP/s per device ({source})"))

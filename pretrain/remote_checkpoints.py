@@ -8,26 +8,26 @@ from __future__ import annotations
 
 import shutil
 import time
-from pathlib import Path
 from typing import Optional
 
 from core.object_store import ObjectStore
-from pretrain import checkpoint as ckpt
+from pretrain.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
 
 
 class RemoteCheckpoints:
     """The checkpoints under one remote prefix, beside the run's local checkpoint folder."""
 
-    def __init__(self, url: str, ckpt_dir: Path) -> None:
+    def __init__(self, url: str, local: CheckpointDir) -> None:
         self.store = ObjectStore(url)
         self.url = self.store.url
-        self.ckpt_dir = Path(ckpt_dir)
+        self.local = local
+        self.ckpt_dir = local.root
 
     def complete_tags(self, keys: Optional[list[str]] = None) -> list[str]:
         """Tags whose COMPLETE marker is in the bucket (among `keys`, else a fresh listing), oldest first."""
         keys = self.store.list() if keys is None else keys
         return sorted({k.split("/", 1)[0] for k in keys
-                       if k.endswith(f"/{ckpt.COMPLETE}") and ckpt.TAG_RE.match(k.split("/", 1)[0])})
+                       if k.endswith(f"/{COMPLETE}") and TAG_RE.match(k.split("/", 1)[0])})
 
     def upload(self, tag: str, keep_last: int) -> tuple[int, float, list[str]]:
         """Upload one complete local checkpoint (marker last), then prune the bucket to `keep_last`.
@@ -37,7 +37,7 @@ class RemoteCheckpoints:
         t0 = time.time()
         folder = self.ckpt_dir / tag
         names = sorted(p.relative_to(self.ckpt_dir).as_posix() for p in folder.rglob("*") if p.is_file())
-        marker = f"{tag}/{ckpt.COMPLETE}"
+        marker = f"{tag}/{COMPLETE}"
         for rel in sorted(names, key=lambda n: n == marker):
             self.store.upload(self.ckpt_dir, rel)
         pruned = []
@@ -47,8 +47,8 @@ class RemoteCheckpoints:
             for old in stale:
                 mine = [k for k in keys if k.startswith(f"{old}/")]
                 # The marker first: a prune cut short leaves files no resume takes for a checkpoint.
-                if self.store.delete([f"{old}/{ckpt.COMPLETE}"]) and self.store.delete(
-                        [k for k in mine if k != f"{old}/{ckpt.COMPLETE}"]):
+                if self.store.delete([f"{old}/{COMPLETE}"]) and self.store.delete(
+                        [k for k in mine if k != f"{old}/{COMPLETE}"]):
                     pruned.append(old)
         return len(names), time.time() - t0, pruned
 
@@ -58,13 +58,13 @@ class RemoteCheckpoints:
         if not remote:
             return None
         newest = remote[-1]
-        local = ckpt.complete_tags(self.ckpt_dir) if self.ckpt_dir.is_dir() else []
+        local = self.local.complete_tags()
         if local and local[-1] >= newest:
             return None
         keys = [k for k in self.store.list(f"{newest}/") if k.startswith(f"{newest}/")]
         tmp = self.ckpt_dir / f".{newest}.download"
         shutil.rmtree(tmp, ignore_errors=True)
-        marker = f"{newest}/{ckpt.COMPLETE}"
+        marker = f"{newest}/{COMPLETE}"
         for key in sorted(keys, key=lambda k: k == marker):
             self.store.download(key, tmp / key.split("/", 1)[1])
         target = self.ckpt_dir / newest

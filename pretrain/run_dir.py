@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import yaml
+
 CONFIG_FILE = "config.yaml"
 MODEL_CONFIG_FILE = "model_config.json"
 DATA_MANIFEST_FILE = "data_manifest.json"
@@ -146,3 +148,21 @@ class RunDir:
         if name not in (CONFIG_FILE, MODEL_CONFIG_FILE, DATA_MANIFEST_FILE):
             raise ValueError(f"not a run file: {name}")
         return self.root / name
+
+    def write_run_files(self, files: dict[str, str], tokenizer: Path) -> None:
+        """Make the run folder self-contained for export: the run files (`run_files`) and a copy of the dataset's
+        tokenizer folder, each written whole or not at all."""
+        from core.atomic_files import write_text_atomic
+        from data_pipeline.tokenizer import copy_tokenizer_folder
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            write_text_atomic(self.file(name), text)
+        copy_tokenizer_folder(tokenizer, self.tokenizer)
+
+
+def run_files(config: dict, model_config: dict, manifest: dict) -> dict[str, str]:
+    """What a checkpoint needs besides weights to be exported, as text by file name: the resolved run config, the
+    transformers config of the model, the data manifest."""
+    return {CONFIG_FILE: yaml.safe_dump(config, sort_keys=False), MODEL_CONFIG_FILE: json.dumps(model_config, indent=2),
+            DATA_MANIFEST_FILE: json.dumps(manifest, indent=2)}

@@ -21,12 +21,11 @@ from core import distributed as dist
 from core.config_io import config_to_dict
 from core.errors import InputDataError
 from model.diagnostics import headline
-from pretrain import checkpoint as ckpt
+from pretrain.checkpoint_dir import tag_for
 from pretrain.checkpoint_manager import CheckpointManager
 from pretrain.config import RunConfig
 from pretrain.engine_setup import set_up_engine
 from pretrain.exit_status import write_status
-from pretrain.hardware import device_peak_tflops
 from pretrain.logger import RunLogger
 from pretrain.metrics import MetricsReporter, MetricWindow
 from pretrain.preemption import PreemptionGuard, run_deadline
@@ -40,7 +39,8 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, objective: nn.Module, train_loader, eval_loader=None,
                  run_files: Optional[dict[str, str]] = None, unigram_entropy: Optional[float] = None,
-                 notes: tuple[str, ...] = (), flops_per_token: Optional[Callable[[int], float]] = None) -> None:
+                 notes: tuple[str, ...] = (), flops_per_token: Optional[Callable[[int], float]] = None,
+                 peak_tflops: float = 0.0) -> None:
         self.cfg, self.loader, self.eval_loader = cfg, train_loader, eval_loader
         self.unigram_entropy = unigram_entropy
         self.rank, self.world = dist.rank(), dist.world_size()
@@ -57,15 +57,12 @@ class Trainer:
         self._iter: Optional[Iterator] = None
         self.start_time = time.time()
         self.seq_len = 0
-        for note in (*notes, *engine_notes):  # what was decided for the user (the precision and stage `auto` picked)
+        # What was decided for the user: the precision and stage `auto` picked, the peak MFU is measured against.
+        for note in (*notes, *engine_notes):
             self.log.info(note)
-        peak, source = cfg.train.peak_tflops, "train.peak_tflops"
-        if not peak:
-            peak, source = device_peak_tflops(cfg.train.precision)
-        self.log.info(f"MFU against {peak:.3g} TFLOP/s per device ({source})")
         # fp16 skips an overflowing step and lowers its loss scale (DeepSpeed's own rule); elsewhere nothing skips it.
         finite = ("loss",) if cfg.train.precision == "fp16" else ("loss", "grad_norm")
-        self.metrics = MetricsReporter(self.log, self.world, flops_per_token, peak, must_be_finite=finite)
+        self.metrics = MetricsReporter(self.log, self.world, flops_per_token, peak_tflops, must_be_finite=finite)
         # Dropout differs per rank; a resume overwrites this with the saved states.
         torch.manual_seed(cfg.train.seed * 1000 + self.rank)
         np.random.seed((cfg.train.seed * 1000 + self.rank) % 2**32)
@@ -224,7 +221,7 @@ class Trainer:
     def _preempted(self, guard: PreemptionGuard) -> str:
         """Mark the run preempted (its checkpoint is saved) on every rank before any exits."""
         self._mark(PREEMPTED, f"preempted ({guard.reason}) at step {self.step}: checkpoint saved, exiting with "
-                   "code 75", reason=guard.reason, deadline=guard.deadline, checkpoint=ckpt.tag_for(self.step))
+                   "code 75", reason=guard.reason, deadline=guard.deadline, checkpoint=tag_for(self.step))
         # Every rank says so before any exits: srun --kill-on-bad-exit ends the others at the first exit 75.
         write_status("preempted", step=self.step)
         dist.barrier()

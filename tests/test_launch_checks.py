@@ -222,7 +222,7 @@ def test_export_reads_a_checkpoint_as_data_and_refuses_one_that_holds_code(train
     """A checkpoint whose files (and completion marker) were rewritten to carry a pickled call is refused unread
     (exit 2, one line naming the file and what it holds); --trust-checkpoint reads it with pickle, which runs it."""
     import torch
-    from pretrain.checkpoint import COMPLETE, file_manifest
+    from pretrain.checkpoint_dir import COMPLETE, file_manifest
 
     run = _copy(trained, tmp_path)
     tag = RunDir(run).checkpoints / "step_00000009"

@@ -142,7 +142,7 @@ def test_sigusr1_on_one_rank_saves_marks_and_resumes_exactly(prepared, uninterru
 
 
 def ckpt_tag(step: int) -> str:
-    from pretrain.checkpoint import tag_for
+    from pretrain.checkpoint_dir import tag_for
 
     return tag_for(step)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from typing import Literal, Optional
 
@@ -11,6 +12,7 @@ from core.errors import ConfigError
 from data_pipeline.masking import MaskingConfig
 from model import backbones
 from model.backbones import backbone_for
+from model.encoder import EncoderConfig, model_config
 from model.objectives.base import Objective
 
 # name -> "module:class"; imported lazily so one objective's dependencies never load another's.
@@ -83,4 +85,18 @@ def build_objective(cfg: ObjectiveConfig, config: PretrainedConfig, init_from: O
     return objective
 
 
-__all__ = ["Objective", "ObjectiveConfig", "build_objective", "check_objective_config", "objective_class", "runs_on", "REGISTRY"]
+def build_for_run(cfg: ObjectiveConfig, model: EncoderConfig, masking: MaskingConfig, tokenizer: dict,
+                  seq_len: int) -> tuple[Objective, PretrainedConfig]:
+    """The named objective for a training run (its options checked already: `check_objective_config`), and the
+    transformers config of its encoder, made for the data's tokenizer and length. The masking rate is bound, and
+    `data_transform` is the loader's view of the masking (`wrap_masking` with its options)."""
+    cls, options = objective_class(cfg.name), getattr(cfg, cfg.name)
+    config = model_config(model, tokenizer, seq_len)
+    _check_architecture(cls, cfg.name, config.model_type)
+    objective = cls(config, options, model.init_from)
+    objective.mask_prob = masking.mask_prob
+    objective.data_transform = functools.partial(cls.wrap_masking, options)
+    return objective, config
+
+
+__all__ = ["Objective", "ObjectiveConfig", "build_for_run", "build_objective", "check_objective_config", "objective_class", "runs_on", "REGISTRY"]

@@ -1,0 +1,81 @@
+"""The data one training run reads, built in one place: the prepared dataset (fetched and checked once per node),
+the masking its loader workers apply, and the training and validation loaders.
+
+The objective's view of the masking (views built around it, as DeCLUTR's spans) comes in as a callable, so this
+package knows no objective.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from core import distributed as dist
+from core.errors import ConfigError
+from data_pipeline.dataset_dir import SPLITS, DatasetDir
+from data_pipeline.loader import (
+    EVAL_STREAM,
+    LoaderConfig,
+    MaskingCollate,
+    build_loader,
+    clean_stale_shared_memory,
+    is_local_leader,
+)
+from data_pipeline.masking import MaskingConfig, build_masking, evaluation_masking, needs_word_starts
+from data_pipeline.shards import read_manifest, verify_split
+from data_pipeline.tokenizer import load_tokenizer, word_start_table
+
+# (the masking transform, pad id, cls id, sep id) -> the loader's per-sample transform
+WrapMasking = Callable[[Any, int, int, int], Any]
+
+
+def open_dataset(cfg: LoaderConfig) -> dict[str, Any]:
+    """The prepared dataset's manifest; a remote dataset's metadata fetched and the shards' hashes checked first, once
+    per node."""
+    if is_local_leader():
+        if cfg.remote:
+            from data_pipeline.remote_dataset import fetch_metadata
+
+            fetch_metadata(cfg.remote, Path(cfg.path))
+        elif cfg.verify_hashes:
+            folder = DatasetDir(cfg.path)
+            for split in SPLITS:
+                if folder.index(split).is_file():
+                    verify_split(folder.split(split))
+    dist.barrier()
+    return read_manifest(cfg.path)
+
+
+@dataclass
+class RunData:
+    """The loaders of a run (no validation loader when evaluation is off or the split is too small)."""
+
+    train: Any
+    validation: Optional[Any]
+
+
+def build_run_data(cfg: LoaderConfig, masking: MaskingConfig, manifest: dict[str, Any], micro_batch_size: int,
+                   seed: int, eval_batches: int, wrap: WrapMasking, pin_memory: bool = False) -> RunData:
+    """Loaders masked in their workers (validation shows every picked token as [MASK], the same each time); no
+    validation loader when `eval_batches` is 0 or the split holds less than a batch per rank."""
+    tok = manifest["tokenizer"]
+    per_step = micro_batch_size * dist.world_size()
+    train_sequences = manifest["splits"]["train"]["sequences"]
+    if train_sequences < per_step:
+        raise ConfigError(f"the training split has {train_sequences} sequences, fewer than one batch "
+                          f"(micro_batch_size {micro_batch_size} x {dist.world_size()} ranks)")
+    word_starts = word_start_table(load_tokenizer(DatasetDir(cfg.path).tokenizer)) if needs_word_starts(masking) else None
+    specials = (tok["pad_id"], tok["cls_id"], tok["sep_id"])
+    train_transform, eval_transform = (wrap(build_masking(
+        m, tok["vocab_size"], tok["mask_id"], tok["special_ids"], word_starts=word_starts, pad_id=tok["pad_id"],
+        cls_id=tok["cls_id"], sep_id=tok["sep_id"]), *specials) for m in (masking, evaluation_masking(masking)))
+    clean_stale_shared_memory(cfg)
+    train = build_loader(cfg, "train", micro_batch_size, pin_memory=pin_memory,
+                         collate_fn=MaskingCollate(train_transform, tok["pad_id"], seed))
+    if not eval_batches or manifest["splits"]["validation"]["sequences"] < per_step:
+        return RunData(train, None)
+    validation = build_loader(cfg, "validation", micro_batch_size, shuffle=False, pin_memory=pin_memory,
+                              collate_fn=MaskingCollate(eval_transform, tok["pad_id"], seed, stream=EVAL_STREAM,
+                                                        per_epoch=False))
+    return RunData(train, validation)
+
