@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from core.errors import ConfigError
 
 COMPLETE = "COMPLETE"
 META = "meta.json"
@@ -25,6 +28,15 @@ TAG_RE = re.compile(r"^step_(\d{8})$")
 def tag_for(step: int) -> str:
     """Checkpoint tag of an optimizer step (zero-padded so names sort by step)."""
     return f"step_{step:08d}"
+
+
+def as_tag(wanted: str) -> str:
+    """train.resume_from as a tag: a step number becomes step_NNNNNNNN, a tag is taken as written, anything else is
+    refused."""
+    tag = tag_for(int(wanted)) if wanted.isdigit() else wanted
+    if not TAG_RE.match(tag):
+        raise ConfigError(f"config key 'train.resume_from': {wanted!r} is neither a step nor a tag like step_00000750")
+    return tag
 
 
 def file_manifest(folder: Path) -> dict[str, list]:
@@ -116,6 +128,42 @@ class CheckpointDir:
         """What a tag was saved with (world size, ZeRO stage, precision); {} for older checkpoints."""
         path = self.root / tag / META
         return json.loads(path.read_text()) if path.is_file() else {}
+
+    def pick(self, wanted: str, branched_from: set[str]) -> tuple[Optional[str], list[tuple[str, str]], str, str]:
+        """The tag a resume takes: train.resume_from (`wanted`) unless a branch from it has saved since
+        (`branched_from`: the tags branched from before), else the newest intact one, damaged newer ones set aside
+        as TAG.damaged.
+
+        Returns (tag or None, [(damaged tag, what is wrong)], an error for the user or "", a note for the log or "").
+        """
+        tag = as_tag(wanted) if wanted else ""
+        if tag and not (tag in branched_from and any(t > tag for t in self.complete_tags())):
+            if not self.is_complete(tag):
+                return tag, [], (f"train.resume_from={wanted}: no complete checkpoint {tag} in {self.root} "
+                                 f"(complete: {', '.join(self.complete_tags()) or 'none'})"), ""
+            problem = self.damage(tag)
+            return tag, [], (f"train.resume_from={wanted}: checkpoint {self.root / tag} is damaged: {problem}"
+                             if problem else ""), ""
+        note = (f"train.resume_from={wanted} was applied by an earlier attempt and its branch has saved since: "
+                "resuming the branch's newest checkpoint") if tag else ""  # a requeue after the branch saved
+        newest, damaged = self.newest_intact(set_aside=True)
+        error = ""
+        if newest is None and damaged:
+            error = (f"every checkpoint in {self.root} is damaged (" + "; ".join(f"{t}: {why}" for t, why in damaged)
+                     + "); they were renamed to TAG.damaged. Start again with a new train.output_dir, or restore a "
+                     "good copy")
+        return newest, damaged, error, note
+
+    def set_aside_after(self, tag: str) -> tuple[list[str], Path]:
+        """Move the tags after `tag` (a branch's start) into one aside-after-TAG-TIME folder, kept, not deleted; the
+        tags moved and that folder (not made when nothing moved)."""
+        later = sorted(p.name for p in self.root.iterdir() if TAG_RE.match(p.name) and p.name > tag)
+        aside = self.root / f"aside-after-{tag}-{time.strftime('%Y%m%dT%H%M%S')}"
+        if later:
+            aside.mkdir()
+            for name in later:
+                (self.root / name).rename(aside / name)
+        return later, aside
 
     def remove_stale(self, newest: str, keep_last: int) -> None:
         """Keep the `keep_last` newest complete tags; remove older ones and the unmarked debris of killed saves."""

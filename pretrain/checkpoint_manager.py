@@ -17,24 +17,15 @@ import torch
 from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.config_io import config_hash
-from core.errors import CheckpointError, ConfigError, StorageError, UserError
+from core.errors import CheckpointError, ConfigError, UserError
 from data_pipeline.shards import data_fingerprint
 from pretrain import checkpoint as ckpt
-from pretrain.checkpoint_dir import META, TAG_RE, CheckpointDir, tag_for, universal_tag
+from pretrain.checkpoint_dir import META, CheckpointDir, as_tag, universal_tag
 from pretrain.config import RunConfig
 from pretrain.optim import reset_schedule
 from pretrain.progress import Progress
 from pretrain.resume_checks import check_resume
 from pretrain.run_dir import DATA_MANIFEST_FILE, RunDir
-
-
-def _as_tag(wanted: str) -> str:
-    """train.resume_from as a tag: a step number becomes step_NNNNNNNN, a tag is taken as written, anything else is
-    refused."""
-    tag = tag_for(int(wanted)) if wanted.isdigit() else wanted
-    if not TAG_RE.match(tag):
-        raise ConfigError(f"config key 'train.resume_from': {wanted!r} is neither a step nor a tag like step_00000750")
-    return tag
 
 
 class CheckpointManager:
@@ -65,122 +56,59 @@ class CheckpointManager:
         self.previous_data: Optional[dict[str, Any]] = None  # the checkpoint's manifest when the data changed
 
     # ---- which checkpoint -------------------------------------------------------------
-    def _pick(self) -> Optional[str]:
-        """train.resume_from, or the newest complete checkpoint whose files match their hashes.
+    def choose_checkpoint(self) -> dict[str, Any]:
+        """Pick the checkpoint to resume and check this launch against it (resume=never, tokenizer, data, objective,
+        shape, ZeRO stage) before anything is moved or written; its meta (stage, precision, world size), {} when none.
 
-        Rank 0 checks the files and sets damaged newer checkpoints aside (TAG.damaged); every rank gets its answer.
+        Runs before the DeepSpeed config is built: `auto` settings follow what the checkpoint was saved with. Rank 0
+        fetches from the bucket, checks the files and sets damaged newer checkpoints aside (TAG.damaged); every rank
+        gets its answer.
         """
-        wanted = self.cfg.train.resume_from
-        if wanted:
-            _as_tag(wanted)  # a malformed value is refused on every rank, not on rank 0 alone while the rest wait
-        tag, damaged, error, note = None, [], "", ""
-        if self.rank == 0:
-            if wanted and not self._branch_taken(wanted):
-                tag, error = self._pick_wanted(wanted)
-            else:
-                if wanted:  # a requeue after the branch saved: resume_from has done its work
-                    note = (f"train.resume_from={wanted} was applied by an earlier attempt and its branch has saved "
-                            "since: resuming the branch's newest checkpoint")
-                tag, damaged = self.folder.newest_intact(set_aside=True)
-                if tag is None and damaged:
-                    error = (f"every checkpoint in {self.ckpt_dir} is damaged ("
-                             + "; ".join(f"{t}: {why}" for t, why in damaged)
-                             + "); they were renamed to TAG.damaged. Start again with a new train.output_dir, "
-                             "or restore a good copy")
-        tag, damaged, error, note = dist.broadcast_object(tag, damaged, error, note)
+        train = self.cfg.train
+        if self.remote is not None and not train.resume_from and train.resume != "never":
+            self.fetched = self.remote.fetch_for_resume()
+        if train.resume_from:
+            as_tag(train.resume_from)  # a malformed value is refused on every rank, not on rank 0 while the rest wait
+        if train.resume == "never":
+            if (latest := self.folder.latest()) is not None:
+                raise ConfigError(f"train.resume=never but '{self.ckpt_dir}' already holds checkpoints ({latest}); "
+                                  "use a new train.output_dir, or resume=auto to continue")
+            return {}
+        branches = self.run_dir.branches.read_text().splitlines() if self.run_dir.branches.is_file() else []
+        picked = self.folder.pick(train.resume_from, {json.loads(row)["from"] for row in branches}) \
+            if self.rank == 0 else (None, [], "", "")
+        tag, damaged, error, note = dist.broadcast_object(*picked)
         if error:
             raise CheckpointError(error)
         self.damaged, self.notes = damaged, [note] if note else []  # logged at restore, once the run's logger exists
         self.following_branch = bool(note)
-        return tag
-
-    def _pick_wanted(self, wanted: str) -> tuple[Optional[str], str]:
-        """train.resume_from as a tag of this run's complete, intact checkpoints; (tag, error)."""
-        tag = _as_tag(wanted)
-        if not self.folder.is_complete(tag):
-            return tag, (f"train.resume_from={wanted}: no complete checkpoint {tag} in {self.ckpt_dir} "
-                         f"(complete: {', '.join(self.folder.complete_tags()) or 'none'})")
-        if problem := self.folder.damage(tag):
-            return tag, f"train.resume_from={wanted}: checkpoint {self.ckpt_dir / tag} is damaged: {problem}"
-        return tag, ""
-
-    def _branch_taken(self, wanted: str) -> bool:
-        """Whether an earlier attempt branched from train.resume_from and the branch has saved a checkpoint since."""
-        tag = _as_tag(wanted)
-        rows = self.run_dir.branches.read_text().splitlines() if self.run_dir.branches.is_file() else []
-        if not any(json.loads(row)["from"] == tag for row in rows):
-            return False
-        return any(t > tag for t in self.folder.complete_tags())
-
-    def _branch(self) -> None:
-        """Rank 0 moves the checkpoints after train.resume_from aside (kept, not deleted) and records the branch, so
-        that an automatic resume (a requeue) follows the branch."""
-        tag = self.resume_tag
-        if self.rank == 0:
-            later = sorted(p.name for p in self.ckpt_dir.iterdir() if TAG_RE.match(p.name) and p.name > tag)
-            aside = self.ckpt_dir / f"aside-after-{tag}-{time.strftime('%Y%m%dT%H%M%S')}"
-            if later:
-                aside.mkdir()
-                for name in later:
-                    (self.ckpt_dir / name).rename(aside / name)
-                self.notes.append(f"branching from {tag} (train.resume_from): {', '.join(later)} moved aside to {aside}")
-            # Recorded even when nothing moved: once the branch has saved, a requeue resumes the branch, not the tag.
-            row = {"from": tag, "moved_aside": later, "to": aside.name if later else None, "time": time.time()}
-            with open(self.run_dir.branches, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
-        dist.barrier()
-
-    def choose_checkpoint(self) -> dict[str, Any]:
-        """Pick the checkpoint to resume from; return its meta (stage, precision, world size), {} when none.
-
-        Runs before the DeepSpeed config is built: `auto` settings follow what the checkpoint was saved with.
-        """
-        if self.cfg.train.resume == "never":
-            self.resume_tag = self.load_tag = self.folder.latest()
+        self.resume_tag = self.load_tag = tag
+        if tag is None:
             return {}
-        self._fetch_remote()
-        tag = self.resume_tag = self.load_tag = self._pick()
-        return self.folder.meta(tag) if tag else {}
+        meta = self.folder.meta(tag)
+        self.previous_data = check_resume(self.folder.tag(tag), self.run_files, train.allow_new_data)
+        if train.zero_stage != "auto" and meta.get("zero_stage", int(train.zero_stage)) != int(train.zero_stage):
+            raise ConfigError(
+                f"checkpoint {self.ckpt_dir / tag} was saved with ZeRO stage {meta['zero_stage']} but this run uses "
+                f"stage {train.zero_stage} (train.zero_stage); DeepSpeed cannot change the stage on "
+                "resume: keep the stage, or export the weights and start a new run from them (model.init_from)")
+        return meta
 
-    def _fetch_remote(self) -> None:
-        """Rank 0 brings the newest complete checkpoint from train.checkpoint_remote when no local one is as new."""
-        if self.remote is None or self.cfg.train.resume_from:
-            return
-        fetched, error = None, None
-        if self.rank == 0:
-            try:
-                self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-                fetched = self.remote.fetch_newest()
-            except UserError as exc:  # every rank must learn of it, or the others wait forever
-                error = str(exc)
-        fetched, error = dist.broadcast_object(fetched, error)
-        if error:
-            raise StorageError(error)
-        self.fetched = fetched
-
-    def plan(self, zero_stage: int, bf16_weights: bool) -> bool:
-        """Check the chosen checkpoint against this run's stage and pick the tag to load (a universal copy when the
-        world size changed and the stage partitions states); True when that copy must be loaded as universal.
+    def commit(self, zero_stage: int, bf16_weights: bool) -> bool:
+        """Go ahead with the chosen checkpoint, the launch's checks passed and its DeepSpeed config built: record the
+        stage and bf16 mode later saves carry, branch for train.resume_from, and pick the tag to load (a universal
+        copy when the world size changed and the stage partitions states); True when that copy must be loaded as
+        universal.
 
         Runs before deepspeed.initialize, because loading a universal checkpoint is a config flag.
         """
         self.zero_stage, self.bf16_weights = zero_stage, bf16_weights
         tag = self.resume_tag
-        if self.cfg.train.resume == "never" and tag is not None:
-            raise ConfigError(f"train.resume=never but '{self.ckpt_dir}' already holds checkpoints ({tag}); "
-                              "use a new train.output_dir, or resume=auto to continue")
         if tag is None:
             return False
-        self.previous_data = check_resume(self.ckpt_dir / tag, self.run_files, self.cfg.train.allow_new_data)
-        meta = self.folder.meta(tag)
-        if meta.get("zero_stage", self.zero_stage) != self.zero_stage:
-            raise ConfigError(
-                f"checkpoint {self.ckpt_dir / tag} was saved with ZeRO stage {meta['zero_stage']} but this run uses "
-                f"stage {self.zero_stage} (train.zero_stage); DeepSpeed cannot change the stage on "
-                "resume: keep the stage, or export the weights and start a new run from them (model.init_from)"
-            )
         if self.cfg.train.resume_from and not self.following_branch:  # the checks passed: only now may it move anything
-            self._branch()
+            self._branch(tag)
+        meta = self.folder.meta(tag)
         if meta.get("world_size", self.world) == self.world or self.zero_stage == 0:
             return False  # stage 0 saves whole weights and optimizer states, which any number of ranks loads
         error = ""
@@ -196,6 +124,19 @@ class CheckpointManager:
             raise RuntimeError(error)
         self.load_tag = universal_tag(tag)
         return True
+
+    def _branch(self, tag: str) -> None:
+        """Rank 0 moves the checkpoints after train.resume_from aside (kept, not deleted) and records the branch, so
+        that an automatic resume (a requeue) follows the branch."""
+        if self.rank == 0:
+            later, aside = self.folder.set_aside_after(tag)
+            if later:
+                self.notes.append(f"branching from {tag} (train.resume_from): {', '.join(later)} moved aside to {aside}")
+            # Recorded even when nothing moved: once the branch has saved, a requeue resumes the branch, not the tag.
+            row = {"from": tag, "moved_aside": later, "to": aside.name if later else None, "time": time.time()}
+            with open(self.run_dir.branches, "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+        dist.barrier()
 
     # ---- when to save -----------------------------------------------------------------
     def minutes_due(self) -> bool:
@@ -270,7 +211,7 @@ class CheckpointManager:
     def restore(self, engine, loader, progress: Progress, log) -> None:
         """Continue from the planned checkpoint, if any: weights, optimizer, schedule, loader, RNG, counters."""
         tag = self.resume_tag
-        if self.cfg.train.resume == "never" or tag is None:  # plan() refused a never-resume over checkpoints
+        if tag is None:  # nothing to resume, or train.resume=never over an empty folder
             return
         state = ckpt.load(engine, self.ckpt_dir, self.load_tag)
         if self.load_tag != tag:

@@ -45,7 +45,7 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, checkpoints: CheckpointM
     world = dist.world_size()
     stage, stage_note = zero_stage_for(cfg, objective, world, resumed)
     ds_config = build_ds_config(cfg, world, stage, bf16_weights_for(cfg, resumed))
-    if checkpoints.plan(stage, bool(ds_config.get("bf16", {}).get("enabled"))):
+    if checkpoints.commit(stage, bool(ds_config.get("bf16", {}).get("enabled"))):
         ds_config.setdefault("checkpoint", {})["load_universal"] = True
     if dist.rank() == 0:  # what DeepSpeed is given, beside config.yaml
         run_dir.root.mkdir(parents=True, exist_ok=True)

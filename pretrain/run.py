@@ -12,7 +12,8 @@ from core.config_io import config_to_dict
 from data_pipeline.dataset_dir import DatasetDir
 from data_pipeline.run_data import build_run_data, open_dataset
 from model.diagnostics import validation_unigram_entropy
-from model.objectives import build_for_run, check_objective_config
+from model.encoder import model_config
+from model.objectives import resolve_objective
 from pretrain.config import RunConfig
 from pretrain.hardware import resolve_hardware
 from pretrain.run_dir import RunDir, run_files
@@ -35,19 +36,19 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     if torch.cuda.is_available():  # read when NCCL's group is created: a timeout dumps every rank's last collectives here
         run_dir.flight_recorder.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(run_dir.flight_recorder / "rank_"))
-    check_objective_config(cfg.objective, cfg.model, cfg.masking)  # the cheapest mistakes first
+    spec = resolve_objective(cfg.objective, cfg.model, cfg.masking)  # the cheapest mistakes first
     dist.init_distributed(cfg.train.init_timeout_s)
     # Resolved before the run files are made: config.yaml records the precision the run trained in.
     hardware = resolve_hardware(cfg.train.precision, cfg.train.peak_tflops)
     cfg.train.precision = hardware.precision
     manifest = open_dataset(cfg.data)
+    hf_config = model_config(cfg.model, manifest["tokenizer"], manifest["seq_len"])
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    objective, model_config = build_for_run(cfg.objective, cfg.model, cfg.masking, manifest["tokenizer"],
-                                            manifest["seq_len"])
+    objective = spec.build(hf_config, cfg.model.init_from, cfg.masking.mask_prob)
     data = build_run_data(cfg.data, cfg.masking, manifest, cfg.train.micro_batch_size, cfg.train.seed,
-                          cfg.train.eval_batches if cfg.train.eval_every else 0, objective.data_transform,
+                          cfg.train.eval_batches if cfg.train.eval_every else 0, spec.data_transform,
                           pin_memory=torch.cuda.is_available())  # the engine copies pinned batches with non_blocking
-    files = run_files(config_to_dict(cfg), model_config.to_dict(), manifest)
+    files = run_files(config_to_dict(cfg), hf_config.to_dict(), manifest)
     # The trainer checks the launch against what it resumes (stage, tokenizer, data, shape) before it writes
     # anything; the run files replace the folder's only after that: a refused launch leaves the run as it was.
     trainer = Trainer(cfg, objective, data.train, data.validation, run_files=files,

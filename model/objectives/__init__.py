@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from transformers import PretrainedConfig
 
@@ -12,7 +11,6 @@ from core.errors import ConfigError
 from data_pipeline.masking import MaskingConfig
 from model import backbones
 from model.backbones import backbone_for
-from model.encoder import EncoderConfig, model_config
 from model.objectives.base import Objective
 
 # name -> "module:class"; imported lazily so one objective's dependencies never load another's.
@@ -54,12 +52,40 @@ def _objective_config_class() -> type:
 ObjectiveConfig = _objective_config_class()
 
 
-def check_objective_config(cfg: ObjectiveConfig, model, masking) -> None:
-    """The named objective's own checks of its options against the model and masking configs (ConfigError)."""
-    cls = objective_class(cfg.name)
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSpec:
+    """An objective resolved once from its config section: its class and options (checked by `resolve_objective`)."""
+
+    name: str
+    cls: type[Objective]
+    options: Any
+
+    def data_transform(self, transform, pad_id: int, cls_id: int, sep_id: int):
+        """The loader's per-sample transform: the masking itself, or the objective's views built around it."""
+        return self.cls.wrap_masking(self.options, transform, pad_id, cls_id, sep_id)
+
+    def build(self, config: PretrainedConfig, init_from: Optional[str] = None,
+              mask_prob: float = MaskingConfig.mask_prob) -> Objective:
+        """The objective around an encoder of this HF config (weights from init_from if set), trained on data masked
+        at `mask_prob` (`masking.mask_prob`, which its FLOPs depend on)."""
+        _check_architecture(self.cls, self.name, config.model_type)
+        objective = self.cls(config, self.options, init_from)
+        objective.mask_prob = mask_prob
+        return objective
+
+
+def resolve_objective(cfg: ObjectiveConfig, model, masking) -> ObjectiveSpec:
+    """The named objective, its own checks of its options against the model and masking configs passed (ConfigError)."""
+    cls, options = objective_class(cfg.name), getattr(cfg, cfg.name)
     if not model.init_from:  # an init_from folder's family is checked when the objective is built
         _check_architecture(cls, cfg.name, model.architecture)
-    cls.check_config(getattr(cfg, cfg.name), model, masking)
+    cls.check_config(options, model, masking)
+    return ObjectiveSpec(cfg.name, cls, options)
+
+
+def check_objective_config(cfg: ObjectiveConfig, model, masking) -> None:
+    """The named objective's own checks of its options against the model and masking configs (ConfigError)."""
+    resolve_objective(cfg, model, masking)
 
 
 def runs_on(cls: type[Objective]) -> list[str]:
@@ -77,26 +103,8 @@ def _check_architecture(cls: type[Objective], name: str, architecture: str) -> N
 def build_objective(cfg: ObjectiveConfig, config: PretrainedConfig, init_from: Optional[str] = None,
                     mask_prob: float = MaskingConfig.mask_prob) -> Objective:
     """The objective named in the config around an encoder of this config (weights from init_from if set), trained
-    on data masked at `mask_prob` (`masking.mask_prob`)."""
-    cls = objective_class(cfg.name)
-    _check_architecture(cls, cfg.name, config.model_type)
-    objective = cls(config, getattr(cfg, cfg.name), init_from)
-    objective.mask_prob = mask_prob
-    return objective
+    on data masked at `mask_prob` (`masking.mask_prob`); its options unchecked against a model section."""
+    return ObjectiveSpec(cfg.name, objective_class(cfg.name), getattr(cfg, cfg.name)).build(config, init_from, mask_prob)
 
 
-def build_for_run(cfg: ObjectiveConfig, model: EncoderConfig, masking: MaskingConfig, tokenizer: dict,
-                  seq_len: int) -> tuple[Objective, PretrainedConfig]:
-    """The named objective for a training run (its options checked already: `check_objective_config`), and the
-    transformers config of its encoder, made for the data's tokenizer and length. The masking rate is bound, and
-    `data_transform` is the loader's view of the masking (`wrap_masking` with its options)."""
-    cls, options = objective_class(cfg.name), getattr(cfg, cfg.name)
-    config = model_config(model, tokenizer, seq_len)
-    _check_architecture(cls, cfg.name, config.model_type)
-    objective = cls(config, options, model.init_from)
-    objective.mask_prob = masking.mask_prob
-    objective.data_transform = functools.partial(cls.wrap_masking, options)
-    return objective, config
-
-
-__all__ = ["Objective", "ObjectiveConfig", "build_for_run", "build_objective", "check_objective_config", "objective_class", "runs_on", "REGISTRY"]
+__all__ = ["Objective", "ObjectiveConfig", "ObjectiveSpec", "build_objective", "check_objective_config", "resolve_objective", "objective_class", "runs_on", "REGISTRY"]
