@@ -48,16 +48,20 @@ def open_dataset(cfg: LoaderConfig) -> dict[str, Any]:
 
 @dataclass
 class RunData:
-    """The loaders of a run (no validation loader when evaluation is off or the split is too small)."""
+    """The dataset's manifest and the run's loaders (no validation loader when evaluation is off or the split is too
+    small)."""
 
+    manifest: dict[str, Any]
     train: Any
     validation: Optional[Any]
 
 
-def build_run_data(cfg: LoaderConfig, masking: MaskingConfig, manifest: dict[str, Any], micro_batch_size: int,
-                   seed: int, eval_batches: int, wrap: WrapMasking, pin_memory: bool = False) -> RunData:
-    """Loaders masked in their workers (validation shows every picked token as [MASK], the same each time); no
-    validation loader when `eval_batches` is 0 or the split holds less than a batch per rank."""
+def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: int, seed: int, eval_batches: int,
+                  wrap: WrapMasking, pin_memory: bool = False) -> RunData:
+    """The dataset opened (`open_dataset`) and loaders masked in their workers over it (validation shows every picked
+    token as [MASK], the same each time); no validation loader when `eval_batches` is 0 or the split holds less than
+    a batch per rank."""
+    manifest = open_dataset(cfg)
     tok = manifest["tokenizer"]
     per_step = micro_batch_size * dist.world_size()
     train_sequences = manifest["splits"]["train"]["sequences"]
@@ -73,9 +77,9 @@ def build_run_data(cfg: LoaderConfig, masking: MaskingConfig, manifest: dict[str
     train = build_loader(cfg, "train", micro_batch_size, pin_memory=pin_memory,
                          collate_fn=MaskingCollate(train_transform, tok["pad_id"], seed))
     if not eval_batches or manifest["splits"]["validation"]["sequences"] < per_step:
-        return RunData(train, None)
+        return RunData(manifest, train, None)
     validation = build_loader(cfg, "validation", micro_batch_size, shuffle=False, pin_memory=pin_memory,
                               collate_fn=MaskingCollate(eval_transform, tok["pad_id"], seed, stream=EVAL_STREAM,
                                                         per_epoch=False))
-    return RunData(train, validation)
+    return RunData(manifest, train, validation)
 

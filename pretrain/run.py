@@ -10,7 +10,7 @@ import torch
 from core import distributed as dist
 from core.config_io import config_to_dict
 from data_pipeline.dataset_dir import DatasetDir
-from data_pipeline.run_data import build_run_data, open_dataset
+from data_pipeline.run_data import open_run_data
 from model.diagnostics import validation_unigram_entropy
 from model.encoder import model_config
 from model.objectives import resolve_objective
@@ -41,20 +41,20 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     # Resolved before the run files are made: config.yaml records the precision the run trained in.
     hardware = resolve_hardware(cfg.train.precision, cfg.train.peak_tflops)
     cfg.train.precision = hardware.precision
-    manifest = open_dataset(cfg.data)
-    hf_config = model_config(cfg.model, manifest["tokenizer"], manifest["seq_len"])
+    data = open_run_data(cfg.data, cfg.masking, cfg.train.micro_batch_size, cfg.train.seed,
+                         cfg.train.eval_batches if cfg.train.eval_every else 0, spec.data_transform,
+                         pin_memory=torch.cuda.is_available())  # the engine copies pinned batches with non_blocking
+    tokenizer = data.manifest["tokenizer"]
+    hf_config = model_config(cfg.model, tokenizer, data.manifest["seq_len"])
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     objective = spec.build(hf_config, cfg.model.init_from, cfg.masking.mask_prob)
-    data = build_run_data(cfg.data, cfg.masking, manifest, cfg.train.micro_batch_size, cfg.train.seed,
-                          cfg.train.eval_batches if cfg.train.eval_every else 0, spec.data_transform,
-                          pin_memory=torch.cuda.is_available())  # the engine copies pinned batches with non_blocking
-    files = run_files(config_to_dict(cfg), hf_config.to_dict(), manifest)
+    files = run_files(config_to_dict(cfg), hf_config.to_dict(), data.manifest)
     # The trainer checks the launch against what it resumes (stage, tokenizer, data, shape) before it writes
     # anything; the run files replace the folder's only after that: a refused launch leaves the run as it was.
     trainer = Trainer(cfg, objective, data.train, data.validation, run_files=files,
                       flops_per_token=objective.flops_per_token, peak_tflops=hardware.peak_tflops,
                       unigram_entropy=None if data.validation is None else
-                      validation_unigram_entropy(data.validation, cfg.train.eval_batches, manifest["tokenizer"]),
+                      validation_unigram_entropy(data.validation, cfg.train.eval_batches, tokenizer),
                       notes=hardware.notes)
     if dist.rank() == 0:
         run_dir.write_run_files(files, DatasetDir(cfg.data.path).tokenizer)
