@@ -56,11 +56,11 @@ class RunData:
     validation: Optional[Any]
 
 
-def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: int, seed: int, eval_batches: int,
+def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: int, seed: int, validation: bool,
                   wrap: WrapMasking, pin_memory: bool = False) -> RunData:
     """The dataset opened (`open_dataset`) and loaders masked in their workers over it (validation shows every picked
-    token as [MASK], the same each time); no validation loader when `eval_batches` is 0 or the split holds less than
-    a batch per rank."""
+    token as [MASK], the same each time); a validation loader only with `validation` and a split that holds a batch
+    per rank."""
     manifest = open_dataset(cfg)
     tok = manifest["tokenizer"]
     per_step = micro_batch_size * dist.world_size()
@@ -68,7 +68,9 @@ def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: i
     if train_sequences < per_step:
         raise ConfigError(f"the training split has {train_sequences} sequences, fewer than one batch "
                           f"(micro_batch_size {micro_batch_size} x {dist.world_size()} ranks)")
-    word_starts = word_start_table(load_tokenizer(DatasetDir(cfg.path).tokenizer)) if needs_word_starts(masking) else None
+    word_starts = None
+    if needs_word_starts(masking):
+        word_starts = word_start_table(load_tokenizer(DatasetDir(cfg.path).tokenizer))
     specials = (tok["pad_id"], tok["cls_id"], tok["sep_id"])
     train_transform, eval_transform = (wrap(build_masking(
         m, tok["vocab_size"], tok["mask_id"], tok["special_ids"], word_starts=word_starts, pad_id=tok["pad_id"],
@@ -76,7 +78,7 @@ def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: i
     clean_stale_shared_memory(cfg)
     train = build_loader(cfg, "train", micro_batch_size, pin_memory=pin_memory,
                          collate_fn=MaskingCollate(train_transform, tok["pad_id"], seed))
-    if not eval_batches or manifest["splits"]["validation"]["sequences"] < per_step:
+    if not validation or manifest["splits"]["validation"]["sequences"] < per_step:
         return RunData(manifest, train, None)
     validation = build_loader(cfg, "validation", micro_batch_size, shuffle=False, pin_memory=pin_memory,
                               collate_fn=MaskingCollate(eval_transform, tok["pad_id"], seed, stream=EVAL_STREAM,

@@ -29,7 +29,7 @@ from pretrain.run_dir import DATA_MANIFEST_FILE, RunDir
 
 
 class CheckpointManager:
-    """The run's checkpoints: pick, plan, decide when to save, save, restore."""
+    """The run's checkpoints: choose and commit the one to resume, decide when to save, save, restore."""
 
     def __init__(self, cfg: RunConfig, run_dir: RunDir, run_files: Optional[dict[str, str]] = None) -> None:
         self.cfg = cfg
@@ -58,25 +58,26 @@ class CheckpointManager:
     # ---- which checkpoint -------------------------------------------------------------
     def choose_checkpoint(self) -> dict[str, Any]:
         """Pick the checkpoint to resume and check this launch against it (resume=never, tokenizer, data, objective,
-        shape, ZeRO stage) before anything is moved or written; its meta (stage, precision, world size), {} when none.
+        shape, ZeRO stage); its meta (stage, precision, world size), {} when none.
 
         Runs before the DeepSpeed config is built: `auto` settings follow what the checkpoint was saved with. Rank 0
         fetches from the bucket, checks the files and sets damaged newer checkpoints aside (TAG.damaged); every rank
-        gets its answer.
+        gets its answer. The run's own checkpoints move (a train.resume_from branch) only at `commit`.
         """
         train = self.cfg.train
         if self.remote is not None and not train.resume_from and train.resume != "never":
             self.fetched = self.remote.fetch_for_resume()
-        if train.resume_from:
-            as_tag(train.resume_from)  # a malformed value is refused on every rank, not on rank 0 while the rest wait
         if train.resume == "never":
             if (latest := self.folder.latest()) is not None:
                 raise ConfigError(f"train.resume=never but '{self.ckpt_dir}' already holds checkpoints ({latest}); "
                                   "use a new train.output_dir, or resume=auto to continue")
             return {}
-        branches = self.run_dir.branches.read_text().splitlines() if self.run_dir.branches.is_file() else []
-        picked = self.folder.pick(train.resume_from, {json.loads(row)["from"] for row in branches}) \
-            if self.rank == 0 else (None, [], "", "")
+        branched_from: set[str] = set()
+        if train.resume_from:
+            as_tag(train.resume_from)  # a malformed value is refused on every rank, not on rank 0 while the rest wait
+            if self.run_dir.branches.is_file():
+                branched_from = {json.loads(row)["from"] for row in self.run_dir.branches.read_text().splitlines()}
+        picked = self.folder.pick(train.resume_from, branched_from) if self.rank == 0 else (None, [], "", "")
         tag, damaged, error, note = dist.broadcast_object(*picked)
         if error:
             raise CheckpointError(error)

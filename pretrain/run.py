@@ -42,7 +42,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     hardware = resolve_hardware(cfg.train.precision, cfg.train.peak_tflops)
     cfg.train.precision = hardware.precision
     data = open_run_data(cfg.data, cfg.masking, cfg.train.micro_batch_size, cfg.train.seed,
-                         cfg.train.eval_batches if cfg.train.eval_every else 0, spec.data_transform,
+                         bool(cfg.train.eval_every), spec.data_transform,
                          pin_memory=torch.cuda.is_available())  # the engine copies pinned batches with non_blocking
     tokenizer = data.manifest["tokenizer"]
     hf_config = model_config(cfg.model, tokenizer, data.manifest["seq_len"])

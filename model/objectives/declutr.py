@@ -101,7 +101,8 @@ class Declutr(Objective):
     def terms(self, batch: Batch):
         """Contrastive and anchor MLM losses, with in-batch retrieval accuracy of the positives."""
         if "positive0_input_ids" not in batch:
-            raise ConfigError("objective.name=declutr needs its span views in the batch (built by pretrain.run)")
+            raise ConfigError("objective.name=declutr needs its span views in the batch (the loader builds them: "
+                              "data_pipeline.run_data)")
         base = self.backbone.base(self.model)
         types = batch.get("token_type_ids")
         anchor = self.backbone.encode(base, batch["input_ids"], batch["attention_mask"], types).last_hidden_state
