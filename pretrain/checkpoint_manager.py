@@ -54,6 +54,7 @@ class CheckpointManager:
             self.remote = RemoteCheckpoints(cfg.train.checkpoint_remote, self.folder)
         self.fetched: Optional[str] = None
         self.previous_data: Optional[dict[str, Any]] = None  # the checkpoint's manifest when the data changed
+        self.resumed_meta: dict[str, Any] = {}  # what the chosen checkpoint was saved with
 
     # ---- which checkpoint -------------------------------------------------------------
     def choose_checkpoint(self) -> dict[str, Any]:
@@ -86,7 +87,7 @@ class CheckpointManager:
         self.resume_tag = self.load_tag = tag
         if tag is None:
             return {}
-        meta = self.folder.meta(tag)
+        meta = self.resumed_meta = self.folder.meta(tag)
         self.previous_data = check_resume(self.folder.tag(tag), self.run_files, train.allow_new_data)
         if train.zero_stage != "auto" and meta.get("zero_stage", int(train.zero_stage)) != int(train.zero_stage):
             raise ConfigError(
@@ -109,7 +110,7 @@ class CheckpointManager:
             return False
         if self.cfg.train.resume_from and not self.following_branch:  # the checks passed: only now may it move anything
             self._branch(tag)
-        meta = self.folder.meta(tag)
+        meta = self.resumed_meta
         if meta.get("world_size", self.world) == self.world or self.zero_stage == 0:
             return False  # stage 0 saves whole weights and optimizer states, which any number of ranks loads
         error = ""

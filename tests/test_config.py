@@ -67,7 +67,7 @@ def test_every_example_config_loads_and_passes_its_objective_checks():
     """The shipped run configs are valid: typed keys, and each objective's own checks against model and masking."""
     from pathlib import Path
 
-    from model.objectives import check_objective_config
+    from model.objectives import resolve_objective
 
     configs = sorted((Path(__file__).resolve().parents[1] / "pretrain" / "configs").glob("*.yaml"))
     assert len(configs) >= 7
@@ -75,7 +75,7 @@ def test_every_example_config_loads_and_passes_its_objective_checks():
         overrides = ["model.init_from=."] if "tacl" in path.name else []  # TaCL's teacher folder is the user's
         cfg = load_config(RunConfig, path, overrides)
         if "tacl" not in path.name:
-            check_objective_config(cfg.objective, cfg.model, cfg.masking)
+            resolve_objective(cfg.objective, cfg.model, cfg.masking)
 
 
 def test_config_groups_compose_in_order_and_can_be_swapped(tmp_path):

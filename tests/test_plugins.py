@@ -104,13 +104,13 @@ def test_toy_backbone_and_objective_train_and_export(registered, prepared, tmp_p
                                          "model.num_heads=2", "model.intermediate_size=64", "model.dropout=0.0",
                                          "model.attention_dropout=0.0", "objective.name=toy", "objective.toy.scale=2.0"])
     cfg.model.validate()
-    objectives.check_objective_config(cfg.objective, cfg.model, None)
+    spec = objectives.resolve_objective(cfg.objective, cfg.model, None)  # the path a training run takes
     manifest = read_manifest(prepared)
     tok = manifest["tokenizer"]
     config = model_config(cfg.model, tok, 64)
     assert type(config) is DistilBertConfig and (config.dim, config.n_layers, config.vocab_size) == (32, 2, tok["vocab_size"])
     torch.manual_seed(0)
-    toy = objectives.build_objective(cfg.objective, config, mask_prob=0.2)
+    toy = spec.build(config, mask_prob=0.2)
 
     # One training step: the option weights the loss, gradients reach the encoder.
     ids = torch.randint(10, tok["vocab_size"], (4, 24), generator=torch.Generator().manual_seed(0))

@@ -83,11 +83,6 @@ def resolve_objective(cfg: ObjectiveConfig, model, masking) -> ObjectiveSpec:
     return ObjectiveSpec(cfg.name, cls, options)
 
 
-def check_objective_config(cfg: ObjectiveConfig, model, masking) -> None:
-    """The named objective's own checks of its options against the model and masking configs (ConfigError)."""
-    resolve_objective(cfg, model, masking)
-
-
 def runs_on(cls: type[Objective]) -> list[str]:
     """The registered backbones that provide everything this objective needs."""
     return [name for name in backbones.REGISTRY if cls.needs <= backbone_for(name).provides]
@@ -107,4 +102,5 @@ def build_objective(cfg: ObjectiveConfig, config: PretrainedConfig, init_from: O
     return ObjectiveSpec(cfg.name, objective_class(cfg.name), getattr(cfg, cfg.name)).build(config, init_from, mask_prob)
 
 
-__all__ = ["Objective", "ObjectiveConfig", "ObjectiveSpec", "build_objective", "check_objective_config", "resolve_objective", "objective_class", "runs_on", "REGISTRY"]
+__all__ = ["Objective", "ObjectiveConfig", "ObjectiveSpec", "build_objective", "resolve_objective", "objective_class",
+           "runs_on", "REGISTRY"]
