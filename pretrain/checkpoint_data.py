@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from core.distributed import import_deepspeed
 from core.errors import CheckpointError
 
 
@@ -20,6 +21,8 @@ def plain_types() -> list[Any]:
     """The classes besides tensors and Python containers that checkpoints hold: each is rebuilt from its fields,
     none runs code of the file's choosing."""
     import numpy as np
+
+    import_deepspeed()
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address

@@ -116,3 +116,22 @@ def test_an_unknown_tracker_is_a_config_error(prepared, tmp_path):
                                 f"train.output_dir={tmp_path / 'run'}", "train.report_to=[tensorboard,comet]"], check=False)
     assert proc.returncode == 2 and "train.report_to" in proc.stderr and "comet" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_deepspeed_starts_without_mlflow_and_mlflow_still_imports():
+    """DeepSpeed's autotuner imports MLflow when it can (0.8 s of every rank's start-up); the trainer imports DeepSpeed
+    without it, and train.report_to=mlflow imports it afterwards as usual (the test above trains with it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from core.distributed import import_deepspeed\n"
+            "import_deepspeed()\n"
+            "assert 'deepspeed' in sys.modules and 'mlflow' not in sys.modules, sorted(sys.modules)\n"
+            "from deepspeed.autotuning import autotuner\n"
+            "assert autotuner.has_mlflow is False\n"
+            "import mlflow\n"
+            "print('mlflow', mlflow.__version__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("mlflow "), proc.stderr[-3000:]
