@@ -19,9 +19,9 @@ from model.backbones.base import forward_input_names
 from model.encoder import config_from_dict
 from model.objectives import build_objective
 from pretrain import checkpoint as ckpt
-from pretrain.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
 from pretrain import model_card
 from pretrain.checkpoint_data import check_tag_is_data, read_as_data
+from pretrain.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
 from pretrain.config import RunConfig
 from pretrain.run_dir import CHECKPOINTS_DIR, CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, RunDir
 
@@ -32,9 +32,10 @@ def resolve_checkpoint(path: str | Path) -> tuple[RunDir, Path, str]:
     """(run dir, checkpoint dir, tag) from either RUN_DIR (newest complete tag) or RUN_DIR/checkpoints/TAG."""
     path = Path(path)
     if TAG_RE.match(path.name) and path.parent.name == CHECKPOINTS_DIR:
-        if not (path / COMPLETE).is_file():
+        folder = CheckpointDir(path.parent)
+        if not folder.is_complete(path.name):
             raise CheckpointError(f"checkpoint '{path}' is incomplete (no {COMPLETE} marker)")
-        if problem := CheckpointDir(path.parent).damage(path.name):
+        if problem := folder.damage(path.name):
             raise CheckpointError(f"checkpoint '{path}' is damaged: {problem}")
         return RunDir(path.parent.parent), path.parent, path.name
     run_dir = RunDir(path)

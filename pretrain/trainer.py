@@ -37,10 +37,9 @@ from pretrain.sample_audit import SampleAudit
 class Trainer:
     """Runs `max_steps` optimizer steps of whatever `objective` is, resuming where a run stopped."""
 
-    def __init__(self, cfg: RunConfig, objective: nn.Module, train_loader, eval_loader=None,
+    def __init__(self, cfg: RunConfig, objective: nn.Module, train_loader, eval_loader=None, *, peak_tflops: float,
                  run_files: Optional[dict[str, str]] = None, unigram_entropy: Optional[float] = None,
-                 notes: tuple[str, ...] = (), flops_per_token: Optional[Callable[[int], float]] = None,
-                 peak_tflops: float = 0.0) -> None:
+                 notes: tuple[str, ...] = (), flops_per_token: Optional[Callable[[int], float]] = None) -> None:
         self.cfg, self.loader, self.eval_loader = cfg, train_loader, eval_loader
         self.unigram_entropy = unigram_entropy
         self.rank, self.world = dist.rank(), dist.world_size()
