@@ -9,6 +9,7 @@ An argument whose meaning is the script's own stays an `add_argument` in the scr
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -46,3 +47,8 @@ def add_shared(parser: argparse.ArgumentParser, choices: Optional[dict[str, list
         if choices and name in choices:
             spec["choices"] = choices[name]
         parser.add_argument("--" + name.replace("_", "-"), **spec)
+
+
+def repo_pythonpath() -> str:
+    """PYTHONPATH for a measured subprocess: the checkout first, then whatever the caller had (carried packages)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from benchmarks.arguments import add_shared, results_file
 from benchmarks.repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging
+from data_pipeline.dataset_dir import DatasetDir
 from pretrain.run_dir import RunDir
 
 SHAPES = {"base": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072},
@@ -185,7 +186,6 @@ def main() -> None:
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
     setup_logging()
     corpora, work = Path(args.corpora).resolve(), Path(args.work).resolve()
-    tokenizer = minilm_dir()
     if args.worker:
         point = json.loads(args.point)
         result = profile_worker(point, args, Path(point["data"]), Path(point["teacher"]))
@@ -193,11 +193,13 @@ def main() -> None:
         os._exit(0)
     results = []
     for seq in args.seqs:
-        data = prepare({"sources": [{"kind": "text", "path": f"{corpora / 'wordnet_glosses.txt'},{corpora / 'kjv.txt'}",
-                                     "text_documents": "paragraph"}],
-                        "tokenizer": {"pretrained": str(tokenizer)}, "seq_len": seq, "packing": "full", "val_fraction": 0.01},
-                       work / f"data{seq}")
-        teacher = teacher_folder(SHAPES[args.size], seq, tokenizer, work / f"teacher_{args.size}_{seq}")
+        data = work / f"data{seq}"
+        if not DatasetDir(data).is_complete():  # prepared shards travel to a GPU machine without the MiniLM package
+            prepare({"sources": [{"kind": "text", "path": f"{corpora / 'wordnet_glosses.txt'},{corpora / 'kjv.txt'}",
+                                  "text_documents": "paragraph"}],
+                     "tokenizer": {"pretrained": str(minilm_dir())}, "seq_len": seq, "packing": "full",
+                     "val_fraction": 0.01}, data)
+        teacher = teacher_folder(SHAPES[args.size], seq, DatasetDir(data).tokenizer, work / f"teacher_{args.size}_{seq}")
         for backbone in args.backbones:
             for batch in (args.batches_128 if seq <= 128 else args.batches_512):
                 for name in args.objectives:

@@ -34,7 +34,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Optional
-from benchmarks.arguments import add_shared, results_file
+from benchmarks.arguments import add_shared, repo_pythonpath, results_file
 from pretrain.run_dir import RunDir
 from data_pipeline.dataset_dir import DatasetDir
 
@@ -74,7 +74,7 @@ def trainer_command(case: dict, args, out: Path) -> list[str]:
 
 def thread_env(args) -> dict:
     """The environment of every measured process: the same torch thread count on both sides."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": repo_pythonpath()}
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     return env

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from benchmarks.arguments import add_shared, results_file
+from benchmarks.arguments import add_shared, repo_pythonpath, results_file
 from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def run_hf(data: Path, work: Path, args) -> float:
     """Samples/s of transformers' Trainer on the same sequences, after warm-up (in a fresh process: --worker hf)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "hf", "--data", str(data), "--work", str(work),
            *sys.argv[1:]]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": repo_pythonpath()}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
