@@ -515,7 +515,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=10)
     add_shared(parser, warmup=10)
     parser.add_argument("--pairs", type=int, default=3)
-    add_shared(parser, threads=1, loader_workers=1)
+    add_shared(parser, threads=1, loader_workers=None)  # None: 1 on a CPU (the proxy), 4 on a GPU (as gpu_throughput.py)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more overrides for the trainer only (a lever to measure, e.g. train.deepspeed_config=...)")
@@ -526,6 +526,8 @@ def main() -> None:
     parser.add_argument("--worker", choices=["plain", "plain-phases", "trainer-phases", "interleaved"], help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.loader_workers is None:
+        args.loader_workers = 4 if args.device == "cuda" else 1
     if args.threads:
         import torch
 
