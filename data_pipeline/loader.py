@@ -24,12 +24,13 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional, Union
 
 import numpy as np
 import torch
 
-from core.errors import MissingFileError
+from core import distributed as dist
+from core.errors import ConfigError, MissingFileError
 from data_pipeline.dataset_dir import INDEX
 
 
@@ -45,8 +46,9 @@ class LoaderConfig:
     shuffle_algo: str = "py1e"
     # Fixed, so the global sample order does not depend on how many nodes read it.
     num_canonical_nodes: int = 1
-    # Loader processes per rank that read, pad and mask batches off the training process (0: in it).
-    num_workers: int = 1
+    # Loader processes per rank that read, pad and mask batches off the training process (0: in it). auto: 1 on a
+    # CPU (the other cores train), up to 4 beside a GPU (`loader_workers`).
+    num_workers: Union[Literal["auto"], int] = "auto"
     # Check local shard files against their recorded hashes when training starts.
     verify_hashes: bool = True
     # With `remote` set, a killed run's shared memory blocks the next run that reuses its local cache
@@ -320,6 +322,29 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
         )
 
 
+def loader_workers(requested: Union[str, int], gpu: bool, cpus: int) -> int:
+    """Loader processes per rank for `data.num_workers` (`auto`: 1 on a CPU, up to 4 beside a GPU), given the CPUs
+    this rank may use.
+
+    One worker masks about 1,650 sequences of 128 tokens a second (an EPYC core, 64 per batch), while BERT-base on
+    one H200 takes 3,750 a second at micro-batch 256 (BENCHMARKS.md): one worker would hold the GPU to less than
+    half of that. On a CPU the training process needs the cores, and one worker keeps pace with it.
+    """
+    if requested != "auto":
+        if int(requested) < 0:
+            raise ConfigError(f"config key 'data.num_workers' must be auto or >= 0, got {requested}")
+        return int(requested)
+    return max(1, min(4, cpus - 1)) if gpu else 1
+
+
+def cpus_per_rank() -> int:
+    """The CPUs this rank may use: its own affinity under srun, a share of the machine's under torchrun."""
+    cpus = len(os.sched_getaffinity(0))
+    if cpus == os.cpu_count():  # not pinned per task: the machine's ranks share its cores
+        cpus //= max(1, dist.local_world_size())
+    return max(1, cpus)
+
+
 def build_loader(cfg: LoaderConfig, split: str, batch_size: int, collate_fn: Callable, shuffle: Optional[bool] = None,
                  pin_memory: bool = False):
     """A StreamingDataLoader whose `state_dict()` resumes mid-epoch without replaying batches.
@@ -328,11 +353,12 @@ def build_loader(cfg: LoaderConfig, split: str, batch_size: int, collate_fn: Cal
     process copy batches to the device with `non_blocking`.
     """
     dataset = build_dataset(cfg, split, batch_size, shuffle)
+    workers = loader_workers(cfg.num_workers, torch.cuda.is_available(), cpus_per_rank())
     return _unpacking_loader_class()(
         dataset,
         batch_size=batch_size,
-        collate_fn=PackingCollate(collate_fn) if cfg.num_workers > 0 else collate_fn,
-        num_workers=cfg.num_workers,
+        collate_fn=PackingCollate(collate_fn) if workers > 0 else collate_fn,
+        num_workers=workers,
         pin_memory=pin_memory,
         # Every rank must take the same number of steps, or the collectives hang.
         drop_last=True,

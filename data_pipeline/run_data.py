@@ -54,6 +54,7 @@ class RunData:
     manifest: dict[str, Any]
     train: Any
     validation: Optional[Any]
+    notes: tuple[str, ...] = ()  # what `auto` chose, for the run's log
 
 
 def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: int, seed: int, validation: bool,
@@ -78,10 +79,11 @@ def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: i
     clean_stale_shared_memory(cfg)
     train = build_loader(cfg, "train", micro_batch_size, pin_memory=pin_memory,
                          collate_fn=MaskingCollate(train_transform, tok["pad_id"], seed))
+    notes = (f"{train.num_workers} loader worker(s) per rank (data.num_workers=auto)",) if cfg.num_workers == "auto" else ()
     if not validation or manifest["splits"]["validation"]["sequences"] < per_step:
-        return RunData(manifest, train, None)
+        return RunData(manifest, train, None, notes)
     validation = build_loader(cfg, "validation", micro_batch_size, shuffle=False, pin_memory=pin_memory,
                               collate_fn=MaskingCollate(eval_transform, tok["pad_id"], seed, stream=EVAL_STREAM,
                                                         per_epoch=False))
-    return RunData(manifest, train, validation)
+    return RunData(manifest, train, validation, notes)
 

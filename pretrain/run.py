@@ -55,7 +55,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
                       flops_per_token=objective.flops_per_token, peak_tflops=hardware.peak_tflops,
                       unigram_entropy=None if data.validation is None else
                       validation_unigram_entropy(data.validation, cfg.train.eval_batches, tokenizer),
-                      notes=hardware.notes)
+                      notes=(*hardware.notes, *data.notes))
     if dist.rank() == 0:
         run_dir.write_run_files(files, DatasetDir(cfg.data.path).tokenizer)
     dist.barrier()

@@ -78,6 +78,27 @@ def test_every_example_config_loads_and_passes_its_objective_checks():
             resolve_objective(cfg.objective, cfg.model, cfg.masking)
 
 
+def test_the_base_model_groups_are_the_published_shapes_and_the_gpu_group_divides():
+    """model=bert_base and model=modernbert_base build the papers' encoders (their published parameter counts with
+    their vocabularies), and train=gpu_base's global batch divides over 1, 2, 4 and 8 GPUs."""
+    import torch
+    from transformers import AutoModel
+
+    from model.encoder import model_config
+    from pretrain.ds_config import gradient_accumulation
+
+    repo_configs = Path(__file__).resolve().parents[1] / "pretrain" / "configs"
+    published = {"bert_base": (30522, 109_482_240), "modernbert_base": (50368, 149_014_272)}
+    for group, (vocab, params) in published.items():
+        cfg = load_config(RunConfig, repo_configs / "mlm_bert_base.yaml", [f"model={group}"])
+        tokenizer = {"vocab_size": vocab, "pad_id": 0, "cls_id": 1, "sep_id": 2, "mask_id": 3}
+        with torch.device("meta"):  # the shapes, without allocating the weights
+            encoder = AutoModel.from_config(model_config(cfg.model, tokenizer, 512))
+        assert sum(p.numel() for p in encoder.parameters()) == params, group
+    train = load_config(RunConfig, repo_configs / "mlm_bert_base.yaml").train
+    assert [gradient_accumulation(train.global_batch_size, train.micro_batch_size, gpus) for gpus in (1, 2, 4, 8)] == [8, 4, 2, 1]
+
+
 def test_config_groups_compose_in_order_and_can_be_swapped(tmp_path):
     """A run YAML's `defaults:` merge group files in order, its own keys on top, then overrides; group=option swaps one."""
     repo_configs = Path(__file__).resolve().parents[1] / "pretrain" / "configs"

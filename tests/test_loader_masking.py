@@ -143,3 +143,39 @@ def test_a_worker_batch_reaches_the_training_process_as_one_shared_block(dataset
     for batch in batches:
         storages = {v.untyped_storage().data_ptr() for v in batch.values()}
         assert len(storages) == 1 and set(batch) >= {"input_ids", "labels", "attention_mask", "sample_id"}
+
+
+def test_auto_loader_workers_are_one_on_a_cpu_and_up_to_four_beside_a_gpu(monkeypatch):
+    from core.errors import ConfigError
+    from data_pipeline.loader import cpus_per_rank, loader_workers
+
+    assert loader_workers("auto", gpu=False, cpus=64) == 1  # the training process needs the cores
+    assert [loader_workers("auto", gpu=True, cpus=c) for c in (1, 2, 3, 5, 8, 96)] == [1, 1, 2, 4, 4, 4]
+    assert loader_workers(0, gpu=True, cpus=8) == 0 and loader_workers(6, gpu=False, cpus=2) == 6
+    with pytest.raises(ConfigError, match="data.num_workers"):
+        loader_workers(-1, gpu=False, cpus=2)
+    # Under torchrun every rank of a machine sees all its cores: each gets its share.
+    if len(os.sched_getaffinity(0)) == os.cpu_count():
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+        alone = cpus_per_rank()
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        assert cpus_per_rank() == max(1, alone // 2)
+
+
+
+def test_the_sample_order_and_a_resume_do_not_depend_on_the_worker_count(dataset):
+    """`data.num_workers: auto` may pick another count on another machine: a requeue there reads the same order."""
+    def loader(workers):
+        return build_loader(LoaderConfig(path=str(dataset), shuffle=True, num_workers=workers), "train", 3,
+                            collate_fn=MaskingCollate(_masking(), pad_id=0, seed=5))
+
+    def walk(it, batches):
+        return [next(it)["sample_id"].tolist() for _ in range(batches)]
+
+    straight = {w: walk(iter(loader(w)), NUM_SAMPLES // 3) for w in (0, 1, 2)}
+    assert straight[0] == straight[1] == straight[2] and sorted(sum(straight[0], [])) == list(range(NUM_SAMPLES))
+    first = loader(2)
+    head = walk(iter(first), 3)
+    resumed = loader(1)
+    resumed.load_state_dict(first.state_dict())
+    assert head + walk(iter(resumed), NUM_SAMPLES // 3 - 3) == straight[0]
