@@ -123,7 +123,8 @@ def main() -> None:
             except Exception as exc:
                 messages[name] = f"{type(exc).__name__}: {exc}"
         omega["messages_without_schema"] = messages
-        # With a schema, on the one section that has no Literal field (the loader's).
+        # With a schema, on the loader's section: it had no Literal field when this was measured (issue 16); since
+        # data.num_workers became `auto | int` (a Union with a Literal) OmegaConf refuses the schema itself.
         from data_pipeline.loader import LoaderConfig
 
         with_schema, ours_data = {}, {}

@@ -23,6 +23,14 @@ def field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+def _describe(tp: Any) -> str:
+    """A type as a config message names it: a Literal's values, else the type's name."""
+    if typing.get_origin(tp) is typing.Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    name = str(getattr(tp, "__name__", tp))
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Convert a YAML value (or an override string parsed as YAML) to the annotated type."""
     origin = typing.get_origin(tp)
@@ -30,13 +38,17 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        members = [a for a in args if a is not type(None)]
         errors = []
-        for arg in (a for a in args if a is not type(None)):
+        for arg in members:
             try:
                 return _coerce(value, arg, key)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0])
+        if len(errors) == 1:
+            raise ConfigError(errors[0])
+        # Each member's own message would name only one of the forms the key accepts.
+        raise ConfigError(f"config key '{key}': expected {' or '.join(_describe(a) for a in members)}, got {value!r}")
     if origin is typing.Literal:
         if value not in args:
             raise ConfigError(f"config key '{key}': {value!r} is not one of {list(args)}")

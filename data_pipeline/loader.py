@@ -32,6 +32,7 @@ import torch
 from core import distributed as dist
 from core.errors import ConfigError, MissingFileError
 from data_pipeline.dataset_dir import INDEX
+from data_pipeline.worker_pool import available_cpus
 
 
 @dataclass
@@ -56,6 +57,11 @@ class LoaderConfig:
     # segment on the machine, so turn it off when other streaming jobs share the node. Without
     # `remote`, leftovers block nothing and are never removed.
     clean_stale_shared_memory: bool = True
+
+    def validate(self) -> None:
+        """Refuse a worker count no loader can have before anything starts."""
+        if self.num_workers != "auto" and self.num_workers < 0:
+            raise ConfigError(f"config key 'data.num_workers' must be auto or >= 0, got {self.num_workers}")
 
 
 SampleTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
@@ -326,23 +332,25 @@ def loader_workers(requested: Union[str, int], gpu: bool, cpus: int) -> int:
     """Loader processes per rank for `data.num_workers` (`auto`: 1 on a CPU, up to 4 beside a GPU), given the CPUs
     this rank may use.
 
-    One worker masks about 1,650 sequences of 128 tokens a second (an EPYC core, 64 per batch), while BERT-base on
+    One worker masks 1,300-1,650 sequences of 128 tokens a second (an EPYC core, 64 per batch), while BERT-base on
     one H200 takes 3,750 a second at micro-batch 256 (BENCHMARKS.md): one worker would hold the GPU to less than
     half of that. On a CPU the training process needs the cores, and one worker keeps pace with it.
     """
     if requested != "auto":
-        if int(requested) < 0:
-            raise ConfigError(f"config key 'data.num_workers' must be auto or >= 0, got {requested}")
         return int(requested)
     return max(1, min(4, cpus - 1)) if gpu else 1
 
 
-def cpus_per_rank() -> int:
-    """The CPUs this rank may use: its own affinity under srun, a share of the machine's under torchrun."""
-    cpus = len(os.sched_getaffinity(0))
-    if cpus == os.cpu_count():  # not pinned per task: the machine's ranks share its cores
-        cpus //= max(1, dist.local_world_size())
-    return max(1, cpus)
+def cpus_per_rank(cpus: Optional[int] = None, local_ranks: Optional[int] = None,
+                  cpus_per_task: Optional[str] = None) -> int:
+    """The CPUs this rank may use: its task's own under srun --cpus-per-task, else its share of this process's
+    (torchrun's ranks of one machine inherit one affinity). Unset arguments are read from this process."""
+    cpus = available_cpus() if cpus is None else cpus
+    local_ranks = dist.local_world_size() if local_ranks is None else local_ranks
+    cpus_per_task = os.environ.get("SLURM_CPUS_PER_TASK", "") if cpus_per_task is None else cpus_per_task
+    if cpus_per_task.isdigit() and cpus <= int(cpus_per_task):  # SLURM pinned this task to CPUs of its own
+        return max(1, cpus)
+    return max(1, cpus // max(1, local_ranks))
 
 
 def build_loader(cfg: LoaderConfig, split: str, batch_size: int, collate_fn: Callable, shuffle: Optional[bool] = None,

@@ -82,19 +82,27 @@ def test_the_base_model_groups_are_the_published_shapes_and_the_gpu_group_divide
     """model=bert_base and model=modernbert_base build the papers' encoders (their published parameter counts with
     their vocabularies), and train=gpu_base's global batch divides over 1, 2, 4 and 8 GPUs."""
     import torch
-    from transformers import AutoModel
+    from transformers import AutoModel, BertConfig, ModernBertConfig
 
     from model.encoder import model_config
     from pretrain.ds_config import gradient_accumulation
 
     repo_configs = Path(__file__).resolve().parents[1] / "pretrain" / "configs"
-    published = {"bert_base": (30522, 109_482_240), "modernbert_base": (50368, 149_014_272)}
-    for group, (vocab, params) in published.items():
+    # The encoders' (AutoModel's) published counts with their vocabularies; transformers' default configs of both
+    # classes are these base models, so every other field is checked against them.
+    published = {"bert_base": (30522, 109_482_240, BertConfig()), "modernbert_base": (50368, 149_014_272, ModernBertConfig())}
+    for group, (vocab, params, reference) in published.items():
         cfg = load_config(RunConfig, repo_configs / "mlm_bert_base.yaml", [f"model={group}"])
         tokenizer = {"vocab_size": vocab, "pad_id": 0, "cls_id": 1, "sep_id": 2, "mask_id": 3}
+        config = model_config(cfg.model, tokenizer, 512)
         with torch.device("meta"):  # the shapes, without allocating the weights
-            encoder = AutoModel.from_config(model_config(cfg.model, tokenizer, 512))
+            encoder = AutoModel.from_config(config)
         assert sum(p.numel() for p in encoder.parameters()) == params, group
+        fields = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings",
+                  "position_embedding_type", "hidden_dropout_prob", "attention_probs_dropout_prob", "local_attention",
+                  "global_attn_every_n_layers", "embedding_dropout", "mlp_dropout", "attention_dropout")
+        for field in (f for f in fields if hasattr(reference, f)):
+            assert getattr(config, field) == getattr(reference, field), (group, field)
     train = load_config(RunConfig, repo_configs / "mlm_bert_base.yaml").train
     assert [gradient_accumulation(train.global_batch_size, train.micro_batch_size, gpus) for gpus in (1, 2, 4, 8)] == [8, 4, 2, 1]
 

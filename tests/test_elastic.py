@@ -1,6 +1,7 @@
 """Elastic resume: a checkpoint from 2 ranks resumes on 1 and vice versa, through DeepSpeed's universal checkpoint
 (ZeRO 1-3), or directly (stage 0 saves whole states)."""
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def test_stage_zero_resumes_on_another_rank_count_without_conversion(prepared, s
     auto = lambda *extra: _args(prepared, out, "train.zero_stage=auto", "train.precision=bf16", *extra)  # noqa: E731
     first = run_cli("pretrain", auto("train.stop_after=6"), nproc=1)
     assert "ZeRO stage 0 (train.zero_stage=auto: one rank" in first.stdout
-    assert "1 loader worker(s) per rank (data.num_workers=auto)" in first.stdout  # on a CPU; up to 4 beside a GPU
+    assert re.search(r"\d loader worker\(s\) per rank \(data.num_workers=auto\)", first.stdout)
     shutil.copytree(out, probe)
     resumed = run_cli("pretrain", auto(), nproc=2)
     assert "ZeRO stage 0 (train.zero_stage=auto: the run's checkpoints were saved at stage 0)" in resumed.stdout

@@ -145,22 +145,24 @@ def test_a_worker_batch_reaches_the_training_process_as_one_shared_block(dataset
         assert len(storages) == 1 and set(batch) >= {"input_ids", "labels", "attention_mask", "sample_id"}
 
 
-def test_auto_loader_workers_are_one_on_a_cpu_and_up_to_four_beside_a_gpu(monkeypatch):
+def test_auto_loader_workers_are_one_on_a_cpu_and_up_to_four_beside_a_gpu():
+    from core.config_io import load_config
     from core.errors import ConfigError
     from data_pipeline.loader import cpus_per_rank, loader_workers
+    from pretrain.config import RunConfig
 
     assert loader_workers("auto", gpu=False, cpus=64) == 1  # the training process needs the cores
     assert [loader_workers("auto", gpu=True, cpus=c) for c in (1, 2, 3, 5, 8, 96)] == [1, 1, 2, 4, 4, 4]
     assert loader_workers(0, gpu=True, cpus=8) == 0 and loader_workers(6, gpu=False, cpus=2) == 6
-    with pytest.raises(ConfigError, match="data.num_workers"):
-        loader_workers(-1, gpu=False, cpus=2)
-    # Under torchrun every rank of a machine sees all its cores: each gets its share.
-    if len(os.sched_getaffinity(0)) == os.cpu_count():
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-        alone = cpus_per_rank()
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-        assert cpus_per_rank() == max(1, alone // 2)
-
+    # torchrun: a machine's ranks share one affinity; srun --cpus-per-task: each task has CPUs of its own.
+    assert cpus_per_rank(cpus=16, local_ranks=2, cpus_per_task="") == 8
+    assert cpus_per_rank(cpus=96, local_ranks=8, cpus_per_task="") == 12
+    assert cpus_per_rank(cpus=8, local_ranks=8, cpus_per_task="8") == 8
+    assert cpus_per_rank(cpus=96, local_ranks=8, cpus_per_task="8") == 12  # SLURM did not bind the task
+    assert cpus_per_rank(cpus=3, local_ranks=8, cpus_per_task="") == 1
+    for bad, message in (("-1", "must be auto or >= 0, got -1"), ("lots", "expected 'auto' or an int, got 'lots'")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(RunConfig, None, [f"data.num_workers={bad}"])
 
 
 def test_the_sample_order_and_a_resume_do_not_depend_on_the_worker_count(dataset):
