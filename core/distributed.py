@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -56,6 +56,13 @@ def slurm_env(environ: dict[str, str]) -> dict[str, str]:
         "MASTER_PORT": environ.get("MASTER_PORT") or str(15000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000),
     }
     return out
+
+
+def rank_is_slurm_task(environ: Mapping[str, str]) -> bool:
+    """Whether this rank is a SLURM task of its own (srun started one task per rank), not one of the ranks torchrun
+    or the deepspeed launcher started inside one task."""
+    ntasks = environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS")
+    return "SLURM_PROCID" in environ and environ.get("RANK") == environ["SLURM_PROCID"] and environ.get("WORLD_SIZE") == ntasks
 
 
 def setup_env() -> None:

@@ -24,7 +24,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -342,13 +342,15 @@ def loader_workers(requested: Union[str, int], gpu: bool, cpus: int) -> int:
 
 
 def cpus_per_rank(cpus: Optional[int] = None, local_ranks: Optional[int] = None,
-                  cpus_per_task: Optional[str] = None) -> int:
-    """The CPUs this rank may use: its task's own under srun --cpus-per-task, else its share of this process's
-    (torchrun's ranks of one machine inherit one affinity). Unset arguments are read from this process."""
+                  environ: Optional[Mapping[str, str]] = None) -> int:
+    """The CPUs this rank may use: its task's own when srun started one task per rank and pinned it to
+    --cpus-per-task, else its share of the CPUs this process may use (the ranks a launcher starts inherit one
+    affinity). Unset arguments are read from this process."""
     cpus = available_cpus() if cpus is None else cpus
     local_ranks = dist.local_world_size() if local_ranks is None else local_ranks
-    cpus_per_task = os.environ.get("SLURM_CPUS_PER_TASK", "") if cpus_per_task is None else cpus_per_task
-    if cpus_per_task.isdigit() and cpus <= int(cpus_per_task):  # SLURM pinned this task to CPUs of its own
+    environ = os.environ if environ is None else environ
+    per_task = environ.get("SLURM_CPUS_PER_TASK", "")
+    if dist.rank_is_slurm_task(environ) and per_task.isdigit() and cpus <= int(per_task):
         return max(1, cpus)
     return max(1, cpus // max(1, local_ranks))
 

@@ -154,12 +154,17 @@ def test_auto_loader_workers_are_one_on_a_cpu_and_up_to_four_beside_a_gpu():
     assert loader_workers("auto", gpu=False, cpus=64) == 1  # the training process needs the cores
     assert [loader_workers("auto", gpu=True, cpus=c) for c in (1, 2, 3, 5, 8, 96)] == [1, 1, 2, 4, 4, 4]
     assert loader_workers(0, gpu=True, cpus=8) == 0 and loader_workers(6, gpu=False, cpus=2) == 6
-    # torchrun: a machine's ranks share one affinity; srun --cpus-per-task: each task has CPUs of its own.
-    assert cpus_per_rank(cpus=16, local_ranks=2, cpus_per_task="") == 8
-    assert cpus_per_rank(cpus=96, local_ranks=8, cpus_per_task="") == 12
-    assert cpus_per_rank(cpus=8, local_ranks=8, cpus_per_task="8") == 8
-    assert cpus_per_rank(cpus=96, local_ranks=8, cpus_per_task="8") == 12  # SLURM did not bind the task
-    assert cpus_per_rank(cpus=3, local_ranks=8, cpus_per_task="") == 1
+    # torchrun: a machine's ranks share one affinity; srun, a task per rank with --cpus-per-task: CPUs of its own.
+    torchrun = {"RANK": "3", "WORLD_SIZE": "8"}
+    assert cpus_per_rank(cpus=16, local_ranks=2, environ=torchrun) == 8
+    assert cpus_per_rank(cpus=96, local_ranks=8, environ=torchrun) == 12
+    assert cpus_per_rank(cpus=3, local_ranks=8, environ=torchrun) == 1
+    srun = {"RANK": "11", "WORLD_SIZE": "16", "SLURM_PROCID": "11", "SLURM_NTASKS": "16", "SLURM_CPUS_PER_TASK": "8"}
+    assert cpus_per_rank(cpus=8, local_ranks=8, environ=srun) == 8
+    assert cpus_per_rank(cpus=96, local_ranks=8, environ=srun) == 12  # SLURM did not bind the task to its CPUs
+    # torchrun's 8 ranks inside one SLURM task of 8 CPUs share them.
+    inside = {"RANK": "3", "WORLD_SIZE": "8", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "8"}
+    assert cpus_per_rank(cpus=8, local_ranks=8, environ=inside) == 1
     for bad, message in (("-1", "must be auto or >= 0, got -1"), ("lots", "expected 'auto' or an int, got 'lots'")):
         with pytest.raises(ConfigError, match=message):
             load_config(RunConfig, None, [f"data.num_workers={bad}"])
