@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.arguments import add_shared, results_file
+from core.atomic_files import write_text_atomic
 from benchmarks.repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging
 from data_pipeline.dataset_dir import DatasetDir
 from pretrain.run_dir import RunDir
@@ -192,6 +193,8 @@ def main() -> None:
         result = profile_worker(point, args, Path(point["data"]), Path(point["teacher"]))
         print(json.dumps(result), flush=True)
         os._exit(0)
+    info = run_info(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     results = []
     for seq in args.seqs:
         data = work / f"data{seq}"
@@ -206,27 +209,52 @@ def main() -> None:
                 for name in args.objectives:
                     for compiled in args.compile:
                         point = {"objective": name, "backbone": backbone, "seq": seq, "batch": batch, "compile": compiled == "on"}
-                        run_dir = work / f"{name}_{backbone}_seq{seq}_b{batch}_{compiled}_{args.size}"
-                        shutil.rmtree(run_dir, ignore_errors=True)
-                        run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m",
-                             "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
-                             *point_overrides(point, args, data, teacher, run_dir)])
-                        rows = RunDir(run_dir).metric_rows()
-                        row = {**point, **measure(rows, args.warmup)}
-                        if name == "mlm" and not args.no_bare and not compiled == "on":
-                            bare = bare_loop(point, args, data)
-                            row["bare_tokens_per_s"] = bare["tokens_per_s"]
-                            row["vs_bare"] = row["tokens_per_s"] / bare["tokens_per_s"]
-                        if args.profile:
-                            cmd = [sys.executable, "-m", "benchmarks.gpu_throughput", *sys.argv[1:], "--worker", "profile",
-                                   "--point", json.dumps({**point, "data": str(data), "teacher": str(teacher)})]
-                            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-                            if proc.returncode != 0:
-                                raise RuntimeError(f"profile failed: {proc.stderr[-3000:]}")
-                            row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
-                        results.append(row)
+                        results.append(run_point(point, args, data, teacher, work))
+                        # Written after every point: a run cut short (a lease, a time limit) keeps what it measured.
+                        write_text_atomic(Path(args.out), json.dumps({**info, "rows": results}, indent=2) + "\n")
+    print_table(results, info, args)
+
+
+def run_point(point: dict, args, data: Path, teacher: Path, work: Path) -> dict:
+    """One trainer run at `point`, with the bare loop beside an MLM point and the profile if asked."""
+    run_dir = work / f"{point['objective']}_{point['backbone']}_seq{point['seq']}_b{point['batch']}_" \
+                     f"{'on' if point['compile'] else 'off'}_{args.size}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m",
+         "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
+         *point_overrides(point, args, data, teacher, run_dir)])
+    row = {**point, **measure(RunDir(run_dir).metric_rows(), args.warmup)}
+    if point["objective"] == "mlm" and not args.no_bare and not point["compile"]:
+        bare = bare_loop(point, args, data)
+        row["bare_tokens_per_s"] = bare["tokens_per_s"]
+        row["vs_bare"] = row["tokens_per_s"] / bare["tokens_per_s"]
+    if args.profile:
+        cmd = [sys.executable, "-m", "benchmarks.gpu_throughput", *sys.argv[1:], "--worker", "profile",
+               "--point", json.dumps({**point, "data": str(data), "teacher": str(teacher)})]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"profile failed: {proc.stderr[-3000:]}")
+        row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return row
+
+
+def run_info(args) -> dict:
+    """The device, versions, commit and arguments every result row was measured with."""
+    import deepspeed
+    import torch
+    import transformers
+
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
-    print(f"\n{device}; {args.size}, {args.precision}, train.zero_stage={args.zero_stage}, 1 rank, steps {args.warmup}..{args.steps}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return {"device": device, "machine": platform.platform(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+            "transformers": transformers.__version__, "commit": commit,
+            "args": {k: v for k, v in vars(args).items() if k not in ("worker", "point")}}
+
+
+def print_table(results: list[dict], info: dict, args) -> None:
+    """The results as a markdown table."""
+    print(f"\n{info['device']}; {args.size}, {args.precision}, train.zero_stage={args.zero_stage}, 1 rank, "
+          f"steps {args.warmup}..{args.steps}")
     print("| objective | backbone | seq | micro-batch | compile | tokens/s/GPU | MFU | vs bare loop | GPU idle | peak GiB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
@@ -235,15 +263,6 @@ def main() -> None:
         idle = f"{100 * r['idle_fraction']:.1f}%" if r.get("idle_fraction") is not None else ""
         print(f"| {r['objective']} | {r['backbone']} | {r['seq']} | {r['batch']} | {'on' if r['compile'] else 'off'} | "
               f"{r['tokens_per_s']:,.0f} | {mfu} | {bare} | {idle} | {r['peak_memory_gib']:.1f} |")
-    import deepspeed
-    import transformers
-
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "device": device, "machine": platform.platform(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
-        "transformers": transformers.__version__, "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                                                                          capture_output=True, text=True).stdout.strip(),
-        "args": {k: v for k, v in vars(args).items() if k not in ("worker", "point")}, "rows": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
