@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.arguments import add_shared, results_file
+from benchmarks.host_overhead import machine
 from core.atomic_files import write_text_atomic
 from benchmarks.repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging
 from data_pipeline.dataset_dir import DatasetDir
@@ -240,14 +241,8 @@ def run_point(point: dict, args, data: Path, teacher: Path, work: Path) -> dict:
 
 def run_info(args) -> dict:
     """The device, versions, commit and arguments every result row was measured with."""
-    import deepspeed
-    import torch
-    import transformers
-
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    return {"device": device, "machine": platform.platform(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
-            "transformers": transformers.__version__, "commit": commit,
+    info = machine()  # the same record as host_overhead.py's
+    return {"device": info["gpu"] or f"CPU ({info['cores']} cores)", "machine": platform.platform(), **info,
             "args": {k: v for k, v in vars(args).items() if k not in ("worker", "point")}}
 
 

@@ -35,7 +35,6 @@ class CheckpointManager:
         self.cfg = cfg
         self.run_dir = run_dir
         self.folder = CheckpointDir(run_dir.checkpoints)
-        self.ckpt_dir = self.folder.root
         self.rank, self.world = dist.rank(), dist.world_size()
         self.zero_stage = 0
         self.bf16_weights = False
@@ -70,7 +69,7 @@ class CheckpointManager:
             self.fetched = self.remote.fetch_for_resume()
         if train.resume == "never":
             if (latest := self.folder.latest()) is not None:
-                raise ConfigError(f"train.resume=never but '{self.ckpt_dir}' already holds checkpoints ({latest}); "
+                raise ConfigError(f"train.resume=never but '{self.folder.root}' already holds checkpoints ({latest}); "
                                   "use a new train.output_dir, or resume=auto to continue")
             return {}
         branched_from: set[str] = set()
@@ -91,7 +90,7 @@ class CheckpointManager:
         self.previous_data = check_resume(self.folder.tag(tag), self.run_files, train.allow_new_data)
         if train.zero_stage != "auto" and meta.get("zero_stage", int(train.zero_stage)) != int(train.zero_stage):
             raise ConfigError(
-                f"checkpoint {self.ckpt_dir / tag} was saved with ZeRO stage {meta['zero_stage']} but this run uses "
+                f"checkpoint {self.folder.tag(tag)} was saved with ZeRO stage {meta['zero_stage']} but this run uses "
                 f"stage {train.zero_stage} (train.zero_stage); DeepSpeed cannot change the stage on "
                 "resume: keep the stage, or export the weights and start a new run from them (model.init_from)")
         return meta
@@ -118,7 +117,7 @@ class CheckpointManager:
             print(f"checkpoint {tag} was saved on {meta['world_size']} rank(s); converting it to a universal "
                   f"checkpoint to resume on {self.world}", flush=True)
             try:
-                ckpt.convert_to_universal(self.ckpt_dir, tag)
+                ckpt.convert_to_universal(self.folder.root, tag)
             except Exception as exc:  # every rank must learn of it, or the others wait forever
                 error = str(exc) or type(exc).__name__
         (error,) = dist.broadcast_object(error)
@@ -187,12 +186,12 @@ class CheckpointManager:
         t0 = time.perf_counter()
         meta = {"step": progress.step, "world_size": self.world, "zero_stage": self.zero_stage,
                 "precision": self.cfg.train.precision, "bf16_weights": self.bf16_weights}
-        tag = ckpt.save(engine, self.ckpt_dir, progress.step, self._client_state(loader, progress), self.cfg.train.keep_last,
+        tag = ckpt.save(engine, self.folder.root, progress.step, self._client_state(loader, progress), self.cfg.train.keep_last,
                         run_files={**self.run_files, META: json.dumps(meta) + "\n"})
         seconds = time.perf_counter() - t0
         self.longest_save = max(self.longest_save, seconds)
         self.last_save_time = time.time()
-        log.info(f"saved checkpoint {self.ckpt_dir / tag} in {seconds:.1f}s")
+        log.info(f"saved checkpoint {self.folder.tag(tag)} in {seconds:.1f}s")
         if self.remote is not None:
             if self.rank == 0:
                 self._upload(tag, log)
@@ -215,11 +214,11 @@ class CheckpointManager:
         tag = self.resume_tag
         if tag is None:  # nothing to resume, or train.resume=never over an empty folder
             return
-        state = ckpt.load(engine, self.ckpt_dir, self.load_tag)
+        state = ckpt.load(engine, self.folder.root, self.load_tag)
         if self.load_tag != tag:
             dist.barrier()  # every rank has read the universal copy: it is no longer needed
             if self.rank == 0:
-                shutil.rmtree(self.ckpt_dir / self.load_tag, ignore_errors=True)
+                shutil.rmtree(self.folder.tag(self.load_tag), ignore_errors=True)
         if state.get("config_hash") != config_hash(self.cfg):
             log.info("note: the config differs from the one the checkpoint was saved with; the current one applies")
         reset_schedule(engine.lr_scheduler, self.cfg.train.max_steps, self.cfg.schedule, self.cfg.optimizer.lr)
@@ -235,8 +234,8 @@ class CheckpointManager:
         for note in self.notes:
             log.info(note)
         for bad, why in self.damaged:
-            log.info(f"checkpoint {self.ckpt_dir / bad} is damaged ({why}): set aside as {bad}.damaged")
+            log.info(f"checkpoint {self.folder.tag(bad)} is damaged ({why}): set aside as {bad}.damaged")
             log.scalars(progress.step, {"damaged_checkpoint_step": float(bad.removeprefix("step_"))}, "resume")
         if self.fetched == tag:
             log.info(f"downloaded checkpoint {tag} from {self.remote.url} (no local checkpoint was as new)")
-        log.info(f"resumed from {self.ckpt_dir / tag} at step {progress.step}")
+        log.info(f"resumed from {self.folder.tag(tag)} at step {progress.step}")

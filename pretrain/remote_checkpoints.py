@@ -23,7 +23,6 @@ class RemoteCheckpoints:
         self.store = ObjectStore(url)
         self.url = self.store.url
         self.local = local
-        self.ckpt_dir = local.root
 
     def complete_tags(self, keys: Optional[list[str]] = None) -> list[str]:
         """Tags whose COMPLETE marker is in the bucket (among `keys`, else a fresh listing), oldest first."""
@@ -37,11 +36,11 @@ class RemoteCheckpoints:
         Returns the number of files, the seconds taken and the tags pruned.
         """
         t0 = time.time()
-        folder = self.ckpt_dir / tag
-        names = sorted(p.relative_to(self.ckpt_dir).as_posix() for p in folder.rglob("*") if p.is_file())
+        folder = self.local.tag(tag)
+        names = sorted(p.relative_to(self.local.root).as_posix() for p in folder.rglob("*") if p.is_file())
         marker = f"{tag}/{COMPLETE}"
         for rel in sorted(names, key=lambda n: n == marker):
-            self.store.upload(self.ckpt_dir, rel)
+            self.store.upload(self.local.root, rel)
         pruned = []
         keys = self.store.list()  # one listing serves both the tags and their files
         stale = self.complete_tags(keys)[:-keep_last]
@@ -60,7 +59,7 @@ class RemoteCheckpoints:
         fetched, error = None, None
         if dist.rank() == 0:
             try:
-                self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+                self.local.root.mkdir(parents=True, exist_ok=True)
                 fetched = self.fetch_newest()
             except UserError as exc:  # every rank must learn of it, or the others wait forever
                 error = str(exc)
@@ -79,12 +78,12 @@ class RemoteCheckpoints:
         if local and local[-1] >= newest:
             return None
         keys = [k for k in self.store.list(f"{newest}/") if k.startswith(f"{newest}/")]
-        tmp = self.ckpt_dir / f".{newest}.download"
+        tmp = self.local.root / f".{newest}.download"
         shutil.rmtree(tmp, ignore_errors=True)
         marker = f"{newest}/{COMPLETE}"
         for key in sorted(keys, key=lambda k: k == marker):
             self.store.download(key, tmp / key.split("/", 1)[1])
-        target = self.ckpt_dir / newest
+        target = self.local.root / newest
         shutil.rmtree(target, ignore_errors=True)  # an unmarked local folder of that tag: the debris of a killed save
         tmp.rename(target)
         return newest
