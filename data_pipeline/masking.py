@@ -28,6 +28,7 @@ contrastive learning) is added as `crop_input_ids` / `crop_attention_mask`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -168,10 +169,12 @@ class WholeWordMasking(_Masking):
 class SpanMasking(_Masking):
     """`span` / `ngram`: contiguous word spans; each span shares one 80/10/10 action draw and knows its boundaries."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.length_pmf = (ngram_length_pmf(self.cfg.max_span) if self.cfg.strategy in ("ngram", "plm")
-                           else span_length_pmf(self.cfg.span_p, self.cfg.max_span))
+    @functools.cached_property
+    def length_pmf(self) -> torch.Tensor:
+        """P(a span of n words), n = 1..max_span: 1/n for `ngram` / `plm` (ALBERT), else SpanBERT's truncated geometric."""
+        if self.cfg.strategy in ("ngram", "plm"):
+            return ngram_length_pmf(self.cfg.max_span)
+        return span_length_pmf(self.cfg.span_p, self.cfg.max_span)
 
     def pick(self, ids, generator):
         pickable = self.pickable(ids)
