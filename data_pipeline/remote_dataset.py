@@ -15,7 +15,6 @@ from pathlib import Path
 from core.errors import OutputExistsError, StorageError
 from core.object_store import ObjectStore
 from data_pipeline.dataset_dir import INDEX, MANIFEST, SPLITS, TOKENIZER
-from data_pipeline.shards import read_manifest
 
 log = logging.getLogger("data_pipeline")
 
@@ -83,8 +82,8 @@ def fetch_metadata(url: str, cache: Path) -> None:
         for stale in (*SPLITS, TOKENIZER):  # its shards, indexes and tokenizer all go
             shutil.rmtree(cache / stale, ignore_errors=True)
     fresh.replace(manifest_path)
-    manifest = read_manifest(cache)
-    for name in manifest["tokenizer"]["files"]:
-        store.download(f"{TOKENIZER}/{name}", cache / TOKENIZER / name, overwrite=False)
-    for split in manifest["splits"]:
-        store.download(f"{split}/{INDEX}", cache / split / INDEX, overwrite=False)
+    # The manifest is uploaded last, so everything it names is listed; the manifest is read (and checked) once, by
+    # the caller, from the cache.
+    tokenizer = [key for key in store.list(f"{TOKENIZER}/") if key.startswith(f"{TOKENIZER}/")]
+    for key in (*tokenizer, *(f"{split}/{INDEX}" for split in SPLITS)):
+        store.download(key, cache / key, overwrite=False)
