@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -28,50 +29,59 @@ from pretrain.resume_checks import check_resume
 from pretrain.run_dir import DATA_MANIFEST_FILE, RunDir
 
 
+@dataclass(frozen=True)
+class ResumePlan:
+    """The chosen checkpoint, as the engine's set-up needs it: what it was saved with ({} when nothing is resumed) and
+    whether it loads as a universal checkpoint (a DeepSpeed config flag, so known before deepspeed.initialize)."""
+
+    meta: dict[str, Any]
+    load_universal: bool = False
+
+
 class CheckpointManager:
-    """The run's checkpoints: choose and commit the one to resume, decide when to save, save, restore."""
+    """The run's checkpoints: choose the one to resume, decide when to save, save, restore."""
 
     def __init__(self, cfg: RunConfig, run_dir: RunDir, run_files: Optional[dict[str, str]] = None) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.folder = CheckpointDir(run_dir.checkpoints)
         self.rank, self.world = dist.rank(), dist.world_size()
-        self.zero_stage = 0
-        self.bf16_weights = False
         self.run_files = run_files or {}
         self.damaged: list[tuple[str, str]] = []
         self.notes: list[str] = []
         self.following_branch = False
+        self.universal = False  # the chosen checkpoint loads through a universal copy
         self.resume_tag: Optional[str] = None
         self.load_tag: Optional[str] = None
         self.longest_save = 0.0
         self.last_save_time = time.time()
-        self.remote = None
-        if cfg.train.checkpoint_remote:
-            from pretrain.remote_checkpoints import RemoteCheckpoints
-
-            self.remote = RemoteCheckpoints(cfg.train.checkpoint_remote, self.folder)
+        self.remote = None  # RemoteCheckpoints with train.checkpoint_remote, made by choose_checkpoint
         self.fetched: Optional[str] = None
         self.previous_data: Optional[dict[str, Any]] = None  # the checkpoint's manifest when the data changed
         self.resumed_meta: dict[str, Any] = {}  # what the chosen checkpoint was saved with
 
     # ---- which checkpoint -------------------------------------------------------------
-    def choose_checkpoint(self) -> dict[str, Any]:
+    def choose_checkpoint(self) -> ResumePlan:
         """Pick the checkpoint to resume and check this launch against it (resume=never, tokenizer, data, objective,
-        shape, ZeRO stage); its meta (stage, precision, world size), {} when none.
+        shape, ZeRO stage); what it was saved with, and whether it loads as a universal checkpoint.
 
         Runs before the DeepSpeed config is built: `auto` settings follow what the checkpoint was saved with. Rank 0
         fetches from the bucket, checks the files and sets damaged newer checkpoints aside (TAG.damaged); every rank
-        gets its answer. The run's own checkpoints move (a train.resume_from branch) only at `commit`.
+        gets its answer. The run's own checkpoints move (a train.resume_from branch, a universal copy) only when the
+        trainer starts (`restore`), once everything is built.
         """
         train = self.cfg.train
-        if self.remote is not None and not train.resume_from and train.resume != "never":
-            self.fetched = self.remote.fetch_for_resume()
+        if train.checkpoint_remote:
+            from pretrain.remote_checkpoints import RemoteCheckpoints
+
+            self.remote = RemoteCheckpoints(train.checkpoint_remote, self.folder)
+            if not train.resume_from and train.resume != "never":
+                self.fetched = self.remote.fetch_for_resume()
         if train.resume == "never":
             if (latest := self.folder.latest()) is not None:
                 raise ConfigError(f"train.resume=never but '{self.folder.root}' already holds checkpoints ({latest}); "
                                   "use a new train.output_dir, or resume=auto to continue")
-            return {}
+            return ResumePlan({})
         branched_from: set[str] = set()
         if train.resume_from:
             as_tag(train.resume_from)  # a malformed value is refused on every rank, not on rank 0 while the rest wait
@@ -85,7 +95,7 @@ class CheckpointManager:
         self.following_branch = bool(note)
         self.resume_tag = self.load_tag = tag
         if tag is None:
-            return {}
+            return ResumePlan({})
         meta = self.resumed_meta = self.folder.meta(tag)
         self.previous_data = check_resume(self.folder.tag(tag), self.run_files, train.allow_new_data)
         if train.zero_stage != "auto" and meta.get("zero_stage", int(train.zero_stage)) != int(train.zero_stage):
@@ -93,25 +103,20 @@ class CheckpointManager:
                 f"checkpoint {self.folder.tag(tag)} was saved with ZeRO stage {meta['zero_stage']} but this run uses "
                 f"stage {train.zero_stage} (train.zero_stage); DeepSpeed cannot change the stage on "
                 "resume: keep the stage, or export the weights and start a new run from them (model.init_from)")
-        return meta
+        # A resume keeps the checkpoint's stage; stage 0 saves whole weights and optimizer states, which any number of
+        # ranks loads, and a partitioned stage on another number of ranks loads through a universal copy.
+        self.universal = meta.get("world_size", self.world) != self.world and meta.get("zero_stage", 0) != 0
+        return ResumePlan(meta, load_universal=self.universal)
 
-    def commit(self, zero_stage: int, bf16_weights: bool) -> bool:
-        """Go ahead with the chosen checkpoint, the launch's checks passed and its DeepSpeed config built: record the
-        stage and bf16 mode later saves carry, branch for train.resume_from, and pick the tag to load (a universal
-        copy when the world size changed and the stage partitions states); True when that copy must be loaded as
-        universal.
-
-        Runs before deepspeed.initialize, because loading a universal checkpoint is a config flag.
-        """
-        self.zero_stage, self.bf16_weights = zero_stage, bf16_weights
+    def _commit(self) -> None:
+        """Go ahead with the chosen checkpoint, everything built: branch for train.resume_from, and make the universal
+        copy to load when the world size changed (`ResumePlan.load_universal`, which the DeepSpeed config carries)."""
         tag = self.resume_tag
-        if tag is None:
-            return False
         if self.cfg.train.resume_from and not self.following_branch:  # the checks passed: only now may it move anything
             self._branch(tag)
+        if not self.universal:
+            return
         meta = self.resumed_meta
-        if meta.get("world_size", self.world) == self.world or self.zero_stage == 0:
-            return False  # stage 0 saves whole weights and optimizer states, which any number of ranks loads
         error = ""
         if self.rank == 0:
             print(f"checkpoint {tag} was saved on {meta['world_size']} rank(s); converting it to a universal "
@@ -124,7 +129,6 @@ class CheckpointManager:
         if error:
             raise RuntimeError(error)
         self.load_tag = universal_tag(tag)
-        return True
 
     def _branch(self, tag: str) -> None:
         """Rank 0 moves the checkpoints after train.resume_from aside (kept, not deleted) and records the branch, so
@@ -184,8 +188,8 @@ class CheckpointManager:
     def save(self, engine, loader, progress: Progress, log) -> None:
         """Checkpoint the current step on every rank."""
         t0 = time.perf_counter()
-        meta = {"step": progress.step, "world_size": self.world, "zero_stage": self.zero_stage,
-                "precision": self.cfg.train.precision, "bf16_weights": self.bf16_weights}
+        meta = {"step": progress.step, "world_size": self.world, "zero_stage": engine.zero_optimization_stage(),
+                "precision": self.cfg.train.precision, "bf16_weights": engine.bfloat16_enabled()}
         tag = ckpt.save(engine, self.folder.root, progress.step, self._client_state(loader, progress), self.cfg.train.keep_last,
                         run_files={**self.run_files, META: json.dumps(meta) + "\n"})
         seconds = time.perf_counter() - t0
@@ -210,10 +214,12 @@ class CheckpointManager:
                  + (f"; pruned {', '.join(pruned)} there" if pruned else ""))
 
     def restore(self, engine, loader, progress: Progress, log) -> None:
-        """Continue from the planned checkpoint, if any: weights, optimizer, schedule, loader, RNG, counters."""
+        """Continue from the chosen checkpoint, if any (branching or converting it first): weights, optimizer,
+        schedule, loader, RNG, counters."""
         tag = self.resume_tag
         if tag is None:  # nothing to resume, or train.resume=never over an empty folder
             return
+        self._commit()
         state = ckpt.load(engine, self.folder.root, self.load_tag)
         if self.load_tag != tag:
             dist.barrier()  # every rank has read the universal copy: it is no longer needed

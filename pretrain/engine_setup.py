@@ -12,14 +12,12 @@ from typing import Any
 from torch import nn
 
 from core import distributed as dist
-from core.atomic_files import write_text_atomic
 from core.errors import ConfigError
-from pretrain.checkpoint_manager import CheckpointManager
+from pretrain.checkpoint_manager import ResumePlan
 from pretrain.config import RunConfig
 from pretrain.ds_config import bf16_weights_for, build_ds_config, redacted
 from pretrain.engine import Engine, build_engine
 from pretrain.optim import build_optimizer, build_scheduler
-from pretrain.run_dir import RunDir
 from pretrain.zero_stage import choose_stage, device_memory_bytes
 
 
@@ -36,20 +34,15 @@ def zero_stage_for(cfg: RunConfig, objective: nn.Module, world: int, resumed: di
     return stage, f"ZeRO stage {stage} (train.zero_stage=auto: {why})"
 
 
-def set_up_engine(cfg: RunConfig, objective: nn.Module, checkpoints: CheckpointManager, run_dir: RunDir,
-                  resumed: dict[str, Any]) -> tuple[Engine, list[str]]:
-    """The engine around `objective` for this run (resuming `resumed`, a checkpoint's meta or {}), and notes for the log.
-
-    Rank 0 writes the DeepSpeed config the engine is given into the run folder (secrets redacted).
-    """
+def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> tuple[Engine, list[str], str]:
+    """The engine around `objective` for this run (resuming what `resume` chose), notes for the log, and the DeepSpeed
+    config it was given as the run folder keeps it (JSON, secrets redacted)."""
     world = dist.world_size()
-    stage, stage_note = zero_stage_for(cfg, objective, world, resumed)
-    ds_config = build_ds_config(cfg, world, stage, bf16_weights_for(cfg, resumed))
-    if checkpoints.commit(stage, bool(ds_config.get("bf16", {}).get("enabled"))):
+    stage, stage_note = zero_stage_for(cfg, objective, world, resume.meta)
+    ds_config = build_ds_config(cfg, world, stage, bf16_weights_for(cfg, resume.meta))
+    if resume.load_universal:
         ds_config.setdefault("checkpoint", {})["load_universal"] = True
-    if dist.rank() == 0:  # what DeepSpeed is given, beside config.yaml
-        run_dir.root.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run_dir.deepspeed_config, json.dumps(redacted(ds_config), indent=2) + "\n")
+    given = json.dumps(redacted(ds_config), indent=2) + "\n"
     offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
     optimizer = build_optimizer(objective, cfg.optimizer, offload=offload)
     scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
@@ -61,4 +54,4 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, checkpoints: CheckpointM
     if engine.compiled_layers:
         notes.append(f"compiled {engine.compiled_layers} layer(s) with torch.compile (train.compile): the first "
                      "steps wait for the compiler")
-    return engine, notes
+    return engine, notes, given

@@ -6,6 +6,7 @@ temporary folder renamed into place once whole, so a killed transfer never looks
 """
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from typing import Optional
@@ -20,9 +21,13 @@ class RemoteCheckpoints:
     """The checkpoints under one remote prefix, beside the run's local checkpoint folder."""
 
     def __init__(self, url: str, local: CheckpointDir) -> None:
-        self.store = ObjectStore(url)
-        self.url = self.store.url
+        self.url = url.rstrip("/")
         self.local = local
+
+    @functools.cached_property
+    def store(self) -> ObjectStore:
+        """The bucket's client, made at first use (a run that resumes train.resume_from reaches it at its first save)."""
+        return ObjectStore(self.url)
 
     def complete_tags(self, keys: Optional[list[str]] = None) -> list[str]:
         """Tags whose COMPLETE marker is in the bucket (among `keys`, else a fresh listing), oldest first."""

@@ -9,7 +9,6 @@ import torch
 
 from core import distributed as dist
 from core.config_io import config_to_dict
-from data_pipeline.dataset_dir import DatasetDir
 from data_pipeline.run_data import open_run_data
 from model.diagnostics import validation_unigram_entropy
 from model.encoder import model_config
@@ -49,14 +48,10 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     objective = spec.build(hf_config, cfg.model.init_from, cfg.masking.mask_prob)
     files = run_files(config_to_dict(cfg), hf_config.to_dict(), data.manifest)
-    # The trainer checks the launch against what it resumes (stage, tokenizer, data, shape) before it writes
-    # anything; the run files replace the folder's only after that: a refused launch leaves the run as it was.
-    trainer = Trainer(cfg, objective, data.train, data.validation, run_files=files,
-                      flops_per_token=objective.flops_per_token, peak_tflops=hardware.peak_tflops,
-                      unigram_entropy=None if data.validation is None else
-                      validation_unigram_entropy(data.validation, cfg.train.eval_batches, tokenizer),
-                      notes=(*hardware.notes, *data.notes))
-    if dist.rank() == 0:
-        run_dir.write_run_files(files, DatasetDir(cfg.data.path).tokenizer)
-    dist.barrier()
-    return trainer
+    # The trainer checks the launch against what it resumes (stage, tokenizer, data, shape); the run files replace the
+    # folder's only when it starts training: a refused launch leaves the run as it was.
+    return Trainer(cfg, objective, data.train, data.validation, run_files=files,
+                   flops_per_token=objective.flops_per_token, peak_tflops=hardware.peak_tflops,
+                   unigram_entropy=None if data.validation is None else
+                   validation_unigram_entropy(data.validation, cfg.train.eval_batches, tokenizer),
+                   notes=(*hardware.notes, *data.notes))

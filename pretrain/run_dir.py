@@ -144,8 +144,8 @@ class RunDir:
         write_text_atomic(self.marker(name), json.dumps(fields) + "\n")
 
     def file(self, name: str) -> Path:
-        """One of the run files written at start (config, model config, data manifest)."""
-        if name not in (CONFIG_FILE, MODEL_CONFIG_FILE, DATA_MANIFEST_FILE):
+        """One of the run files written at start (config, model config, data manifest, DeepSpeed config)."""
+        if name not in (CONFIG_FILE, MODEL_CONFIG_FILE, DATA_MANIFEST_FILE, DEEPSPEED_CONFIG_FILE):
             raise ValueError(f"not a run file: {name}")
         return self.root / name
 

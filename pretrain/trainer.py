@@ -20,6 +20,7 @@ from torch import nn
 from core import distributed as dist
 from core.config_io import config_to_dict
 from core.errors import InputDataError
+from data_pipeline.dataset_dir import DatasetDir
 from model.diagnostics import headline
 from pretrain.checkpoint_dir import tag_for
 from pretrain.checkpoint_manager import CheckpointManager
@@ -30,7 +31,7 @@ from pretrain.logger import RunLogger
 from pretrain.metrics import MetricsReporter, MetricWindow
 from pretrain.preemption import PreemptionGuard, run_deadline
 from pretrain.progress import Progress
-from pretrain.run_dir import FAILED, PREEMPTED, RunDir
+from pretrain.run_dir import DEEPSPEED_CONFIG_FILE, FAILED, PREEMPTED, RunDir
 from pretrain.sample_audit import SampleAudit
 
 
@@ -45,8 +46,10 @@ class Trainer:
         self.rank, self.world = dist.rank(), dist.world_size()
         self.run_dir = RunDir(Path(cfg.train.output_dir))
         self.checkpoints = CheckpointManager(cfg, self.run_dir, run_files)
-        resumed = self.checkpoints.choose_checkpoint()  # `auto` settings follow what a resumed run was saved with
-        self.engine, engine_notes = set_up_engine(cfg, objective, self.checkpoints, self.run_dir, resumed)
+        resume = self.checkpoints.choose_checkpoint()  # `auto` settings follow what a resumed run was saved with
+        self.engine, engine_notes, ds_config = set_up_engine(cfg, objective, resume)
+        # Written when training starts, after every check and the engine's set-up: a refused launch leaves them be.
+        self.run_files = {**(run_files or {}), DEEPSPEED_CONFIG_FILE: ds_config}
         self.accum = self.engine.accumulation
         self.device = self.engine.device
         self.audit = SampleAudit(self.run_dir, self.rank, self.world, cfg.train.record_samples)
@@ -163,7 +166,10 @@ class Trainer:
         return status
 
     def _resume(self) -> int:
-        """Continue from the chosen checkpoint (if any); this attempt's markers and later records are cleared."""
+        """Write the run files, continue from the chosen checkpoint (if any); this attempt's markers and later records
+        are cleared."""
+        if self.rank == 0:  # the run folder is self-contained for export from here on
+            self.run_dir.write_run_files(self.run_files, DatasetDir(self.cfg.data.path).tokenizer)
         self.checkpoints.restore(self.engine.ds, self.loader, self.progress, self.log)
         if self.rank == 0:  # this attempt is the one that counts now
             self.run_dir.marker(PREEMPTED).unlink(missing_ok=True)
