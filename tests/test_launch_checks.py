@@ -4,13 +4,14 @@ apart from its logs; new data is allowed on purpose (train.allow_new_data) and r
 that is not the checkpoint's."""
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 from conftest import TINY_MODEL, kjv_chapters, prepare_corpus, run_cli
 from data_pipeline.dataset_dir import DatasetDir
-from pretrain.run_dir import RunDir
+from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, RunDir
 
 LOGS = ("train.log", "metrics.jsonl", "tensorboard")
 
@@ -75,6 +76,25 @@ def test_a_launch_that_cannot_resume_writes_nothing(prepared, datasets, trained,
     assert [row["from_step"] for row in history] == [0, 9] and history[0]["dataset"] != history[1]["dataset"]
     assert history[0]["tokenizer"] == history[1]["tokenizer"]
     assert (RunDir(run).checkpoints / "step_00000012" / "COMPLETE").is_file()
+
+
+def test_a_launch_refused_after_its_engine_is_built_writes_no_run_file(prepared, trained, tmp_path, monkeypatch):
+    """The run files and the DeepSpeed config are written when training starts: a launch refused once the engine is
+    built (here a tracker whose library cannot be imported) leaves a run folder as it was, and a new one without
+    them."""
+    hidden = tmp_path / "no_wandb" / "wandb"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text('raise ImportError("no module named wandb here")\n')
+    monkeypatch.setenv("PYTHONPATH", f"{hidden.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    tracked = "train.report_to=[tensorboard,wandb]"
+    run = _copy(trained, tmp_path)
+    _refused(_args(prepared, run, tracked), run, "train.report_to has wandb, but its library is not installed")
+    fresh = RunDir(tmp_path / "fresh")
+    proc = run_cli("pretrain", _args(prepared, fresh.root, tracked), check=False)
+    assert proc.returncode == 2 and "its library is not installed" in proc.stderr.strip().splitlines()[-1], \
+        proc.stderr[-3000:]
+    assert not any(path.exists() for path in (fresh.file(CONFIG_FILE), fresh.file(MODEL_CONFIG_FILE),
+                                              fresh.file(DATA_MANIFEST_FILE), fresh.deepspeed_config, fresh.tokenizer))
 
 
 def _in_process(module: str, args: list[str], capsys) -> tuple[int, str]:
