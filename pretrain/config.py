@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
 from core.errors import ConfigError
+from core.object_store import is_remote
 from data_pipeline.loader import LoaderConfig
 from data_pipeline.masking import MaskingConfig
 from model.encoder import EncoderConfig
@@ -120,7 +121,7 @@ class TrainConfig:
         unknown = sorted(set(self.report_to) - set(TRACKERS))
         if unknown:
             raise ConfigError(f"config key 'train.report_to' has {', '.join(unknown)}; choose from {', '.join(TRACKERS)}")
-        if self.checkpoint_remote is not None and "://" not in self.checkpoint_remote:
+        if self.checkpoint_remote is not None and not is_remote(self.checkpoint_remote):
             raise ConfigError(f"config key 'train.checkpoint_remote' must be an object store URL such as "
                               f"s3://bucket/prefix, got {self.checkpoint_remote!r}")
         if self.compile and self.zero_stage == 3:

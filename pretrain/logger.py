@@ -26,6 +26,7 @@ class RunLogger:
         self._text = self._jsonl = None
         self.trackers = None
         if enabled:
+            run_dir.root.mkdir(parents=True, exist_ok=True)  # the logs come first: the run files wait for training
             self.tb_dir = run_dir.tensorboard
             if TENSORBOARD in report_to:
                 from torch.utils.tensorboard import SummaryWriter

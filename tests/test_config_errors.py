@@ -27,6 +27,7 @@ CASES = [
     ("optimizer.impl=deepspeed optimizer.name=lamb train.zero_stage=0", "optimizer.impl=torch"),
     ("optimizer.name=lamb", "train.zero_stage=0"),
     ("train.zero_stage=4", "train.zero_stage"),
+    ("train.checkpoint_remote=file:///tmp/checkpoints", "train.checkpoint_remote"),
     ("train.offload_params=true", "train.offload_params=false"),
     ("train.zero_stage=0 train.offload_optimizer=true", "train.offload_optimizer=false"),
     ("objective.name=coco_lm", "masking.strategy=coco"),

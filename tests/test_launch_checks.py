@@ -79,16 +79,17 @@ def test_a_launch_that_cannot_resume_writes_nothing(prepared, datasets, trained,
 
 
 def test_a_launch_refused_after_its_engine_is_built_writes_no_run_file(prepared, trained, tmp_path, monkeypatch):
-    """The run files and the DeepSpeed config are written when training starts: a launch refused once the engine is
-    built (here a tracker whose library cannot be imported) leaves a run folder as it was, and a new one without
-    them."""
+    """What a launch changes in the run folder happens when training starts: a launch refused once its engine is
+    built (here a tracker whose library cannot be imported) neither branches (train.resume_from moves later checkpoints
+    aside) nor writes the run files and the DeepSpeed config; a new folder gets none of them."""
     hidden = tmp_path / "no_wandb" / "wandb"
     hidden.mkdir(parents=True)
     (hidden / "__init__.py").write_text('raise ImportError("no module named wandb here")\n')
     monkeypatch.setenv("PYTHONPATH", f"{hidden.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     tracked = "train.report_to=[tensorboard,wandb]"
     run = _copy(trained, tmp_path)
-    _refused(_args(prepared, run, tracked), run, "train.report_to has wandb, but its library is not installed")
+    _refused(_args(prepared, run, tracked, "train.resume_from=3"), run,
+             "train.report_to has wandb, but its library is not installed")
     fresh = RunDir(tmp_path / "fresh")
     proc = run_cli("pretrain", _args(prepared, fresh.root, tracked), check=False)
     assert proc.returncode == 2 and "its library is not installed" in proc.stderr.strip().splitlines()[-1], \

@@ -111,6 +111,19 @@ def test_wandb_offline_and_mlflow_hold_the_metrics_rows_and_a_resume_continues_t
     assert runs[0].info.status == "FINISHED"
 
 
+def test_a_run_with_no_tracker_keeps_its_plain_logs(prepared, tmp_path):
+    """train.report_to=[] into a new folder: no TensorBoard files, and the text log and metrics.jsonl still hold the run
+    (the logger makes the folder: the run files are written only when training starts)."""
+    run = RunDir(tmp_path / "run")
+    run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+                         f"train.output_dir={run.root}", *TINY_MODEL, "train.micro_batch_size=4",
+                         "train.global_batch_size=8", "train.max_steps=2", "train.log_every=1", "train.eval_every=0",
+                         "train.save_every=2", "train.report_to=[]"])
+    assert not run.tensorboard.exists()
+    assert [row["step"] for row in run.metric_rows("train")] == [1, 2]
+    assert "finished at step 2" in run.text_log.read_text()
+
+
 def test_an_unknown_tracker_is_a_config_error(prepared, tmp_path):
     proc = run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
                                 f"train.output_dir={tmp_path / 'run'}", "train.report_to=[tensorboard,comet]"], check=False)
