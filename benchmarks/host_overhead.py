@@ -515,7 +515,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=10)
     add_shared(parser, warmup=10)
     parser.add_argument("--pairs", type=int, default=3)
-    add_shared(parser, threads=1, loader_workers=None)  # None: 1 on a CPU (the proxy), 4 on a GPU (as gpu_throughput.py)
+    add_shared(parser, threads=1, loader_workers=None)  # None: what data.num_workers=auto gives the trainer
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more overrides for the trainer only (a lever to measure, e.g. train.deepspeed_config=...)")
@@ -527,7 +527,9 @@ def main() -> None:
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.loader_workers is None:
-        args.loader_workers = 4 if args.device == "cuda" else 1
+        from data_pipeline.loader import cpus_per_rank, loader_workers
+
+        args.loader_workers = loader_workers("auto", args.device == "cuda", cpus_per_rank(local_ranks=1))
     if args.threads:
         import torch
 

@@ -50,7 +50,6 @@ class CheckpointManager:
         self.damaged: list[tuple[str, str]] = []
         self.notes: list[str] = []
         self.following_branch = False
-        self.universal = False  # the chosen checkpoint loads through a universal copy
         self.resume_tag: Optional[str] = None
         self.load_tag: Optional[str] = None
         self.longest_save = 0.0
@@ -58,7 +57,7 @@ class CheckpointManager:
         self.remote = None  # RemoteCheckpoints with train.checkpoint_remote, made by choose_checkpoint
         self.fetched: Optional[str] = None
         self.previous_data: Optional[dict[str, Any]] = None  # the checkpoint's manifest when the data changed
-        self.resumed_meta: dict[str, Any] = {}  # what the chosen checkpoint was saved with
+        self.plan = ResumePlan({})  # the chosen checkpoint's meta, and whether it loads through a universal copy
 
     # ---- which checkpoint -------------------------------------------------------------
     def choose_checkpoint(self) -> ResumePlan:
@@ -81,7 +80,7 @@ class CheckpointManager:
             if (latest := self.folder.latest()) is not None:
                 raise ConfigError(f"train.resume=never but '{self.folder.root}' already holds checkpoints ({latest}); "
                                   "use a new train.output_dir, or resume=auto to continue")
-            return ResumePlan({})
+            return self.plan
         branched_from: set[str] = set()
         if train.resume_from:
             as_tag(train.resume_from)  # a malformed value is refused on every rank, not on rank 0 while the rest wait
@@ -95,8 +94,8 @@ class CheckpointManager:
         self.following_branch = bool(note)
         self.resume_tag = self.load_tag = tag
         if tag is None:
-            return ResumePlan({})
-        meta = self.resumed_meta = self.folder.meta(tag)
+            return self.plan
+        meta = self.folder.meta(tag)
         self.previous_data = check_resume(self.folder.tag(tag), self.run_files, train.allow_new_data)
         if train.zero_stage != "auto" and meta.get("zero_stage", int(train.zero_stage)) != int(train.zero_stage):
             raise ConfigError(
@@ -105,8 +104,9 @@ class CheckpointManager:
                 "resume: keep the stage, or export the weights and start a new run from them (model.init_from)")
         # A resume keeps the checkpoint's stage; stage 0 saves whole weights and optimizer states, which any number of
         # ranks loads, and a partitioned stage on another number of ranks loads through a universal copy.
-        self.universal = meta.get("world_size", self.world) != self.world and meta.get("zero_stage", 0) != 0
-        return ResumePlan(meta, load_universal=self.universal)
+        universal = meta.get("world_size", self.world) != self.world and meta.get("zero_stage", 0) != 0
+        self.plan = ResumePlan(meta, load_universal=universal)
+        return self.plan
 
     def _commit(self) -> None:
         """Go ahead with the chosen checkpoint, everything built: branch for train.resume_from, and make the universal
@@ -114,9 +114,9 @@ class CheckpointManager:
         tag = self.resume_tag
         if self.cfg.train.resume_from and not self.following_branch:  # the checks passed: only now may it move anything
             self._branch(tag)
-        if not self.universal:
+        if not self.plan.load_universal:
             return
-        meta = self.resumed_meta
+        meta = self.plan.meta
         error = ""
         if self.rank == 0:
             print(f"checkpoint {tag} was saved on {meta['world_size']} rank(s); converting it to a universal "
