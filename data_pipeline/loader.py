@@ -281,21 +281,49 @@ def shared_memory_registration():
     the other ranks open it: two runs starting together on one machine (two jobs on a node, two
     test workers) pick the same prefix (FileExistsError), or a rank scans while another run's leader
     is creating and so picks another prefix than its own leader ("shared memory registered does not
-    match local leader"). The leader takes the lock, then a barrier lets the other ranks scan only
+    match local leader"). The leader takes the lock, then a barrier lets the other ranks go on only
     while it holds it. Only leaders lock, so a run's own ranks never wait on each other for it.
+    Another run's segments can still vanish (a run that ends) between two ranks' scans, so every rank
+    takes its local leader's scan instead of its own (`_leaders_shm_prefix`).
     """
+    import streaming.base.dataset as streaming_dataset
+
     handle = None
     if is_local_leader():
         handle = open(Path(tempfile.gettempdir()) / "contrastive_pretrain_streaming.lock", "a")
         fcntl.flock(handle, fcntl.LOCK_EX)
+    own = streaming_dataset.get_shm_prefix
     try:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.barrier()
+            streaming_dataset.get_shm_prefix = _leaders_shm_prefix
         yield
     finally:
+        streaming_dataset.get_shm_prefix = own
         if handle is not None:
             fcntl.flock(handle, fcntl.LOCK_UN)
             handle.close()
+
+
+def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, retry: int = 100):
+    """streaming's `get_shm_prefix`, with each rank using its local leader's scan for a free prefix (gathered from
+    every rank) where streaming has each rank scan on its own."""
+    from streaming.base.shared import prefix
+
+    scan = prefix._check_and_find_retrying
+    leader = world.rank - world.rank_of_node
+
+    def leaders_scan(local: list[str], remote: list, shm_name: str, retry: int) -> int:
+        mine = scan(local, remote, shm_name=shm_name, retry=retry) if world.is_local_leader else -1
+        scans: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(scans, mine)
+        return scans[leader]
+
+    prefix._check_and_find_retrying = leaders_scan
+    try:
+        return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
+    finally:
+        prefix._check_and_find_retrying = scan
 
 
 def clean_stale_shared_memory(cfg: LoaderConfig) -> None:

@@ -187,8 +187,6 @@ def test_a_rank_picks_its_leaders_prefix_while_another_run_registers(prepared, t
     import subprocess
     import sys
 
-    from conftest import free_port
-
     repo = str(Path(__file__).resolve().parents[1])
     other = tmp_path / "other"  # the other run's own copy of the data: a different `local` path
     import shutil
@@ -205,21 +203,44 @@ def test_a_rank_picks_its_leaders_prefix_while_another_run_registers(prepared, t
         "time.sleep(12)  # keep the segment alive while the other run registers\n")],
         cwd=repo, stdout=subprocess.PIPE, text=True, env={**os.environ, "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"})
     assert holder.stdout.readline().strip() == "held"
-    port = free_port()
-    ranks = [subprocess.Popen([sys.executable, "-c", (
-        "import torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\n"
-        "from data_pipeline.loader import LoaderConfig, build_dataset\n"
-        f"dataset = build_dataset(LoaderConfig(path='{prepared}'), 'train', batch_size=4)\n"
-        "print('ok', len(dataset), flush=True)\n"
-        "dist.barrier()\n")], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
-             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}) for r in range(2)]
+    ranks = _two_ranks_build_a_dataset(prepared)
     try:
         results = [proc.communicate(timeout=120) for proc in ranks]
     finally:
         holder.kill()
         holder.wait()
     for proc, (out, err) in zip(ranks, results):
+        assert proc.returncode == 0 and out.startswith("ok"), err[-3000:]
+
+
+def _two_ranks_build_a_dataset(data: Path, before: str = ""):
+    """Two ranks of one run on this machine, each running `before`, then building the training split's dataset."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, free_port
+
+    port = free_port()
+    return [subprocess.Popen([sys.executable, "-c", (
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        f"{before}"
+        "from data_pipeline.loader import LoaderConfig, build_dataset\n"
+        f"dataset = build_dataset(LoaderConfig(path='{data}'), 'train', batch_size=4)\n"
+        "print('ok', len(dataset), flush=True)\n"
+        "dist.barrier()\n")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}) for r in range(2)]
+
+
+def test_the_ranks_of_a_node_take_their_leaders_free_prefix_when_their_own_scans_differ(prepared):
+    """Another run's shared memory can vanish (the run ends) between two ranks' scans for a free prefix, so the
+    non-leader finds another prefix than its leader ("... was not registered by local leader"). Here the scans differ
+    on purpose: rank r's scan answers the free prefix plus r. Every rank must register at its leader's."""
+    skew = ("from streaming.base.shared import prefix\n"
+            "scan = prefix._check_and_find_retrying\n"
+            "prefix._check_and_find_retrying = lambda *a, **k: scan(*a, **k) + dist.get_rank()\n")
+    for proc in _two_ranks_build_a_dataset(prepared, skew):
+        out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0 and out.startswith("ok"), err[-3000:]
 
