@@ -134,7 +134,7 @@ def test_a_packed_batch_gives_back_every_column_with_its_dtype_and_shape():
     assert {v.untyped_storage().data_ptr() for v in out.values()} == {packed.buffer.untyped_storage().data_ptr()}
 
 
-def test_a_worker_batch_reaches_the_training_process_as_one_shared_block(dataset):
+def test_a_worker_batch_reaches_the_training_process_as_one_block(dataset):
     """With workers, the loader's batches cross as one buffer and come out as the collate's dict."""
     cfg = LoaderConfig(path=str(dataset), shuffle=False, num_workers=1)
     loader = build_loader(cfg, "train", 4, collate_fn=MaskingCollate(_masking(), pad_id=0, seed=5))
@@ -143,6 +143,26 @@ def test_a_worker_batch_reaches_the_training_process_as_one_shared_block(dataset
     for batch in batches:
         storages = {v.untyped_storage().data_ptr() for v in batch.values()}
         assert len(storages) == 1 and set(batch) >= {"input_ids", "labels", "attention_mask", "sample_id"}
+
+
+def test_a_small_batch_crosses_the_pipe_as_bytes_and_a_large_one_as_shared_memory():
+    """What a loader worker sends: the batch's bytes below INLINE_BATCH_BYTES, one shared-memory block above it."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from data_pipeline.loader import INLINE_BATCH_BYTES
+
+    small = PackedBatch.pack({"input_ids": torch.arange(4 * 128).reshape(4, 128), "flags": torch.ones(4, dtype=torch.bool)})
+    sent = bytes(ForkingPickler.dumps(small))
+    assert len(sent) > small.buffer.numel()  # the data itself travels in the message
+    back = pickle.loads(sent)
+    assert not back.buffer.is_shared() and back.rows == 4
+    assert torch.equal(back.unpack()["input_ids"], torch.arange(4 * 128).reshape(4, 128))
+    back.unpack()["input_ids"][0, 0] = -1  # a writable copy, as a shared block is
+    large = PackedBatch.pack({"input_ids": torch.zeros(INLINE_BATCH_BYTES // 8 + 1, dtype=torch.long)})
+    rebuild, (buffer, _, _) = large.__reduce__()
+    assert rebuild is PackedBatch and buffer is large.buffer  # the tensor itself: the DataLoader shares its memory
+    assert len(bytes(ForkingPickler.dumps(large))) < 4096
 
 
 def test_auto_loader_workers_are_one_on_a_cpu_and_up_to_four_beside_a_gpu():

@@ -8,7 +8,7 @@ import torch
 from model.objectives.coco_lm import copy_loss, corrective_lm_loss, scl_loss
 from model.objectives.declutr import declutr_loss
 from model.objectives.electra import rtd_loss
-from model.objectives.mlm import pair_loss
+from model.objectives.mlm import pair_loss, prediction_accuracy
 from model.objectives.spanbert import span_boundary_loss
 from model.objectives.tacl import supervised_tacl_loss, tacl_loss
 from model.objectives.taco import tc_loss
@@ -261,6 +261,22 @@ def test_plm_loss():
     right = [int(np.argmax(logits[i, j]) == labels[i, j]) for i in range(b) for j in range(p) if labels[i, j] != -100]
     loss, accuracy = plm_loss(t64(logits), torch.tensor(labels))
     assert len(terms) == 8 and close(loss, float(np.mean(terms))) and abs(float(accuracy) - np.mean(right)) < 1e-6
+
+
+def test_prediction_accuracy_counts_the_targets_that_score_highest():
+    """Accuracy: the fraction of real targets (not -100) that are their row's argmax; a tie for the top counts as right."""
+    n, v = 40, 50
+    logits = rng.normal(size=(n, v))
+    labels = rng.integers(0, v, size=n)
+    labels[::2] = np.argmax(logits[::2], axis=1)  # half of the rows right by construction, the rest mostly wrong
+    labels[5] = labels[17] = -100
+    right = [int(np.argmax(logits[i]) == labels[i]) for i in range(n) if labels[i] != -100]
+    assert 0.5 < np.mean(right) < 1.0
+    assert abs(float(prediction_accuracy(torch.tensor(logits, dtype=torch.float32), torch.tensor(labels)))
+               - np.mean(right)) < 1e-6
+    tied = torch.tensor([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0]])
+    assert float(prediction_accuracy(tied, torch.tensor([2, 0]))) == 1.0
+    assert float(prediction_accuracy(tied, torch.tensor([-100, -100]))) == 0.0
 
 
 def test_replacements_are_drawn_from_the_generators_softmax():
