@@ -152,6 +152,12 @@ def make_plain_step(case: dict, args, clock: Optional["PhaseClock"] = None) -> t
     import torch
     import torch.nn.functional as F
 
+    from core.host_memory import keep_freed_memory
+
+    # The trainer's process keeps freed heap memory (core/host_memory.py); so does the plain loop's, or the ratio
+    # would compare two allocators' page faults (a plain loop without it took 0 to 1,500 fresh pages a step, by
+    # chance) instead of two loops.
+    keep_freed_memory()
     cfg, precision, tok, model, encoder, head = plain_model(case, args)
     device = torch.device(args.device)
     model.to(device).train()

@@ -9,6 +9,7 @@ import torch
 
 from core import distributed as dist
 from core.config_io import config_to_dict
+from core.host_memory import keep_freed_memory
 from data_pipeline.run_data import open_run_data
 from model.diagnostics import validation_unigram_entropy
 from model.encoder import model_config
@@ -31,6 +32,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     """Initialise the process group and everything the trainer needs: the device's precision and peak, the data, the
     objective, the run files."""
     quiet_libraries()
+    allocator = keep_freed_memory()  # before the data and the model: their loader workers inherit it
     run_dir = RunDir(cfg.train.output_dir)
     if torch.cuda.is_available():  # read when NCCL's group is created: a timeout dumps every rank's last collectives here
         run_dir.flight_recorder.mkdir(parents=True, exist_ok=True)
@@ -54,4 +56,4 @@ def build_trainer(cfg: RunConfig) -> Trainer:
                    flops_per_token=objective.flops_per_token, peak_tflops=hardware.peak_tflops,
                    unigram_entropy=None if data.validation is None else
                    validation_unigram_entropy(data.validation, cfg.train.eval_batches, tokenizer),
-                   notes=(*hardware.notes, *data.notes))
+                   notes=(*hardware.notes, *data.notes, *([allocator] if allocator else [])))

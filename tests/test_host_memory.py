@@ -1,0 +1,51 @@
+"""The training process keeps the memory a step frees (glibc): a block freed and asked for again costs no new pages."""
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting exists in glibc only")
+
+# A fresh process: 4 MiB asked for, written and freed three times; the page faults of each round, and the line the
+# setting logged. Plain malloc, so that only the allocator's policy decides whether the pages are new.
+PROBE = """
+import ctypes, json, resource, sys
+from core.host_memory import keep_freed_memory
+line = keep_freed_memory() if sys.argv[1] == "keep" else None
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+faults = []
+for _ in range(3):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = libc.malloc(4 << 20)
+    ctypes.memset(block, 1, 4 << 20)
+    libc.free(block)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"line": line, "faults": faults}))
+"""
+
+
+def _probe(mode: str, **env: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=REPO, capture_output=True, text=True, check=True,
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")},
+                               "PYTHONPATH": str(REPO), **env})
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_freed_block_comes_back_without_new_pages():
+    pages = (4 << 20) // 4096
+    kept = _probe("keep")
+    assert kept["line"].startswith("host allocator: glibc keeps freed memory")
+    assert kept["faults"][1] < pages // 16 and kept["faults"][2] < pages // 16, kept
+    # glibc's default gives the first block back to the kernel and takes the second from it anew.
+    assert _probe("default")["faults"][1] > pages // 2
+
+
+def test_a_users_own_malloc_settings_stand():
+    probe = _probe("keep", MALLOC_TRIM_THRESHOLD_="131072")
+    assert "left as set in the environment" in probe["line"]
+    assert probe["faults"][1] > (4 << 20) // 4096 // 2  # no reuse: the user's threshold, not ours
