@@ -25,6 +25,7 @@ import functools
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -270,6 +271,7 @@ class PhaseClock:
         self.mark = 0.0
         self.warmup, self.sync, self.steps = warmup, sync, 0
         self.first: Optional[float] = None
+        self.first_usage: Optional[resource.struct_rusage] = None
         self.last = 0.0
 
     def _now(self) -> float:
@@ -299,6 +301,7 @@ class PhaseClock:
         if index == self.warmup:
             self.totals.clear()
             self.first = self._now()
+            self.first_usage = resource.getrusage(resource.RUSAGE_SELF)
         if index >= self.warmup:
             self.steps = index - self.warmup + 1
 
@@ -331,6 +334,10 @@ class PhaseClock:
         out = {phase: 1e3 * self.totals.get(phase, 0.0) / steps for phase in PHASES if phase != "loop other"}
         out["loop other"] = max(0.0, 1e3 * wall / steps - sum(out.values()))
         out["step"] = 1e3 * wall / steps
+        if self.first is not None:  # the process's fresh pages and kernel time: host cost no phase wrapper sees
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            out["page faults"] = (usage.ru_minflt - self.first_usage.ru_minflt) / steps
+            out["kernel ms"] = 1e3 * (usage.ru_stime - self.first_usage.ru_stime) / steps
         return out
 
 
@@ -505,9 +512,12 @@ def print_tables(results: list[dict], info: dict, args) -> None:
     heads = [f"{r['backbone']} Z{r['stage']} {side}" for r in with_phases for side in ("trainer", "plain")]
     print("| phase | " + " | ".join(heads) + " |")
     print("|---|" + "---|" * len(heads))
-    for phase in (*PHASES, "step"):
-        cells = [f"{r['phases'][side].get(phase, 0.0):.2f}" for r in with_phases for side in ("trainer", "plain")]
-        print(f"| {'**step**' if phase == 'step' else phase} | " + " | ".join(cells) + " |")
+    for phase in (*PHASES, "step", "page faults", "kernel ms"):
+        cells = [f"{r['phases'][side].get(phase, 0.0):.{0 if phase == 'page faults' else 2}f}" for r in with_phases
+                 for side in ("trainer", "plain")]
+        name = {"step": "**step**", "page faults": "page faults per step (whole process)",
+                "kernel ms": "kernel time per step, ms (whole process)"}.get(phase, phase)
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
