@@ -272,6 +272,7 @@ class PhaseClock:
         self.warmup, self.sync, self.steps = warmup, sync, 0
         self.first: Optional[float] = None
         self.first_usage: Optional[resource.struct_rusage] = None
+        self.last_usage: Optional[resource.struct_rusage] = None
         self.last = 0.0
 
     def _now(self) -> float:
@@ -304,6 +305,7 @@ class PhaseClock:
             self.first_usage = resource.getrusage(resource.RUSAGE_SELF)
         if index >= self.warmup:
             self.steps = index - self.warmup + 1
+            self.last_usage = resource.getrusage(resource.RUSAGE_SELF)  # the steps before this one are whole
 
     def timed(self, phase: str, fn: Callable) -> Callable:
         """`fn`, timed as `phase`."""
@@ -334,10 +336,10 @@ class PhaseClock:
         out = {phase: 1e3 * self.totals.get(phase, 0.0) / steps for phase in PHASES if phase != "loop other"}
         out["loop other"] = max(0.0, 1e3 * wall / steps - sum(out.values()))
         out["step"] = 1e3 * wall / steps
-        if self.first is not None:  # the process's fresh pages and kernel time: host cost no phase wrapper sees
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            out["page faults"] = (usage.ru_minflt - self.first_usage.ru_minflt) / steps
-            out["kernel ms"] = 1e3 * (usage.ru_stime - self.first_usage.ru_stime) / steps
+        if self.steps > 1:  # the training process's fresh pages and kernel time: host cost no phase wrapper sees
+            first, last, whole = self.first_usage, self.last_usage, self.steps - 1
+            out["page faults"] = (last.ru_minflt - first.ru_minflt) / whole
+            out["kernel ms"] = 1e3 * (last.ru_stime - first.ru_stime) / whole
         return out
 
 
@@ -515,8 +517,8 @@ def print_tables(results: list[dict], info: dict, args) -> None:
     for phase in (*PHASES, "step", "page faults", "kernel ms"):
         cells = [f"{r['phases'][side].get(phase, 0.0):.{0 if phase == 'page faults' else 2}f}" for r in with_phases
                  for side in ("trainer", "plain")]
-        name = {"step": "**step**", "page faults": "page faults per step (whole process)",
-                "kernel ms": "kernel time per step, ms (whole process)"}.get(phase, phase)
+        name = {"step": "**step**", "page faults": "page faults per step (training process)",
+                "kernel ms": "kernel time per step, ms (training process)"}.get(phase, phase)
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

@@ -2,14 +2,17 @@
 
 glibc's malloc returns the top of its heap to the operating system whenever more than its trim threshold lies
 free there, and serves large blocks with mmap. A training step frees its activations at the end and allocates
-them again at the next one, so a step of the 12-layer proxy in BENCHMARKS.md ("Host overhead of a step") took
-about 1,800 fresh pages from the kernel (page faults, each zero-filled): 3.8-5.6 ms of kernel time a step.
-Keeping freed memory brings that to a few pages and the step 3-8% faster (5 alternated pairs). The cost is
-that the process's resident size does not shrink after a peak (an evaluation, a checkpoint), up to the trim
-threshold below; blocks from 32 MiB up still go to mmap and back.
+them again at the next one. A step of the 12-layer proxy in BENCHMARKS.md ("Host overhead of a step") took
+1,650-1,870 fresh pages from the kernel on average (page faults, each zero-filled), 3.8-5.6 ms of kernel time.
+With freed memory kept: 220-240 on average (a median of 6-9; what is left is not malloc's), and the step
+3-8% faster (5 alternated pairs).
 
-Only glibc has these knobs. Where a user set glibc's own MALLOC_*_ variables or preloads another allocator
-(jemalloc, tcmalloc), their choice stands.
+The cost: a heap does not shrink after a peak (an evaluation, a checkpoint) until more than the trim threshold
+lies free at its top, and each of glibc's arenas keeps its own; blocks from 32 MiB up still go to mmap and back.
+Processes forked after the call (loader workers on Linux) inherit the setting; spawned ones do not.
+
+Only glibc has these knobs. A user's own allocator choice stands: any MALLOC_* variable, a glibc.malloc tunable,
+or a preloaded allocator (jemalloc, tcmalloc). `train.keep_freed_host_memory: false` leaves glibc's defaults.
 """
 from __future__ import annotations
 
@@ -23,19 +26,32 @@ M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # the largest glibc accepts on 64-bit (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD = 1 << 30
-USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
-)
+
+
+def users_allocator_setting() -> Optional[str]:
+    """What in the environment already chooses the allocator's behaviour, or None."""
+    names = sorted(name for name, value in os.environ.items() if name.startswith("MALLOC_") and value)
+    if names:
+        return ", ".join(names)
+    if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return "GLIBC_TUNABLES"
+    if "alloc" in os.environ.get("LD_PRELOAD", ""):
+        return "LD_PRELOAD"
+    return None
 
 
 def keep_freed_memory() -> Optional[str]:
     """Have glibc's malloc keep what the process frees (see the module); a line saying what was done, or None."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
-    if (any(os.environ.get(name) for name in USER_SETTINGS) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "")
-            or "alloc" in os.environ.get("LD_PRELOAD", "")):
-        return "host allocator: left as set in the environment (MALLOC_*_, GLIBC_TUNABLES or LD_PRELOAD)"
+    users = users_allocator_setting()
+    if users:
+        return f"host allocator: left as the environment sets it ({users})"
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
-        return None
+    mmap_set = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    trim_set = bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    if not (mmap_set and trim_set):
+        return (f"host allocator: glibc refused part of the setting (mmap threshold {'set' if mmap_set else 'refused'}, "
+                f"trim threshold {'set' if trim_set else 'refused'})")
     return (f"host allocator: glibc keeps freed memory for reuse (no trim below {TRIM_THRESHOLD >> 30} GiB, mmap from "
-            f"{MMAP_THRESHOLD >> 20} MiB); set MALLOC_TRIM_THRESHOLD_ to choose otherwise")
+            f"{MMAP_THRESHOLD >> 20} MiB); train.keep_freed_host_memory=false leaves glibc's defaults")

@@ -69,6 +69,9 @@ class TrainConfig:
     # Regional torch.compile: each encoder layer compiled in place (ZeRO 0-2; checkpoints and exports unchanged).
     # Costs compile time at every start; measured in BENCHMARKS.md ("Host overhead of a step").
     compile: bool = False
+    # glibc keeps the host memory a step frees for the next step instead of returning it to the kernel, which
+    # costs page faults at every step (core/host_memory.py; BENCHMARKS.md). false: glibc's defaults.
+    keep_freed_host_memory: bool = True
     seed: int = 42
     log_every: int = 10
     save_every: int = 100

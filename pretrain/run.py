@@ -32,7 +32,8 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     """Initialise the process group and everything the trainer needs: the device's precision and peak, the data, the
     objective, the run files."""
     quiet_libraries()
-    allocator = keep_freed_memory()  # before the data and the model: their loader workers inherit it
+    # Before the data and the model, so that their memory and the loader workers forked later follow it.
+    allocator = keep_freed_memory() if cfg.train.keep_freed_host_memory else None
     run_dir = RunDir(cfg.train.output_dir)
     if torch.cuda.is_available():  # read when NCCL's group is created: a timeout dumps every rank's last collectives here
         run_dir.flight_recorder.mkdir(parents=True, exist_ok=True)

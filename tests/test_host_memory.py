@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, TINY_MODEL, run_cli
+from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting exists in glibc only")
 
@@ -31,7 +32,8 @@ print(json.dumps({"line": line, "faults": faults}))
 
 def _probe(mode: str, **env: str) -> dict:
     proc = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=REPO, capture_output=True, text=True, check=True,
-                          env={**{k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")},
+                          env={**{k: v for k, v in os.environ.items()
+                                  if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")},
                                "PYTHONPATH": str(REPO), **env})
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -47,5 +49,19 @@ def test_a_freed_block_comes_back_without_new_pages():
 
 def test_a_users_own_malloc_settings_stand():
     probe = _probe("keep", MALLOC_TRIM_THRESHOLD_="131072")
-    assert "left as set in the environment" in probe["line"]
+    assert probe["line"] == "host allocator: left as the environment sets it (MALLOC_TRIM_THRESHOLD_)"
     assert probe["faults"][1] > (4 << 20) // 4096 // 2  # no reuse: the user's threshold, not ours
+    assert "MALLOC_ARENA_MAX" in _probe("keep", MALLOC_ARENA_MAX="2")["line"]  # any MALLOC_* is a choice
+
+
+def test_a_run_says_what_it_did_with_the_allocator_and_can_leave_glibcs_defaults(prepared, tmp_path, monkeypatch):
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", *TINY_MODEL,
+            "train.micro_batch_size=4", "train.global_batch_size=4", "train.max_steps=1", "train.eval_every=0",
+            "train.save_every=1", "train.report_to=[]"]
+    for name in [k for k in os.environ if k.startswith("MALLOC_")] + ["GLIBC_TUNABLES", "LD_PRELOAD"]:
+        monkeypatch.delenv(name, raising=False)  # the suite's environment may carry allocator settings of its own
+    kept, default = RunDir(tmp_path / "kept"), RunDir(tmp_path / "default")
+    run_cli("pretrain", [*args, f"train.output_dir={kept.root}"])
+    run_cli("pretrain", [*args, f"train.output_dir={default.root}", "train.keep_freed_host_memory=false"])
+    assert "host allocator: glibc keeps freed memory for reuse" in kept.text_log.read_text()
+    assert "host allocator" not in default.text_log.read_text()

@@ -8,7 +8,7 @@ import torch
 from model.objectives.coco_lm import copy_loss, corrective_lm_loss, scl_loss
 from model.objectives.declutr import declutr_loss
 from model.objectives.electra import rtd_loss
-from model.objectives.mlm import pair_loss, prediction_accuracy
+from model.objectives.mlm import pair_loss, prediction_accuracy, unique_top_hits
 from model.objectives.spanbert import span_boundary_loss
 from model.objectives.tacl import supervised_tacl_loss, tacl_loss
 from model.objectives.taco import tc_loss
@@ -264,7 +264,7 @@ def test_plm_loss():
 
 
 def test_prediction_accuracy_counts_the_targets_that_score_highest():
-    """Accuracy: the fraction of real targets (not -100) that are their row's argmax; a tie for the top counts as right."""
+    """Accuracy: the fraction of real targets (not -100) that are their row's maximum; a tie for the top counts as wrong."""
     n, v = 40, 50
     logits = rng.normal(size=(n, v))
     labels = rng.integers(0, v, size=n)
@@ -274,9 +274,23 @@ def test_prediction_accuracy_counts_the_targets_that_score_highest():
     assert 0.5 < np.mean(right) < 1.0
     assert abs(float(prediction_accuracy(torch.tensor(logits, dtype=torch.float32), torch.tensor(labels)))
                - np.mean(right)) < 1e-6
-    tied = torch.tensor([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0]])
-    assert float(prediction_accuracy(tied, torch.tensor([2, 0]))) == 1.0
-    assert float(prediction_accuracy(tied, torch.tensor([-100, -100]))) == 0.0
+    tied = torch.tensor([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0], [0.0, 5.0, 1.0]])
+    assert abs(float(prediction_accuracy(tied, torch.tensor([2, 0, 1]))) - 1 / 3) < 1e-7  # only the untied row
+    assert float(prediction_accuracy(torch.zeros(4, 9), torch.tensor([0, 3, 8, 5]))) == 0.0  # one score for all
+    assert float(prediction_accuracy(tied, torch.tensor([-100, -100, -100]))) == 0.0
+
+
+@pytest.mark.parametrize("by_top_two", [False, True])  # the CPU's way and an accelerator's way
+def test_both_ways_of_finding_a_unique_top_agree_with_the_formula(by_top_two):
+    logits = torch.tensor(rng.normal(size=(30, 7)), dtype=torch.float32)
+    targets = torch.tensor(rng.integers(0, 7, size=30))
+    for i in range(0, 10, 2):  # the target tied with another entry at the top; the next row: the target alone there
+        logits[i, targets[i]] = logits[i, (targets[i] + 1) % 7] = logits[i].max() + 1
+        logits[i + 1, targets[i + 1]] = logits[i + 1].max() + 1
+    want = [bool(logits[i, targets[i]] == logits[i].max() and int((logits[i] == logits[i].max()).sum()) == 1)
+            for i in range(30)]
+    assert sum(want[:10]) == 5 and 0 < sum(want[10:]) < 20
+    assert unique_top_hits(logits, targets, by_top_two).tolist() == want
 
 
 def test_replacements_are_drawn_from_the_generators_softmax():
