@@ -17,7 +17,6 @@ or a preloaded allocator (jemalloc, tcmalloc). `train.keep_freed_host_memory: fa
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 from typing import Optional
@@ -47,7 +46,7 @@ def keep_freed_memory() -> Optional[str]:
     users = users_allocator_setting()
     if users:
         return f"host allocator: left as the environment sets it ({users})"
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc = ctypes.CDLL(None)  # the running process's own symbols: its libc's mallopt, with no library search
     mmap_set = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     trim_set = bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     if not (mmap_set and trim_set):

@@ -119,6 +119,9 @@ class MaskingCollate:
         return batch
 
 
+INLINE_BATCH_BYTES = 256 * 1024  # a packed batch up to this size leaves a worker as bytes (PackedBatch.__reduce__)
+
+
 class PackedBatch:
     """A batch's tensors laid out in one byte buffer, so that it leaves a loader worker as one block.
 
@@ -165,9 +168,6 @@ class PackedBatch:
     def pin_memory(self) -> "PackedBatch":
         """The same batch in page-locked memory (the DataLoader's pinning thread calls this)."""
         return PackedBatch(self.buffer.pin_memory(), self.layout, self.rows)
-
-
-INLINE_BATCH_BYTES = 256 * 1024
 
 
 def _unpickle_inline(data: bytes, layout: tuple, rows: int) -> PackedBatch:
