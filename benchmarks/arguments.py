@@ -16,6 +16,11 @@ from typing import Any, Optional
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = ["auto", "fp32", "bf16", "fp16"]
 
+def worker_count(value: str) -> "int | str":
+    """`auto` (the trainer's default, resolved where it runs) or a count."""
+    return value if value == "auto" else int(value)
+
+
 SHARED: dict[str, dict[str, Any]] = {
     "corpora": {"help": "the folder `python -m benchmarks.corpora` wrote"},
     "data": {"help": "a prepared dataset folder (train/ and validation/ shards)"},
@@ -31,7 +36,8 @@ SHARED: dict[str, dict[str, Any]] = {
     "lr": {"type": float, "help": "peak learning rate"},
     "objectives": {"nargs": "+", "help": "objectives to run"},
     "backbones": {"nargs": "+", "help": "backbones to run"},
-    "loader_workers": {"type": int, "help": "loader worker processes per rank"},
+    "loader_workers": {"type": worker_count,
+                       "help": "loader worker processes per rank (auto: what data.num_workers=auto picks)"},
 }
 
 

@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.arguments import add_shared, results_file
-from benchmarks.host_overhead import machine
+from benchmarks.host_overhead import fits_one_epoch, machine
 from core.atomic_files import write_text_atomic
 from benchmarks.repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging
 from data_pipeline.dataset_dir import DatasetDir
@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--batches-512", type=int, nargs="+", default=[16, 64], help="micro-batches per GPU at seq 512")
     parser.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"], help="train.compile values to run")
     parser.add_argument("--zero-stage", default="auto")
-    add_shared(parser, choices={"precision": ["bf16", "fp16", "fp32"]}, loader_workers=4, steps=60, warmup=20,
+    add_shared(parser, choices={"precision": ["bf16", "fp16", "fp32"]}, loader_workers="auto", steps=60, warmup=20,
                precision="bf16")
     parser.add_argument("--no-bare", action="store_true", help="skip the bare loop (MLM points)")
     parser.add_argument("--profile", action="store_true", help="also profile each point for the GPU's idle fraction")
@@ -204,6 +204,8 @@ def main() -> None:
                                   "text_documents": "paragraph"}],
                      "tokenizer": {"pretrained": str(minilm_dir())}, "seq_len": seq, "packing": "full",
                      "val_fraction": 0.01}, data)
+        for batch in (args.batches_128 if seq <= 128 else args.batches_512):
+            fits_one_epoch(data, batch, args.steps)
         teacher = teacher_folder(SHAPES[args.size], seq, DatasetDir(data).tokenizer, work / f"teacher_{args.size}_{seq}")
         for backbone in args.backbones:
             for batch in (args.batches_128 if seq <= 128 else args.batches_512):

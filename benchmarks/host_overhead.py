@@ -463,6 +463,15 @@ def ensure_data(args) -> None:
                     f"output_dir={args.data}"], cwd=REPO, check=True, env=thread_env(args))
 
 
+def fits_one_epoch(data: Path, batch: int, steps: int) -> None:
+    """Refuse a run longer than one pass over the training split: at its end the trainer's loader forks its workers
+    again (0.2-0.5 s on one step), a cost the plain loop's batches never pay, which would land in the timing."""
+    sequences = json.loads(DatasetDir(data).manifest.read_text())["splits"]["train"]["sequences"]
+    if steps * batch > sequences:
+        raise SystemExit(f"{data} holds {sequences // batch} batches of {batch} per pass, fewer than the {steps} steps "
+                         f"asked for: the loader would restart inside the timing; give more data or fewer steps")
+
+
 def compare(case: dict, args) -> dict:
     """Alternated trainer and plain runs of one case, then the phase breakdown of each if asked."""
     pairs = []
@@ -533,7 +542,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=10)
     add_shared(parser, warmup=10)
     parser.add_argument("--pairs", type=int, default=3)
-    add_shared(parser, threads=1, loader_workers=None)  # None: what data.num_workers=auto gives the trainer
+    add_shared(parser, threads=1, loader_workers="auto")  # resolved below, as data.num_workers=auto would be
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more overrides for the trainer only (a lever to measure, e.g. train.deepspeed_config=...)")
@@ -544,7 +553,7 @@ def main() -> None:
     parser.add_argument("--worker", choices=["plain", "plain-phases", "trainer-phases", "interleaved"], help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.loader_workers is None:
+    if args.loader_workers in (None, "auto"):
         from data_pipeline.loader import cpus_per_rank, loader_workers
 
         args.loader_workers = loader_workers("auto", args.device == "cuda", cpus_per_rank(local_ranks=1))
@@ -564,6 +573,7 @@ def main() -> None:
         print(json.dumps(result), flush=True)
         os._exit(0)  # the trainer's process group and loader workers need no orderly teardown here
     ensure_data(args)
+    fits_one_epoch(Path(args.data), args.batch, args.steps)
     from pretrain.hardware import resolve_precision
 
     info = machine()

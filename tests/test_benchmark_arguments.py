@@ -3,7 +3,6 @@
 import ast
 import importlib
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -33,3 +32,29 @@ def test_shared_arguments_are_defined_once():
                     redefined.append(f"{path.name}: {flag}")
     assert not redefined, redefined
     assert len(SCRIPTS) >= 15
+
+
+def test_loader_workers_take_auto_or_a_count():
+    """--loader-workers takes auto (the trainer's default, resolved where it runs) or a count, and nothing else."""
+    import argparse
+
+    from benchmarks.arguments import add_shared
+
+    parser = argparse.ArgumentParser()
+    add_shared(parser, loader_workers="auto")
+    assert parser.parse_args([]).loader_workers == "auto"
+    assert parser.parse_args(["--loader-workers", "3"]).loader_workers == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--loader-workers", "many"])
+
+
+def test_a_timing_longer_than_one_pass_over_the_data_is_refused(tmp_path):
+    """The trainer's loader restarts at the end of a pass; a run whose steps cross it is refused before it starts."""
+    import json
+
+    from benchmarks.host_overhead import fits_one_epoch
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"splits": {"train": {"sequences": 7472}}}))
+    fits_one_epoch(tmp_path, 256, 29)  # 29 x 256 = 7424 sequences: one pass holds them
+    with pytest.raises(SystemExit, match="29 batches of 256 per pass, fewer than the 30 steps"):
+        fits_one_epoch(tmp_path, 256, 30)
