@@ -129,7 +129,7 @@ class TrainConfig:
                               f"s3://bucket/prefix, got {self.checkpoint_remote!r}")
         if self.compile and self.zero_stage == 3:
             raise ConfigError("train.compile=true needs ZeRO stage 0-2: ZeRO-3's hooks gather parameters inside the "
-                              "layers a compiled region would capture")
+                              "layers a compiled region would capture (set train.compile=false)")
 
 
 @dataclass
