@@ -16,6 +16,7 @@ from typing import Any, Optional
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = ["auto", "fp32", "bf16", "fp16"]
 
+
 def worker_count(value: str) -> "int | str":
     """`auto` (the trainer's default, resolved where it runs) or a count."""
     return value if value == "auto" else int(value)

