@@ -17,9 +17,11 @@ def _exit_without_teardown(code: int) -> None:
 
 if __name__ == "__main__":
     if "train" in sys.argv[1:]:
+        from core.host_memory import pause_garbage_collector
         from pretrain import signals
 
         signals.catch()  # before the slow imports below: a preemption signal may come at any time
+        pause_garbage_collector()  # until the trainer is built: the imports' full collections cost about 1 s
     from pretrain.cli import main
 
     _exit_without_teardown(main())

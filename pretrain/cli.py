@@ -23,6 +23,7 @@ def _train(args: argparse.Namespace) -> int:
     import torch
 
     from core import distributed as dist
+    from core.host_memory import resume_garbage_collector
     from pretrain import signals
     from pretrain.config import RunConfig
     from pretrain.preemption import EXIT_FINISHED, EXIT_PREEMPTED
@@ -32,6 +33,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(RunConfig, args.config, args.overrides, search=INSTALLED)
         trainer = build_trainer(cfg)
+        resume_garbage_collector()
         try:
             status = trainer.fit()
         except Exception as exc:

@@ -65,3 +65,52 @@ def test_a_run_says_what_it_did_with_the_allocator_and_can_leave_glibcs_defaults
     run_cli("pretrain", [*args, f"train.output_dir={default.root}", "train.keep_freed_host_memory=false"])
     assert "host allocator: glibc keeps freed memory for reuse" in kept.text_log.read_text()
     assert "host allocator" not in default.text_log.read_text()
+
+
+GC_PROBE = r"""
+import gc, json, runpy, sys
+import core.host_memory as host_memory
+from pretrain.trainer import Trainer
+
+collections, seen = [], {}
+gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(info["generation"]))
+resume = host_memory.resume_garbage_collector
+
+def counted_resume():
+    seen["start-up collections"] = len(collections)
+    return resume()
+
+def fit(self):
+    seen.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count())
+    print("GC " + json.dumps(seen), flush=True)
+    return "finished"
+
+host_memory.resume_garbage_collector, Trainer.fit = counted_resume, fit
+collections.clear()  # what the imports above collected is not the training process's start-up
+sys.argv = ["pretrain", *sys.argv[1:]]
+runpy.run_module("pretrain", run_name="__main__")
+"""
+
+
+def test_a_training_process_starts_without_collections_and_trains_with_its_start_up_frozen(prepared, tmp_path):
+    """`python -m pretrain train`: no garbage collection runs from the entry to the built trainer (about 1 s of full
+    collections otherwise), and the steps run with the collector on and the start-up's objects frozen."""
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", *TINY_MODEL,
+            "train.micro_batch_size=4", "train.global_batch_size=4", "train.max_steps=1", "train.eval_every=0",
+            f"train.output_dir={tmp_path / 'run'}", "train.report_to=[]"]
+    proc = subprocess.run([sys.executable, "-c", GC_PROBE, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("GC ")), None)
+    assert line is not None, proc.stderr[-3000:]
+    seen = json.loads(line[3:])
+    assert seen["start-up collections"] == 0 and seen["enabled"] is True and seen["frozen"] > 100_000, seen
+
+
+def test_an_in_process_caller_keeps_its_own_collector():
+    """Without the pause (a caller that trains from Python), the resume neither freezes nor switches anything."""
+    import gc
+
+    from core.host_memory import resume_garbage_collector
+
+    frozen, enabled = gc.get_freeze_count(), gc.isenabled()
+    assert resume_garbage_collector() is False
+    assert gc.get_freeze_count() == frozen and gc.isenabled() == enabled
