@@ -15,13 +15,25 @@ def _exit_without_teardown(code: int) -> None:
     os._exit(code)
 
 
+def command(argv: list[str]) -> str | None:
+    """The subcommand `argv` names: its first word that is not an option (nor --local_rank's value)."""
+    words = iter(argv)
+    for word in words:
+        if word in ("--local_rank", "--local-rank"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
 if __name__ == "__main__":
-    if "train" in sys.argv[1:]:
+    if command(sys.argv[1:]) == "train":
         from core.host_memory import pause_garbage_collector
+
+        pause_garbage_collector()  # until the trainer is built: the start-up's full collections cost about 1 s
         from pretrain import signals
 
         signals.catch()  # before the slow imports below: a preemption signal may come at any time
-        pause_garbage_collector()  # until the trainer is built: the imports' full collections cost about 1 s
     from pretrain.cli import main
 
     _exit_without_teardown(main())

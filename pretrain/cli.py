@@ -110,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     exp.set_defaults(func=_export)
     add_evaluation_commands(sub)
     args = parser.parse_args(argv)
+    if args.command != "train":
+        from core.host_memory import resume_garbage_collector
+
+        resume_garbage_collector()  # only a training process runs its start-up with the collector paused
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     try:
         return args.func(args)

@@ -69,24 +69,28 @@ def test_a_run_says_what_it_did_with_the_allocator_and_can_leave_glibcs_defaults
 
 GC_PROBE = r"""
 import gc, json, runpy, sys
-import core.host_memory as host_memory
-from pretrain.trainer import Trainer
+import core.host_memory as host_memory  # light: the heavy imports below must happen in the paused window
 
-collections, seen = [], {}
-gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(info["generation"]))
+young, seen = [], {}
+# Explicit gc.collect() calls (libraries make a few) are full ones and run even while paused: count the automatic,
+# young-generation collections that the pause stops.
+gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] < 2 and young.append(1))
 resume = host_memory.resume_garbage_collector
 
 def counted_resume():
-    seen["start-up collections"] = len(collections)
+    from pretrain.trainer import Trainer  # imported by now
+
+    def fit(self):
+        seen.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count())
+        print("GC " + json.dumps(seen), flush=True)
+        return "finished"
+
+    Trainer.fit = fit
+    seen["start-up collections"] = len(young)
     return resume()
 
-def fit(self):
-    seen.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count())
-    print("GC " + json.dumps(seen), flush=True)
-    return "finished"
-
-host_memory.resume_garbage_collector, Trainer.fit = counted_resume, fit
-collections.clear()  # what the imports above collected is not the training process's start-up
+host_memory.resume_garbage_collector = counted_resume
+young.clear()
 sys.argv = ["pretrain", *sys.argv[1:]]
 runpy.run_module("pretrain", run_name="__main__")
 """
@@ -114,3 +118,17 @@ def test_an_in_process_caller_keeps_its_own_collector():
     frozen, enabled = gc.get_freeze_count(), gc.isenabled()
     assert resume_garbage_collector() is False
     assert gc.get_freeze_count() == frozen and gc.isenabled() == enabled
+
+
+def test_only_the_train_command_pauses_the_collector():
+    """The subcommand is the first word that is not an option: an export or evaluation whose path is `train` is not a
+    training process (it would run with the collector paused to its end), and the deepspeed launcher's rank comes
+    first."""
+    from pretrain.__main__ import command
+
+    assert command(["train", "--config", "c.yaml"]) == "train"
+    assert command(["--local_rank=1", "train", "--config", "c.yaml"]) == "train"
+    assert command(["--local_rank", "1", "train", "--config", "c.yaml"]) == "train"
+    assert command(["export", "--checkpoint", "runs/x", "--out", "train"]) == "export"
+    assert command(["evaluate", "self-similarity", "--out", "train"]) == "evaluate"
+    assert command([]) is None
