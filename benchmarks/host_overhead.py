@@ -464,8 +464,8 @@ def ensure_data(args) -> None:
 
 
 def fits_one_epoch(data: Path, batch: int, steps: int) -> None:
-    """Refuse a run longer than one pass over the training split: at its end the trainer's loader forks its workers
-    again (0.2-0.5 s on one step), a cost the plain loop's batches never pay, which would land in the timing."""
+    """Refuse a run longer than one pass over the training split: at its end the trainer's loader starts a new pass
+    (0.2-0.4 s on one step: `loader_throughput --pass-restarts`), a cost the plain loop's batches never pay."""
     sequences = json.loads(DatasetDir(data).manifest.read_text())["splits"]["train"]["sequences"]
     if steps * batch > sequences:
         raise SystemExit(f"{data} holds {sequences // batch} batches of {batch} per pass, fewer than the {steps} steps "
