@@ -75,15 +75,17 @@ class Trainer:
         return self.progress.step
 
     def _next_batch(self) -> dict[str, torch.Tensor]:
-        fresh = False
+        empty_passes = 0
         while True:
             if self._iter is None:
                 self._iter = iter(self.loader)  # a new iterator is a new epoch for streaming
-                fresh = True
+                empty_passes += 1
             try:
                 return next(self._iter)
             except StopIteration:
-                if fresh:
+                # One empty pass is a run resumed exactly at the end of a pass (its loader state says every sample
+                # of that pass was taken); two in a row are a split too small for one batch.
+                if empty_passes == 2:
                     raise InputDataError("the training split yields no full batch per epoch: prepare more data or lower "
                                          "train.micro_batch_size") from None
                 self._iter = None

@@ -237,3 +237,20 @@ def test_compiled_layers_stop_resume_and_export_exactly(prepared, tmp_path):
         folder = export(out, tmp_path / "hf")
     model = AutoModelForMaskedLM.from_pretrained(str(folder), local_files_only=True)
     assert torch.equal(model.bert.embeddings.word_embeddings.weight, wb["model.bert.embeddings.word_embeddings.weight"])
+
+
+def test_a_run_stopped_exactly_at_the_end_of_a_pass_resumes_into_the_next(prepared, tmp_path):
+    """A checkpoint taken at the last step of a pass (SLURM's USR1 can land there) holds a loader state with every
+    sample of that pass taken: the resumed loader's first pass is empty, and the run goes on into the next pass with
+    the same losses and samples as one that was not stopped (it once stopped with "no full batch per epoch")."""
+    from data_pipeline.dataset_dir import DatasetDir
+
+    steps_per_pass = json.loads(DatasetDir(prepared).manifest.read_text())["splits"]["train"]["sequences"] // 8
+    args = ["train.micro_batch_size=8", "train.global_batch_size=8", f"train.max_steps={steps_per_pass + 3}",
+            f"train.save_every={steps_per_pass}", "train.log_every=1"]
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    run_cli("pretrain", _args(prepared, straight, *args), nproc=1)
+    run_cli("pretrain", _args(prepared, out, *args, f"train.stop_after={steps_per_pass}"), nproc=1)
+    run_cli("pretrain", _args(prepared, out, *args), nproc=1)
+    assert _train_losses(out) == _train_losses(straight) and max(_train_losses(out)) == steps_per_pass + 3
+    assert _samples(out, 0) == _samples(straight, 0)
