@@ -197,8 +197,8 @@ def main() -> None:
     info = run_info(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     results = []
-    for seq in args.seqs:  # every point's data checked before the first point spends device time
-        data = work / f"data{seq}"
+    datasets = {seq: work / f"data{seq}" for seq in args.seqs}
+    for seq, data in datasets.items():  # every point's data checked before the first point spends device time
         if not DatasetDir(data).is_complete():  # prepared shards travel to a GPU machine without the MiniLM package
             prepare({"sources": [{"kind": "text", "path": f"{corpora / 'wordnet_glosses.txt'},{corpora / 'kjv.txt'}",
                                   "text_documents": "paragraph"}],
@@ -206,8 +206,7 @@ def main() -> None:
                      "val_fraction": 0.01}, data)
         for batch in (args.batches_128 if seq <= 128 else args.batches_512):
             fits_one_epoch(data, batch, args.steps)
-    for seq in args.seqs:
-        data = work / f"data{seq}"
+    for seq, data in datasets.items():
         teacher = teacher_folder(SHAPES[args.size], seq, DatasetDir(data).tokenizer, work / f"teacher_{args.size}_{seq}")
         for backbone in args.backbones:
             for batch in (args.batches_128 if seq <= 128 else args.batches_512):

@@ -466,7 +466,9 @@ def ensure_data(args) -> None:
 def fits_one_epoch(data: Path, batch: int, steps: int) -> None:
     """Refuse a run longer than one pass over the training split: at its end the trainer's loader starts a new pass
     (0.2-0.4 s on one step: `loader_throughput --pass-restarts`), a cost the plain loop's batches never pay."""
-    sequences = json.loads(DatasetDir(data).manifest.read_text())["splits"]["train"]["sequences"]
+    from data_pipeline.shards import read_manifest
+
+    sequences = read_manifest(data)["splits"]["train"]["sequences"]
     if steps * batch > sequences:
         raise SystemExit(f"{data} holds {sequences // batch} batches of {batch} per pass, fewer than the {steps} steps "
                          f"asked for: the loader would restart inside the timing; give more data or fewer steps")
