@@ -130,8 +130,13 @@ def plain_model(case: dict, args):
     return cfg, precision, tok, model, encoder, head
 
 
-def plain_batches(cfg, tok: dict, args, n: int = 8) -> list[dict]:
-    """`n` batches of random ordinary tokens, masked by the project's masking as the loader masks them."""
+def plain_batches(cfg, tok: dict, args) -> list[dict]:
+    """One batch per step of random ordinary tokens, masked by the project's masking as the loader masks them.
+
+    A fresh batch each step, as the trainer reads: the sparse head's row count (the masked tokens) then varies
+    from step to step on both sides. On a CPU each new row count costs oneDNN a JIT compile of its matmul
+    kernels (4-5 ms); a plain loop cycling through a few batches would reuse their kernels and gain that.
+    """
     import torch
 
     from data_pipeline.masking import build_masking
@@ -140,7 +145,7 @@ def plain_batches(cfg, tok: dict, args, n: int = 8) -> list[dict]:
     masking = build_masking(cfg.masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], pad_id=tok["pad_id"],
                             cls_id=tok["cls_id"], sep_id=tok["sep_id"])
     out = []
-    for _ in range(n):
+    for _ in range(max(args.steps, 1)):
         ids = torch.randint(max(tok["special_ids"]) + 1, tok["vocab_size"], (args.batch, args.seq), generator=gen)
         ids[:, 0], ids[:, -1] = tok["cls_id"], tok["sep_id"]
         out.append(masking({"input_ids": ids, "attention_mask": torch.ones_like(ids),

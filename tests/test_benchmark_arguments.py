@@ -71,3 +71,19 @@ def test_the_pass_restart_probe_times_each_new_pass_of_a_real_loader(prepared):
     sequences = json.loads(DatasetDir(prepared).manifest.read_text())["splits"]["train"]["sequences"]
     got = pass_restart(str(prepared), 4, workers=1, passes=2, step_s=0.0)
     assert got["batches_per_pass"] == sequences // 4 and len(got["restart_ms"]) == 2
+
+
+def test_the_plain_loop_reads_a_fresh_batch_each_step(prepared):
+    """host_overhead's plain loop masks one batch per step, as the trainer reads one: its sparse head's row count
+    varies from step to step. A few batches cycled would reuse their matmul kernels, which the trainer cannot."""
+    import types
+
+    from benchmarks.host_overhead import plain_batches
+    from core.config_io import load_config
+    from data_pipeline.shards import read_manifest
+    from pretrain.config import RunConfig
+
+    cfg = load_config(RunConfig, str(REPO / "pretrain/configs/demo_mlm.yaml"), ["masking.mask_prob=0.15"])
+    batches = plain_batches(cfg, read_manifest(prepared)["tokenizer"], types.SimpleNamespace(steps=40, batch=4, seq=64))
+    masked = {int((b["labels"] != -100).sum()) for b in batches}
+    assert len(batches) == 40 and len(masked) > 8, sorted(masked)
