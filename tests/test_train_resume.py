@@ -243,9 +243,9 @@ def test_a_run_stopped_exactly_at_the_end_of_a_pass_resumes_into_the_next(prepar
     """A checkpoint taken at the last step of a pass (SLURM's USR1 can land there) holds a loader state with every
     sample of that pass taken: the resumed loader's first pass is empty, and the run goes on into the next pass with
     the same losses and samples as one that was not stopped (it once stopped with "no full batch per epoch")."""
-    from data_pipeline.dataset_dir import DatasetDir
+    from data_pipeline.shards import read_manifest
 
-    steps_per_pass = json.loads(DatasetDir(prepared).manifest.read_text())["splits"]["train"]["sequences"] // 8
+    steps_per_pass = read_manifest(prepared)["splits"]["train"]["sequences"] // 8
     args = ["train.micro_batch_size=8", "train.global_batch_size=8", f"train.max_steps={steps_per_pass + 3}",
             f"train.save_every={steps_per_pass}", "train.log_every=1"]
     straight, out = tmp_path / "straight", tmp_path / "run"
