@@ -52,12 +52,24 @@ def train_sentencepiece(documents: Iterable[str], cfg: TokenizerConfig, seed: in
     return model.getvalue()
 
 
+def bpe_merges(pieces: list[tuple[str, float]]) -> list[tuple[str, str]]:
+    """A sentencepiece BPE model's merges: every split of a piece into two pieces of the vocabulary, ranked by the
+    merged piece's score (highest first), then the longer left part, the longer right part, vocabulary order."""
+    ids = {piece: i for i, (piece, _) in enumerate(pieces)}
+    ranked = [(-score, -cut, cut - len(piece), ids[piece], ids[piece[:cut]], ids[piece[cut:]], piece[:cut], piece[cut:])
+              for piece, score in pieces for cut in range(1, len(piece))
+              if piece[:cut] in ids and piece[cut:] in ids]
+    return [(left, right) for *_, left, right in sorted(ranked)]
+
+
 def _fast_tokenizer_from_spm(model_bytes: bytes):
-    """Build a `tokenizers.Tokenizer` equivalent to the sentencepiece model (as transformers' SpmConverter does)."""
+    """Build a `tokenizers.Tokenizer` equivalent to the sentencepiece model (as transformers' SpmConverter does).
+
+    Written against `tokenizers` and sentencepiece's protobuf only: transformers' converter changed its interface
+    between 4.x and 5.x."""
     from sentencepiece import sentencepiece_model_pb2 as model_pb2
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE, Unigram
-    from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
     proto = model_pb2.ModelProto()
     proto.ParseFromString(model_bytes)
@@ -66,16 +78,8 @@ def _fast_tokenizer_from_spm(model_bytes: bytes):
     if proto.trainer_spec.model_type == 1:
         tok = Tokenizer(Unigram(vocab, unk_id=proto.trainer_spec.unk_id, byte_fallback=byte_fallback))
     else:
-        # SentencePieceExtractor reads the merges from a model file.
-        import tempfile
-
-        with tempfile.NamedTemporaryFile(suffix=".model") as fh:
-            fh.write(model_bytes)
-            fh.flush()
-            _, merges = SentencePieceExtractor(fh.name).extract(vocab)
-        tok = Tokenizer(
-            BPE({p: i for i, (p, _) in enumerate(vocab)}, merges, unk_token=UNK, fuse_unk=True, byte_fallback=byte_fallback)
-        )
+        tok = Tokenizer(BPE({p: i for i, (p, _) in enumerate(vocab)}, bpe_merges(vocab), unk_token=UNK, fuse_unk=True,
+                            byte_fallback=byte_fallback))
     charsmap = proto.normalizer_spec.precompiled_charsmap
     steps = [normalizers.Strip(left=False, right=True), normalizers.Replace(Regex(" {2,}"), "▁")]
     tok.normalizer = normalizers.Sequence(([normalizers.Precompiled(charsmap)] if charsmap else []) + steps)
@@ -108,7 +112,24 @@ def save_tokenizer(model_bytes: bytes, out_dir: Path, model_max_length: int) -> 
         model_max_length=model_max_length,
     )
     fast.save_pretrained(str(out_dir))
+    make_portable(out_dir)
     (out_dir / SPM_FILE).write_bytes(model_bytes)
+
+
+# transformers 5 saves a tokenizer.json-only tokenizer under a class name 4.x does not know; 4.x's name for it is
+# one that 5.x reads as the same backend, with the same ids.
+PORTABLE_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+
+
+def make_portable(folder: Path) -> None:
+    """Name the tokenizer class in a folder's tokenizer_config.json so that transformers 4.x and 5.x both load it."""
+    path = Path(folder) / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("tokenizer_class") in PORTABLE_CLASSES:
+        config["tokenizer_class"] = PORTABLE_CLASSES[config["tokenizer_class"]]
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # The files a Hugging Face tokenizer folder may hold (a model folder's weights and configs are not copied).
@@ -134,12 +155,14 @@ def copy_pretrained_tokenizer(src: str, out_dir: Path) -> None:
         if missing:
             raise InputDataError(f"tokenizer '{src}' lacks {', '.join(missing)}; MLM-style pre-training needs them")
         tok.save_pretrained(str(out_dir))
+        make_portable(out_dir)
         return
     tokenizer_ids(src_dir)  # names what is missing before anything is copied
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         if (src_dir / name).is_file():
             shutil.copy2(src_dir / name, out_dir / name)
+    make_portable(out_dir)
 
 
 def _special_tokens(folder: Path) -> dict[str, list[str]]:

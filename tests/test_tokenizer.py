@@ -56,7 +56,7 @@ def test_existing_wordpiece_tokenizer(tmp_path, corpus_file):
     assert m["tokenizer"]["vocab_size"] == 30522
     assert (m["tokenizer"]["pad_id"], m["tokenizer"]["cls_id"], m["tokenizer"]["sep_id"], m["tokenizer"]["mask_id"]) == (0, 101, 102, 103)
     tok = load_tokenizer(DatasetDir(out).tokenizer)
-    assert type(tok).__name__ == "BertTokenizerFast"
+    assert tok.is_fast and type(tok).__name__ in ("BertTokenizerFast", "BertTokenizer")  # 4.x's name, 5.x's
     text = "And God called the light Day, and the darkness he called Night."
     assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text.lower()
     teacher = load_tokenizer(minilm_dir())
@@ -128,7 +128,9 @@ def test_tokenizer_ids_without_transformers_equal_autotokenizers(tmp_path):
     # A folder without a [MASK] is refused by name, before anything is copied.
     broken = tmp_path / "broken"
     shutil.copytree(tmp_path / "unigram" / "tok", broken)
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):  # transformers 5 writes only the first
+        if not (broken / name).is_file():
+            continue
         config = json.loads((broken / name).read_text())
         config.pop("mask_token", None)
         (broken / name).write_text(json.dumps(config))
