@@ -47,7 +47,7 @@ SHAPES = {"proxy": dict(hidden_size=64, num_layers=12, num_heads=2, intermediate
           "base": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072)}
 MODERNBERT_BASE_FFN = 1152
 BACKBONES = {"modernbert": ["model=modernbert_small"],
-             "bert": ["model=bert_relkq_small", "model.position_embedding=absolute"]}
+             "bert": ["model=bert_small"]}
 # The phases of a step, in the order the table prints them.
 PHASES = ("batch fetch", "batch copy", "forward", "backward", "gradient reduce", "gradient norm + clip",
           "overflow check", "optimizer", "parameter copy-back", "engine other", "timers", "metrics",

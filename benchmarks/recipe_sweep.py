@@ -35,6 +35,7 @@ BASE = ["--config", "pretrain/configs/demo_mlm.yaml", "model.architecture=bert",
         "train.micro_batch_size=16", "train.global_batch_size=32", "train.log_every=25", "train.save_every=100000",
         "train.keep_last=1", "train.eval_batches=8"]
 
+# BERT's relative positions: the arms that use them ran on transformers 4.57 (RESULTS.md) and are refused on 5.x.
 RELKQ = ["model.position_embedding=relative_key_query"]
 NODROP = ["model.dropout=0", "model.attention_dropout=0"]
 # The papers' settings (pretrain/configs/electra.yaml, coco_lm.yaml) on the demo config's shape.

@@ -33,7 +33,7 @@ from pretrain.run_dir import RunDir
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"mlm": "pretrain/configs/demo_mlm.yaml", "electra": "pretrain/configs/electra.yaml",
            "coco_lm": "pretrain/configs/coco_lm.yaml", "taco": "pretrain/configs/taco.yaml"}
-BACKBONES = {"modernbert": "modernbert_small", "bert": "bert_relkq_small"}
+BACKBONES = {"modernbert": "modernbert_small", "bert": "bert_small"}
 SHAPES = {"512x4": dict(hidden_size=512, num_layers=4, num_heads=8, intermediate_size=2048),
           "base": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072)}
 

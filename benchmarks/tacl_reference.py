@@ -287,11 +287,11 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.teacher)
-    student, info = AutoModelForMaskedLM.from_pretrained(args.teacher, output_loading_info=True)
+    student, info = AutoModelForMaskedLM.from_pretrained(args.teacher, output_loading_info=True, dtype=torch.float32)
     if info["missing_keys"]:
         raise SystemExit(f"{args.teacher}: the masked-LM head is not in the export ({info['missing_keys']})")
     student.train()
-    teacher = AutoModel.from_pretrained(args.teacher).eval().requires_grad_(False)
+    teacher = AutoModel.from_pretrained(args.teacher, dtype=torch.float32).eval().requires_grad_(False)
     with torch.no_grad():  # the student starts as the teacher: the same encoder output
         probe = torch.arange(SPECIAL_MAX + 1, SPECIAL_MAX + 17)[None]
         student.eval()

@@ -57,7 +57,7 @@ def prepare_data(work: Path) -> Path:
 def run_ours(data: Path, work: Path, args) -> float:
     """Samples/s of our trainer (one process, the engine as `train.zero_stage=auto` picks it, sparse MLM head, SDPA)."""
     out = Path(tempfile.mkdtemp(prefix="ours_", dir=work))
-    overrides = ["model=bert_relkq_small", "model.position_embedding=absolute", "model.dropout=0.1",
+    overrides = ["model=bert_small", "model.dropout=0.1",
                  "model.attention_dropout=0.1", *[f"model.{k}={v}" for k, v in SHAPE.items()], f"masking.mask_prob={MASK_PROB}",
                  f"data.path={data}", f"train.output_dir={out}", f"train.max_steps={args.steps}", "train.log_every=10",
                  f"train.save_every={args.steps * 10}", "train.eval_every=0", f"train.micro_batch_size={args.batch}",

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from core.errors import ConfigError, MissingFileError
+from model.backbones.base import LOAD_DTYPE, check_model_folder, last_hidden_state_of
 from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
 
 log = logging.getLogger("pretrain.finetune")
@@ -122,7 +123,7 @@ def _build_model(model_dir: str, spec: TaskSpec):
     kwargs = {"num_labels": spec.num_labels, "ignore_mismatched_sizes": True}
     if spec.num_labels == 1:
         kwargs["problem_type"] = "regression"
-    return cls.from_pretrained(model_dir, **kwargs)
+    return cls.from_pretrained(model_dir, dtype=LOAD_DTYPE, **kwargs)
 
 
 @torch.no_grad()
@@ -169,6 +170,13 @@ def _optimizer(model: torch.nn.Module, hp: Hyper, total: int):
     return optimizer, schedule
 
 
+def task_loss_and_states(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A task model's loss and its encoder's `last_hidden_state` (the tensor its head reads, and TaCL's anchors)."""
+    with last_hidden_state_of(model) as seen:
+        loss = model(**batch).loss
+    return loss, seen["last"]
+
+
 def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, eval_enc, pad_id: int, device: str,
                loss: str, tacl_weight: float, tacl_temperature: float) -> dict[str, float]:
     _seed_everything(seed)
@@ -179,7 +187,7 @@ def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, 
 
         from model.objectives.tacl import supervised_tacl_loss
 
-        teacher = AutoModel.from_pretrained(model_dir).to(device).eval().requires_grad_(False)
+        teacher = AutoModel.from_pretrained(model_dir, dtype=LOAD_DTYPE).to(device).eval().requires_grad_(False)
     n = len(train_enc["labels"])
     total = max(1, math.ceil(math.ceil(n / hp.batch_size) * hp.epochs))
     optimizer, schedule = _optimizer(model, hp, total)
@@ -191,14 +199,13 @@ def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, 
         generator.shuffle(order)
         for batch in _batches(train_enc, order, hp.batch_size, pad_id):
             batch = {k: v.to(device) for k, v in batch.items()}
-            out = model(**batch, output_hidden_states=teacher is not None)
-            objective = out.loss
+            objective, student = task_loss_and_states(model, batch)
             if teacher is not None:
                 with torch.no_grad():
                     reference = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
                 anchors = batch["labels"] != -100
                 objective = objective + tacl_weight * supervised_tacl_loss(
-                    out.hidden_states[-1], reference, batch["labels"], anchors, batch["attention_mask"], tacl_temperature)
+                    student, reference, batch["labels"], anchors, batch["attention_mask"], tacl_temperature)
             objective.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip)
             optimizer.step()
@@ -225,6 +232,7 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
 
     if not (Path(model_dir) / "config.json").is_file():
         raise MissingFileError(f"--model '{model_dir}' is not a Hugging Face model folder (no config.json)")
+    check_model_folder(model_dir)
     spec, train_rows, eval_rows = load_task(task, local or LocalTaskOptions(), seed=seeds[0])
     if loss == "supervised-tacl" and spec.kind != "token":
         raise ConfigError("--loss supervised-tacl is for token classification (a json: task with --token-task)")

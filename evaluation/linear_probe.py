@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from core.errors import ConfigError, MissingFileError
-from model.backbones.base import forward_input_names
+from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states
 from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
 
 log = logging.getLogger("pretrain.linear_probe")
@@ -35,14 +35,15 @@ def _load(model_dir: str):
 
     if not (Path(model_dir) / "config.json").is_file():
         raise MissingFileError(f"model '{model_dir}' is not a Hugging Face model folder (no config.json)")
-    return AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
+    check_model_folder(model_dir)
+    return AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir, dtype=LOAD_DTYPE).eval()
 
 
 def _hidden(model, enc: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
-    """Hidden states of `layer` (-1: last; 0: embeddings) in float32."""
+    """Hidden states of `layer` (-1 or L: the last, `last_hidden_state`; 0: embeddings) in float32."""
     accepted = forward_input_names(model)
     out = model(**{k: v for k, v in enc.items() if k in accepted}, output_hidden_states=True)
-    return out.hidden_states[layer].float()
+    return layer_states(out)[layer].float()
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ from typing import Literal, Sequence
 import torch
 
 from core.errors import ConfigError, InputDataError, MissingFileError
-from model.backbones.base import forward_input_names
+from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states
 
 log = logging.getLogger("pretrain.evaluate")
 
@@ -60,8 +60,9 @@ def self_similarity(model_dir: str | Path, sentences: Sequence[str], special_tok
     """Self-similarity of layers 1..L of the model in `model_dir` over `sentences`."""
     from transformers import AutoModel, AutoTokenizer
 
+    check_model_folder(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModel.from_pretrained(str(model_dir)).eval()
+    model = AutoModel.from_pretrained(str(model_dir), dtype=LOAD_DTYPE).eval()
     max_length = min(max_length, model.config.max_position_embeddings)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
@@ -77,9 +78,7 @@ def self_similarity(model_dir: str | Path, sentences: Sequence[str], special_tok
             keep &= ~special
         inputs = {k: v.to(device) for k, v in enc.items() if k in accepted}  # ModernBERT takes no token_type_ids
         out = model(**inputs, output_hidden_states=True)
-        # ModernBERT appends its last hidden_states entry before final_norm; the heads and the losses read
-        # last_hidden_state, so that is the last layer measured (for BERT the two are one tensor).
-        hidden = (*out.hidden_states[1:-1], out.last_hidden_state)
+        hidden = layer_states(out)[1:]
         if sums is None:
             sums, pair_counts = [0.0] * len(hidden), [0.0] * len(hidden)
         for layer, states in enumerate(hidden):

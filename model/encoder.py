@@ -25,7 +25,8 @@ class EncoderConfig:
     num_heads: int = 4
     intermediate_size: int = 1024
     max_position_embeddings: int = 512
-    # BERT only: transformers' own position options (relative ones need eager attention in 4.57).
+    # BERT and ALBERT: transformers' own position options. The relative ones exist in transformers 4.x only (with
+    # eager attention); under 5.x they are refused, and ModernBERT is the relative-position (rotary) backbone.
     position_embedding: Literal["absolute", "relative_key", "relative_key_query"] = "absolute"
     dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -95,13 +96,17 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
         raise ConfigError(f"config key 'model.init_from': '{path}' is a {model_type} model; supported: {', '.join(REGISTRY)}")
     backbone = backbone_for(model_type)
     config = backbone.from_folder(str(path))
+    backbone.check_runnable(config, f"config key 'model.init_from': '{path}'")
     _check_data_fit(config.vocab_size, config.max_position_embeddings, vocab_size, seq_len, f"'model.init_from' {path}")
     config._attn_implementation = backbone.attention(config, cfg.attn_implementation)
     return config
 
 
-def config_from_dict(data: dict, attn_implementation: str = "sdpa") -> PretrainedConfig:
-    """A saved model_config.json back as its transformers config (export, evaluation)."""
-    config = backbone_for(data.get("model_type", "bert")).config_class.from_dict(data)
+def config_from_dict(data: dict, attn_implementation: str = "sdpa", where: str = "the saved model config") -> PretrainedConfig:
+    """A saved model_config.json back as its transformers config (export, evaluation), refused when the installed
+    transformers would run it differently (`where` names it in the message)."""
+    backbone = backbone_for(data.get("model_type", "bert"))
+    config = backbone.config_class.from_dict(data)
+    backbone.check_runnable(config, where)
     config._attn_implementation = attention_for(config, attn_implementation)
     return config

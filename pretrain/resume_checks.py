@@ -22,6 +22,7 @@ import yaml
 
 from core.errors import ConfigError
 from data_pipeline.shards import data_fingerprint
+from model.backbones.base import check_saved_config
 from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE
 
 # HF config keys that decide the parameters' shapes (of every family registered).
@@ -54,9 +55,14 @@ def check_resume(tag_dir: Path, run_files: dict[str, str], allow_new_data: bool)
             raise ConfigError(f"checkpoint {tag_dir} was trained with objective.name={was}, and this launch sets {now}: "
                               "a checkpoint resumes only its own objective; start a new run from its export (model.init_from)")
     saved_model, now_model = _saved(tag_dir, MODEL_CONFIG_FILE), run_files.get(MODEL_CONFIG_FILE)
+    if saved_model:
+        check_saved_config(json.loads(saved_model), f"checkpoint {tag_dir}")  # e.g. relative positions under 5.x
     if saved_model and now_model:
         was, now = json.loads(saved_model), json.loads(now_model)
         changed = [f"{k} {was.get(k)} -> {now.get(k)}" for k in SHAPE_KEYS if was.get(k) != now.get(k)]
+        # transformers 5 writes no position_embedding_type: absent is absolute
+        positions = [d.get("position_embedding_type", "absolute") for d in (was, now)]
+        changed += [f"position_embedding_type {positions[0]} -> {positions[1]}"] if positions[0] != positions[1] else []
         if changed:
             raise ConfigError(f"checkpoint {tag_dir} holds another model shape than this launch builds ({', '.join(changed)}): "
                               "a checkpoint resumes only its own shape; start a new run from its export (model.init_from)")

@@ -113,9 +113,9 @@ def test_config_groups_compose_in_order_and_can_be_swapped(tmp_path):
     cfg = load_config(RunConfig, repo_configs / "electra.yaml")
     assert (cfg.model.architecture, cfg.model.hidden_size, cfg.objective.name) == ("modernbert", 128, "electra")
     assert cfg.optimizer.betas == (0.9, 0.999) and cfg.optimizer.lr == 1e-3  # the objective's β2, the file's lr
-    swapped = load_config(RunConfig, repo_configs / "electra.yaml", ["model=bert_relkq_small", "recipe=coco_lm",
+    swapped = load_config(RunConfig, repo_configs / "electra.yaml", ["model=bert_small", "recipe=coco_lm",
                                                                       "model.hidden_size=64"])
-    assert (swapped.model.architecture, swapped.model.position_embedding) == ("bert", "relative_key_query")
+    assert (swapped.model.architecture, swapped.model.dropout) == ("bert", 0.0)
     assert swapped.model.hidden_size == 64 and swapped.objective.name == "coco_lm" and swapped.masking.strategy == "coco"
     assert swapped.optimizer.betas == (0.9, 0.98)  # the recipe brings COCO-LM's β2 with its objective
     # objective=NAME picks the objective inside the recipe and keeps the recipe's masking and optimizer.

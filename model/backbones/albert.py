@@ -13,8 +13,8 @@ from transformers import AlbertConfig, AlbertForPreTraining, AlbertModel
 
 from core.errors import ConfigError
 
-from model.backbones.base import Head
-from model.backbones.bert import BertBackbone
+from model.backbones.base import LOAD_DTYPE, Head
+from model.backbones.bert import BertBackbone, _positions
 
 
 # The factorized embedding size when the config leaves it unset (Lan et al. 2020 use E = 128 at every H).
@@ -38,7 +38,7 @@ class AlbertBackbone(BertBackbone):
             max_position_embeddings=cfg.max_position_embeddings, hidden_dropout_prob=cfg.dropout,
             attention_probs_dropout_prob=cfg.attention_dropout, type_vocab_size=2, pad_token_id=tokenizer["pad_id"],
             bos_token_id=tokenizer["cls_id"], eos_token_id=tokenizer["sep_id"],
-            position_embedding_type=cfg.position_embedding,
+            **_positions(cfg.position_embedding),
         )
 
     def check(self, cfg):
@@ -52,14 +52,15 @@ class AlbertBackbone(BertBackbone):
                               f"({cfg.num_layers})")
 
     def masked_lm(self, config, init_from=None, pair_head=False):
-        model = AlbertForPreTraining.from_pretrained(init_from, config=config) if init_from else AlbertForPreTraining(config)
+        model = (AlbertForPreTraining.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from
+                 else AlbertForPreTraining(config))
         if not pair_head:
             model.albert.pooler.requires_grad_(False)
             model.sop_classifier.requires_grad_(False)
         return model
 
     def encoder(self, config, init_from=None):
-        model = AlbertModel.from_pretrained(init_from, config=config) if init_from else AlbertModel(config)
+        model = AlbertModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else AlbertModel(config)
         model.pooler.requires_grad_(False)
         return model
 

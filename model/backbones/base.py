@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import TYPE_CHECKING, Callable, Optional
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -28,6 +31,76 @@ FAMILY_KEYS = {"position_embedding": "absolute", "embedding_size": None, "num_hi
 # below by name; "pair_head": `pair_logits` (NSP/SOP); "hidden_projection": `output_projection` reads hidden-size
 # vectors (not ALBERT's, which reads the factorized embedding size); "permutation_lm": XLNet's two streams.
 CAPABILITIES = ("masked_lm", "encoder", "discriminator", "generator", "pair_head", "hidden_projection", "permutation_lm")
+# Weights are read in float32 whatever dtype a folder was saved in: transformers 5 loads the saved dtype by default,
+# 4.x float32, and training, fine-tuning and probes keep float32 masters (precision is the engine's choice).
+LOAD_DTYPE = torch.float32
+
+
+def transformers_major() -> int:
+    """The major version of the installed transformers."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
+RELATIVE_POSITIONS = ("relative_key", "relative_key_query")
+
+
+def relative_positions_available() -> bool:
+    """transformers 5.0 removed BERT's, ELECTRA's and ALBERT's relative position embeddings (its PR 41170): 5.x
+    builds or loads such a model with no error, runs absolute positions and ignores the trained distance embeddings."""
+    return transformers_major() < 5
+
+
+def relative_refusal(what: str) -> str:
+    """The one line that refuses relative positions under transformers 5."""
+    import transformers
+
+    return (f"{what}: transformers {transformers.__version__} has no relative position embeddings (removed in 5.0) and "
+            "would run absolute ones; use model.architecture=modernbert (rotary positions, relative in every "
+            "transformers) or model.position_embedding=absolute, or run transformers<5")
+
+
+def check_saved_config(data: dict, where: str) -> None:
+    """Refuse (ConfigError) a saved transformers config (a config.json's dict) that the installed transformers would
+    run differently from the one that wrote it: relative positions under 5.x, or its own `requires_transformers`."""
+    import transformers
+    from packaging.specifiers import SpecifierSet
+
+    position = data.get("position_embedding_type", "absolute")
+    if position in RELATIVE_POSITIONS and not relative_positions_available():
+        raise ConfigError(relative_refusal(f"{where} has position_embedding_type={position}"))
+    wanted = data.get("requires_transformers")
+    if wanted and not SpecifierSet(wanted).contains(transformers.__version__, prereleases=True):
+        raise ConfigError(f"{where} loads correctly only in transformers{wanted} (its config.json's "
+                          f"requires_transformers), not in the installed {transformers.__version__}")
+
+
+def check_model_folder(path: str | Path) -> None:
+    """`check_saved_config` for a Hugging Face model folder (evaluation reads exports written elsewhere)."""
+    config = Path(path) / "config.json"
+    if config.is_file():
+        check_saved_config(json.loads(config.read_text(encoding="utf-8")), f"model '{path}'")
+
+
+def layer_states(out) -> tuple[torch.Tensor, ...]:
+    """An encoder output's hidden states by layer (embeddings first) with the last as `last_hidden_state`.
+
+    transformers 4.x gives ModernBERT's last layer before its final norm in `hidden_states[-1]`, 5.x after it;
+    `last_hidden_state` is after it in both, so every reader of "the last layer" gets one tensor on both majors."""
+    return (*out.hidden_states[:-1], out.last_hidden_state)
+
+
+@contextmanager
+def last_hidden_state_of(model: PreTrainedModel) -> Iterator[dict]:
+    """While open, each forward of a head model leaves its encoder's `last_hidden_state` in the yielded dict
+    (under "last"): the tensor its head reads, which a head model's `hidden_states[-1]` is not on every major."""
+    seen: dict = {}
+    hook = Backbone.base(model).register_forward_hook(lambda module, args, out: seen.__setitem__("last", out[0]))
+    try:
+        yield seen
+    finally:
+        hook.remove()
 
 
 class Backbone:
@@ -65,6 +138,16 @@ class Backbone:
     def from_folder(self, path: str) -> PretrainedConfig:
         """The config saved in a Hugging Face folder of this family."""
         return self.config_class.from_pretrained(path)
+
+    def check_runnable(self, config: PretrainedConfig, where: str) -> None:
+        """Refuse (ConfigError, naming `where`) a saved config the installed transformers would run differently from
+        the transformers that wrote it."""
+        check_saved_config(config.to_dict(), where)
+
+    def version_limit(self, config: PretrainedConfig) -> Optional[str]:
+        """The transformers versions that run this config's model as it was trained, when not every one does
+        (e.g. "<5"); None when any transformers the project supports does."""
+        return None
 
     def attention(self, config: PretrainedConfig, requested: str) -> str:
         """The attention kernel this config runs with (a family may need eager attention for some of its options)."""
@@ -141,8 +224,7 @@ class Backbone:
         """Point a masked LM's output projection at these token embeddings."""
         model.get_output_embeddings().weight = embeddings.weight
 
-    @staticmethod
-    def resized(config: PretrainedConfig, **changes) -> PretrainedConfig:
+    def resized(self, config: PretrainedConfig, **changes) -> PretrainedConfig:
         """A copy of the config with some fields changed (generator shapes)."""
         out = copy.deepcopy(config)
         for key, value in changes.items():

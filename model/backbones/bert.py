@@ -1,4 +1,4 @@
-"""BERT (absolute or transformers' own relative positions), with ELECTRA's classes for the RTD discriminator.
+"""BERT (absolute positions; relative ones in transformers 4.x only), with ELECTRA's classes for the RTD discriminator.
 
 ELECTRA's encoder has BERT's layout and parameter names, so the discriminator is transformers'
 `ElectraForPreTraining` (its export loads in AutoModelForPreTraining and AutoModel), and a
@@ -20,7 +20,24 @@ from transformers import (
 )
 
 from core.errors import ConfigError
-from model.backbones.base import Backbone, Head
+from model.backbones.base import (
+    LOAD_DTYPE,
+    RELATIVE_POSITIONS,
+    Backbone,
+    Head,
+    relative_positions_available,
+    relative_refusal,
+    transformers_major,
+)
+
+def _positions(position_embedding: str) -> dict:
+    """The position option as a config field where the installed transformers has it; a relative one is refused
+    where it does not (5.x would build absolute positions without a word)."""
+    if relative_positions_available():
+        return {"position_embedding_type": position_embedding}
+    if position_embedding in RELATIVE_POSITIONS:
+        raise ConfigError(relative_refusal(f"config key 'model.position_embedding={position_embedding}'"))
+    return {}
 
 
 def scaled_shape(config: PretrainedConfig, width: float) -> dict:
@@ -37,18 +54,18 @@ def electra_config(config: BertConfig, **shape) -> ElectraConfig:
                   type_vocab_size=config.type_vocab_size, pad_token_id=config.pad_token_id,
                   hidden_dropout_prob=config.hidden_dropout_prob,
                   attention_probs_dropout_prob=config.attention_probs_dropout_prob, embedding_size=config.hidden_size,
-                  position_embedding_type=getattr(config, "position_embedding_type", "absolute"),
-                  hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+                  **_positions(getattr(config, "position_embedding_type", "absolute")), hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
                   num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size)
     fields.update(shape)
     out = ElectraConfig(**fields)
-    out._attn_implementation = "eager"  # transformers 4.57 has no SDPA path for ELECTRA
+    # transformers 4.x has no SDPA path for ELECTRA; 5.x runs BERT's attention choice.
+    out._attn_implementation = config._attn_implementation if transformers_major() >= 5 else "eager"
     return out
 
 
 def warm_start_from_bert(target: PreTrainedModel, init_from: str) -> None:
     """Load a BERT folder's encoder into an ELECTRA model's encoder (same layout and names); heads stay fresh."""
-    bert = BertModel.from_pretrained(init_from, add_pooling_layer=False)
+    bert = BertModel.from_pretrained(init_from, add_pooling_layer=False, dtype=LOAD_DTYPE)
     missing, unexpected = Backbone.base(target).load_state_dict(bert.state_dict(), strict=False)
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
@@ -70,18 +87,28 @@ class BertBackbone(Backbone):
             num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
             max_position_embeddings=cfg.max_position_embeddings, hidden_dropout_prob=cfg.dropout,
             attention_probs_dropout_prob=cfg.attention_dropout, pad_token_id=tokenizer["pad_id"], type_vocab_size=2,
-            position_embedding_type=cfg.position_embedding,
+            **_positions(cfg.position_embedding),
         )
 
+    def check(self, cfg):
+        super().check(cfg)
+        if cfg.position_embedding in RELATIVE_POSITIONS and not relative_positions_available():
+            raise ConfigError(relative_refusal(f"config key 'model.position_embedding={cfg.position_embedding}' "
+                                               f"(model.architecture={self.model_type})"))
+
+    def version_limit(self, config):
+        return "<5" if getattr(config, "position_embedding_type", "absolute") in RELATIVE_POSITIONS else None
+
     def attention(self, config, requested):
-        # transformers has no SDPA path for its relative positions.
+        # transformers 4.x has no SDPA path for its relative positions.
         return requested if getattr(config, "position_embedding_type", "absolute") == "absolute" else "eager"
 
     def masked_lm(self, config, init_from=None, pair_head=False):
         # Always BertForPreTraining, the layout of Google's BERT checkpoints: AutoModel then finds
         # every weight it builds (the pooler too) and AutoModelForMaskedLM loads the same folder.
         # Without a pair task the pooler and NSP head stay frozen at their initial values.
-        model = BertForPreTraining.from_pretrained(init_from, config=config) if init_from else BertForPreTraining(config)
+        model = (BertForPreTraining.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from
+                 else BertForPreTraining(config))
         if not pair_head:
             model.bert.pooler.requires_grad_(False)
             model.cls.seq_relationship.requires_grad_(False)
@@ -89,7 +116,7 @@ class BertBackbone(Backbone):
 
     def encoder(self, config, init_from=None):
         # With its (frozen, unused) pooler, so that AutoModel reports no newly initialised weights.
-        model = BertModel.from_pretrained(init_from, config=config) if init_from else BertModel(config)
+        model = BertModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else BertModel(config)
         model.pooler.requires_grad_(False)
         return model
 

@@ -11,8 +11,26 @@ from __future__ import annotations
 from transformers import ModernBertConfig, ModernBertForMaskedLM, ModernBertForTokenClassification, ModernBertModel
 
 from core.errors import ConfigError
-from model.backbones.base import Backbone, Head
+from model.backbones.base import LOAD_DTYPE, Backbone, Head
 from model.backbones.bert import scaled_shape
+
+
+# transformers' default for global_attn_every_n_layers (4.x and 5.x).
+DEFAULT_GLOBAL_EVERY = 3
+
+
+def global_layers(config, layers: int | None = None) -> list[bool]:
+    """Which layers attend globally: transformers 5 lists each layer's kind (`layer_types`), 4.x repeats one
+    pattern (`global_attn_every_n_layers`); a depth other than the config's repeats the pattern."""
+    layers = config.num_hidden_layers if layers is None else layers
+    kinds = getattr(config, "layer_types", None)
+    if kinds and layers <= len(kinds):
+        return [kind == "full_attention" for kind in kinds[:layers]]
+    every = getattr(config, "global_attn_every_n_layers", None)
+    if every is None and kinds and "full_attention" in kinds[1:]:
+        every = kinds.index("full_attention", 1)
+    every = max(1, every or DEFAULT_GLOBAL_EVERY)
+    return [layer % every == 0 for layer in range(layers)]
 
 
 class ModernBertBackbone(Backbone):
@@ -42,6 +60,14 @@ class ModernBertBackbone(Backbone):
         config.reference_compile = False
         return config
 
+    def resized(self, config, **changes):
+        out = super().resized(config, **changes)
+        if "num_hidden_layers" in changes and getattr(out, "layer_types", None) is not None:
+            # transformers 5 lists each layer's attention kind once, at init; a resized depth needs its own list.
+            out.layer_types = ["full_attention" if full else "sliding_attention"
+                               for full in global_layers(config, out.num_hidden_layers)]
+        return out
+
     def attention(self, config, requested):
         if requested == "flash_attention_2":
             from transformers.utils import is_flash_attn_2_available
@@ -54,15 +80,16 @@ class ModernBertBackbone(Backbone):
     def masked_lm(self, config, init_from=None, pair_head=False):
         if pair_head:
             raise ConfigError("ModernBERT has no sentence-pair head: use model.architecture=bert for NSP/SOP")
-        return ModernBertForMaskedLM.from_pretrained(init_from, config=config) if init_from else ModernBertForMaskedLM(config)
+        return (ModernBertForMaskedLM.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from
+                else ModernBertForMaskedLM(config))
 
     def encoder(self, config, init_from=None):
-        return ModernBertModel.from_pretrained(init_from, config=config) if init_from else ModernBertModel(config)
+        return ModernBertModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else ModernBertModel(config)
 
     def discriminator(self, config, init_from=None):
         config = self.resized(config, num_labels=1)
         if init_from:
-            return ModernBertForTokenClassification.from_pretrained(init_from, config=config)
+            return ModernBertForTokenClassification.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE)
         return ModernBertForTokenClassification(config)
 
     def generator(self, config, width, layers, owner):
@@ -83,6 +110,5 @@ class ModernBertBackbone(Backbone):
         # Wqkv + Wo (8H²), GeGLU: Wi to 2I and Wo back (6HI); scores and weighted sum over the
         # attended span: the whole sequence in global layers, the local window elsewhere.
         h, i, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-        every = max(1, config.global_attn_every_n_layers)
-        spans = [seq_len if layer % every == 0 else min(seq_len, config.local_attention) for layer in range(n)]
+        spans = [seq_len if full else min(seq_len, config.local_attention) for full in global_layers(config)]
         return n * (8 * h * h + 6 * h * i) + sum(4 * s * h for s in spans)

@@ -35,10 +35,10 @@ class XLNetBackbone(Backbone):
         return "eager"  # XLNet's relative attention has no other path in transformers
 
     def masked_lm(self, config, init_from=None, pair_head=False):
-        return XLNetLMHeadModel.from_pretrained(init_from, config=config) if init_from else XLNetLMHeadModel(config)
+        return XLNetLMHeadModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else XLNetLMHeadModel(config)
 
     def encoder(self, config, init_from=None):
-        return XLNetModel.from_pretrained(init_from, config=config) if init_from else XLNetModel(config)
+        return XLNetModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else XLNetModel(config)
 
     def mlm_head(self, model) -> Head:
         return model.lm_loss
