@@ -14,7 +14,8 @@ from core.config_io import config_to_dict, load_config
 from core.distributed import setup_env
 from core.errors import CheckpointError
 from data_pipeline.dataset_dir import DatasetDir
-from data_pipeline.tokenizer import copy_tokenizer_folder, tokenizer_hash
+from data_pipeline.tokenizer import copy_tokenizer_folder, make_portable, tokenizer_hash
+from model.backbones import backbone_for
 from model.backbones.base import forward_input_names
 from model.encoder import config_from_dict
 from model.objectives import build_objective
@@ -22,6 +23,7 @@ from pretrain import checkpoint as ckpt
 from pretrain import model_card
 from pretrain.checkpoint_data import check_tag_is_data, read_as_data
 from pretrain.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
+from pretrain.export_check import check_loads_the_same
 from pretrain.config import RunConfig
 from pretrain.run_dir import CHECKPOINTS_DIR, CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, RunDir
 
@@ -101,6 +103,7 @@ def write_tokenizer(tokenizer_dir: Path, model: torch.nn.Module, target: Path) -
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     config["model_input_names"] = forward_input_names(model)
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    make_portable(target)  # a dataset prepared before its tokenizer was saved portably
 
 
 def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False, trust_checkpoint: bool = False) -> Path:
@@ -116,7 +119,11 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False,
     _check_tokenizer(run_dir, config_dir)
     setup_env()
     cfg = load_config(RunConfig, config_dir / CONFIG_FILE)
-    model_config = config_from_dict(json.loads((config_dir / MODEL_CONFIG_FILE).read_text()), cfg.model.attn_implementation)
+    # The attention kernel is a training choice (flash-attn needs a GPU); the export is built, run and read back on
+    # the CPU with transformers' default.
+    model_config = config_from_dict(json.loads((config_dir / MODEL_CONFIG_FILE).read_text()), "sdpa",
+                                    f"checkpoint '{ckpt_dir / tag}'")
+    limit = backbone_for(model_config).version_limit(model_config)
     objective = build_objective(cfg.objective, model_config)
     if not trust_checkpoint:
         check_tag_is_data(ckpt_dir / tag)  # before DeepSpeed's consolidation reads them with pickle
@@ -128,13 +135,16 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False,
     card = model_card.render(
         config_to_dict(cfg), model_config.to_dict(), _manifest(config_dir, run_dir, cfg), _client_state(ckpt_dir / tag, trust_checkpoint), tag,
         run_dir, {sub: sum(p.numel() for p in m.parameters()) for sub, m in models.items()},
-        {sub: type(m).__name__ for sub, m in models.items()})
+        {sub: type(m).__name__ for sub, m in models.items()}, limit)
     tmp = prepare_output(out_dir, overwrite, EXPORT, reads, _legacy_export)
     try:
         for sub, model in models.items():
             target = tmp / sub if sub else tmp
-            model.save_pretrained(str(target), safe_serialization=True)
+            if limit:  # config.json says it too: the card may not travel with the weights
+                model.config.requires_transformers = limit
+            model.save_pretrained(str(target))
             write_tokenizer(run_dir.tokenizer, model, target)
+            check_loads_the_same(target, model, f"the {sub or 'root'} model ({type(model).__name__})")
         for name, head in objective.side_heads().items():
             head.save(tmp, name)
         (tmp / "README.md").write_text(card, encoding="utf-8")

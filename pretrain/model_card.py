@@ -54,8 +54,9 @@ def _losses_text(row: Optional[dict]) -> str:
 
 
 def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional[dict], state: dict[str, Any], tag: str,
-           run_dir: RunDir, params: dict[str, int], classes: dict[str, str]) -> str:
-    """Markdown for the export's README.md; `classes` names each exported sub-folder's transformers class."""
+           run_dir: RunDir, params: dict[str, int], classes: dict[str, str], version_limit: Optional[str] = None) -> str:
+    """Markdown for the export's README.md; `classes` names each exported sub-folder's transformers class, and
+    `version_limit` the transformers versions that alone load it as trained (None: every supported one)."""
     objective = cfg["objective"]["name"]
     spec = objective_class(objective)
     auto = spec.export_loader
@@ -81,10 +82,25 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
         "(the classification heads are new and need fine-tuning: `python -m pretrain finetune`; a ModernBERT "
         "ELECTRA export holds a 1-label RTD classifier, so pass `ignore_mismatched_sizes=True` for another label count).",
         "",
+        *_version_lines(version_limit),
     ]
     lines += [*_training_lines(cfg, state, tag, run_dir), *_model_lines(model_config, params), "## Data", "",
               *_data_lines(cfg, manifest), ""]
     return "\n".join(lines)
+
+
+def _version_lines(version_limit: Optional[str]) -> list[str]:
+    """Which transformers load the export as it was trained (the export was read back with the one that wrote it)."""
+    import transformers
+
+    if version_limit:
+        return [f"**This model loads correctly only in transformers{version_limit}.** It uses BERT's relative position "
+                "embeddings (`position_embedding_type` in config.json), which transformers 5.0 removed: transformers 5 "
+                "loads it without an error but runs absolute positions and ignores the trained distance embeddings. "
+                "`requires_transformers` in config.json says the same.", ""]
+    return [f"Written with transformers {transformers.__version__} and read back with it to the trained model's outputs. "
+            "The project's tests check that transformers 4.57 and 5.x give the same outputs for every model class it "
+            "exports.", ""]
 
 
 def _training_lines(cfg: dict[str, Any], state: dict[str, Any], tag: str, run_dir: RunDir) -> list[str]:
