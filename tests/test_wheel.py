@@ -1,6 +1,7 @@
 """The project as a cluster installs it: a built wheel in a folder of its own, run from anywhere but the checkout."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -15,8 +16,8 @@ PACKAGES = ("core", "data_pipeline", "model", "pretrain", "deepspeed_configs")
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """The wheel built from a copy of the sources and installed (without dependencies) into an empty target folder."""
+def wheel(tmp_path_factory) -> Path:
+    """The wheel built from a copy of the sources."""
     root = tmp_path_factory.mktemp("wheel")
     src = root / "src"
     src.mkdir()
@@ -29,12 +30,35 @@ def installed(tmp_path_factory) -> Path:
     assert build.returncode == 0, build.stderr[-3000:]
     ours = [line for line in build.stderr.splitlines() if "pyproject.toml" in line and "arning" in line]
     assert not ours, ours  # a clean build: no deprecation warnings about our own pyproject.toml
-    (wheel,) = (root / "dist").glob("contrastive_pretrain-*.whl")
-    target = root / "site"
+    (built,) = (root / "dist").glob("contrastive_pretrain-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """The wheel installed (without dependencies) into an empty target folder."""
+    target = tmp_path_factory.mktemp("site")
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(target),
                               str(wheel)], capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr[-3000:]
     return target
+
+
+def test_installing_the_wheel_beside_transformers_5_changes_nothing_else(wheel):
+    """This environment has transformers 5 and numpy >= 2.2 (the GPU image's stack too). pip's own resolver, with no
+    index to fetch from, plans the wheel's install from what is installed: the project alone, nothing downgraded
+    (a requirement that needed another version, e.g. transformers<5, would find no candidate and fail)."""
+    import numpy
+    import transformers
+
+    assert int(transformers.__version__.split(".")[0]) >= 5 and tuple(map(int, numpy.__version__.split(".")[:2])) >= (2, 2)
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--quiet", "--report", "-",
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    planned = [(item["metadata"]["name"], item["metadata"]["version"]) for item in json.loads(proc.stdout)["install"]]
+    assert planned == [("contrastive-pretrain", "0.1.0")], planned
+    requires = json.loads(proc.stdout)["install"][0]["metadata"]["requires_dist"]
+    assert not any(r.lower().startswith("mosaicml-streaming") for r in requires)  # installed apart, without its caps
 
 
 def _env(target: Path) -> dict[str, str]:
