@@ -68,6 +68,9 @@ GROUPS = {
         "bert-relkq-nodrop-mask30-repeat": RELKQ + NODROP + ["masking.mask_prob=0.3"],
         "modernbert-nodrop-mask30-lr2e-3": ["model.architecture=modernbert"] + NODROP + ["masking.mask_prob=0.3",
                                                                                         "optimizer.lr=2e-3"],
+        # The demo's recipe on absolute BERT (model/bert_small.yaml: what NSP/SOP run on since transformers 5).
+        "bert-abs-nodrop-mask30-lr2e-3": NODROP + ["masking.mask_prob=0.3", "optimizer.lr=2e-3"],
+        "bert-abs-nodrop": NODROP,
     },
     "rtd": {
         # On the MLM sweep's winning backbone (ModernBERT, no dropout), with each paper's masking and β2.
