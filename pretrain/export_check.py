@@ -17,12 +17,12 @@ PROBE = ["In the beginning God created the heaven and the earth.", "And God said
 TOLERANCE = 1e-5
 
 
-def _tensors(out) -> list[torch.Tensor]:
+def output_tensors(out) -> list[torch.Tensor]:
     """Every tensor of a model output, in order (XLNet's memories are a tuple of them)."""
     items = out.to_tuple() if hasattr(out, "to_tuple") else tuple(out)
     flat: list[torch.Tensor] = []
     for item in items:
-        flat += _tensors(item) if isinstance(item, (tuple, list)) else [item] if torch.is_tensor(item) else []
+        flat += output_tensors(item) if isinstance(item, (tuple, list)) else [item] if torch.is_tensor(item) else []
     return flat
 
 
@@ -67,8 +67,8 @@ def check_loads_the_same(folder: Path, live: PreTrainedModel, name: str) -> None
     for cls, reference in ((AutoModel, Backbone.base(live)), (type(live), live)):
         with _quiet_loads():
             loaded = cls.from_pretrained(str(folder), dtype=LOAD_DTYPE).eval()
-        got = [t for inputs in probes for t in _tensors(loaded(**inputs))]
-        gap = _gap(got, [t for inputs in probes for t in _tensors(reference(**inputs))])
+        got = [t for inputs in probes for t in output_tensors(loaded(**inputs))]
+        gap = _gap(got, [t for inputs in probes for t in output_tensors(reference(**inputs))])
         if gap is not None:
             raise SetupError(f"export refused: {name} loads in transformers {transformers.__version__}'s "
                              f"{type(loaded).__name__} with other outputs than the trained model (largest difference "

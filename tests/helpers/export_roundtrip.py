@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from pretrain.export_check import output_tensors
+
 # backbone options, objectives: every exported class family (BERT, ELECTRA's discriminator and generator, ModernBERT
 # with a non-default layer pattern and window, ALBERT, XLNet), and BERT's relative positions where they exist.
 CASES = {
@@ -27,14 +29,6 @@ CASES = {
 RELATIVE = {"bert-relkq": ({"architecture": "bert", "position_embedding": "relative_key_query"}, ("mlm",))}
 # One sentence: outputs at padded positions mean nothing, and ModernBERT's differ between majors.
 TEXT = ["In the beginning God created the heaven and the earth."]
-
-
-def _flat(out) -> list[torch.Tensor]:
-    items = out.to_tuple() if hasattr(out, "to_tuple") else tuple(out)
-    flat: list[torch.Tensor] = []
-    for item in items:
-        flat += _flat(item) if isinstance(item, (tuple, list)) else [item] if torch.is_tensor(item) else []
-    return flat
 
 
 def _inputs(folder: Path, names: list[str]) -> tuple[dict, list[list[int]]]:
@@ -71,7 +65,7 @@ def write(out: Path, prepared: Path) -> list[str]:
                 inputs, ids = _inputs(folder, forward_input_names(live))
                 with torch.no_grad():
                     torch.save({"class": type(live).__name__, "inputs": inputs, "ids": ids,
-                                "base": Backbone.base(live)(**inputs).last_hidden_state, "head": _flat(live(**inputs))},
+                                "base": Backbone.base(live)(**inputs).last_hidden_state, "head": output_tensors(live(**inputs))},
                                folder / "expected.pt")
                 written.append(case)
     return written
@@ -89,7 +83,7 @@ def read(out: Path) -> dict[str, float]:
         _, ids = _inputs(folder, list(inputs))
         base = transformers.AutoModel.from_pretrained(str(folder)).eval()
         head = getattr(transformers, want["class"]).from_pretrained(str(folder)).eval()
-        got = [base(**inputs).last_hidden_state, *_flat(head(**inputs))]
+        got = [base(**inputs).last_hidden_state, *output_tensors(head(**inputs))]
         expected = [want["base"], *want["head"]]
         same_shapes = ids == want["ids"] and len(got) == len(expected) and all(
             g.shape == w.shape for g, w in zip(got, expected))
