@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -202,6 +203,45 @@ def _host_id() -> str:
     return f"{socket.gethostname()}/{boot.read_text().strip() if boot.is_file() else ''}"
 
 
+# Every rank's machine, pid and addresses, gathered once at start: a lost peer is named from them.
+_PEERS: list[dict[str, Any]] = []
+
+
+def _addresses() -> list[str]:
+    """The IP addresses this machine's name resolves to (what a peer's connection error shows of it)."""
+    try:
+        return sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)})
+    except OSError:
+        return []
+
+
+def _pid_gone(pid: int) -> bool:
+    """True when no process has this pid on this machine, or only its unreaped remains (a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def lost_peers(error: str) -> str:
+    """Which ranks the failure of a collective lost, as far as this rank can tell: the ranks on this machine whose
+    process is gone, else those of the machine whose address the error names; empty when it cannot tell."""
+    if not _PEERS:
+        return ""
+    me = _PEERS[rank()]
+    gone = [r for r, peer in enumerate(_PEERS) if peer["host"] == me["host"] and r != rank() and _pid_gone(peer["pid"])]
+    if gone:
+        return f"rank {', '.join(map(str, gone))} on this machine (its process is gone)" if len(gone) == 1 else \
+            f"ranks {', '.join(map(str, gone))} on this machine (their processes are gone)"
+    named = {address for address in re.findall(r"\[([0-9a-fA-F.:]+)\]", error)}
+    remote = [r for r, peer in enumerate(_PEERS) if peer["host"] != me["host"] and named & set(peer["addresses"])]
+    if remote:
+        hosts = sorted({_PEERS[r]["host"].split("/")[0] for r in remote})
+        return f"rank{'s' if len(remote) > 1 else ''} {', '.join(map(str, remote))} on {', '.join(hosts)}"
+    return ""
+
+
 def _local_world_is_this_host() -> None:
     """Make LOCAL_RANK/LOCAL_WORLD_SIZE count the ranks on this machine, not on this SLURM node.
 
@@ -212,7 +252,9 @@ def _local_world_is_this_host() -> None:
     """
     if world_size() == 1:
         return
-    hosts = all_gather_object(_host_id())
+    global _PEERS
+    _PEERS = all_gather_object({"host": _host_id(), "pid": os.getpid(), "addresses": _addresses()})
+    hosts = [peer["host"] for peer in _PEERS]
     mine = [r for r, h in enumerate(hosts) if h == hosts[rank()]]
     if len(mine) == int(os.environ["LOCAL_WORLD_SIZE"]):
         return

@@ -33,6 +33,7 @@ from core import distributed as dist
 from core.errors import ConfigError, MissingFileError
 from core.streaming_import import require_streaming
 from data_pipeline.dataset_dir import INDEX
+from data_pipeline.loader_worker import start_worker
 from data_pipeline.worker_pool import available_cpus
 
 
@@ -365,7 +366,7 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
         where = {"local": str(split_dir)}
         if cfg.remote:
             where = {"streams": [_guarded_stream_class()(remote=f"{cfg.remote.rstrip('/')}/{split}", local=str(split_dir))]}
-        return _indexed_dataset_class()(
+        dataset = _indexed_dataset_class()(
             **where,
             batch_size=batch_size,
             shuffle=cfg.shuffle if shuffle is None else shuffle,
@@ -374,6 +375,31 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
             num_canonical_nodes=cfg.num_canonical_nodes,
             validate_hash="xxh64" if cfg.remote and cfg.verify_hashes else None,
         )
+    _SHARED_MEMORY_PREFIXES.add(dataset._shm_prefix_int)
+    return dataset
+
+
+# streaming's shared-memory prefixes of the datasets this process opened (release_shared_memory).
+_SHARED_MEMORY_PREFIXES: set[int] = set()
+SHARED_MEMORY_DIR = Path("/dev/shm")
+
+
+def release_shared_memory() -> list[str]:
+    """Unlink the shared memory of every dataset this process opened; returns the names removed.
+
+    streaming unlinks it at exit, in the process that created it. A rank that leaves without its exit handlers (a
+    lost peer: tearing down a broken process group can hang) calls this instead. Every rank of the node leaves then,
+    so whichever gets here first removes the node's segments for all, also those of a local leader that was killed.
+    """
+    removed = []
+    for prefix in sorted(_SHARED_MEMORY_PREFIXES):
+        for path in sorted(SHARED_MEMORY_DIR.glob(f"{prefix:06}_*")):
+            try:
+                path.unlink()
+                removed.append(path.name)
+            except FileNotFoundError:  # another rank of the node was first
+                continue
+    return removed
 
 
 def loader_workers(requested: Union[str, int], gpu: bool, cpus: int) -> int:
@@ -424,6 +450,7 @@ def build_loader(cfg: LoaderConfig, split: str, batch_size: int, collate_fn: Cal
         # Without its own generator, each new iterator draws a seed from the global torch RNG and
         # shifts every dropout mask after it; a resumed run creates its iterator at another point.
         generator=torch.Generator().manual_seed(cfg.shuffle_seed),
+        worker_init_fn=functools.partial(start_worker, os.getpid()),
     )
 
 

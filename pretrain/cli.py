@@ -71,12 +71,16 @@ def _peer_lost(exc: BaseException, trainer) -> None:
     step = trainer.step if trainer is not None else -1
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "?"
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    line = (f"peer lost: rank {dist.rank()} of {dist.world_size()}, step {step}, backend {backend}: {first[:300]} "
-            f"(exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
+    who = dist.lost_peers(str(exc)) or "a peer (its own log says which)"
+    line = (f"peer lost: rank {dist.rank()} of {dist.world_size()}, step {step}, backend {backend}: lost {who}: "
+            f"{first[:300]} (exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
     if trainer is not None and trainer.rank == 0:
         trainer.log.info(line)
     print(line, file=sys.stderr, flush=True)
     write_status("peer_lost", step=step, error=first[:500])
+    from data_pipeline.loader import release_shared_memory
+
+    release_shared_memory()  # os._exit skips streaming's exit handler, which would do it
     sys.stdout.flush()
     # Tearing down a group whose peer is gone can hang (and NCCL's can spin): leave now.
     os._exit(EXIT_PEER_LOST)

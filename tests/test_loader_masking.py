@@ -211,3 +211,14 @@ def test_the_sample_order_and_a_resume_do_not_depend_on_the_worker_count(dataset
     resumed = loader(1)
     resumed.load_state_dict(first.state_dict())
     assert head + walk(iter(resumed), NUM_SAMPLES // 3 - 3) == straight[0]
+
+
+def test_a_dataset_s_shared_memory_is_released_on_request(dataset):
+    """A rank that leaves without exit handlers (a lost peer) unlinks its datasets' shared memory itself."""
+    from data_pipeline.loader import SHARED_MEMORY_DIR, build_dataset, release_shared_memory
+
+    opened = build_dataset(LoaderConfig(path=str(dataset)), "train", batch_size=4)
+    names = sorted(p.name for p in SHARED_MEMORY_DIR.glob(f"{opened._shm_prefix_int:06}_*"))
+    assert len(names) >= 4 and any(n.endswith("_barrier") for n in names), names
+    assert set(names) <= set(release_shared_memory())
+    assert not list(SHARED_MEMORY_DIR.glob(f"{opened._shm_prefix_int:06}_*"))

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY_MODEL, free_port
+from conftest import REPO, TINY_MODEL, free_port, launch_ranks, wait_for_step
 
 from pretrain.exit_status import EXIT_PEER_LOST
 from pretrain.run_dir import RunDir
@@ -56,6 +56,7 @@ def test_a_dead_peer_ends_the_survivor_within_seconds(prepared, tmp_path, kind):
     assert code == EXIT_PEER_LOST, log[-3000:]
     lines = [line for line in log.splitlines() if "peer lost:" in line]
     assert lines and "rank 0 of 2, step 3" in lines[-1] and "backend gloo" in lines[-1], log[-3000:]
+    assert "lost rank 1 on this machine" in lines[-1], lines[-1]
     assert "Traceback" not in log
     assert seconds < 15, seconds
     assert json.loads((status / "rank0.json").read_text())["status"] == "peer_lost"
@@ -73,3 +74,67 @@ def test_a_hung_peer_ends_the_survivor_within_the_step_timeout(prepared, tmp_pat
     assert code == EXIT_PEER_LOST, log[-3000:]
     assert "peer lost: rank 0 of 2, step 3" in log
     assert seconds < 10 + 5, seconds
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (children of children too), from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    """The pids that still run (a zombie waiting to be reaped has ended)."""
+    live = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            live.add(pid)
+    return live
+
+
+def test_a_rank_killed_from_outside_takes_its_loader_workers_with_it(prepared, tmp_path):
+    """SIGKILL from outside to one rank's main process mid-run, as the OOM killer sends it, with a loader worker per
+    rank and batches larger than a pipe holds (64 KiB): the survivor exits 76 within seconds naming rank 1, and no
+    process of rank 1 (its loader worker, its resource tracker) or of the survivor is left. Before, the worker held
+    rank 1's connections open and blocked on its full pipe forever, and the survivor waited for its step timeout."""
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={tmp_path / 'run'}",
+            *TINY_MODEL, "train.micro_batch_size=32", "train.global_batch_size=64", "train.max_steps=1000",
+            "train.save_every=1000", "train.eval_every=0", "train.log_every=1", "data.num_workers=1"]
+    procs = launch_ranks(args, 2, tmp_path / "logs")
+    try:
+        wait_for_step(tmp_path / "run", 10, procs)
+        family = {rank: _descendants(p.pid) for rank, p in enumerate(procs)}
+        assert all(family.values()), family  # each rank has its loader worker (and resource tracker)
+        procs[1].kill()
+        killed = time.time()
+        code = procs[0].wait(timeout=120)
+        seconds = time.time() - killed
+        deadline = time.time() + 5
+        while _alive(family[0] | family[1]) and time.time() < deadline:
+            time.sleep(0.1)
+        left = _alive(family[0] | family[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    log = (tmp_path / "logs" / "rank0.log").read_text()
+    print(f"outside SIGKILL at step 10: rank 0 exited {code} {seconds:.1f}s later")
+    assert code == EXIT_PEER_LOST and seconds <= 20, (code, seconds, log[-3000:])
+    assert "peer lost: rank 0 of 2" in log and "lost rank 1 on this machine" in log, log[-3000:]
+    assert not left, {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in left}

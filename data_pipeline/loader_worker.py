@@ -1,0 +1,55 @@
+"""What a loader worker does first: tie its life to the rank that forked it, and let go of that rank's connections.
+
+A worker is forked from its rank after the process group exists, so it starts with copies of the rank's gloo and
+TCPStore sockets. When the rank is killed (SIGKILL, the OOM killer, a segfault), an orphaned worker kept those
+connections open, so the peers saw no reset and waited for their step timeout; and a worker whose queue's pipe
+was full blocked in its feeder thread forever, holding its memory and the rank's resource tracker alive.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def start_worker(parent_pid: int, worker_id: int) -> None:
+    """A DataLoader `worker_init_fn` (bound to its rank's pid with functools.partial)."""
+    die_with_parent(parent_pid)
+    close_network_sockets()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when the thread that forked it ends; if the parent is already gone,
+    end now."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
+    if os.getppid() != parent_pid:  # it died before the kernel was told
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def close_network_sockets() -> int:
+    """Close every TCP/IP socket this process inherited (a worker reads local shards and opens its own connections
+    to object storage); Unix sockets and pipes, which the DataLoader uses, stay. Returns how many were closed."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except FileNotFoundError:  # no procfs: nothing to enumerate
+        return 0
+    closed = 0
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:  # not a socket, or the listing's own descriptor, already closed
+            continue
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.close()
+            closed += 1
+        else:
+            sock.detach()
+    return closed
