@@ -1,9 +1,9 @@
 """Checkpoint files read as data only: `torch.load(weights_only=True)` with the few plain types that DeepSpeed and
 the trainer write, so a file that carries code is refused instead of run.
 
-DeepSpeed reads its own files with the pickle loader (resume, `zero_to_fp32`, `ds_to_universal`). Export reads
-a checkpoint that may come from elsewhere, so it first reads every file of the tag here; resume reads the run's
-own checkpoints through DeepSpeed (README, "What is refused, what is trusted").
+DeepSpeed reads its own files with the pickle loader (resume, `zero_to_fp32`, `ds_to_universal`). Export and resume
+first read every file of the tag here, since a checkpoint may have come from elsewhere (a bucket others can write
+to, a copied run folder): README, "What is refused, what is trusted".
 """
 from __future__ import annotations
 
@@ -34,8 +34,12 @@ def plain_types() -> list[Any]:
     return [*numpy_arrays, *deepspeed_state, ScheduleConfig]  # the LR schedule's fields, in the scheduler's state
 
 
-def read_as_data(path: str | Path) -> Any:
-    """A checkpoint file's contents, loaded without running code; a file that holds more than data is refused."""
+EXPORT_TRUST = "Export it with --trust-checkpoint only if you trust where it came from"
+
+
+def read_as_data(path: str | Path, how_to_trust: str = EXPORT_TRUST) -> Any:
+    """A checkpoint file's contents, loaded without running code; a file that holds more than data is refused
+    (`how_to_trust` ends the message: the option that reads it anyway)."""
     try:
         with torch.serialization.safe_globals(plain_types()):
             # Memory-mapped: the check reads the pickled structure, and a tensor's bytes only if someone uses them.
@@ -44,10 +48,10 @@ def read_as_data(path: str | Path) -> Any:
         found = str(exc).split("Unsupported global: GLOBAL ", 1)[-1].split(" ", 1)[0] if "GLOBAL " in str(exc) else "an object"
         raise CheckpointError(
             f"checkpoint file '{path}' holds more than weights and plain data ({found}), which loading would run as "
-            f"code: refused unread. Export it with --trust-checkpoint only if you trust where it came from") from None
+            f"code: refused unread. {how_to_trust}") from None
 
 
-def check_tag_is_data(folder: Path) -> None:
+def check_tag_is_data(folder: Path, how_to_trust: str = EXPORT_TRUST) -> None:
     """Read every .pt file of a checkpoint tag as data (before DeepSpeed reads them with pickle)."""
     for path in sorted(Path(folder).rglob("*.pt")):
-        read_as_data(path)
+        read_as_data(path, how_to_trust)

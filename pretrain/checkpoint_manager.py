@@ -21,6 +21,7 @@ from core.config_io import config_hash
 from core.errors import CheckpointError, ConfigError, UserError
 from data_pipeline.shards import data_fingerprint
 from pretrain import checkpoint as ckpt
+from pretrain.checkpoint_data import check_tag_is_data
 from pretrain.checkpoint_dir import META, CheckpointDir, as_tag, universal_tag
 from pretrain.config import RunConfig
 from pretrain.optim import reset_schedule
@@ -86,7 +87,7 @@ class CheckpointManager:
             as_tag(train.resume_from)  # a malformed value is refused on every rank, not on rank 0 while the rest wait
             if self.run_dir.branches.is_file():
                 branched_from = {json.loads(row)["from"] for row in self.run_dir.branches.read_text().splitlines()}
-        picked = self.folder.pick(train.resume_from, branched_from) if self.rank == 0 else (None, [], "", "")
+        picked = self._pick(branched_from) if self.rank == 0 else (None, [], "", "")
         tag, damaged, error, note = dist.broadcast_object(*picked)
         if error:
             raise CheckpointError(error)
@@ -107,6 +108,18 @@ class CheckpointManager:
         universal = meta.get("world_size", self.world) != self.world and meta.get("zero_stage", 0) != 0
         self.plan = ResumePlan(meta, load_universal=universal)
         return self.plan
+
+    def _pick(self, branched_from: set[str]) -> tuple:
+        """Rank 0's choice (`CheckpointDir.pick`), its files read as data first unless train.trust_checkpoint: DeepSpeed
+        and the universal conversion unpickle them, and pickle runs what a file asks it to."""
+        tag, damaged, error, note = self.folder.pick(self.cfg.train.resume_from, branched_from)
+        if tag is not None and not error and not self.cfg.train.trust_checkpoint:
+            try:
+                check_tag_is_data(self.folder.tag(tag), "Resume from it with train.trust_checkpoint=true only if you "
+                                                        "trust where it came from")
+            except CheckpointError as exc:
+                error = str(exc)
+        return tag, damaged, error, note
 
     def _commit(self) -> None:
         """Go ahead with the chosen checkpoint, everything built: branch for train.resume_from, and make the universal

@@ -110,6 +110,10 @@ class TrainConfig:
     allow_new_data: bool = False
     # Resume from this checkpoint (a tag like step_00000750, or its step) instead of the newest intact one.
     resume_from: str = ""
+    # A checkpoint's files are read as data (weights, plain values) before DeepSpeed unpickles them at resume, and
+    # one that holds anything else is refused. true: load the chosen checkpoint with pickle unread, for a
+    # checkpoint from a source you trust (pickle can run code).
+    trust_checkpoint: bool = False
 
     def validate(self) -> None:
         """Check values that the type alone cannot."""

@@ -262,6 +262,35 @@ def test_export_reads_a_checkpoint_as_data_and_refuses_one_that_holds_code(train
     assert (tmp_path / "export" / "config.json").is_file()
 
 
+def test_resume_reads_a_checkpoint_as_data_and_refuses_one_that_holds_code(trained, tmp_path):
+    """The newest checkpoint rewritten to carry a pickled call, its completion record rewritten to match: a resume
+    refuses it before DeepSpeed unpickles anything (exit 2, one line, the run untouched, the call not made);
+    train.trust_checkpoint=true resumes from it with pickle, which makes the call."""
+    import torch
+    from pretrain.checkpoint_dir import COMPLETE, file_manifest
+
+    run = _copy(trained, tmp_path)
+    tag = RunDir(run).checkpoints / "step_00000009"
+    model_file, ran = tag / "mp_rank_00_model_states.pt", tmp_path / "the-payload-ran"
+    state = torch.load(model_file, weights_only=False)
+    torch.save({**state, "note": _RunsCode(ran)}, model_file)
+    marker = json.loads((tag / COMPLETE).read_text())
+    (tag / COMPLETE).write_text(json.dumps({**marker, "files": file_manifest(tag)}))  # intact by its own record
+    resume = _args(Path(_data_of(trained)), run, "train.max_steps=10")
+    _refused(resume, run, f"checkpoint file '{model_file}' holds more than weights and plain data (io.open)",
+             "train.trust_checkpoint=true")
+    assert not ran.exists()
+    trusted = run_cli("pretrain", [*resume, "train.trust_checkpoint=true"])
+    assert "resumed from" in trusted.stdout and "at step 9" in trusted.stdout and ran.exists()
+
+
+def _data_of(run: Path) -> str:
+    """The dataset a run trained on (its saved config's data.path)."""
+    import yaml
+
+    return yaml.safe_load((run / CONFIG_FILE).read_text())["data"]["path"]
+
+
 def test_sbatch_overrides_are_split_into_words_never_run_and_bad_quoting_is_refused(tmp_path):
     """slurm/shell_words.sh, which the three sbatch templates source: quoted values keep their spaces, a command
     substitution stays text, and quotes that do not close stop the job (exit 2) instead of dropping every override."""

@@ -181,6 +181,40 @@ def test_two_ranks_from_the_bucket_resume_exactly_after_the_node_is_lost(s3, pre
     assert (out / "config.json").is_file()
 
 
+class _RunsCode:
+    """What a hostile checkpoint file can hold: unpickling it calls `open(path, "w")`, creating `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def test_a_checkpoint_in_the_bucket_that_holds_code_is_refused_at_resume(s3, prepared, tmp_path):
+    """Whoever can write to the bucket rewrites the newest checkpoint (and its marker) to carry a pickled call; the
+    requeued run, on a node with no local copy, downloads it and refuses it unread: exit 2, one line."""
+    from pretrain.checkpoint_dir import COMPLETE, file_manifest
+
+    run = tmp_path / "run"
+    args = _train_args(prepared, run, "train.max_steps=4", "train.checkpoint_remote=s3://ckpt/hostile")
+    run_cli("pretrain", args)
+    tag, ran = RunDir(run).checkpoints / "step_00000004", tmp_path / "the-payload-ran"
+    model_file = tag / "mp_rank_00_model_states.pt"
+    torch.save({**torch.load(model_file, weights_only=False), "note": _RunsCode(ran)}, model_file)
+    marker = json.loads((tag / COMPLETE).read_text())
+    (tag / COMPLETE).write_text(json.dumps({**marker, "files": file_manifest(tag)}))
+    for name in (model_file.name, COMPLETE):
+        s3.put_object(Bucket="ckpt", Key=f"hostile/step_00000004/{name}", Body=(tag / name).read_bytes())
+    import shutil
+
+    shutil.rmtree(run)
+    proc = run_cli("pretrain", [*args, "train.max_steps=6"], check=False)
+    line = _one_line_error(proc)
+    assert "mp_rank_00_model_states.pt' holds more than weights and plain data (io.open)" in line, line
+    assert "train.trust_checkpoint=true" in line and not ran.exists()
+
+
 def test_a_damaged_shard_in_the_bucket_stops_the_run_with_one_line(s3, prepared, tmp_path):
     from data_pipeline.remote_dataset import upload_dataset
 
