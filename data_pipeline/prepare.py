@@ -36,6 +36,7 @@ from data_pipeline.config import PrepareConfig
 from data_pipeline.input_parts import Part, plan_parts
 from data_pipeline.mds import merge_indexes
 from data_pipeline.mixture import mix, plan_takes
+from data_pipeline.shard_record import record_dataset
 from data_pipeline.part_writer import SPLITS, PartJob, Shared, count_part, done_marker, part_name, write_part
 from data_pipeline.remote_dataset import check_remote_output, upload_dataset
 from data_pipeline.raw_text import ReadStats, iter_part
@@ -191,6 +192,7 @@ def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: st
         shutil.rmtree(debris, ignore_errors=True)
     # The plan and done markers go last: a merge killed before here can simply be run again.
     mark_output(out_dir, DATASET)
+    record_dataset(out_dir)  # the shards are where they stay: a launch then hashes only what changes after this
     write_manifest(out_dir, manifest)
     for name in (PLAN, "parts"):
         path = out_dir / name

@@ -15,6 +15,7 @@ from pathlib import Path
 from core.errors import OutputExistsError, StorageError
 from core.object_store import ObjectStore
 from data_pipeline.dataset_dir import INDEX, MANIFEST, SPLITS, TOKENIZER
+from data_pipeline.shard_record import RECORD
 
 log = logging.getLogger("data_pipeline")
 
@@ -40,7 +41,8 @@ def upload_dataset(local: Path | str, url: str, overwrite: bool) -> int:
         if not store.delete(ordered):
             raise OutputExistsError(f"cannot replace the objects under '{url}' (deleting is only supported for s3://); "
                                     "remove them with your store's tools")
-    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    # Not the verification records: they hold this machine's file times (shard_record.py).
+    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file() and p.name != RECORD)
     indexes = [f for f in files if f.endswith(f"/{INDEX}")]
     tokenizer = [f for f in files if f.startswith(f"{TOKENIZER}/")]
     first = [f for f in files if f not in indexes and f not in tokenizer and f != MANIFEST]

@@ -22,7 +22,8 @@ from data_pipeline.loader import (
     is_local_leader,
 )
 from data_pipeline.masking import MaskingConfig, build_masking, evaluation_masking, needs_word_starts
-from data_pipeline.shards import read_manifest, verify_split
+from data_pipeline.shard_record import verify_split_once
+from data_pipeline.shards import read_manifest
 from data_pipeline.tokenizer import load_tokenizer, word_start_table
 
 # (the masking transform, pad id, cls id, sep id) -> the loader's per-sample transform
@@ -37,11 +38,11 @@ def open_dataset(cfg: LoaderConfig) -> dict[str, Any]:
             from data_pipeline.remote_dataset import fetch_metadata
 
             fetch_metadata(cfg.remote, Path(cfg.path))
-        elif cfg.verify_hashes:
+        elif cfg.verify_hashes:  # the files not checked as they are now: all of them only the first time
             folder = DatasetDir(cfg.path)
             for split in SPLITS:
                 if folder.index(split).is_file():
-                    verify_split(folder.split(split))
+                    verify_split_once(folder.split(split))
     dist.barrier()
     return read_manifest(cfg.path)
 

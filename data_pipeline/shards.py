@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -56,15 +56,15 @@ class CorruptShardError(InputDataError):
     """A shard's bytes do not match the hash recorded when it was written."""
 
 
-def verify_split(split_dir: Path) -> int:
-    """Check every shard file of a split against the xxh64 hashes in its index; return the shard count."""
-    import xxhash
-
+def shard_files(split_dir: Path) -> tuple[int, list[tuple[Path, Optional[str]]]]:
+    """A split's shard count and every shard file its index names that must be there, with its xxh64 (None when the
+    index records none); a missing index or file is refused."""
     index_path = split_dir / INDEX
     try:
         index = json.loads(index_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CorruptShardError(f"shard index '{index_path}' is missing or corrupt: {exc}") from exc
+    files = []
     for shard in index["shards"]:
         for part in ("zip_data", "raw_data"):
             info = shard.get(part)
@@ -75,10 +75,24 @@ def verify_split(split_dir: Path) -> int:
                 if part == "raw_data" and shard.get("zip_data"):
                     continue  # only the compressed file is kept until streaming unpacks it
                 raise CorruptShardError(f"shard '{path}' is missing")
-            expected = info.get("hashes", {}).get("xxh64")
-            if expected is not None and xxhash.xxh64(path.read_bytes()).hexdigest() != expected:
-                raise CorruptShardError(f"shard '{path}' does not match its recorded hash (corrupt or modified)")
-    return len(index["shards"])
+            files.append((path, info.get("hashes", {}).get("xxh64")))
+    return len(index["shards"]), files
+
+
+def check_shard(path: Path, expected: Optional[str]) -> None:
+    """Refuse a shard file whose bytes do not match its xxh64."""
+    import xxhash
+
+    if expected is not None and xxhash.xxh64(path.read_bytes()).hexdigest() != expected:
+        raise CorruptShardError(f"shard '{path}' does not match its recorded hash (corrupt or modified)")
+
+
+def verify_split(split_dir: Path) -> int:
+    """Check every shard file of a split against the xxh64 hashes in its index; return the shard count."""
+    count, files = shard_files(split_dir)
+    for path, expected in files:
+        check_shard(path, expected)
+    return count
 
 
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> None:
