@@ -52,7 +52,8 @@ class LoaderConfig:
     # Loader processes per rank that read, pad and mask batches off the training process (0: in it). auto: 1 on a
     # CPU (the other cores train), up to 4 beside a GPU (`loader_workers`).
     num_workers: Union[Literal["auto"], int] = "auto"
-    # Check local shard files against their recorded hashes when training starts.
+    # Check local shard files against their recorded hashes when training starts: those not checked as they are
+    # now (data_pipeline/shard_record.py; a dataset prepared here is recorded as written, so a launch hashes nothing).
     verify_hashes: bool = True
     # With `remote` set, a killed run's shared memory blocks the next run that reuses its local cache
     # ("Reused local directory"): remove streaming's segments at start. This removes every streaming
