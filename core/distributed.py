@@ -7,8 +7,9 @@ import os
 import re
 import socket
 import sys
+import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -84,6 +85,19 @@ def setup_env() -> None:
     os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", os.environ["WORLD_SIZE"]))
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+@contextlib.contextmanager
+def set_up_for_this_call() -> Iterator[None]:
+    """`setup_env` for one library call in a process that goes on (export from a notebook or a test): what it set
+    is undone after, so a launch from the same process later does not inherit a port that is no longer free."""
+    saved = dict(os.environ)
+    setup_env()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def init_distributed(timeout_s: float = 600.0) -> None:
@@ -230,7 +244,11 @@ def lost_peers(error: str) -> str:
     if not _PEERS:
         return ""
     me = _PEERS[rank()]
-    gone = [r for r, peer in enumerate(_PEERS) if peer["host"] == me["host"] and r != rank() and _pid_gone(peer["pid"])]
+    local = [r for r, peer in enumerate(_PEERS) if peer["host"] == me["host"] and r != rank()]
+    # A killed process closes its sockets a moment before it turns into a zombie: the error can arrive first.
+    deadline = time.monotonic() + 2.0
+    while not (gone := [r for r in local if _pid_gone(_PEERS[r]["pid"])]) and local and time.monotonic() < deadline:
+        time.sleep(0.05)
     if gone:
         return f"rank {', '.join(map(str, gone))} on this machine (its process is gone)" if len(gone) == 1 else \
             f"ranks {', '.join(map(str, gone))} on this machine (their processes are gone)"

@@ -11,7 +11,7 @@ import torch
 
 from core.atomic_files import check_overwrite, mark_output, prepare_output, publish
 from core.config_io import config_to_dict, load_config
-from core.distributed import setup_env
+from core.distributed import set_up_for_this_call
 from core.errors import CheckpointError
 from data_pipeline.dataset_dir import DatasetDir
 from data_pipeline.tokenizer import copy_tokenizer_folder, make_portable, tokenizer_hash
@@ -109,6 +109,11 @@ def write_tokenizer(tokenizer_dir: Path, model: torch.nn.Module, target: Path) -
 def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False, trust_checkpoint: bool = False) -> Path:
     """Write the objective's Hugging Face models, with tokenizer files, to `out_dir` (atomically); the checkpoint's
     files are read as data only unless `trust_checkpoint`."""
+    with set_up_for_this_call():
+        return _export(checkpoint, out_dir, overwrite, trust_checkpoint)
+
+
+def _export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool, trust_checkpoint: bool) -> Path:
     run_dir, ckpt_dir, tag = resolve_checkpoint(checkpoint)
     # The checkpoint's own copies of the configs win over the run folder's (a later launch may
     # have rewritten those).
@@ -117,7 +122,6 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False,
     reads = (ckpt_dir / tag, run_dir.tokenizer)
     check_overwrite(out_dir, overwrite, EXPORT, reads, _legacy_export)  # before the slow consolidation
     _check_tokenizer(run_dir, config_dir)
-    setup_env()
     cfg = load_config(RunConfig, config_dir / CONFIG_FILE)
     # The attention kernel is a training choice (flash-attn needs a GPU); the export is built, run and read back on
     # the CPU with transformers' default.

@@ -121,6 +121,22 @@ def restored_environ():
         os.environ.update(saved)
 
 
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def no_launcher_variables_leak():
+    """A test that leaves RANK or MASTER_PORT in this worker's environment hands a port chosen once to every later
+    launch of the worker, which then collide with whatever took that port since: such a leak fails the test that
+    made it (library code must undo what it sets; in-process training wraps itself in restored_environ)."""
+    saved = dict(os.environ)
+    yield
+    leaked = {k: os.environ[k] for k in LAUNCHER_VARIABLES if os.environ.get(k) != saved.get(k) and k in os.environ}
+    os.environ.clear()
+    os.environ.update(saved)
+    assert not leaked, f"the test left launcher variables in os.environ: {leaked}"
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now (for MASTER_PORT)."""
     with socket.socket() as s:

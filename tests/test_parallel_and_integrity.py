@@ -13,6 +13,7 @@ from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
 from data_pipeline.shards import CorruptShardError, verify_split
 from data_pipeline.dataset_dir import MANIFEST, DatasetDir
+from data_pipeline.shard_record import RECORD
 from pretrain.run_dir import RunDir
 
 
@@ -33,7 +34,8 @@ def _tokens(out, specials):
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    """Every file's bytes but the manifest (timings) and the verification record (this machine's mtimes)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name not in (MANIFEST, RECORD)}
 
 
 @pytest.mark.slow

@@ -282,12 +282,15 @@ def test_chain_prepare_pretrain_export_with_afterok(jobs):
     from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
+    from data_pipeline.shard_record import RECORD
 
     single = prepare(load_config(PrepareConfig, None, PREPARE_OVERRIDES + [
         f"output_dir={jobs['work'] / 'data_single'}", f"sources=[{{kind: text, path: '{jobs['corpus']}'}}]", "num_workers=1"]))
-    # (Training on it has since unpacked raw .mds files beside the zstd shards: not part of what prepare wrote.)
+    # (Training on it has since unpacked raw .mds files beside the zstd shards: not part of what prepare wrote; the
+    # verification records hold each copy's own file times.)
     files = {d: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
-                 if p.is_file() and p.name != MANIFEST and p.suffix != ".mds"} for d in (single, jobs["work"] / "data")}
+                 if p.is_file() and p.name not in (MANIFEST, RECORD) and p.suffix != ".mds"}
+             for d in (single, jobs["work"] / "data")}
     assert files[single] == files[jobs["work"] / "data"]
     assert "| ETA" in _log(jobs, "limited")  # the dependent job trained on what prepare wrote
     export = jobs["info"]["export"]
