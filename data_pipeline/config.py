@@ -55,10 +55,12 @@ class PrepareConfig:
     """Everything `prepare` needs: sources, tokenizer, packing and the output folder."""
 
     # A folder, or an object store prefix (s3://bucket/prefix, gs://, ...): the dataset is then built in
-    # `staging_dir` and uploaded, shards before their index and the manifest last.
+    # `staging_dir` and uploaded, each part's shards as soon as the part is written (the staging disk holds the
+    # parts in flight, not the dataset), each split's index after its shards, the manifest last.
     output_dir: str = "runs/data"
     # Local folder where a dataset bound for object storage is built (default: a temporary folder in $TMPDIR,
-    # removed after the upload). A job array writing to a bucket needs one on a filesystem all its tasks share.
+    # removed after the upload; a named one keeps the metadata, not the shards). A job array writing to a bucket
+    # needs one on a filesystem all its tasks share.
     staging_dir: Optional[str] = None
     sources: list[SourceConfig] = field(default_factory=list)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)

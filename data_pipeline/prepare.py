@@ -38,7 +38,7 @@ from data_pipeline.mds import merge_indexes
 from data_pipeline.mixture import mix, plan_takes
 from data_pipeline.shard_record import record_dataset
 from data_pipeline.part_writer import SPLITS, PartJob, Shared, count_part, done_marker, part_name, write_part
-from data_pipeline.remote_dataset import check_remote_output, upload_dataset
+from data_pipeline.remote_dataset import claim_remote_output, upload_part, upload_rest
 from data_pipeline.raw_text import ReadStats, iter_part
 from data_pipeline.shards import token_dtype, write_manifest
 from data_pipeline.worker_pool import WorkerPool, available_cpus
@@ -132,10 +132,12 @@ def _write_parts(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], jobs: 
     shared = Shared(cfg, DatasetDir(out_dir).tokenizer, plan["ids"], out_dir)
     total_bytes = sum(_job_bytes(j) for j in jobs)
     start = last = time.time()
-    done = {"parts": 0, "bytes": 0}
+    done = {"parts": 0, "bytes": 0, "uploaded": 0}
 
     def progress(i: int, _result: dict) -> None:
         nonlocal last
+        if is_remote(cfg.output_dir):  # the staging disk holds the parts being written, not the whole dataset
+            done["uploaded"] += upload_part(out_dir, cfg.output_dir, part_name(jobs[i].index))
         done["parts"] += 1
         done["bytes"] += _job_bytes(jobs[i])
         now = time.time()
@@ -144,11 +146,21 @@ def _write_parts(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], jobs: 
         last = now
         fraction = done["bytes"] / total_bytes if total_bytes else done["parts"] / len(jobs)
         eta = (now - start) * (1 - fraction) / fraction if fraction else 0.0
-        log.info("parts %d/%d written, %.1f MB/s of text, ETA %.0fs", done["parts"], len(jobs),
+        sent = f", {done['uploaded'] / 1e6:.1f} MB of shards uploaded" if is_remote(cfg.output_dir) else ""
+        log.info("parts %d/%d written%s, %.1f MB/s of text, ETA %.0fs", done["parts"], len(jobs), sent,
                  done["bytes"] / 1e6 / max(now - start, 1e-9), eta)
 
     with WorkerPool(min(workers, len(jobs)), shared) as pool:
         pool.map(write_part, jobs, on_result=progress)
+
+
+def _tokenizer_entry(tok_dir: Path, ids: dict[str, Any]) -> dict[str, Any]:
+    """What the manifest says of the tokenizer: where, its hash, its size and special ids, its files."""
+    from data_pipeline.tokenizer import tokenizer_hash
+
+    return {"path": TOKENIZER, "hash": tokenizer_hash(tok_dir), "vocab_size": ids["vocab_size"],
+            "pad_id": ids["pad_id"], "cls_id": ids["cls_id"], "sep_id": ids["sep_id"], "mask_id": ids["mask_id"],
+            "special_ids": ids["special_ids"], "files": sorted(p.name for p in tok_dir.iterdir())}
 
 
 def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: str | None, workers: int, tasks: int) -> dict:
@@ -166,22 +178,15 @@ def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: st
         raise InputDataError("the corpus produced no training sequence")
     per_source = plan["taken"] or [sum(r["read"]["documents"] for r, j in zip(results, jobs) if j.part.source == s)
                                    for s in range(len(cfg.sources))]
-    from data_pipeline.tokenizer import tokenizer_hash
-
-    tok_dir, ids = DatasetDir(out_dir).tokenizer, plan["ids"]
     manifest = {
         "format": "contrastive-pretrain/mds-v1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": command or " ".join(shlex.quote(a) for a in sys.argv),
-        "tokenizer": {
-            "path": TOKENIZER, "hash": tokenizer_hash(tok_dir), "vocab_size": ids["vocab_size"],
-            "pad_id": ids["pad_id"], "cls_id": ids["cls_id"], "sep_id": ids["sep_id"], "mask_id": ids["mask_id"],
-            "special_ids": ids["special_ids"], "files": sorted(p.name for p in tok_dir.iterdir()),
-        },
+        "tokenizer": _tokenizer_entry(DatasetDir(out_dir).tokenizer, plan["ids"]),
         "seq_len": cfg.seq_len,
         "packing": cfg.packing,
         "pair_task": cfg.pair_task if cfg.packing == "pairs" else None,
-        "token_dtype": token_dtype(ids["vocab_size"]).name,
+        "token_dtype": token_dtype(plan["ids"]["vocab_size"]).name,
         "splits": counts,
         "replaced_characters": read["replaced_characters"],
         "sources": [{**config_to_dict(s), "documents": n} for s, n in zip(cfg.sources, per_source)],
@@ -192,7 +197,8 @@ def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: st
         shutil.rmtree(debris, ignore_errors=True)
     # The plan and done markers go last: a merge killed before here can simply be run again.
     mark_output(out_dir, DATASET)
-    record_dataset(out_dir)  # the shards are where they stay: a launch then hashes only what changes after this
+    if not is_remote(cfg.output_dir):  # (bound for a bucket, the shards are already there, not here)
+        record_dataset(out_dir)  # the shards are where they stay: a launch then hashes only what changes after this
     write_manifest(out_dir, manifest)
     for name in (PLAN, "parts"):
         path = out_dir / name
@@ -246,11 +252,12 @@ def _local_output(cfg: PrepareConfig, array: bool = False) -> tuple[Path, Path |
 
 
 def _upload(cfg: PrepareConfig, local: Path, temporary: Path | None) -> Path | str:
-    """Upload a finished local dataset to `output_dir` when it is a bucket; return where the dataset is."""
+    """Upload what is left of a finished dataset (the shards went part by part) to `output_dir` when it is a bucket;
+    return where the dataset is."""
     if not is_remote(cfg.output_dir):
         return local
-    upload_dataset(local, cfg.output_dir, cfg.overwrite)
-    if temporary is not None:  # a staging_dir the user named keeps its local copy
+    upload_rest(local, cfg.output_dir)
+    if temporary is not None:  # a staging_dir the user named keeps the dataset's metadata: a cache for data.remote
         shutil.rmtree(temporary, ignore_errors=True)
     return cfg.output_dir
 
@@ -260,7 +267,8 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> Path | str:
     or its URL when `output_dir` is a bucket."""
     final_dir, temporary = _local_output(cfg)
     if is_remote(cfg.output_dir):
-        check_remote_output(cfg.output_dir, cfg.overwrite)  # before hours of tokenizing, not after
+        # Before hours of tokenizing, not after; with overwrite the old objects go now, before the first part goes up.
+        claim_remote_output(cfg.output_dir, cfg.overwrite)
     try:
         # Bound for a bucket, the bucket's prefix is what must be new (checked above); the staging copy is replaced.
         tmp_dir = prepare_output(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg),
@@ -333,8 +341,8 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
     if task == 0 and not (staging / PLAN).is_file():
         try:
             check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)
-            if is_remote(cfg.output_dir):
-                check_remote_output(cfg.output_dir, cfg.overwrite)
+            if is_remote(cfg.output_dir):  # before the plan: no task uploads a part before the prefix is claimed
+                claim_remote_output(cfg.output_dir, cfg.overwrite)
             staging.mkdir(parents=True, exist_ok=True)
             (staging / FAILED).unlink(missing_ok=True)
             _make_plan(cfg, staging, workers)

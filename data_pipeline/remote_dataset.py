@@ -3,6 +3,8 @@
 The order of the upload is what keeps a bucket consistent: every shard of a split before that split's
 `index.json`, the tokenizer after both splits, `manifest.json` last. A reader that finds the manifest
 finds everything it names, and an interrupted upload leaves no index that points at a missing shard.
+`prepare` uploads each part's shards as soon as the part is written (`upload_part`) and the rest at the end
+(`upload_rest`), so its staging disk holds the parts in flight, not the dataset.
 """
 from __future__ import annotations
 
@@ -26,21 +28,46 @@ def check_remote_output(url: str, overwrite: bool) -> ObjectStore:
     store.check()
     existing = store.list()
     if existing and not overwrite:
-        raise OutputExistsError(f"'{url}' already holds {len(existing)} object(s) (e.g. {existing[0]}); "
+        what = "" if MANIFEST in existing else f", no {MANIFEST}: the parts of a prepare that did not finish?"
+        raise OutputExistsError(f"'{url}' already holds {len(existing)} object(s) (e.g. {existing[0]}{what}); "
                                 "choose another prefix, or pass --overwrite (overwrite=true) to replace them")
     return store
 
 
-def upload_dataset(local: Path | str, url: str, overwrite: bool) -> int:
-    """Upload a prepared folder: shards, then each split's index, the tokenizer, the manifest last; return the file count."""
-    local = Path(local)
+def claim_remote_output(url: str, overwrite: bool) -> ObjectStore:
+    """`check_remote_output`, then, with `overwrite`, delete what the prefix holds (its manifest first, so no reader
+    takes a half-replaced prefix for a dataset): done once, before the first file of the new dataset is uploaded."""
     store = check_remote_output(url, overwrite)
     stale = store.list()
-    if stale:  # overwrite: the old manifest goes first, so no reader takes the half-replaced prefix for a dataset
-        ordered = sorted(stale, key=lambda k: k != MANIFEST)
-        if not store.delete(ordered):
+    if stale:
+        if not store.delete(sorted(stale, key=lambda k: k != MANIFEST)):
             raise OutputExistsError(f"cannot replace the objects under '{url}' (deleting is only supported for s3://); "
                                     "remove them with your store's tools")
+        log.info("deleted the %d object(s) %s held (overwrite)", len(stale), url)
+    return store
+
+
+def upload_part(local: Path, url: str, part: str) -> int:
+    """Upload the shard files of one finished part (`<split>/<part>/`, every split) and remove the local copies, so a
+    dataset bound for a bucket never needs the staging disk to hold it whole; return the bytes uploaded.
+
+    The part's own index stays: the split's index is merged from it, and is uploaded after every shard it names."""
+    store, sent = ObjectStore(url), 0
+    for split in SPLITS:
+        folder = Path(local) / split / part
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if path.name == INDEX or not path.is_file():
+                continue
+            store.upload(local, path.relative_to(local).as_posix())
+            sent += path.stat().st_size
+            path.unlink()
+    return sent
+
+
+def upload_rest(local: Path | str, url: str) -> int:
+    """Upload what a staging folder still holds: shards, then each split's index, the tokenizer, the manifest last;
+    return the file count."""
+    local, store = Path(local), ObjectStore(url)
     # Not the verification records: they hold this machine's file times (shard_record.py).
     files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file() and p.name != RECORD)
     indexes = [f for f in files if f.endswith(f"/{INDEX}")]
@@ -55,6 +82,13 @@ def upload_dataset(local: Path | str, url: str, overwrite: bool) -> int:
     log.info("uploaded %d files (%.1f MB) to %s in %.1fs", len(order),
              sum((local / f).stat().st_size for f in order) / 1e6, url, time.time() - t0)
     return len(order)
+
+
+def upload_dataset(local: Path | str, url: str, overwrite: bool) -> int:
+    """Upload a prepared folder whole: shards, then each split's index, the tokenizer, the manifest last; return the
+    file count."""
+    claim_remote_output(url, overwrite)
+    return upload_rest(local, url)
 
 
 def _digest(path: Path) -> str:

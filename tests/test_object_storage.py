@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import REPO, TINY_MODEL, free_port, launch_ranks, restored_environ, run_cli, wait_for_step
 from data_pipeline.dataset_dir import INDEX, MANIFEST, TOKENIZER, DatasetDir
+from data_pipeline.shard_record import RECORD
 from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -60,16 +64,52 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def _shard_bytes_under(folder: Path) -> int:
+    """Bytes of the MDS shard files (raw or compressed) under `folder` now; files that vanish meanwhile count 0."""
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            if ".mds" in name:
+                try:
+                    total += os.stat(os.path.join(root, name)).st_size
+                except FileNotFoundError:
+                    continue
+    return total
+
+
 def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, caplog, capsys, monkeypatch):
+    """Shards go up part by part as each is written (the staging disk never holds the dataset whole), in an order
+    that keeps the bucket consistent; the error cases are one line each and change nothing."""
+    import threading
+
     config = tmp_path / "prepare.yaml"
     config.write_text(f"sources: [{{kind: text, path: '{corpus_file}'}}]\ntokenizer: {{vocab_size: 400, "
-                      "character_coverage: 1.0}\nseq_len: 64\nval_fraction: 0.1\n")
+                      "character_coverage: 1.0}\nseq_len: 64\nval_fraction: 0.1\npart_bytes: 8000\nnum_workers: 1\n")
     work, tmp = tmp_path / "cwd", tmp_path / "tmp"
     work.mkdir(), tmp.mkdir()
     env = {"TMPDIR": str(tmp)}
-    done = _cli("data_pipeline", ["prepare", "--config", str(config), "output_dir=s3://corpus/direct"], work, env)
+    peak, running = [0], threading.Event()
+    running.set()
+
+    def watch() -> None:
+        while running.is_set():
+            peak[0] = max(peak[0], _shard_bytes_under(tmp))
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        done = _cli("data_pipeline", ["prepare", "--config", str(config), "output_dir=s3://corpus/direct"], work, env)
+    finally:
+        running.clear()
+        watcher.join()
     assert done.returncode == 0, done.stderr[-3000:]
     assert "dataset: s3://corpus/direct" in done.stdout
+    sizes = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket="corpus", Prefix="direct/")["Contents"]}
+    uploaded = sum(size for key, size in sizes.items() if ".mds" in key)
+    parts = json.loads(s3.get_object(Bucket="corpus", Key=f"direct/{MANIFEST}")["Body"].read())["parts"]
+    # One part in flight of 20 or more: its raw and compressed files together are a fraction of the whole.
+    assert parts >= 20 and 0 < peak[0] < uploaded / 3, (parts, peak[0], uploaded)
     assert list(work.iterdir()) == []  # no folder named after the URL
     assert not [p for p in tmp.iterdir() if "staging" in p.name]  # nor a staging copy left behind
     # The order the server received the files in: a split's shards before its index, the manifest last.
@@ -102,6 +142,8 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, c
     monkeypatch.chdir(work)
     monkeypatch.setenv("TMPDIR", str(tmp))
     assert "already holds" in refused("s3://corpus/direct")
+    s3.put_object(Bucket="corpus", Key="partial/train/part-00000/shard.00000.mds.zstd", Body=b"from a killed prepare")
+    assert "no manifest.json: the parts of a prepare that did not finish?" in refused("s3://corpus/partial")
     assert [k.removeprefix("direct/") for k in _keys(s3, "corpus", "direct/")] == keys  # nothing lost
     assert "bucket 'no-such-bucket' does not exist" in refused("s3://no-such-bucket/x")
     dead = f"http://127.0.0.1:{free_port()}"
@@ -118,6 +160,33 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, c
         assert "no credentials" in refused("s3://corpus/z")
     assert list(work.iterdir()) == []
     assert _keys(s3, "corpus", "y/") == _keys(s3, "corpus", "z/") == []
+
+
+def test_a_job_array_uploads_each_task_s_parts_as_it_writes_them(s3, corpus_file, tmp_path):
+    """Two array tasks share a staging folder on their way to a bucket: each uploads its parts' shards as it writes
+    them, the last one merges and uploads the indexes, the tokenizer and the manifest. The bucket then holds what one
+    local prepare writes, byte for byte; the staging folder keeps the metadata, no shard."""
+    from core.config_io import load_config
+    from data_pipeline.config import PrepareConfig
+    from data_pipeline.prepare import prepare, prepare_task
+
+    def config(out: str, *extra: str) -> PrepareConfig:
+        return load_config(PrepareConfig, None, [
+            f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
+            "seq_len=64", "val_fraction=0.1", "num_workers=1", "part_bytes=30000", *extra])
+
+    single = prepare(config(str(tmp_path / "single")))
+    array = config("s3://corpus/array", f"staging_dir={tmp_path / 'staging'}")
+    assert prepare_task(array, 0, 2, "78") is None
+    first = _keys(s3, "corpus", "array/")
+    assert first and all(".mds" in key for key in first)  # task 0's shards, and nothing a reader would take
+    assert prepare_task(array, 1, 2, "78") == "s3://corpus/array"
+    keys = {k.removeprefix("array/") for k in _keys(s3, "corpus", "array/")}
+    expected = {str(p.relative_to(single)) for p in single.rglob("*") if p.is_file() and p.name != RECORD}
+    assert keys == expected
+    for key in sorted(k for k in keys if ".mds" in k or k.endswith(INDEX)):
+        assert s3.get_object(Bucket="corpus", Key=f"array/{key}")["Body"].read() == (single / key).read_bytes(), key
+    assert _shard_bytes_under(tmp_path / "staging") == 0 and (tmp_path / "staging" / "dataset" / MANIFEST).is_file()
 
 
 def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
@@ -157,7 +226,6 @@ def test_two_ranks_from_the_bucket_resume_exactly_after_the_node_is_lost(s3, pre
             p.wait()
     assert "uploaded checkpoint step_00000004 to s3://ckpt/run" in (tmp_path / "logs" / "rank0.log").read_text()
     assert {k.split("/")[1] for k in _keys(s3, "ckpt", "run/")} == {"step_00000004"}
-    import shutil
 
     shutil.rmtree(cache), shutil.rmtree(run)
     # A newer checkpoint whose upload never finished (no COMPLETE marker) must not be taken.
@@ -206,7 +274,6 @@ def test_a_checkpoint_in_the_bucket_that_holds_code_is_refused_at_resume(s3, pre
     (tag / COMPLETE).write_text(json.dumps({**marker, "files": file_manifest(tag)}))
     for name in (model_file.name, COMPLETE):
         s3.put_object(Bucket="ckpt", Key=f"hostile/step_00000004/{name}", Body=(tag / name).read_bytes())
-    import shutil
 
     shutil.rmtree(run)
     proc = run_cli("pretrain", [*args, "train.max_steps=6"], check=False)
@@ -219,20 +286,34 @@ def test_a_damaged_shard_in_the_bucket_stops_the_run_with_one_line(s3, prepared,
     from data_pipeline.remote_dataset import upload_dataset
 
     upload_dataset(prepared, "s3://corpus/damaged", overwrite=False)
-    index = json.loads((DatasetDir(prepared).index("train")).read_text())
-    shard = f"train/{index['shards'][0]['zip_data']['basename']}"
-    body = bytearray(s3.get_object(Bucket="corpus", Key=f"damaged/{shard}")["Body"].read())
-    body[len(body) // 2] ^= 0xFF
-    s3.put_object(Bucket="corpus", Key=f"damaged/{shard}", Body=bytes(body))
+    shards = [key.removeprefix("damaged/") for key in _keys(s3, "corpus", "damaged/") if ".mds" in key]
+    assert any(k.startswith("train/") for k in shards) and any(k.startswith("validation/") for k in shards)
+    for key in shards:  # every shard object, as a bad upload or a broken bucket leaves them
+        body = bytearray(s3.get_object(Bucket="corpus", Key=f"damaged/{key}")["Body"].read())
+        body[len(body) // 2] ^= 0xFF
+        s3.put_object(Bucket="corpus", Key=f"damaged/{key}", Body=bytes(body))
     before = _keys(s3, "corpus", "damaged/")
     cache, run = tmp_path / "cache", tmp_path / "run"
     proc = run_cli("pretrain", _train_args(cache, run, "data.remote=s3://corpus/damaged", "train.max_steps=2"),
                    check=False)
-    line = _one_line_error(proc)
-    assert f"s3://corpus/damaged/{shard}" in line and "does not match" in line
-    assert not (cache / shard).exists()  # the damaged copy is not left for the next run to read
+    line = _one_line_error(proc)  # and no traceback from streaming's download threads either
+    (shard,) = [key for key in shards if f"'s3://corpus/damaged/{key}'" in line]
+    assert "does not match" in line and "Checksum failure" not in proc.stderr, proc.stderr[-3000:]
+    assert not any((cache / key).exists() for key in shards)  # no damaged copy is left for the next run to read
     assert _keys(s3, "corpus", "damaged/") == before
     assert not (RunDir(run).checkpoints).exists() or not any((RunDir(run).checkpoints).glob("step_*"))
+    # Two ranks under torchrun, which ends the other rank with SIGTERM once one exits: that rank says it was ended,
+    # in one line; no traceback of this project's code or of streaming's download threads reaches the user.
+    shutil.rmtree(cache, ignore_errors=True), shutil.rmtree(run, ignore_errors=True)
+    two = run_cli("pretrain", _train_args(cache, run, "data.remote=s3://corpus/damaged", "train.max_steps=2"),
+                  nproc=2, launcher="torchrun", check=False)
+    assert two.returncode != 0
+    errors = [line for line in two.stderr.splitlines() if line.startswith("error:")]
+    assert errors and all("does not match" in line for line in errors), two.stderr[-4000:]
+    assert "Checksum failure" not in two.stderr, two.stderr[-4000:]
+    ours = re.compile(r'File "[^"]*/(pretrain|data_pipeline|core|model|streaming)/')
+    assert not ours.search(two.stderr), two.stderr[-4000:]
+    assert len(errors) == 2 or "terminated: rank" in two.stderr, two.stderr[-4000:]
 
 
 def test_a_missing_bucket_or_an_unreachable_endpoint_is_one_line(s3, tmp_path):
@@ -255,7 +336,6 @@ def test_a_missing_bucket_or_an_unreachable_endpoint_is_one_line(s3, tmp_path):
 
 def test_a_cache_holding_another_dataset_is_replaced_not_read(s3, prepared, tmp_path):
     """Streaming reads a local index without asking the bucket; a cache filled from another dataset must not be used."""
-    import shutil
 
     from data_pipeline.remote_dataset import fetch_metadata, upload_dataset
 
