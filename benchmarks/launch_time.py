@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -25,6 +24,7 @@ from pathlib import Path
 from benchmarks.arguments import REPO, add_shared, repo_pythonpath, results_file
 from data_pipeline.dataset_dir import INDEX, DatasetDir
 from data_pipeline.shard_record import RECORD, record_dataset
+from pretrain.hardware import cpu_name
 from pretrain.run_dir import RunDir
 
 
@@ -117,7 +117,7 @@ def main() -> None:
             print(f"pair {pair}{' (warm-up)' if not pair else ''}: {size:g} GB {seconds:.2f} s", flush=True)
     small, large = args.sizes_gb
     ratios = [b / a for a, b in zip(times[small], times[large])]
-    result = {"machine": platform.processor() or platform.machine(), "full_verify": args.full_verify, "cold": args.cold,
+    result = {"machine": cpu_name(), "full_verify": args.full_verify, "cold": args.cold,
               "corpora": {f"{size:g}": info for size, (_, info) in corpora.items()}, "seconds": {f"{s:g}": t for s, t in times.items()},
               "median_s": {f"{s:g}": statistics.median(t) for s, t in times.items()},
               "large_over_small": ratios, "median_ratio": statistics.median(ratios)}

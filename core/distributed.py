@@ -245,8 +245,9 @@ def lost_peers(error: str) -> str:
         return ""
     me = _PEERS[rank()]
     local = [r for r, peer in enumerate(_PEERS) if peer["host"] == me["host"] and r != rank()]
-    # A killed process closes its sockets a moment before it turns into a zombie: the error can arrive first.
-    deadline = time.monotonic() + 2.0
+    # A killed process closes its sockets a moment before it turns into a zombie: the error can arrive first. (A
+    # timed-out collective lost a live peer, hung or far away: no wait.)
+    deadline = time.monotonic() + (0.0 if "timed out" in error.lower() else 2.0)
     while not (gone := [r for r in local if _pid_gone(_PEERS[r]["pid"])]) and local and time.monotonic() < deadline:
         time.sleep(0.05)
     if gone:

@@ -56,7 +56,7 @@ class PrepareConfig:
 
     # A folder, or an object store prefix (s3://bucket/prefix, gs://, ...): the dataset is then built in
     # `staging_dir` and uploaded, each part's shards as soon as the part is written (the staging disk holds the
-    # parts in flight, not the dataset), each split's index after its shards, the manifest last.
+    # 2 × num_workers parts at most, not the dataset), each split's index after its shards, the manifest last.
     output_dir: str = "runs/data"
     # Local folder where a dataset bound for object storage is built (default: a temporary folder in $TMPDIR,
     # removed after the upload; a named one keeps the metadata, not the shards). A job array writing to a bucket

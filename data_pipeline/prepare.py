@@ -30,7 +30,7 @@ from typing import Any, Iterator
 from core.atomic_files import check_overwrite, mark_output, prepare_output, publish, write_text_atomic
 from core.config_io import config_to_dict
 from core.errors import ConfigError, InputDataError
-from core.object_store import is_remote
+from core.object_store import ObjectStore, is_remote
 from data_pipeline.dataset_dir import TOKENIZER, DatasetDir
 from data_pipeline.config import PrepareConfig
 from data_pipeline.input_parts import Part, plan_parts
@@ -133,11 +133,12 @@ def _write_parts(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], jobs: 
     total_bytes = sum(_job_bytes(j) for j in jobs)
     start = last = time.time()
     done = {"parts": 0, "bytes": 0, "uploaded": 0}
+    store = ObjectStore(cfg.output_dir) if is_remote(cfg.output_dir) else None  # one client for every part
 
     def progress(i: int, _result: dict) -> None:
         nonlocal last
-        if is_remote(cfg.output_dir):  # the staging disk holds the parts being written, not the whole dataset
-            done["uploaded"] += upload_part(out_dir, cfg.output_dir, part_name(jobs[i].index))
+        if store is not None:  # the staging disk holds the parts being written, not the whole dataset
+            done["uploaded"] += upload_part(store, out_dir, part_name(jobs[i].index))
         done["parts"] += 1
         done["bytes"] += _job_bytes(jobs[i])
         now = time.time()
@@ -146,12 +147,14 @@ def _write_parts(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], jobs: 
         last = now
         fraction = done["bytes"] / total_bytes if total_bytes else done["parts"] / len(jobs)
         eta = (now - start) * (1 - fraction) / fraction if fraction else 0.0
-        sent = f", {done['uploaded'] / 1e6:.1f} MB of shards uploaded" if is_remote(cfg.output_dir) else ""
+        sent = f", {done['uploaded'] / 1e6:.1f} MB of shards uploaded" if store is not None else ""
         log.info("parts %d/%d written%s, %.1f MB/s of text, ETA %.0fs", done["parts"], len(jobs), sent,
                  done["bytes"] / 1e6 / max(now - start, 1e-9), eta)
 
     with WorkerPool(min(workers, len(jobs)), shared) as pool:
-        pool.map(write_part, jobs, on_result=progress)
+        # Bound for a bucket, a part's shards stay on the staging disk until `progress` has uploaded them: hand out
+        # no more parts than keep the workers busy meanwhile, or fast workers would fill the disk ahead of the upload.
+        pool.map(write_part, jobs, on_result=progress, ahead=2 * workers if is_remote(cfg.output_dir) else None)
 
 
 def _tokenizer_entry(tok_dir: Path, ids: dict[str, Any]) -> dict[str, Any]:

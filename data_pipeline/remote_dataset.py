@@ -47,12 +47,12 @@ def claim_remote_output(url: str, overwrite: bool) -> ObjectStore:
     return store
 
 
-def upload_part(local: Path, url: str, part: str) -> int:
+def upload_part(store: ObjectStore, local: Path, part: str) -> int:
     """Upload the shard files of one finished part (`<split>/<part>/`, every split) and remove the local copies, so a
     dataset bound for a bucket never needs the staging disk to hold it whole; return the bytes uploaded.
 
     The part's own index stays: the split's index is merged from it, and is uploaded after every shard it names."""
-    store, sent = ObjectStore(url), 0
+    sent = 0
     for split in SPLITS:
         folder = Path(local) / split / part
         for path in sorted(folder.iterdir()) if folder.is_dir() else []:

@@ -55,8 +55,10 @@ class WorkerPool:
             for p in self._procs:
                 p.start()
 
-    def map(self, fn: Task, items: Iterable[Any], on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
-        """Results of fn(shared, item) in the items' order; `on_result(i, result)` as each one ends."""
+    def map(self, fn: Task, items: Iterable[Any], on_result: Callable[[int, Any], None] | None = None,
+            ahead: int | None = None) -> list[Any]:
+        """Results of fn(shared, item) in the items' order; `on_result(i, result)` as each one ends; at most `ahead`
+        items handed out whose `on_result` has not returned (what their results occupy until then stays bounded)."""
         items = list(items)
         results: dict[int, Any] = {}
         if not self._procs:
@@ -65,8 +67,15 @@ class WorkerPool:
                 if on_result:
                     on_result(i, results[i])
             return [results[i] for i in range(len(items))]
-        for i, item in enumerate(items):
-            self._inbox.put((fn, i, item))
+        limit, sent = len(items) if ahead is None else max(ahead, 1), 0
+
+        def hand_out() -> None:
+            nonlocal sent
+            while sent < len(items) and sent - len(results) < limit:
+                self._inbox.put((fn, sent, items[sent]))
+                sent += 1
+
+        hand_out()
         while len(results) < len(items):
             try:
                 status, key, payload = self._outbox.get(timeout=1.0)
@@ -82,6 +91,7 @@ class WorkerPool:
             results[key] = payload
             if on_result:
                 on_result(key, payload)
+            hand_out()
         return [results[i] for i in range(len(items))]
 
     def close(self, failed: bool = False) -> None:
