@@ -38,7 +38,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _descendants(pid: int) -> set[int]:
+def descendants(pid: int) -> set[int]:
     """Every live process below `pid`, from /proc."""
     parents: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -56,7 +56,7 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _running(pids: set[int]) -> set[int]:
+def running(pids: set[int]) -> set[int]:
     """The pids neither ended nor waiting to be reaped."""
     live = set()
     for pid in pids:
@@ -92,9 +92,9 @@ def one_case(case: str, data: Path, work: Path, at_step: int, batch: int, limit_
                 raise SystemExit(f"a rank ended before step {at_step}: see {logs}")
             time.sleep(0.05)
         # A stopped rank 1 is alive, and so are its workers (SLURM's step teardown ends them): count rank 0's only.
-        family = _descendants(procs[0].pid) | {procs[0].pid}
+        family = descendants(procs[0].pid) | {procs[0].pid}
         if case != "sigstop":
-            family |= _descendants(procs[1].pid) | {procs[1].pid}
+            family |= descendants(procs[1].pid) | {procs[1].pid}
         os.kill(procs[1].pid, SIGNALS[case])
         signalled = time.time()
         try:
@@ -103,7 +103,7 @@ def one_case(case: str, data: Path, work: Path, at_step: int, batch: int, limit_
             code = None
         seconds = time.time() - signalled
         time.sleep(5)
-        left = _running(family)
+        left = running(family)
     finally:
         for p in procs:
             if p.poll() is None:

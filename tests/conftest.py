@@ -121,6 +121,29 @@ def restored_environ():
         os.environ.update(saved)
 
 
+class RunsCode:
+    """What a hostile checkpoint file can hold: unpickling it calls `open(path, "w")`, creating `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def plant_payload(tag: Path, ran: Path) -> Path:
+    """Rewrite a checkpoint tag's model file to carry a pickled call that creates `ran`, and its completion record to
+    match (intact by its own record, as whoever can write the folder or the bucket can make it); returns the file."""
+    import torch
+    from pretrain.checkpoint_dir import COMPLETE, file_manifest
+
+    model_file = tag / "mp_rank_00_model_states.pt"
+    torch.save({**torch.load(model_file, weights_only=False), "note": RunsCode(ran)}, model_file)
+    marker = json.loads((tag / COMPLETE).read_text())
+    (tag / COMPLETE).write_text(json.dumps({**marker, "files": file_manifest(tag)}))
+    return model_file
+
+
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

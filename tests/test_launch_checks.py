@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TINY_MODEL, kjv_chapters, prepare_corpus, run_cli
+from conftest import TINY_MODEL, kjv_chapters, plant_payload, prepare_corpus, run_cli
 from data_pipeline.dataset_dir import DatasetDir
 from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, RunDir
 
@@ -230,29 +230,12 @@ def test_export_skips_a_damaged_newest_checkpoint(trained, tmp_path, capsys, cap
     assert "checkpoint: `step_00000006`: step 6 of max_steps 9" in card
 
 
-class _RunsCode:
-    """What a hostile checkpoint file can hold: unpickling it calls `open(path, "w")`, creating `path`."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return open, (str(self.path), "w")
-
-
 def test_export_reads_a_checkpoint_as_data_and_refuses_one_that_holds_code(trained, tmp_path, capsys):
     """A checkpoint whose files (and completion marker) were rewritten to carry a pickled call is refused unread
     (exit 2, one line naming the file and what it holds); --trust-checkpoint reads it with pickle, which runs it."""
-    import torch
-    from pretrain.checkpoint_dir import COMPLETE, file_manifest
-
     run = _copy(trained, tmp_path)
-    tag = RunDir(run).checkpoints / "step_00000009"
-    model_file, ran = tag / "mp_rank_00_model_states.pt", tmp_path / "the-payload-ran"
-    state = torch.load(model_file, weights_only=False)
-    torch.save({**state, "note": _RunsCode(ran)}, model_file)
-    marker = json.loads((tag / COMPLETE).read_text())
-    (tag / COMPLETE).write_text(json.dumps({**marker, "files": file_manifest(tag)}))  # intact by its own record
+    tag, ran = RunDir(run).checkpoints / "step_00000009", tmp_path / "the-payload-ran"
+    model_file = plant_payload(tag, ran)
     args = ["export", "--checkpoint", str(tag), "--out", str(tmp_path / "export")]
     code, line = _in_process("pretrain", args, capsys)
     assert code == 2, line
@@ -266,16 +249,9 @@ def test_resume_reads_a_checkpoint_as_data_and_refuses_one_that_holds_code(train
     """The newest checkpoint rewritten to carry a pickled call, its completion record rewritten to match: a resume
     refuses it before DeepSpeed unpickles anything (exit 2, one line, the run untouched, the call not made);
     train.trust_checkpoint=true resumes from it with pickle, which makes the call."""
-    import torch
-    from pretrain.checkpoint_dir import COMPLETE, file_manifest
-
     run = _copy(trained, tmp_path)
-    tag = RunDir(run).checkpoints / "step_00000009"
-    model_file, ran = tag / "mp_rank_00_model_states.pt", tmp_path / "the-payload-ran"
-    state = torch.load(model_file, weights_only=False)
-    torch.save({**state, "note": _RunsCode(ran)}, model_file)
-    marker = json.loads((tag / COMPLETE).read_text())
-    (tag / COMPLETE).write_text(json.dumps({**marker, "files": file_manifest(tag)}))  # intact by its own record
+    tag, ran = RunDir(run).checkpoints / "step_00000009", tmp_path / "the-payload-ran"
+    model_file = plant_payload(tag, ran)
     resume = _args(Path(_data_of(trained)), run, "train.max_steps=10")
     _refused(resume, run, f"checkpoint file '{model_file}' holds more than weights and plain data (io.open)",
              "train.trust_checkpoint=true")

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_MODEL, free_port, launch_ranks, restored_environ, run_cli, wait_for_step
+from benchmarks.prepare_staging import shard_bytes
+from conftest import REPO, TINY_MODEL, free_port, launch_ranks, plant_payload, restored_environ, run_cli, wait_for_step
 from data_pipeline.dataset_dir import INDEX, MANIFEST, TOKENIZER, DatasetDir
 from data_pipeline.shard_record import RECORD
 from pretrain.run_dir import RunDir
@@ -64,19 +65,6 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def _shard_bytes_under(folder: Path) -> int:
-    """Bytes of the MDS shard files (raw or compressed) under `folder` now; files that vanish meanwhile count 0."""
-    total = 0
-    for root, _, names in os.walk(folder):
-        for name in names:
-            if ".mds" in name:
-                try:
-                    total += os.stat(os.path.join(root, name)).st_size
-                except FileNotFoundError:
-                    continue
-    return total
-
-
 def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, caplog, capsys, monkeypatch):
     """Shards go up part by part as each is written (the staging disk never holds the dataset whole), in an order
     that keeps the bucket consistent; the error cases are one line each and change nothing."""
@@ -93,7 +81,7 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, c
 
     def watch() -> None:
         while running.is_set():
-            peak[0] = max(peak[0], _shard_bytes_under(tmp))
+            peak[0] = max(peak[0], shard_bytes(tmp))
             time.sleep(0.002)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -186,7 +174,7 @@ def test_a_job_array_uploads_each_task_s_parts_as_it_writes_them(s3, corpus_file
     assert keys == expected
     for key in sorted(k for k in keys if ".mds" in k or k.endswith(INDEX)):
         assert s3.get_object(Bucket="corpus", Key=f"array/{key}")["Body"].read() == (single / key).read_bytes(), key
-    assert _shard_bytes_under(tmp_path / "staging") == 0 and (tmp_path / "staging" / "dataset" / MANIFEST).is_file()
+    assert shard_bytes(tmp_path / "staging") == 0 and (tmp_path / "staging" / "dataset" / MANIFEST).is_file()
 
 
 def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
@@ -249,29 +237,16 @@ def test_two_ranks_from_the_bucket_resume_exactly_after_the_node_is_lost(s3, pre
     assert (out / "config.json").is_file()
 
 
-class _RunsCode:
-    """What a hostile checkpoint file can hold: unpickling it calls `open(path, "w")`, creating `path`."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return open, (str(self.path), "w")
-
-
 def test_a_checkpoint_in_the_bucket_that_holds_code_is_refused_at_resume(s3, prepared, tmp_path):
     """Whoever can write to the bucket rewrites the newest checkpoint (and its marker) to carry a pickled call; the
     requeued run, on a node with no local copy, downloads it and refuses it unread: exit 2, one line."""
-    from pretrain.checkpoint_dir import COMPLETE, file_manifest
+    from pretrain.checkpoint_dir import COMPLETE
 
     run = tmp_path / "run"
     args = _train_args(prepared, run, "train.max_steps=4", "train.checkpoint_remote=s3://ckpt/hostile")
     run_cli("pretrain", args)
     tag, ran = RunDir(run).checkpoints / "step_00000004", tmp_path / "the-payload-ran"
-    model_file = tag / "mp_rank_00_model_states.pt"
-    torch.save({**torch.load(model_file, weights_only=False), "note": _RunsCode(ran)}, model_file)
-    marker = json.loads((tag / COMPLETE).read_text())
-    (tag / COMPLETE).write_text(json.dumps({**marker, "files": file_manifest(tag)}))
+    model_file = plant_payload(tag, ran)
     for name in (model_file.name, COMPLETE):
         s3.put_object(Bucket="ckpt", Key=f"hostile/step_00000004/{name}", Body=(tag / name).read_bytes())
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from benchmarks.peer_loss_time import descendants, running
 from conftest import REPO, TINY_MODEL, free_port, launch_ranks, wait_for_step
 
 from pretrain.exit_status import EXIT_PEER_LOST
@@ -76,37 +77,6 @@ def test_a_hung_peer_ends_the_survivor_within_the_step_timeout(prepared, tmp_pat
     assert seconds < 10 + 5, seconds
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (children of children too), from /proc."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    """The pids that still run (a zombie waiting to be reaped has ended)."""
-    live = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X"):
-            live.add(pid)
-    return live
-
-
 def test_a_rank_killed_from_outside_takes_its_loader_workers_with_it(prepared, tmp_path):
     """SIGKILL from outside to one rank's main process mid-run, as the OOM killer sends it, with a loader worker per
     rank and batches larger than a pipe holds (64 KiB): the survivor exits 76 within seconds naming rank 1, and no
@@ -118,16 +88,16 @@ def test_a_rank_killed_from_outside_takes_its_loader_workers_with_it(prepared, t
     procs = launch_ranks(args, 2, tmp_path / "logs")
     try:
         wait_for_step(tmp_path / "run", 10, procs)
-        family = {rank: _descendants(p.pid) for rank, p in enumerate(procs)}
+        family = {rank: descendants(p.pid) for rank, p in enumerate(procs)}
         assert all(family.values()), family  # each rank has its loader worker (and resource tracker)
         procs[1].kill()
         killed = time.time()
         code = procs[0].wait(timeout=120)
         seconds = time.time() - killed
         deadline = time.time() + 5
-        while _alive(family[0] | family[1]) and time.time() < deadline:
+        while running(family[0] | family[1]) and time.time() < deadline:
             time.sleep(0.1)
-        left = _alive(family[0] | family[1])
+        left = running(family[0] | family[1])
     finally:
         for p in procs:
             if p.poll() is None:
