@@ -21,6 +21,7 @@ device time, not throughput) and prints the ms per step. Results: benchmarks/res
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -153,6 +154,26 @@ def plain_batches(cfg, tok: dict, args) -> list[dict]:
     return out
 
 
+def masked_positions(labels, count: int):
+    """The first `count` masked positions of each row, as indices (rows, count): a static shape where the boolean mask's
+    count changes every step. A row with fewer masked tokens fills up with unmasked ones, whose labels are ignored."""
+    import torch
+
+    order = torch.arange(labels.shape[1], 0, -1, device=labels.device)  # ties broken towards the earlier position
+    return ((labels != -100) * (labels.shape[1] + 1) + order).topk(count, dim=1).indices
+
+
+def static_mlm_loss(encoder, head, batch: dict, types: set, count: int):
+    """MLM cross-entropy over `count` gathered positions per row: every shape fixed, so one graph holds it all."""
+    import torch.nn.functional as F
+
+    hidden = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     **{k: batch[k] for k in types}).last_hidden_state
+    index = masked_positions(batch["labels"], count)
+    picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1])).flatten(0, 1)
+    return F.cross_entropy(head(picked).float(), batch["labels"].gather(1, index).flatten(), ignore_index=-100)
+
+
 def make_plain_step(case: dict, args, clock: Optional["PhaseClock"] = None) -> tuple[Callable[[int], None], str]:
     """The plain loop's step `i` (its batch, forward, backward, clipping, fused AdamW), and the precision it runs in."""
     import torch
@@ -172,6 +193,8 @@ def make_plain_step(case: dict, args, clock: Optional["PhaseClock"] = None) -> t
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optimizer.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=1e-4, betas=tuple(cfg.optimizer.betas),
                             eps=cfg.optimizer.eps, fused=True)
+    if getattr(args, "plain_compile", False) and cfg.masking.strategy in ("bert", "coco"):
+        cfg.masking = dataclasses.replace(cfg.masking, count="exact")  # the same count in every row: nothing padded
     batches = plain_batches(cfg, tok, args)
     types = {"token_type_ids"} if case["backbone"] == "bert" else set()
     timed = clock.timed if clock else (lambda phase, fn: fn)
@@ -183,13 +206,22 @@ def make_plain_step(case: dict, args, clock: Optional["PhaseClock"] = None) -> t
     def copy(batch):
         return {k: (v.pin_memory() if pinned else v).to(device, non_blocking=True) for k, v in batch.items()}
 
-    def forward(batch):
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            hidden = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             **{k: batch[k] for k in types}).last_hidden_state
-            picked = batch["labels"] != -100
-            logits = head(hidden[picked])
-        return F.cross_entropy(logits.float(), batch["labels"][picked])
+    if getattr(args, "plain_compile", False):
+        # One graph over encoder, head and loss (torch.compile), the masked positions gathered to a fixed count.
+        count = int(max((b["labels"] != -100).sum(1).max() for b in batches))
+        loss_fn = torch.compile(functools.partial(static_mlm_loss, encoder, head, types=types, count=count))
+
+        def forward(batch):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                return loss_fn(batch=batch)
+    else:
+        def forward(batch):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                hidden = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                 **{k: batch[k] for k in types}).last_hidden_state
+                picked = batch["labels"] != -100
+                logits = head(hidden[picked])
+            return F.cross_entropy(logits.float(), batch["labels"][picked])
 
     def clip():
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.grad_clip)
@@ -556,6 +588,9 @@ def main() -> None:
     parser.add_argument("--interleaved", type=int, default=0, metavar="RUNS",
                         help="also run the trainer and the plain loop step by step in one process, RUNS times")
     parser.add_argument("--phases", action="store_true", help="also time each phase of a step (one more run of each)")
+    parser.add_argument("--plain-compile", action="store_true",
+                        help="compile the plain loop's forward, head and loss as one graph (torch.compile), the masked "
+                             "positions gathered to the largest count per row of its batches")
     add_shared(parser, data=str(REPO / "runs" / "bench" / "data"), out=results_file("host_overhead"))
     parser.add_argument("--worker", choices=["plain", "plain-phases", "trainer-phases", "interleaved"], help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)

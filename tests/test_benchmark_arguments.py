@@ -85,3 +85,30 @@ def test_the_plain_loop_reads_a_fresh_batch_each_step(prepared):
     batches = plain_batches(cfg, read_manifest(prepared)["tokenizer"], types.SimpleNamespace(steps=40, batch=4, seq=64))
     masked = {int((b["labels"] != -100).sum()) for b in batches}
     assert len(batches) == 40 and len(masked) > 8, sorted(masked)
+
+
+def test_the_compiled_yardstick_s_static_loss_is_the_masked_loss():
+    """host_overhead --plain-compile gathers a fixed count of positions per row (rows with fewer masked tokens fill up
+    with ignored ones): its loss is the mean cross-entropy over the masked tokens, against a float64 reference."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    from benchmarks.host_overhead import masked_positions, static_mlm_loss
+
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=32, max_position_embeddings=16)).double().eval()
+    ids = torch.randint(5, 50, (3, 12))
+    labels = torch.full_like(ids, -100)
+    for row, cols in enumerate(([1, 4, 7], [2], [0, 3, 5, 9, 11])):  # 3, 1 and 5 masked tokens
+        labels[row, cols] = ids[row, cols]
+    index = masked_positions(labels, 5)
+    assert index.tolist()[0][:3] == [1, 4, 7] and index.tolist()[1][0] == 2 and sorted(index.tolist()[2]) == [0, 3, 5, 9, 11]
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+             "labels": labels}
+    got = static_mlm_loss(model.bert, model.cls.predictions, batch, {"token_type_ids"}, count=5)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.double()
+    terms = [torch.logsumexp(logits[r, c], 0) - logits[r, c, labels[r, c]] for r, c in (labels != -100).nonzero().tolist()]
+    reference = sum(terms) / len(terms)
+    assert len(terms) == 9 and abs(got.item() - reference.item()) <= 1e-6 * abs(reference.item())

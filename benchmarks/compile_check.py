@@ -1,0 +1,113 @@
+"""Eager against compiled training, for a GPU node in a few minutes: the same run with `train.compile` off and on
+(dropout 0, the same seed and data) must log the same losses within `--tolerance` (relative) at every step; the
+compiled run's export must load with transformers' own classes; tokens/s and MFU of both are printed.
+
+    python -m benchmarks.compile_check                                    # on a GPU: base shapes, bf16, 100 steps
+    python -m benchmarks.compile_check --size tiny --steps 6 --precision fp32 --backbones bert --objectives mlm  # CPU
+
+Each run is `python -m pretrain train` (one rank, `train.zero_stage=auto`) on `--data` (default the demo's shards)
+with the shapes and recipes of benchmarks/gpu_throughput.py. Exits 1 when a check fails. Results:
+benchmarks/results/compile_check.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.arguments import REPO, add_shared, repo_pythonpath, results_file
+from benchmarks.gpu_throughput import BACKBONES, MODERNBERT_FFN, OBJECTIVES, SHAPES, measure
+from pretrain.run_dir import RunDir
+
+WITHOUT_TEACHER = [name for name in OBJECTIVES if name != "tacl"]
+
+
+def train(backbone: str, objective: str, compiled: bool, args, run: Path) -> list[dict]:
+    """One run; its metrics rows."""
+    shape = dict(SHAPES[args.size])
+    if backbone == "modernbert":
+        shape["intermediate_size"] = MODERNBERT_FFN[args.size]
+    shutil.rmtree(run, ignore_errors=True)
+    overrides = [*BACKBONES[backbone], *[f"model.{k}={v}" for k, v in shape.items()], *OBJECTIVES[objective],
+                 f"data.path={args.data}", f"train.output_dir={run}", f"train.max_steps={args.steps}",
+                 f"train.micro_batch_size={args.batch}", f"train.global_batch_size={args.batch}",
+                 f"train.precision={args.precision}", "train.log_every=1", f"train.save_every={args.steps}",
+                 "train.eval_every=0", "train.zero_stage=auto", "model.dropout=0", "schedule.warmup_steps=2",
+                 f"train.compile={str(compiled).lower()}", "train.seed=0"]
+    if objective == "coco_lm":
+        overrides.append(f"objective.coco_lm.generator_layers={1 if args.size == 'tiny' else 4}")
+    env = {**os.environ, "PYTHONPATH": repo_pythonpath(), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
+                           *overrides], cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{backbone} {objective} compile={compiled} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return [r for r in RunDir(run).metric_rows() if r.get("split") == "train"]
+
+
+def loads_natively(run: Path, out: Path) -> str:
+    """Export the run's last checkpoint (its own read-back check included) and load the root model with
+    transformers' Auto class; returns the class name."""
+    import torch
+    from transformers import AutoModel
+
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "export", "--checkpoint", str(run), "--out", str(out)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": repo_pythonpath()}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"export of {run} failed:\n{proc.stderr[-3000:]}")
+    model = AutoModel.from_pretrained(out)
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor([[2, 100, 200, 3]])).last_hidden_state
+    if not torch.isfinite(hidden).all():
+        raise SystemExit(f"the export {out} gives non-finite hidden states")
+    return type(model).__name__
+
+
+def check(backbone: str, objective: str, args, work: Path) -> dict:
+    """Both runs of one (backbone, objective), the loss comparison and the export."""
+    eager = train(backbone, objective, False, args, work / f"{backbone}_{objective}_eager")
+    compiled = train(backbone, objective, True, args, work / f"{backbone}_{objective}_compiled")
+    pairs = [(a["loss"], b["loss"]) for a, b in zip(eager, compiled)]
+    worst = max(abs(b - a) / max(abs(a), 1e-12) for a, b in pairs)
+    row = {"backbone": backbone, "objective": objective, "steps": len(pairs), "max_relative_loss_difference": worst,
+           "losses_agree": len(pairs) == args.steps and worst <= args.tolerance,
+           "export_class": loads_natively(work / f"{backbone}_{objective}_compiled", work / f"{backbone}_{objective}_export")}
+    warmup = min(args.warmup, args.steps - 1)
+    for name, rows in (("eager", eager), ("compiled", compiled)):
+        timed = measure(rows, warmup)
+        row[f"{name}_tokens_per_s"], row[f"{name}_mfu"] = timed["tokens_per_s"], timed["mfu"]
+    return row
+
+
+def main() -> None:
+    """Run every (backbone, objective); print a line each; exit 1 when any check fails."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shared(parser, choices={"backbones": list(BACKBONES), "objectives": WITHOUT_TEACHER},
+               backbones=list(BACKBONES), objectives=WITHOUT_TEACHER, steps=100, warmup=20, batch=64,
+               precision="auto", data=str(REPO / "runs" / "demo" / "data"), work=str(REPO / "runs" / "compile_check"),
+               out=results_file("compile_check"))
+    parser.add_argument("--size", choices=list(SHAPES), default="base", help="model shape (tiny: the path on a CPU)")
+    parser.add_argument("--tolerance", type=float, default=1e-2, help="largest relative loss difference allowed")
+    args = parser.parse_args()
+    rows = []
+    for backbone in args.backbones:
+        for objective in args.objectives:
+            row = check(backbone, objective, args, Path(args.work))
+            rows.append(row)
+            mfu = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+            print(f"{backbone} {objective}: losses {'agree' if row['losses_agree'] else 'DIFFER'} (max relative "
+                  f"difference {row['max_relative_loss_difference']:.2e} over {row['steps']} steps); export loads as "
+                  f"{row['export_class']}; eager {row['eager_tokens_per_s']:,.0f} tokens/s MFU {mfu(row['eager_mfu'])}, "
+                  f"compiled {row['compiled_tokens_per_s']:,.0f} tokens/s MFU {mfu(row['compiled_mfu'])}", flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+    if not all(r["losses_agree"] for r in rows):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
