@@ -12,6 +12,7 @@ first), to compare two commits; alternate them with farm-bench:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 from benchmarks.arguments import REPO, results_file
 
@@ -36,6 +38,27 @@ def shard_bytes(folder: str) -> int:
                 except FileNotFoundError:
                     continue
     return total
+
+
+@contextlib.contextmanager
+def peak_shard_bytes(folder: str | Path, every_s: float = 0.002) -> Iterator[list[int]]:
+    """Sample `shard_bytes(folder)` every `every_s` in a thread while the block runs; yields a one-item list that
+    holds the peak."""
+    peak, running = [0], threading.Event()
+    running.set()
+
+    def watch() -> None:
+        while running.is_set():
+            peak[0] = max(peak[0], shard_bytes(folder))
+            time.sleep(every_s)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield peak
+    finally:
+        running.clear()
+        watcher.join()
 
 
 def _server() -> tuple[dict[str, str], object]:
@@ -73,25 +96,15 @@ def main() -> None:
         boto3.client("s3", endpoint_url=extra["S3_ENDPOINT_URL"], aws_access_key_id="bench", aws_secret_access_key="bench",
                      region_name="us-east-1").create_bucket(Bucket=args.bucket)
     staging = tempfile.mkdtemp(prefix="bench-staging-")
-    peak, running = [0], threading.Event()
-    running.set()
-
-    def watch() -> None:
-        while running.is_set():
-            peak[0] = max(peak[0], shard_bytes(staging))
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "data_pipeline", "prepare", "--config", f"{args.checkout}/data_pipeline/configs/demo.yaml",
-         f"sources=[{{kind: text, path: '{Path(args.text).resolve()}', text_documents: paragraph}}]",
-         f"output_dir=s3://{args.bucket}/{uuid.uuid4().hex}", f"part_bytes={args.part_bytes}", f"num_workers={args.workers}"],
-        cwd=staging, env={**env, "TMPDIR": staging}, capture_output=True, text=True)
+    with peak_shard_bytes(staging) as peak:
+        proc = subprocess.run(
+            [sys.executable, "-m", "data_pipeline", "prepare", "--config", f"{args.checkout}/data_pipeline/configs/demo.yaml",
+             f"sources=[{{kind: text, path: '{Path(args.text).resolve()}', text_documents: paragraph}}]",
+             f"output_dir=s3://{args.bucket}/{uuid.uuid4().hex}", f"part_bytes={args.part_bytes}",
+             f"num_workers={args.workers}"],
+            cwd=staging, env={**env, "TMPDIR": staging}, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    running.clear()
-    watcher.join()
     if server is not None:
         server.stop()
     if proc.returncode != 0:

@@ -12,12 +12,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from benchmarks.prepare_staging import shard_bytes
+from benchmarks.prepare_staging import peak_shard_bytes, shard_bytes
 from conftest import REPO, TINY_MODEL, free_port, launch_ranks, plant_payload, restored_environ, run_cli, wait_for_step
 from data_pipeline.dataset_dir import INDEX, MANIFEST, TOKENIZER, DatasetDir
 from data_pipeline.shard_record import RECORD
@@ -68,29 +67,14 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
 def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, caplog, capsys, monkeypatch):
     """Shards go up part by part as each is written (the staging disk never holds the dataset whole), in an order
     that keeps the bucket consistent; the error cases are one line each and change nothing."""
-    import threading
-
     config = tmp_path / "prepare.yaml"
     config.write_text(f"sources: [{{kind: text, path: '{corpus_file}'}}]\ntokenizer: {{vocab_size: 400, "
                       "character_coverage: 1.0}\nseq_len: 64\nval_fraction: 0.1\npart_bytes: 8000\nnum_workers: 2\n")
     work, tmp = tmp_path / "cwd", tmp_path / "tmp"
     work.mkdir(), tmp.mkdir()
     env = {"TMPDIR": str(tmp)}
-    peak, running = [0], threading.Event()
-    running.set()
-
-    def watch() -> None:
-        while running.is_set():
-            peak[0] = max(peak[0], shard_bytes(tmp))
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
+    with peak_shard_bytes(tmp) as peak:
         done = _cli("data_pipeline", ["prepare", "--config", str(config), "output_dir=s3://corpus/direct"], work, env)
-    finally:
-        running.clear()
-        watcher.join()
     assert done.returncode == 0, done.stderr[-3000:]
     assert "dataset: s3://corpus/direct" in done.stdout
     sizes = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket="corpus", Prefix="direct/")["Contents"]}
