@@ -22,8 +22,9 @@ from data_pipeline.shard_record import RECORD
 log = logging.getLogger("data_pipeline")
 
 
-def check_remote_output(url: str, overwrite: bool) -> ObjectStore:
-    """The bucket is reachable and the prefix empty (or `overwrite`): checked before any work is done."""
+def claim_remote_output(url: str, overwrite: bool) -> ObjectStore:
+    """The bucket is reachable and the prefix empty, or, with `overwrite`, emptied (its manifest first, so no reader
+    takes a half-replaced prefix for a dataset): done once, before any work and before the first file goes up."""
     store = ObjectStore(url)
     store.check()
     existing = store.list()
@@ -31,19 +32,11 @@ def check_remote_output(url: str, overwrite: bool) -> ObjectStore:
         what = "" if MANIFEST in existing else f", no {MANIFEST}: the parts of a prepare that did not finish?"
         raise OutputExistsError(f"'{url}' already holds {len(existing)} object(s) (e.g. {existing[0]}{what}); "
                                 "choose another prefix, or pass --overwrite (overwrite=true) to replace them")
-    return store
-
-
-def claim_remote_output(url: str, overwrite: bool) -> ObjectStore:
-    """`check_remote_output`, then, with `overwrite`, delete what the prefix holds (its manifest first, so no reader
-    takes a half-replaced prefix for a dataset): done once, before the first file of the new dataset is uploaded."""
-    store = check_remote_output(url, overwrite)
-    stale = store.list()
-    if stale:
-        if not store.delete(sorted(stale, key=lambda k: k != MANIFEST)):
+    if existing:
+        if not store.delete(sorted(existing, key=lambda k: k != MANIFEST)):
             raise OutputExistsError(f"cannot replace the objects under '{url}' (deleting is only supported for s3://); "
                                     "remove them with your store's tools")
-        log.info("deleted the %d object(s) %s held (overwrite)", len(stale), url)
+        log.info("deleted the %d object(s) %s held (overwrite)", len(existing), url)
     return store
 
 
