@@ -20,26 +20,18 @@ import sys
 from pathlib import Path
 
 from benchmarks.arguments import REPO, add_shared, repo_pythonpath, results_file
-from benchmarks.gpu_throughput import BACKBONES, MODERNBERT_FFN, OBJECTIVES, SHAPES, measure
+from benchmarks.gpu_throughput import BACKBONES, OBJECTIVES, SHAPES, measure, point_overrides
 from pretrain.run_dir import RunDir
 
 WITHOUT_TEACHER = [name for name in OBJECTIVES if name != "tacl"]
 
 
 def train(backbone: str, objective: str, compiled: bool, args, run: Path) -> list[dict]:
-    """One run; its metrics rows."""
-    shape = dict(SHAPES[args.size])
-    if backbone == "modernbert":
-        shape["intermediate_size"] = MODERNBERT_FFN[args.size]
+    """One run (gpu_throughput's point, logged every step, dropout 0, a checkpoint at the end); its metrics rows."""
     shutil.rmtree(run, ignore_errors=True)
-    overrides = [*BACKBONES[backbone], *[f"model.{k}={v}" for k, v in shape.items()], *OBJECTIVES[objective],
-                 f"data.path={args.data}", f"train.output_dir={run}", f"train.max_steps={args.steps}",
-                 f"train.micro_batch_size={args.batch}", f"train.global_batch_size={args.batch}",
-                 f"train.precision={args.precision}", "train.log_every=1", f"train.save_every={args.steps}",
-                 "train.eval_every=0", "train.zero_stage=auto", "model.dropout=0", "schedule.warmup_steps=2",
-                 f"train.compile={str(compiled).lower()}", "train.seed=0"]
-    if objective == "coco_lm":
-        overrides.append(f"objective.coco_lm.generator_layers={1 if args.size == 'tiny' else 4}")
+    point = {"objective": objective, "backbone": backbone, "seq": 128, "batch": args.batch, "compile": compiled}
+    overrides = [*point_overrides(point, args, Path(args.data), None, run), "train.log_every=1",
+                 f"train.save_every={args.steps}", "model.dropout=0", "schedule.warmup_steps=2", "train.seed=0"]
     env = {**os.environ, "PYTHONPATH": repo_pythonpath(), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
                            *overrides], cwd=REPO, env=env, capture_output=True, text=True)
@@ -93,6 +85,7 @@ def main() -> None:
     parser.add_argument("--size", choices=list(SHAPES), default="base", help="model shape (tiny: the path on a CPU)")
     parser.add_argument("--tolerance", type=float, default=1e-2, help="largest relative loss difference allowed")
     args = parser.parse_args()
+    args.zero_stage, args.loader_workers = "auto", "auto"  # what point_overrides reads besides the shape
     rows = []
     for backbone in args.backbones:
         for objective in args.objectives:
