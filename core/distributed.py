@@ -88,16 +88,23 @@ def setup_env() -> None:
 
 
 @contextlib.contextmanager
-def set_up_for_this_call() -> Iterator[None]:
-    """`setup_env` for one library call in a process that goes on (export from a notebook or a test): what it set
-    is undone after, so a launch from the same process later does not inherit a port that is no longer free."""
+def restored_environ() -> Iterator[None]:
+    """os.environ as it was before the block, whatever the block (or DeepSpeed's set-up in it) wrote there."""
     saved = dict(os.environ)
-    setup_env()
     try:
         yield
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def set_up_for_this_call() -> Iterator[None]:
+    """`setup_env` for one library call in a process that goes on (export from a notebook or a test): what it set
+    is undone after, so a launch from the same process later does not inherit a port that is no longer free."""
+    with restored_environ():
+        setup_env()
+        yield
 
 
 def init_distributed(timeout_s: float = 600.0) -> None:

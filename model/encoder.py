@@ -10,6 +10,7 @@ from transformers import PretrainedConfig
 
 from core.errors import ConfigError
 from model.backbones import REGISTRY, backbone_for
+from model.backbones.base import check_saved_config
 
 
 @dataclass
@@ -96,7 +97,7 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
         raise ConfigError(f"config key 'model.init_from': '{path}' is a {model_type} model; supported: {', '.join(REGISTRY)}")
     backbone = backbone_for(model_type)
     config = backbone.from_folder(str(path))
-    backbone.check_runnable(config, f"config key 'model.init_from': '{path}'")
+    check_saved_config(config.to_dict(), f"config key 'model.init_from': '{path}'")
     _check_data_fit(config.vocab_size, config.max_position_embeddings, vocab_size, seq_len, f"'model.init_from' {path}")
     config._attn_implementation = backbone.attention(config, cfg.attn_implementation)
     return config
@@ -105,8 +106,7 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
 def config_from_dict(data: dict, attn_implementation: str = "sdpa", where: str = "the saved model config") -> PretrainedConfig:
     """A saved model_config.json back as its transformers config (export, evaluation), refused when the installed
     transformers would run it differently (`where` names it in the message)."""
-    backbone = backbone_for(data.get("model_type", "bert"))
-    config = backbone.config_class.from_dict(data)
-    backbone.check_runnable(config, where)
+    check_saved_config(data, where)
+    config = backbone_for(data.get("model_type", "bert")).config_class.from_dict(data)
     config._attn_implementation = attention_for(config, attn_implementation)
     return config

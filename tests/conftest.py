@@ -1,7 +1,6 @@
 """Shared fixtures: a small real-text corpus, a prepared dataset, and a torchrun launcher."""
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import os
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from core.distributed import restored_environ  # noqa: F401 (the tests import it from here)
 from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,17 +108,6 @@ def train_runs_in_one_process(runs: list[dict], spec: Path, timeout: int = 900) 
            "tests/helpers/train_and_probe.py", "--runs", str(spec)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-
-
-@contextlib.contextmanager
-def restored_environ():
-    """Undo what in-process library code (DeepSpeed set-up) writes to os.environ: later launches must not inherit it."""
-    saved = dict(os.environ)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 class RunsCode:

@@ -139,11 +139,6 @@ class Backbone:
         """The config saved in a Hugging Face folder of this family."""
         return self.config_class.from_pretrained(path)
 
-    def check_runnable(self, config: PretrainedConfig, where: str) -> None:
-        """Refuse (ConfigError, naming `where`) a saved config the installed transformers would run differently from
-        the transformers that wrote it."""
-        check_saved_config(config.to_dict(), where)
-
     def version_limit(self, config: PretrainedConfig) -> Optional[str]:
         """The transformers versions that run this config's model as it was trained, when not every one does
         (e.g. "<5"); None when any transformers the project supports does."""

@@ -30,6 +30,7 @@ from model.backbones.base import (
     transformers_major,
 )
 
+
 def _positions(position_embedding: str) -> dict:
     """The position option as a config field where the installed transformers has it; a relative one is refused
     where it does not (5.x would build absolute positions without a word)."""
@@ -54,7 +55,8 @@ def electra_config(config: BertConfig, **shape) -> ElectraConfig:
                   type_vocab_size=config.type_vocab_size, pad_token_id=config.pad_token_id,
                   hidden_dropout_prob=config.hidden_dropout_prob,
                   attention_probs_dropout_prob=config.attention_probs_dropout_prob, embedding_size=config.hidden_size,
-                  **_positions(getattr(config, "position_embedding_type", "absolute")), hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+                  **_positions(getattr(config, "position_embedding_type", "absolute")), hidden_size=config.hidden_size,
+                  num_hidden_layers=config.num_hidden_layers,
                   num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size)
     fields.update(shape)
     out = ElectraConfig(**fields)
