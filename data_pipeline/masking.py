@@ -21,7 +21,10 @@ Strategies (special tokens and padding are never picked):
   no target) and `target_mapping` [P, L] / `target_labels` [P] for the P targets, in position order.
 - `coco`: COCO-LM's corruption input: tokens picked as in `bert`, all of them → [MASK].
 `count=exact` picks exactly round(mask_prob · n) tokens per sequence (bert, coco) instead of
-independent draws. Validation uses `evaluation_masking`: the same picks, all shown as [MASK].
+independent draws. A row predicts at most `prediction_slots` tokens (as google-research/bert's
+max_predictions_per_seq): the row's picks past that many are left unpicked. Every
+strategy but `plm` emits `masked_positions` [K]: the picked positions in order, then 0 ([CLS], never
+picked) up to K = `prediction_slots`, so the step gathers a fixed count per row and compiles once. Validation uses `evaluation_masking`: the same picks, all shown as [MASK].
 With `crop_ratio` set, a contiguous crop of the clean sequence (COCO-LM's second view for sequence
 contrastive learning) is added as `crop_input_ids` / `crop_attention_mask`.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -93,6 +97,27 @@ def sample_span_lengths(n: int, p: float, max_span: int, generator: torch.Genera
     return torch.multinomial(pmf.float(), n, replacement=True, generator=generator) + 1
 
 
+def prediction_slots(cfg: MaskingConfig, seq_len: int) -> int:
+    """The most tokens a row of `seq_len` predicts: the width of `masked_positions`, fixed per run.
+
+    Exact counts and span budgets never pass round(mask_prob · seq_len). Independent draws (bert, whole_word) get
+    five standard deviations of a Binomial(seq_len, mask_prob) above its mean: a row over it is rarer than one in
+    a million for token draws (whole words, drawn in units, reach it more often), and the slots past the mean
+    cost only sparse-head rows whose labels are ignored.
+    """
+    expected = cfg.mask_prob * seq_len
+    if cfg.count == "exact" or cfg.strategy in ("span", "ngram", "plm"):
+        return max(1, min(seq_len, round(expected)))
+    return max(1, min(seq_len, math.ceil(expected + 5 * math.sqrt(expected * (1 - cfg.mask_prob)))))
+
+
+def positions_of(picked: torch.Tensor, slots: int) -> torch.Tensor:
+    """[B, slots]: each row's picked positions in order, then 0. Rows never hold more than `slots` picks here."""
+    # Picked positions sort first (by position), the rest after them; a stable sort keeps each group in order.
+    order = torch.argsort((~picked).to(torch.int8), dim=1, stable=True)[:, :slots]
+    return torch.where(picked.gather(1, order), order, torch.zeros_like(order))
+
+
 class _Masking:
     """Shared parts: which tokens may be picked, and turning picked tokens into [MASK] / random / kept."""
 
@@ -125,6 +150,8 @@ class _Masking:
         """Return a new batch with masked `input_ids`, `labels` and the clean `original_input_ids`."""
         ids = batch["input_ids"]
         picked, action, extra = self.pick(ids, generator)
+        slots = prediction_slots(self.cfg, ids.shape[1])
+        picked = picked & (picked.cumsum(1) <= slots)
         if action is None:
             action = torch.rand(ids.shape, generator=generator)
         mask_frac, random_frac = self.cfg.mask_token_fraction, self.cfg.random_token_fraction
@@ -136,7 +163,8 @@ class _Masking:
         masked = torch.where(to_mask, torch.full_like(ids, self.mask_id), ids)
         masked = torch.where(to_random, self.replacement_ids[draws], masked)
         labels = torch.where(picked, ids, torch.full_like(ids, IGNORE_INDEX))
-        return {**batch, "input_ids": masked, "labels": labels, "original_input_ids": ids, **extra}
+        return {**batch, "input_ids": masked, "labels": labels, "original_input_ids": ids,
+                "masked_positions": positions_of(picked, slots), **extra}
 
 
 class TokenMasking(_Masking):

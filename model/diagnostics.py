@@ -6,6 +6,7 @@ over micro-batches and ranks (so an AUC in the logs is the mean of per-micro-bat
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -14,20 +15,28 @@ from core import distributed as dist
 
 
 @torch.no_grad()
-def binary_auc(scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
-    """ROC-AUC of `scores` for the positive class (Mann-Whitney U, ties counted half); 0.5 when a class is empty."""
+def binary_auc(scores: torch.Tensor, positive: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """ROC-AUC of `scores` for the positive class over the entries where `mask` holds (all by default): the share of
+    (positive, negative) pairs ordered right, ties counted half (Mann-Whitney U); 0.5 when a class is empty."""
     scores, positive = scores.float().reshape(-1), positive.bool().reshape(-1)
-    # Counts stay tensors (no host read: this runs in the training step): the empty-class case is a where.
-    n_pos = positive.sum().double()
-    n_neg = positive.numel() - n_pos
-    # Average ranks over ties: rank of a value = (#smaller) + (#equal + 1) / 2.
-    sorted_scores, _ = scores.sort()
-    smaller = torch.searchsorted(sorted_scores, scores, right=False).double()
-    equal = torch.searchsorted(sorted_scores, scores, right=True).double() - smaller
-    ranks = smaller + (equal + 1) / 2
-    u = (ranks * positive).sum() - n_pos * (n_pos + 1) / 2
+    mask = torch.ones_like(positive) if mask is None else mask.bool().reshape(-1)
+    positive, negative = positive & mask, ~positive & mask
+    # Counts stay tensors and shapes fixed (no host read, no boolean indexing: this runs in the compiled step).
+    n_pos, n_neg = positive.sum().double(), negative.sum().double()
+    order = scores.argsort()
+    sorted_scores = scores[order]
+    below = torch.cat([negative.new_zeros(1, dtype=torch.float64), negative[order].double().cumsum(0)])
+    smaller = below[torch.searchsorted(sorted_scores, scores, right=False)]  # negatives scored below each entry
+    equal = below[torch.searchsorted(sorted_scores, scores, right=True)] - smaller
+    u = ((smaller + equal / 2) * positive).sum()
     auc = u / (n_pos * n_neg).clamp(min=1)
     return torch.where((n_pos == 0) | (n_neg == 0), torch.full_like(auc, 0.5), auc).float()
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x where mask holds (0 when it holds nowhere), as float32, without boolean indexing."""
+    mask = mask.bool()
+    return (torch.where(mask, x.float(), 0.0).sum() / mask.sum().clamp(min=1)).float()
 
 
 @torch.no_grad()
@@ -41,15 +50,14 @@ def binary_entropy(p: torch.Tensor) -> torch.Tensor:
 def detection_metrics(logits: torch.Tensor, positive: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
     """AUC, precision and recall of the positive class (logit > 0), its fraction, and the prior loss, over mask."""
     mask = mask.bool()
-    scores, target = logits[mask].float(), positive[mask].bool()
-    predicted = scores > 0
+    target = positive.bool() & mask
+    predicted = (logits > 0) & mask
     true_pos = (predicted & target).sum().float()
-    fraction = target.float().mean() if target.numel() else scores.new_zeros(())
     return {
-        f"{prefix}_auc": binary_auc(scores, target),
+        f"{prefix}_auc": binary_auc(logits, target, mask),
         f"{prefix}_precision": true_pos / predicted.sum().clamp(min=1),
         f"{prefix}_recall": true_pos / target.sum().clamp(min=1),
-        f"{prefix}_prior_loss": binary_entropy(fraction),
+        f"{prefix}_prior_loss": binary_entropy(masked_mean(target, mask)),
     }
 
 

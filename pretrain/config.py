@@ -66,8 +66,8 @@ class TrainConfig:
     offload_params: bool = False  # ZeRO-3 only
     # A DeepSpeed JSON of one's own instead of the template ("" = the template).
     deepspeed_config: str = ""
-    # Regional torch.compile: each encoder layer compiled in place (ZeRO 0-2; checkpoints and exports unchanged).
-    # Costs compile time at every start; measured in BENCHMARKS.md ("Host overhead of a step").
+    # torch.compile over the objective's whole step: encoders, heads and losses traced with fixed shapes (ZeRO 0-2;
+    # checkpoints and exports unchanged). Costs compile time at every start (BENCHMARKS.md, issue 48).
     compile: bool = False
     # glibc keeps the host memory a step frees for the next step instead of returning it to the kernel, which
     # costs page faults at every step (core/host_memory.py; BENCHMARKS.md). false: glibc's defaults.

@@ -33,7 +33,7 @@ class Engine:
         self.clip_here = clip_here
         self._norm: Optional[torch.Tensor] = None
         self._params: list[nn.Parameter] = [p for p in ds_engine.module.parameters() if p.requires_grad]
-        self.compiled_layers = 0  # set by build_engine (train.compile)
+        self.compiled = False  # set by build_engine (train.compile)
 
     @property
     def device(self) -> torch.device:
@@ -89,20 +89,16 @@ def clips_here(ds_config: dict[str, Any]) -> bool:
     return stage == 0 and not half and float(ds_config.get("gradient_clipping", 0) or 0) > 0
 
 
-def repeated_layers(model: nn.Module) -> list[nn.Module]:
-    """The modules held in innermost ModuleLists: the encoder layers of every network (BERT's `encoder.layer`,
-    ModernBERT's `layers`, ALBERT's shared `albert_layers`, XLNet's `layer`), each a compile region."""
-    return [child for module in model.modules() if isinstance(module, nn.ModuleList)
-            for child in module if not any(isinstance(m, nn.ModuleList) for m in child.modules())]
+def compile_step(objective: nn.Module) -> None:
+    """torch.compile over the objective's `terms`: its encoders, heads, losses and metrics, in place.
 
-
-def compile_layers(model: nn.Module) -> int:
-    """Regional torch.compile: every repeated layer compiled in place (same-shaped layers share one compiled graph;
-    parameter names, so checkpoints and exports, are unchanged). Returns how many layers were compiled."""
-    layers = repeated_layers(model)
-    for layer in layers:
-        layer.compile()
-    return len(layers)
+    The objectives gather a fixed count of predicted positions per row and read nothing back, so a train or
+    evaluation step traces as one graph and its backward compiles with it. The weighted sum of the terms and their
+    detached copies for the log stay outside: compiled together, a one-term loss and its detached copy left
+    inductor as one tensor without grad_fn (torch 2.14). Parameter names (checkpoints, exports) are unchanged.
+    dynamic=False: every micro-batch of a run has one shape, and a validation batch of another shape gets a graph
+    of its own instead of turning the training graph dynamic."""
+    objective.terms = torch.compile(objective.terms, dynamic=False)
 
 
 def foreach_zero_grad_norm(optimizer) -> bool:
@@ -140,7 +136,8 @@ def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, An
     """deepspeed.initialize with `ds_config` (as written to the run folder), then the host-cost settings above."""
     import deepspeed
 
-    compiled = compile_layers(model) if compile else 0
+    if compile:
+        compile_step(model)
 
     clip_here = clips_here(ds_config)
     grad_clip = float(ds_config.get("gradient_clipping", 0) or 0)
@@ -150,5 +147,5 @@ def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, An
         ds_engine.enable_backward_allreduce = False
     foreach_zero_grad_norm(ds_engine.optimizer)
     engine = Engine(ds_engine, grad_clip, clip_here, int(ds_config["gradient_accumulation_steps"]))
-    engine.compiled_layers = compiled
+    engine.compiled = compile
     return engine

@@ -51,7 +51,7 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
                           "train.compile=false")
     engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=cfg.train.compile)
     notes = [stage_note]
-    if engine.compiled_layers:
-        notes.append(f"compiled {engine.compiled_layers} layer(s) with torch.compile (train.compile): the first "
-                     "steps wait for the compiler")
+    if engine.compiled:
+        notes.append("compiled the objective's step (encoders, heads and losses) with torch.compile (train.compile): "
+                     "the first steps wait for the compiler")
     return engine, notes, given

@@ -255,3 +255,52 @@ def test_exact_count_picks_round_p_n_per_sequence_uniformly():
     val = TokenMasking(evaluation_masking(MaskingConfig()), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK])(batch, g2)
     assert torch.equal(train["labels"], val["labels"])
     assert (val["input_ids"][val["labels"] != IGNORE_INDEX] == MASK).all()
+
+
+# ---- a fixed count of predicted positions per row ------------------------------------------
+def test_prediction_slots_from_the_formula():
+    from data_pipeline.masking import prediction_slots
+
+    # Independent draws: mean + 5 standard deviations of Binomial(L, p), rounded up: 19.2 + 5 * 4.0398 at 128 x 0.15.
+    assert prediction_slots(MaskingConfig(), 128) == 40
+    assert prediction_slots(MaskingConfig(strategy="whole_word", mask_prob=0.3), 512) == 206  # 153.6 + 5 * 10.369
+    # Exact counts and span budgets never pass round(p * L).
+    assert prediction_slots(MaskingConfig(count="exact"), 128) == 19
+    assert prediction_slots(MaskingConfig(strategy="span"), 512) == 77
+    assert prediction_slots(MaskingConfig(mask_prob=0.9), 8) == 8  # never more than the row
+
+
+@pytest.mark.parametrize("strategy", ["bert", "whole_word", "span", "ngram", "coco"])
+def test_masked_positions_list_the_picks_in_order_then_zeros(strategy):
+    from data_pipeline.masking import prediction_slots
+
+    cfg = MaskingConfig(strategy=strategy)
+    m = build_masking(cfg, VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK], _word_starts(), PAD, CLS, SEP)
+    out = m(_batch(rows=64, width=96), torch.Generator().manual_seed(2))
+    positions = out["masked_positions"]
+    assert positions.shape == (64, prediction_slots(cfg, 96))
+    for row in range(64):
+        picked = (out["labels"][row] != IGNORE_INDEX).nonzero().squeeze(1).tolist()
+        assert positions[row].tolist() == picked + [0] * (positions.shape[1] - len(picked))
+    assert (out["labels"][:, 0] == IGNORE_INDEX).all()  # the padding slots point at [CLS], whose label is ignored
+
+
+def test_picks_past_the_slots_stay_unpicked():
+    """A row that draws more picks than it has slots keeps its first ones; the rest stay clean and unlabelled."""
+    from data_pipeline.masking import prediction_slots
+
+    m = _masker()
+    batch = _batch(rows=4, width=64)
+    everything = ~torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP]))
+    m.pick = lambda ids, generator: (everything, None, {})
+    out = m(batch, torch.Generator().manual_seed(0))
+    slots = prediction_slots(MaskingConfig(), 64)  # 9.6 + 5 * 2.856 -> 24
+    assert slots == 24
+    picked = out["labels"] != IGNORE_INDEX
+    for row in range(4):
+        candidates = everything[row].nonzero().squeeze(1)
+        assert picked[row].nonzero().squeeze(1).tolist() == candidates[:slots].tolist()
+        rest = candidates[slots:]
+        assert torch.equal(out["input_ids"][row, rest], batch["input_ids"][row, rest])
+    assert out["masked_positions"].tolist() == [row[:slots].tolist() for row in
+                                                (everything[r].nonzero().squeeze(1) for r in range(4))]

@@ -92,7 +92,10 @@ def test_taco_sampling():
     valid = torch.ones(4, 10, dtype=torch.bool)
     valid[1, 7:] = False
     valid[3, 1:] = False  # a one-token sequence has no positive: its anchors are dropped
-    anchors_flat, pos, neg = sample_taco_indices(valid, valid, 16, torch.Generator().manual_seed(0))
+    anchors_flat, pos, neg, keep = sample_taco_indices(valid, valid, 16, torch.Generator().manual_seed(0))
+    assert anchors_flat.shape == pos.shape == keep.shape == (40,) and neg.shape == (40, 16)  # fixed by [B, L]
+    assert torch.equal(keep.view(4, 10), valid & (torch.arange(4) != 3)[:, None])
+    anchors_flat, pos, neg = anchors_flat[keep], pos[keep], neg[keep]
     rows, cols = anchors_flat // 10, anchors_flat % 10
     prow, pcol = pos // 10, pos % 10
     assert not (rows == 3).any()

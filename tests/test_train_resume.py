@@ -210,17 +210,17 @@ def test_modernbert_stop_and_resume_is_exact(prepared, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_compiled_layers_stop_resume_and_export_exactly(prepared, tmp_path):
-    """train.compile=true (each encoder layer through torch.compile, with dropout): stop + resume equals an
-    uninterrupted run bit for bit, the compiled layers are the ones the log names, and the export (the same
-    parameter names as uncompiled) loads in AutoModelForMaskedLM."""
+def test_compiled_step_stop_resume_and_export_exactly(prepared, tmp_path):
+    """train.compile=true (the objective's whole step through torch.compile, with dropout): stop + resume equals an
+    uninterrupted run bit for bit, the log says what was compiled, and the export (the same parameter names as
+    uncompiled) loads in AutoModelForMaskedLM."""
     from pretrain.export import export
 
     compiled = ["train.compile=true", "train.zero_stage=auto", "train.max_steps=6", "train.save_every=3",
                 "train.log_every=3", "train.global_batch_size=8"]
     straight, out = tmp_path / "straight", tmp_path / "run"
     first = run_cli("pretrain", _args(prepared, straight, *compiled), nproc=1)
-    assert "compiled 2 layer(s) with torch.compile" in first.stdout
+    assert "compiled the objective's step (encoders, heads and losses) with torch.compile" in first.stdout
     run_cli("pretrain", _args(prepared, out, *compiled, "train.stop_after=3"), nproc=1)
     run_cli("pretrain", _args(prepared, out, *compiled), nproc=1)
     assert _train_losses(out) == _train_losses(straight) and sorted(_train_losses(out)) == list(range(1, 7))

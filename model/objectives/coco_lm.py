@@ -38,10 +38,11 @@ from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
-from model.diagnostics import detection_metrics, retrieval_accuracy
+from model.diagnostics import detection_metrics, masked_mean, retrieval_accuracy
 from model.objectives.base import Batch, Objective
 from model.objectives.electra import sample_replacements
-from model.objectives.mlm import at_least_fp32, full_precision, prediction_accuracy, sparse_mlm
+from model.objectives.mlm import (at_least_fp32, at_positions, full_precision, prediction_accuracy, prediction_positions,
+                                  sparse_mlm)
 
 
 def copy_loss(copy_logits: torch.Tensor, unchanged: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -53,7 +54,8 @@ def copy_loss(copy_logits: torch.Tensor, unchanged: torch.Tensor, mask: torch.Te
 
 def corrective_lm_loss(clm_logits: torch.Tensor, targets: torch.Tensor, copy_logits: torch.Tensor,
                        corrupted: torch.Tensor, form: str = "weighted") -> torch.Tensor:
-    """Corrective LM over N masked positions. clm_logits [N, V]; targets, copy_logits, corrupted [N].
+    """Corrective LM over N masked positions. clm_logits [N, V]; targets, copy_logits, corrupted [N]; a target of
+    IGNORE_INDEX (a row's padding up to its fixed count of positions) counts nowhere.
 
     p1 = sigmoid(copy_logits) is P(unchanged), p0 = 1 - p1; both are stop-gradient here (the copy
     head learns from copy_loss only).
@@ -63,13 +65,17 @@ def corrective_lm_loss(clm_logits: torch.Tensor, targets: torch.Tensor, copy_log
     if targets.numel() == 0:
         return clm_logits.sum() * 0.0
     copy_logits = at_least_fp32(copy_logits.detach())
+    real = targets != IGNORE_INDEX
+    targets = targets.clamp(min=0)
     log_probs = torch.log_softmax(at_least_fp32(clm_logits), dim=-1).gather(1, targets[:, None]).squeeze(1)
     if form == "weighted":
-        return (torch.sigmoid(-copy_logits) * -log_probs).mean()
-    # log(1[same]·p1 + p0·p) as a log-sum-exp of log-sigmoids: a saturated copy head (p0 rounding
-    # to 0 in fp32) must not give -inf + -inf = inf and NaN gradients.
-    log_p1 = torch.where(corrupted == targets, F.logsigmoid(copy_logits), torch.full_like(copy_logits, float("-inf")))
-    return -torch.logaddexp(log_p1, F.logsigmoid(-copy_logits) + log_probs).mean()
+        losses = torch.sigmoid(-copy_logits) * -log_probs
+    else:
+        # log(1[same]·p1 + p0·p) as a log-sum-exp of log-sigmoids: a saturated copy head (p0 rounding
+        # to 0 in fp32) must not give -inf + -inf = inf and NaN gradients.
+        log_p1 = torch.where(corrupted == targets, F.logsigmoid(copy_logits), torch.full_like(copy_logits, float("-inf")))
+        losses = -torch.logaddexp(log_p1, F.logsigmoid(-copy_logits) + log_probs)
+    return torch.where(real, losses, 0.0).sum() / real.sum().clamp(min=1)
 
 
 def scl_logits(z_corrupted: torch.Tensor, z_crop: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,13 +147,15 @@ class CocoLM(Objective):
             raise ConfigError("objective coco_lm corrupts all-[MASK] input and contrasts a crop: set masking.strategy=coco "
                               "and masking.crop_ratio=0.9")
 
-    def _sample(self, masked: torch.Tensor, attention: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
-        """Replacements from the generator's softmax (no-grad pass, dropout off), or uniform draws."""
+    def _sample(self, masked: torch.Tensor, attention: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Replacements [B, K] at the positions `index` from the generator's softmax (no-grad pass, dropout off), or
+        uniform draws."""
         was_training = self.generator.training
         self.generator.eval()
         with torch.no_grad():
             hidden = self.backbone.encode(self.backbone.base(self.generator), masked, attention).last_hidden_state
-            sampled = sample_replacements(self.backbone.mlm_head(self.generator)(hidden[picked]), self.options.generator)
+            logits = self.backbone.mlm_head(self.generator)(at_positions(hidden, index).flatten(0, 1))
+            sampled = sample_replacements(logits, self.options.generator).view(index.shape)
         self.generator.train(was_training)
         return sampled
 
@@ -156,29 +164,33 @@ class CocoLM(Objective):
         if "crop_input_ids" not in batch:
             raise ConfigError("objective coco_lm needs the crop view: set masking.crop_ratio (0.9 in the paper)")
         masked, attention, original = batch["input_ids"], batch["attention_mask"], batch["original_input_ids"]
-        labels = batch["labels"]
-        picked = labels != IGNORE_INDEX
+        labels, index = batch["labels"], prediction_positions(batch)
+        picked = at_positions(labels, index) != IGNORE_INDEX  # [B, K]: the slots that hold a masked position
         bb = self.backbone
         gen_hidden = bb.encode(bb.base(self.generator), masked, attention).last_hidden_state
-        gen_loss, gen_accuracy = sparse_mlm(gen_hidden, labels, bb.mlm_head(self.generator))
-        corrupted = original.clone()
-        corrupted[picked] = self._sample(masked, attention, picked)
+        gen_loss, gen_accuracy = sparse_mlm(gen_hidden, labels, bb.mlm_head(self.generator), index)
+        # Padding slots write back the original token (they all point at position 0).
+        kept = at_positions(original, index)
+        corrupted = original.scatter(1, index, torch.where(picked, self._sample(masked, attention, index), kept))
         unchanged = corrupted == original
         hidden = bb.encode(self.main, corrupted, attention).last_hidden_state
         copy_logits = self.copy_head(hidden).squeeze(-1)
         valid = attention.bool()
         copy = copy_loss(copy_logits, unchanged, valid)
-        clm_logits = at_least_fp32(self.clm_head(hidden[picked]))  # the loss upcasts anyway (prediction_accuracy)
-        clm = corrective_lm_loss(clm_logits, original[picked], copy_logits[picked], corrupted[picked], self.options.clm_form)
+        # The loss upcasts anyway (prediction_accuracy).
+        clm_logits = at_least_fp32(self.clm_head(at_positions(hidden, index).flatten(0, 1)))
+        clm_targets = torch.where(picked, kept, IGNORE_INDEX).flatten()
+        clm = corrective_lm_loss(clm_logits, clm_targets, at_positions(copy_logits, index).flatten(),
+                                 at_positions(corrupted, index).flatten(), self.options.clm_form)
         crop_hidden = bb.encode(self.main, batch["crop_input_ids"], batch["crop_attention_mask"]).last_hidden_state
         sims, targets = scl_logits(self.scl_head(hidden[:, 0]), self.scl_head(crop_hidden[:, 0]), self.options.scl_temperature)
         scl = F.cross_entropy(sims, targets)
         with torch.no_grad():
             metrics = {
                 "generator_accuracy": gen_accuracy,
-                "replaced_fraction": (~unchanged)[valid].float().mean(),
-                "copy_accuracy": ((copy_logits > 0) == unchanged)[valid].float().mean(),
-                "clm_accuracy": prediction_accuracy(clm_logits, original[picked]),
+                "replaced_fraction": masked_mean(~unchanged, valid),
+                "copy_accuracy": masked_mean((copy_logits > 0) == unchanged, valid),
+                "clm_accuracy": prediction_accuracy(clm_logits, clm_targets),
                 # The replaced class scored by -copy_logit, so the AUC reads like ELECTRA's RTD AUC.
                 **detection_metrics(-copy_logits.detach(), ~unchanged, valid, "copy"),
                 "scl_retrieval_accuracy": retrieval_accuracy(sims.detach(), targets),

@@ -30,7 +30,7 @@ from model.backbones import backbone_for
 from model.diagnostics import retrieval_accuracy
 from model.objectives.base import Batch, Objective
 from model.objectives.coco_lm import scl_logits
-from model.objectives.mlm import sparse_mlm
+from model.objectives.mlm import prediction_positions, sparse_mlm
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -106,7 +106,8 @@ class Declutr(Objective):
         base = self.backbone.base(self.model)
         types = batch.get("token_type_ids")
         anchor = self.backbone.encode(base, batch["input_ids"], batch["attention_mask"], types).last_hidden_state
-        mlm, mlm_accuracy = sparse_mlm(anchor, batch["labels"], self.backbone.mlm_head(self.model))
+        mlm, mlm_accuracy = sparse_mlm(anchor, batch["labels"], self.backbone.mlm_head(self.model),
+                                      prediction_positions(batch))
         positives, masks = [], []
         for k in range(self.options.spans.positives):
             ids, mask = batch[f"positive{k}_input_ids"], batch[f"positive{k}_attention_mask"]

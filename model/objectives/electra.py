@@ -44,9 +44,9 @@ from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
-from model.diagnostics import detection_metrics
+from model.diagnostics import detection_metrics, masked_mean
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import at_least_fp32, sparse_mlm
+from model.objectives.mlm import at_least_fp32, at_positions, prediction_positions, sparse_mlm
 
 
 def rtd_loss(logits: torch.Tensor, replaced: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -166,25 +166,27 @@ class Electra(Objective):
         gen_base = self.backbone.base(self.generator)
         gen_head = self.backbone.mlm_head(self.generator)
         gen_hidden = self.backbone.encode(gen_base, batch["input_ids"], attention, types).last_hidden_state
-        gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], gen_head)
-        picked = batch["labels"] != IGNORE_INDEX
+        index = prediction_positions(batch)
+        gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], gen_head, index)
         with torch.no_grad():
-            sampled = sample_replacements(gen_head(gen_hidden[picked].detach()), self.options.generator)
-        rtd, metrics = self._detect(batch, picked, sampled)
+            logits = gen_head(at_positions(gen_hidden, index).flatten(0, 1).detach())
+            sampled = sample_replacements(logits, self.options.generator).view(index.shape)
+        rtd, metrics = self._detect(batch, index, sampled)
         return {"generator_mlm_loss": gen_loss, "rtd_loss": rtd}, {"generator_accuracy": gen_accuracy, **metrics}
 
-    def _detect(self, batch: Batch, picked: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """The discriminator on the input with `sampled` at the picked positions: RTD loss and detection metrics."""
-        attention = batch["attention_mask"]
-        corrupted = batch["input_ids"].clone()
-        corrupted[picked] = sampled
+    def _detect(self, batch: Batch, index: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """The discriminator on the input with `sampled` [B, K] at the predicted positions `index` (padding slots,
+        whose label is ignored, keep their token): RTD loss and detection metrics."""
+        attention, ids = batch["attention_mask"], batch["input_ids"]
+        picked = at_positions(batch["labels"], index) != IGNORE_INDEX
+        corrupted = ids.scatter(1, index, torch.where(picked, sampled, at_positions(ids, index)))
         replaced = corrupted != batch["original_input_ids"]
         disc_logits = self.backbone.rtd_logits(self.discriminator, corrupted, attention, batch.get("token_type_ids"))
         valid = attention.bool()
         rtd = rtd_loss(disc_logits, replaced, valid)
         with torch.no_grad():
-            metrics = {"rtd_accuracy": ((disc_logits > 0) == replaced)[valid].float().mean(),
-                       "replaced_fraction": replaced[valid].float().mean(),
+            metrics = {"rtd_accuracy": masked_mean((disc_logits > 0) == replaced, valid),
+                       "replaced_fraction": masked_mean(replaced, valid),
                        **detection_metrics(disc_logits, replaced, valid, "rtd")}
         return rtd, metrics
 
@@ -192,19 +194,21 @@ class Electra(Objective):
         """Two-stage, before the switch: MLM through the (future discriminator's) encoder; no RTD yet."""
         hidden = self.backbone.encode(self.backbone.base(self.stage_one), batch["input_ids"], batch["attention_mask"],
                                       batch.get("token_type_ids")).last_hidden_state
-        loss, accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.stage_one))
+        loss, accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.stage_one),
+                                    prediction_positions(batch))
         return {"generator_mlm_loss": loss}, {"generator_accuracy": accuracy, "electra_stage": loss.new_tensor(1.0)}
 
     def _stage_two_terms(self, batch: Batch):
         """Two-stage, after the switch: RTD against the frozen generator's samples (its MLM loss is a metric)."""
         attention, types = batch["attention_mask"], batch.get("token_type_ids")
-        picked = batch["labels"] != IGNORE_INDEX
+        index = prediction_positions(batch)
         with torch.no_grad():
             gen_hidden = self.backbone.encode(self.backbone.base(self.generator), batch["input_ids"], attention,
                                               types).last_hidden_state
-            gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], self.backbone.mlm_head(self.generator))
-            sampled = sample_replacements(self.backbone.mlm_head(self.generator)(gen_hidden[picked]), "mlm")
-        rtd, metrics = self._detect(batch, picked, sampled)
+            head = self.backbone.mlm_head(self.generator)
+            gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], head, index)
+            sampled = sample_replacements(head(at_positions(gen_hidden, index).flatten(0, 1)), "mlm").view(index.shape)
+        rtd, metrics = self._detect(batch, index, sampled)
         # Stage 1's MLM head is unused now, but ZeRO-3 keeps a parameter's last gradient once it stops getting
         # one, and that stale gradient would go on moving the head and counting in the clipping norm: the head
         # runs on zero rows, so its gradient is an exact zero every step.

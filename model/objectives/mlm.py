@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
 from core.errors import ConfigError
-from data_pipeline.masking import IGNORE_INDEX
+from data_pipeline.masking import IGNORE_INDEX, positions_of
 from model import flops
 from model.backbones import REGISTRY, backbone_for
 from model.objectives.base import Batch, Objective
@@ -86,11 +86,34 @@ def unique_top_hits(logits: torch.Tensor, targets: torch.Tensor, by_top_two: boo
     return own > logits.scatter(-1, index, float("-inf")).amax(-1)
 
 
-def sparse_mlm(hidden: torch.Tensor, labels: torch.Tensor, head) -> tuple[torch.Tensor, torch.Tensor]:
-    """Apply the MLM head only at picked positions; return (loss, accuracy)."""
+def prediction_positions(batch: Batch) -> torch.Tensor:
+    """[B, K]: the positions the step predicts, a fixed count per row (the loader's `masked_positions`; 0 pads)."""
+    if "masked_positions" in batch:
+        return batch["masked_positions"]
+    return positions_from_labels(batch["labels"])
+
+
+def positions_from_labels(labels: torch.Tensor) -> torch.Tensor:
+    """[B, K]: the labelled positions of a batch built without the loader's masking, as many per row as its fullest
+    row holds (a host read, and a width that changes from batch to batch: not what the compiled step reads)."""
     picked = labels != IGNORE_INDEX
-    targets = labels[picked]
-    logits = at_least_fp32(head(hidden[picked]))  # one upcast for the loss's softmax and the accuracy
+    return positions_of(picked, int(picked.sum(1).max()) if picked.numel() else 0)
+
+
+def at_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x [B, L, ...] at index [B, K] → [B, K, ...]: a gather of fixed shape, where boolean indexing has none."""
+    if x.dim() == 2:
+        return x.gather(1, index)
+    return x.gather(1, index.reshape(*index.shape, *([1] * (x.dim() - 2))).expand(*index.shape, *x.shape[2:]))
+
+
+def sparse_mlm(hidden: torch.Tensor, labels: torch.Tensor, head,
+               index: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply the MLM head only at the predicted positions `index` [B, K] (`prediction_positions(batch)`; found from
+    the labels when None); return (loss, accuracy). Slots labelled IGNORE_INDEX (a row's padding) count in neither."""
+    index = positions_from_labels(labels) if index is None else index
+    targets = at_positions(labels, index).flatten()
+    logits = at_least_fp32(head(at_positions(hidden, index).flatten(0, 1)))  # one upcast for the loss and the accuracy
     return mlm_loss(logits, targets), prediction_accuracy(logits, targets)
 
 
@@ -125,7 +148,8 @@ class MaskedLM(Objective):
         """MLM loss (+ NSP/SOP loss) and accuracies."""
         out = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], batch["attention_mask"],
                                    batch.get("token_type_ids"))
-        loss, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], self.backbone.mlm_head(self.model))
+        loss, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], self.backbone.mlm_head(self.model),
+                                    prediction_positions(batch))
         terms = {"mlm_loss": loss}
         metrics = {"mlm_accuracy": accuracy}
         if self.pair_head != "none":

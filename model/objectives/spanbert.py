@@ -27,23 +27,27 @@ from model import flops
 from model.backbones import backbone_for
 from model.heads import SpanBoundaryHead, SpanBoundaryShape
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import at_least_fp32, mlm_loss, prediction_accuracy, sparse_mlm
+from model.objectives.mlm import (at_least_fp32, at_positions, mlm_loss, prediction_accuracy, prediction_positions,
+                                  sparse_mlm)
 
 SBO_HEAD_NAME = "span_boundary_head"
 
 
 def span_boundary_loss(hidden: torch.Tensor, labels: torch.Tensor, left: torch.Tensor, right: torch.Tensor,
-                       offset: torch.Tensor, head: Callable, projection: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+                       offset: torch.Tensor, head: Callable, projection: Callable,
+                       index: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy of predicting each picked span token from its boundaries; returns (loss, accuracy).
 
     hidden [B, L, H]; labels [B, L] (IGNORE_INDEX where not picked); left/right [B, L] positions of the
-    span's boundary tokens; offset [B, L] 1-based place in the span (0 outside spans).
+    span's boundary tokens; offset [B, L] 1-based place in the span (0 outside spans); index [B, K] the positions
+    predicted (the step's fixed count per row; every position when None).
     """
-    picked = (labels != IGNORE_INDEX) & (offset > 0)
-    size = hidden.shape[-1]
-    at = lambda index: hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, size))[picked]  # noqa: E731
-    targets = labels[picked]
-    logits = at_least_fp32(projection(head(at(left), at(right), offset[picked])))
+    if index is None:
+        index = torch.arange(labels.shape[1], device=labels.device).expand_as(labels)
+    offset = at_positions(offset, index)
+    targets = torch.where(offset > 0, at_positions(labels, index), IGNORE_INDEX).flatten()
+    at = lambda boundary: at_positions(hidden, at_positions(boundary, index)).flatten(0, 1)  # noqa: E731
+    logits = at_least_fp32(projection(head(at(left), at(right), offset.flatten())))
     return mlm_loss(logits, targets), prediction_accuracy(logits, targets)
 
 
@@ -86,10 +90,11 @@ class SpanBert(Objective):
         """MLM and SBO losses with their accuracies."""
         hidden = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], batch["attention_mask"],
                                       batch.get("token_type_ids")).last_hidden_state
-        mlm, mlm_accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.model))
+        index = prediction_positions(batch)
+        mlm, mlm_accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.model), index)
         sbo, sbo_accuracy = span_boundary_loss(hidden, batch["labels"], batch["span_left"], batch["span_right"],
                                                batch["span_offset"], self.sbo_head,
-                                               self.backbone.output_projection(self.model))
+                                               self.backbone.output_projection(self.model), index)
         return {"mlm_loss": mlm, "sbo_loss": sbo}, {"mlm_accuracy": mlm_accuracy, "sbo_accuracy": sbo_accuracy}
 
     def flops_per_token(self, seq_len: int) -> float:

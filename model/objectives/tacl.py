@@ -33,36 +33,44 @@ from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import token_self_similarity
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import at_least_fp32, full_precision, pair_loss, sparse_mlm
+from model.objectives.mlm import (at_least_fp32, at_positions, full_precision, pair_loss, prediction_positions,
+                                  sparse_mlm)
 
 
 def _contrast(logits: torch.Tensor, key_mask: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
-    """-log softmax(logits)[positive] over allowed keys, per anchor. logits/key_mask [N, K], positive [N]."""
+    """-log softmax(logits)[positive] over allowed keys, per anchor. logits/key_mask [..., K], positive [...]."""
     logits = logits.masked_fill(~key_mask, float("-inf"))
-    return -(logits.gather(1, positive[:, None]).squeeze(1) - torch.logsumexp(logits, dim=1))
+    return -(logits.gather(-1, positive[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1))
 
 
 def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tensor, attention_mask: torch.Tensor,
-              temperature: float = 0.01, include_padding: bool = False, cross_sequence: bool = False) -> torch.Tensor:
-    """Mean token-level InfoNCE over anchors. student/teacher [B, L, H]; anchors/attention_mask [B, L]."""
+              temperature: float = 0.01, include_padding: bool = False, cross_sequence: bool = False,
+              index: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean token-level InfoNCE over anchors. student/teacher [B, L, H]; anchors/attention_mask [B, L].
+
+    `index` [B, K] lists the positions that may be anchors (every position when None): the training step passes
+    its fixed count of predicted positions, so the similarity rows and every shape stay fixed."""
     b, length, _ = student.shape
-    if not bool(anchors.any()):
-        return student.sum() * 0.0
-    rows, cols = anchors.nonzero(as_tuple=True)
+    if index is None:
+        index = torch.arange(length, device=student.device).expand(b, length)
+    real = anchors.bool().gather(1, index)  # [B, K]
     keys_valid = torch.ones_like(attention_mask, dtype=torch.bool) if include_padding else attention_mask.bool()
     with full_precision(student):
         s = F.normalize(at_least_fp32(student), dim=-1)
         t = F.normalize(at_least_fp32(teacher), dim=-1)
-        anchor_vecs = s[rows, cols]  # [N, H]
+        anchor_vecs = at_positions(s, index)  # [B, K, H]
         if cross_sequence:
-            logits = anchor_vecs @ t.reshape(b * length, -1).T / temperature  # [N, B*L]
-            key_mask = keys_valid.reshape(1, b * length).expand(len(rows), -1)
-            positive = rows * length + cols
+            logits = anchor_vecs.flatten(0, 1) @ t.reshape(b * length, -1).T / temperature  # [B*K, B*L]
+            key_mask = keys_valid.reshape(1, b * length)
+            positive = (torch.arange(b, device=index.device)[:, None] * length + index).flatten()
+            real = real.flatten()
         else:
-            logits = torch.einsum("nh,nlh->nl", anchor_vecs, t[rows]) / temperature  # [N, L]
-            key_mask = keys_valid[rows]
-            positive = cols
-        return _contrast(logits, key_mask, positive).mean()
+            logits = torch.einsum("bkh,blh->bkl", anchor_vecs, t) / temperature  # [B, K, L]
+            key_mask = keys_valid[:, None, :]
+            positive = index
+        # A slot that is no anchor may have no finite logit (a padding position): where, not a product, drops it.
+        losses = torch.where(real, _contrast(logits, key_mask, positive), 0.0)
+        return losses.sum() / real.sum().clamp(min=1)
 
 
 def supervised_tacl_loss(student: torch.Tensor, teacher: torch.Tensor, token_labels: torch.Tensor, anchors: torch.Tensor,
@@ -136,12 +144,13 @@ class TaCL(Objective):
         attention, types = batch["attention_mask"], batch.get("token_type_ids")
         bb = self.backbone
         out = bb.encode(bb.base(self.student), batch["input_ids"], attention, types)
-        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.student))
+        index = prediction_positions(batch)
+        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.student), index)
         with torch.no_grad():
             teacher_hidden = bb.encode(self.teacher, batch["original_input_ids"], attention, types).last_hidden_state
         anchors = batch["labels"] != IGNORE_INDEX
         tacl = tacl_loss(out.last_hidden_state, teacher_hidden, anchors, attention, self.options.temperature,
-                         self.options.include_padding, self.options.cross_sequence_negatives)
+                         self.options.include_padding, self.options.cross_sequence_negatives, index)
         terms = {"mlm_loss": mlm, "tacl_loss": tacl}
         metrics = {"mlm_accuracy": accuracy}
         if not self.training:  # an L×L product per sequence: a validation diagnostic, not a training cost

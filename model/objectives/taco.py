@@ -25,47 +25,43 @@ from transformers import PretrainedConfig, PreTrainedModel
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
-from model.diagnostics import retrieval_accuracy
+from model.diagnostics import masked_mean
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import at_least_fp32, full_precision, sparse_mlm
+from model.objectives.mlm import at_least_fp32, full_precision, prediction_positions, sparse_mlm
 
 OFFSETS = torch.tensor([-2, -1, 1, 2])
 
 
 def sample_taco_indices(valid: torch.Tensor, anchors: torch.Tensor, negatives: int,
-                        generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Flat indices into [B*L]: anchors [N], their positives [N], negatives [N, K] from other sequences.
+                        generator: Optional[torch.Generator] = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Flat indices into [B*L], one row per position: the position [N], its positive [N], negatives [N, K] from the
+    other sequences' valid tokens, and whether it is an anchor [N] (N = B*L).
 
-    Anchors whose sequence has no other valid token, or whose batch has no other sequence, are dropped.
+    An anchor is a position of `anchors` that is valid, in a sequence with another valid token, in a batch with
+    another sequence. Every shape follows from [B, L], so the compiled step traces this once; the rows of positions
+    that are no anchor hold indices too, and the loss leaves them out.
     """
     b, length = valid.shape
     device = valid.device
+    draws = generator.device if generator is not None else device
     counts = valid.sum(1)
     others = valid.sum() - counts  # valid tokens in the other sequences
     keep = anchors & valid & (counts >= 2)[:, None] & (others > 0)[:, None]
-    rows, cols = keep.nonzero(as_tuple=True)
-    if len(rows) == 0:
-        empty = torch.zeros(0, dtype=torch.long, device=device)
-        return empty, empty, torch.zeros(0, negatives, dtype=torch.long, device=device)
-    offsets = OFFSETS.to(device)[torch.randint(4, (len(rows),), generator=generator).to(device)]
-    pos = cols + offsets
-    inside = (pos >= 0) & (pos < length)
-    ok = inside & valid[rows, pos.clamp(0, length - 1)]
-    # Fallback at the edges: another valid position of the same sequence.
-    if not bool(ok.all()):
-        bad = (~ok).nonzero(as_tuple=True)[0]
-        weights = valid[rows[bad]].float()
-        weights[torch.arange(len(bad)), cols[bad]] = 0.0
-        pos = pos.clone()
-        pos[bad] = torch.multinomial(weights, 1, generator=generator).squeeze(1)
-    flat_valid = valid.reshape(-1).float()
-    neg = torch.empty(len(rows), negatives, dtype=torch.long, device=device)
-    for r in rows.unique().tolist():
-        sel = (rows == r).nonzero(as_tuple=True)[0]
-        weights = flat_valid.clone()
-        weights[r * length:(r + 1) * length] = 0.0
-        neg[sel] = torch.multinomial(weights, len(sel) * negatives, replacement=True, generator=generator).view(len(sel), negatives)
-    return rows * length + cols, rows * length + pos, neg
+    cols = torch.arange(length, device=device).expand(b, length)
+    pos = cols + OFFSETS.to(device)[torch.randint(4, (b, length), generator=generator, device=draws).to(device)]
+    ok = (pos >= 0) & (pos < length) & valid.gather(1, pos.clamp(0, length - 1))
+    # At the edges: another valid position of the same sequence (uniform where there is none: never an anchor).
+    others_here = (valid[:, None, :] & ~torch.eye(length, dtype=torch.bool, device=device)).float()
+    others_here = torch.where(others_here.sum(-1, keepdim=True) > 0, others_here, 1.0).reshape(b * length, length)
+    fallback = torch.multinomial(others_here, 1, generator=generator).view(b, length)
+    pos = torch.where(ok, pos, fallback)
+    own = torch.arange(b, device=device)[:, None] == torch.arange(b * length, device=device)[None, :] // length
+    elsewhere = (valid.reshape(1, -1) & ~own).float()  # [B, B*L]: the valid tokens of the other sequences
+    elsewhere = torch.where(elsewhere.sum(-1, keepdim=True) > 0, elsewhere, 1.0)
+    neg = torch.multinomial(elsewhere, length * negatives, replacement=True, generator=generator)
+    start = (torch.arange(b, device=device) * length)[:, None]
+    return (start + cols).flatten(), (start + pos).flatten(), neg.view(b * length, negatives), keep.flatten()
 
 
 def tc_logits(g: torch.Tensor, anchor_idx: torch.Tensor, pos_idx: torch.Tensor, neg_idx: torch.Tensor,
@@ -81,12 +77,18 @@ def tc_logits(g: torch.Tensor, anchor_idx: torch.Tensor, pos_idx: torch.Tensor, 
 
 
 def tc_loss(g: torch.Tensor, anchor_idx: torch.Tensor, pos_idx: torch.Tensor, neg_idx: torch.Tensor,
-            temperature: float = 0.07) -> torch.Tensor:
-    """Mean InfoNCE over the anchors of `tc_logits` (the positive is column 0)."""
+            temperature: float = 0.07, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean InfoNCE of `tc_logits` (the positive is column 0) over the rows where `keep` holds (all when None)."""
     if anchor_idx.numel() == 0:
         return g.sum() * 0.0
-    logits = tc_logits(g, anchor_idx, pos_idx, neg_idx, temperature)
-    return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
+    return infonce_first(tc_logits(g, anchor_idx, pos_idx, neg_idx, temperature), keep)
+
+
+def infonce_first(logits: torch.Tensor, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean cross-entropy of column 0 (the positive) over the rows of `logits` where `keep` holds (all when None)."""
+    losses = F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device), reduction="none")
+    keep = torch.ones_like(losses, dtype=torch.bool) if keep is None else keep
+    return torch.where(keep, losses, 0.0).sum() / keep.sum().clamp(min=1)
 
 
 @dataclass
@@ -117,18 +119,15 @@ class TACO(Objective):
         attention = batch["attention_mask"]
         bb = self.backbone
         out = bb.encode(bb.base(self.model), batch["input_ids"], attention, batch.get("token_type_ids"), output_hidden_states=True)
-        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.model))
+        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.model), prediction_positions(batch))
         g = out.last_hidden_state - out.hidden_states[0]
         anchors = (batch["labels"] != IGNORE_INDEX) if self.options.masked_only else attention.bool()
         with torch.no_grad():
-            idx = sample_taco_indices(attention.bool(), anchors, self.options.negatives)
-        if idx[0].numel() == 0:
-            tc, retrieval = g.sum() * 0.0, g.new_zeros((), dtype=torch.float32)
-        else:
-            logits = tc_logits(g, *idx, temperature=self.options.temperature)
-            positive = torch.zeros(len(logits), dtype=torch.long, device=logits.device)  # column 0
-            tc = F.cross_entropy(logits, positive)
-            retrieval = retrieval_accuracy(logits.detach(), positive)
+            *idx, keep = sample_taco_indices(attention.bool(), anchors, self.options.negatives)
+        logits = tc_logits(g, *idx, temperature=self.options.temperature)
+        tc = infonce_first(logits, keep)
+        with torch.no_grad():
+            retrieval = masked_mean(logits.argmax(-1) == 0, keep)
         return {"mlm_loss": mlm, "tc_loss": tc}, {"mlm_accuracy": accuracy, "tc_retrieval_accuracy": retrieval}
 
     def flops_per_token(self, seq_len: int) -> float:
