@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+import numpy as np
 import torch
 
 IGNORE_INDEX = -100
@@ -113,9 +114,23 @@ def prediction_slots(cfg: MaskingConfig, seq_len: int) -> int:
 
 def positions_of(picked: torch.Tensor, slots: int) -> torch.Tensor:
     """[B, slots]: each row's picked positions in order, then 0. Rows never hold more than `slots` picks here."""
-    # Picked positions sort first (by position), the rest after them; a stable sort keeps each group in order.
-    order = torch.argsort((~picked).to(torch.int8), dim=1, stable=True)[:, :slots]
-    return torch.where(picked.gather(1, order), order, torch.zeros_like(order))
+    return limit_picks(picked, slots)[1]
+
+
+def limit_picks(picked: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(picked with each row's picks past the first `slots` dropped, [B, slots] positions of the picks then 0).
+
+    In numpy: the loader masks one sample at a time, where each torch call costs more than its work."""
+    flags = picked.cpu().numpy()
+    positions = np.zeros((flags.shape[0], slots), dtype=np.int64)
+    for row, row_flags in enumerate(flags):
+        where = np.flatnonzero(row_flags)
+        if len(where) > slots:
+            flags = flags.copy() if flags is picked.numpy() else flags
+            flags[row, where[slots:]] = False
+            where = where[:slots]
+        positions[row, :len(where)] = where
+    return torch.from_numpy(flags).to(picked.device), torch.from_numpy(positions).to(picked.device)
 
 
 class _Masking:
@@ -150,8 +165,7 @@ class _Masking:
         """Return a new batch with masked `input_ids`, `labels` and the clean `original_input_ids`."""
         ids = batch["input_ids"]
         picked, action, extra = self.pick(ids, generator)
-        slots = prediction_slots(self.cfg, ids.shape[1])
-        picked = picked & (picked.cumsum(1) <= slots)
+        picked, positions = limit_picks(picked, prediction_slots(self.cfg, ids.shape[1]))
         if action is None:
             action = torch.rand(ids.shape, generator=generator)
         mask_frac, random_frac = self.cfg.mask_token_fraction, self.cfg.random_token_fraction
@@ -164,7 +178,7 @@ class _Masking:
         masked = torch.where(to_random, self.replacement_ids[draws], masked)
         labels = torch.where(picked, ids, torch.full_like(ids, IGNORE_INDEX))
         return {**batch, "input_ids": masked, "labels": labels, "original_input_ids": ids,
-                "masked_positions": positions_of(picked, slots), **extra}
+                "masked_positions": positions, **extra}
 
 
 class TokenMasking(_Masking):
