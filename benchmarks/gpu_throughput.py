@@ -19,7 +19,7 @@ fresh weights; COCO-LM's generator has 4 layers (the paper's base setting).
 the masked positions, cross-entropy, backward, clipping, fused AdamW, autocast bf16), the same shape and batch, on
 random tokens: the yardstick of what the kernels cost. `bare compiled` is that loop with its forward, head and loss
 compiled as one graph (`host_overhead.py --plain-compile`: the masked positions gathered to a fixed count per row,
-masking `count=exact`): the yardstick of what one compiled step gets from the same modules. `--profile` runs each trainer point once more in this process
+masking `count=exact`, as the trainer's points use): the yardstick of what one compiled step gets from the same modules. `--profile` runs each trainer point once more in this process
 under torch.profiler for `--profile-steps` steps after the warm-up: the idle fraction is the share of that wall time
 in which no GPU kernel ran. Writes benchmarks/results/gpu_throughput.json.
 """

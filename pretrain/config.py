@@ -66,9 +66,10 @@ class TrainConfig:
     offload_params: bool = False  # ZeRO-3 only
     # A DeepSpeed JSON of one's own instead of the template ("" = the template).
     deepspeed_config: str = ""
-    # torch.compile over the objective's whole step: encoders, heads and losses traced with fixed shapes (ZeRO 0-2;
-    # checkpoints and exports unchanged). Costs compile time at every start (BENCHMARKS.md, issue 48).
-    compile: bool = False
+    # torch.compile (ZeRO 0-2; checkpoints and exports unchanged; compile time at every start). true / step: the
+    # objective's whole step (encoders, heads, losses) as one graph of fixed shapes; layers: each encoder layer on
+    # its own, which measured faster for ModernBERT-base on an H200 (BENCHMARKS.md, "One compiled graph per step").
+    compile: Union[bool, Literal["step", "layers"]] = False
     # glibc keeps the host memory a step frees for the next step instead of returning it to the kernel, which
     # costs page faults at every step (core/host_memory.py; BENCHMARKS.md). false: glibc's defaults.
     keep_freed_host_memory: bool = True
@@ -132,8 +133,8 @@ class TrainConfig:
             raise ConfigError(f"config key 'train.checkpoint_remote' must be an object store URL such as "
                               f"s3://bucket/prefix, got {self.checkpoint_remote!r}")
         if self.compile and self.zero_stage == 3:
-            raise ConfigError("train.compile=true needs ZeRO stage 0-2: ZeRO-3's hooks gather parameters inside the "
-                              "layers a compiled region would capture (set train.compile=false)")
+            raise ConfigError(f"train.compile={str(self.compile).lower()} needs ZeRO stage 0-2: ZeRO-3's hooks gather "
+                              "parameters inside the layers a compiled region would capture (set train.compile=false)")
 
 
 @dataclass

@@ -33,7 +33,7 @@ class Engine:
         self.clip_here = clip_here
         self._norm: Optional[torch.Tensor] = None
         self._params: list[nn.Parameter] = [p for p in ds_engine.module.parameters() if p.requires_grad]
-        self.compiled = False  # set by build_engine (train.compile)
+        self.compiled = ""  # what build_engine compiled (train.compile), for the log
 
     @property
     def device(self) -> torch.device:
@@ -101,6 +101,33 @@ def compile_step(objective: nn.Module) -> None:
     objective.terms = torch.compile(objective.terms, dynamic=False)
 
 
+def repeated_layers(model: nn.Module) -> list[nn.Module]:
+    """The modules held in innermost ModuleLists: the encoder layers of every network (BERT's `encoder.layer`,
+    ModernBERT's `layers`, ALBERT's shared `albert_layers`, XLNet's `layer`), each a compile region."""
+    return [child for module in model.modules() if isinstance(module, nn.ModuleList)
+            for child in module if not any(isinstance(m, nn.ModuleList) for m in child.modules())]
+
+
+def compile_layers(model: nn.Module) -> int:
+    """Regional torch.compile: every repeated layer compiled in place (same-shaped layers share one compiled graph;
+    parameter names, so checkpoints and exports, are unchanged). Returns how many layers were compiled."""
+    layers = repeated_layers(model)
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
+def compile_objective(model: nn.Module, mode: Union[bool, str]) -> str:
+    """Compile as `train.compile` says (true or "step": the whole step; "layers": each encoder layer); what was
+    compiled, for the log ("" for nothing)."""
+    if mode is True or mode == "step":
+        compile_step(model)
+        return "the objective's step (encoders, heads and losses)"
+    if mode == "layers":
+        return f"{compile_layers(model)} encoder layer(s), each on its own"
+    return ""
+
+
 def foreach_zero_grad_norm(optimizer) -> bool:
     """Give a ZeRO-1/2 optimizer a gradient norm computed by one foreach kernel; False where its own must stay."""
     from deepspeed.runtime.utils import mask_nan_or_inf_with_val_inplace
@@ -132,12 +159,11 @@ def foreach_zero_grad_norm(optimizer) -> bool:
 
 
 def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, Any], world: int,
-                 compile: bool = False) -> Engine:
+                 compile: Union[bool, str] = False) -> Engine:
     """deepspeed.initialize with `ds_config` (as written to the run folder), then the host-cost settings above."""
     import deepspeed
 
-    if compile:
-        compile_step(model)
+    compiled = compile_objective(model, compile)
 
     clip_here = clips_here(ds_config)
     grad_clip = float(ds_config.get("gradient_clipping", 0) or 0)
@@ -147,5 +173,5 @@ def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, An
         ds_engine.enable_backward_allreduce = False
     foreach_zero_grad_norm(ds_engine.optimizer)
     engine = Engine(ds_engine, grad_clip, clip_here, int(ds_config["gradient_accumulation_steps"]))
-    engine.compiled = compile
+    engine.compiled = compiled
     return engine

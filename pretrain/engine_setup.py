@@ -47,11 +47,11 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
     optimizer = build_optimizer(objective, cfg.optimizer, offload=offload)
     scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
     if cfg.train.compile and stage == 3:
-        raise ConfigError(f"train.compile=true needs ZeRO stage 0-2, and {stage_note}: set train.zero_stage or "
-                          "train.compile=false")
+        raise ConfigError(f"train.compile={str(cfg.train.compile).lower()} needs ZeRO stage 0-2, and {stage_note}: set "
+                          "train.zero_stage or train.compile=false")
     engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=cfg.train.compile)
     notes = [stage_note]
     if engine.compiled:
-        notes.append("compiled the objective's step (encoders, heads and losses) with torch.compile (train.compile): "
-                     "the first steps wait for the compiler")
+        notes.append(f"compiled {engine.compiled} with torch.compile (train.compile): the first steps wait for the "
+                     "compiler")
     return engine, notes, given

@@ -2,7 +2,6 @@
 batch the loader's masking builds (a fixed count of predicted positions per row), breaks nothing and reads nothing
 back, in training and in evaluation. A break would split the step and leave its pieces to the eager dispatcher."""
 import pytest
-import torch
 import torch._dynamo as dynamo
 from test_backbones import MATRIX, _batch, _build
 

@@ -68,4 +68,24 @@ def test_zero_stage_accepts_auto_or_a_stage_and_names_anything_else():
 def test_compile_is_refused_at_zero_3_by_name():
     with pytest.raises(ConfigError, match="train.compile=true needs ZeRO stage 0-2"):
         load_config(RunConfig, None, ["train.compile=true", "train.zero_stage=3"])
+    with pytest.raises(ConfigError, match="train.compile=layers needs ZeRO stage 0-2"):
+        load_config(RunConfig, None, ["train.compile=layers", "train.zero_stage=3"])
     assert load_config(RunConfig, None, ["train.compile=true"]).train.compile is True
+    assert load_config(RunConfig, None, ["train.compile=layers"]).train.compile == "layers"
+    with pytest.raises(ConfigError, match="train.compile"):
+        load_config(RunConfig, None, ["train.compile=fast"])
+
+
+def test_repeated_layers_are_the_encoder_layers_of_every_backbone():
+    """What train.compile compiles: the layers in innermost ModuleLists, checked against each family's own layer class."""
+    from transformers import AlbertConfig, AlbertModel, BertConfig, BertModel, ModernBertConfig, ModernBertModel
+
+    from pretrain.engine import repeated_layers
+
+    small = dict(hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=100, pad_token_id=0)
+    models = {"BertLayer": (BertModel(BertConfig(num_hidden_layers=3, **small)), 3),
+              "ModernBertEncoderLayer": (ModernBertModel(ModernBertConfig(num_hidden_layers=3, **small)), 3),
+              "AlbertLayer": (AlbertModel(AlbertConfig(num_hidden_layers=3, embedding_size=16, **small)), 1)}
+    for name, (model, count) in models.items():
+        layers = repeated_layers(model)
+        assert [type(layer).__name__ for layer in layers] == [name] * count, name
