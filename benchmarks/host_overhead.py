@@ -358,13 +358,15 @@ class PhaseClock:
 
         return wrapper
 
-    def wrap(self, owner: Any, name: str, phase: str) -> bool:
-        """Replace `owner.name` (a class's method or a module's function) by a timed one; False when absent."""
+    def wrap(self, owner: Any, name: str, phase: str) -> None:
+        """Replace `owner.name` (a class's method or a module's function) by a timed one.
+
+        A name that is gone raises: a silent skip would move its time into "loop other"."""
         fn = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
         if fn is None:
-            return False
+            raise AttributeError(f"the phase table times {getattr(owner, '__name__', owner)}.{name} ({phase}), which "
+                                 "no longer exists: update benchmarks/host_overhead.py")
         setattr(owner, name, self.timed(phase, fn))
-        return True
 
     def report(self) -> dict:
         """ms per step by phase, and the step's wall time (the part no phase claims is 'loop other')."""

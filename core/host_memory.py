@@ -3,10 +3,8 @@ the objects of its start-up are kept out of the garbage collector's way.
 
 glibc's malloc returns the top of its heap to the operating system whenever more than its trim threshold lies
 free there, and serves large blocks with mmap. A training step frees its activations at the end and allocates
-them again at the next one. A step of the 12-layer proxy in BENCHMARKS.md ("Host overhead of a step") took
-1,650-1,870 fresh pages from the kernel on average (page faults, each zero-filled), 3.8-5.6 ms of kernel time.
-With freed memory kept: 220-240 on average (a median of 6-9; what is left is not malloc's), and the step
-3-8% faster (5 alternated pairs).
+them again at the next one, so each step would take its memory back from the kernel as fresh, zero-filled pages
+(page faults). Keeping freed memory removes most of them (BENCHMARKS.md, "Host overhead of a step").
 
 The cost: a heap does not shrink after a peak (an evaluation, a checkpoint) until more than the trim threshold
 lies free at its top, and each of glibc's arenas keeps its own; blocks from 32 MiB up still go to mmap and back.
@@ -17,15 +15,14 @@ or a preloaded allocator (jemalloc, tcmalloc). `train.keep_freed_host_memory: fa
 
 Python's cyclic garbage collector traverses every tracked object at each full collection, and a full collection
 comes each time the long-lived objects have grown by a quarter. Importing torch, transformers and DeepSpeed and
-building the model creates most of a training process's objects: 8 full collections of a growing heap (15 to 257 ms
-each, about 1 s) before the first step on this project's CPU. `python -m pretrain train` pauses the collector at its
+building the model creates most of a training process's objects, so the collector traverses a growing heap several
+times before the first step (BENCHMARKS.md, "Process start-up"). `python -m pretrain train` pauses the collector at its
 start, and once the trainer is built every object there is frozen (`gc.freeze`, as CPython's documentation does
 before a fork) and the collector resumes: later collections skip the frozen objects, and in loader workers forked
 after it the collector does not write to their pages (reference counting still does). Frozen objects are still
 freed by reference counting. The price: cycles among them are never collected. That is the start-up's own garbage
-(about 14,000 small objects in a demo run: closures, tuples, types left by imports; 517 at ZeRO-3; no tensors at
-ZeRO 0, 2 or 3 nor with `model.init_from`), and any frozen cycle that dies later. A full collection at that point
-would find that garbage, but took 0.53 s. Other subcommands and in-process callers keep the collector as it is.
+(small objects left by imports, no tensors), and any frozen cycle that dies later; a full collection at that point
+would find it but costs more than it frees. Other subcommands and in-process callers keep the collector as it is.
 """
 from __future__ import annotations
 

@@ -130,8 +130,8 @@ class PackedBatch:
 
     A DataLoader worker hands each tensor of a batch to the training process as its own shared-memory
     block, and the training process fetches every block's file descriptor from the worker with a
-    socket round trip: 2.2 ms for a five-column batch here, in the training process's time, at every
-    step (benchmarks/host_overhead.py). One buffer costs one round trip, and a small one none (`__reduce__`);
+    socket round trip, in the training process's time, at every step (BENCHMARKS.md, "Host overhead of a step").
+    One buffer costs one round trip, and a small one none (`__reduce__`);
     the columns come back as views of it, so pinning (on a GPU) pins one block too.
     """
 
@@ -161,9 +161,8 @@ class PackedBatch:
 
     def __reduce__(self):
         # A small batch crosses the worker's pipe as bytes: the training process then skips the socket round trip
-        # that fetches a shared block's file descriptor. Measured per batch on a 2-core EPYC (one worker, batches
-        # ready): 0.5 against 1.2 ms at 16 KB (the proxy's 4 x 128 batch in the trainer), even at 256 KB-1 MB,
-        # 7.7 against 1.9 ms at 4 MB.
+        # that fetches a shared block's file descriptor. Up to INLINE_BATCH_BYTES that is faster; a large batch is
+        # faster as shared memory (BENCHMARKS.md, "Host overhead of a step").
         if self.buffer.numel() <= INLINE_BATCH_BYTES:
             return _unpickle_inline, (self.buffer.numpy().tobytes(), self.layout, self.rows)
         return PackedBatch, (self.buffer, self.layout, self.rows)
@@ -407,9 +406,8 @@ def loader_workers(requested: Union[str, int], gpu: bool, cpus: int) -> int:
     """Loader processes per rank for `data.num_workers` (`auto`: 1 on a CPU, up to 4 beside a GPU), given the CPUs
     this rank may use.
 
-    One worker masks 1,300-1,650 sequences of 128 tokens a second (an EPYC core, 64 per batch), while BERT-base on
-    one H200 takes 3,750 a second at micro-batch 256 (BENCHMARKS.md): one worker would hold the GPU to less than
-    half of that. On a CPU the training process needs the cores, and one worker keeps pace with it.
+    Beside a GPU one worker masks fewer sequences a second than a base-size encoder trains on (BENCHMARKS.md, "BERT-base
+    on one GPU"), so several run. On a CPU the training process needs the cores, and one worker keeps pace with it.
     """
     if requested != "auto":
         return int(requested)

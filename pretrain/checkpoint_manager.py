@@ -185,9 +185,10 @@ class CheckpointManager:
 
     # ---- save and restore -------------------------------------------------------------
     def _client_state(self, loader, progress: Progress) -> dict[str, Any]:
+        progress.sync()  # every rank saves, so every rank is here: the totals then hold every step done
         return {
             "version": 1,
-            **progress.state_dict(),  # step, samples_seen, tokens_seen, elapsed_s: every rank's counts summed
+            **progress.state_dict(),  # step, samples_seen, tokens_seen, elapsed_s
             "world_size": self.world,
             "config_hash": config_hash(self.cfg),
             "loader": loader.state_dict(),

@@ -61,8 +61,8 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, offload: bool = Fals
     groups = param_groups(model, cfg.weight_decay)
     kwargs = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
     if cfg.impl == "torch":
-        # fused: one kernel over all tensors; on this project's CPU it steps 4-10x faster than torch's default
-        # for-loop and foreach, as fast as DeepSpeedCPUAdam, and as deterministic (benchmarks/optimizer_step.py).
+        # fused: one kernel over all tensors; on a CPU it steps several times faster than torch's default for-loop
+        # and foreach, as fast as DeepSpeedCPUAdam, and as deterministic (BENCHMARKS.md, issue 15; optimizer_step.py).
         return torch.optim.AdamW(groups, fused=True, **kwargs) if cfg.name == "adamw" else Lamb(groups, **kwargs)
     if not torch.cuda.is_available() or offload:
         if cfg.name == "lamb":

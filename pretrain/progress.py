@@ -12,8 +12,8 @@ class Progress:
     """Where the run is and what it has seen, over all ranks.
 
     The trainer counts each micro-batch into it on its own rank (a host tensor: no read in the hot loop);
-    `state_dict` sums the ranks' counts since the last call into the run's totals, so whoever saves reads
-    totals that include every step done, whatever was logged before.
+    `sync`, a collective every rank calls, sums the ranks' counts since the last sync into the run's totals.
+    `state_dict` only reads them, so one rank may call it alone: whoever saves syncs first.
     """
 
     def __init__(self) -> None:
@@ -48,8 +48,7 @@ class Progress:
         return self._tokens_seen
 
     def state_dict(self) -> dict[str, Any]:
-        """The totals to checkpoint (collective: syncs first)."""
-        self.sync()
+        """The totals as of the last sync (no collective: a checkpoint syncs before it reads them)."""
         return {"step": self.step, "samples_seen": self._samples_seen, "tokens_seen": self._tokens_seen,
                 "elapsed_s": self.elapsed}
 

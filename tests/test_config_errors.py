@@ -33,6 +33,8 @@ CASES = [
     ("objective.name=coco_lm", "masking.strategy=coco"),
     ("train.micro_batch_size=100000 train.global_batch_size=100000", "fewer than one batch"),
     ("model.architecture=modernbert model.position_embedding=relative_key", "model.position_embedding"),
+    # A key of another family is an error naming the family that reads it, not a setting silently ignored.
+    ("model.architecture=bert model.local_attention=64", "model.architecture=modernbert reads it"),
     ("model.attn_implementation=flash_attention_2", "model.attn_implementation=flash_attention_2"),
     ("masking.strategy=span masking.count=exact", "masking.count=exact"),
     ("schedule.decay=wsd schedule.decay_fraction=0", "schedule.decay_fraction"),

@@ -16,8 +16,8 @@ def test_slurm_env_mapping():
            "SLURM_JOB_NODELIST": "gpu[003-004]", "SLURM_JOB_ID": "4242"}
     out = slurm_env(env)
     assert out["RANK"] == "5" and out["WORLD_SIZE"] == "8" and out["LOCAL_RANK"] == "1" and out["LOCAL_WORLD_SIZE"] == "4"
-    assert out["MASTER_PORT"] == str(15000 + 4242 % 20000)
-    assert out["MASTER_ADDR"] == first_host("gpu[003-004]")
+    assert out["MASTER_PORT"] == "19242"  # 15000 + the job id modulo 20000: each job its own port
+    assert out["MASTER_ADDR"] == "gpu003"
     assert slurm_env({**env, "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "2999"})["MASTER_ADDR"] == "10.1.2.3"
 
 

@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # the config section is read here, never built: no import cyc
 Head = Callable[[torch.Tensor], torch.Tensor]
 # `model.*` keys only some families read, with the value that means "left unset": a family that does not
 # list one in `family_keys` refuses it when set, so a user never trains with a key that was silently ignored.
-FAMILY_KEYS = {"position_embedding": "absolute", "embedding_size": None, "num_hidden_groups": None}
+FAMILY_KEYS = {"position_embedding": "absolute", "embedding_size": None, "num_hidden_groups": None,
+               "local_attention": 128, "global_attn_every_n_layers": 3}
 # What an objective may ask a backbone for (`Objective.needs`); a backbone lists what it provides. The builders
 # below by name; "pair_head": `pair_logits` (NSP/SOP); "hidden_projection": `output_projection` reads hidden-size
 # vectors (not ALBERT's, which reads the factorized embedding size); "permutation_lm": XLNet's two streams.
@@ -59,6 +60,14 @@ def relative_refusal(what: str) -> str:
     return (f"{what}: transformers {transformers.__version__} has no relative position embeddings (removed in 5.0) and "
             "would run absolute ones; use model.architecture=modernbert (rotary positions, relative in every "
             "transformers) or model.position_embedding=absolute, or run transformers<5")
+
+
+def readers_of(key: str) -> str:
+    """' (model.architecture=X reads it)' for the registered families that read this FAMILY_KEYS key, else ''."""
+    from model.backbones import REGISTRY, backbone_for  # the registry imports this module
+
+    readers = [name for name in REGISTRY if key in backbone_for(name).family_keys]
+    return f" (model.architecture={' or '.join(readers)} reads it)" if readers else ""
 
 
 def check_saved_config(data: dict, where: str) -> None:
@@ -130,7 +139,8 @@ class Backbone:
         """Refuse `model.*` keys and values this family does not read (ConfigError); families add their own checks."""
         for key, unset in FAMILY_KEYS.items():
             if key not in self.family_keys and getattr(cfg, key) != unset:
-                raise ConfigError(f"config key 'model.{key}' does not apply to model.architecture={self.model_type}")
+                raise ConfigError(f"config key 'model.{key}' does not apply to model.architecture={self.model_type}"
+                                  f"{readers_of(key)}")
         if cfg.attn_implementation not in self.attention_kernels:
             raise ConfigError(f"config key 'model.attn_implementation={cfg.attn_implementation}' is not available for "
                               f"model.architecture={self.model_type} (it has {', '.join(self.attention_kernels)})")

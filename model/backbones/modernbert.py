@@ -39,6 +39,7 @@ class ModernBertBackbone(Backbone):
     model_type = "modernbert"
     config_class = ModernBertConfig
     provides = frozenset({"masked_lm", "encoder", "discriminator", "generator", "hidden_projection"})
+    family_keys = ("local_attention", "global_attn_every_n_layers")
     # flash_attention_2: transformers' unpadded path, on a GPU with the flash-attn package.
     attention_kernels = ("sdpa", "eager", "flash_attention_2")
 

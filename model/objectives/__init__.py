@@ -13,7 +13,8 @@ from model import backbones
 from model.backbones import backbone_for
 from model.objectives.base import Objective
 
-# name -> "module:class"; imported lazily so one objective's dependencies never load another's.
+# name -> "module:class". Every one is imported when this package builds the `objective` config section (each
+# objective owns its options class), so an objective's module imports only what is installed with the project.
 REGISTRY = {
     "mlm": "model.objectives.mlm:MaskedLM",
     "electra": "model.objectives.electra:Electra",

@@ -61,8 +61,8 @@ def sample_replacements(logits: torch.Tensor, mode: str) -> torch.Tensor:
 
     The draw inverts the cumulative softmax at one uniform variate per row (u in [0, total), the first
     index whose cumulative probability exceeds u: a zero-probability token is never drawn).
-    torch.multinomial draws an exponential variate for every vocabulary entry instead: 47 ms against
-    1.2 ms for 300 x 8000 logits on a CPU, 3% of a COCO-LM step (BENCHMARKS.md).
+    torch.multinomial draws an exponential variate for every vocabulary entry instead, many times slower on a CPU
+    (BENCHMARKS.md, "Host overhead of a step").
     """
     if mode == "uniform":
         return torch.randint(logits.shape[-1], (logits.shape[0],), device=logits.device)
