@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import torch
 
 from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.config_io import config_hash
 from core.errors import CheckpointError, ConfigError, UserError
+from core.seeding import seed_all, seed_for
 from data_pipeline.shards import data_fingerprint
 from pretrain import checkpoint as ckpt
 from pretrain.checkpoint_data import check_tag_is_data
@@ -250,7 +250,7 @@ class CheckpointManager:
         if state["world_size"] == self.world:
             ckpt.set_rng_state(state["rng"][self.rank])
         else:
-            torch.manual_seed(self.cfg.train.seed * 1000 + self.rank + 7919 * progress.step)
+            seed_all(seed_for(self.cfg.train.seed, self.rank, progress.step))
         for note in self.notes:
             log.info(note)
         for bad, why in self.damaged:

@@ -10,6 +10,7 @@ import torch
 from core import distributed as dist
 from core.config_io import config_to_dict
 from core.host_memory import keep_freed_memory
+from core.seeding import seed_all, seed_for
 from data_pipeline.run_data import open_run_data
 from model.diagnostics import validation_unigram_entropy
 from model.encoder import model_config
@@ -48,7 +49,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
                          pin_memory=torch.cuda.is_available())  # the engine copies pinned batches with non_blocking
     tokenizer = data.manifest["tokenizer"]
     hf_config = model_config(cfg.model, tokenizer, data.manifest["seq_len"])
-    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    seed_all(seed_for(cfg.train.seed))  # identical initial weights on every rank
     objective = spec.build(hf_config, cfg.model.init_from, cfg.masking.mask_prob)
     files = run_files(config_to_dict(cfg), hf_config.to_dict(), data.manifest)
     # The trainer checks the launch against what it resumes (stage, tokenizer, data, shape); the run files replace the

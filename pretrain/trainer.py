@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
 from core import distributed as dist
 from core.config_io import config_to_dict
 from core.errors import InputDataError
+from core.seeding import seed_all, seed_for
 from data_pipeline.dataset_dir import DatasetDir
 from model.diagnostics import headline
 from pretrain.checkpoint_dir import tag_for
@@ -66,8 +66,7 @@ class Trainer:
         finite = ("loss",) if cfg.train.precision == "fp16" else ("loss", "grad_norm")
         self.metrics = MetricsReporter(self.log, self.world, flops_per_token, peak_tflops, must_be_finite=finite)
         # Dropout differs per rank; a resume overwrites this with the saved states.
-        torch.manual_seed(cfg.train.seed * 1000 + self.rank)
-        np.random.seed((cfg.train.seed * 1000 + self.rank) % 2**32)
+        seed_all(seed_for(cfg.train.seed, self.rank))
 
     @property
     def step(self) -> int:
