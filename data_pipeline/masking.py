@@ -121,12 +121,13 @@ def limit_picks(picked: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.T
     """(picked with each row's picks past the first `slots` dropped, [B, slots] positions of the picks then 0).
 
     In numpy: the loader masks one sample at a time, where each torch call costs more than its work."""
-    flags = picked.cpu().numpy()
+    flags, copied = picked.cpu().numpy(), False  # a view of the caller's tensor until a row is cut
     positions = np.zeros((flags.shape[0], slots), dtype=np.int64)
     for row, row_flags in enumerate(flags):
         where = np.flatnonzero(row_flags)
         if len(where) > slots:
-            flags = flags.copy() if flags is picked.numpy() else flags
+            if not copied:
+                flags, copied = flags.copy(), True
             flags[row, where[slots:]] = False
             where = where[:slots]
         positions[row, :len(where)] = where

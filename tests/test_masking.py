@@ -294,6 +294,7 @@ def test_picks_past_the_slots_stay_unpicked():
     everything = ~torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP]))
     m.pick = lambda ids, generator: (everything, None, {})
     out = m(batch, torch.Generator().manual_seed(0))
+    assert torch.equal(everything, ~torch.isin(batch["input_ids"], torch.tensor([PAD, UNK, CLS, SEP])))  # untouched
     slots = prediction_slots(MaskingConfig(), 64)  # 9.6 + 5 * 2.856 -> 24
     assert slots == 24
     picked = out["labels"] != IGNORE_INDEX
@@ -301,6 +302,7 @@ def test_picks_past_the_slots_stay_unpicked():
         candidates = everything[row].nonzero().squeeze(1)
         assert picked[row].nonzero().squeeze(1).tolist() == candidates[:slots].tolist()
         rest = candidates[slots:]
+        assert len(rest) > 0 and (out["labels"][row, rest] == IGNORE_INDEX).all()
         assert torch.equal(out["input_ids"][row, rest], batch["input_ids"][row, rest])
     assert out["masked_positions"].tolist() == [row[:slots].tolist() for row in
                                                 (everything[r].nonzero().squeeze(1) for r in range(4))]
