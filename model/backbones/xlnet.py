@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from transformers import XLNetConfig, XLNetLMHeadModel, XLNetModel
 
-from model.backbones.base import Backbone, Head
+from model.backbones.base import LOAD_DTYPE, Backbone, Head
 
 
 class XLNetBackbone(Backbone):

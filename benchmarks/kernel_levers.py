@@ -1,0 +1,206 @@
+"""The compiled bare loop of BERT-base MLM, one kernel lever at a time: what each is worth before the trainer adopts it.
+
+    python -m benchmarks.kernel_levers                                    # on a GPU: every lever, seq 128, micro-batch 256
+    python -m benchmarks.kernel_levers --levers baseline no_mask fused_qkv --steps 30 --warmup 10
+    python -m benchmarks.kernel_levers --shape tiny --batch 4 --steps 3 --warmup 1 --device cpu   # the path on a CPU
+
+Each lever is a fresh BertForMaskedLM (transformers' own class, the same seed) trained as one `torch.compile` graph
+over forward, the MLM head at a fixed count of masked positions per row, and cross-entropy; backward, clipping and
+fused AdamW outside it; autocast bf16 on a GPU. The batches are random ordinary tokens with exactly 15% of each row
+masked, a new batch each step from a cycle made on the device before the timing. A lever changes one thing against
+`baseline`, which passes the all-ones attention mask as the trainer did:
+
+- `no_mask`: no attention mask (rows without padding), so SDPA may pick its flash kernel; every lever below keeps it;
+- `fused_qkv`: Q, K and V as one matmul over the concatenated weights (the parameters keep transformers' layout);
+- `batch_512`: micro-batch 512;
+- `cuda_graphs`: `mode="reduce-overhead"`;
+- `fp8`: torchao's float8 training on the encoder's linear layers (needs torchao and an sm89+ GPU);
+- `dropout_0.1`: BERT's recipe dropout (with `dropout_0.1_mask`, the same with the mask).
+
+MFU counts model/flops.py's MLM FLOPs against the GPU's dense bf16 peak (pretrain/hardware.py). `first_loss` is the
+loss of the first step (the same weights and batch for every lever at one micro-batch): a lever that changes the
+math shows there. Writes benchmarks/results/kernel_levers.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.arguments import add_shared, results_file
+from core.atomic_files import write_text_atomic
+
+SHAPES = {"base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+          "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)}
+VOCAB = 30522  # BERT's WordPiece vocabulary
+FIRST_ORDINARY = 1000  # ids below are [PAD], [unused*], [CLS], [SEP], [MASK] in BERT's vocabulary
+MASK_ID, MASK_PROB = 103, 0.15
+NO_MASK = {"mask": False}
+LEVERS: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "no_mask": NO_MASK,
+    "fused_qkv": {**NO_MASK, "fused_qkv": True},
+    "batch_512": {**NO_MASK, "batch": 512},
+    "cuda_graphs": {**NO_MASK, "mode": "reduce-overhead"},
+    "fp8": {**NO_MASK, "fp8": True},
+    "dropout_0.1": {**NO_MASK, "dropout": 0.1},
+    "dropout_0.1_mask": {"dropout": 0.1},
+}
+NEEDS_EXTRA = {"fp8"}  # torchao and an sm89+ GPU: where they are missing, the lever's row says why
+
+
+def fused_qkv_forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                      cache: Any = None, **kwargs: Any) -> tuple:
+    """BertSelfAttention.forward with one matmul for Q, K and V over the concatenated weights (no cache)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.bert.modeling_bert import eager_attention_forward
+
+    shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)
+    weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+    bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+    q, k, v = (t.view(shape).transpose(1, 2) for t in F.linear(hidden_states, weight, bias).chunk(3, dim=-1))
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+    out, weights = attend(self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.dropout.p,
+                          scaling=self.scaling, **kwargs)
+    return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights
+
+
+def build_model(shape: str, dropout: float, fused_qkv: bool, device: torch.device):
+    """A BertForMaskedLM of this shape with seed-0 weights; `fused_qkv` swaps its self-attention forward."""
+    import types
+
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(vocab_size=VOCAB, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                        max_position_embeddings=512, attn_implementation="sdpa", **SHAPES[shape])
+    torch.manual_seed(0)
+    model = BertForMaskedLM(config).to(device).train()
+    if fused_qkv:
+        for layer in model.bert.encoder.layer:
+            attention = layer.attention.self
+            attention.forward = types.MethodType(fused_qkv_forward, attention)
+    return model
+
+
+def make_batches(count: int, batch: int, seq: int, device: torch.device) -> list[dict]:
+    """`count` batches of random ordinary tokens, round(0.15·seq) positions per row masked ([MASK] in every one)."""
+    gen = torch.Generator().manual_seed(0)
+    picks = round(MASK_PROB * seq)
+    out = []
+    for _ in range(count):
+        ids = torch.randint(FIRST_ORDINARY, VOCAB, (batch, seq), generator=gen)
+        positions = torch.rand(batch, seq - 2, generator=gen).argsort(dim=1)[:, :picks].sort(dim=1).values + 1
+        labels = ids.gather(1, positions)
+        ids.scatter_(1, positions, MASK_ID)
+        out.append({k: v.to(device) for k, v in {"input_ids": ids, "positions": positions, "labels": labels,
+                                                  "attention_mask": torch.ones_like(ids)}.items()})
+    return out
+
+
+def mlm_loss(model, batch: dict, mask: bool) -> torch.Tensor:
+    """Cross-entropy of the MLM head at the batch's masked positions (a fixed count per row: one static graph)."""
+    hidden = model.bert(input_ids=batch["input_ids"],
+                        attention_mask=batch["attention_mask"] if mask else None).last_hidden_state
+    index = batch["positions"][..., None].expand(-1, -1, hidden.shape[-1])
+    logits = model.cls(hidden.gather(1, index).flatten(0, 1))
+    return F.cross_entropy(logits.float(), batch["labels"].flatten())
+
+
+def to_float8(model) -> None:
+    """torchao's float8 training for the encoder's linear layers (the tied vocabulary projection stays bf16)."""
+    from torchao.float8 import convert_to_float8_training
+
+    convert_to_float8_training(model.bert.encoder, module_filter_fn=lambda module, name: isinstance(module, torch.nn.Linear))
+
+
+def run_lever(name: str, args) -> dict:
+    """Train one lever's model for `args.steps` steps; tokens/s, MFU, peak memory and the first and last losses."""
+    from model.flops import TRAIN, mlm_forward
+    from pretrain.hardware import datasheet_peak_tflops
+
+    lever = {"mask": True, "fused_qkv": False, "batch": args.batch, "mode": None, "fp8": False, "dropout": 0.0,
+             **LEVERS[name]}
+    device = torch.device(args.device)
+    torch._dynamo.reset()
+    model = build_model(args.shape, lever["dropout"], lever["fused_qkv"], device)
+    if lever["fp8"]:
+        to_float8(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    loss_fn = torch.compile(mlm_loss, mode=lever["mode"]) if args.compile else mlm_loss
+    batches = make_batches(args.cycle, lever["batch"], args.seq, device)
+    bf16 = device.type == "cuda"
+    losses, times = [], []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for step in range(args.steps):
+        if device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(model, batches[step % len(batches)], lever["mask"])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step in (0, args.steps - 1) or step == args.warmup - 1:
+            losses.append(float(loss))  # a device sync: the timing starts after it and ends with it
+            times.append(time.perf_counter())
+    tokens = (args.steps - args.warmup) * lever["batch"] * args.seq
+    tokens_per_s = tokens / (times[-1] - times[-2])
+    config = model.config
+    tflops = TRAIN * mlm_forward(config, args.seq, round(MASK_PROB * args.seq) / args.seq) * tokens_per_s / 1e12
+    peak = datasheet_peak_tflops("bf16" if bf16 else "fp32")
+    return {"lever": name, **{k: v for k, v in lever.items()}, "tokens_per_s": tokens_per_s, "model_tflops": tflops,
+            "mfu": tflops / peak if peak else None, "first_loss": losses[0], "last_loss": losses[-1],
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run each lever in turn and write their figures and the ratio to `baseline` (when it ran)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_shared(parser, steps=30, warmup=10, batch=256, seq=128, out=results_file("kernel_levers"))
+    parser.add_argument("--levers", nargs="+", choices=list(LEVERS), default=list(LEVERS))
+    parser.add_argument("--shape", choices=list(SHAPES), default="base")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--cycle", type=int, default=8, help="distinct batches, made on the device before timing")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    args = parser.parse_args(argv)
+    if not 0 < args.warmup < args.steps:
+        parser.error("--warmup must be at least 1 and below --steps")
+    rows = []
+    for name in args.levers:
+        try:
+            row = run_lever(name, args)
+        except (ImportError, RuntimeError) as exc:
+            if name not in NEEDS_EXTRA:
+                raise
+            row = {"lever": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    base = next((r for r in rows if r["lever"] == "baseline" and "error" not in r), None)
+    for r in rows:
+        if base and "error" not in r:
+            r["vs_baseline"] = r["tokens_per_s"] / base["tokens_per_s"]
+    env = {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine(),
+           "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+           "python": sys.version.split()[0]}
+    write_text_atomic(args.out, json.dumps({"env": env, "args": vars(args), "levers": rows}, indent=1))
+    print(f"{'lever':<18} {'tokens/s':>10} {'MFU':>7} {'vs base':>8} {'first loss':>11} {'peak GiB':>9}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['lever']:<18} {r['error']}")
+            continue
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+        memory = f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "-"
+        print(f"{r['lever']:<18} {r['tokens_per_s']:>10,.0f} {mfu:>7} {r.get('vs_baseline', 0):>8.3f} "
+              f"{r['first_loss']:>11.5f} {memory:>9}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
