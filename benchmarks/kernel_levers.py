@@ -8,14 +8,18 @@ Each lever is a fresh BertForMaskedLM (transformers' own class, the same seed) t
 over forward, the MLM head at a fixed count of masked positions per row, and cross-entropy; backward, clipping and
 fused AdamW outside it; autocast bf16 on a GPU. The batches are random ordinary tokens with exactly 15% of each row
 masked, a new batch each step from a cycle made on the device before the timing. A lever changes one thing against
-`baseline`, which passes the all-ones attention mask as the trainer did:
+`baseline`, which is what the trainer runs (the all-ones attention mask passed, SDPA choosing its kernel):
 
-- `no_mask`: no attention mask (rows without padding), so SDPA may pick its flash kernel; every lever below keeps it;
+- `no_mask`: no attention mask (rows without padding), so SDPA may pick its flash kernel;
+- `cudnn_attention`: SDPA restricted to cuDNN's attention kernel;
 - `fused_qkv`: Q, K and V as one matmul over the concatenated weights (the parameters keep transformers' layout);
 - `batch_512`: micro-batch 512;
 - `cuda_graphs`: `mode="reduce-overhead"`;
 - `fp8`: torchao's float8 training on the encoder's linear layers (needs torchao and an sm89+ GPU);
-- `dropout_0.1`: BERT's recipe dropout (with `dropout_0.1_mask`, the same with the mask).
+- `dropout_0.1`: BERT's recipe dropout.
+
+`--attention` first times SDPA alone at the step's shape (forward + backward, bf16) for each backend, with and without
+the mask.
 
 MFU counts model/flops.py's MLM FLOPs against the GPU's dense bf16 peak (pretrain/hardware.py). `first_loss` is the
 loss of the first step (the same weights and batch for every lever at one micro-batch): a lever that changes the
@@ -41,18 +45,17 @@ SHAPES = {"base": dict(hidden_size=768, num_hidden_layers=12, num_attention_head
 VOCAB = 30522  # BERT's WordPiece vocabulary
 FIRST_ORDINARY = 1000  # ids below are [PAD], [unused*], [CLS], [SEP], [MASK] in BERT's vocabulary
 MASK_ID, MASK_PROB = 103, 0.15
-NO_MASK = {"mask": False}
 LEVERS: dict[str, dict[str, Any]] = {
     "baseline": {},
-    "no_mask": NO_MASK,
-    "fused_qkv": {**NO_MASK, "fused_qkv": True},
-    "batch_512": {**NO_MASK, "batch": 512},
-    "cuda_graphs": {**NO_MASK, "mode": "reduce-overhead"},
-    "fp8": {**NO_MASK, "fp8": True},
-    "dropout_0.1": {**NO_MASK, "dropout": 0.1},
-    "dropout_0.1_mask": {"dropout": 0.1},
+    "no_mask": {"mask": False},
+    "cudnn_attention": {"attention": "cudnn"},
+    "fused_qkv": {"fused_qkv": True},
+    "batch_512": {"batch": 512},
+    "cuda_graphs": {"mode": "reduce-overhead"},
+    "fp8": {"fp8": True},
+    "dropout_0.1": {"dropout": 0.1},
 }
-NEEDS_EXTRA = {"fp8"}  # torchao and an sm89+ GPU: where they are missing, the lever's row says why
+NEEDS_EXTRA = {"fp8", "cudnn_attention"}  # torchao and sm89+, cuDNN: where missing, the row says why
 
 
 def fused_qkv_forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
@@ -112,6 +115,56 @@ def mlm_loss(model, batch: dict, mask: bool) -> torch.Tensor:
     return F.cross_entropy(logits.float(), batch["labels"].flatten())
 
 
+BACKENDS = ("flash", "efficient", "cudnn", "math")
+
+
+def with_backend(fn, backend: str):
+    """`fn` with SDPA restricted to one backend (flash, efficient, cudnn or math)."""
+    import contextlib
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+              "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[backend]
+
+    def run(*a, **k):
+        with sdpa_kernel([chosen]) if backend else contextlib.nullcontext():
+            return fn(*a, **k)
+    return run
+
+
+def attention_times(args) -> list[dict]:
+    """ms per forward + backward of SDPA alone at the step's shape, per backend, with and without a padding mask."""
+    device = torch.device(args.device)
+    heads, width = SHAPES[args.shape]["num_attention_heads"], SHAPES[args.shape]["hidden_size"]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    q, k, v = (torch.randn(args.batch, heads, args.seq, width // heads, device=device, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    mask = torch.ones(args.batch, 1, args.seq, args.seq, dtype=torch.bool, device=device)
+    rows = []
+    for backend in BACKENDS:
+        for masked in (True, False):
+            attend = with_backend(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask if masked else None),
+                                  backend)
+            try:
+                for i in range(12):
+                    if i == 2:
+                        sync(device)
+                        start = time.perf_counter()
+                    attend().sum().backward()
+                sync(device)
+                rows.append({"backend": backend, "mask": masked, "ms": (time.perf_counter() - start) / 10 * 1e3})
+            except RuntimeError as exc:  # a backend that does not take this shape, dtype or mask
+                rows.append({"backend": backend, "mask": masked, "error": str(exc).splitlines()[0][:200]})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def to_float8(model) -> None:
     """torchao's float8 training for the encoder's linear layers (the tied vocabulary projection stays bf16)."""
     from torchao.float8 import convert_to_float8_training
@@ -124,8 +177,8 @@ def run_lever(name: str, args) -> dict:
     from model.flops import TRAIN, mlm_forward
     from pretrain.hardware import datasheet_peak_tflops
 
-    lever = {"mask": True, "fused_qkv": False, "batch": args.batch, "mode": None, "fp8": False, "dropout": 0.0,
-             **LEVERS[name]}
+    lever = {"mask": True, "attention": None, "fused_qkv": False, "batch": args.batch, "mode": None, "fp8": False,
+             "dropout": 0.0, **LEVERS[name]}
     device = torch.device(args.device)
     torch._dynamo.reset()
     model = build_model(args.shape, lever["dropout"], lever["fused_qkv"], device)
@@ -133,6 +186,8 @@ def run_lever(name: str, args) -> dict:
         to_float8(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     loss_fn = torch.compile(mlm_loss, mode=lever["mode"]) if args.compile else mlm_loss
+    if lever["attention"]:
+        loss_fn = with_backend(loss_fn, lever["attention"])
     batches = make_batches(args.cycle, lever["batch"], args.seq, device)
     bf16 = device.type == "cuda"
     losses, times = [], []
@@ -148,7 +203,7 @@ def run_lever(name: str, args) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step in (0, args.steps - 1) or step == args.warmup - 1:
-            losses.append(float(loss))  # a device sync: the timing starts after it and ends with it
+            losses.append(float(loss.detach()))  # a device sync: the timing starts after it and ends with it
             times.append(time.perf_counter())
     tokens = (args.steps - args.warmup) * lever["batch"] * args.seq
     tokens_per_s = tokens / (times[-1] - times[-2])
@@ -169,9 +224,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cycle", type=int, default=8, help="distinct batches, made on the device before timing")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--attention", action="store_true", help="time SDPA alone per backend first")
     args = parser.parse_args(argv)
     if not 0 < args.warmup < args.steps:
         parser.error("--warmup must be at least 1 and below --steps")
+    attention = attention_times(args) if args.attention else []
     rows = []
     for name in args.levers:
         try:
@@ -189,7 +246,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     env = {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine(),
            "torch": torch.__version__, "transformers": __import__("transformers").__version__,
            "python": sys.version.split()[0]}
-    write_text_atomic(args.out, json.dumps({"env": env, "args": vars(args), "levers": rows}, indent=1))
+    write_text_atomic(args.out, json.dumps({"env": env, "args": vars(args), "attention": attention, "levers": rows}, indent=1))
     print(f"{'lever':<18} {'tokens/s':>10} {'MFU':>7} {'vs base':>8} {'first loss':>11} {'peak GiB':>9}")
     for r in rows:
         if "error" in r:

@@ -72,10 +72,6 @@ EVAL_STREAM = 1 << 30  # keeps evaluation masks apart from training masks
 
 # What each per-token column is padded with; per-sample columns (sample_id, pair_label) are stacked.
 # Every `*input_ids` column (the input, its clean copy, COCO-LM's crop, DeCLUTR's positives) pads with the pad id.
-# A 0-dim bool column: True when the collate padded nothing (every row as long as the widest). The training process
-# keeps 0-dim columns on the host as Python values, so the encoder can drop an all-ones attention mask (SDPA's flash
-# kernel takes none) and a compiled step specialises on the flag instead of reading the mask on the device.
-FULL_ROWS = "full_rows"
 PAD_VALUES = {"labels": -100, "attention_mask": 0, "token_type_ids": 0, "crop_attention_mask": 0,
               "target_labels": -100}
 
@@ -123,7 +119,6 @@ class MaskingCollate:
         batch["sample_id"] = torch.tensor([int(s["sample_id"]) for s in samples], dtype=torch.long)
         if "pair_label" in samples[0]:
             batch["pair_label"] = torch.tensor([int(s["pair_label"]) for s in samples], dtype=torch.long)
-        batch[FULL_ROWS] = torch.tensor(bool(batch["attention_mask"].all()))
         return batch
 
 

@@ -89,9 +89,8 @@ class Trainer:
                                          "train.micro_batch_size") from None
                 self._iter = None
 
-    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        # A 0-dim column is a per-batch flag (data_pipeline.loader.FULL_ROWS): read on the host, it costs no device sync.
-        return {k: v.item() if v.dim() == 0 else v.to(self.device, non_blocking=True) for k, v in batch.items()}
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def train_step(self) -> None:
         """One optimizer step over `accum` micro-batches; its metrics stay on the device until the next drain."""

@@ -36,12 +36,11 @@ def _config(backbone: str, tok: dict):
     return model_config(enc, tok, 64)
 
 
-def _batch(tok: dict, name: str, seed: int = 0, padded: bool = True) -> dict:
+def _batch(tok: dict, name: str, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(10, tok["vocab_size"], (6, 40), generator=g)
     ids[:, 0], ids[:, -1] = tok["cls_id"], tok["sep_id"]
-    if padded:
-        ids[2, 30:], ids[2, 29] = tok["pad_id"], tok["sep_id"]
+    ids[2, 30:], ids[2, 29] = tok["pad_id"], tok["sep_id"]
     batch = {"input_ids": ids, "attention_mask": (ids != tok["pad_id"]).long(), "token_type_ids": torch.zeros_like(ids)}
     strategy = {"coco_lm": "coco", "spanbert": "span", "xlnet": "plm"}.get(name, "bert")
     masking = MaskingConfig(strategy=strategy, crop_ratio=0.9 if name == "coco_lm" else None)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from data_pipeline.loader import EVAL_STREAM, FULL_ROWS, LoaderConfig, MaskingCollate, PackedBatch, build_loader
+from data_pipeline.loader import EVAL_STREAM, LoaderConfig, MaskingCollate, PackedBatch, build_loader
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, build_masking
 from data_pipeline.dataset_dir import DatasetDir
 
@@ -79,19 +79,9 @@ def test_a_samples_mask_is_its_own_whatever_batch_it_is_in():
     assert torch.equal(fixed(samples)["labels"], fixed([{**s, "epoch": 9} for s in samples])["labels"])
     # Without a transform it pads only: the samples' own tokens, attention over them, no labels.
     padded = MaskingCollate(None, pad_id=0)(samples)
-    assert set(padded) == {"input_ids", "attention_mask", "sample_id", FULL_ROWS}
+    assert set(padded) == {"input_ids", "attention_mask", "sample_id"}
     assert torch.equal(padded["input_ids"], together["original_input_ids"])
     assert torch.equal(padded["attention_mask"], together["attention_mask"])
-
-
-def test_full_rows_flag_says_whether_the_collate_padded():
-    collate = MaskingCollate(_masking(), pad_id=0, seed=5)
-    assert collate(_samples([30, 12, 45]))[FULL_ROWS].item() is False
-    assert collate(_samples([20, 20]))[FULL_ROWS].item() is True
-    assert collate(_samples([20]))[FULL_ROWS].dim() == 0
-    # It survives the packed transport from a loader worker as a 0-dim bool.
-    flag = PackedBatch.pack(collate(_samples([20, 20]))).unpack()[FULL_ROWS]
-    assert flag.dtype == torch.bool and flag.dim() == 0 and flag.item() is True
 
 
 def _epochs(dataset, workers, epochs, per_epoch=True):

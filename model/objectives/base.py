@@ -5,16 +5,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from data_pipeline.loader import FULL_ROWS
-
 Batch = dict[str, torch.Tensor]
 # The loss to back-propagate, and named detached scalars (loss terms and metrics) to log.
 ObjectiveResult = tuple[torch.Tensor, dict[str, torch.Tensor]]
-
-
-def encoder_mask(batch: Batch) -> "torch.Tensor | None":
-    """The attention mask to hand the encoder: none when the loader padded nothing, so SDPA may run its flash kernel."""
-    return None if batch.get(FULL_ROWS) is True else batch["attention_mask"]
 
 
 class Objective(nn.Module):

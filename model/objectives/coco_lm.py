@@ -39,7 +39,7 @@ from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import detection_metrics, masked_mean, retrieval_accuracy
-from model.objectives.base import Batch, Objective, encoder_mask
+from model.objectives.base import Batch, Objective
 from model.objectives.electra import sample_replacements
 from model.objectives.mlm import (at_least_fp32, at_positions, full_precision, prediction_accuracy, prediction_positions,
                                   sparse_mlm)
@@ -147,7 +147,7 @@ class CocoLM(Objective):
             raise ConfigError("objective coco_lm corrupts all-[MASK] input and contrasts a crop: set masking.strategy=coco "
                               "and masking.crop_ratio=0.9")
 
-    def _sample(self, masked: torch.Tensor, attention: Optional[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
+    def _sample(self, masked: torch.Tensor, attention: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Replacements [B, K] at the positions `index` from the generator's softmax (no-grad pass, dropout off), or
         uniform draws."""
         was_training = self.generator.training
@@ -167,13 +167,13 @@ class CocoLM(Objective):
         labels, index = batch["labels"], prediction_positions(batch)
         picked = at_positions(labels, index) != IGNORE_INDEX  # [B, K]: the slots that hold a masked position
         bb = self.backbone
-        gen_hidden = bb.encode(bb.base(self.generator), masked, encoder_mask(batch)).last_hidden_state
+        gen_hidden = bb.encode(bb.base(self.generator), masked, attention).last_hidden_state
         gen_loss, gen_accuracy = sparse_mlm(gen_hidden, labels, bb.mlm_head(self.generator), index)
         # Padding slots write back the original token (they all point at position 0).
         kept = at_positions(original, index)
-        corrupted = original.scatter(1, index, torch.where(picked, self._sample(masked, encoder_mask(batch), index), kept))
+        corrupted = original.scatter(1, index, torch.where(picked, self._sample(masked, attention, index), kept))
         unchanged = corrupted == original
-        hidden = bb.encode(self.main, corrupted, encoder_mask(batch)).last_hidden_state
+        hidden = bb.encode(self.main, corrupted, attention).last_hidden_state
         copy_logits = self.copy_head(hidden).squeeze(-1)
         valid = attention.bool()
         copy = copy_loss(copy_logits, unchanged, valid)

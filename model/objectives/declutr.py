@@ -28,7 +28,7 @@ from data_pipeline.span_views import SpanViewOptions, SpanViews
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import retrieval_accuracy
-from model.objectives.base import Batch, Objective, encoder_mask
+from model.objectives.base import Batch, Objective
 from model.objectives.coco_lm import scl_logits
 from model.objectives.mlm import prediction_positions, sparse_mlm
 
@@ -105,7 +105,7 @@ class Declutr(Objective):
                               "data_pipeline.run_data)")
         base = self.backbone.base(self.model)
         types = batch.get("token_type_ids")
-        anchor = self.backbone.encode(base, batch["input_ids"], encoder_mask(batch), types).last_hidden_state
+        anchor = self.backbone.encode(base, batch["input_ids"], batch["attention_mask"], types).last_hidden_state
         mlm, mlm_accuracy = sparse_mlm(anchor, batch["labels"], self.backbone.mlm_head(self.model),
                                       prediction_positions(batch))
         positives, masks = [], []

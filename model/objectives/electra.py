@@ -45,7 +45,7 @@ from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import detection_metrics, masked_mean
-from model.objectives.base import Batch, Objective, encoder_mask
+from model.objectives.base import Batch, Objective
 from model.objectives.mlm import at_least_fp32, at_positions, prediction_positions, sparse_mlm
 
 
@@ -161,7 +161,7 @@ class Electra(Objective):
         """Generator MLM and discriminator RTD losses, with the RTD head's detection diagnostics."""
         if self.two_stage:
             return self._stage_one_terms(batch) if self.stage == 1 else self._stage_two_terms(batch)
-        attention = encoder_mask(batch)
+        attention = batch["attention_mask"]
         types = batch.get("token_type_ids")
         gen_base = self.backbone.base(self.generator)
         gen_head = self.backbone.mlm_head(self.generator)
@@ -181,8 +181,7 @@ class Electra(Objective):
         picked = at_positions(batch["labels"], index) != IGNORE_INDEX
         corrupted = ids.scatter(1, index, torch.where(picked, sampled, at_positions(ids, index)))
         replaced = corrupted != batch["original_input_ids"]
-        disc_logits = self.backbone.rtd_logits(self.discriminator, corrupted, encoder_mask(batch),
-                                               batch.get("token_type_ids"))
+        disc_logits = self.backbone.rtd_logits(self.discriminator, corrupted, attention, batch.get("token_type_ids"))
         valid = attention.bool()
         rtd = rtd_loss(disc_logits, replaced, valid)
         with torch.no_grad():
@@ -193,7 +192,7 @@ class Electra(Objective):
 
     def _stage_one_terms(self, batch: Batch):
         """Two-stage, before the switch: MLM through the (future discriminator's) encoder; no RTD yet."""
-        hidden = self.backbone.encode(self.backbone.base(self.stage_one), batch["input_ids"], encoder_mask(batch),
+        hidden = self.backbone.encode(self.backbone.base(self.stage_one), batch["input_ids"], batch["attention_mask"],
                                       batch.get("token_type_ids")).last_hidden_state
         loss, accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.stage_one),
                                     prediction_positions(batch))
@@ -201,7 +200,7 @@ class Electra(Objective):
 
     def _stage_two_terms(self, batch: Batch):
         """Two-stage, after the switch: RTD against the frozen generator's samples (its MLM loss is a metric)."""
-        attention, types = encoder_mask(batch), batch.get("token_type_ids")
+        attention, types = batch["attention_mask"], batch.get("token_type_ids")
         index = prediction_positions(batch)
         with torch.no_grad():
             gen_hidden = self.backbone.encode(self.backbone.base(self.generator), batch["input_ids"], attention,

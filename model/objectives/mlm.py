@@ -24,7 +24,7 @@ from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX, positions_of
 from model import flops
 from model.backbones import REGISTRY, backbone_for
-from model.objectives.base import Batch, Objective, encoder_mask
+from model.objectives.base import Batch, Objective
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -146,7 +146,7 @@ class MaskedLM(Objective):
 
     def terms(self, batch: Batch):
         """MLM loss (+ NSP/SOP loss) and accuracies."""
-        out = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], encoder_mask(batch),
+        out = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], batch["attention_mask"],
                                    batch.get("token_type_ids"))
         loss, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], self.backbone.mlm_head(self.model),
                                     prediction_positions(batch))

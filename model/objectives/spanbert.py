@@ -26,7 +26,7 @@ from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
 from model.heads import SpanBoundaryHead, SpanBoundaryShape
-from model.objectives.base import Batch, Objective, encoder_mask
+from model.objectives.base import Batch, Objective
 from model.objectives.mlm import (at_least_fp32, at_positions, mlm_loss, prediction_accuracy, prediction_positions,
                                   sparse_mlm)
 
@@ -88,7 +88,7 @@ class SpanBert(Objective):
 
     def terms(self, batch: Batch):
         """MLM and SBO losses with their accuracies."""
-        hidden = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], encoder_mask(batch),
+        hidden = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], batch["attention_mask"],
                                       batch.get("token_type_ids")).last_hidden_state
         index = prediction_positions(batch)
         mlm, mlm_accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.model), index)

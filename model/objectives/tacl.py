@@ -32,7 +32,7 @@ from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import token_self_similarity
-from model.objectives.base import Batch, Objective, encoder_mask
+from model.objectives.base import Batch, Objective
 from model.objectives.mlm import (at_least_fp32, at_positions, full_precision, pair_loss, prediction_positions,
                                   sparse_mlm)
 
@@ -143,11 +143,11 @@ class TaCL(Objective):
         """MLM (+ NSP) and the token-level contrastive loss; the student's self-similarity when evaluating."""
         attention, types = batch["attention_mask"], batch.get("token_type_ids")
         bb = self.backbone
-        out = bb.encode(bb.base(self.student), batch["input_ids"], encoder_mask(batch), types)
+        out = bb.encode(bb.base(self.student), batch["input_ids"], attention, types)
         index = prediction_positions(batch)
         mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.student), index)
         with torch.no_grad():
-            teacher_hidden = bb.encode(self.teacher, batch["original_input_ids"], encoder_mask(batch), types).last_hidden_state
+            teacher_hidden = bb.encode(self.teacher, batch["original_input_ids"], attention, types).last_hidden_state
         anchors = batch["labels"] != IGNORE_INDEX
         tacl = tacl_loss(out.last_hidden_state, teacher_hidden, anchors, attention, self.options.temperature,
                          self.options.include_padding, self.options.cross_sequence_negatives, index)

@@ -26,7 +26,7 @@ from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import masked_mean
-from model.objectives.base import Batch, Objective, encoder_mask
+from model.objectives.base import Batch, Objective
 from model.objectives.mlm import at_least_fp32, full_precision, prediction_positions, sparse_mlm
 
 OFFSETS = torch.tensor([-2, -1, 1, 2])
@@ -118,8 +118,7 @@ class TACO(Objective):
         """MLM and TC losses, and how often the positive outscores every negative."""
         attention = batch["attention_mask"]
         bb = self.backbone
-        out = bb.encode(bb.base(self.model), batch["input_ids"], encoder_mask(batch), batch.get("token_type_ids"),
-                        output_hidden_states=True)
+        out = bb.encode(bb.base(self.model), batch["input_ids"], attention, batch.get("token_type_ids"), output_hidden_states=True)
         mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.model), prediction_positions(batch))
         g = out.last_hidden_state - out.hidden_states[0]
         anchors = (batch["labels"] != IGNORE_INDEX) if self.options.masked_only else attention.bool()
