@@ -5,6 +5,7 @@ fraction from a profiler trace.
     python -m benchmarks.corpora --out runs/corpora
     python -m benchmarks.gpu_throughput                       # on a GPU machine (one process, one GPU): micro-batches 64 and 256 at seq 128, 16 and 64 at 512
     python -m benchmarks.gpu_throughput --batches-128 32 64 128 --batches-512 8 16 32 --compile off on --profile
+    python -m benchmarks.gpu_throughput --seqs 128 --batches-128 256 --compile on --set train.fused_qkv=true
     python -m benchmarks.gpu_throughput --tiny --steps 20 --warmup 5 --batches-128 8 --batches-512 2   # the path on a CPU
 
 Each point is a real `python -m pretrain train` run (torchrun, one rank, `train.zero_stage=auto`, so stage 0 on one
@@ -91,7 +92,8 @@ def point_overrides(point: dict, args, data: Path, teacher: Path, run_dir: Path)
                  f"train.global_batch_size={point['batch']}", f"train.precision={args.precision}", "train.log_every=5",
                  f"train.save_every={args.steps * 10}", "train.resume=never", "train.eval_every=0",
                  "schedule.warmup_steps=10", "optimizer.lr=1e-4", f"train.zero_stage={args.zero_stage}",
-                 f"train.compile={str(point['compile']).lower()}", f"data.num_workers={args.loader_workers}"]
+                 f"train.compile={str(point['compile']).lower()}", f"data.num_workers={args.loader_workers}",
+                 *args.set]
     if point["objective"] == "tacl":
         overrides.append(f"model.init_from={teacher}")
     if point["objective"] == "coco_lm":
@@ -179,6 +181,8 @@ def main() -> None:
     parser.add_argument("--batches-512", type=int, nargs="+", default=[16, 64], help="micro-batches per GPU at seq 512")
     parser.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"], help="train.compile values to run")
     parser.add_argument("--zero-stage", default="auto")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more run-config overrides for every trainer point (train.fused_qkv=true, model.dropout=0.1)")
     add_shared(parser, choices={"precision": ["bf16", "fp16", "fp32"]}, loader_workers="auto", steps=60, warmup=20,
                precision="bf16")
     parser.add_argument("--no-bare", action="store_true", help="skip the bare loop (MLM points)")

@@ -12,7 +12,7 @@ masked, a new batch each step from a cycle made on the device before the timing.
 
 - `no_mask`: no attention mask (rows without padding), so SDPA may pick its flash kernel;
 - `cudnn_attention`: SDPA restricted to cuDNN's attention kernel;
-- `fused_qkv`: Q, K and V as one matmul over the concatenated weights (the parameters keep transformers' layout);
+- `fused_qkv`: Q, K and V as one matmul over the concatenated weights (model/fused_qkv.py, `train.fused_qkv`);
 - `batch_512`: micro-batch 512;
 - `cuda_graphs`: `mode="reduce-overhead"`;
 - `fp8`: torchao's float8 training on the encoder's linear layers (needs torchao and an sm89+ GPU);
@@ -58,36 +58,18 @@ LEVERS: dict[str, dict[str, Any]] = {
 NEEDS_EXTRA = {"fp8", "cudnn_attention"}  # torchao and sm89+, cuDNN: where missing, the row says why
 
 
-def fused_qkv_forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                      cache: Any = None, **kwargs: Any) -> tuple:
-    """BertSelfAttention.forward with one matmul for Q, K and V over the concatenated weights (no cache)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.bert.modeling_bert import eager_attention_forward
-
-    shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)
-    weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
-    bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-    q, k, v = (t.view(shape).transpose(1, 2) for t in F.linear(hidden_states, weight, bias).chunk(3, dim=-1))
-    attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-    out, weights = attend(self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.dropout.p,
-                          scaling=self.scaling, **kwargs)
-    return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights
-
-
 def build_model(shape: str, dropout: float, fused_qkv: bool, device: torch.device):
-    """A BertForMaskedLM of this shape with seed-0 weights; `fused_qkv` swaps its self-attention forward."""
-    import types
-
+    """A BertForMaskedLM of this shape with seed-0 weights; `fused_qkv`: the trainer's train.fused_qkv."""
     from transformers import BertConfig, BertForMaskedLM
+
+    from model.fused_qkv import fuse_qkv
 
     config = BertConfig(vocab_size=VOCAB, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
                         max_position_embeddings=512, attn_implementation="sdpa", **SHAPES[shape])
     torch.manual_seed(0)
     model = BertForMaskedLM(config).to(device).train()
     if fused_qkv:
-        for layer in model.bert.encoder.layer:
-            attention = layer.attention.self
-            attention.forward = types.MethodType(fused_qkv_forward, attention)
+        fuse_qkv(model)
     return model
 
 

@@ -70,6 +70,10 @@ class TrainConfig:
     # objective's whole step (encoders, heads, losses) as one graph of fixed shapes; layers: each encoder layer on
     # its own, which measured faster for ModernBERT-base on an H200 (BENCHMARKS.md, "One compiled graph per step").
     compile: Union[bool, Literal["step", "layers"]] = False
+    # One matmul for Q, K and V in every BERT-layout attention (BERT; ELECTRA's and COCO-LM's networks; ModernBERT has
+    # its own), over the three weights concatenated at each call: checkpoints and exports keep transformers' layout.
+    # ZeRO 0-2 (ZeRO-3 gathers each projection's weight when its own module runs). BENCHMARKS.md, "Kernel levers".
+    fused_qkv: bool = False
     # glibc keeps the host memory a step frees for the next step instead of returning it to the kernel, which
     # costs page faults at every step (core/host_memory.py; BENCHMARKS.md). false: glibc's defaults.
     keep_freed_host_memory: bool = True
@@ -135,6 +139,9 @@ class TrainConfig:
         if self.compile and self.zero_stage == 3:
             raise ConfigError(f"train.compile={str(self.compile).lower()} needs ZeRO stage 0-2: ZeRO-3's hooks gather "
                               "parameters inside the layers a compiled region would capture (set train.compile=false)")
+        if self.fused_qkv and self.zero_stage == 3:
+            raise ConfigError("train.fused_qkv=true needs ZeRO stage 0-2: ZeRO-3 gathers the Q, K and V weights only when "
+                              "their own modules run (set train.fused_qkv=false)")
 
 
 @dataclass

@@ -13,6 +13,7 @@ from torch import nn
 
 from core import distributed as dist
 from core.errors import ConfigError
+from model.fused_qkv import fuse_qkv
 from pretrain.checkpoint_manager import ResumePlan
 from pretrain.config import RunConfig
 from pretrain.ds_config import bf16_weights_for, build_ds_config, redacted
@@ -46,11 +47,14 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
     offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
     optimizer = build_optimizer(objective, cfg.optimizer, offload=offload)
     scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
-    if cfg.train.compile and stage == 3:
-        raise ConfigError(f"train.compile={str(cfg.train.compile).lower()} needs ZeRO stage 0-2, and {stage_note}: set "
-                          "train.zero_stage or train.compile=false")
-    engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=cfg.train.compile)
+    for key, value in (("compile", cfg.train.compile), ("fused_qkv", cfg.train.fused_qkv)):
+        if value and stage == 3:
+            raise ConfigError(f"train.{key}={str(value).lower()} needs ZeRO stage 0-2, and {stage_note}: set "
+                              f"train.zero_stage or train.{key}=false")
     notes = [stage_note]
+    if cfg.train.fused_qkv:
+        notes.append(f"Q, K and V as one matmul in {fuse_qkv(objective)} attention layer(s) (train.fused_qkv)")
+    engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=cfg.train.compile)
     if engine.compiled:
         notes.append(f"compiled {engine.compiled} with torch.compile (train.compile): the first steps wait for the "
                      "compiler")

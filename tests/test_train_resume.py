@@ -211,13 +211,13 @@ def test_modernbert_stop_and_resume_is_exact(prepared, tmp_path):
 
 
 def test_compiled_step_stop_resume_and_export_exactly(prepared, tmp_path):
-    """train.compile=true (the objective's whole step through torch.compile, with dropout): stop + resume equals an
-    uninterrupted run bit for bit, the log says what was compiled, and the export (the same parameter names as
-    uncompiled) loads in AutoModelForMaskedLM."""
+    """train.compile=true (the objective's whole step through torch.compile, with dropout) and train.fused_qkv: stop +
+    resume equals an uninterrupted run bit for bit, the log says what was compiled, and the export (the same parameter
+    names as uncompiled) loads in AutoModelForMaskedLM."""
     from pretrain.export import export
 
-    compiled = ["train.compile=true", "train.zero_stage=auto", "train.max_steps=6", "train.save_every=3",
-                "train.log_every=3", "train.global_batch_size=8"]
+    compiled = ["train.compile=true", "train.fused_qkv=true", "train.zero_stage=auto", "train.max_steps=6",
+                "train.save_every=3", "train.log_every=3", "train.global_batch_size=8"]
     straight, out = tmp_path / "straight", tmp_path / "run"
     first = run_cli("pretrain", _args(prepared, straight, *compiled), nproc=1)
     assert "compiled the objective's step (encoders, heads and losses) with torch.compile" in first.stdout
@@ -229,6 +229,7 @@ def test_compiled_step_stop_resume_and_export_exactly(prepared, tmp_path):
     wa = torch.load(path(straight), map_location="cpu", weights_only=False)["module"]
     wb = torch.load(path(out), map_location="cpu", weights_only=False)["module"]
     assert wa.keys() == wb.keys() and not any("_orig_mod" in k for k in wa)
+    assert "model.bert.encoder.layer.0.attention.self.query.weight" in wa  # transformers' layout, unfused
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     from conftest import restored_environ
     from transformers import AutoModelForMaskedLM
@@ -240,14 +241,15 @@ def test_compiled_step_stop_resume_and_export_exactly(prepared, tmp_path):
 
 
 def test_layer_compile_trains_as_eager_and_names_its_layers(prepared, tmp_path):
-    """train.compile=layers (each encoder layer compiled on its own, the GPU recipe's setting): the log names the
-    layers, and its losses are the eager run's (fp32, dropout 0) to 1e-5."""
+    """train.compile=layers with train.fused_qkv (each encoder layer compiled on its own, Q/K/V as one matmul: the GPU
+    recipe's settings): the log names both, and the losses are the eager, unfused run's (fp32, dropout 0) to 1e-5."""
     run = ["train.zero_stage=auto", "train.max_steps=3", "train.save_every=3", "train.log_every=1",
            "train.global_batch_size=4", "model.dropout=0", "model.attention_dropout=0"]
     eager, layers = tmp_path / "eager", tmp_path / "layers"
     run_cli("pretrain", _args(prepared, eager, *run), nproc=1)
-    compiled = run_cli("pretrain", _args(prepared, layers, *run, "train.compile=layers"), nproc=1)
+    compiled = run_cli("pretrain", _args(prepared, layers, *run, "train.compile=layers", "train.fused_qkv=true"), nproc=1)
     assert "compiled 2 encoder layer(s), each on its own with torch.compile" in compiled.stdout
+    assert "Q, K and V as one matmul in 2 attention layer(s)" in compiled.stdout
     want, got = _train_losses(eager), _train_losses(layers)
     assert sorted(got) == [1, 2, 3] and all(abs(got[s] - want[s]) <= 1e-5 * abs(want[s]) for s in want), (got, want)
 
