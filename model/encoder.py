@@ -1,7 +1,9 @@
 """The main Transformer encoder's typed config, and the transformers config its backbone builds from it."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -14,8 +16,9 @@ from model.backbones.base import check_saved_config
 
 
 @dataclass
-class EncoderConfig:
-    """Shape of the encoder. `vocab_size` defaults to the tokenizer's and must match it."""
+class EncoderShape:
+    """What every family reads: the encoder's shape, dropout and attention kernel. `vocab_size` defaults to the
+    tokenizer's and must match it."""
 
     # A name in model/backbones' registry: bert (transformers' BertModel); modernbert (ModernBertModel: rotary,
     # GeGLU, no biases); albert (AlbertModel: factorized embeddings, layers sharing parameters); xlnet (XLNetModel:
@@ -26,20 +29,10 @@ class EncoderConfig:
     num_heads: int = 4
     intermediate_size: int = 1024
     max_position_embeddings: int = 512
-    # BERT and ALBERT: transformers' own position options. The relative ones exist in transformers 4.x only (with
-    # eager attention); under 5.x they are refused, and ModernBERT is the relative-position (rotary) backbone.
-    position_embedding: Literal["absolute", "relative_key", "relative_key_query"] = "absolute"
     dropout: float = 0.1
     attention_dropout: float = 0.1
     # sdpa (default), eager, or flash_attention_2 (ModernBERT on a GPU with flash-attn: the unpadded path).
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
-    # ModernBERT only: sliding-window width of the local layers, and every n-th layer attends globally.
-    local_attention: int = 128
-    global_attn_every_n_layers: int = 3
-    # ALBERT only: the token embedding size E (projected to hidden_size; unset: min(128, hidden_size)) and how
-    # many parameter groups the layers share (1, ALBERT's default: every layer uses the same weights).
-    embedding_size: Optional[int] = None
-    num_hidden_groups: Optional[int] = None
     vocab_size: Optional[int] = None
     # A Hugging Face BERT or ModernBERT folder to start from (shape and weights; the fields above
     # are ignored). A missing MLM head is created, with its decoder tied to the word embeddings.
@@ -55,6 +48,30 @@ class EncoderConfig:
                 f"config key 'model.hidden_size' ({self.hidden_size}) must be divisible by 'model.num_heads' ({self.num_heads})"
             )
         backbone_for(self.architecture).check(self)
+
+
+def _encoder_config_class() -> type:
+    """The `model` config section: the shape every family reads, then each registered family's own keys (its
+    `options_class`, in model/backbones/), flat beside them so a key reads `model.local_attention`.
+
+    Built from the registry, as the `objective` section is: a new family with keys of its own is one file and one
+    registry line. A key two families share (ALBERT's positions are BERT's) is declared once with one default.
+    """
+    own: dict[str, tuple] = {}
+    for name in REGISTRY:
+        options = backbone_for(name).options_class
+        hints = typing.get_type_hints(options)
+        for f in dataclasses.fields(options):
+            if f.name in own and own[f.name][2].default != f.default:
+                raise TypeError(f"model.{f.name} has two defaults: {own[f.name][2].default!r} and {f.default!r} ({name})")
+            own.setdefault(f.name, (f.name, hints[f.name], dataclasses.field(default=f.default)))
+    cls = dataclasses.make_dataclass("EncoderConfig", list(own.values()), bases=(EncoderShape,))
+    cls.__module__ = __name__
+    cls.__doc__ = "The encoder's shape and every registered family's own keys (a family refuses the others' keys)."
+    return cls
+
+
+EncoderConfig = _encoder_config_class()
 
 
 def attention_for(config: PretrainedConfig, requested: str) -> str:

@@ -1,41 +1,22 @@
 """Saving and loading a checkpoint: DeepSpeed's files per tag, the run files beside them, a completion marker
-written last with every file's size and hash; the RNG states; the fp32 weights of any stage; the universal copy.
+written last with every file's size and hash; the fp32 weights of any stage; the universal copy.
 
 Which tags exist, are complete and intact is the folder's own knowledge (checkpoint_dir.py)."""
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.errors import CheckpointError
 from pretrain.checkpoint_dir import COMPLETE, LATEST, CheckpointDir, file_manifest, tag_for, universal_tag
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states (DeepSpeed saves none; dropout needs them for exact resume)."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` captured."""
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -94,7 +94,7 @@ def _peer_lost(exc: BaseException, trainer) -> None:
     who = dist.lost_peers(str(exc)) or "a peer (its own log says which)"
     line = (f"peer lost: rank {dist.rank()} of {dist.world_size()}, step {step}, backend {backend}: lost {who}: "
             f"{first[:300]} (exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
-    if trainer is not None and trainer.rank == 0:
+    if trainer is not None and dist.rank() == 0:
         trainer.log.info(line)
     print(line, file=sys.stderr, flush=True)
     write_status("peer_lost", step=step, error=first[:500])

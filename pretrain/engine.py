@@ -15,19 +15,31 @@ does every step without a use for this run is configured around, here and in dee
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
 
+from pretrain import checkpoint as ckpt
+
 Batch = dict[str, torch.Tensor]
 
 
-class Engine:
-    """One micro-batch at a time through a DeepSpeed engine; `ds` is the engine itself (checkpoints, evaluation)."""
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """A loader's batch on the device (pinned host memory copies without waiting)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
-    def __init__(self, ds_engine, grad_clip: float, clip_here: bool, accumulation: int = 1) -> None:
+
+class Engine:
+    """One micro-batch at a time through a DeepSpeed engine, and the engine's state in checkpoints. `ds`, the DeepSpeed
+    engine itself, stays inside this class (and the tests that look at it)."""
+
+    def __init__(self, ds_engine, grad_clip: float, clip_here: bool, accumulation: int = 1,
+                 reschedule: Optional[Callable[[Any], None]] = None) -> None:
         self.ds = ds_engine
+        # Called with the LR scheduler after a checkpoint loads: the schedule follows this launch's config.
+        self.reschedule = reschedule
         self.accumulation = accumulation  # micro-batches per optimizer step
         self.grad_clip = grad_clip
         self.clip_here = clip_here
@@ -57,6 +69,32 @@ class Engine:
     def _clip(self) -> None:
         """Clip the gradients to `grad_clip` by their global norm, which is kept for the log (no host read)."""
         self._norm = torch.nn.utils.clip_grad_norm_(self._params, self.grad_clip, foreach=True)
+
+    def eval_step(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The objective's loss and metrics on one batch, no gradient kept by the caller's no_grad."""
+        return self.ds(batch)
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage the engine runs."""
+        return self.ds.zero_optimization_stage()
+
+    @property
+    def bf16_weights(self) -> bool:
+        """Whether DeepSpeed keeps the weights in bf16 (its bf16 mode) rather than fp32 under autocast."""
+        return self.ds.bfloat16_enabled()
+
+    def save_checkpoint(self, folder: Path, step: int, client_state: dict[str, Any], keep_last: int,
+                        run_files: dict[str, str]) -> str:
+        """Save the weights, optimizer and schedule with `client_state` and `run_files` beside them; the tag."""
+        return ckpt.save(self.ds, folder, step, client_state, keep_last, run_files=run_files)
+
+    def load_checkpoint(self, folder: Path, tag: str) -> dict[str, Any]:
+        """Load the weights, optimizer and schedule of `tag`; its client state."""
+        state = ckpt.load(self.ds, folder, tag)
+        if self.reschedule is not None:
+            self.reschedule(self.ds.lr_scheduler)
+        return state
 
     def lr(self) -> float:
         """The learning rate of the step about to run."""
@@ -159,7 +197,7 @@ def foreach_zero_grad_norm(optimizer) -> bool:
 
 
 def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, Any], world: int,
-                 compile: Union[bool, str] = False) -> Engine:
+                 compile: Union[bool, str] = False, reschedule: Optional[Callable[[Any], None]] = None) -> Engine:
     """deepspeed.initialize with `ds_config` (as written to the run folder), then the host-cost settings above."""
     import deepspeed
 
@@ -172,6 +210,6 @@ def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, An
     if world == 1 and ds_engine.zero_optimization_stage() == 0:
         ds_engine.enable_backward_allreduce = False
     foreach_zero_grad_norm(ds_engine.optimizer)
-    engine = Engine(ds_engine, grad_clip, clip_here, int(ds_config["gradient_accumulation_steps"]))
+    engine = Engine(ds_engine, grad_clip, clip_here, int(ds_config["gradient_accumulation_steps"]), reschedule)
     engine.compiled = compiled
     return engine

@@ -14,11 +14,11 @@ from torch import nn
 from core import distributed as dist
 from core.errors import ConfigError
 from model.fused_qkv import fuse_qkv
-from pretrain.checkpoint_manager import ResumePlan
+from pretrain.resume_choice import ResumePlan
 from pretrain.config import RunConfig
 from pretrain.ds_config import bf16_weights_for, build_ds_config, redacted
 from pretrain.engine import Engine, build_engine
-from pretrain.optim import build_optimizer, build_scheduler
+from pretrain.optim import build_optimizer, build_scheduler, reset_schedule
 from pretrain.zero_stage import choose_stage, device_memory_bytes
 
 
@@ -54,7 +54,9 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
     notes = [stage_note]
     if cfg.train.fused_qkv:
         notes.append(f"Q, K and V as one matmul in {fuse_qkv(objective)} attention layer(s) (train.fused_qkv)")
-    engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=cfg.train.compile)
+    # A resumed run's schedule follows this launch's max_steps and schedule, not the saved ones.
+    engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=cfg.train.compile,
+                          reschedule=lambda s: reset_schedule(s, cfg.train.max_steps, cfg.schedule, cfg.optimizer.lr))
     if engine.compiled:
         notes.append(f"compiled {engine.compiled} with torch.compile (train.compile): the first steps wait for the "
                      "compiler")

@@ -1,24 +1,35 @@
-"""The composition root of a training run: from its config to a trainer handed its parts."""
+"""The composition root of a training run: every part built here, from its config, and handed to the trainer."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import time
 import warnings
+from typing import Optional
 
 import torch
 
 from core import distributed as dist
 from core.config_io import config_to_dict
 from core.host_memory import keep_freed_memory
-from core.seeding import seed_all, seed_for
+from core.seeding import RunRng, seed_all, seed_for
 from data_pipeline.run_data import open_run_data
 from model.diagnostics import validation_unigram_entropy
 from model.encoder import model_config
 from model.objectives import resolve_objective
+from pretrain.checkpoint_manager import CheckpointManager
 from pretrain.config import RunConfig
+from pretrain.engine_setup import set_up_engine
 from pretrain.hardware import resolve_hardware
-from pretrain.run_dir import RunDir, run_files
+from pretrain.logger import RunLogger
+from pretrain.metrics import MetricsReporter
+from pretrain.progress import Progress
+from pretrain.resume_choice import ResumeChoice
+from pretrain.run_dir import DEEPSPEED_CONFIG_FILE, RunDir, run_files
+from pretrain.sample_audit import SampleAudit
 from pretrain.trainer import Trainer
+from pretrain.validation import Validator
 
 
 def quiet_libraries() -> None:
@@ -30,8 +41,8 @@ def quiet_libraries() -> None:
 
 
 def build_trainer(cfg: RunConfig) -> Trainer:
-    """Initialise the process group and everything the trainer needs: the device's precision and peak, the data, the
-    objective, the run files."""
+    """Build every part of a run from its config and hand them to the trainer: the process group, the device's
+    precision and peak, the data, the objective, the resume choice, the engine and the stateful parts around it."""
     quiet_libraries()
     # Before the data and the model, so that their memory and the loader workers forked later follow it.
     allocator = keep_freed_memory() if cfg.train.keep_freed_host_memory else None
@@ -41,9 +52,9 @@ def build_trainer(cfg: RunConfig) -> Trainer:
         os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(run_dir.flight_recorder / "rank_"))
     spec = resolve_objective(cfg.objective, cfg.model, cfg.masking)  # the cheapest mistakes first
     dist.init_distributed(cfg.train.init_timeout_s)
-    # Resolved before the run files are made: config.yaml records the precision the run trained in.
     hardware = resolve_hardware(cfg.train.precision, cfg.train.peak_tflops)
-    cfg.train.precision = hardware.precision
+    # The run's config from here on names the precision `auto` resolved to: config.yaml records what it trained in.
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=hardware.precision))
     data = open_run_data(cfg.data, cfg.masking, cfg.train.micro_batch_size, cfg.train.seed,
                          bool(cfg.train.eval_every), spec.data_transform,
                          pin_memory=torch.cuda.is_available())  # the engine copies pinned batches with non_blocking
@@ -52,10 +63,37 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     seed_all(seed_for(cfg.train.seed))  # identical initial weights on every rank
     objective = spec.build(hf_config, cfg.model.init_from, cfg.masking.mask_prob)
     files = run_files(config_to_dict(cfg), hf_config.to_dict(), data.manifest)
-    # The trainer checks the launch against what it resumes (stage, tokenizer, data, shape); the run files replace the
-    # folder's only when it starts training: a refused launch leaves the run as it was.
-    return Trainer(cfg, objective, data.train, data.validation, run_files=files,
-                   flops_per_token=objective.flops_per_token, peak_tflops=hardware.peak_tflops,
-                   unigram_entropy=None if data.validation is None else
-                   validation_unigram_entropy(data.validation, cfg.train.eval_batches, tokenizer),
-                   notes=(*hardware.notes, *data.notes, *([allocator] if allocator else [])))
+    # The launch is checked against what it resumes (stage, tokenizer, data, shape) before the engine is built; the
+    # run files replace the folder's only when training starts: a refused launch leaves the run as it was.
+    choice = ResumeChoice(cfg, run_dir, files)
+    engine, engine_notes, ds_config = set_up_engine(cfg, objective, choice.choose())
+    files[DEEPSPEED_CONFIG_FILE] = ds_config
+    rank, world = dist.rank(), dist.world_size()
+    loader, progress, rng = data.train, Progress(), RunRng(cfg.train.seed, rank, world)
+    log = RunLogger(run_dir, cfg.train.max_steps, enabled=rank == 0, report_to=tuple(cfg.train.report_to),
+                    config=config_to_dict(cfg))
+    # What was decided for the user: the precision and stage `auto` picked, the peak MFU is measured against.
+    for note in (*hardware.notes, *data.notes, *([allocator] if allocator else []), *engine_notes):
+        log.info(note)
+    rng.start()  # dropout differs per rank; a resume overwrites it with the saved streams
+    return Trainer(cfg, engine=engine, loader=loader, progress=progress, log=log, run_dir=run_dir, run_files=files,
+                   checkpoints=CheckpointManager(cfg, run_dir, choice, files, engine=engine, loader=loader,
+                                                 progress=progress, rng=rng, log=log),
+                   validator=validator_for(cfg, engine, data.validation, world, tokenizer),
+                   metrics=MetricsReporter(log, world, objective.flops_per_token, hardware.peak_tflops,
+                                           must_be_finite=finite_metrics(cfg.train.precision)),
+                   audit=SampleAudit(run_dir, rank, world, cfg.train.record_samples), start_time=time.time())
+
+
+def finite_metrics(precision: str) -> tuple[str, ...]:
+    """The metrics a step must keep finite: fp16 skips an overflowing step and lowers its loss scale (DeepSpeed's own
+    rule), so there only the loss; elsewhere nothing skips a step."""
+    return ("loss",) if precision == "fp16" else ("loss", "grad_norm")
+
+
+def validator_for(cfg: RunConfig, engine, loader, world: int, tokenizer: dict) -> Optional[Validator]:
+    """The validation of this run (None without a validation split), with the unigram entropy its loss is read against."""
+    if loader is None:
+        return None
+    entropy = validation_unigram_entropy(loader, cfg.train.eval_batches, tokenizer)
+    return Validator(engine, loader, cfg.train.eval_batches, world, entropy)

@@ -2,71 +2,46 @@
 
 The trainer knows no objective: the objective's forward takes a batch and returns
 (loss, metrics), and batches come from the loader already masked (data_pipeline.loader.MaskingCollate),
-so the training process only moves them to the device. It is handed its parts: the engine
-(pretrain/engine_setup.py), the checkpoint manager and its save policy (pretrain/checkpoint_manager.py),
-the counters (pretrain/progress.py), the sample audit (pretrain/sample_audit.py) and the metrics
-reporter (pretrain/metrics.py).
+so the training process only moves them to the device. It builds nothing: pretrain/run.py, the composition
+root, hands it the engine, the loader, the checkpoint manager over the stateful parts, the validator, the
+counters, the sample audit, the logger and the metrics reporter.
 """
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
-from torch import nn
 
 from core import distributed as dist
-from core.config_io import config_to_dict
 from core.errors import InputDataError
-from core.seeding import seed_all, seed_for
 from data_pipeline.dataset_dir import DatasetDir
-from model.diagnostics import headline
 from pretrain.checkpoint_dir import tag_for
 from pretrain.checkpoint_manager import CheckpointManager
 from pretrain.config import RunConfig
-from pretrain.engine_setup import set_up_engine
+from pretrain.engine import Engine, to_device
 from pretrain.exit_status import write_status
 from pretrain.logger import RunLogger
-from pretrain.metrics import MetricsReporter, MetricWindow
+from pretrain.metrics import MetricsReporter
 from pretrain.preemption import PreemptionGuard, run_deadline
 from pretrain.progress import Progress
-from pretrain.run_dir import DEEPSPEED_CONFIG_FILE, FAILED, PREEMPTED, RunDir
+from pretrain.run_dir import FAILED, PREEMPTED, RunDir
 from pretrain.sample_audit import SampleAudit
+from pretrain.validation import Validator
 
 
 class Trainer:
-    """Runs `max_steps` optimizer steps of whatever `objective` is, resuming where a run stopped."""
+    """Runs `max_steps` optimizer steps of whatever the engine's objective is, resuming where a run stopped."""
 
-    def __init__(self, cfg: RunConfig, objective: nn.Module, train_loader, eval_loader=None, *, peak_tflops: float,
-                 run_files: Optional[dict[str, str]] = None, unigram_entropy: Optional[float] = None,
-                 notes: tuple[str, ...] = (), flops_per_token: Optional[Callable[[int], float]] = None) -> None:
-        self.cfg, self.loader, self.eval_loader = cfg, train_loader, eval_loader
-        self.unigram_entropy = unigram_entropy
-        self.rank, self.world = dist.rank(), dist.world_size()
-        self.run_dir = RunDir(Path(cfg.train.output_dir))
-        self.checkpoints = CheckpointManager(cfg, self.run_dir, run_files)
-        resume = self.checkpoints.choose_checkpoint()  # `auto` settings follow what a resumed run was saved with
-        self.engine, engine_notes, ds_config = set_up_engine(cfg, objective, resume)
-        # Written when training starts, after every check and the engine's set-up: a refused launch leaves them be.
-        self.run_files = {**(run_files or {}), DEEPSPEED_CONFIG_FILE: ds_config}
-        self.accum = self.engine.accumulation
-        self.device = self.engine.device
-        self.audit = SampleAudit(self.run_dir, self.rank, self.world, cfg.train.record_samples)
-        self.log = RunLogger(self.run_dir, cfg.train.max_steps, enabled=self.rank == 0,
-                             report_to=tuple(cfg.train.report_to), config=config_to_dict(cfg))
-        self.progress = Progress()
+    def __init__(self, cfg: RunConfig, *, engine: Engine, loader, checkpoints: CheckpointManager,
+                 validator: Optional[Validator], metrics: MetricsReporter, log: RunLogger, progress: Progress,
+                 audit: SampleAudit, run_dir: RunDir, run_files: dict[str, str], start_time: float) -> None:
+        self.cfg, self.engine, self.loader, self.checkpoints = cfg, engine, loader, checkpoints
+        self.validator, self.metrics, self.log, self.progress = validator, metrics, log, progress
+        self.audit, self.run_dir, self.run_files, self.start_time = audit, run_dir, run_files, start_time
+        self.accum, self.device = engine.accumulation, engine.device
         self._iter: Optional[Iterator] = None
-        self.start_time = time.time()
         self.seq_len = 0
-        # What was decided for the user: the precision and stage `auto` picked, the peak MFU is measured against.
-        for note in (*notes, *engine_notes):
-            self.log.info(note)
-        # fp16 skips an overflowing step and lowers its loss scale (DeepSpeed's own rule); elsewhere nothing skips it.
-        finite = ("loss",) if cfg.train.precision == "fp16" else ("loss", "grad_norm")
-        self.metrics = MetricsReporter(self.log, self.world, flops_per_token, peak_tflops, must_be_finite=finite)
-        # Dropout differs per rank; a resume overwrites this with the saved states.
-        seed_all(seed_for(cfg.train.seed, self.rank))
 
     @property
     def step(self) -> int:
@@ -90,7 +65,7 @@ class Trainer:
                 self._iter = None
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        return to_device(batch, self.device)
 
     def train_step(self) -> None:
         """One optimizer step over `accum` micro-batches; its metrics stay on the device until the next drain."""
@@ -122,18 +97,6 @@ class Trainer:
         if self.cfg.train.precision == "fp16" and loss_scale is not None:
             host["loss_scale"] = loss_scale
         self.metrics.window.end_step(step, host)
-
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Mean metrics over `eval_batches` validation batches (same batches and masks every time)."""
-        self.engine.eval()
-        window = MetricWindow()
-        for _, batch in zip(range(self.cfg.train.eval_batches), self.eval_loader):
-            loss, metrics = self.engine.ds(self._to_device(batch))
-            window.add({"loss": loss, **metrics})
-        self.engine.train()
-        out = window.take_means(self.world)
-        return {**out, **headline(out, self.unigram_entropy)} if out else {}
 
     def fit(self) -> str:
         """Train until max_steps, stop_after steps, or preemption; return 'finished', 'stopped' or 'preempted'."""
@@ -169,10 +132,10 @@ class Trainer:
     def _resume(self) -> int:
         """Write the run files, continue from the chosen checkpoint (if any); this attempt's markers and later records
         are cleared."""
-        if self.rank == 0:  # the run folder is self-contained for export from here on
+        if dist.rank() == 0:  # the run folder is self-contained for export from here on
             self.run_dir.write_run_files(self.run_files, DatasetDir(self.cfg.data.path).tokenizer)
-        self.checkpoints.restore(self.engine.ds, self.loader, self.progress, self.log)
-        if self.rank == 0:  # this attempt is the one that counts now
+        self.checkpoints.restore()
+        if dist.rank() == 0:  # this attempt is the one that counts now
             self.run_dir.marker(PREEMPTED).unlink(missing_ok=True)
             self.run_dir.marker(FAILED).unlink(missing_ok=True)
         # Whatever an earlier attempt logged after this step (or before its first checkpoint) is redone.
@@ -186,7 +149,7 @@ class Trainer:
         guard = PreemptionGuard(run_deadline(self.start_time, cfg.max_wall_time, cfg.use_slurm_deadline),
                                 cfg.deadline_margin_s)
         self.log.info(
-            f"training {type(self.engine.module).__name__} on {self.world} rank(s), accumulation {self.accum}, "
+            f"training {type(self.engine.module).__name__} on {dist.world_size()} rank(s), accumulation {self.accum}, "
             f"global batch {cfg.global_batch_size}, from step {self.step} to {cfg.max_steps}"
             + (f", deadline in {guard.deadline - time.time():.0f}s" if guard.deadline else ""))
         self.metrics.rates.reset()
@@ -209,12 +172,12 @@ class Trainer:
         """At logging steps the metrics leave the device (the progress line with the pace); at evaluation steps, validation."""
         cfg = self.cfg.train
         log_due = self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping
-        eval_due = bool(cfg.eval_every) and self.eval_loader is not None and self.step % cfg.eval_every == 0
+        eval_due = bool(cfg.eval_every) and self.validator is not None and self.step % cfg.eval_every == 0
         if log_due or eval_due:
             self.metrics.drain(self.step, self.seq_len, sec_per_step if log_due else None)
         if eval_due:
             with dist.long_wait(cfg.init_timeout_s, after=cfg.step_timeout_s):
-                val = {**self.evaluate(), "train_seconds": self.progress.elapsed}
+                val = {**self.validator(), "train_seconds": self.progress.elapsed}
             self.log.scalars(self.step, val, "validation")
             self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
 
@@ -222,7 +185,7 @@ class Trainer:
         """Checkpoint this step on every rank (the step's metrics are logged first, so the log covers the checkpoint)."""
         self.metrics.drain(self.step, self.seq_len, None)
         with dist.long_wait(self.cfg.train.init_timeout_s, after=self.cfg.train.step_timeout_s):  # may take minutes
-            self.checkpoints.save(self.engine.ds, self.loader, self.progress, self.log)
+            self.checkpoints.save(self.step)
 
     def _preempted(self, guard: PreemptionGuard) -> str:
         """Mark the run preempted (its checkpoint is saved) on every rank before any exits."""
@@ -240,6 +203,6 @@ class Trainer:
 
     def _mark(self, marker: str, line: str, **fields: Any) -> None:
         """Rank 0 writes a run-folder marker (PREEMPTED, FAILED) with the step and time; the log gets `line`."""
-        if self.rank == 0:
+        if dist.rank() == 0:
             self.run_dir.write_marker(marker, {"step": self.step, "time": time.time(), **fields})
         self.log.info(line)

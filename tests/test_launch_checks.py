@@ -196,14 +196,14 @@ def test_resume_from_branches_once_and_keeps_the_later_checkpoints(prepared, tra
     ckpts = RunDir(run).checkpoints
     from core.config_io import load_config
     from core.errors import ConfigError
-    from pretrain.checkpoint_manager import CheckpointManager
     from pretrain.config import RunConfig
+    from pretrain.resume_choice import ResumeChoice
 
     for bad in ("../../elsewhere/step_00000003", "step_3"):
-        manager = CheckpointManager(load_config(RunConfig, None, [f"train.output_dir={run}", f"train.resume_from={bad}"]),
-                                    RunDir(run))
+        choice = ResumeChoice(load_config(RunConfig, None, [f"train.output_dir={run}", f"train.resume_from={bad}"]),
+                              RunDir(run))
         with pytest.raises(ConfigError, match="'train.resume_from'.*neither a step nor a tag"):
-            manager.choose_checkpoint()
+            choice.choose()
     branch = _args(prepared, run, "train.resume_from=3", "train.stop_after=1")
     first = run_cli("pretrain", branch)
     assert "at step 3" in first.stdout and "moved aside" in first.stdout

@@ -131,3 +131,38 @@ def test_streaming_is_reached_through_its_modules_only():
     users = {str(path.relative_to(REPO)) for package in ("core", "data_pipeline", "model", "pretrain", "evaluation")
              for path in sorted((REPO / package).rglob("*.py")) for name, _ in imported_packages(path) if name == "streaming"}
     assert users == allowed, users
+
+
+def _method(path: str, cls: str, name: str) -> ast.FunctionDef:
+    tree = ast.parse((REPO / path).read_text(encoding="utf-8"))
+    (klass,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    (method,) = [n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    return method
+
+
+def test_the_trainer_is_handed_its_parts_and_builds_none():
+    """pretrain/run.py is the one composition root: Trainer.__init__ only keeps what it is given (no call at all)."""
+    init = _method("pretrain/trainer.py", "Trainer", "__init__")
+    calls = [ast.unparse(n.func) for n in ast.walk(init) if isinstance(n, ast.Call)]
+    assert not calls, calls
+
+
+def test_checkpoint_save_and_restore_take_no_parts():
+    """The checkpoint manager is handed the stateful parts once; a save names its step, a restore nothing."""
+    save = _method("pretrain/checkpoint_manager.py", "CheckpointManager", "save")
+    restore = _method("pretrain/checkpoint_manager.py", "CheckpointManager", "restore")
+    assert [a.arg for a in save.args.args] == ["self", "step"]
+    assert [a.arg for a in restore.args.args] == ["self"]
+
+
+def test_nothing_outside_the_engine_reaches_into_deepspeed():
+    """`Engine.ds` is the DeepSpeed engine: the library speaks to the Engine, only pretrain/engine.py to `ds`."""
+    offenders = []
+    for package in LIBRARY:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path.relative_to(REPO).as_posix() == "pretrain/engine.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr == "ds":
+                    offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, offenders

@@ -1,6 +1,7 @@
 """A new backbone and a new objective are each one class plus one registry line: both are defined in this module
-alone (their registry lines patched in), then configured, built, trained a step, FLOP-counted and exported, and
-the export loads in transformers' Auto classes with the live model's outputs."""
+alone (their registry lines patched in), then configured (the backbone's own key and the objective's own option
+included), built, trained a step, FLOP-counted and exported, and the export loads in transformers' Auto classes with
+the live model's outputs."""
 import dataclasses
 import json
 
@@ -16,7 +17,8 @@ from core.errors import ConfigError
 from data_pipeline.shards import read_manifest
 from model import flops
 from model.backbones import Backbone, backbone_for
-from model.encoder import EncoderConfig, model_config
+import model.encoder as encoder
+from model.encoder import model_config
 from model.objectives.base import Objective
 from model.objectives.mlm import sparse_mlm
 from pretrain.config import RunConfig
@@ -24,18 +26,27 @@ from pretrain.model_card import render
 from pretrain.run_dir import RunDir
 
 
+@dataclasses.dataclass
+class DistilBertOptions:
+    """The toy family's own key."""
+
+    sinusoidal_pos_embds: bool = False
+
+
 class DistilBertBackbone(Backbone):
     """transformers' DistilBERT: no token types, no pooler, a masked LM and a bare encoder."""
 
     model_type = "distilbert"
     config_class = DistilBertConfig
+    options_class = DistilBertOptions
     provides = frozenset({"masked_lm", "encoder", "hidden_projection"})
 
     def hf_config(self, cfg, tokenizer):
         return DistilBertConfig(vocab_size=tokenizer["vocab_size"], dim=cfg.hidden_size, n_layers=cfg.num_layers,
                                 n_heads=cfg.num_heads, hidden_dim=cfg.intermediate_size,
                                 max_position_embeddings=cfg.max_position_embeddings, dropout=cfg.dropout,
-                                attention_dropout=cfg.attention_dropout, pad_token_id=tokenizer["pad_id"])
+                                attention_dropout=cfg.attention_dropout, pad_token_id=tokenizer["pad_id"],
+                                sinusoidal_pos_embds=cfg.sinusoidal_pos_embds)
 
     def masked_lm(self, config, init_from=None, pair_head=False):
         return DistilBertForMaskedLM.from_pretrained(init_from, config=config) if init_from else DistilBertForMaskedLM(config)
@@ -92,23 +103,26 @@ def registered(monkeypatch):
     """The two registry lines a real addition writes into model/backbones/__init__.py and model/objectives/__init__.py."""
     monkeypatch.setitem(backbones.REGISTRY, "distilbert", f"{__name__}:DistilBertBackbone")
     monkeypatch.setitem(objectives.REGISTRY, "toy", f"{__name__}:ToyObjective")
-    return objectives._objective_config_class()  # the typed `objective` section, now with `objective.toy`
+    # The typed `objective` and `model` sections, now with `objective.toy` and `model.sinusoidal_pos_embds`.
+    return objectives._objective_config_class(), encoder._encoder_config_class()
 
 
 def test_toy_backbone_and_objective_train_and_export(registered, prepared, tmp_path):
-    objective_config = registered
+    objective_config, encoder_config = registered
     run_config = dataclasses.make_dataclass("Run", [
         ("objective", objective_config, dataclasses.field(default_factory=objective_config)),
-        ("model", EncoderConfig, dataclasses.field(default_factory=EncoderConfig))])
+        ("model", encoder_config, dataclasses.field(default_factory=encoder_config))])
     cfg = load_config(run_config, None, ["model.architecture=distilbert", "model.hidden_size=32", "model.num_layers=2",
                                          "model.num_heads=2", "model.intermediate_size=64", "model.dropout=0.0",
-                                         "model.attention_dropout=0.0", "objective.name=toy", "objective.toy.scale=2.0"])
+                                         "model.attention_dropout=0.0", "model.sinusoidal_pos_embds=true",
+                                         "objective.name=toy", "objective.toy.scale=2.0"])
     cfg.model.validate()
     spec = objectives.resolve_objective(cfg.objective, cfg.model, None)  # the path a training run takes
     manifest = read_manifest(prepared)
     tok = manifest["tokenizer"]
     config = model_config(cfg.model, tok, 64)
     assert type(config) is DistilBertConfig and (config.dim, config.n_layers, config.vocab_size) == (32, 2, tok["vocab_size"])
+    assert config.sinusoidal_pos_embds is True  # the family's own key reached its transformers config
     torch.manual_seed(0)
     toy = spec.build(config, mask_prob=0.2)
 
@@ -143,14 +157,19 @@ def test_toy_backbone_and_objective_train_and_export(registered, prepared, tmp_p
 
 
 def test_toy_backbone_refuses_keys_it_does_not_read_and_objectives_it_cannot_run(registered):
-    """FAMILY_KEYS it does not list, kernels it lacks, objectives needing what it does not provide: one line each."""
+    """Other families' keys, kernels it lacks, objectives needing what it does not provide: one line each; and its own
+    key, set for another family, is refused naming the toy family."""
+    EncoderConfig = registered[1]
     with pytest.raises(ConfigError, match="'model.position_embedding' does not apply to model.architecture=distilbert"):
         EncoderConfig(architecture="distilbert", position_embedding="relative_key").validate()
+    with pytest.raises(ConfigError, match=r"'model.sinusoidal_pos_embds' does not apply to model.architecture=bert "
+                                          r"\(model.architecture=distilbert reads it\)"):
+        EncoderConfig(architecture="bert", sinusoidal_pos_embds=True).validate()
     with pytest.raises(ConfigError, match="flash_attention_2.*not available for model.architecture=distilbert"):
         EncoderConfig(architecture="distilbert", attn_implementation="flash_attention_2").validate()
     with pytest.raises(ConfigError, match="unknown architecture 'distilbertt'; known: bert, .*distilbert"):
         EncoderConfig(architecture="distilbertt").validate()
     config = DistilBertConfig(vocab_size=50, dim=32, n_layers=1, n_heads=2, hidden_dim=64)
     with pytest.raises(ConfigError, match=r"objective.name=electra runs on .* not distilbert \(it has no discriminator"):
-        objectives.build_objective(registered(name="electra"), config)
+        objectives.build_objective(registered[0](name="electra"), config)
     assert "distilbert" in objectives.runs_on(objectives.objective_class("tacl"))

@@ -32,3 +32,21 @@ def test_the_training_library_seeds_through_it_only():
                 if target in ("torch", "np.random", "numpy.random", "random"):
                     offenders.append(f"{path.relative_to(REPO)}:{node.lineno} {ast.unparse(node)}")
     assert not offenders, offenders
+
+
+def test_run_rng_restores_its_rank_streams_or_reseeds_on_another_world_size():
+    """A checkpoint keeps each rank's streams: the same world size continues them; another one starts rank 1 at
+    seed_for(42, 1, step 5) = 42 * 1000 + 1 + 7919 * 5 = 81596."""
+    import torch
+
+    from core.seeding import RunRng
+
+    rng = RunRng(42, rank=1, world=2)
+    torch.manual_seed(123)
+    saved = [RunRng(42, 0, 2).state_dict(), rng.state_dict()]  # rank 1's is this process's now
+    expected = torch.rand(3)
+    torch.manual_seed(999)
+    rng.load_state_dict(saved, step=5)
+    assert torch.equal(torch.rand(3), expected)
+    rng.load_state_dict(saved[:1], step=5)  # saved on one rank: resumed on two
+    assert torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(81596)))

@@ -9,16 +9,29 @@ the objectives that need only a masked LM and a bare encoder (`provides`, `Objec
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 from transformers import AlbertConfig, AlbertForPreTraining, AlbertModel
 
 from core.errors import ConfigError
 
 from model.backbones.base import LOAD_DTYPE, Head
-from model.backbones.bert import BertBackbone, _positions
+from model.backbones.bert import BertBackbone, BertOptions, _positions
 
 
 # The factorized embedding size when the config leaves it unset (Lan et al. 2020 use E = 128 at every H).
 EMBEDDING_SIZE = 128
+
+
+@dataclass
+class AlbertOptions(BertOptions):
+    """ALBERT's own `model.*` keys: BERT's, and its factorization and sharing."""
+
+    # The token embedding size E, projected to hidden_size (unset: min(128, hidden_size)).
+    embedding_size: Optional[int] = None
+    # How many parameter groups the layers share (unset: 1, ALBERT's default, every layer uses the same weights).
+    num_hidden_groups: Optional[int] = None
 
 
 class AlbertBackbone(BertBackbone):
@@ -27,7 +40,7 @@ class AlbertBackbone(BertBackbone):
     model_type = "albert"
     config_class = AlbertConfig
     provides = frozenset({"masked_lm", "encoder", "pair_head"})
-    family_keys = ("position_embedding", "embedding_size", "num_hidden_groups")
+    options_class = AlbertOptions
 
     def hf_config(self, cfg, tokenizer):
         return AlbertConfig(

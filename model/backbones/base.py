@@ -8,6 +8,7 @@ FLOPs from it. Every model it builds is one of transformers' own classes, so exp
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import json
 from contextlib import contextmanager
@@ -24,10 +25,6 @@ if TYPE_CHECKING:  # the config section is read here, never built: no import cyc
     from model.encoder import EncoderConfig
 
 Head = Callable[[torch.Tensor], torch.Tensor]
-# `model.*` keys only some families read, with the value that means "left unset": a family that does not
-# list one in `family_keys` refuses it when set, so a user never trains with a key that was silently ignored.
-FAMILY_KEYS = {"position_embedding": "absolute", "embedding_size": None, "num_hidden_groups": None,
-               "local_attention": 128, "global_attn_every_n_layers": 3}
 # What an objective may ask a backbone for (`Objective.needs`); a backbone lists what it provides. The builders
 # below by name; "pair_head": `pair_logits` (NSP/SOP); "hidden_projection": `output_projection` reads hidden-size
 # vectors (not ALBERT's, which reads the factorized embedding size); "permutation_lm": XLNet's two streams.
@@ -62,8 +59,20 @@ def relative_refusal(what: str) -> str:
             "transformers) or model.position_embedding=absolute, or run transformers<5")
 
 
+@dataclasses.dataclass
+class NoOptions:
+    """A family that reads no `model.*` key beyond the shape every family reads."""
+
+
+def family_keys() -> dict[str, object]:
+    """Every registered family's own `model.*` keys, with the default that means "left unset"."""
+    from model.backbones import REGISTRY, backbone_for  # the registry imports this module
+
+    return {f.name: f.default for name in REGISTRY for f in dataclasses.fields(backbone_for(name).options_class)}
+
+
 def readers_of(key: str) -> str:
-    """' (model.architecture=X reads it)' for the registered families that read this FAMILY_KEYS key, else ''."""
+    """' (model.architecture=X reads it)' for the registered families whose options have this key, else ''."""
     from model.backbones import REGISTRY, backbone_for  # the registry imports this module
 
     readers = [name for name in REGISTRY if key in backbone_for(name).family_keys]
@@ -120,10 +129,16 @@ class Backbone:
     config_class: type[PretrainedConfig] = PretrainedConfig
     # Which builders below work (see CAPABILITIES); objectives run on the backbones that provide what they need.
     provides: frozenset[str] = frozenset()
-    # The FAMILY_KEYS this family reads.
-    family_keys: tuple[str, ...] = ()
+    # The dataclass of this family's own `model.*` keys (flat in the `model` section, which model.encoder builds from
+    # every registered family's): a family owns its options as an objective does.
+    options_class: type = NoOptions
     # The `model.attn_implementation` values this family supports.
     attention_kernels: tuple[str, ...] = ("sdpa", "eager")
+
+    @property
+    def family_keys(self) -> tuple[str, ...]:
+        """The names of this family's own `model.*` keys."""
+        return tuple(f.name for f in dataclasses.fields(self.options_class))
 
     @property
     def has_pair_head(self) -> bool:
@@ -137,7 +152,7 @@ class Backbone:
 
     def check(self, cfg: "EncoderConfig") -> None:
         """Refuse `model.*` keys and values this family does not read (ConfigError); families add their own checks."""
-        for key, unset in FAMILY_KEYS.items():
+        for key, unset in family_keys().items():
             if key not in self.family_keys and getattr(cfg, key) != unset:
                 raise ConfigError(f"config key 'model.{key}' does not apply to model.architecture={self.model_type}"
                                   f"{readers_of(key)}")

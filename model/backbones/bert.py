@@ -7,6 +7,9 @@ main model's width: it reads the shared embeddings through its own projection, a
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from transformers import (
     BertConfig,
     BertForPreTraining,
@@ -75,13 +78,22 @@ def warm_start_from_bert(target: PreTrainedModel, init_from: str) -> None:
                          f"unexpected {unexpected[:5]}")
 
 
+@dataclass
+class BertOptions:
+    """BERT's own `model.*` keys."""
+
+    # transformers' own position options. The relative ones exist in transformers 4.x only (with eager attention);
+    # under 5.x they are refused, and ModernBERT is the relative-position (rotary) backbone.
+    position_embedding: Literal["absolute", "relative_key", "relative_key_query"] = "absolute"
+
+
 class BertBackbone(Backbone):
     """transformers' BERT classes."""
 
     model_type = "bert"
     config_class = BertConfig
     provides = frozenset({"masked_lm", "encoder", "discriminator", "generator", "hidden_projection", "pair_head"})
-    family_keys = ("position_embedding",)
+    options_class = BertOptions
 
     def hf_config(self, cfg, tokenizer):
         return BertConfig(

@@ -8,6 +8,8 @@ them. No token types and no pooler: sentence-pair heads (NSP/SOP) are BERT-only.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from transformers import ModernBertConfig, ModernBertForMaskedLM, ModernBertForTokenClassification, ModernBertModel
 
 from core.errors import ConfigError
@@ -33,13 +35,22 @@ def global_layers(config, layers: int | None = None) -> list[bool]:
     return [layer % every == 0 for layer in range(layers)]
 
 
+@dataclass
+class ModernBertOptions:
+    """ModernBERT's own `model.*` keys."""
+
+    # The sliding-window width of the local layers, and every n-th layer attends globally.
+    local_attention: int = 128
+    global_attn_every_n_layers: int = DEFAULT_GLOBAL_EVERY
+
+
 class ModernBertBackbone(Backbone):
     """transformers' ModernBERT classes."""
 
     model_type = "modernbert"
     config_class = ModernBertConfig
+    options_class = ModernBertOptions
     provides = frozenset({"masked_lm", "encoder", "discriminator", "generator", "hidden_projection"})
-    family_keys = ("local_attention", "global_attn_every_n_layers")
     # flash_attention_2: transformers' unpadded path, on a GPU with the flash-attn package.
     attention_kernels = ("sdpa", "eager", "flash_attention_2")
 

@@ -53,7 +53,7 @@ def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
                 probe["logits"][name] = logits.clone()
             if getattr(out, "seq_relationship_logits", None) is not None:  # BERT's pooler and NSP head (frozen without a pair task)
                 probe["pair_logits"][name] = out.seq_relationship_logits.clone()
-    if trainer.rank == 0:
+    if torch.distributed.get_rank() == 0:
         torch.save(probe, probe_out)
     trainer.engine.ds.destroy()
     del trainer, module

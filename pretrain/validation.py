@@ -1,0 +1,30 @@
+"""Validation during training: the objective's loss and metrics over the same batches and masks every time."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from model.diagnostics import headline
+from pretrain.engine import Engine, to_device
+from pretrain.metrics import MetricWindow
+
+
+class Validator:
+    """Mean metrics over `batches` validation batches, with the headline figures against the unigram entropy."""
+
+    def __init__(self, engine: Engine, loader, batches: int, world: int, unigram_entropy: Optional[float]) -> None:
+        self.engine, self.loader, self.batches, self.world = engine, loader, batches, world
+        self.unigram_entropy = unigram_entropy
+
+    @torch.no_grad()
+    def __call__(self) -> dict[str, float]:
+        """Evaluate the model now (dropout off), then put it back in training mode."""
+        self.engine.eval()
+        window = MetricWindow()
+        for _, batch in zip(range(self.batches), self.loader):
+            loss, metrics = self.engine.eval_step(to_device(batch, self.engine.device))
+            window.add({"loss": loss, **metrics})
+        self.engine.train()
+        out = window.take_means(self.world)
+        return {**out, **headline(out, self.unigram_entropy)} if out else {}
