@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Optional
 from benchmarks.arguments import add_shared
+from model.objectives import masking_overrides
 from pretrain.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +43,8 @@ NODROP = ["model.dropout=0", "model.attention_dropout=0"]
 MODERN = ["model.architecture=modernbert"] + NODROP
 ELECTRA = ["objective.name=electra", "masking.count=exact",
            "masking.mask_token_fraction=0.85", "masking.random_token_fraction=0", "optimizer.betas=[0.9,0.999]"]
-COCO = ["objective.name=coco_lm", "masking.strategy=coco",
-        "masking.count=exact", "masking.crop_ratio=0.9", "objective.coco_lm.generator_layers=1"]
+COCO = ["objective.name=coco_lm", *masking_overrides("coco_lm"), "masking.count=exact",
+        "objective.coco_lm.generator_layers=1"]
 
 # name -> overrides on top of BASE (hidden 128, 2 layers, batch 32, seq 128, lr 1e-3, dropout 0.1, 15% masking, linear decay).
 GROUPS = {

@@ -42,9 +42,8 @@ def _batch(tok: dict, name: str, seed: int = 0) -> dict:
     ids[:, 0], ids[:, -1] = tok["cls_id"], tok["sep_id"]
     ids[2, 30:], ids[2, 29] = tok["pad_id"], tok["sep_id"]
     batch = {"input_ids": ids, "attention_mask": (ids != tok["pad_id"]).long(), "token_type_ids": torch.zeros_like(ids)}
-    strategy = {"coco_lm": "coco", "spanbert": "span", "xlnet": "plm"}.get(name, "bert")
-    masking = MaskingConfig(strategy=strategy, crop_ratio=0.9 if name == "coco_lm" else None)
-    starts = torch.rand(tok["vocab_size"], generator=g) < 0.6 if strategy in ("span", "plm") else None
+    masking = MaskingConfig(**objective_class(name).masking)  # what the objective declares it needs
+    starts = torch.rand(tok["vocab_size"], generator=g) < 0.6 if masking.strategy in ("span", "plm") else None
     transform = build_masking(masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], pad_id=tok["pad_id"],
                               cls_id=tok["cls_id"], sep_id=tok["sep_id"], word_starts=starts)
     if name in ("declutr", "xlnet"):  # views (DeCLUTR) and permutations (XLNet) per sample, as the loader builds them

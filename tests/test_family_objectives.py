@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_MODEL, prepare_corpus, restored_environ, train_runs_in_one_process
+from model.objectives import masking_overrides
 from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -18,7 +19,7 @@ ELECTRA_TWO_STAGE = ["objective.name=electra", "objective.electra.generator_widt
                      f"objective.electra.two_stage_generator_steps={SWITCH}"]
 ALBERT = ["model.architecture=albert", "model.embedding_size=16", "objective.name=mlm", "objective.mlm.pair_head=sop",
           "masking.strategy=ngram", "masking.max_span=3"]
-SPANBERT = ["objective.name=spanbert", "masking.strategy=span"]
+SPANBERT = ["objective.name=spanbert", *masking_overrides("spanbert")]
 # XLNet trains from its example config (objective, masking, backbone); the architecture undoes TINY_MODEL's BERT.
 # (Each family at two stages or more; ZeRO-1, which no objective changes, with SpanBERT and DeCLUTR.)
 XLNET = ["--config", "pretrain/configs/xlnet.yaml", "model.architecture=xlnet"]

@@ -13,13 +13,13 @@ from collections import Counter
 import pytest
 from conftest import REPO, TINY_MODEL
 
+from model.objectives import REGISTRY, masking_overrides, objective_class, runs_on
+
+# Every registered objective, with the masking it declares, on the first backbone it runs on (TINY_MODEL is BERT).
 OBJECTIVE_ARGS = {
-    "mlm": [], "electra": [], "coco_lm": ["masking.strategy=coco", "masking.crop_ratio=0.9"], "taco": [],
-    "spanbert": ["masking.strategy=span"], "declutr": [],
-    "xlnet": ["model.architecture=xlnet", "masking.strategy=plm", "masking.mask_prob=0.1667"],
-    "electra_two_stage": ["objective.name=electra", "objective.electra.generator_width=1.0",
-                          "objective.electra.two_stage_generator_steps=3"],
-}
+    name: [*masking_overrides(name), f"model.architecture={runs_on(objective_class(name))[0]}"] for name in REGISTRY
+} | {"electra_two_stage": ["objective.name=electra", "objective.electra.generator_width=1.0",
+                           "objective.electra.two_stage_generator_steps=3"]}
 # What the step still reads back, by objective, and why (TACO's index sampling is data-dependent; two-stage
 # ELECTRA reads its switch buffer once, after any checkpoint load, and copies the generator at the switch).
 KNOWN = {"taco": {"model/objectives/taco.py"}, "electra_two_stage": {"model/objectives/electra.py"}}

@@ -4,7 +4,9 @@ import torch
 from transformers import BertConfig
 
 from data_pipeline.masking import MaskingConfig, build_masking
-from model.objectives import ObjectiveConfig, build_objective
+from core.errors import ConfigError
+from model.encoder import EncoderConfig
+from model.objectives import REGISTRY, ObjectiveConfig, build_objective, objective_class, runs_on
 from model.objectives.coco_lm import corrective_lm_loss
 from model.objectives.taco import sample_taco_indices, tc_loss
 
@@ -139,3 +141,16 @@ def test_coco_lm_keeps_pretrained_embeddings_and_ties_its_heads(tmp_path):
     assert torch.equal(emb, start.embeddings.word_embeddings.weight)
     assert m.clm_head.weight is emb and m.generator.cls.predictions.decoder.weight is emb
     assert m.generator.bert.embeddings is m.main.embeddings
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_each_objective_accepts_the_masking_it_declares_and_refuses_none_of_it(name):
+    """An objective's `masking` (what tests, recipes and the sweep read) is a masking its own check accepts, on the
+    first backbone it runs on; the three that need more than the defaults are refused without it."""
+    cls = objective_class(name)
+    # TaCL continues a checkpoint (any folder name passes its check; the folder is read when the model is built).
+    model = EncoderConfig(architecture=runs_on(cls)[0], init_from="teacher" if name == "tacl" else None)
+    cls.check_config(getattr(ObjectiveConfig(), name), model, MaskingConfig(**cls.masking))
+    if name in ("coco_lm", "spanbert", "xlnet"):
+        with pytest.raises(ConfigError):
+            cls.check_config(getattr(ObjectiveConfig(), name), model, MaskingConfig())

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_MODEL, prepare_corpus, restored_environ, run_cli, train_runs_in_one_process
+from model.objectives import masking_overrides
 from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.slow
 OBJECTIVES = {
     "mlm_nsp": ["objective.name=mlm", "objective.mlm.pair_head=nsp"],
     "electra": ["objective.name=electra", "objective.electra.generator_width=0.5"],
-    "coco_lm": ["objective.name=coco_lm", "objective.coco_lm.generator_layers=1", "masking.strategy=coco", "masking.crop_ratio=0.9"],
+    "coco_lm": ["objective.name=coco_lm", "objective.coco_lm.generator_layers=1", *masking_overrides("coco_lm")],
     "taco": ["objective.name=taco", "objective.taco.negatives=10"],
 }
 

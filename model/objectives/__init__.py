@@ -84,6 +84,11 @@ def resolve_objective(cfg: ObjectiveConfig, model, masking) -> ObjectiveSpec:
     return ObjectiveSpec(cfg.name, cls, options)
 
 
+def masking_overrides(name: str) -> list[str]:
+    """The `masking.*` overrides the named objective needs (its class's `masking`), as `key=value` strings."""
+    return [f"masking.{key}={value}" for key, value in objective_class(name).masking.items()]
+
+
 def runs_on(cls: type[Objective]) -> list[str]:
     """The registered backbones that provide everything this objective needs."""
     return [name for name in backbones.REGISTRY if cls.needs <= backbone_for(name).provides]
@@ -104,4 +109,4 @@ def build_objective(cfg: ObjectiveConfig, config: PretrainedConfig, init_from: O
 
 
 __all__ = ["Objective", "ObjectiveConfig", "ObjectiveSpec", "build_objective", "resolve_objective", "objective_class",
-           "runs_on", "REGISTRY"]
+           "masking_overrides", "runs_on", "REGISTRY"]

@@ -1,6 +1,8 @@
 """The one interface every objective implements; the trainer sees nothing else."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -28,6 +30,9 @@ class Objective(nn.Module):
     mask_prob: float = 0.0
     # What it asks a backbone for (model.backbones.base.CAPABILITIES): it runs on every backbone that provides them.
     needs: frozenset[str] = frozenset({"masked_lm"})
+    # The `masking.*` values it needs beyond the defaults (its paper's, where the value is free): `check_config` accepts
+    # them, and the tests, the sweep and model.objectives.masking_overrides read them from here.
+    masking: dict[str, Any] = {}
 
     @classmethod
     def check_config(cls, options, model, masking) -> None:

@@ -118,6 +118,7 @@ class CocoLM(Objective):
     needs = frozenset({"encoder", "generator"})
     export_holds = "the main Transformer as `{root}`; the auxiliary generator as `{generator}` in `generator/`"
     options_class = CocoLMOptions
+    masking = {"strategy": "coco", "crop_ratio": 0.9}
 
     def __init__(self, config: PretrainedConfig, options: CocoLMOptions, init_from: Optional[str] = None) -> None:
         super().__init__()

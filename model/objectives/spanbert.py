@@ -68,6 +68,7 @@ class SpanBert(Objective):
                     "`span_boundary_head.safetensors` + `.json` (`model.heads.SpanBoundaryHead.load(PATH)`)")
     export_loader = "AutoModelForMaskedLM"
     options_class = SpanBertOptions
+    masking = {"strategy": "span"}
 
     def __init__(self, config: PretrainedConfig, options: SpanBertOptions, init_from: Optional[str] = None) -> None:
         super().__init__()

@@ -45,6 +45,7 @@ class XLNetPLM(Objective):
     export_holds = "`{root}` (XLNet trained with permutation LM, no Transformer-XL memory)"
     export_loader = "AutoModelForCausalLM"
     options_class = XLNetOptions
+    masking = {"strategy": "plm", "mask_prob": 0.1667}  # K = 6: one token in six is a target
     needs = frozenset({"permutation_lm"})
 
     def __init__(self, config: PretrainedConfig, options: XLNetOptions, init_from: Optional[str] = None) -> None:
