@@ -116,7 +116,7 @@ def plain_model(case: dict, args):
     from data_pipeline.shards import read_manifest
     from model.encoder import model_config as build_model_config
     from pretrain.config import RunConfig
-    from pretrain.hardware import resolve_precision
+    from pretrain.engine.hardware import resolve_precision
 
     cfg = load_config(RunConfig, str(REPO / "pretrain/configs/demo_mlm.yaml"), case_overrides(case, args))
     precision, _ = resolve_precision(cfg.train.precision)
@@ -391,9 +391,9 @@ def instrument_trainer(clock: PhaseClock) -> None:
     from deepspeed.runtime.engine import DeepSpeedEngine
     from deepspeed.utils.timer import ThroughputTimer
 
-    from pretrain.engine import Engine
-    from pretrain.metrics import MetricsReporter, MetricWindow
-    from pretrain.preemption import PreemptionGuard
+    from pretrain.engine.deepspeed_engine import Engine
+    from pretrain.observe.metrics import MetricsReporter, MetricWindow
+    from pretrain.lifecycle.preemption import PreemptionGuard
     from pretrain.trainer import Trainer
 
     original_train_step = Trainer.train_step
@@ -618,7 +618,7 @@ def main() -> None:
         os._exit(0)  # the trainer's process group and loader workers need no orderly teardown here
     ensure_data(args)
     fits_one_epoch(Path(args.data), args.batch, args.steps)
-    from pretrain.hardware import resolve_precision
+    from pretrain.engine.hardware import resolve_precision
 
     info = machine()
     results = []

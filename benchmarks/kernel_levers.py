@@ -21,7 +21,7 @@ masked, a new batch each step from a cycle made on the device before the timing.
 `--attention` first times SDPA alone at the step's shape (forward + backward, bf16) for each backend, with and without
 the mask.
 
-MFU counts model/flops.py's MLM FLOPs against the GPU's dense bf16 peak (pretrain/hardware.py). `first_loss` is the
+MFU counts model/flops.py's MLM FLOPs against the GPU's dense bf16 peak (pretrain/engine/hardware.py). `first_loss` is the
 loss of the first step (the same weights and batch for every lever at one micro-batch): a lever that changes the
 math shows there. Writes benchmarks/results/kernel_levers.json.
 """
@@ -157,7 +157,7 @@ def to_float8(model) -> None:
 def run_lever(name: str, args) -> dict:
     """Train one lever's model for `args.steps` steps; tokens/s, MFU, peak memory and the first and last losses."""
     from model.flops import TRAIN, mlm_forward
-    from pretrain.hardware import datasheet_peak_tflops
+    from pretrain.engine.hardware import datasheet_peak_tflops
 
     lever = {"mask": True, "attention": None, "fused_qkv": False, "batch": args.batch, "mode": None, "fp8": False,
              "dropout": 0.0, **LEVERS[name]}

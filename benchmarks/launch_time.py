@@ -24,7 +24,7 @@ from pathlib import Path
 from benchmarks.arguments import REPO, add_shared, repo_pythonpath, results_file
 from data_pipeline.dataset_dir import INDEX, DatasetDir
 from data_pipeline.shard_record import RECORD, record_dataset
-from pretrain.hardware import cpu_name
+from pretrain.engine.hardware import cpu_name
 from pretrain.run_dir import RunDir
 
 

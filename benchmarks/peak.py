@@ -1,4 +1,4 @@
-"""The device's dense matmul peak per dtype: what the trainer's MFU divides by (pretrain/hardware.py).
+"""The device's dense matmul peak per dtype: what the trainer's MFU divides by (pretrain/engine/hardware.py).
 
     python -m benchmarks.peak                 # 1 thread (a rank's share when ranks = cores) and all threads
     python -m benchmarks.peak --sizes 512 1024 2048 --json benchmarks/results/peak.json
@@ -27,7 +27,7 @@ def main() -> None:
 
     import torch
 
-    from pretrain import hardware
+    from pretrain.engine import hardware
 
     gpu = torch.cuda.is_available()
     device = torch.cuda.get_device_name() if gpu else hardware.cpu_name()

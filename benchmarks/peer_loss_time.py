@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.arguments import REPO, add_shared, repo_pythonpath, results_file
-from pretrain.hardware import cpu_name
+from pretrain.engine.hardware import cpu_name
 from pretrain.run_dir import RunDir
 
 SIGNALS = {"sigkill": signal.SIGKILL, "sigstop": signal.SIGSTOP}

@@ -1,7 +1,7 @@
 """Steps shared by the RESULTS.md reproductions: prepare, train (torchrun), export, fine-tune.
 
 Every step runs the project's real entry points (`python -m data_pipeline prepare`, `torchrun -m
-pretrain train`, `pretrain.export`, `evaluation.finetune`) and skips work whose output is
+pretrain train`, `pretrain.exporting.export`, `evaluation.finetune`) and skips work whose output is
 already complete, so a reproduction interrupted anywhere is resumed by running it again.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ def prepare(config: dict[str, Any], out: Path) -> Path:
 
 def train(config: str, overrides: list[str], out: Path, max_steps: int, nproc: int = 2) -> Path:
     """Train (or resume) a run into `out` with torchrun; skipped when its final checkpoint exists."""
-    from pretrain.checkpoint_dir import COMPLETE, tag_for
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE, tag_for
 
     if (RunDir(out).checkpoint(tag_for(max_steps)) / COMPLETE).is_file():
         log.info("train: %s is complete", out)
@@ -80,8 +80,8 @@ def export(run_dir: Path, step: int, out: Path) -> Path:
     """Export the checkpoint of `step` of a run as a Hugging Face folder (in this process)."""
     if (out / "config.json").is_file():
         return out
-    from pretrain.checkpoint_dir import tag_for
-    from pretrain.export import export as export_checkpoint
+    from pretrain.checkpointing.checkpoint_dir import tag_for
+    from pretrain.exporting.export import export as export_checkpoint
 
     return export_checkpoint(RunDir(run_dir).checkpoint(tag_for(step)), out)
 

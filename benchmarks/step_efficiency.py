@@ -11,7 +11,7 @@ For each objective and backbone, at the same micro-batch (16 x 128 tokens, one p
   the same way, forward + backward + fused AdamW (+ autocast in bf16), gradients zeroed in place, no DeepSpeed and no loader; the median step.
 `trainer / plain` is the ratio of samples/s: each trainer run against the plain run just before it, the
 median over `--repeats` alternated pairs. MFU is the objective's model FLOPs (its `flops_per_token`) per second
-over the dense-matmul peak measured for the precision on this machine (`pretrain/hardware.py`).
+over the dense-matmul peak measured for the precision on this machine (`pretrain/engine/hardware.py`).
 TaCL is left out: it needs a teacher checkpoint of the same shape (its step is an MLM step plus a teacher forward).
 """
 from __future__ import annotations
@@ -82,7 +82,7 @@ def plain_setup(objective: str, backbone: str, shape: str, data: Path, args) -> 
     from model.encoder import model_config as build_model_config
     from model.objectives import build_objective
     from pretrain.config import RunConfig
-    from pretrain.hardware import device_peak_tflops, resolve_precision
+    from pretrain.engine.hardware import device_peak_tflops, resolve_precision
 
     cfg = load_config(RunConfig, str(REPO / CONFIGS[objective]), overrides(objective, backbone, shape, data, args))
     precision, _ = resolve_precision(cfg.train.precision)

@@ -153,7 +153,7 @@ def main() -> None:
     import logging
 
     logging.disable(logging.WARNING)
-    from pretrain.hardware import resolve_precision
+    from pretrain.engine.hardware import resolve_precision
 
     args.resolved = resolve_precision(args.precision)[0]
     if args.worker:

@@ -31,7 +31,7 @@ if __name__ == "__main__":
         from core.host_memory import pause_garbage_collector
 
         pause_garbage_collector()  # until the trainer is built: the start-up's full collections cost about 1 s
-        from pretrain import signals
+        from pretrain.lifecycle import signals
 
         signals.catch()  # before the slow imports below: a preemption signal may come at any time
     from pretrain.cli import main

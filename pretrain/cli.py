@@ -9,6 +9,7 @@ from pathlib import Path
 from core.config_io import load_config
 from core.errors import UserError, one_line
 from evaluation.cli import add_commands as add_evaluation_commands
+from pretrain.lifecycle.exit_status import EXIT_USER_ERROR
 
 # Where the installed packages are: `--config pretrain/configs/X.yaml` is found there when it is not under the
 # working directory (an installed wheel run from any folder).
@@ -16,7 +17,7 @@ INSTALLED = (Path(__file__).resolve().parents[1],)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pretrain.exit_status import write_status
+    from pretrain.lifecycle.exit_status import write_status
 
     write_status("running")  # before the slow imports: a rank that dies in them is still named by its host
 
@@ -24,9 +25,9 @@ def _train(args: argparse.Namespace) -> int:
 
     from core import distributed as dist
     from core.host_memory import resume_garbage_collector
-    from pretrain import signals
+    from pretrain.lifecycle import signals
     from pretrain.config import RunConfig
-    from pretrain.preemption import EXIT_FINISHED, EXIT_PREEMPTED
+    from pretrain.lifecycle.exit_status import EXIT_BUG, EXIT_FINISHED, EXIT_PREEMPTED
     from pretrain.run import build_trainer
 
     trainer = None
@@ -49,7 +50,7 @@ def _train(args: argparse.Namespace) -> int:
             # termination, not a bug of this rank, and its traceback would bury the line of the rank that stopped.
             _terminated(exc, trainer.step if trainer is not None else -1)
         else:
-            write_status("failed", error=type(exc).__name__, code=2 if isinstance(exc, UserError) else 1)
+            write_status("failed", error=type(exc).__name__, code=EXIT_USER_ERROR if isinstance(exc, UserError) else EXIT_BUG)
         raise
     # The decision is made and the checkpoint written: a late SIGTERM (SLURM sends more than one)
     # must not turn "preempted, requeue me" into "killed by a signal" during shutdown.
@@ -66,7 +67,7 @@ def _terminated(exc: BaseException, step: int) -> None:
     import signal
 
     from data_pipeline.loader import release_shared_memory
-    from pretrain.exit_status import write_status
+    from pretrain.lifecycle.exit_status import write_status
 
     write_status("terminated", error=type(exc).__name__, step=step)
     when = f"at step {step}" if step >= 0 else "before its first step"
@@ -86,7 +87,7 @@ def _peer_lost(exc: BaseException, trainer) -> None:
     import torch
 
     from core import distributed as dist
-    from pretrain.exit_status import EXIT_PEER_LOST, write_status
+    from pretrain.lifecycle.exit_status import EXIT_PEER_LOST, write_status
 
     step = trainer.step if trainer is not None else -1
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "?"
@@ -107,7 +108,7 @@ def _peer_lost(exc: BaseException, trainer) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from pretrain.export import export
+    from pretrain.exporting.export import export
 
     out = export(args.checkpoint, args.out, overwrite=args.overwrite, trust_checkpoint=args.trust_checkpoint)
     print(f"export: {out}")
@@ -143,4 +144,4 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except UserError as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR

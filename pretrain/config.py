@@ -59,7 +59,7 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # DeepSpeed ZeRO stage (0: plain data parallelism, 1: optimizer states sharded, 2: + gradients,
     # 3: + parameters) and CPU offload, written with the precision into deepspeed_configs/base.json.
-    # auto: 0 on one rank, else the lowest stage whose model states fit (pretrain/zero_stage.py), or
+    # auto: 0 on one rank, else the lowest stage whose model states fit (pretrain/engine/zero_stage.py), or
     # the stage of the checkpoints a run resumes; the choice and why are logged at start.
     zero_stage: Union[Literal["auto"], int] = "auto"
     offload_optimizer: bool = False

@@ -18,16 +18,16 @@ from data_pipeline.run_data import open_run_data
 from model.diagnostics import validation_unigram_entropy
 from model.encoder import model_config
 from model.objectives import resolve_objective
-from pretrain.checkpoint_manager import CheckpointManager
+from pretrain.checkpointing.checkpoint_manager import CheckpointManager
 from pretrain.config import RunConfig
-from pretrain.engine_setup import set_up_engine
-from pretrain.hardware import resolve_hardware
-from pretrain.logger import RunLogger
-from pretrain.metrics import MetricsReporter
-from pretrain.progress import Progress
-from pretrain.resume_choice import ResumeChoice
+from pretrain.engine.setup import set_up_engine
+from pretrain.engine.hardware import resolve_hardware
+from pretrain.observe.logger import RunLogger
+from pretrain.observe.metrics import MetricsReporter
+from pretrain.observe.progress import Progress
+from pretrain.checkpointing.resume_choice import ResumeChoice
 from pretrain.run_dir import DEEPSPEED_CONFIG_FILE, RunDir, run_files
-from pretrain.sample_audit import SampleAudit
+from pretrain.observe.sample_audit import SampleAudit
 from pretrain.trainer import Trainer
 from pretrain.validation import Validator
 

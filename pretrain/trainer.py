@@ -16,17 +16,17 @@ import torch
 from core import distributed as dist
 from core.errors import InputDataError
 from data_pipeline.dataset_dir import DatasetDir
-from pretrain.checkpoint_dir import tag_for
-from pretrain.checkpoint_manager import CheckpointManager
+from pretrain.checkpointing.checkpoint_dir import tag_for
+from pretrain.checkpointing.checkpoint_manager import CheckpointManager
 from pretrain.config import RunConfig
-from pretrain.engine import Engine, to_device
-from pretrain.exit_status import write_status
-from pretrain.logger import RunLogger
-from pretrain.metrics import MetricsReporter
-from pretrain.preemption import PreemptionGuard, run_deadline
-from pretrain.progress import Progress
+from pretrain.engine.deepspeed_engine import Engine, to_device
+from pretrain.lifecycle.exit_status import write_status
+from pretrain.observe.logger import RunLogger
+from pretrain.observe.metrics import MetricsReporter
+from pretrain.lifecycle.preemption import PreemptionGuard, run_deadline
+from pretrain.observe.progress import Progress
 from pretrain.run_dir import FAILED, PREEMPTED, RunDir
-from pretrain.sample_audit import SampleAudit
+from pretrain.observe.sample_audit import SampleAudit
 from pretrain.validation import Validator
 
 

@@ -6,8 +6,8 @@ from typing import Optional
 import torch
 
 from model.diagnostics import headline
-from pretrain.engine import Engine, to_device
-from pretrain.metrics import MetricWindow
+from pretrain.engine.deepspeed_engine import Engine, to_device
+from pretrain.observe.metrics import MetricWindow
 
 
 class Validator:

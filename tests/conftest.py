@@ -124,7 +124,7 @@ def plant_payload(tag: Path, ran: Path) -> Path:
     """Rewrite a checkpoint tag's model file to carry a pickled call that creates `ran`, and its completion record to
     match (intact by its own record, as whoever can write the folder or the bucket can make it); returns the file."""
     import torch
-    from pretrain.checkpoint_dir import COMPLETE, file_manifest
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE, file_manifest
 
     model_file = tag / "mp_rank_00_model_states.pt"
     torch.save({**torch.load(model_file, weights_only=False), "note": RunsCode(ran)}, model_file)

@@ -7,7 +7,7 @@ import torch
 
 from data_pipeline.masking import MaskingConfig, build_masking
 from data_pipeline.shards import read_manifest
-from pretrain.export import write_tokenizer
+from pretrain.exporting.export import write_tokenizer
 from model.backbones import Backbone
 from model.backbones.base import relative_positions_available
 from model.encoder import EncoderConfig, model_config

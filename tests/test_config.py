@@ -56,7 +56,7 @@ def test_missing_config_file():
 
 
 def test_global_batch_must_divide():
-    from pretrain.ds_config import gradient_accumulation
+    from pretrain.engine.ds_config import gradient_accumulation
 
     assert gradient_accumulation(32, 4, 2) == 4
     with pytest.raises(ConfigError, match="global_batch_size=30"):
@@ -85,7 +85,7 @@ def test_the_base_model_groups_are_the_published_shapes_and_the_gpu_group_divide
     from transformers import AutoModel, BertConfig, ModernBertConfig
 
     from model.encoder import model_config
-    from pretrain.ds_config import gradient_accumulation
+    from pretrain.engine.ds_config import gradient_accumulation
 
     repo_configs = Path(__file__).resolve().parents[1] / "pretrain" / "configs"
     # The encoders' (AutoModel's) published counts with their vocabularies; transformers' default configs of both

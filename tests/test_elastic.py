@@ -30,7 +30,7 @@ def _global_steps(run: Path, ranks: int) -> dict[int, list[int]]:
 
 
 def _fp32(run: Path, tag: str) -> dict[str, torch.Tensor]:
-    from pretrain.checkpoint import fp32_weights
+    from pretrain.checkpointing.checkpoint import fp32_weights
 
     return fp32_weights(RunDir(run).checkpoints, tag)
 

@@ -50,7 +50,7 @@ def test_a_deepspeed_json_of_ones_own_is_filled_and_checked(tmp_path):
     from core.config_io import load_config
     from core.errors import ConfigError
     from pretrain.config import RunConfig
-    from pretrain.ds_config import build_ds_config
+    from pretrain.engine.ds_config import build_ds_config
 
     run_yaml = REPO / "pretrain" / "configs" / "demo_mlm.yaml"
     own = tmp_path / "mine.json"
@@ -95,7 +95,7 @@ def test_fp16_follows_what_the_accelerator_supports(monkeypatch):
     from core.config_io import load_config
     from core.errors import ConfigError
     from pretrain.config import RunConfig
-    from pretrain.ds_config import build_ds_config
+    from pretrain.engine.ds_config import build_ds_config
 
     cfg = load_config(RunConfig, REPO / "pretrain" / "configs" / "demo_mlm.yaml", ["train.precision=fp16"])
     accelerator = get_accelerator()
@@ -127,7 +127,7 @@ def test_zero3_offloaded_resume_is_exact(prepared, tmp_path):
     assert [zero.get(k, {}).get("device") for k in ("offload_param", "offload_optimizer")] == ["cpu", "cpu"]
     samples = lambda run: (run / "samples" / "rank1.jsonl").read_text()  # noqa: E731
     assert samples(out) == samples(straight) and samples(out).count("\n") == 12
-    from pretrain.checkpoint import fp32_weights
+    from pretrain.checkpointing.checkpoint import fp32_weights
 
     a = fp32_weights(RunDir(straight).checkpoints, "step_00000012")
     b = fp32_weights(RunDir(out).checkpoints, "step_00000012")
@@ -136,7 +136,7 @@ def test_zero3_offloaded_resume_is_exact(prepared, tmp_path):
 
 def test_secret_looking_keys_are_redacted_in_what_a_run_folder_keeps():
     """Credentials in a DeepSpeed JSON of one's own (a monitor's api_key) are not copied; everything else is."""
-    from pretrain.ds_config import REDACTED, redacted
+    from pretrain.engine.ds_config import REDACTED, redacted
 
     given = {"comet": {"enabled": True, "api_key": "k-123", "project": "p"}, "wandb": {"team": "t"},
              "list": [{"ApiKey": "k-456"}, {"max_tokens": 8}], "auth_token": None, "train_batch_size": 32}

@@ -40,7 +40,7 @@ def exports(prepared, tmp_path_factory):
                       *[a.replace("BF16_WEIGHTS", str(own)) for a in extra]]}
             for name, extra in CASES.items()]
     train_runs_in_one_process(runs, base / "runs.json")
-    from pretrain.export import export
+    from pretrain.exporting.export import export
 
     out = {}
     with restored_environ():

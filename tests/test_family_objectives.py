@@ -142,7 +142,7 @@ def test_export_loads_in_transformers_classes(name, runs, tmp_path):
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForPreTraining
 
     from model.heads import SpanBoundaryHead
-    from pretrain.export import export
+    from pretrain.exporting.export import export
 
     straight, _, probe_path = runs[name]
     out = tmp_path / "hf"

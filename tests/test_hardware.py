@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from pretrain import hardware
+from pretrain.engine import hardware
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ def test_no_host_reads_inside_a_training_step(reads, objective):
     allowed = KNOWN.get(objective, set())
     assert not [w for w in in_step if w.rsplit(":", 1)[0] not in allowed], in_step
     # The metrics leave the device at the flushes only: after steps 3 and 6 (log) and 6 (checkpoint, evaluation).
-    flushes = {r["step"] for r in records if r["where"].startswith("pretrain/metrics.py")}
+    flushes = {r["step"] for r in records if r["where"].startswith("pretrain/observe/metrics.py")}
     assert flushes == {3, 6}, flushes
     # The per-step exchange of preemption flags is on host tensors (a gloo group on a GPU run).
-    assert {r["step"] for r in records if r["where"].startswith("pretrain/preemption.py")} == set(range(1, 7))
+    assert {r["step"] for r in records if r["where"].startswith("pretrain/lifecycle/preemption.py")} == set(range(1, 7))

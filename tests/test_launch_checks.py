@@ -110,7 +110,7 @@ def _in_process(module: str, args: list[str], capsys) -> tuple[int, str]:
 def test_another_model_shape_or_objective_is_refused(trained):
     """The checks themselves on the checkpoint's own run files (the command-line path is the test above's)."""
     from core.errors import ConfigError
-    from pretrain.resume_checks import check_resume
+    from pretrain.checkpointing.resume_checks import check_resume
     from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE
 
     tag_dir = RunDir(trained).checkpoints / "step_00000009"
@@ -197,7 +197,7 @@ def test_resume_from_branches_once_and_keeps_the_later_checkpoints(prepared, tra
     from core.config_io import load_config
     from core.errors import ConfigError
     from pretrain.config import RunConfig
-    from pretrain.resume_choice import ResumeChoice
+    from pretrain.checkpointing.resume_choice import ResumeChoice
 
     for bad in ("../../elsewhere/step_00000003", "step_3"):
         choice = ResumeChoice(load_config(RunConfig, None, [f"train.output_dir={run}", f"train.resume_from={bad}"]),

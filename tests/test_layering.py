@@ -149,20 +149,29 @@ def test_the_trainer_is_handed_its_parts_and_builds_none():
 
 def test_checkpoint_save_and_restore_take_no_parts():
     """The checkpoint manager is handed the stateful parts once; a save names its step, a restore nothing."""
-    save = _method("pretrain/checkpoint_manager.py", "CheckpointManager", "save")
-    restore = _method("pretrain/checkpoint_manager.py", "CheckpointManager", "restore")
+    save = _method("pretrain/checkpointing/checkpoint_manager.py", "CheckpointManager", "save")
+    restore = _method("pretrain/checkpointing/checkpoint_manager.py", "CheckpointManager", "restore")
     assert [a.arg for a in save.args.args] == ["self", "step"]
     assert [a.arg for a in restore.args.args] == ["self"]
 
 
 def test_nothing_outside_the_engine_reaches_into_deepspeed():
-    """`Engine.ds` is the DeepSpeed engine: the library speaks to the Engine, only pretrain/engine.py to `ds`."""
+    """`Engine.ds` is the DeepSpeed engine: the library speaks to the Engine, only pretrain/engine/deepspeed_engine.py to `ds`."""
     offenders = []
     for package in LIBRARY:
         for path in sorted((REPO / package).rglob("*.py")):
-            if path.relative_to(REPO).as_posix() == "pretrain/engine.py":
+            if path.relative_to(REPO).as_posix() == "pretrain/engine/deepspeed_engine.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
                 if isinstance(node, ast.Attribute) and node.attr == "ds":
                     offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not offenders, offenders
+
+
+def test_the_batch_script_reads_the_one_table_of_exit_codes():
+    """slurm/pretrain.sbatch decides requeues on 75 and 76: its copies are the table's values."""
+    from pretrain.lifecycle.exit_status import EXIT_CODES, EXIT_PEER_LOST, EXIT_PREEMPTED
+
+    script = (REPO / "slurm" / "pretrain.sbatch").read_text(encoding="utf-8")
+    assert f"EXIT_PREEMPTED={EXIT_PREEMPTED} " in script and f"EXIT_PEER_LOST={EXIT_PEER_LOST} " in script
+    assert (EXIT_PREEMPTED, EXIT_PEER_LOST) == (75, 76) and sorted(EXIT_CODES) == [0, 1, 2, 75, 76]

@@ -1,7 +1,7 @@
 """The per-step metric sums: averaged over micro-batches, exact in float64, whatever the dtypes and names."""
 import torch
 
-from pretrain.metrics import MetricWindow
+from pretrain.observe.metrics import MetricWindow
 
 
 def test_a_window_averages_each_step_over_its_micro_batches():

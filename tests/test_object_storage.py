@@ -224,7 +224,7 @@ def test_two_ranks_from_the_bucket_resume_exactly_after_the_node_is_lost(s3, pre
 def test_a_checkpoint_in_the_bucket_that_holds_code_is_refused_at_resume(s3, prepared, tmp_path):
     """Whoever can write to the bucket rewrites the newest checkpoint (and its marker) to carry a pickled call; the
     requeued run, on a node with no local copy, downloads it and refuses it unread: exit 2, one line."""
-    from pretrain.checkpoint_dir import COMPLETE
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE
 
     run = tmp_path / "run"
     args = _train_args(prepared, run, "train.max_steps=4", "train.checkpoint_remote=s3://ckpt/hostile")

@@ -119,7 +119,7 @@ def _check_export(name: str, run: Path, probe_path: Path, out: Path) -> None:
         AutoModelForTokenClassification,
     )
 
-    from pretrain.export import export
+    from pretrain.exporting.export import export
 
     with restored_environ():  # export sets RANK etc. for DeepSpeed; later launches must not inherit them
         export(run, out)

@@ -2,7 +2,7 @@
 import torch
 
 from pretrain.config import OptimizerConfig, ScheduleConfig
-from pretrain.optim import build_optimizer, build_scheduler, lr_factor, param_groups, reset_schedule
+from pretrain.engine.optim import build_optimizer, build_scheduler, lr_factor, param_groups, reset_schedule
 
 
 def _model():
@@ -58,7 +58,7 @@ def test_polynomial_decay():
 def test_lamb_matches_the_formula_in_float64():
     import math
 
-    from pretrain.optim import Lamb
+    from pretrain.engine.optim import Lamb
 
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(5, 3, dtype=torch.float64))

@@ -13,7 +13,7 @@ import pytest
 from benchmarks.peer_loss_time import descendants, running
 from conftest import REPO, TINY_MODEL, free_port, launch_ranks, wait_for_step
 
-from pretrain.exit_status import EXIT_PEER_LOST
+from pretrain.lifecycle.exit_status import EXIT_PEER_LOST
 from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ from model.encoder import model_config
 from model.objectives.base import Objective
 from model.objectives.mlm import sparse_mlm
 from pretrain.config import RunConfig
-from pretrain.model_card import render
+from pretrain.exporting.model_card import render
 from pretrain.run_dir import RunDir
 
 

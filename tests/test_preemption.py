@@ -6,7 +6,8 @@ import time
 import pytest
 from conftest import TINY_MODEL, launch_ranks, run_cli, wait_for_step
 
-from pretrain.preemption import EXIT_PREEMPTED, parse_duration
+from pretrain.lifecycle.exit_status import EXIT_PREEMPTED
+from pretrain.lifecycle.preemption import parse_duration
 from pretrain.run_dir import RunDir
 
 pytestmark = pytest.mark.slow

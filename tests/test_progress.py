@@ -3,7 +3,7 @@ while the others did not); summing the ranks' counts is the explicit, collective
 import torch
 
 from core import distributed as dist
-from pretrain.progress import Progress
+from pretrain.observe.progress import Progress
 
 
 def test_reading_the_state_runs_no_collective(monkeypatch):

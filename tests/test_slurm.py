@@ -334,7 +334,7 @@ def test_the_job_end_time_from_slurm_stops_the_run_before_its_limit(jobs):
     train.deadline_margin_s) stops it with a complete checkpoint before SLURM would kill it."""
     import datetime
 
-    from pretrain.preemption import parse_duration
+    from pretrain.lifecycle.preemption import parse_duration
 
     info, log = jobs["info"]["deadline"], _log(jobs, "deadline")
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "75:0" and info["Restarts"] == "0", (info, log[-3000:])

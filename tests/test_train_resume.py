@@ -37,7 +37,7 @@ def _final_weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def _fp32_master(run: Path, tag: str = "step_00000020") -> dict[str, torch.Tensor]:
-    from pretrain.checkpoint import fp32_weights
+    from pretrain.checkpointing.checkpoint import fp32_weights
 
     return fp32_weights(RunDir(run).checkpoints, tag)
 
@@ -118,7 +118,7 @@ def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
 def test_sigusr1_on_one_rank_saves_marks_and_resumes_exactly(prepared, uninterrupted, tmp_path):
     import signal
 
-    from pretrain.preemption import EXIT_PREEMPTED
+    from pretrain.lifecycle.exit_status import EXIT_PREEMPTED
 
     out = tmp_path / "run"
     procs = launch_ranks(_args(prepared, out), 2, tmp_path / "logs")
@@ -142,7 +142,7 @@ def test_sigusr1_on_one_rank_saves_marks_and_resumes_exactly(prepared, uninterru
 
 
 def ckpt_tag(step: int) -> str:
-    from pretrain.checkpoint_dir import tag_for
+    from pretrain.checkpointing.checkpoint_dir import tag_for
 
     return tag_for(step)
 
@@ -214,7 +214,7 @@ def test_compiled_step_stop_resume_and_export_exactly(prepared, tmp_path):
     """train.compile=true (the objective's whole step through torch.compile, with dropout) and train.fused_qkv: stop +
     resume equals an uninterrupted run bit for bit, the log says what was compiled, and the export (the same parameter
     names as uncompiled) loads in AutoModelForMaskedLM."""
-    from pretrain.export import export
+    from pretrain.exporting.export import export
 
     compiled = ["train.compile=true", "train.fused_qkv=true", "train.zero_stage=auto", "train.max_steps=6",
                 "train.save_every=3", "train.log_every=3", "train.global_batch_size=8"]

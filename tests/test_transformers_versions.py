@@ -150,7 +150,7 @@ def test_an_export_that_loads_differently_is_refused(tmp_path):
 
     from data_pipeline.tokenizer import save_tokenizer, train_sentencepiece
     from data_pipeline.config import TokenizerConfig
-    from pretrain.export_check import check_loads_the_same
+    from pretrain.exporting.export_check import check_loads_the_same
     from conftest import kjv_chapters
 
     save_tokenizer(train_sentencepiece(kjv_chapters(20), TokenizerConfig(vocab_size=200)), tmp_path / "m", 64)

@@ -6,8 +6,8 @@ import pytest
 from core.config_io import load_config
 from core.errors import ConfigError
 from pretrain.config import RunConfig
-from pretrain.ds_config import bf16_weights_for, build_ds_config
-from pretrain.zero_stage import choose_stage, model_state_bytes
+from pretrain.engine.ds_config import bf16_weights_for, build_ds_config
+from pretrain.engine.zero_stage import choose_stage, model_state_bytes
 
 GIB = 2**30
 
@@ -80,7 +80,7 @@ def test_repeated_layers_are_the_encoder_layers_of_every_backbone():
     """What train.compile compiles: the layers in innermost ModuleLists, checked against each family's own layer class."""
     from transformers import AlbertConfig, AlbertModel, BertConfig, BertModel, ModernBertConfig, ModernBertModel
 
-    from pretrain.engine import repeated_layers
+    from pretrain.engine.deepspeed_engine import repeated_layers
 
     small = dict(hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=100, pad_token_id=0)
     models = {"BertLayer": (BertModel(BertConfig(num_hidden_layers=3, **small)), 3),

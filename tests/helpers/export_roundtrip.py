@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from pretrain.export_check import output_tensors
+from pretrain.exporting.export_check import output_tensors
 
 # backbone options, objectives: every exported class family (BERT, ELECTRA's discriminator and generator, ModernBERT
 # with a non-default layer pattern and window, ALBERT, XLNet), and BERT's relative positions where they exist.
@@ -46,7 +46,7 @@ def write(out: Path, prepared: Path) -> list[str]:
     from model.backbones.base import forward_input_names, relative_positions_available
     from model.encoder import EncoderConfig, model_config
     from model.objectives import ObjectiveConfig, build_objective
-    from pretrain.export import write_tokenizer
+    from pretrain.exporting.export import write_tokenizer
 
     tok = read_manifest(prepared)["tokenizer"]
     cases = {**CASES, **(RELATIVE if relative_positions_available() else {})}

@@ -61,7 +61,7 @@ def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
 
 
 def _compare_grad_norms(optimizer) -> list[tuple[float, float]]:
-    """At ZeRO 1-2 the engine computes DeepSpeed's gradient norm with a foreach kernel (pretrain/engine.py): record
+    """At ZeRO 1-2 the engine computes DeepSpeed's gradient norm with a foreach kernel (pretrain/engine/deepspeed_engine.py): record
     (that norm, DeepSpeed's own on the same gradients) at every call."""
     pairs: list[tuple[float, float]] = []
     ours = optimizer.__dict__.get("get_grad_norm_direct")  # set on the instance only where the engine replaced it

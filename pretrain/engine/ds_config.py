@@ -108,7 +108,7 @@ def build_ds_config(cfg: RunConfig, world: int, zero_stage: Optional[int] = None
     """
     if zero_stage is None:
         if cfg.train.zero_stage == "auto":
-            raise ValueError("train.zero_stage=auto must be resolved (pretrain.zero_stage.choose_stage) first")
+            raise ValueError("train.zero_stage=auto must be resolved (pretrain.engine.zero_stage.choose_stage) first")
         zero_stage = int(cfg.train.zero_stage)
     path, ds = _read_template(cfg)
     accum = gradient_accumulation(cfg.train.global_batch_size, cfg.train.micro_batch_size, world)

@@ -11,11 +11,11 @@ from typing import Any, Optional
 
 from core import distributed as dist
 from core.errors import CheckpointError, ConfigError
-from pretrain import checkpoint as ckpt
-from pretrain.checkpoint_data import check_tag_is_data
-from pretrain.checkpoint_dir import CheckpointDir, as_tag, universal_tag
+from pretrain.checkpointing import checkpoint as ckpt
+from pretrain.checkpointing.checkpoint_data import check_tag_is_data
+from pretrain.checkpointing.checkpoint_dir import CheckpointDir, as_tag, universal_tag
 from pretrain.config import RunConfig
-from pretrain.resume_checks import check_resume
+from pretrain.checkpointing.resume_checks import check_resume
 from pretrain.run_dir import RunDir
 
 
@@ -59,7 +59,7 @@ class ResumeChoice:
         """
         train = self.cfg.train
         if train.checkpoint_remote:
-            from pretrain.remote_checkpoints import RemoteCheckpoints
+            from pretrain.checkpointing.remote_checkpoints import RemoteCheckpoints
 
             self.remote = RemoteCheckpoints(train.checkpoint_remote, self.folder)
             if not train.resume_from and train.resume != "never":

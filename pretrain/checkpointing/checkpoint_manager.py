@@ -17,12 +17,12 @@ from core.config_io import config_hash
 from core.errors import UserError
 from core.seeding import RunRng
 from data_pipeline.shards import data_fingerprint
-from pretrain.checkpoint_dir import META
+from pretrain.checkpointing.checkpoint_dir import META
 from pretrain.config import RunConfig
-from pretrain.engine import Engine
-from pretrain.logger import RunLogger
-from pretrain.progress import Progress
-from pretrain.resume_choice import ResumeChoice
+from pretrain.engine.deepspeed_engine import Engine
+from pretrain.observe.logger import RunLogger
+from pretrain.observe.progress import Progress
+from pretrain.checkpointing.resume_choice import ResumeChoice
 from pretrain.run_dir import DATA_MANIFEST_FILE, RunDir
 
 

@@ -16,7 +16,7 @@ import torch
 from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.errors import CheckpointError
-from pretrain.checkpoint_dir import COMPLETE, LATEST, CheckpointDir, file_manifest, tag_for, universal_tag
+from pretrain.checkpointing.checkpoint_dir import COMPLETE, LATEST, CheckpointDir, file_manifest, tag_for, universal_tag
 
 
 def _fsync_tree(folder: Path) -> None:

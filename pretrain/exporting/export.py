@@ -19,15 +19,15 @@ from model.backbones import backbone_for
 from model.backbones.base import forward_input_names
 from model.encoder import config_from_dict
 from model.objectives import build_objective
-from pretrain import checkpoint as ckpt
-from pretrain import model_card
-from pretrain.checkpoint_data import check_tag_is_data, read_as_data
-from pretrain.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
-from pretrain.export_check import check_loads_the_same
+from pretrain.checkpointing import checkpoint as ckpt
+from pretrain.exporting import model_card
+from pretrain.checkpointing.checkpoint_data import check_tag_is_data, read_as_data
+from pretrain.checkpointing.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
+from pretrain.exporting.export_check import check_loads_the_same
 from pretrain.config import RunConfig
 from pretrain.run_dir import CHECKPOINTS_DIR, CONFIG_FILE, DATA_MANIFEST_FILE, MODEL_CONFIG_FILE, RunDir
 
-log = logging.getLogger("pretrain.export")
+log = logging.getLogger("pretrain.exporting.export")
 
 
 def resolve_checkpoint(path: str | Path) -> tuple[RunDir, Path, str]:

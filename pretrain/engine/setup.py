@@ -14,12 +14,12 @@ from torch import nn
 from core import distributed as dist
 from core.errors import ConfigError
 from model.fused_qkv import fuse_qkv
-from pretrain.resume_choice import ResumePlan
+from pretrain.checkpointing.resume_choice import ResumePlan
 from pretrain.config import RunConfig
-from pretrain.ds_config import bf16_weights_for, build_ds_config, redacted
-from pretrain.engine import Engine, build_engine
-from pretrain.optim import build_optimizer, build_scheduler, reset_schedule
-from pretrain.zero_stage import choose_stage, device_memory_bytes
+from pretrain.engine.ds_config import bf16_weights_for, build_ds_config, redacted
+from pretrain.engine.deepspeed_engine import Engine, build_engine
+from pretrain.engine.optim import build_optimizer, build_scheduler, reset_schedule
+from pretrain.engine.zero_stage import choose_stage, device_memory_bytes
 
 
 def zero_stage_for(cfg: RunConfig, objective: nn.Module, world: int, resumed: dict[str, Any]) -> tuple[int, str]:

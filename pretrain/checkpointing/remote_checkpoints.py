@@ -14,7 +14,7 @@ from typing import Optional
 from core import distributed as dist
 from core.errors import StorageError, UserError
 from core.object_store import ObjectStore
-from pretrain.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
+from pretrain.checkpointing.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
 
 
 class RemoteCheckpoints:

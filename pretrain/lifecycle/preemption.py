@@ -1,13 +1,5 @@
-"""Preemption: signals and deadlines become a flag that all ranks agree on at a step boundary.
-
-Exit codes of `python -m pretrain train` (the SLURM templates act on them; all of them in
-pretrain/exit_status.py):
-- 0  EXIT_FINISHED   reached max_steps (or stopped by train.stop_after);
-- 75 EXIT_PREEMPTED  a signal or the deadline arrived; a complete checkpoint and the PREEMPTED
-                     marker were written: requeue and run the same command again;
-- 76                 another rank died or hung (pretrain/exit_status.py);
-- anything else      a crash (Python exits 1 on an exception): do not requeue blindly.
-"""
+"""Preemption: signals and deadlines become a flag that all ranks agree on at a step boundary, which ends the run
+with EXIT_PREEMPTED (pretrain/lifecycle/exit_status.py, the table of exit codes)."""
 from __future__ import annotations
 
 import datetime
@@ -20,10 +12,7 @@ from typing import Optional
 import torch
 
 from core import distributed as dist
-from pretrain import signals
-
-EXIT_FINISHED = 0
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "temporary failure, try again"
+from pretrain.lifecycle import signals
 
 
 def parse_duration(text: str) -> float:

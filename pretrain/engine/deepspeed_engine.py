@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
-from pretrain import checkpoint as ckpt
+from pretrain.checkpointing import checkpoint as ckpt
 
 Batch = dict[str, torch.Tensor]
 

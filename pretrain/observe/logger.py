@@ -35,7 +35,7 @@ class RunLogger:
             self._text = open(run_dir.text_log, "a", buffering=1)
             self._jsonl = open(run_dir.metrics, "a", buffering=1)
             if set(report_to) - {TENSORBOARD}:
-                from pretrain.trackers import Trackers
+                from pretrain.observe.trackers import Trackers
 
                 self.trackers = Trackers(run_dir, list(report_to), config or {})
 

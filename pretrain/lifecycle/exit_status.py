@@ -1,11 +1,7 @@
-"""How each rank ended, for the batch script: exit codes, and one small JSON file per rank.
+"""How each rank ended, for the batch script: the one table of exit codes, and one small JSON file per rank.
 
-Exit codes of `python -m pretrain train` (slurm/pretrain.sbatch acts on them):
-- 0  finished (max_steps, or train.stop_after);
-- 75 preempted: a signal or the deadline; a complete checkpoint is saved, run the same command again;
-- 76 peer lost: another rank died or stopped answering; nothing was saved by this attempt (the dead rank's
-     ZeRO shards are gone), the last complete checkpoint stands;
-- 2  a user's error (one line), 1 a bug (a traceback): do not requeue.
+The exit codes of `python -m pretrain` are EXIT_CODES below (slurm/pretrain.sbatch acts on them; its copies of
+75 and 76 name this file).
 
 With srun's --kill-on-bad-exit the first rank to exit non-zero ends the others, so the step's exit code
 is not always the ranks' own (a rank killed by srun counts as 143). With PRETRAIN_STATUS_DIR set (the
@@ -22,7 +18,20 @@ import socket
 import time
 from pathlib import Path
 
+EXIT_FINISHED = 0
+EXIT_BUG = 1  # Python's own code for an exception that escapes: its traceback is printed
+EXIT_USER_ERROR = 2  # core.errors.UserError: one line names the problem (data_pipeline's CLI exits 2 alike)
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL, "temporary failure, try again"
 EXIT_PEER_LOST = 76
+EXIT_CODES = {
+    EXIT_FINISHED: "finished: max_steps reached, or train.stop_after steps done",
+    EXIT_BUG: "a bug: the traceback says where; do not requeue",
+    EXIT_USER_ERROR: "bad input (config, data, checkpoint, storage): the one line says what; do not requeue",
+    EXIT_PREEMPTED: "preempted by a signal or the deadline: a complete checkpoint and the PREEMPTED marker are "
+                    "written; run the same command again",
+    EXIT_PEER_LOST: "another rank died or stopped answering: this attempt saved nothing (the dead rank's ZeRO shards "
+                    "are gone); the last complete checkpoint stands",
+}
 
 
 def status_file() -> Path | None:
