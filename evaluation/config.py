@@ -130,7 +130,7 @@ class SentenceEmbeddingConfig:
     """SentEval-style evaluation of frozen sentence embeddings (evaluation/sentence_embeddings.py)."""
 
     model: list[str] = field(default_factory=list)  # HF model folders (exports)
-    suite: str = "runs/senteval"  # a folder with tasks.json (benchmarks/senteval_data.py builds one)
+    suite: str = "runs/senteval"  # a folder with tasks.json (evaluation/senteval_data.py builds one)
     tasks: list[str] = field(default_factory=list)  # a subset of the suite's tasks (empty: all)
     features: list[str] = field(default_factory=lambda: ["mean", "cls"])
     layer: int = -1

@@ -13,7 +13,7 @@ encoder is frozen; a sentence's embedding is the mean of the last hidden states 
   Spearman and Pearson correlation (× 100, as SentEval reports).
 
 A task suite is a folder with `tasks.json` ({"tasks": [{"name", "kind", "file", "text", "pair",
-"label", "note"}]}) and its CSV files; `benchmarks/senteval_data.py` builds one from what installs
+"label", "note"}]}) and its CSV files; `evaluation/senteval_data.py` builds one from what installs
 offline here. Results: one JSON with every number, and a markdown table (a row per model and feature).
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ def read_suite(folder: str | Path, names: Sequence[str] = ()) -> list[SuiteTask]
     index = folder / "tasks.json"
     if not index.is_file():
         raise MissingFileError(f"'{folder}' is not a sentence-embedding task suite (no tasks.json); "
-                               "build one with `python -m benchmarks.senteval_data --out DIR`")
+                               "build one with `python -m evaluation.senteval_data --out DIR`")
     try:
         entries = json.loads(index.read_text(encoding="utf-8"))["tasks"]
     except (ValueError, KeyError, TypeError) as exc:

@@ -7,12 +7,15 @@ import sys
 import pytest
 from conftest import REPO
 
-SCRIPTS = sorted(p.stem for p in (REPO / "benchmarks").glob("*.py") if "def main(" in p.read_text())
+# The performance tools and the experiments behind RESULTS.md: both take the shared arguments.
+TOOLS = ("benchmarks", "experiments")
+SCRIPTS = sorted(f"{folder}.{p.stem}" for folder in TOOLS for p in (REPO / folder).glob("*.py")
+                 if "def main(" in p.read_text())
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_every_benchmark_parses_its_command_line(name, monkeypatch, capsys):
-    module = importlib.import_module(f"benchmarks.{name}")
+    module = importlib.import_module(name)
     monkeypatch.setattr(sys, "argv", [name, "--help"])
     with pytest.raises(SystemExit) as exc:
         module.main()
@@ -23,7 +26,7 @@ def test_shared_arguments_are_defined_once():
     from benchmarks.arguments import SHARED
 
     redefined = []
-    for path in sorted((REPO / "benchmarks").glob("*.py")):
+    for path in sorted(p for folder in TOOLS for p in (REPO / folder).glob("*.py")):
         for call in ast.walk(ast.parse(path.read_text())):
             if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "add_argument" and call.args:
                 flag = getattr(call.args[0], "value", "")

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-# package -> packages it must never import
-FORBIDDEN = {"core": {"data_pipeline", "model", "pretrain", "evaluation"}, "data_pipeline": {"model", "pretrain", "evaluation"},
-             "model": {"pretrain", "evaluation"}, "evaluation": {"pretrain"}}
+# package -> packages it must never import (no library package imports the tools: benchmarks/, experiments/)
+TOOLS = {"benchmarks", "experiments"}
+FORBIDDEN = {"core": {"data_pipeline", "model", "pretrain", "evaluation", *TOOLS},
+             "data_pipeline": {"model", "pretrain", "evaluation", *TOOLS}, "model": {"pretrain", "evaluation", *TOOLS},
+             "evaluation": {"pretrain", *TOOLS}, "pretrain": TOOLS, "benchmarks": {"experiments"}}
 
 
 def imported_packages(path: Path) -> set[tuple[str, int]]:

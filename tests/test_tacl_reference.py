@@ -1,10 +1,10 @@
-"""benchmarks/tacl_reference.py: its loss, written apart from model/objectives, agrees with the project's and with
+"""experiments/tacl_reference.py: its loss, written apart from model/objectives, agrees with the project's and with
 a per-anchor loop; its variants remove what they say; its masking is BERT's 80/10/10."""
 import math
 
 import torch
 
-from benchmarks import tacl_reference as ref
+from experiments import tacl_reference as ref
 from model.objectives.tacl import tacl_loss
 
 

@@ -1,11 +1,11 @@
-"""benchmarks/senteval_data.py on stand-in package archives laid out like the real ones (no download)."""
+"""evaluation/senteval_data.py on stand-in package archives laid out like the real ones (no download)."""
 import csv
 import io
 import json
 import tarfile
 import zipfile
 
-from benchmarks import senteval_data
+from evaluation import senteval_data
 
 
 def _tar_add(tf: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -1,9 +1,9 @@
 """Issue 18: DeCLUTR, COCO-LM's SCL, TaCL and MLM on the sentence-embedding evaluation, all continued from one teacher.
 
-    python -m benchmarks.senteval_data --out runs/senteval --corpora runs/corpora
-    python -m benchmarks.reproduce_tacl --train-teacher bert --teacher-steps 1800 --steps 400 --lr 5e-4 --seeds 1 2 \\
+    python -m evaluation.senteval_data --out runs/senteval --corpora runs/corpora
+    python -m experiments.reproduce_tacl --train-teacher bert --teacher-steps 1800 --steps 400 --lr 5e-4 --seeds 1 2 \\
         --data runs/equal_compute/data --out runs/results/tacl_bert --skip-finetune     # the teacher, TaCL and MLM-only
-    python -m benchmarks.sentence_embeddings                                           # DeCLUTR and COCO-LM, then the table
+    python -m experiments.sentence_embeddings                                           # DeCLUTR and COCO-LM, then the table
 
 Every student continues the same MLM teacher (RESULTS.md's TaCL section: BERT with relative positions,
 hidden 128, 2 layers, 1,800 steps from scratch on (b)'s corpora) for the same 400 steps at lr 5e-4 and
@@ -11,7 +11,7 @@ batch 32, two seeds each, as reproduce_tacl.py trains TaCL and MLM-only: DeCLUTR
 cut per document (spans never cross documents) with the teacher's tokenizer, COCO-LM with its paper's
 masking and a 1/4-width generator. The teacher and every student are then evaluated with
 `python -m pretrain evaluate sentence-embeddings` on runs/senteval (5-fold outer CV, C picked by 3-fold
-inner CV; at most 2,000 rows per task). Results: benchmarks/results/sentence_embeddings.{json,md}.
+inner CV; at most 2,000 rows per task). Results: experiments/results/sentence_embeddings.{json,md}.
 """
 from __future__ import annotations
 
@@ -91,10 +91,10 @@ def main() -> None:
     tasks = report["tasks"]
     table = summary_table(results, tasks)
     print(table)
-    write_json(REPO / "benchmarks" / "results" / "sentence_embeddings.json",
+    write_json(REPO / "experiments" / "results" / "sentence_embeddings.json",
                {"models": {n: str(p) for n, p in models.items()}, "tasks": tasks, "protocol": report["options"],
                 "results": results})
-    (REPO / "benchmarks" / "results" / "sentence_embeddings.md").write_text(table)
+    (REPO / "experiments" / "results" / "sentence_embeddings.md").write_text(table)
 
 
 def _value(task: dict, scores: dict) -> float:

@@ -1,10 +1,10 @@
 """What makes a small encoder learn fastest per second of 2-core CPU (the cramming method), measured with the real trainer.
 
     python -m data_pipeline prepare --config data_pipeline/configs/demo.yaml output_dir=runs/sweep/data
-    python -m benchmarks.recipe_sweep --group mlm --budget-s 240          # MLM: backbone, positions, lr, schedule, ...
-    python -m benchmarks.recipe_sweep --group rtd --budget-s 600          # ELECTRA / COCO-LM: generator size, λ, lr
-    python -m benchmarks.recipe_sweep --group scratch --corpora runs/corpora --budget-s 600   # RESULTS.md (b)'s corpora
-    python -m benchmarks.recipe_sweep --plot-only                          # redraw from benchmarks/results/
+    python -m experiments.recipe_sweep --group mlm --budget-s 240          # MLM: backbone, positions, lr, schedule, ...
+    python -m experiments.recipe_sweep --group rtd --budget-s 600          # ELECTRA / COCO-LM: generator size, λ, lr
+    python -m experiments.recipe_sweep --group scratch --corpora runs/corpora --budget-s 600   # RESULTS.md (b)'s corpora
+    python -m experiments.recipe_sweep --plot-only                          # redraw from benchmarks/results/
 
 Each point is one `torchrun --nproc_per_node 2 -m pretrain train` run on the bundled KJV data. A
 short timing probe (`train.stop_after`) measures seconds per step, then the run gets as many steps
@@ -12,7 +12,7 @@ as fit in `--budget-s` of training time, so every schedule decays inside the sam
 Validation (every picked token shown as [MASK], data_pipeline.masking.evaluation_masking) runs
 at 8 points; the trainer logs its `train_seconds`, the MLM loss below the validation tokens'
 unigram entropy and, for the RTD objectives, the detection AUC and loss below the prior. Writes
-benchmarks/results/recipe_sweep_<group>.json and docs/results/recipe_sweep_<group>.png.
+experiments/results/recipe_sweep_<group>.json and docs/results/recipe_sweep_<group>.png.
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def seconds_per_step(data: Path, out: Path, overrides: list[str], probe_steps: i
 
 def sweep(group: str, data: Path, out: Path, budget_s: float, probe_steps: int, only: list[str]) -> dict:
     """Run (or reuse) every configuration of the group and collect its validation curve."""
-    results_path = REPO / "benchmarks" / "results" / f"recipe_sweep_{group}.json"
+    results_path = REPO / "experiments" / "results" / f"recipe_sweep_{group}.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for name, overrides in GROUPS[group].items():
         if only and name not in only:
@@ -226,7 +226,7 @@ def main() -> None:
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args()
     if args.plot_only:
-        results = json.loads((REPO / "benchmarks" / "results" / f"recipe_sweep_{args.group}.json").read_text())
+        results = json.loads((REPO / "experiments" / "results" / f"recipe_sweep_{args.group}.json").read_text())
     else:
         data = Path(args.data)
         if args.corpora:

@@ -1,6 +1,6 @@
 """The equal-compute report's 'fraction of MLM's compute to reach MLM's final accuracy', on curves made up here."""
 
-from benchmarks import equal_compute
+from experiments import equal_compute
 
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 

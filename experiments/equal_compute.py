@@ -1,24 +1,24 @@
 """Issue 17, item 1: MLM, ELECTRA, COCO-LM and TACO from scratch at equal training FLOPs, two seeds.
 
     python -m benchmarks.corpora --out runs/corpora
-    python -m benchmarks.equal_compute train --corpora runs/corpora        # pre-train every (objective, seed)
-    python -m benchmarks.equal_compute probe --corpora runs/corpora        # linear probes + fine-tuning
-    python -m benchmarks.equal_compute report                              # tables and the plot
+    python -m experiments.equal_compute train --corpora runs/corpora        # pre-train every (objective, seed)
+    python -m experiments.equal_compute probe --corpora runs/corpora        # linear probes + fine-tuning
+    python -m experiments.equal_compute report                              # tables and the plot
 
 Every objective gets the training FLOPs MLM spends in `--mlm-steps` steps, as its own
 `flops_per_token` counts them (model/flops.py: matmuls of every pass of every network, the
 generator's sampling forward included), so an objective whose step costs more gets fewer steps.
 Each run saves and validates at 1/4, 1/2, 3/4 and all of its budget; every such checkpoint is
-exported. The settings are each objective's from issue 14's recipe (benchmarks/recipe_sweep.py,
+exported. The settings are each objective's from issue 14's recipe (experiments/recipe_sweep.py,
 group `scratch`): ModernBERT, hidden 128, 2 layers, no dropout, batch 32 × 128 tokens; MLM with 30%
 masking and lr 2e-3; ELECTRA and COCO-LM with their papers' masking and a 1/4-width generator;
 TACO with 15% masking and lr 1e-3.
 
 A larger budget is a second set beside the first, on the same shards, with its own results folder:
 
-    python -m benchmarks.equal_compute train --tag 3x --mlm-steps 3000 --data runs/equal_compute/data
+    python -m experiments.equal_compute train --tag 3x --mlm-steps 3000 --data runs/equal_compute/data
 
-One JSON per run lands in benchmarks/results/equal_compute[_TAG]/ as soon as the run ends (commit it then):
+One JSON per run lands in experiments/results/equal_compute[_TAG]/ as soon as the run ends (commit it then):
 the set can be continued later from what is committed, and a run cut short resumes from its
 checkpoints (the trainer's own resume) when the command is given again.
 """
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks.arguments import add_shared
-from benchmarks.recipe_sweep import BASE, GROUPS
+from experiments.recipe_sweep import BASE, GROUPS
 from data_pipeline.dataset_dir import DatasetDir
 from pretrain.run_dir import RunDir
 from benchmarks.repro_common import (
@@ -71,7 +71,7 @@ FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
 def results_dir(tag: str) -> Path:
     """Where a budget's per-run JSONs live: `equal_compute/` for the first budget, `equal_compute_<tag>/` for others."""
-    return REPO / "benchmarks" / "results" / ("equal_compute" + (f"_{tag}" if tag else ""))
+    return REPO / "experiments" / "results" / ("equal_compute" + (f"_{tag}" if tag else ""))
 
 
 def overrides(name: str) -> list[str]:
@@ -439,7 +439,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("stage", choices=["plan", "train", "probe", "report"])
     add_shared(parser, corpora="runs/corpora")
-    parser.add_argument("--tag", default="", help="a budget's name: results in benchmarks/results/equal_compute_TAG/, "
+    parser.add_argument("--tag", default="", help="a budget's name: results in experiments/results/equal_compute_TAG/, "
                         "runs in runs/equal_compute_TAG/ (default: the first budget's, untagged)")
     parser.add_argument("--out", default=None, help="runs, exports and probes (default: runs/equal_compute[_TAG])")
     parser.add_argument("--data", default=None, help="shards (default: OUT/data; give another budget's to share them)")
