@@ -25,14 +25,32 @@ OBJECTIVE_ARGS = {
 KNOWN = {"taco": {"model/objectives/taco.py"}, "electra_two_stage": {"model/objectives/electra.py"}}
 
 
+def _teacher(overrides: list[str], folder) -> str:
+    """A fresh masked LM of the run's shape and tokenizer, saved as a Hugging Face folder."""
+    from core.config_io import load_config
+    from data_pipeline.shards import read_manifest
+    from model.encoder import model_config
+    from model.objectives import ObjectiveConfig, build_objective
+    from pretrain.config import RunConfig
+
+    cfg = load_config(RunConfig, overrides[1], overrides[2:])
+    manifest = read_manifest(cfg.data.path)
+    config = model_config(cfg.model, manifest["tokenizer"], manifest["seq_len"])
+    build_objective(ObjectiveConfig(name="mlm"), config).model.save_pretrained(str(folder))
+    return str(folder)
+
+
 @pytest.fixture(scope="module")
 def reads(prepared, tmp_path_factory) -> dict:
     """Every objective trained 6 steps in one process (logging every 3) with its reads recorded."""
     base = tmp_path_factory.mktemp("reads")
-    runs = {name: ["--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={base / name}",
-                   *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=6",
-                   "train.log_every=3", "train.save_every=6", "train.eval_every=6", "train.eval_batches=1",
-                   f"objective.name={name}", *extra] for name, extra in OBJECTIVE_ARGS.items()}  # a later name wins
+    common = ["--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", *TINY_MODEL]
+    teacher = _teacher(common, base / "teacher")  # TaCL continues a checkpoint
+    runs = {name: [*common, f"train.output_dir={base / name}", "train.micro_batch_size=4", "train.global_batch_size=8",
+                   "train.max_steps=6", "train.log_every=3", "train.save_every=6", "train.eval_every=6",
+                   "train.eval_batches=1", f"objective.name={name}", *extra,
+                   *([f"model.init_from={teacher}"] if name == "tacl" else [])]
+            for name, extra in OBJECTIVE_ARGS.items()}  # a later name wins
     (base / "runs.json").write_text(json.dumps(runs))
     cmd = [sys.executable, "tests/helpers/count_host_reads.py", str(base / "reads.json"), str(base / "runs.json")]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
