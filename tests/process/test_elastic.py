@@ -1,0 +1,107 @@
+"""Elastic resume: a checkpoint from 2 ranks resumes on 1 and vice versa, through DeepSpeed's universal checkpoint
+(ZeRO 1-3), or directly (stage 0 saves whole states)."""
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_MODEL, run_cli
+from pretrain.run_dir import RunDir
+
+
+
+def _args(data, out, *extra):
+    return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
+            "train.micro_batch_size=4", "train.global_batch_size=16", "train.max_steps=12", "train.save_every=3",
+            "train.keep_last=10", "train.eval_every=0", "train.record_samples=true", "schedule.warmup_steps=2", "optimizer.lr=2e-3", *extra]
+
+
+def _global_steps(run: Path, ranks: int) -> dict[int, list[int]]:
+    """Sample ids of each step over all ranks."""
+    steps: dict[int, list[int]] = {}
+    for rank in range(ranks):
+        for line in (run / "samples" / f"rank{rank}.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            steps.setdefault(rec["step"], []).extend(i for micro in rec["sample_ids"] for i in micro)
+    return {k: sorted(v) for k, v in steps.items()}
+
+
+def _fp32(run: Path, tag: str) -> dict[str, torch.Tensor]:
+    from pretrain.checkpointing.checkpoint import fp32_weights
+
+    return fp32_weights(RunDir(run).checkpoints, tag)
+
+
+@pytest.fixture(scope="module")
+def straight_run(prepared, tmp_path_factory) -> Path:
+    """12 steps on 2 ranks, a checkpoint every 3 (all kept)."""
+    out = tmp_path_factory.mktemp("elastic") / "straight"
+    run_cli("pretrain", _args(prepared, out), nproc=2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def straight(straight_run):
+    return _global_steps(straight_run, 2)
+
+
+def _rewound_copy(run: Path, dest: Path, step: int) -> Path:
+    """A copy of the run as it was after saving `step`: later checkpoints gone (the trainer rewinds the logs)."""
+    shutil.copytree(run, dest)
+    for tag in (RunDir(dest).checkpoints).glob("step_*"):
+        if int(tag.name.split("_")[1]) > step:
+            shutil.rmtree(tag)
+    return dest
+
+
+def test_two_to_one_rank(prepared, straight_run, straight, tmp_path):
+    out = _rewound_copy(straight_run, tmp_path / "run", 6)
+    probe = _rewound_copy(straight_run, tmp_path / "probe", 6)
+    resumed = run_cli("pretrain", _args(prepared, out), nproc=1)
+    assert "converting it to a universal checkpoint" in resumed.stdout and "at step 6" in resumed.stdout
+    assert "accumulation 4" in resumed.stdout  # the global batch stayed 16
+    # Steps 1-6 came from two ranks, 7-12 from one: together they are the uninterrupted run's global batches.
+    assert _global_steps(out, 2) == straight
+    assert not any(p.is_dir() and p.name.endswith("_universal") for p in (RunDir(out).checkpoints).iterdir())
+    # The converted weights load exactly: one more step at lr 0 leaves the fp32 weights bit-identical.
+    run_cli("pretrain", _args(prepared, probe, "optimizer.lr=0", "schedule.warmup_steps=0", "train.stop_after=1"), nproc=1)
+    before, after = _fp32(probe, "step_00000006"), _fp32(probe, "step_00000007")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_one_to_two_ranks(prepared, straight, tmp_path):
+    out = tmp_path / "run"
+    run_cli("pretrain", _args(prepared, out, "train.stop_after=6"), nproc=1)
+    resumed = run_cli("pretrain", _args(prepared, out), nproc=2)
+    assert "at step 6" in resumed.stdout and "accumulation 2" in resumed.stdout
+    combined = _global_steps(out, 2)
+    assert combined == straight
+
+
+def test_stage_change_is_refused(prepared, straight_run, tmp_path):
+    out = _rewound_copy(straight_run, tmp_path / "run", 6)
+    proc = run_cli("pretrain", _args(prepared, out, "train.zero_stage=3"), nproc=1, check=False)
+    assert proc.returncode == 2
+    assert "ZeRO stage 2" in proc.stderr and "stage 3" in proc.stderr
+
+
+def test_stage_zero_resumes_on_another_rank_count_without_conversion(prepared, straight, tmp_path):
+    """`zero_stage: auto` picks 0 on one rank and keeps it when the run resumes on two: the same global batches.
+    In bf16 (autocast over fp32 weights): the precision mode changes nothing a resume loads."""
+    out, probe = tmp_path / "run", tmp_path / "probe"
+    auto = lambda *extra: _args(prepared, out, "train.zero_stage=auto", "train.precision=bf16", *extra)  # noqa: E731
+    first = run_cli("pretrain", auto("train.stop_after=6"), nproc=1)
+    assert "ZeRO stage 0 (train.zero_stage=auto: one rank" in first.stdout
+    assert re.search(r"\d loader worker\(s\) per rank \(data.num_workers=auto\)", first.stdout)
+    shutil.copytree(out, probe)
+    resumed = run_cli("pretrain", auto(), nproc=2)
+    assert "ZeRO stage 0 (train.zero_stage=auto: the run's checkpoints were saved at stage 0)" in resumed.stdout
+    assert "universal" not in resumed.stdout and "at step 6" in resumed.stdout and "accumulation 2" in resumed.stdout
+    assert _global_steps(out, 2) == straight
+    # The whole states load exactly on the other rank count: one more step at lr 0 leaves every weight as saved.
+    run_cli("pretrain", _args(prepared, probe, "train.zero_stage=auto", "train.precision=bf16", "optimizer.lr=0",
+                              "schedule.warmup_steps=0", "train.stop_after=1"), nproc=2)
+    before, after = _fp32(probe, "step_00000006"), _fp32(probe, "step_00000007")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

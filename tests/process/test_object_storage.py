@@ -1,0 +1,317 @@
+"""Data and checkpoints in object storage, against a real S3-compatible server (moto's, started here on localhost).
+
+Nothing is mocked: prepare uploads through streaming's uploader, training reads through streaming's
+downloader and boto3 over HTTP, exactly as against AWS S3 or MinIO with `S3_ENDPOINT_URL`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from benchmarks.prepare_staging import peak_shard_bytes, shard_bytes
+from conftest import REPO, TINY_MODEL, free_port, launch_ranks, plant_payload, restored_environ, run_cli, wait_for_step
+from data_pipeline.dataset_dir import INDEX, MANIFEST, TOKENIZER, DatasetDir
+from data_pipeline.shard_record import RECORD
+from pretrain.run_dir import RunDir
+
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on a free port; the environment points boto3 and streaming at it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    with restored_environ():
+        os.environ.update({"S3_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                           "AWS_EC2_METADATA_DISABLED": "true"})
+        client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+        for bucket in ("corpus", "ckpt"):
+            client.create_bucket(Bucket=bucket)
+        yield client
+    server.stop()
+
+
+def _keys(client, bucket: str, prefix: str) -> list[str]:
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def _cli(module: str, args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The error a user sees: exit 2, exactly one `error:` line, no traceback."""
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, caplog, capsys, monkeypatch):
+    """Shards go up part by part as each is written (the staging disk never holds the dataset whole), in an order
+    that keeps the bucket consistent; the error cases are one line each and change nothing."""
+    config = tmp_path / "prepare.yaml"
+    config.write_text(f"sources: [{{kind: text, path: '{corpus_file}'}}]\ntokenizer: {{vocab_size: 400, "
+                      "character_coverage: 1.0}\nseq_len: 64\nval_fraction: 0.1\npart_bytes: 8000\nnum_workers: 2\n")
+    work, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    work.mkdir(), tmp.mkdir()
+    env = {"TMPDIR": str(tmp)}
+    with peak_shard_bytes(tmp) as peak:
+        done = _cli("data_pipeline", ["prepare", "--config", str(config), "output_dir=s3://corpus/direct"], work, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "dataset: s3://corpus/direct" in done.stdout
+    sizes = {o["Key"]: o["Size"] for o in s3.list_objects_v2(Bucket="corpus", Prefix="direct/")["Contents"]}
+    uploaded = sum(size for key, size in sizes.items() if ".mds" in key)
+    parts = json.loads(s3.get_object(Bucket="corpus", Key=f"direct/{MANIFEST}")["Body"].read())["parts"]
+    # Two workers, at most four parts written and not yet uploaded, of 20 or more.
+    assert parts >= 20 and 0 < peak[0] < uploaded / 3, (parts, peak[0], uploaded)
+    assert list(work.iterdir()) == []  # no folder named after the URL
+    assert not [p for p in tmp.iterdir() if "staging" in p.name]  # nor a staging copy left behind
+    # The order the server received the files in: a split's shards before its index, the manifest last.
+    puts = [m.split("PUT /corpus/direct/")[1].split(" ")[0] for m in caplog.messages if "PUT /corpus/direct/" in m]
+    assert puts[-1] == MANIFEST
+    for split in ("train", "validation"):
+        shard_puts = [i for i, p in enumerate(puts) if p.startswith(f"{split}/") and ".mds" in p]
+        assert shard_puts and max(shard_puts) < puts.index(f"{split}/{INDEX}")
+
+    keys = [k.removeprefix("direct/") for k in _keys(s3, "corpus", "direct/")]
+    manifest = json.loads(s3.get_object(Bucket="corpus", Key=f"direct/{MANIFEST}")["Body"].read())
+    assert {f"{TOKENIZER}/{name}" for name in manifest["tokenizer"]["files"]} <= set(keys)
+    for split in ("train", "validation"):
+        index = json.loads(s3.get_object(Bucket="corpus", Key=f"direct/{split}/{INDEX}")["Body"].read())
+        shards = [f"{split}/{s['zip_data']['basename']}" for s in index["shards"]]
+        assert shards and set(shards) <= set(keys), (shards, keys)
+        assert sum(s["samples"] for s in index["shards"]) == manifest["splits"][split]["sequences"]
+
+    # The error cases through the command line's own entry point, in this process (each subprocess costs its imports).
+    from data_pipeline.cli import main
+
+    def refused(output: str) -> str:
+        code = main(["prepare", "--config", str(config), f"output_dir={output}"])
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err, err[-3000:]
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1, err[-3000:]
+        return lines[0]
+
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    assert "already holds" in refused("s3://corpus/direct")
+    s3.put_object(Bucket="corpus", Key="partial/train/part-00000/shard.00000.mds.zstd", Body=b"from a killed prepare")
+    assert "no manifest.json: the parts of a prepare that did not finish?" in refused("s3://corpus/partial")
+    assert [k.removeprefix("direct/") for k in _keys(s3, "corpus", "direct/")] == keys  # nothing lost
+    assert "bucket 'no-such-bucket' does not exist" in refused("s3://no-such-bucket/x")
+    dead = f"http://127.0.0.1:{free_port()}"
+    with monkeypatch.context() as m:
+        m.setenv("S3_ENDPOINT_URL", dead)
+        line = refused("s3://corpus/y")
+    assert "cannot reach" in line and dead in line
+    with monkeypatch.context() as m:
+        for key in [k for k in os.environ if k.startswith("AWS_")]:
+            m.delenv(key)
+        m.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp / "none"))
+        m.setenv("AWS_CONFIG_FILE", str(tmp / "none"))
+        m.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        assert "no credentials" in refused("s3://corpus/z")
+    assert list(work.iterdir()) == []
+    assert _keys(s3, "corpus", "y/") == _keys(s3, "corpus", "z/") == []
+
+
+def test_a_job_array_uploads_each_task_s_parts_as_it_writes_them(s3, corpus_file, tmp_path):
+    """Two array tasks share a staging folder on their way to a bucket: each uploads its parts' shards as it writes
+    them, the last one merges and uploads the indexes, the tokenizer and the manifest. The bucket then holds what one
+    local prepare writes, byte for byte; the staging folder keeps the metadata, no shard."""
+    from core.config_io import load_config
+    from data_pipeline.config import PrepareConfig
+    from data_pipeline.prepare import prepare, prepare_task
+
+    def config(out: str, *extra: str) -> PrepareConfig:
+        return load_config(PrepareConfig, None, [
+            f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
+            "seq_len=64", "val_fraction=0.1", "num_workers=1", "part_bytes=30000", *extra])
+
+    single = prepare(config(str(tmp_path / "single")))
+    array = config("s3://corpus/array", f"staging_dir={tmp_path / 'staging'}")
+    assert prepare_task(array, 0, 2, "78") is None
+    first = _keys(s3, "corpus", "array/")
+    assert first and all(".mds" in key for key in first)  # task 0's shards, and nothing a reader would take
+    assert prepare_task(array, 1, 2, "78") == "s3://corpus/array"
+    keys = {k.removeprefix("array/") for k in _keys(s3, "corpus", "array/")}
+    expected = {str(p.relative_to(single)) for p in single.rglob("*") if p.is_file() and p.name != RECORD}
+    assert keys == expected
+    for key in sorted(k for k in keys if ".mds" in k or k.endswith(INDEX)):
+        assert s3.get_object(Bucket="corpus", Key=f"array/{key}")["Body"].read() == (single / key).read_bytes(), key
+    assert shard_bytes(tmp_path / "staging") == 0 and (tmp_path / "staging" / "dataset" / MANIFEST).is_file()
+
+
+def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}",
+            *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=16", "train.max_steps=10",
+            "train.save_every=4", "train.log_every=2", "train.eval_every=0", "train.record_samples=true",
+            "schedule.warmup_steps=2", "optimizer.lr=3e-3", "model.dropout=0.1", *extra]
+
+
+def _samples(run: Path, rank: int) -> dict[int, list]:
+    rows = [json.loads(line) for line in (run / "samples" / f"rank{rank}.jsonl").read_text().splitlines()]
+    return {r["step"]: r["sample_ids"] for r in rows}
+
+
+def _weights(run: Path, tag: str = "step_00000010") -> dict[str, torch.Tensor]:
+    return torch.load(RunDir(run).checkpoints / tag / "mp_rank_00_model_states.pt", map_location="cpu",
+                      weights_only=False)["module"]
+
+
+def test_two_ranks_from_the_bucket_resume_exactly_after_the_node_is_lost(s3, prepared, tmp_path):
+    """Killed, its data cache and run folder wiped (a requeue onto another node), the run resumes from the
+    bucket's checkpoint and ends with the weights and sample order of an uninterrupted run on local shards."""
+    from data_pipeline.remote_dataset import upload_dataset
+
+    upload_dataset(prepared, "s3://corpus/shards", overwrite=False)
+    reference = tmp_path / "reference"
+    run_cli("pretrain", _train_args(prepared, reference), nproc=2)
+
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    args = _train_args(cache, run, "data.remote=s3://corpus/shards", "train.checkpoint_remote=s3://ckpt/run")
+    procs = launch_ranks(args, 2, tmp_path / "logs")
+    try:
+        wait_for_step(run, 6, procs, timeout=240)  # checkpoint 4 was uploaded before step 5 began
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+    assert "uploaded checkpoint step_00000004 to s3://ckpt/run" in (tmp_path / "logs" / "rank0.log").read_text()
+    assert {k.split("/")[1] for k in _keys(s3, "ckpt", "run/")} == {"step_00000004"}
+
+    shutil.rmtree(cache), shutil.rmtree(run)
+    # A newer checkpoint whose upload never finished (no COMPLETE marker) must not be taken.
+    s3.put_object(Bucket="ckpt", Key="run/step_00000008/mp_rank_00_model_states.pt", Body=b"half")
+
+    resumed = run_cli("pretrain", args, nproc=2)
+    assert "downloaded checkpoint step_00000004 from s3://ckpt/run" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
+    wa, wb = _weights(reference), _weights(run)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    for rank in (0, 1):
+        want = {s: ids for s, ids in _samples(reference, rank).items() if s > 4}
+        assert _samples(run, rank) == want
+    # The bucket holds the newest complete checkpoints (keep_last=3) with their markers.
+    tags = {k.split("/")[1] for k in _keys(s3, "ckpt", "run/") if k.endswith("/COMPLETE")}
+    assert tags == {"step_00000004", "step_00000008", "step_00000010"}
+
+    # The resumed run folder exports like any other.
+    out = tmp_path / "export"
+    run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(out)])
+    assert (out / "config.json").is_file()
+
+
+def test_a_checkpoint_in_the_bucket_that_holds_code_is_refused_at_resume(s3, prepared, tmp_path):
+    """Whoever can write to the bucket rewrites the newest checkpoint (and its marker) to carry a pickled call; the
+    requeued run, on a node with no local copy, downloads it and refuses it unread: exit 2, one line."""
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE
+
+    run = tmp_path / "run"
+    args = _train_args(prepared, run, "train.max_steps=4", "train.checkpoint_remote=s3://ckpt/hostile")
+    run_cli("pretrain", args)
+    tag, ran = RunDir(run).checkpoints / "step_00000004", tmp_path / "the-payload-ran"
+    model_file = plant_payload(tag, ran)
+    for name in (model_file.name, COMPLETE):
+        s3.put_object(Bucket="ckpt", Key=f"hostile/step_00000004/{name}", Body=(tag / name).read_bytes())
+
+    shutil.rmtree(run)
+    proc = run_cli("pretrain", [*args, "train.max_steps=6"], check=False)
+    line = _one_line_error(proc)
+    assert "mp_rank_00_model_states.pt' holds more than weights and plain data (io.open)" in line, line
+    assert "train.trust_checkpoint=true" in line and not ran.exists()
+
+
+def test_a_damaged_shard_in_the_bucket_stops_the_run_with_one_line(s3, prepared, tmp_path):
+    from data_pipeline.remote_dataset import upload_dataset
+
+    upload_dataset(prepared, "s3://corpus/damaged", overwrite=False)
+    shards = [key.removeprefix("damaged/") for key in _keys(s3, "corpus", "damaged/") if ".mds" in key]
+    assert any(k.startswith("train/") for k in shards) and any(k.startswith("validation/") for k in shards)
+    for key in shards:  # every shard object, as a bad upload or a broken bucket leaves them
+        body = bytearray(s3.get_object(Bucket="corpus", Key=f"damaged/{key}")["Body"].read())
+        body[len(body) // 2] ^= 0xFF
+        s3.put_object(Bucket="corpus", Key=f"damaged/{key}", Body=bytes(body))
+    before = _keys(s3, "corpus", "damaged/")
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    proc = run_cli("pretrain", _train_args(cache, run, "data.remote=s3://corpus/damaged", "train.max_steps=2"),
+                   check=False)
+    line = _one_line_error(proc)  # and no traceback from streaming's download threads either
+    (shard,) = [key for key in shards if f"'s3://corpus/damaged/{key}'" in line]
+    assert "does not match" in line and "Checksum failure" not in proc.stderr, proc.stderr[-3000:]
+    assert not any((cache / key).exists() for key in shards)  # no damaged copy is left for the next run to read
+    assert _keys(s3, "corpus", "damaged/") == before
+    assert not (RunDir(run).checkpoints).exists() or not any((RunDir(run).checkpoints).glob("step_*"))
+    # Two ranks under torchrun, which ends the other rank with SIGTERM once one exits: that rank says it was ended,
+    # in one line; no traceback of this project's code or of streaming's download threads reaches the user.
+    shutil.rmtree(cache, ignore_errors=True), shutil.rmtree(run, ignore_errors=True)
+    two = run_cli("pretrain", _train_args(cache, run, "data.remote=s3://corpus/damaged", "train.max_steps=2"),
+                  nproc=2, launcher="torchrun", check=False)
+    assert two.returncode != 0
+    errors = [line for line in two.stderr.splitlines() if line.startswith("error:")]
+    assert errors and all("does not match" in line for line in errors), two.stderr[-4000:]
+    assert "Checksum failure" not in two.stderr, two.stderr[-4000:]
+    ours = re.compile(r'File "[^"]*/(pretrain|data_pipeline|core|model|streaming)/')
+    assert not ours.search(two.stderr), two.stderr[-4000:]
+    assert len(errors) == 2 or "terminated: rank" in two.stderr, two.stderr[-4000:]
+
+
+def test_a_missing_bucket_or_an_unreachable_endpoint_is_one_line(s3, tmp_path):
+    missing = run_cli("pretrain", _train_args(tmp_path / "cache", tmp_path / "run", "data.remote=s3://no-such-bucket/d"),
+                      check=False)
+    assert "bucket 'no-such-bucket' does not exist" in _one_line_error(missing)
+    absent = run_cli("pretrain", _train_args(tmp_path / "cache", tmp_path / "run", "data.remote=s3://corpus/never-prepared"),
+                     check=False)
+    assert "no prepared dataset at s3://corpus/never-prepared" in _one_line_error(absent)
+    dead = f"http://127.0.0.1:{free_port()}"
+    os.environ["S3_ENDPOINT_URL"], live = dead, os.environ["S3_ENDPOINT_URL"]
+    try:
+        unreachable = run_cli("pretrain", _train_args(tmp_path / "cache", tmp_path / "run", "data.remote=s3://corpus/d"),
+                              check=False)
+    finally:
+        os.environ["S3_ENDPOINT_URL"] = live
+    line = _one_line_error(unreachable)
+    assert "cannot reach" in line and dead in line
+
+
+def test_a_cache_holding_another_dataset_is_replaced_not_read(s3, prepared, tmp_path):
+    """Streaming reads a local index without asking the bucket; a cache filled from another dataset must not be used."""
+
+    from data_pipeline.remote_dataset import fetch_metadata, upload_dataset
+
+    other = tmp_path / "other"
+    shutil.copytree(prepared, other)
+    manifest = json.loads((DatasetDir(other).manifest).read_text())
+    manifest["note"] = "another dataset"
+    (DatasetDir(other).manifest).write_text(json.dumps(manifest))
+    name = manifest["tokenizer"]["files"][0]
+    (DatasetDir(other).tokenizer / name).write_bytes((DatasetDir(other).tokenizer / name).read_bytes() + b"\n")
+    upload_dataset(prepared, "s3://corpus/first", overwrite=False)
+    upload_dataset(other, "s3://corpus/second", overwrite=False)
+
+    cache = tmp_path / "cache"
+    fetch_metadata("s3://corpus/first", cache)
+    (cache / "train" / "shard.from-first").write_text("a shard of the first dataset")
+    fetch_metadata("s3://corpus/second", cache)
+    assert json.loads((DatasetDir(cache).manifest).read_text())["note"] == "another dataset"
+    assert (DatasetDir(cache).tokenizer / name).read_bytes() == (DatasetDir(other).tokenizer / name).read_bytes()
+    assert not (cache / "train" / "shard.from-first").exists()
+    assert (DatasetDir(cache).index("train")).read_bytes() == (DatasetDir(other).index("train")).read_bytes()

@@ -1,0 +1,245 @@
+"""Parallel prepare equals serial prepare; corrupt shards are caught and named."""
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import TINY_MODEL, run_cli
+
+from core.config_io import load_config
+from data_pipeline.cli import main as data_main
+from data_pipeline.config import PrepareConfig
+from data_pipeline.prepare import prepare
+from data_pipeline.shards import CorruptShardError, verify_split
+from data_pipeline.dataset_dir import MANIFEST, DatasetDir
+from data_pipeline.shard_record import RECORD
+from pretrain.run_dir import RunDir
+
+
+def _tokens(out, specials):
+    from streaming import StreamingDataset
+
+    from data_pipeline.loader import shared_memory_registration
+
+    counts = {}
+    for split in ("train", "validation"):
+        with shared_memory_registration():  # other test workers register datasets at the same time
+            ds = StreamingDataset(local=str(out / split), shuffle=False, batch_size=1)
+        c = Counter()
+        for i in range(ds.num_samples):
+            c.update(int(t) for t in ds[i]["input_ids"] if int(t) not in specials)
+        counts[split] = c
+    return counts
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file's bytes but the manifest (timings) and the verification record (this machine's mtimes)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name not in (MANIFEST, RECORD)}
+
+
+def test_any_number_of_workers_writes_the_same_dataset(tmp_path, corpus_file):
+    """Parts depend on the input only: 1 or 3 workers write the same files, byte for byte."""
+    outs = {}
+    for workers in (1, 3):
+        cfg = load_config(PrepareConfig, None, [
+            f"output_dir={tmp_path / f'w{workers}'}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]",
+            "tokenizer.vocab_size=400", "seq_len=64", "val_fraction=0.1", f"num_workers={workers}", "part_bytes=20000"])
+        outs[workers] = prepare(cfg)
+    m1, m3 = (json.loads((DatasetDir(outs[w]).manifest).read_text()) for w in (1, 3))
+    assert m1["parts"] == m3["parts"] >= 6 and (m1["num_workers"], m3["num_workers"]) == (1, 3)
+    assert _files(outs[1]) == _files(outs[3])
+    assert m1["splits"] == m3["splits"]
+    # Every document once across the parts: the tokens are those of encoding each document alone.
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(DatasetDir(outs[3]).tokenizer / "spm.model"))
+    docs = [d.strip() for d in corpus_file.read_text().split("\n\n") if d.strip()]
+    specials = set(m1["tokenizer"]["special_ids"])  # [UNK] included: _tokens drops them
+    expected = Counter(t for ids in sp.encode(docs) for t in ids if t not in specials)
+    counts = _tokens(outs[3], specials)
+    assert counts["train"] + counts["validation"] == expected
+    assert m1["splits"]["train"]["documents"] + m1["splits"]["validation"]["documents"] == len(docs) == 60
+    assert data_main(["verify", str(outs[3])]) == 0
+
+
+def _array_cfg(out, corpus_file, *extra):
+    return load_config(PrepareConfig, None, [
+        f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
+        "seq_len=64", "val_fraction=0.1", "num_workers=1", "part_bytes=30000", *extra])
+
+
+def test_array_tasks_write_what_one_process_writes(tmp_path, corpus_file, caplog):
+    """Task 0 plans and writes its parts, task 1 writes the rest and publishes; a rerun of a task skips done parts."""
+    import logging
+
+    from data_pipeline.prepare import prepare_task, staging_dir
+
+    caplog.set_level(logging.INFO, logger="data_pipeline")
+    single = prepare(_array_cfg(tmp_path / "single", corpus_file))
+    cfg = _array_cfg(tmp_path / "array", corpus_file)
+    assert prepare_task(cfg, 0, 2, "77") is None
+    assert prepare_task(cfg, 0, 2, "77") is None  # requeued: its parts are done, nothing to write
+    assert "task 0/2: 0 of" in caplog.text
+    assert not (tmp_path / "array").exists() and staging_dir(cfg, "77").is_dir()
+    assert prepare_task(cfg, 1, 2, "77") == tmp_path / "array"
+    assert not staging_dir(cfg, "77").exists()
+    assert _files(single) == _files(tmp_path / "array")
+    manifest = json.loads((DatasetDir(tmp_path / "array").manifest).read_text())
+    assert manifest["tasks"] == 2 and manifest["parts"] >= 4
+    assert prepare_task(cfg, 1, 2, "77", plan_timeout_s=5) is None  # started after the others published: done
+
+
+def test_array_task_stops_when_task_0_cannot_plan(tmp_path, corpus_file, monkeypatch):
+    from core.errors import InputDataError
+    from data_pipeline.prepare import prepare_task
+
+    cfg = _array_cfg(tmp_path / "out", tmp_path / "corpus.txt")
+    with pytest.raises(InputDataError, match="corpus.txt"):
+        prepare_task(cfg, 0, 2, "5")
+    with pytest.raises(InputDataError, match="task 0 of this array could not plan.*corpus.txt"):
+        prepare_task(cfg, 1, 2, "5", plan_timeout_s=30)
+    # The user adds the file and requeues the array: the last run's failure no longer stops the tasks.
+    (tmp_path / "corpus.txt").write_text(corpus_file.read_text())
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert prepare_task(cfg, 0, 2, "5") is None
+    assert prepare_task(cfg, 1, 2, "5", plan_timeout_s=30) == tmp_path / "out"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "out"]
+
+
+def _corrupt_copy(prepared, tmp_path):
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(prepared, copy)
+    shard = sorted((copy / "train").rglob("shard.*"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    return copy, shard
+
+
+def test_corrupt_shard_is_named(prepared, tmp_path, capsys):
+    assert verify_split(prepared / "train") >= 1
+    copy, shard = _corrupt_copy(prepared, tmp_path)
+    with pytest.raises(CorruptShardError, match=shard.name):
+        verify_split(copy / "train")
+    assert data_main(["verify", str(copy)]) == 2
+    assert shard.name in capsys.readouterr().err
+
+
+def test_training_refuses_a_corrupt_shard(prepared, tmp_path):
+    copy, shard = _corrupt_copy(prepared, tmp_path)
+    proc = run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={copy}",
+                                f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL], check=False)
+    assert proc.returncode == 2
+    assert str(shard) in proc.stderr and "hash" in proc.stderr
+    assert not (RunDir(tmp_path / "run").checkpoints).exists()
+
+
+def test_failing_parallel_prepare_exits_cleanly(tmp_path, prepared):
+    """A bad file met after many batches were queued: a clear error, an exit, no output left."""
+    from conftest import kjv_chapters
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a_good.txt").write_text("\n\n".join(kjv_chapters(1189)) + "\n")
+    (src / "b_bad.txt").write_bytes(b"caf\xe9\n")
+    proc = run_cli("data_pipeline", ["prepare", "--config", "data_pipeline/configs/demo.yaml", f"output_dir={tmp_path / 'out'}",
+                                     f"sources=[{{kind: text, path: '{src}/*.txt'}}]", "num_workers=2",
+                                     f"tokenizer.pretrained={DatasetDir(prepared).tokenizer}"], check=False, timeout=120)
+    assert proc.returncode == 2
+    assert "b_bad.txt" in proc.stderr and "UTF-8" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_streaming_registration_is_serialised_across_runs(prepared):
+    """Two runs starting together on one machine must not pick the same shared-memory prefix: while one
+    run's leader registers (lock held, here for 3 s), another run's dataset construction waits."""
+    import subprocess
+    import sys
+    import time
+
+    from data_pipeline.loader import LoaderConfig, build_dataset
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from data_pipeline.loader import shared_memory_registration\n"
+        "with shared_memory_registration():\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(3)\n")], cwd=str(Path(__file__).resolve().parents[2]), stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "LOCAL_RANK": "0"})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        start = time.time()
+        dataset = build_dataset(LoaderConfig(path=str(prepared)), "train", batch_size=4)
+        waited = time.time() - start
+    finally:
+        holder.wait(timeout=60)
+    assert len(dataset) > 0 and waited > 2.0
+
+
+def test_a_rank_picks_its_leaders_prefix_while_another_run_registers(prepared, tmp_path):
+    """Another run's leader holds the lock and registers its dataset while a 2-rank run starts: the
+    non-leader must not scan for a free prefix before its own leader holds the lock, or the two pick
+    different prefixes ("shared memory registered does not match local leader")."""
+    import subprocess
+    import sys
+
+    repo = str(Path(__file__).resolve().parents[2])
+    other = tmp_path / "other"  # the other run's own copy of the data: a different `local` path
+    import shutil
+
+    shutil.copytree(prepared, other)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time\n"
+        "from data_pipeline.loader import LoaderConfig, _indexed_dataset_class, shared_memory_registration\n"
+        "with shared_memory_registration():\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(9)  # the 2-rank run starts and reaches its datasets meanwhile; then this run registers\n"
+        f"    dataset = _indexed_dataset_class()(local='{other}/train', batch_size=4, shuffle=False)\n"
+        "print('registered', flush=True)\n"
+        "time.sleep(12)  # keep the segment alive while the other run registers\n")],
+        cwd=repo, stdout=subprocess.PIPE, text=True, env={**os.environ, "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"})
+    assert holder.stdout.readline().strip() == "held"
+    ranks = _two_ranks_build_a_dataset(prepared)
+    try:
+        results = [proc.communicate(timeout=120) for proc in ranks]
+    finally:
+        holder.kill()
+        holder.wait()
+    for proc, (out, err) in zip(ranks, results):
+        assert proc.returncode == 0 and out.startswith("ok"), err[-3000:]
+
+
+def _two_ranks_build_a_dataset(data: Path, before: str = ""):
+    """Two ranks of one run on this machine, each running `before`, then building the training split's dataset."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, free_port
+
+    port = free_port()
+    return [subprocess.Popen([sys.executable, "-c", (
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        f"{before}"
+        "from data_pipeline.loader import LoaderConfig, build_dataset\n"
+        f"dataset = build_dataset(LoaderConfig(path='{data}'), 'train', batch_size=4)\n"
+        "print('ok', len(dataset), flush=True)\n"
+        "dist.barrier()\n")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}) for r in range(2)]
+
+
+def test_the_ranks_of_a_node_take_their_leaders_free_prefix_when_their_own_scans_differ(prepared):
+    """Another run's shared memory can vanish (the run ends) between two ranks' scans for a free prefix, so the
+    non-leader finds another prefix than its leader ("... was not registered by local leader"). Here the scans differ
+    on purpose: rank r's scan answers the free prefix plus r. Every rank must register at its leader's."""
+    skew = ("from streaming.base.shared import prefix\n"
+            "scan = prefix._check_and_find_retrying\n"
+            "prefix._check_and_find_retrying = lambda *a, **k: scan(*a, **k) + dist.get_rank()\n")
+    for proc in _two_ranks_build_a_dataset(prepared, skew):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and out.startswith("ok"), err[-3000:]
+

@@ -1,0 +1,62 @@
+"""Deadlines, repeated signals and time-based saves (single process: real DeepSpeed, real signals)."""
+import json
+import signal
+import time
+
+from conftest import TINY_MODEL, launch_ranks, run_cli, wait_for_step
+
+from pretrain.lifecycle.exit_status import EXIT_PREEMPTED
+from pretrain.lifecycle.preemption import parse_duration
+from pretrain.run_dir import RunDir
+
+
+
+def _args(data, out, *extra):
+    return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
+            "train.micro_batch_size=4", "train.global_batch_size=8", "train.eval_every=0", "train.save_every=1000",
+            "train.max_steps=100000", "train.use_slurm_deadline=false", *extra]
+
+
+def test_parse_duration():
+    assert parse_duration("90") == 90 and parse_duration("90m") == 5400 and parse_duration("1.5h") == 5400
+    assert parse_duration("23:30:00") == 84600 and parse_duration("1-00:00:30") == 86430 and parse_duration("05:00") == 300
+
+
+def test_deadline_saves_and_exits_before_the_limit(prepared, tmp_path):
+    out = tmp_path / "run"
+    start = time.time()
+    proc = run_cli("pretrain", _args(prepared, out, "train.max_wall_time=12s", "train.deadline_margin_s=2"), check=False)
+    end = time.time()
+    assert proc.returncode == EXIT_PREEMPTED, proc.stderr[-2000:]
+    marker = json.loads((out / "PREEMPTED").read_text())
+    assert marker["reason"] == "deadline" and marker["step"] > 0
+    assert (RunDir(out).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()
+    # The trainer's clock starts after the imports (seconds on a slow machine), somewhere inside the
+    # process's lifetime; the checkpoint and the marker must be written before that clock's limit.
+    assert start + 12 <= marker["deadline"] <= end + 12
+    assert marker["time"] < marker["deadline"]
+
+
+def test_repeated_signals_during_a_save_leave_a_good_checkpoint(prepared, tmp_path):
+    out = tmp_path / "run"
+    (proc,) = launch_ranks(_args(prepared, out), 1, tmp_path / "logs")
+    wait_for_step(out, 3, [proc])
+    for _ in range(6):  # the first starts the save; the rest arrive while it runs
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.02)
+    assert proc.wait(timeout=120) == EXIT_PREEMPTED
+    marker = json.loads((out / "PREEMPTED").read_text())
+    tag = RunDir(out).checkpoints / marker["checkpoint"]
+    assert (tag / "COMPLETE").is_file()
+    resumed = run_cli("pretrain", _args(prepared, out, f"train.max_steps={marker['step'] + 2}"))
+    assert f"at step {marker['step']}" in resumed.stdout
+
+
+def test_time_based_saves(prepared, tmp_path):
+    out = tmp_path / "run"
+    run_cli("pretrain", _args(prepared, out, "train.max_steps=4", "train.save_every_minutes=0.0001", "train.keep_last=10"))
+    assert sorted(p.name for p in (RunDir(out).checkpoints).glob("step_*")) == [f"step_0000000{i}" for i in range(1, 5)]
+    state = __import__("torch").load(RunDir(out).checkpoints / "step_00000004" / "mp_rank_00_model_states.pt",
+                                     map_location="cpu", weights_only=False)
+    assert state["loader_per_rank"] == [state["loader"]]
+    assert {"step", "samples_seen", "tokens_seen", "elapsed_s", "config_hash", "rng"} <= set(state)

@@ -1,0 +1,395 @@
+"""The real sbatch templates on a real one-machine SLURM (slurm/local_cluster.sh: munge, slurmctld and
+two emulated slurmd nodes), submitted with sbatch as a user would.
+
+All jobs are submitted at once by one fixture, so their start-ups and SLURM's requeue delays overlap:
+- pretrain on 2 nodes x 1 task with --time=2 and --signal=B:USR1@60, which needs more than one
+  allocation, then export with --dependency=afterok on it;
+- prepare_data as a job array of 2 tasks, then (afterok on the array) a job with MAX_RESTARTS=1 on
+  its output that is sent USR1 twice (requeued once, then not), the second time before srun starts;
+- a job with a bad config (a crash: must not be requeued);
+- a job with --time=2 and no signal before its end: the trainer reads the job's end time from SLURM and stops
+  before it (train.use_slurm_deadline).
+Meanwhile an uninterrupted run of the same training config runs outside SLURM as the reference.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY_MODEL, free_port, kjv_chapters, launch_ranks
+from data_pipeline.dataset_dir import MANIFEST, DatasetDir
+from pretrain.run_dir import RunDir
+
+
+MAX_STEPS = 1200  # more than one 2-minute allocation can train here (<= ~1000 steps before the signal)
+PREPARE_OVERRIDES = ["tokenizer.vocab_size=400", "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1",
+                     "part_bytes=40000"]  # several parts for each of the array's 2 tasks
+TRAIN_OVERRIDES = [
+    *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", f"train.max_steps={MAX_STEPS}",
+    "train.save_every=250", "train.log_every=50", "train.eval_every=0", "train.record_samples=true",
+    # The signal, not the job's end time, is what this test exercises (the deadline has its own test).
+    "train.use_slurm_deadline=false",
+]
+
+
+def _cannot_run() -> str | None:
+    """Why a real SLURM cannot be started here, or None."""
+    have = all(shutil.which(b) or Path("/usr/sbin", b).exists() for b in ("slurmctld", "slurmd", "sbatch", "munged"))
+    if have and os.geteuid() == 0:
+        return None
+    if os.geteuid() != 0:
+        return "the local SLURM cluster needs root (it runs slurmctld, slurmd and munged as root)"
+    if not shutil.which("apt-get"):
+        return "SLURM is not installed and there is no apt-get to install it"
+    return None
+
+
+class Cluster:
+    """The started cluster: its environment, and sbatch/scontrol wrappers."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        inherited = {k: v for k, v in os.environ.items()
+                     if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        self.env = {**inherited, "SLURM_LOCAL_DIR": str(base), "SLURM_LOCAL_PORT": str(free_port()),
+                    "SLURM_CONF": str(base / "slurm.conf"), "PATH": os.environ["PATH"] + ":/usr/sbin",
+                    "REPO_DIR": str(REPO), "VENV": sys.prefix, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+    def script(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(REPO / "slurm" / "local_cluster.sh"), *args], env=self.env,
+                              capture_output=True, text=True, timeout=600)
+
+    def sbatch(self, script: str, *options: str, cwd: Path, **knobs: str) -> int:
+        """Submit slurm/<script> with sbatch options and template knobs (passed by environment)."""
+        out = subprocess.run(["sbatch", "--parsable", *options, str(REPO / "slurm" / script)], cwd=cwd,
+                             env={**self.env, **knobs}, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """`scontrol show job` as a dict (JobState, Restarts, ExitCode, ...); for an array, its last task."""
+        return self.tasks(job_id)[-1]
+
+    def tasks(self, job_id: int) -> list[dict[str, str]]:
+        """`scontrol show job`: one dict per line (one per task of a job array)."""
+        out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], env=self.env, capture_output=True,
+                             text=True, timeout=60).stdout
+        return [dict(item.split("=", 1) for item in line.split() if "=" in item) for line in out.splitlines() if line.strip()]
+
+    def all_jobs(self) -> dict[str, list[dict[str, str]]]:
+        """Every job SLURM knows, by job id (an array's tasks under the array's id), from one `scontrol` call."""
+        out = subprocess.run(["scontrol", "show", "job", "-o"], env=self.env, capture_output=True, text=True,
+                             timeout=60).stdout
+        jobs: dict[str, list[dict[str, str]]] = {}
+        for line in out.splitlines():
+            info = dict(item.split("=", 1) for item in line.split() if "=" in item)
+            if info:
+                jobs.setdefault(info.get("ArrayJobId", info["JobId"]), []).append(info)
+        return jobs
+
+    def signal_batch(self, job_id: int, sig: str = "USR1") -> None:
+        """What SLURM's --signal=B:USR1 does, on demand: signal the batch shell."""
+        subprocess.run(["scancel", "--batch", f"--signal={sig}", str(job_id)], env=self.env, check=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = _cannot_run()
+    if reason:
+        pytest.skip(reason)
+    cl = Cluster(tmp_path_factory.mktemp("slurm"))
+    started = cl.script("start", "2")
+    assert started.returncode == 0, started.stdout + started.stderr
+    yield cl
+    cl.script("stop")
+
+
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster, prepared, tmp_path_factory):
+    """Submit everything, drive the restart-limit job, watch for the PREEMPTED marker; wait for the end."""
+    work = tmp_path_factory.mktemp("slurm_jobs")
+    corpus = work / "corpus.txt"
+    corpus.write_text("\n\n".join(kjv_chapters(60)) + "\n", encoding="utf-8")
+    data, run, hf = work / "data", work / "run", work / "hf"
+    # The requeue job trains on the session's prepared data, so it and the reference start at once;
+    # the prepare job's output feeds the restart-limit job (prepare -> pretrain through afterok).
+    prepare = cluster.sbatch(
+        "prepare_data.sbatch", "--array=0-1", "--cpus-per-task=1", cwd=work,
+        OVERRIDES=" ".join(PREPARE_OVERRIDES + [f"output_dir={data}", f"'sources=[{{kind: text, path: {corpus}}}]'"]))
+    train_args = [f"data.path={prepared}", f"train.output_dir={run}", *TRAIN_OVERRIDES]
+    pretrain = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=2",
+        "--signal=B:USR1@60", cwd=work, OVERRIDES=" ".join(train_args))
+    reference = work / "reference"
+    reference_procs = launch_ranks(["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+                                    f"train.output_dir={reference}", *TRAIN_OVERRIDES,
+                                    # Every 125 steps, all kept: the killed job's end (step 375) is compared too.
+                                    "train.save_every=125", "train.keep_last=10"], 2, work / "reference_logs")
+    export = cluster.sbatch("export.sbatch", f"--dependency=afterok:{pretrain}", "--cpus-per-task=1", cwd=work,
+                            RUN_DIR=str(run), OUT=str(hf))
+    crash = cluster.sbatch("pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0",
+                           "--cpus-per-task=1", cwd=work, OVERRIDES=f"data.path={data} train.no_such_key=1")
+    limited_run = work / "limited"
+    # ENV_SETUP (run by the batch shell before srun) says when an attempt has begun, and in the second attempt holds
+    # the shell for 8 s before srun: the window in which the test sends the second USR1.
+    limited = cluster.sbatch(
+        "pretrain.sbatch", f"--dependency=afterok:{prepare}", "--nodes=1", "--ntasks-per-node=1",
+        "--gpus-per-node=0", "--cpus-per-task=1", cwd=work, MAX_RESTARTS="1",
+        ENV_SETUP=f'touch {work}/limited-setup-${{SLURM_RESTART_COUNT:-0}}; '
+                  f'if [ "${{SLURM_RESTART_COUNT:-0}}" = 1 ]; then sleep 8; fi',
+        OVERRIDES=" ".join([f"data.path={data}", f"train.output_dir={limited_run}", *TRAIN_OVERRIDES,
+                            "train.max_steps=100000", "train.log_every=5"]))
+
+    # A rank SIGKILLed after the checkpoint of step 125: the step ends, the job requeues and resumes from it;
+    # stop_after=250 makes the resumed attempt end at step 375, a step the reference keeps.
+    lost_run = work / "lost"
+    lost = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
+        OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={lost_run}", *TRAIN_OVERRIDES,
+                            "train.save_every=125", "train.stop_after=250"]))
+    # A rank killed in every attempt (2 tasks on one node): requeued once, away from that node, then failed at the cap.
+    doomed = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
+        OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'doomed'}", *TRAIN_OVERRIDES]))
+    # No signal before the end of a 2-minute allocation (it would come 5-35 s before): the trainer's own deadline, the
+    # job's end time from SLURM less two steps, a save and the margin, comes first: with a 100 s margin, within seconds
+    # of the trainer's start (the job keeps a core for no longer than that). Not requeued (MAX_RESTARTS=0).
+    deadline_run = work / "deadline"
+    deadline_job = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=2",
+        "--signal=B:USR1@5", cwd=work, MAX_RESTARTS="0",
+        OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={deadline_run}", *TRAIN_OVERRIDES,
+                            "train.max_steps=100000", "train.use_slurm_deadline=true", "train.deadline_margin_s=100"]))
+    ids = {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited, "lost": lost,
+           "doomed": doomed, "deadline": deadline_job}
+    kills: dict[str, list[float]] = {"lost": [], "doomed": []}
+
+    def kill_rank1(job: int, attempt: int) -> bool:
+        """SIGKILL rank 1 of an attempt once it has written its status (its pid); True when done."""
+        status = work / ".pretrain-status" / str(job) / f"attempt-{attempt}" / "rank1.json"
+        try:
+            os.kill(json.loads(status.read_text())["pid"], signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            return False
+        return True
+
+    markers: list[dict] = []
+    limit_signals = 0
+    deadline = time.time() + 720
+    while time.time() < deadline:
+        # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
+        known = cluster.all_jobs()
+        states = {j: known.get(str(j), [{}])[-1].get("JobState") for j in ids.values() if j != prepare}
+        if not kills["lost"] and (RunDir(lost_run).checkpoints / "step_00000125" / "COMPLETE").is_file() \
+                and kill_rank1(lost, 0):
+            kills["lost"].append(time.time())
+        if states[doomed] == "RUNNING" and len(kills["doomed"]) < 2:
+            attempt = int(known[str(doomed)][-1].get("Restarts", "0"))
+            if attempt == len(kills["doomed"]) and kill_rank1(doomed, attempt):
+                kills["doomed"].append(time.time())
+        states.update({f"prepare {i}": t.get("JobState") for i, t in enumerate(known.get(str(prepare), []))})
+        marker = run / "PREEMPTED"
+        if marker.is_file():
+            record = json.loads(marker.read_text())
+            if record not in [m for m, _ in markers]:
+                markers.append((record, (RunDir(run).checkpoints / record["checkpoint"] / "COMPLETE").is_file()))
+        # The limit job: USR1 once it trains in attempt 1, and again in attempt 2 while its batch shell is still in
+        # ENV_SETUP, before srun has started the trainer.
+        log = work / f"pretrain-{limited}.out"
+        if states[limited] == "RUNNING":
+            if limit_signals == 0 and log.is_file() and "| ETA" in log.read_text():
+                cluster.signal_batch(limited)
+                limit_signals = 1
+            elif limit_signals == 1 and (work / "limited-setup-1").is_file():
+                cluster.signal_batch(limited)
+                limit_signals = 2
+        if all(s in FINAL for s in states.values()) and all(p.poll() is not None for p in reference_procs):
+            break
+        time.sleep(0.5)
+    assert all(p.poll() == 0 for p in reference_procs), f"reference run failed; see {work / 'reference_logs'}"
+    return {"work": work, "run": run, "hf": hf, "reference": reference, "markers": markers, "limit_signals": limit_signals,
+            "ids": ids, "limited_run": limited_run,
+            "deadline_run": deadline_run,
+            "prepare_tasks": cluster.tasks(prepare), "corpus": corpus, "kills": kills, "lost_run": lost_run,
+            "info": {name: cluster.job(j) for name, j in ids.items()}}
+
+
+def _log(jobs, name: str) -> str:
+    if name == "prepare":  # the array's tasks, each with its own job id
+        return "".join((jobs["work"] / f"prepare-data-{t['JobId']}.out").read_text() for t in jobs["prepare_tasks"])
+    prefix = {"export": "export"}.get(name, "pretrain")
+    return (jobs["work"] / f"{prefix}-{jobs['ids'][name]}.out").read_text()
+
+
+def _samples(run: Path, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (run / "samples" / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+def _weights(run: Path, step: int = MAX_STEPS) -> dict[str, torch.Tensor]:
+    path = RunDir(run).checkpoints / f"step_{step:08d}" / "mp_rank_00_model_states.pt"
+    return torch.load(path, map_location="cpu", weights_only=False)["module"]
+
+
+def test_time_limit_signal_requeue_and_exact_resume(jobs):
+    info, log = jobs["info"]["pretrain"], _log(jobs, "pretrain")
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, log[-3000:])
+    assert int(info["Restarts"]) >= 1, log[-3000:]
+    assert "USR1 received: forwarding it to the training tasks" in log
+    assert "requeueing job" in log and "attempt 2 (restart 1" in log and "training finished" in log
+    # The marker was seen while the job waited to be rerun, naming a complete checkpoint.
+    assert jobs["markers"], "no PREEMPTED marker was written"
+    record, complete = jobs["markers"][0]
+    # srun delivers USR1 to both tasks; rank 0 names the first rank that had it.
+    assert record["reason"] in ("SIGUSR1", "SIGUSR1 on rank 1") and 0 < record["step"] < MAX_STEPS and complete
+    assert f"resumed from {RunDir(jobs['run']).checkpoints / record['checkpoint']} at step {record['step']}" in log
+    assert not (jobs["run"] / "PREEMPTED").exists()  # the finished attempt cleared it
+
+    # Same weights, bit for bit, as the run that was never interrupted.
+    ours, ref = _weights(jobs["run"]), _weights(jobs["reference"])
+    assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
+    # Same samples in the same order on each rank; every step once, none skipped or repeated.
+    for rank in (0, 1):
+        got = _samples(jobs["run"], rank)
+        assert [r["step"] for r in got] == list(range(1, MAX_STEPS + 1))
+        assert got == _samples(jobs["reference"], rank)
+    per_step = [sorted(i for rank in (0, 1) for micro in _samples(jobs["run"], rank)[s]["sample_ids"] for i in micro)
+                for s in range(MAX_STEPS)]
+    epoch = [i for ids in per_step[:100] for i in ids]  # the first 800 samples: all distinct within an epoch
+    assert len(epoch) == len(set(epoch)) == 800
+
+
+def test_chain_prepare_pretrain_export_with_afterok(jobs):
+    """prepare (a 2-task array) -> (afterok) pretrain on its data; pretrain -> (afterok) export, held through the requeues."""
+    assert [t["JobState"] for t in jobs["prepare_tasks"]] == ["COMPLETED", "COMPLETED"], _log(jobs, "prepare")[-3000:]
+    manifest = json.loads((DatasetDir(jobs["work"] / "data").manifest).read_text())
+    assert manifest["splits"]["train"]["sequences"] > 0 and manifest["tokenizer"]["vocab_size"] == 400
+    # Both tasks wrote parts, one of them merged; the result is what one process writes.
+    log = _log(jobs, "prepare")
+    assert manifest["tasks"] == 2 and "task 0/2: " in log and "task 1/2: " in log and log.count(" merged ") == 1
+    assert all(f"task {t}/2: 0 of" not in log for t in (0, 1))
+    from core.config_io import load_config
+    from data_pipeline.config import PrepareConfig
+    from data_pipeline.prepare import prepare
+    from data_pipeline.shard_record import RECORD
+
+    single = prepare(load_config(PrepareConfig, None, PREPARE_OVERRIDES + [
+        f"output_dir={jobs['work'] / 'data_single'}", f"sources=[{{kind: text, path: '{jobs['corpus']}'}}]", "num_workers=1"]))
+    # (Training on it has since unpacked raw .mds files beside the zstd shards: not part of what prepare wrote; the
+    # verification records hold each copy's own file times.)
+    files = {d: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
+                 if p.is_file() and p.name not in (MANIFEST, RECORD) and p.suffix != ".mds"}
+             for d in (single, jobs["work"] / "data")}
+    assert files[single] == files[jobs["work"] / "data"]
+    assert "| ETA" in _log(jobs, "limited")  # the dependent job trained on what prepare wrote
+    export = jobs["info"]["export"]
+    assert export["JobState"] == "COMPLETED", _log(jobs, "export")[-3000:]
+    # afterok held the export back through the requeue until the training's final success.
+    assert json.loads((jobs["hf"] / "config.json").read_text())["hidden_size"] == 32
+    from transformers import AutoModelForMaskedLM
+
+    model = AutoModelForMaskedLM.from_pretrained(jobs["hf"])
+    ours = _weights(jobs["run"])
+    key = next(k for k in ours if k.endswith("word_embeddings.weight"))
+    assert torch.equal(model.get_input_embeddings().weight, ours[key].float())
+
+
+def test_crash_is_not_requeued(jobs):
+    info, log = jobs["info"]["crash"], _log(jobs, "crash")
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0" and info["ExitCode"] == "2:0", info
+    assert "no_such_key" in log and "training failed with exit code 2: not requeueing" in log
+
+
+def test_restart_limit_is_respected(jobs):
+    info, log = jobs["info"]["limited"], _log(jobs, "limited")
+    assert jobs["limit_signals"] == 2, log[-3000:]
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "1" and info["ExitCode"] == "75:0", info
+    assert "requeueing job" in log  # the first preemption was requeued ...
+    assert "restart 1 reached MAX_RESTARTS=1: not requeueing" in log  # ... the second was not
+    assert log.count(f"job {jobs['ids']['limited']} attempt ") == 2
+    # The second USR1 came while the batch shell ran ENV_SETUP: kept, forwarded once the trainer caught signals, and
+    # the trainer saved and exited 75 (a task killed by an early USR1 would have been a crash, exit 1).
+    second = log.split("requeueing job", 1)[1]
+    said = ["USR1 received before srun started", f"job {jobs['ids']['limited']} attempt 2",
+            "USR1 received: forwarding it to the training tasks", "preempted (SIGUSR1) at step"]
+    where = [second.find(text) for text in said]
+    assert -1 not in where and where == sorted(where), (where, second[-3000:])
+    marker = json.loads((jobs["limited_run"] / "PREEMPTED").read_text())
+    assert marker["reason"] == "SIGUSR1" and (RunDir(jobs["limited_run"]).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()
+
+
+def test_the_job_end_time_from_slurm_stops_the_run_before_its_limit(jobs):
+    """With no signal in time, the trainer's deadline (SLURM's end time for the job, less two steps, a save and
+    train.deadline_margin_s) stops it with a complete checkpoint before SLURM would kill it."""
+    import datetime
+
+    from pretrain.lifecycle.preemption import parse_duration
+
+    info, log = jobs["info"]["deadline"], _log(jobs, "deadline")
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "75:0" and info["Restarts"] == "0", (info, log[-3000:])
+    assert "USR1 received" not in log and "preempted (deadline) at step" in log, log[-3000:]
+    assert "preempted with a checkpoint, but restart 0 reached MAX_RESTARTS=0" in log
+    marker = json.loads((jobs["deadline_run"] / "PREEMPTED").read_text())
+    # (EndTime is when the job ended; the limit it ran under is its start plus its 2-minute time limit.)
+    limit = datetime.datetime.fromisoformat(info["StartTime"]).timestamp() + parse_duration(info["TimeLimit"])
+    assert info["TimeLimit"] == "00:02:00" and marker["reason"] == "deadline", (marker, info)
+    assert abs(marker["deadline"] - limit) <= 1 and marker["time"] < limit - 60, (marker, info["StartTime"])
+    assert (RunDir(jobs["deadline_run"]).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()
+    assert marker["step"] > 0
+
+
+def _said_at(log: str, text: str) -> float:
+    """When the sbatch said `text` (its "[pretrain.sbatch YYYY-MM-DD HH:MM:SS]" prefix), as a Unix time."""
+    import datetime
+
+    line = next(line for line in log.splitlines() if text in line)
+    stamp = line.split("[pretrain.sbatch ", 1)[1][:19]
+    return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
+
+
+def test_a_killed_rank_ends_the_step_requeues_and_resumes_exactly(jobs):
+    info, log = jobs["info"]["lost"], _log(jobs, "lost")
+    assert jobs["kills"]["lost"], log[-3000:]
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, log[-3000:])
+    assert "a rank or node was lost (crash 1 of at most 2): srun: error: n2: task 1: Killed (host n2)" in log, log[-3000:]
+    seconds = _said_at(log, "a rank or node was lost") - jobs["kills"]["lost"][0]
+    print(f"SIGKILL of rank 1 -> the step ended and the sbatch decided {seconds:.0f}s later (1 s resolution)")
+    assert seconds < 40, seconds
+    # Two nodes for a 2-node job: excluding n2 would leave it unschedulable, so the requeue keeps it.
+    assert "not excluding n2: the partition would keep 1 usable node(s) for a 2-node job" in log
+    assert "requeueing job" in log and "after the lost rank" in log
+    resumed = log.split(f"job {jobs['ids']['lost']} attempt 2")[1]
+    assert "resumed from" in resumed and "at step 125" in resumed and "stopped at step 375" in resumed
+    ours, ref = _weights(jobs["lost_run"], 375), _weights(jobs["reference"], 375)
+    assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
+    for rank in (0, 1):
+        assert _samples(jobs["lost_run"], rank) == _samples(jobs["reference"], rank)[:375]
+
+
+def test_a_rank_lost_in_every_attempt_stops_at_the_crash_cap_away_from_the_bad_node(jobs):
+    info, log = jobs["info"]["doomed"], _log(jobs, "doomed")
+    assert len(jobs["kills"]["doomed"]) == 2, log[-3000:]
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "1" and info["ExitCode"] == "76:0", (info, log[-3000:])
+    first = log.split(" attempt 2 ")[0]
+    node = first.split("node(s) [", 1)[1].split("]", 1)[0]
+    assert f"srun: error: {node}: task 1: Killed (host {node})" in first, first[-3000:]
+    # A running job cannot change its ExcNodeList: it requeued itself held, and a helper job excluded the node.
+    helper = first.split(f"requeueing job {jobs['ids']['doomed']} held after the lost rank")[1].split("job ", 1)[1].split()[0]
+    helper_log = (jobs["work"] / ".pretrain-status" / str(jobs["ids"]["doomed"]) / f"exclude-{helper}.out").read_text()
+    assert f"excluded {node} (scontrol show job confirms ExcNodeList={node}) and released it" in helper_log, helper_log
+    assert info["ExcNodeList"] == node
+    second = log.split(" attempt 2 ")[1]
+    other = second.split("node(s) [", 1)[1].split("]", 1)[0]
+    assert other != node  # the requeued attempt ran elsewhere
+    assert f"crash 2 reached MAX_CRASHES=2 (last failing host: {other}): not requeueing" in second
+    assert "MAX_RESTARTS" not in second  # the crash cap stopped it, not the preemption cap

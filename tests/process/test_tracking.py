@@ -1,0 +1,148 @@
+"""train.report_to: W&B (offline) and MLflow (SQLite) hold every row of metrics.jsonl, and a resume continues the same runs."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+from conftest import TINY_MODEL, restored_environ, run_cli
+from pretrain.run_dir import RunDir
+
+
+
+def _wandb_records(path: Path) -> list[bytes]:
+    """The records of a .wandb file, read independently of wandb: a 7-byte header (":W&B", magic, version),
+    then LevelDB's log format (32 KiB blocks; each chunk crc32, length, type: 1 full, 2 first, 3 middle, 4 last)."""
+    data, block, pos, out, partial = path.read_bytes(), 32768, 7, [], b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:  # zero padding to the end of a block
+            pos += left
+            continue
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:
+            out.append(chunk)
+        elif kind == 2:
+            partial = chunk
+        elif kind == 3:
+            partial += chunk
+        elif kind == 4:
+            out.append(partial + chunk)
+    return out
+
+
+def _wandb_rows(run: Path) -> tuple[set[str], dict[tuple[int, str], float]]:
+    """Run ids and {(step, key): value} of every history row in the run's offline W&B files."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    ids, rows = set(), {}
+    for path in sorted(run.glob("wandb/offline-run-*/run-*.wandb")):
+        for raw in _wandb_records(path):
+            record = pb.Record()
+            record.ParseFromString(raw)
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                ids.add(record.run.run_id)
+            elif kind == "history":
+                items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
+                step = items.pop("_step")
+                rows.update({(int(step), k): v for k, v in items.items() if not k.startswith("_")})
+    return ids, rows
+
+
+def _jsonl_rows(run: Path) -> dict[tuple[int, str], float]:
+    rows = {}
+    for line in RunDir(run).metrics.read_text().splitlines():
+        row = json.loads(line)
+        step, split = row.pop("step"), row.pop("split")
+        rows.update({(step, f"{split}/{k}"): v for k, v in row.items()})
+    return rows
+
+
+def _close(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-9) for k in a)
+
+
+def test_wandb_offline_and_mlflow_hold_the_metrics_rows_and_a_resume_continues_them(prepared, tmp_path):
+    import mlflow
+
+    run = tmp_path / "run"
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={run}",
+            *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=6",
+            "train.save_every=3", "train.log_every=1", "train.eval_every=3", "train.eval_batches=2",
+            "train.report_to=[tensorboard,wandb,mlflow]"]
+    with restored_environ():
+        os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "tests",
+                           "MLFLOW_EXPERIMENT_NAME": "tests"})
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        first = run_cli("pretrain", [*args, "train.stop_after=3"])
+        ids = json.loads((run / "trackers.json").read_text())
+        second = run_cli("pretrain", args)
+    assert "stopping after 3 steps" in first.stdout and "resumed from" in second.stdout
+    assert json.loads((run / "trackers.json").read_text()) == ids  # the same tracked runs, not new ones
+
+    expected = _jsonl_rows(run)
+    assert {step for step, _ in expected} == set(range(1, 7)) and (3, "validation/mlm_loss") in expected
+
+    wandb_ids, wandb_rows = _wandb_rows(run)
+    assert wandb_ids == {ids["wandb"]} and len(list(run.glob("wandb/offline-run-*"))) == 2
+    assert _close(wandb_rows, expected)
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tests")
+    runs = client.search_runs([experiment.experiment_id])
+    assert [r.info.run_id for r in runs] == [ids["mlflow"]]
+    mlflow_rows = {(m.step, key): m.value for key in runs[0].data.metrics
+                   for m in client.get_metric_history(ids["mlflow"], key)}
+    assert _close(mlflow_rows, expected)
+    assert len(mlflow_rows) == sum(len(client.get_metric_history(ids["mlflow"], k)) for k in runs[0].data.metrics)
+    params = runs[0].data.params
+    assert params["train.max_steps"] == "6" and params["objective.name"] == "mlm"
+    assert runs[0].info.status == "FINISHED"
+
+
+def test_a_run_with_no_tracker_keeps_its_plain_logs(prepared, tmp_path):
+    """train.report_to=[] into a new folder: no TensorBoard files, and the text log and metrics.jsonl still hold the run
+    (the logger makes the folder: the run files are written only when training starts)."""
+    run = RunDir(tmp_path / "run")
+    run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+                         f"train.output_dir={run.root}", *TINY_MODEL, "train.micro_batch_size=4",
+                         "train.global_batch_size=8", "train.max_steps=2", "train.log_every=1", "train.eval_every=0",
+                         "train.save_every=2", "train.report_to=[]"])
+    assert not run.tensorboard.exists()
+    assert [row["step"] for row in run.metric_rows("train")] == [1, 2]
+    assert "finished at step 2" in run.text_log.read_text()
+
+
+def test_an_unknown_tracker_is_a_config_error(prepared, tmp_path):
+    proc = run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+                                f"train.output_dir={tmp_path / 'run'}", "train.report_to=[tensorboard,comet]"], check=False)
+    assert proc.returncode == 2 and "train.report_to" in proc.stderr and "comet" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_deepspeed_starts_without_mlflow_and_mlflow_still_imports():
+    """DeepSpeed's autotuner imports MLflow when it can (0.8 s of every rank's start-up); the trainer imports DeepSpeed
+    without it, and train.report_to=mlflow imports it afterwards as usual (the test above trains with it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from core.distributed import import_deepspeed\n"
+            "import_deepspeed()\n"
+            "assert 'deepspeed' in sys.modules and 'mlflow' not in sys.modules, sorted(sys.modules)\n"
+            "from deepspeed.autotuning import autotuner\n"
+            "assert autotuner.has_mlflow is False\n"
+            "import mlflow\n"
+            "print('mlflow', mlflow.__version__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("mlflow "), proc.stderr[-3000:]

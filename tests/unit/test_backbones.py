@@ -1,0 +1,246 @@
+"""Every objective on every backbone: trains a step, and its export loads in transformers' own Auto classes with no
+custom code, no newly initialised root weights, and the live model's outputs."""
+import json
+
+import pytest
+import torch
+
+from data_pipeline.masking import MaskingConfig, build_masking
+from data_pipeline.shards import read_manifest
+from pretrain.exporting.export import write_tokenizer
+from model.backbones import Backbone
+from model.backbones.base import relative_positions_available
+from model.encoder import EncoderConfig, model_config
+from model.objectives import ObjectiveConfig, build_objective, objective_class, runs_on
+from data_pipeline.dataset_dir import DatasetDir
+
+BACKBONES = {
+    "bert": {"architecture": "bert"},
+    "modernbert": {"architecture": "modernbert"},
+    "albert": {"architecture": "albert", "embedding_size": 16},
+    "xlnet": {"architecture": "xlnet"},
+}
+if relative_positions_available():  # transformers 4.x: the compatibility subset (tests/process/test_transformers_versions.py)
+    BACKBONES["bert-relkq"] = {"architecture": "bert", "position_embedding": "relative_key_query"}
+OBJECTIVES = ("mlm", "electra", "coco_lm", "taco", "tacl", "spanbert", "declutr", "xlnet")
+# Every objective on every backbone that provides what it needs.
+MATRIX = [(b, o) for b in BACKBONES for o in OBJECTIVES
+          if BACKBONES[b]["architecture"] in runs_on(objective_class(o))]
+# Root folders that carry an MLM head (fill-mask works); generator/ sub-folders always do.
+MLM_ROOT = {"mlm", "taco", "tacl", "spanbert", "declutr"}
+
+
+def _config(backbone: str, tok: dict):
+    enc = EncoderConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64,
+                        dropout=0.0, attention_dropout=0.0, **BACKBONES[backbone])
+    return model_config(enc, tok, 64)
+
+
+def _batch(tok: dict, name: str, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, tok["vocab_size"], (6, 40), generator=g)
+    ids[:, 0], ids[:, -1] = tok["cls_id"], tok["sep_id"]
+    ids[2, 30:], ids[2, 29] = tok["pad_id"], tok["sep_id"]
+    batch = {"input_ids": ids, "attention_mask": (ids != tok["pad_id"]).long(), "token_type_ids": torch.zeros_like(ids)}
+    masking = MaskingConfig(**objective_class(name).masking)  # what the objective declares it needs
+    starts = torch.rand(tok["vocab_size"], generator=g) < 0.6 if masking.strategy in ("span", "plm") else None
+    transform = build_masking(masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], pad_id=tok["pad_id"],
+                              cls_id=tok["cls_id"], sep_id=tok["sep_id"], word_starts=starts)
+    if name in ("declutr", "xlnet"):  # views (DeCLUTR) and permutations (XLNet) per sample, as the loader builds them
+        from data_pipeline.loader import MaskingCollate
+
+        transform = objective_class(name).wrap_masking(ObjectiveConfig().declutr, transform, tok["pad_id"], tok["cls_id"],
+                                                       tok["sep_id"])
+        rows = [{"input_ids": row[row != tok["pad_id"]].numpy(), "sample_id": i} for i, row in enumerate(ids)]
+        return MaskingCollate(transform, tok["pad_id"], seed)(rows)
+    return transform(batch, g)
+
+
+def _build(backbone: str, name: str, tok: dict, tmp_path):
+    config = _config(backbone, tok)
+    options = ObjectiveConfig(name=name)
+    options.coco_lm.generator_layers = 1
+    options.taco.negatives = 8
+    torch.manual_seed(0)
+    init_from = None
+    if name == "tacl":  # TaCL continues a checkpoint: a fresh masked LM of this backbone stands in for it
+        init_from = tmp_path / "teacher"
+        build_objective(ObjectiveConfig(name="mlm"), config).model.save_pretrained(str(init_from))
+    return build_objective(options, config, str(init_from) if init_from else None)
+
+
+def _logits(out) -> torch.Tensor:
+    """Token logits of a head model's output (BertForPreTraining calls them prediction_logits)."""
+    return out.logits if getattr(out, "logits", None) is not None else out.prediction_logits
+
+
+@pytest.mark.parametrize("backbone,name", MATRIX, ids=[f"{o}-{b}" for b, o in MATRIX])
+def test_export_loads_natively(backbone, name, prepared, tmp_path):
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForMaskedLM,
+        AutoModelForPreTraining,
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+        pipeline,
+    )
+
+    tok = read_manifest(prepared)["tokenizer"]
+    objective = _build(backbone, name, tok, tmp_path)
+    objective.train()
+    loss, metrics = objective(_batch(tok, name))
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(v) for v in metrics.values())
+    objective.eval()
+    probe = _batch(tok, "mlm", seed=1)
+    inputs = {"input_ids": probe["original_input_ids"], "attention_mask": probe["attention_mask"]}
+    models = objective.hf_models()
+    assert set(models) == ({"", "generator"} if name in ("electra", "coco_lm") else {""})
+    for sub, live in models.items():
+        folder = tmp_path / "export" / sub
+        live.save_pretrained(str(folder))
+        write_tokenizer(DatasetDir(prepared).tokenizer, live, folder)
+        saved = json.loads((folder / "config.json").read_text())
+        assert saved["model_type"] == ("modernbert" if backbone == "modernbert" else saved["model_type"])
+        assert "auto_map" not in saved  # nothing asks for trust_remote_code
+        with torch.no_grad():
+            want = Backbone.base(live)(**inputs).last_hidden_state
+        encoder, info = AutoModel.from_pretrained(folder, output_loading_info=True)
+        assert not info["missing_keys"], (sub, info["missing_keys"])
+        with torch.no_grad():
+            got = encoder.eval()(**inputs).last_hidden_state
+        assert torch.allclose(got, want, atol=1e-5, rtol=0), (sub, (got - want).abs().max())
+        # As users call an encoder: the tokenizer's output straight into the model (ModernBERT has no token types).
+        with torch.no_grad():
+            encoder(**AutoTokenizer.from_pretrained(folder)(["In the beginning God created the heaven."], return_tensors="pt"))
+        if name == "xlnet":
+            cls = AutoModelForCausalLM
+        elif sub == "generator" or name in MLM_ROOT:
+            cls = AutoModelForMaskedLM
+        elif name == "electra":
+            cls = AutoModelForTokenClassification if backbone == "modernbert" else AutoModelForPreTraining
+        else:
+            continue
+        model, info = cls.from_pretrained(folder, output_loading_info=True)
+        assert not info["missing_keys"], (sub, info["missing_keys"])
+        assert cls is AutoModelForMaskedLM or type(model) is type(live), (cls, type(model))
+        with torch.no_grad():
+            got_logits, want_logits = _logits(model.eval()(**inputs)), _logits(live(**inputs))
+        assert torch.allclose(got_logits, want_logits, atol=1e-5, rtol=0)
+        if cls is AutoModelForMaskedLM:
+            fill = pipeline("fill-mask", model=str(folder), tokenizer=AutoTokenizer.from_pretrained(str(folder)))
+            preds = fill(f"In the beginning God created the heaven and the {fill.tokenizer.mask_token}.", top_k=3)
+            assert len(preds) == 3 and all(0.0 <= p["score"] <= 1.0 for p in preds)
+    for head_name, head in objective.side_heads().items():  # SpanBERT's SBO head, beside the root
+        head.save(tmp_path / "export", head_name)
+        loaded = type(head).load(tmp_path / "export", head_name).eval()
+        x = torch.randn(5, head.shape.hidden_size)
+        offsets = torch.tensor([1, 2, 3, 40, 1])
+        with torch.no_grad():
+            assert torch.equal(loaded(x, x.flip(0), offsets), head.eval()(x, x.flip(0), offsets))
+
+
+def test_generator_shares_the_main_embeddings_where_widths_match():
+    """COCO-LM's full-width generator reads the main model's embedding module on both backbones; a narrower
+    ModernBERT ELECTRA generator keeps its own (no projection exists), a narrower BERT one projects the shared ones."""
+    tok = {"vocab_size": 120, "pad_id": 0, "cls_id": 2, "sep_id": 3}
+    for backbone in ("bert", "modernbert"):
+        config = _config(backbone, tok)
+        coco = build_objective(ObjectiveConfig(name="coco_lm"), config)
+        assert Backbone.base(coco.generator).embeddings is coco.main.embeddings
+        emb = Backbone.word_embeddings(coco.main).weight
+        assert coco.generator.get_output_embeddings().weight is emb and coco.clm_head.weight is emb
+        electra = build_objective(ObjectiveConfig(name="electra"), config)
+        shared = Backbone.base(electra.generator).embeddings is Backbone.base(electra.discriminator).embeddings
+        assert shared == (backbone == "bert")
+
+
+@pytest.mark.parametrize("backbone", ["bert", "modernbert"])
+def test_coco_lm_narrow_generator(backbone, tmp_path):
+    """coco_lm.generator_width=0.5: a half-width generator that trains with the main model, shares the embeddings
+    the way ELECTRA's narrow generator does, and leaves the CLM head tied to the main model's embeddings."""
+    tok = {"vocab_size": 120, "pad_id": 0, "cls_id": 2, "sep_id": 3, "mask_id": 4, "special_ids": [0, 1, 2, 3, 4]}
+    options = ObjectiveConfig(name="coco_lm")
+    options.coco_lm.generator_layers, options.coco_lm.generator_width = 1, 0.5
+    torch.manual_seed(0)
+    coco = build_objective(options, _config(backbone, tok))
+    assert coco.generator.config.hidden_size == 16 and coco.main.config.hidden_size == 32
+    shared = Backbone.base(coco.generator).embeddings is Backbone.base(coco.main).embeddings
+    assert shared == (backbone == "bert")
+    assert coco.clm_head.weight is Backbone.word_embeddings(coco.main).weight
+    coco.train()
+    loss, metrics = coco(_batch(tok, "coco_lm"))
+    loss.backward()
+    assert torch.isfinite(loss) and metrics["generator_mlm_loss"] > 0
+    own = [p for n, p in coco.generator.named_parameters() if "embeddings" not in n]
+    assert own and all(p.grad is not None for p in own)
+
+
+def test_objectives_refuse_backbones_that_lack_what_they_need(prepared):
+    """ALBERT has no discriminator or generator, and its output projection reads E-wide vectors; XLNet's head model
+    is driven only by the permutation LM: each refusal names what is missing and where the objective runs."""
+    from core.errors import ConfigError
+
+    tok = read_manifest(prepared)["tokenizer"]
+    refused = {("albert", "electra"): "discriminator, generator", ("albert", "coco_lm"): "generator",
+               ("albert", "spanbert"): "hidden_projection", ("albert", "xlnet"): "permutation_lm",
+               ("xlnet", "mlm"): "masked_lm", ("xlnet", "tacl"): "encoder, masked_lm", ("bert", "xlnet"): "permutation_lm"}
+    for (backbone, name), missing in refused.items():
+        with pytest.raises(ConfigError, match=rf"objective.name={name} runs on model.architecture .* not "
+                                              rf"{BACKBONES[backbone]['architecture']} \(it has no {missing}\)"):
+            build_objective(ObjectiveConfig(name=name), _config(backbone, tok))
+    assert [o for o in OBJECTIVES if "albert" in runs_on(objective_class(o))] == ["mlm", "taco", "tacl", "declutr"]
+
+
+def test_albert_is_smaller_than_bert_and_exports_its_sop_head(prepared, tmp_path):
+    """Factorized embeddings + one shared layer: far fewer parameters than BERT of the same H and depth; the
+    MLM + SOP model loads as AlbertForPreTraining with both heads' outputs, and as AutoModelForMaskedLM."""
+    from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
+
+    tok = read_manifest(prepared)["tokenizer"]
+    options = ObjectiveConfig(name="mlm")
+    options.mlm.pair_head = "sop"
+    torch.manual_seed(0)
+    albert = build_objective(options, _config("albert", tok))
+    bert = build_objective(options, _config("bert", tok))
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    h, e, v, layers = 32, 16, tok["vocab_size"], 2
+    layer = 4 * (h * h + h) + 2 * h * 64 + 64 + h + 2 * 2 * h  # attention, FFN, biases and two LayerNorms
+    # One layer's weights for both layers, plus the E -> H projection.
+    assert count(bert.model.bert.encoder) == layers * layer and count(albert.model.albert.encoder) == layer + e * h + h
+    assert albert.model.albert.embeddings.word_embeddings.weight.shape == (v, e)
+    assert count(albert.model) < count(bert.model) - v * (h - e) - (layers - 1) * layer + e * h + h
+    albert.train()
+    batch = _batch(tok, "mlm")
+    batch["pair_label"] = torch.tensor([0, 1, 0, 1, 1, 0])
+    loss, metrics = albert(batch)
+    loss.backward()
+    assert {"mlm_loss", "sop_loss", "sop_accuracy"} <= set(metrics)
+    assert albert.model.sop_classifier.classifier.weight.grad is not None
+    albert.eval()
+    albert.model.save_pretrained(str(tmp_path / "albert"))
+    ids, mask = batch["original_input_ids"], batch["attention_mask"]
+    pre = AutoModelForPreTraining.from_pretrained(tmp_path / "albert").eval()
+    assert type(pre).__name__ == "AlbertForPreTraining"
+    with torch.no_grad():
+        got, want = pre(input_ids=ids, attention_mask=mask), albert.model(input_ids=ids, attention_mask=mask)
+        assert torch.allclose(got.prediction_logits, want.prediction_logits, atol=1e-5, rtol=0)
+        assert torch.allclose(got.sop_logits, want.sop_logits, atol=1e-5, rtol=0)
+        mlm = AutoModelForMaskedLM.from_pretrained(tmp_path / "albert").eval()
+        assert torch.allclose(mlm(input_ids=ids, attention_mask=mask).logits, want.prediction_logits, atol=1e-5, rtol=0)
+
+
+def test_every_objective_names_a_loader_its_export_fits():
+    """The model card's usage line: each objective's export_loader is a transformers Auto class, and the export's root
+    loads in it (checked by class above for every objective on every backbone)."""
+    import transformers
+
+    from model.objectives import REGISTRY
+
+    for name in REGISTRY:
+        spec = objective_class(name)
+        assert spec.export_loader.startswith("Auto") and hasattr(transformers, spec.export_loader), name
+        assert "{root}" in spec.export_holds, name
+    assert objective_class("mlm").export_loader == "AutoModelForMaskedLM"
+    assert objective_class("xlnet").export_loader == "AutoModelForCausalLM"

@@ -1,0 +1,213 @@
+"""Typed config loading: YAML + overrides, and errors that name the key."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.config_io import load_config
+from core.errors import ConfigError
+from data_pipeline.config import PrepareConfig
+from pretrain.config import RunConfig
+
+
+def test_yaml_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  max_steps: 7\noptimizer:\n  lr: 1.0e-3\n")
+    cfg = load_config(RunConfig, path, ["train.max_steps=9", "optimizer.betas=[0.8, 0.9]", "masking.mask_prob=0.2"])
+    assert cfg.train.max_steps == 9
+    assert cfg.optimizer.lr == 1e-3
+    assert cfg.optimizer.betas == (0.8, 0.9)
+    assert cfg.masking.mask_prob == 0.2
+    assert load_config(RunConfig, None, ["optimizer.lr=3e-4"]).optimizer.lr == 3e-4  # YAML 1.1 reads this as a string
+
+
+def test_unknown_key_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="train.max_stepz': did you mean 'train.max_steps'"):
+        load_config(RunConfig, None, ["train.max_stepz=3"])
+    path = tmp_path / "c.yaml"
+    path.write_text("optimiser:\n  lr: 1\n")
+    with pytest.raises(ConfigError, match="'optimiser': did you mean 'optimizer'"):
+        load_config(RunConfig, path)
+    with pytest.raises(ConfigError, match=r"'train.banana' \(valid keys"):  # nothing close: no guess
+        load_config(RunConfig, None, ["train.banana=1"])
+
+
+def test_bad_values_are_named():
+    with pytest.raises(ConfigError, match="train.max_steps"):
+        load_config(RunConfig, None, ["train.max_steps=many"])
+    with pytest.raises(ConfigError, match="train.precision"):
+        load_config(RunConfig, None, ["train.precision=fp8"])
+    with pytest.raises(ConfigError, match="masking.mask_prob"):
+        load_config(RunConfig, None, ["masking.mask_prob=1.5"])
+    with pytest.raises(ConfigError, match="model.hidden_size"):
+        load_config(RunConfig, None, ["model.hidden_size=30", "model.num_heads=4"])
+
+
+def test_list_of_sections():
+    cfg = load_config(PrepareConfig, None, ["sources=[{kind: json, path: a.jsonl, text_column: body}]"])
+    assert cfg.sources[0].kind == "json" and cfg.sources[0].text_column == "body"
+    with pytest.raises(ConfigError, match=r"sources\[0\].colour"):
+        load_config(PrepareConfig, None, ["sources=[{path: a.txt, colour: red}]"])
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(RunConfig, "/nonexistent/run.yaml")
+
+
+def test_global_batch_must_divide():
+    from pretrain.engine.ds_config import gradient_accumulation
+
+    assert gradient_accumulation(32, 4, 2) == 4
+    with pytest.raises(ConfigError, match="global_batch_size=30"):
+        gradient_accumulation(30, 4, 2)
+
+
+def test_every_example_config_loads_and_passes_its_objective_checks():
+    """The shipped run configs are valid: typed keys, and each objective's own checks against model and masking."""
+    from pathlib import Path
+
+    from model.objectives import resolve_objective
+
+    configs = sorted((Path(__file__).resolve().parents[2] / "pretrain" / "configs").glob("*.yaml"))
+    assert len(configs) >= 7
+    for path in configs:
+        overrides = ["model.init_from=."] if "tacl" in path.name else []  # TaCL's teacher folder is the user's
+        cfg = load_config(RunConfig, path, overrides)
+        if "tacl" not in path.name:
+            resolve_objective(cfg.objective, cfg.model, cfg.masking)
+
+
+def test_the_base_model_groups_are_the_published_shapes_and_the_gpu_group_divides():
+    """model=bert_base and model=modernbert_base build the papers' encoders (their published parameter counts with
+    their vocabularies), and train=gpu_base's global batch divides over 1, 2, 4 and 8 GPUs."""
+    import torch
+    from transformers import AutoModel, BertConfig, ModernBertConfig
+
+    from model.encoder import model_config
+    from pretrain.engine.ds_config import gradient_accumulation
+
+    repo_configs = Path(__file__).resolve().parents[2] / "pretrain" / "configs"
+    # The encoders' (AutoModel's) published counts with their vocabularies; transformers' default configs of both
+    # classes are these base models, so every other field is checked against them.
+    published = {"bert_base": (30522, 109_482_240, BertConfig()), "modernbert_base": (50368, 149_014_272, ModernBertConfig())}
+    for group, (vocab, params, reference) in published.items():
+        cfg = load_config(RunConfig, repo_configs / "mlm_bert_base.yaml", [f"model={group}"])
+        tokenizer = {"vocab_size": vocab, "pad_id": 0, "cls_id": 1, "sep_id": 2, "mask_id": 3}
+        config = model_config(cfg.model, tokenizer, 512)
+        with torch.device("meta"):  # the shapes, without allocating the weights
+            encoder = AutoModel.from_config(config)
+        assert sum(p.numel() for p in encoder.parameters()) == params, group
+        fields = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings",
+                  "position_embedding_type", "hidden_dropout_prob", "attention_probs_dropout_prob", "local_attention",
+                  "global_attn_every_n_layers", "embedding_dropout", "mlp_dropout", "attention_dropout")
+        for field in (f for f in fields if hasattr(reference, f)):
+            assert getattr(config, field) == getattr(reference, field), (group, field)
+    train = load_config(RunConfig, repo_configs / "mlm_bert_base.yaml").train
+    assert [gradient_accumulation(train.global_batch_size, train.micro_batch_size, gpus) for gpus in (1, 2, 4, 8)] == [8, 4, 2, 1]
+
+
+def test_config_groups_compose_in_order_and_can_be_swapped(tmp_path):
+    """A run YAML's `defaults:` merge group files in order, its own keys on top, then overrides; group=option swaps one."""
+    repo_configs = Path(__file__).resolve().parents[2] / "pretrain" / "configs"
+    cfg = load_config(RunConfig, repo_configs / "electra.yaml")
+    assert (cfg.model.architecture, cfg.model.hidden_size, cfg.objective.name) == ("modernbert", 128, "electra")
+    assert cfg.optimizer.betas == (0.9, 0.999) and cfg.optimizer.lr == 1e-3  # the objective's β2, the file's lr
+    swapped = load_config(RunConfig, repo_configs / "electra.yaml", ["model=bert_small", "recipe=coco_lm",
+                                                                      "model.hidden_size=64"])
+    assert (swapped.model.architecture, swapped.model.dropout) == ("bert", 0.0)
+    assert swapped.model.hidden_size == 64 and swapped.objective.name == "coco_lm" and swapped.masking.strategy == "coco"
+    assert swapped.optimizer.betas == (0.9, 0.98)  # the recipe brings COCO-LM's β2 with its objective
+    # objective=NAME picks the objective inside the recipe and keeps the recipe's masking and optimizer.
+    only = load_config(RunConfig, repo_configs / "electra.yaml", ["objective=taco"])
+    assert only.objective.name == "taco" and only.objective.taco.negatives == 50
+    assert only.masking.count == "exact" and only.optimizer.betas == (0.9, 0.999)  # ELECTRA's recipe otherwise
+    # The objective group holds objectives only: no masking, no optimizer.
+    for path in sorted((repo_configs / "objective").glob("*.yaml")):
+        keys = set(yaml.safe_load(path.read_text()))
+        assert keys == {"objective"}, (path.name, keys)
+    with pytest.raises(ConfigError, match="no config group option 'model/huge'.*modernbert_small"):
+        load_config(RunConfig, repo_configs / "electra.yaml", ["model=huge"])
+    with pytest.raises(ConfigError, match="no config group 'schedule'"):
+        load_config(RunConfig, repo_configs / "electra.yaml", ["schedule=cosine"])
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "a.yaml").write_text("hidden_size: 48\nnum_layers: 3\n")
+    (tmp_path / "model" / "b.yaml").write_text("num_layers: 5\n")
+    (tmp_path / "run.yaml").write_text("defaults: [model/a]\nmodel: {num_layers: 4}\n")
+    cfg = load_config(RunConfig, tmp_path / "run.yaml")
+    assert (cfg.model.hidden_size, cfg.model.num_layers) == (48, 4)  # the file's own key wins over its group
+    assert load_config(RunConfig, tmp_path / "run.yaml", ["model.num_layers=6"]).model.num_layers == 6
+    cfg = load_config(RunConfig, tmp_path / "run.yaml", ["model=b"])
+    assert (cfg.model.hidden_size, cfg.model.num_layers) == (RunConfig().model.hidden_size, 4)
+    (tmp_path / "model" / "c.yaml").write_text("hidden_sise: 48\n")
+    with pytest.raises(ConfigError, match="model.hidden_sise"):  # a group file's typo is named like any other
+        load_config(RunConfig, tmp_path / "run.yaml", ["model=c"])
+    (tmp_path / "bad.yaml").write_text("defaults: model/a\n")
+    with pytest.raises(ConfigError, match="'defaults' must be a list"):
+        load_config(RunConfig, tmp_path / "bad.yaml")
+
+
+def test_a_toy_objective_is_one_file_and_one_yaml(tmp_path, monkeypatch):
+    """The objective's module (options + class) and a group YAML selecting it: its options become the typed
+    section objective.<name>, and nothing shared is edited but the one-line registry entry."""
+    import dataclasses
+    import sys
+
+    import model.objectives as objectives
+    from data_pipeline.masking import MaskingConfig
+
+    (tmp_path / "toy_objective.py").write_text(
+        "from dataclasses import dataclass\nfrom model.objectives.base import Objective\n\n"
+        "@dataclass\nclass ToyOptions:\n    alpha: float = 1.0\n\n"
+        "class Toy(Objective):\n    options_class = ToyOptions\n")
+    (tmp_path / "objective").mkdir()
+    (tmp_path / "objective" / "toy.yaml").write_text(
+        "# @package _global_\nobjective: {name: toy, toy: {alpha: 3.0}}\nmasking: {mask_prob: 0.2}\n")
+    (tmp_path / "run.yaml").write_text("defaults: [objective/toy]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(objectives.REGISTRY, "toy", "toy_objective:Toy")  # the registry entry (one line in the real file)
+    monkeypatch.delitem(sys.modules, "toy_objective", raising=False)
+    objective_config = objectives._objective_config_class()
+    run_config = dataclasses.make_dataclass("Run", [
+        ("objective", objective_config, dataclasses.field(default_factory=objective_config)),
+        ("masking", MaskingConfig, dataclasses.field(default_factory=MaskingConfig))])
+
+    cfg = load_config(run_config, tmp_path / "run.yaml")
+    assert cfg.objective.name == "toy" and cfg.objective.toy.alpha == 3.0 and cfg.masking.mask_prob == 0.2
+    assert cfg.objective.electra.generator_width == 0.25  # the registered objectives keep their sections
+    assert load_config(run_config, None, ["objective.name=toy", "objective.toy.alpha=2.5"]).objective.toy.alpha == 2.5
+    with pytest.raises(ConfigError, match="objective.toy.beta"):
+        load_config(run_config, None, ["objective.toy.beta=1"])
+    with pytest.raises(ConfigError, match="objective.toy.alpha"):
+        load_config(run_config, None, ["objective.toy.alpha=[1, 2]"])
+    # The project's own config, built without the entry, refuses the name.
+    with pytest.raises(ConfigError, match="'toy' is not one of"):
+        load_config(RunConfig, None, ["objective.name=toy"])
+
+
+def test_every_evaluation_key_is_a_flag_and_a_flag_is_its_key():
+    """The evaluation commands' flags are generated from their config dataclasses (no flag mirrors a key by hand):
+    every key has one, nested `data.*` keys included, and a flag sets exactly the key=value it names."""
+    import argparse
+    import dataclasses
+
+    from core.config_flags import flag_overrides
+    from evaluation.cli import add_commands
+    from evaluation.config import FinetuneConfig, LinearProbeConfig
+
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["finetune", "--model", "m", "--task", "csv:t.csv", "--lr", "3e-5", "--seeds", "1", "2",
+                              "--token-task", "--text-column", "words", "--recipe", "hf", "--max-train-samples", "8"])
+    by_flags = load_config(FinetuneConfig, None, flag_overrides(args, FinetuneConfig))
+    by_keys = load_config(FinetuneConfig, None, ["model=m", "task=csv:t.csv", "lr=3e-5", "seeds=[1, 2]", "data.token_task=true",
+                                                 "data.text_column=words", "recipe=hf", "max_train_samples=8"])
+    assert by_flags == by_keys and by_flags.data.token_task and by_flags.lr == 3e-5
+    probe = parser.parse_args(["evaluate", "linear-probe", "--c-grid", "0.5", "2", "--folds", "3"])
+    assert flag_overrides(probe, LinearProbeConfig) == ["c_grid=[0.5, 2.0]", "folds=3"]
+    flags = {a.dest for a in parser._subparsers._group_actions[0].choices["finetune"]._actions}
+    keys = {f.name for f in dataclasses.fields(FinetuneConfig) if f.name != "data"}
+    assert keys | {f"data.{f.name}" for f in dataclasses.fields(FinetuneConfig().data)} <= flags
+    with pytest.raises(SystemExit):  # a Literal's choices are the flag's
+        parser.parse_args(["finetune", "--loss", "nope"])

@@ -1,0 +1,185 @@
+"""prepare: tokenizer folder, MDS shards a plain StreamingDataset reads, manifest, and bad input."""
+import json
+import re
+
+import numpy as np
+import pytest
+from conftest import kjv_chapters
+
+from core.config_io import load_config
+from core.errors import InputDataError
+from data_pipeline.cli import main as prepare_main
+from data_pipeline.config import PrepareConfig
+from data_pipeline.prepare import prepare
+from data_pipeline.dataset_dir import DatasetDir
+
+
+def _squash(text: str) -> str:
+    """Compare text up to whitespace (the tokenizer's normalisation merges and strips spaces)."""
+    return re.sub(r"\s+", "", text)
+
+
+def _in_validation(doc: str, fraction: float, seed: int = 0) -> bool:
+    """The split rule, written out: a document's seeded xxh64 below fraction * 2**64 means validation."""
+    import xxhash
+
+    return xxhash.xxh64(doc.strip().encode("utf-8"), seed=seed).intdigest() < int(fraction * 2**64)
+
+
+def _cfg(out, path, *extra):
+    return load_config(
+        PrepareConfig, None,
+        [f"output_dir={out}", "sources=[{kind: text, path: '" + str(path) + "'}]", "tokenizer.vocab_size=200", "tokenizer.character_coverage=1.0", "seq_len=32", *extra],
+    )
+
+
+def test_shards_decode_back_to_the_corpus(prepared, corpus_file):
+    from streaming import StreamingDataset
+    from transformers import AutoTokenizer
+
+    from data_pipeline.loader import shared_memory_registration
+
+    manifest = json.loads((DatasetDir(prepared).manifest).read_text())
+    tok = AutoTokenizer.from_pretrained(str(DatasetDir(prepared).tokenizer), local_files_only=True)
+    texts = {}
+    for split in ("train", "validation"):
+        with shared_memory_registration():  # other test workers register datasets at the same time
+            ds = StreamingDataset(local=str(prepared / split), shuffle=False, batch_size=1)
+        samples = [ds[i] for i in range(ds.num_samples)]
+        lengths = [len(s["input_ids"]) for s in samples]
+        assert all(n == 64 for n in lengths[:-1]) and 2 < lengths[-1] <= 64
+        assert all(s["input_ids"][0] == tok.cls_token_id and s["input_ids"][-1] == tok.sep_token_id for s in samples)
+        assert len(samples) == manifest["splits"][split]["sequences"]
+        texts[split] = "".join(tok.decode(s["input_ids"], skip_special_tokens=True) for s in samples)
+    docs = corpus_file.read_text().split("\n\n")
+    val_docs = [d for d in docs if _in_validation(d, 0.1)]
+    train_docs = [d for d in docs if not _in_validation(d, 0.1)]
+    assert 0 < len(val_docs) < len(docs) / 4
+    assert _squash(texts["train"]) == _squash("".join(train_docs))
+    assert _squash(texts["validation"]) == _squash("".join(val_docs))
+
+
+def test_tokenizer_matches_sentencepiece_and_round_trips(prepared):
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(DatasetDir(prepared).tokenizer), local_files_only=True)
+    sp = spm.SentencePieceProcessor(model_file=str(DatasetDir(prepared).tokenizer / "spm.model"))
+    assert len(tok) == sp.get_piece_size() == 400
+    assert [tok.pad_token, tok.unk_token, tok.cls_token, tok.sep_token, tok.mask_token] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    for doc in kjv_chapters(80)[60:80]:  # text the tokenizer was not trained on, [UNK]s included
+        assert tok(doc, add_special_tokens=False)["input_ids"] == sp.encode(doc)
+    for doc in kjv_chapters(20):  # every character here is in the vocabulary: lossless
+        ids = tok(doc)["input_ids"]
+        assert tok.unk_token_id not in ids
+        assert _squash(tok.decode(ids, skip_special_tokens=True)) == _squash(doc)
+    ids = tok("Let there be [MASK].")["input_ids"]
+    assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id and tok.mask_token_id in ids
+
+
+def test_manifest(prepared):
+    m = json.loads((DatasetDir(prepared).manifest).read_text())
+    assert m["tokenizer"]["vocab_size"] == 400 and m["seq_len"] == 64 and m["packing"] == "full"
+    assert m["splits"]["train"]["documents"] + m["splits"]["validation"]["documents"] == 60
+    assert m["splits"]["validation"]["documents"] == sum(_in_validation(d, 0.1) for d in kjv_chapters(60))
+    assert m["token_dtype"] == "uint16"
+    assert len(m["tokenizer"]["hash"]) == 16
+
+
+def test_json_source(tmp_path):
+    src = tmp_path / "docs.jsonl"
+    docs = kjv_chapters(20)
+    src.write_text("".join(json.dumps({"body": d}) + "\n" for d in docs))
+    cfg = load_config(PrepareConfig, None, [f"output_dir={tmp_path/'out'}", f"sources=[{{kind: json, path: '{src}', text_column: body}}]",
+                                             "tokenizer.vocab_size=200", "tokenizer.character_coverage=1.0", "seq_len=32", "val_fraction=0"])
+    out = prepare(cfg)
+    m = json.loads((DatasetDir(out).manifest).read_text())
+    assert m["splits"]["train"]["documents"] == 20
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(InputDataError, match="nothere.txt"):
+        prepare(_cfg(tmp_path / "out", tmp_path / "nothere.txt"))
+    assert not (tmp_path / "out").exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary folder left behind
+
+
+def test_empty_corpus(tmp_path):
+    src = tmp_path / "empty.txt"
+    src.write_text("\n\n   \n\n")
+    with pytest.raises(InputDataError, match="empty"):
+        prepare(_cfg(tmp_path / "out", src))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]
+
+
+def test_non_utf8_error_names_file_or_replaces(tmp_path):
+    src = tmp_path / "latin1.txt"
+    src.write_bytes(("\n\n".join(kjv_chapters(10)) + "\n\ncaf\xe9 cr\xe8me\n").encode("latin-1"))
+    with pytest.raises(InputDataError, match="latin1.txt.*UTF-8"):
+        prepare(_cfg(tmp_path / "out", src))
+    assert not (tmp_path / "out").exists()
+    out = prepare(_cfg(tmp_path / "out", src, "encoding_errors=replace"))
+    assert json.loads((DatasetDir(out).manifest).read_text())["replaced_characters"] == 2
+
+
+def test_existing_dataset_is_kept_without_overwrite(tmp_path, corpus_file):
+    out = prepare(_cfg(tmp_path / "out", corpus_file))
+    before = {p.name: p.stat().st_mtime_ns for p in out.rglob("*")}
+    with pytest.raises(FileExistsError, match="overwrite"):
+        prepare(_cfg(tmp_path / "out", corpus_file))
+    assert {p.name: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    # A failing overwrite leaves the old dataset in place.
+    with pytest.raises(InputDataError):
+        prepare(_cfg(tmp_path / "out", tmp_path / "missing.txt", "overwrite=true"))
+    assert {p.name: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_cli_reports_bad_key(tmp_path, capsys):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("output_dir: x\nsources: [{path: a.txt}]\nseq_length: 64\n")
+    assert prepare_main(["prepare", "--config", str(cfg)]) == 2
+    assert "seq_length" in capsys.readouterr().err
+
+
+def test_packer_invariants():
+    from data_pipeline.packing import FullPacker
+
+    rng = np.random.default_rng(0)
+    docs = [list(rng.integers(10, 100, size=n)) for n in rng.integers(1, 50, size=40)]
+    packer = FullPacker(seq_len=16, cls_id=2, sep_id=3)
+    seqs = [s["input_ids"].tolist() for i, d in enumerate(docs) for s in packer.add(i, d)] + [s["input_ids"].tolist() for s in packer.flush()]
+    assert all(len(s) == 16 for s in seqs[:-1]) and len(seqs[-1]) <= 16
+    assert all(s[0] == 2 and s[-1] == 3 for s in seqs)
+    bodies = [s[1:-1] for s in seqs]
+    assert [t for b in bodies for t in b if t != 3] == [t for d in docs for t in d]  # nothing lost or reordered
+    assert all(b[0] != 3 for b in bodies)  # a sequence never opens with a separator
+    seps = sum(b.count(3) for b in bodies)
+    assert len(docs) - 1 - len(seqs) <= seps <= len(docs) - 1  # one per boundary unless it falls on a sequence end
+
+
+def test_packing_many_documents_at_once_equals_one_at_a_time():
+    from data_pipeline.packing import FullPacker
+
+    rng = np.random.default_rng(1)
+    # Lengths that end sequences exactly (14 = seq_len - 2), empty documents, and long ones.
+    docs = [list(rng.integers(10, 100, size=n)) for n in rng.choice([0, 1, 13, 14, 15, 28, 40], size=200)]
+    one = FullPacker(seq_len=16, cls_id=2, sep_id=3)
+    expected = [s["input_ids"].tolist() for d in docs for s in one.add(0, d)]
+    many = FullPacker(seq_len=16, cls_id=2, sep_id=3)
+    got = [row.tolist() for chunk in (docs[:7], docs[7:8], [], docs[8:120], docs[120:]) for row in many.add_many(chunk)]
+    assert got == expected and len(got) > 100
+    assert [s["input_ids"].tolist() for s in many.flush()] == [s["input_ids"].tolist() for s in one.flush()]
+
+
+def test_documents_that_encode_to_nothing_are_skipped():
+    from data_pipeline.packing import FullPacker, PairPacker
+
+    packer = FullPacker(seq_len=8, cls_id=2, sep_id=3)
+    out = packer.add(0, [10, 11]) + packer.add(1, []) + packer.add(2, [12]) + packer.flush()
+    assert [s["input_ids"].tolist() for s in out] == [[2, 10, 11, 3, 12, 3]]
+    pairs = PairPacker(32, 2, 3, "nsp", 0.0, 10, seed=0)
+    assert pairs.add(0, []) == []
+    for doc in range(1, 40):  # the empty document must never be drawn as NSP's random segment
+        pairs.add(doc, [[10 + doc] * 5, [50 + doc] * 6, [90 + doc] * 4])
+    assert all(entry[1] for entry in pairs.pool)
