@@ -229,8 +229,8 @@ subprocess.Popen.__init__ = _refuse_in_unit_tests(_popen_init)
 multiprocessing.process.BaseProcess.start = _refuse_in_unit_tests(_process_start)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item):
+def _guarded_phase(item):
+    """A hook wrapper body: the guard is on for a unit test's phase, off after it."""
     _UNIT_GUARD["on"] = _folder(item) == "unit"
     try:
         yield
@@ -238,10 +238,6 @@ def pytest_runtest_setup(item):
         _UNIT_GUARD["on"] = False
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
-    _UNIT_GUARD["on"] = _folder(item) == "unit"
-    try:
-        yield
-    finally:
-        _UNIT_GUARD["on"] = False
+# Set-up (the fixtures a unit test makes, module and session ones included) and the test itself.
+pytest_runtest_setup = pytest.hookimpl(hookwrapper=True)(_guarded_phase)
+pytest_runtest_call = pytest.hookimpl(hookwrapper=True)(_guarded_phase)

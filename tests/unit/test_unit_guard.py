@@ -1,0 +1,10 @@
+"""The folder says what a test starts: under tests/unit/, starting a process fails the test (tests/conftest.py)."""
+import subprocess
+import sys
+
+import pytest
+
+
+def test_a_unit_test_that_starts_a_process_fails_with_where_it_belongs():
+    with pytest.raises(AssertionError, match="move it to tests/process/"):
+        subprocess.run([sys.executable, "-c", "pass"])
