@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from core import distributed as dist
 from pretrain import cli
 from pretrain.trainer import Trainer
 
@@ -19,7 +20,7 @@ original = Trainer.train_step
 def train_step(self) -> None:
     """The real step, then the fault on the chosen rank once the chosen step is done."""
     original(self)
-    if self.rank == int(rank) and self.step == int(step):
+    if dist.rank() == int(rank) and self.step == int(step):
         Path(os.environ["FAULT_TIME_FILE"]).write_text(repr(time.time()))
         if kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
