@@ -14,28 +14,27 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.bert import modeling_bert
+from transformers.models.electra.modeling_electra import ElectraSelfAttention
 
-
-def _self_attention_classes() -> tuple[type, ...]:
-    from transformers.models.bert.modeling_bert import BertSelfAttention
-    from transformers.models.electra.modeling_electra import ElectraSelfAttention
-
-    return BertSelfAttention, ElectraSelfAttention
+# transformers 5's classes and attention interface (TrainConfig refuses train.fused_qkv under 4.x, whose
+# BertSelfAttention computes its scores itself and has subclasses per kernel).
+SELF_ATTENTION_CLASSES = (modeling_bert.BertSelfAttention, ElectraSelfAttention)
 
 
 def fused_qkv_forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                       cache: Any = None, **kwargs: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """BertSelfAttention.forward for an encoder (no cache), with Q, K and V from one matmul."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.bert.modeling_bert import eager_attention_forward
 
-    if cache is not None:
+    if cache is not None or kwargs.get("past_key_values") is not None:
         raise RuntimeError("a fused Q/K/V layer is an encoder's: it takes no key/value cache")
+    kwargs.pop("past_key_values", None)
     shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)
     weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
     bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
     query, key, value = (t.view(shape).transpose(1, 2) for t in F.linear(hidden_states, weight, bias).chunk(3, dim=-1))
-    attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, modeling_bert.eager_attention_forward)
     out, weights = attend(self, query, key, value, attention_mask, dropout=self.dropout.p if self.training else 0.0,
                           scaling=self.scaling, **kwargs)
     return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights
@@ -45,7 +44,7 @@ def fuse_qkv(model: nn.Module) -> int:
     """Give every BERT-layout self-attention of an encoder in `model` the fused forward; how many it changed."""
     fused = 0
     for module in model.modules():
-        if isinstance(module, _self_attention_classes()) and not module.is_decoder:
+        if type(module) in SELF_ATTENTION_CLASSES and not module.is_decoder:
             module.forward = types.MethodType(fused_qkv_forward, module)
             fused += 1
     return fused

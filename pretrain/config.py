@@ -8,6 +8,7 @@ from core.errors import ConfigError
 from core.object_store import is_remote
 from data_pipeline.loader import LoaderConfig
 from data_pipeline.masking import MaskingConfig
+from model.backbones.base import transformers_major
 from model.encoder import EncoderConfig
 from model.objectives import ObjectiveConfig
 from pretrain.run_dir import TENSORBOARD, TRACKERS
@@ -139,6 +140,8 @@ class TrainConfig:
         if self.compile and self.zero_stage == 3:
             raise ConfigError(f"train.compile={str(self.compile).lower()} needs ZeRO stage 0-2: ZeRO-3's hooks gather "
                               "parameters inside the layers a compiled region would capture (set train.compile=false)")
+        if self.fused_qkv and transformers_major() < 5:
+            raise ConfigError("train.fused_qkv=true needs transformers 5 (its attention interface); set it false")
         if self.fused_qkv and self.zero_stage == 3:
             raise ConfigError("train.fused_qkv=true needs ZeRO stage 0-2: ZeRO-3 gathers the Q, K and V weights only when "
                               "their own modules run (set train.fused_qkv=false)")

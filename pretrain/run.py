@@ -67,8 +67,9 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     # run files replace the folder's only when training starts: a refused launch leaves the run as it was.
     choice = ResumeChoice(cfg, run_dir, files)
     engine, engine_notes, ds_config = set_up_engine(cfg, objective, choice.choose())
-    files[DEEPSPEED_CONFIG_FILE] = ds_config
+    files[DEEPSPEED_CONFIG_FILE] = ds_config  # the run folder and every checkpoint keep the config DeepSpeed was given
     rank, world = dist.rank(), dist.world_size()
+    validator = validator_for(cfg, engine, data.validation, world, tokenizer)  # before any log: it may refuse the data
     loader, progress, rng = data.train, Progress(), RunRng(cfg.train.seed, rank, world)
     log = RunLogger(run_dir, cfg.train.max_steps, enabled=rank == 0, report_to=tuple(cfg.train.report_to),
                     config=config_to_dict(cfg))
@@ -79,7 +80,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     return Trainer(cfg, engine=engine, loader=loader, progress=progress, log=log, run_dir=run_dir, run_files=files,
                    checkpoints=CheckpointManager(cfg, run_dir, choice, files, engine=engine, loader=loader,
                                                  progress=progress, rng=rng, log=log),
-                   validator=validator_for(cfg, engine, data.validation, world, tokenizer),
+                   validator=validator,
                    metrics=MetricsReporter(log, world, objective.flops_per_token, hardware.peak_tflops,
                                            must_be_finite=finite_metrics(cfg.train.precision)),
                    audit=SampleAudit(run_dir, rank, world, cfg.train.record_samples), start_time=time.time())

@@ -7,7 +7,7 @@
 | other data, same tokenizer                | refused, unless train.allow_new_data=true (sample order    |
 |                                           | starts afresh; data_history.jsonl records both datasets)    |
 | another objective or model shape          | refused: start from an export (model.init_from)             |
-| another ZeRO stage                        | refused (checkpoint_manager.py); another world size: resume |
+| another ZeRO stage                        | refused (resume_choice.py); another world size: resume      |
 
 A checkpoint folder carries the run files it was saved with (config.yaml, model_config.json,
 data_manifest.json); this launch's are held in memory until the checks pass.

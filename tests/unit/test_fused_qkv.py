@@ -74,3 +74,15 @@ def test_fused_qkv_with_zero3_is_refused():
     with pytest.raises(ConfigError, match="train.fused_qkv=true needs ZeRO stage 0-2"):
         TrainConfig(fused_qkv=True, zero_stage=3).validate()
     TrainConfig(fused_qkv=True, zero_stage=2).validate()
+
+
+def test_only_transformers_own_classes_are_fused_not_their_subclasses():
+    """A subclass may compute its scores itself (transformers 4.x's per-kernel classes did): it keeps its forward."""
+    from transformers.models.bert.modeling_bert import BertSelfAttention
+
+    class Scored(BertSelfAttention):
+        pass
+
+    config = _bert_config()
+    holder = torch.nn.ModuleList([BertSelfAttention(config), Scored(config)])
+    assert fuse_qkv(holder) == 1 and "forward" in vars(holder[0]) and "forward" not in vars(holder[1])
