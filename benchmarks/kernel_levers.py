@@ -102,14 +102,13 @@ BACKENDS = ("flash", "efficient", "cudnn", "math")
 
 def with_backend(fn, backend: str):
     """`fn` with SDPA restricted to one backend (flash, efficient, cudnn or math)."""
-    import contextlib
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     chosen = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
               "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[backend]
 
     def run(*a, **k):
-        with sdpa_kernel([chosen]) if backend else contextlib.nullcontext():
+        with sdpa_kernel([chosen]):
             return fn(*a, **k)
     return run
 
@@ -192,7 +191,7 @@ def run_lever(name: str, args) -> dict:
     config = model.config
     tflops = TRAIN * mlm_forward(config, args.seq, round(MASK_PROB * args.seq) / args.seq) * tokens_per_s / 1e12
     peak = datasheet_peak_tflops("bf16" if bf16 else "fp32")
-    return {"lever": name, **{k: v for k, v in lever.items()}, "tokens_per_s": tokens_per_s, "model_tflops": tflops,
+    return {"lever": name, **lever, "tokens_per_s": tokens_per_s, "model_tflops": tflops,
             "mfu": tflops / peak if peak else None, "first_loss": losses[0], "last_loss": losses[-1],
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert import modeling_bert
 from transformers.models.electra.modeling_electra import ElectraSelfAttention
 
@@ -25,8 +26,6 @@ SELF_ATTENTION_CLASSES = (modeling_bert.BertSelfAttention, ElectraSelfAttention)
 def fused_qkv_forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                       cache: Any = None, **kwargs: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """BertSelfAttention.forward for an encoder (no cache), with Q, K and V from one matmul."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     if cache is not None or kwargs.get("past_key_values") is not None:
         raise RuntimeError("a fused Q/K/V layer is an encoder's: it takes no key/value cache")
     kwargs.pop("past_key_values", None)
