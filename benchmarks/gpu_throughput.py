@@ -37,6 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks import kernel_profile
 from benchmarks.arguments import add_shared, results_file
 from benchmarks.host_overhead import fits_one_epoch, machine
 from core.atomic_files import write_text_atomic
@@ -110,12 +111,13 @@ def bare_loop(point: dict, args, data: Path, compiled: bool = False) -> dict:
            "--shape", args.size, "--batch", str(point["batch"]), "--seq", str(point["seq"]),
            "--steps", str(args.steps), "--window", "5", "--data", str(data), "--device", args.device,
            # torchrun gives the trainer one thread per rank; on a CPU the bare loop gets the same.
-           "--threads", "1" if args.device == "cpu" else "0"]
+           "--threads", "1" if args.device == "cpu" else "0",
+           *(["--kernel-steps", str(args.profile_steps)] if args.profile else [])]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bare loop failed: {proc.stderr[-3000:]}")
-    samples = json.loads(proc.stdout.strip().splitlines()[-1])["samples_per_s"]
-    return {"tokens_per_s": samples * point["seq"]}
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"tokens_per_s": result["samples_per_s"] * point["seq"], "kernels": result.get("kernels")}
 
 
 def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
@@ -152,8 +154,10 @@ def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
         overrides = point_overrides(point, args, data, teacher, Path(work) / "run")
         if main(["train", "--config", "pretrain/configs/demo_mlm.yaml", *overrides]) != 0:
             raise RuntimeError("the profiled trainer run failed")
-    if not cuda or "end" not in span:
+    if "end" not in span:
         return {"idle_fraction": None}
+    if not cuda:
+        return {"idle_fraction": None, "kernels": kernel_profile.kernel_times(prof, args.profile_steps)}
     kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
                      if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
     busy, cursor = 0.0, None
@@ -167,7 +171,8 @@ def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
     wall_us = 1e6 * (span["end"] - span["start"])
     trace = Path(args.out).with_suffix("").parent / f"gpu_trace_{point['objective']}_{point['backbone']}_{point['seq']}.json"
     prof.export_chrome_trace(str(trace))
-    return {"idle_fraction": max(0.0, 1.0 - busy / wall_us), "profiled_steps": args.profile_steps, "trace": str(trace)}
+    return {"idle_fraction": max(0.0, 1.0 - busy / wall_us), "profiled_steps": args.profile_steps, "trace": str(trace),
+            "kernels": kernel_profile.kernel_times(prof, args.profile_steps)}
 
 
 def main() -> None:
@@ -243,16 +248,27 @@ def run_point(point: dict, args, data: Path, teacher: Path, work: Path) -> dict:
         if not point["compile"]:
             row["bare_tokens_per_s"] = bare_loop(point, args, data)["tokens_per_s"]
             row["vs_bare"] = row["tokens_per_s"] / row["bare_tokens_per_s"]
-        row["bare_compiled_tokens_per_s"] = bare_loop(point, args, data, compiled=True)["tokens_per_s"]
+        compiled_bare = bare_loop(point, args, data, compiled=True)
+        row["bare_compiled_tokens_per_s"] = compiled_bare["tokens_per_s"]
         row["vs_bare_compiled"] = row["tokens_per_s"] / row["bare_compiled_tokens_per_s"]
+        if compiled_bare["kernels"]:
+            row["bare_compiled_kernels"] = kernel_summary(compiled_bare["kernels"])
     if args.profile:
         cmd = [sys.executable, "-m", "benchmarks.gpu_throughput", *sys.argv[1:], "--worker", "profile",
                "--point", json.dumps({**point, "data": str(data), "teacher": str(teacher)})]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"profile failed: {proc.stderr[-3000:]}")
-        row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+        profiled = json.loads(proc.stdout.strip().splitlines()[-1])
+        if profiled.get("kernels"):
+            profiled["kernels"] = kernel_summary(profiled["kernels"])
+        row.update(profiled)
     return row
+
+
+def kernel_summary(times: dict[str, float]) -> dict:
+    """A profile's ms per step by kernel kind, and its longest kernels (the whole list would swamp the results)."""
+    return {"by_kind": kernel_profile.by_kind(times), "top": kernel_profile.top_kernels(times, 25)}
 
 
 def run_info(args) -> dict:
@@ -276,6 +292,12 @@ def print_table(results: list[dict], info: dict, args) -> None:
         idle = f"{100 * r['idle_fraction']:.1f}%" if r.get("idle_fraction") is not None else ""
         print(f"| {r['objective']} | {r['backbone']} | {r['seq']} | {r['batch']} | {'on' if r['compile'] else 'off'} | "
               f"{r['tokens_per_s']:,.0f} | {mfu} | {bare} | {compiled} | {idle} | {r['peak_memory_gib']:.1f} |")
+    for r in results:
+        if r.get("kernels") and r.get("bare_compiled_kernels"):
+            print(f"\n{r['objective']} {r['backbone']} seq {r['seq']} x {r['batch']}, compile {'on' if r['compile'] else 'off'}: "
+                  f"device time per step by kernel kind, the trainer against the compiled bare loop")
+            print(kernel_profile.kind_table({"trainer": r["kernels"]["by_kind"],
+                                             "compiled bare": r["bare_compiled_kernels"]["by_kind"]}))
 
 
 if __name__ == "__main__":

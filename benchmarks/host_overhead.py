@@ -36,6 +36,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Optional
+from benchmarks import kernel_profile
 from benchmarks.arguments import add_shared, repo_pythonpath, results_file
 from pretrain.run_dir import RunDir
 from data_pipeline.dataset_dir import DatasetDir
@@ -255,7 +256,14 @@ def plain_loop(case: dict, args, clock: Optional["PhaseClock"] = None) -> dict:
             now = time.perf_counter()
             windows.append(args.batch * args.window / (now - start))
             start = now
-    return {"samples_per_s": statistics.median(windows[1:]), "windows": windows, "precision": precision}
+    result = {"samples_per_s": statistics.median(windows[1:]), "windows": windows, "precision": precision}
+    profiled = getattr(args, "kernel_steps", 0)
+    if profiled:  # after the timed steps, which the profiler would slow
+        prof = kernel_profile.start_profile()
+        for i in range(args.steps, args.steps + profiled):
+            step(i)
+        result["kernels"] = kernel_profile.kernel_times(kernel_profile.stop_profile(prof), profiled)
+    return result
 
 
 def interleaved(case: dict, args) -> dict:
@@ -590,6 +598,8 @@ def main() -> None:
     parser.add_argument("--interleaved", type=int, default=0, metavar="RUNS",
                         help="also run the trainer and the plain loop step by step in one process, RUNS times")
     parser.add_argument("--phases", action="store_true", help="also time each phase of a step (one more run of each)")
+    parser.add_argument("--kernel-steps", type=int, default=0, metavar="STEPS",
+                        help="profile the plain loop for STEPS more steps after the timed ones: ms per step by kernel")
     parser.add_argument("--plain-compile", action="store_true",
                         help="compile the plain loop's forward, head and loss as one graph (torch.compile), the masked "
                              "positions gathered to the largest count per row of its batches")
