@@ -19,7 +19,7 @@ from typing import Any
 # kernel, a flash kernel is attention before it is anything else).
 KINDS: tuple[tuple[str, str], ...] = (
     ("attention", r"fmha|flash|attention|cudnn_generated|sdpa|_efficient_attention|mha"),
-    ("optimizer", r"adam|lamb|multi_tensor|foreach"),
+    ("optimizer", r"adam|lamb(?!da)|multi_tensor|foreach"),
     ("matmul", r"gemm|cutlass|xmma|nvjet|sm\d+_|ampere_|hopper|matmul|\bmm\b|addmm|linear|cublas|brgemm|bmm"),
     ("cross-entropy", r"log_softmax|nll_loss|cross_entropy|softmax"),
     ("normalization", r"layer_norm|layernorm|rms_norm"),

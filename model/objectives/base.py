@@ -33,6 +33,9 @@ class Objective(nn.Module):
     # The `masking.*` values it needs beyond the defaults (its paper's, where the value is free): `check_config` accepts
     # them, and the tests, the sweep and model.objectives.masking_overrides read them from here.
     masking: dict[str, Any] = {}
+    # Methods compiled on their own beside the encoder layers under `train.compile: layers`: a head and its loss, which
+    # eager runs as several passes over the vocabulary's logits (upcast, softmax, its gradient, the accuracy).
+    compile_regions: tuple[str, ...] = ()
 
     @classmethod
     def check_config(cls, options, model, masking) -> None:

@@ -67,23 +67,19 @@ def prediction_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
     """
     with torch.no_grad():
         real = targets != IGNORE_INDEX
-        hits = unique_top_hits(logits, targets.clamp(min=0), by_top_two=logits.device.type != "cpu")
+        hits = unique_top_hits(logits, targets.clamp(min=0))
         return (hits & real).sum().float() / real.sum().clamp(min=1)
 
 
-def unique_top_hits(logits: torch.Tensor, targets: torch.Tensor, by_top_two: bool) -> torch.Tensor:
-    """Per row: the target's logit is above every other entry of its row.
+def unique_top_hits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per row: the target's logit is above every other entry of its row, i.e. it is the only entry at or above itself.
 
-    On a CPU the maximum of the row with the target masked out: argmax and topk are not vectorized there, and this
-    is several times faster. On an accelerator the two largest values, which take no copy of the logits (a copy is
-    the size of the head's whole output).
+    One comparison and one count over the logits: no copy of them (the size of the head's whole output) and no
+    top-k, which took a GPU longer than the loss itself (BENCHMARKS.md, "The trainer's step against the compiled
+    bare loop, kernel by kernel"). A NaN target logit compares false everywhere and counts as a miss.
     """
-    index = targets.unsqueeze(-1)
-    own = logits.gather(-1, index).squeeze(-1)
-    if by_top_two and logits.shape[-1] > 1:
-        first, second = logits.topk(2, dim=-1).values.unbind(-1)
-        return (own >= first) & (first > second)
-    return own > logits.scatter(-1, index, float("-inf")).amax(-1)
+    own = logits.gather(-1, targets.unsqueeze(-1))
+    return (logits >= own).sum(-1) == 1
 
 
 def prediction_positions(batch: Batch) -> torch.Tensor:
@@ -129,6 +125,7 @@ class MaskedLM(Objective):
 
     export_loader = "AutoModelForMaskedLM"
     options_class = MLMOptions
+    compile_regions = ("predict",)
 
     def __init__(self, config: PretrainedConfig, options: MLMOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
@@ -148,8 +145,7 @@ class MaskedLM(Objective):
         """MLM loss (+ NSP/SOP loss) and accuracies."""
         out = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], batch["attention_mask"],
                                    batch.get("token_type_ids"))
-        loss, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], self.backbone.mlm_head(self.model),
-                                    prediction_positions(batch))
+        loss, accuracy = self.predict(out.last_hidden_state, batch["labels"], prediction_positions(batch))
         terms = {"mlm_loss": loss}
         metrics = {"mlm_accuracy": accuracy}
         if self.pair_head != "none":
@@ -159,6 +155,10 @@ class MaskedLM(Objective):
             terms[f"{self.pair_head}_loss"] = pair_loss(logits, batch["pair_label"])
             metrics[f"{self.pair_head}_accuracy"] = (logits.argmax(-1) == batch["pair_label"]).float().mean()
         return terms, metrics
+
+    def predict(self, hidden: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MLM head's loss and accuracy at the predicted positions `index`."""
+        return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.model), index)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Encoder + sparse MLM head, trained."""

@@ -109,6 +109,7 @@ class TaCL(Objective):
     export_holds = "the student as `{root}` (the teacher is the starting checkpoint and is not exported)"
     export_loader = "AutoModelForMaskedLM"
     options_class = TaCLOptions
+    compile_regions = ("predict",)
 
     def __init__(self, config: PretrainedConfig, options: TaCLOptions, init_from: Optional[str] = None) -> None:
         super().__init__()
@@ -139,13 +140,17 @@ class TaCL(Objective):
         self.teacher.eval()
         return self
 
+    def predict(self, hidden: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The student's MLM loss and accuracy at the predicted positions `index`."""
+        return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.student), index)
+
     def terms(self, batch: Batch):
         """MLM (+ NSP) and the token-level contrastive loss; the student's self-similarity when evaluating."""
         attention, types = batch["attention_mask"], batch.get("token_type_ids")
         bb = self.backbone
         out = bb.encode(bb.base(self.student), batch["input_ids"], attention, types)
         index = prediction_positions(batch)
-        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.student), index)
+        mlm, accuracy = self.predict(out.last_hidden_state, batch["labels"], index)
         with torch.no_grad():
             teacher_hidden = bb.encode(self.teacher, batch["original_input_ids"], attention, types).last_hidden_state
         anchors = batch["labels"] != IGNORE_INDEX

@@ -155,14 +155,24 @@ def compile_layers(model: nn.Module) -> int:
     return len(layers)
 
 
+def compile_regions(objective: nn.Module) -> list[str]:
+    """torch.compile over each method the objective names in `compile_regions` (a head and its loss), in place: the
+    upcast logits, their softmax, its gradient and the accuracy fuse into a few passes. Returns the names."""
+    names = list(getattr(objective, "compile_regions", ()))
+    for name in names:
+        setattr(objective, name, torch.compile(getattr(objective, name), dynamic=False))
+    return names
+
+
 def compile_objective(model: nn.Module, mode: Union[bool, str]) -> str:
-    """Compile as `train.compile` says (true or "step": the whole step; "layers": each encoder layer); what was
-    compiled, for the log ("" for nothing)."""
+    """Compile as `train.compile` says (true or "step": the whole step; "layers": each encoder layer, and the
+    objective's head-and-loss regions); what was compiled, for the log ("" for nothing)."""
     if mode is True or mode == "step":
         compile_step(model)
         return "the objective's step (encoders, heads and losses)"
     if mode == "layers":
-        return f"{compile_layers(model)} encoder layer(s), each on its own"
+        layers, regions = compile_layers(model), compile_regions(model)
+        return f"{layers} encoder layer(s), each on its own" + (f", and {', '.join(regions)}" if regions else "")
     return ""
 
 

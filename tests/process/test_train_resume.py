@@ -247,7 +247,7 @@ def test_layer_compile_trains_as_eager_and_names_its_layers(prepared, tmp_path):
     eager, layers = tmp_path / "eager", tmp_path / "layers"
     run_cli("pretrain", _args(prepared, eager, *run), nproc=1)
     compiled = run_cli("pretrain", _args(prepared, layers, *run, "train.compile=layers", "train.fused_qkv=true"), nproc=1)
-    assert "compiled 2 encoder layer(s), each on its own with torch.compile" in compiled.stdout
+    assert "compiled 2 encoder layer(s), each on its own, and predict with torch.compile" in compiled.stdout
     assert "Q, K and V as one matmul in 2 attention layer(s)" in compiled.stdout
     want, got = _train_losses(eager), _train_losses(layers)
     assert sorted(got) == [1, 2, 3] and all(abs(got[s] - want[s]) <= 1e-5 * abs(want[s]) for s in want), (got, want)
