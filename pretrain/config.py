@@ -69,7 +69,8 @@ class TrainConfig:
     deepspeed_config: str = ""
     # torch.compile (ZeRO 0-2; checkpoints and exports unchanged; compile time at every start). true / step: the
     # objective's whole step (encoders, heads, losses) as one graph of fixed shapes; layers: each encoder layer on
-    # its own, which measured faster for ModernBERT-base on an H200 (BENCHMARKS.md, "One compiled graph per step").
+    # its own, and the objective's `compile_regions` (a head and its loss), which measured faster on an H200
+    # (BENCHMARKS.md, "The trainer's step against the compiled bare loop, kernel by kind").
     compile: Union[bool, Literal["step", "layers"]] = False
     # One matmul for Q, K and V in every BERT-layout attention (BERT; ELECTRA's and COCO-LM's networks; ModernBERT has
     # its own), over the three weights concatenated at each call: checkpoints and exports keep transformers' layout.
