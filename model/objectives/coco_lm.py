@@ -118,6 +118,7 @@ class CocoLM(Objective):
     needs = frozenset({"encoder", "generator"})
     export_holds = "the main Transformer as `{root}`; the auxiliary generator as `{generator}` in `generator/`"
     options_class = CocoLMOptions
+    compile_regions = ("generator_predict", "correct")
     masking = {"strategy": "coco", "crop_ratio": 0.9}
 
     def __init__(self, config: PretrainedConfig, options: CocoLMOptions, init_from: Optional[str] = None) -> None:
@@ -160,6 +161,21 @@ class CocoLM(Objective):
         self.generator.train(was_training)
         return sampled
 
+    def generator_predict(self, hidden: torch.Tensor, labels: torch.Tensor,
+                          index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The generator's MLM loss and accuracy at the predicted positions `index`."""
+        return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.generator), index)
+
+    def correct(self, hidden: torch.Tensor, copy_logits: torch.Tensor, corrupted: torch.Tensor, targets: torch.Tensor,
+                index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The corrective LM's loss and accuracy at the predicted positions `index` (`targets` [B, K]: the original
+        token where a slot holds a masked position, IGNORE_INDEX in a row's padding slots)."""
+        logits = at_least_fp32(self.clm_head(at_positions(hidden, index).flatten(0, 1)))  # one upcast for both
+        flat = targets.flatten()
+        loss = corrective_lm_loss(logits, flat, at_positions(copy_logits, index).flatten(),
+                                  at_positions(corrupted, index).flatten(), self.options.clm_form)
+        return loss, prediction_accuracy(logits, flat)
+
     def terms(self, batch: Batch):
         """Generator MLM, copy, corrective LM and SCL losses, with copy and SCL retrieval diagnostics."""
         if "crop_input_ids" not in batch:
@@ -169,7 +185,7 @@ class CocoLM(Objective):
         picked = at_positions(labels, index) != IGNORE_INDEX  # [B, K]: the slots that hold a masked position
         bb = self.backbone
         gen_hidden = bb.encode(bb.base(self.generator), masked, attention).last_hidden_state
-        gen_loss, gen_accuracy = sparse_mlm(gen_hidden, labels, bb.mlm_head(self.generator), index)
+        gen_loss, gen_accuracy = self.generator_predict(gen_hidden, labels, index)
         # Padding slots write back the original token (they all point at position 0).
         kept = at_positions(original, index)
         corrupted = original.scatter(1, index, torch.where(picked, self._sample(masked, attention, index), kept))
@@ -178,11 +194,7 @@ class CocoLM(Objective):
         copy_logits = self.copy_head(hidden).squeeze(-1)
         valid = attention.bool()
         copy = copy_loss(copy_logits, unchanged, valid)
-        # The loss upcasts anyway (prediction_accuracy).
-        clm_logits = at_least_fp32(self.clm_head(at_positions(hidden, index).flatten(0, 1)))
-        clm_targets = torch.where(picked, kept, IGNORE_INDEX).flatten()
-        clm = corrective_lm_loss(clm_logits, clm_targets, at_positions(copy_logits, index).flatten(),
-                                 at_positions(corrupted, index).flatten(), self.options.clm_form)
+        clm, clm_accuracy = self.correct(hidden, copy_logits, corrupted, torch.where(picked, kept, IGNORE_INDEX), index)
         crop_hidden = bb.encode(self.main, batch["crop_input_ids"], batch["crop_attention_mask"]).last_hidden_state
         sims, targets = scl_logits(self.scl_head(hidden[:, 0]), self.scl_head(crop_hidden[:, 0]), self.options.scl_temperature)
         scl = F.cross_entropy(sims, targets)
@@ -191,7 +203,7 @@ class CocoLM(Objective):
                 "generator_accuracy": gen_accuracy,
                 "replaced_fraction": masked_mean(~unchanged, valid),
                 "copy_accuracy": masked_mean((copy_logits > 0) == unchanged, valid),
-                "clm_accuracy": prediction_accuracy(clm_logits, clm_targets),
+                "clm_accuracy": clm_accuracy,
                 # The replaced class scored by -copy_logit, so the AUC reads like ELECTRA's RTD AUC.
                 **detection_metrics(-copy_logits.detach(), ~unchanged, valid, "copy"),
                 "scl_retrieval_accuracy": retrieval_accuracy(sims.detach(), targets),

@@ -7,6 +7,7 @@ import torch._dynamo as dynamo
 from test_backbones import MATRIX, _batch, _build
 
 from data_pipeline.shards import read_manifest
+from model.objectives import objective_class
 
 # Objectives whose first call splits, and why; from the second call on their step is one graph too.
 FIRST_CALL_SPLITS = {"taco": "output_hidden_states: transformers 5 installs its capturing hooks at a model's first "
@@ -27,3 +28,32 @@ def test_the_step_is_one_graph(backbone, name, prepared, tmp_path):
         explained = dynamo.explain(objective)(batch)
         reasons = [str(r.reason).splitlines()[0] for r in explained.break_reasons]
         assert (explained.graph_count, explained.graph_break_count) == (1, 0), (training, reasons)
+
+
+REGIONS = [(b, o) for b, o in MATRIX if objective_class(o).compile_regions]
+
+
+def test_the_objectives_that_name_regions_include_the_mission_objectives():
+    assert {"mlm", "tacl", "coco_lm"} <= {o for _, o in REGIONS}
+
+
+@pytest.mark.parametrize("backbone,name", REGIONS, ids=[f"{o}-{b}" for b, o in REGIONS])
+def test_each_compile_region_runs_in_the_step_and_traces_as_one_graph(backbone, name, prepared, tmp_path):
+    """train.compile=layers compiles the regions an objective names (a head and its loss): each must be called by the
+    training step, and each must trace as one graph with the arguments the step gives it."""
+    tok = read_manifest(prepared)["tokenizer"]
+    objective = _build(backbone, name, tok, tmp_path).train()
+    calls = {}
+    for region in objective.compile_regions:
+        def record(*args, _region=region, _method=getattr(objective, region)):
+            calls[_region] = args
+            return _method(*args)
+        setattr(objective, region, record)
+    objective(_batch(tok, name))
+    assert set(calls) == set(objective.compile_regions)
+    for region, args in calls.items():
+        delattr(objective, region)  # the class's method again
+        dynamo.reset()
+        explained = dynamo.explain(getattr(objective, region))(*args)
+        reasons = [str(r.reason).splitlines()[0] for r in explained.break_reasons]
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), (region, reasons)
