@@ -6,7 +6,6 @@ import logging
 import os
 import time
 import warnings
-from typing import Optional
 
 import torch
 
@@ -15,7 +14,6 @@ from core.config_io import config_to_dict
 from core.host_memory import keep_freed_memory
 from core.seeding import RunRng, seed_all, seed_for
 from data_pipeline.run_data import open_run_data
-from model.diagnostics import validation_unigram_entropy
 from model.encoder import model_config
 from model.objectives import resolve_objective
 from pretrain.checkpointing.checkpoint_manager import CheckpointManager
@@ -60,17 +58,21 @@ def build_trainer(cfg: RunConfig) -> Trainer:
                          pin_memory=torch.cuda.is_available())  # the engine copies pinned batches with non_blocking
     tokenizer = data.manifest["tokenizer"]
     hf_config = model_config(cfg.model, tokenizer, data.manifest["seq_len"])
+    rank, world = dist.rank(), dist.world_size()
     seed_all(seed_for(cfg.train.seed))  # identical initial weights on every rank
+    rng = RunRng(cfg.train.seed, rank, world)  # the streams from the first step on (started last, below)
     objective = spec.build(hf_config, cfg.model.init_from, cfg.masking.mask_prob)
     files = run_files(config_to_dict(cfg), hf_config.to_dict(), data.manifest)
     # The launch is checked against what it resumes (stage, tokenizer, data, shape) before the engine is built; the
     # run files replace the folder's only when training starts: a refused launch leaves the run as it was.
     choice = ResumeChoice(cfg, run_dir, files)
-    engine, engine_notes, ds_config = set_up_engine(cfg, objective, choice.choose())
+    resumed = choice.choose()
+    engine, engine_notes, ds_config = set_up_engine(cfg, objective, resumed)
     files[DEEPSPEED_CONFIG_FILE] = ds_config  # the run folder and every checkpoint keep the config DeepSpeed was given
-    rank, world = dist.rank(), dist.world_size()
-    validator = validator_for(cfg, engine, data.validation, world, tokenizer)  # before any log: it may refuse the data
-    loader, progress, rng = data.train, Progress(), RunRng(cfg.train.seed, rank, world)
+    # Before any log: reading the validation batches for their unigram entropy may refuse the data.
+    validator = (Validator(engine, data.validation, cfg.train.eval_batches, world, tokenizer)
+                 if data.validation is not None else None)
+    loader, progress = data.train, Progress()
     log = RunLogger(run_dir, cfg.train.max_steps, enabled=rank == 0, report_to=tuple(cfg.train.report_to),
                     config=config_to_dict(cfg))
     # What was decided for the user: the precision and stage `auto` picked, the peak MFU is measured against.
@@ -82,19 +84,6 @@ def build_trainer(cfg: RunConfig) -> Trainer:
                                                  progress=progress, rng=rng, log=log),
                    validator=validator,
                    metrics=MetricsReporter(log, world, objective.flops_per_token, hardware.peak_tflops,
-                                           must_be_finite=finite_metrics(cfg.train.precision)),
+                                           cfg.train.precision),
                    audit=SampleAudit(run_dir, rank, world, cfg.train.record_samples), start_time=time.time())
 
-
-def finite_metrics(precision: str) -> tuple[str, ...]:
-    """The metrics a step must keep finite: fp16 skips an overflowing step and lowers its loss scale (DeepSpeed's own
-    rule), so there only the loss; elsewhere nothing skips a step."""
-    return ("loss",) if precision == "fp16" else ("loss", "grad_norm")
-
-
-def validator_for(cfg: RunConfig, engine, loader, world: int, tokenizer: dict) -> Optional[Validator]:
-    """The validation of this run (None without a validation split), with the unigram entropy its loss is read against."""
-    if loader is None:
-        return None
-    entropy = validation_unigram_entropy(loader, cfg.train.eval_batches, tokenizer)
-    return Validator(engine, loader, cfg.train.eval_batches, world, entropy)

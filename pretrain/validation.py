@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from model.diagnostics import headline
+from model.diagnostics import headline, validation_unigram_entropy
 from pretrain.engine.deepspeed_engine import Engine, to_device
 from pretrain.observe.metrics import MetricWindow
 
@@ -13,9 +13,10 @@ from pretrain.observe.metrics import MetricWindow
 class Validator:
     """Mean metrics over `batches` validation batches, with the headline figures against the unigram entropy."""
 
-    def __init__(self, engine: Engine, loader, batches: int, world: int, unigram_entropy: Optional[float]) -> None:
+    def __init__(self, engine: Engine, loader, batches: int, world: int, tokenizer: dict) -> None:
         self.engine, self.loader, self.batches, self.world = engine, loader, batches, world
-        self.unigram_entropy = unigram_entropy
+        # What the validation loss is read against, from the same batches; it refuses data the model cannot read.
+        self.unigram_entropy: Optional[float] = validation_unigram_entropy(loader, batches, tokenizer)
 
     @torch.no_grad()
     def __call__(self) -> dict[str, float]:

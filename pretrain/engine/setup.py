@@ -6,6 +6,7 @@ checkpoint must be loaded is its answer, which becomes a DeepSpeed config flag h
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -47,6 +48,8 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
     offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
     optimizer = build_optimizer(objective, cfg.optimizer, offload=offload)
     scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
+    # A resumed run's schedule follows this launch's max_steps and schedule, not the saved ones.
+    reschedule = functools.partial(reset_schedule, max_steps=cfg.train.max_steps, cfg=cfg.schedule, lr=cfg.optimizer.lr)
     for key, value in (("compile", cfg.train.compile), ("fused_qkv", cfg.train.fused_qkv)):
         if value and stage == 3:
             raise ConfigError(f"train.{key}={str(value).lower()} needs ZeRO stage 0-2, and {stage_note}: set "
@@ -54,9 +57,8 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
     notes = [stage_note]
     if cfg.train.fused_qkv:
         notes.append(f"Q, K and V as one matmul in {fuse_qkv(objective)} attention layer(s) (train.fused_qkv)")
-    # A resumed run's schedule follows this launch's max_steps and schedule, not the saved ones.
     engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=cfg.train.compile,
-                          reschedule=lambda s: reset_schedule(s, cfg.train.max_steps, cfg.schedule, cfg.optimizer.lr))
+                          reschedule=reschedule)
     if engine.compiled:
         notes.append(f"compiled {engine.compiled} with torch.compile (train.compile): the first steps wait for the "
                      "compiler")

@@ -138,14 +138,15 @@ class MetricsReporter:
 
     `must_be_finite` names the values that stop the run when a step's is inf or NaN (at the drain, before
     any checkpoint of that step): bf16 and fp32 steps are not skipped on overflow, so a diverged step
-    would otherwise train on and be saved.
+    would otherwise train on and be saved. fp16 skips an overflowing step and lowers its loss scale
+    (DeepSpeed's own rule), so there only the loss must stay finite.
     """
 
     def __init__(self, log, world: int, flops_per_token: Optional[Callable[[int], float]], peak_tflops: float,
-                 must_be_finite: tuple[str, ...] = ("loss",)) -> None:
+                 precision: str = "fp32") -> None:
         self.log, self.world = log, world
         self.flops_per_token, self.peak_tflops = flops_per_token, peak_tflops
-        self.must_be_finite = must_be_finite
+        self.must_be_finite = ("loss",) if precision == "fp16" else ("loss", "grad_norm")
         self.window, self.rates = MetricWindow(), Rates()
 
     def drain(self, step: int, seq_len: int, sec_per_step: Optional[float]) -> None:
