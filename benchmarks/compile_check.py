@@ -1,5 +1,5 @@
 """Eager against compiled training, for a GPU node in a few minutes: the same run with `train.compile` off and on
-(dropout 0, the same seed and data) must log the same losses within `--tolerance` (relative) at every step; the
+(`--mode`: layers, as the gpu_base group runs, or the whole step; dropout 0, the same seed and data) must log the same losses within `--tolerance` (relative) at every step; the
 compiled run's export must load with transformers' own classes; tokens/s and MFU of both are printed.
 
     python -m benchmarks.compile_check                                    # on a GPU: base shapes, bf16, 100 steps
@@ -31,7 +31,8 @@ def train(backbone: str, objective: str, compiled: bool, args, run: Path) -> lis
     shutil.rmtree(run, ignore_errors=True)
     point = {"objective": objective, "backbone": backbone, "seq": 128, "batch": args.batch, "compile": compiled}
     overrides = [*point_overrides(point, args, Path(args.data), None, run), "train.log_every=1",
-                 f"train.save_every={args.steps}", "model.dropout=0", "schedule.warmup_steps=2", "train.seed=0"]
+                 f"train.save_every={args.steps}", "model.dropout=0", "schedule.warmup_steps=2", "train.seed=0",
+                 f"train.compile={args.mode if compiled else 'false'}"]
     env = {**os.environ, "PYTHONPATH": repo_pythonpath(), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
                            *overrides], cwd=REPO, env=env, capture_output=True, text=True)
@@ -84,6 +85,8 @@ def main() -> None:
                out=results_file("compile_check"))
     parser.add_argument("--size", choices=list(SHAPES), default="base", help="model shape (tiny: the path on a CPU)")
     parser.add_argument("--tolerance", type=float, default=1e-2, help="largest relative loss difference allowed")
+    parser.add_argument("--mode", choices=["layers", "step"], default="layers",
+                        help="train.compile of the compiled run (layers: what the gpu_base group runs)")
     args = parser.parse_args()
     args.zero_stage, args.loader_workers = "auto", "auto"  # what point_overrides reads besides the shape
     rows = []

@@ -112,7 +112,7 @@ def bare_loop(point: dict, args, data: Path, compiled: bool = False) -> dict:
            "--steps", str(args.steps), "--window", "5", "--data", str(data), "--device", args.device,
            # torchrun gives the trainer one thread per rank; on a CPU the bare loop gets the same.
            "--threads", "1" if args.device == "cpu" else "0",
-           *(["--kernel-steps", str(args.profile_steps)] if args.profile else [])]
+           *(["--kernel-steps", str(args.profile_steps)] if args.profile and compiled else [])]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bare loop failed: {proc.stderr[-3000:]}")
@@ -122,7 +122,7 @@ def bare_loop(point: dict, args, data: Path, compiled: bool = False) -> dict:
 
 def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
     """One trainer run in this process with torch.profiler over `--profile-steps` steps after the warm-up: the share
-    of that wall time with no GPU kernel running (None on a CPU)."""
+    of that wall time with no GPU kernel running (None on a CPU), and the device time per step of each kernel."""
     import time
 
     import torch
@@ -159,7 +159,8 @@ def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
     if not cuda:
         return {"idle_fraction": None, "kernels": kernel_profile.kernel_times(prof, args.profile_steps)}
     kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                     if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+                     if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation
+                     and e.time_range.end > e.time_range.start)
     busy, cursor = 0.0, None
     for start, end in kernels:  # union of kernel intervals (us)
         if cursor is None or start > cursor:
@@ -191,7 +192,8 @@ def main() -> None:
     add_shared(parser, choices={"precision": ["bf16", "fp16", "fp32"]}, loader_workers="auto", steps=60, warmup=20,
                precision="bf16")
     parser.add_argument("--no-bare", action="store_true", help="skip the bare loop (MLM points)")
-    parser.add_argument("--profile", action="store_true", help="also profile each point for the GPU's idle fraction")
+    parser.add_argument("--profile", action="store_true", help="also profile each point: the GPU's idle fraction, and the device time by kernel "
+                             "kind of the trainer against the compiled bare loop")
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, hidden-64 model (checks the path on a CPU)")
     add_shared(parser, out=results_file("gpu_throughput"))

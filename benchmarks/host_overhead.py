@@ -258,7 +258,7 @@ def plain_loop(case: dict, args, clock: Optional["PhaseClock"] = None) -> dict:
             start = now
     result = {"samples_per_s": statistics.median(windows[1:]), "windows": windows, "precision": precision}
     profiled = getattr(args, "kernel_steps", 0)
-    if profiled:  # after the timed steps, which the profiler would slow
+    if profiled and clock is None:  # after the timed steps, which the profiler would slow; not in a phase table
         prof = kernel_profile.start_profile()
         for i in range(args.steps, args.steps + profiled):
             step(i)

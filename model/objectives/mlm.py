@@ -72,14 +72,15 @@ def prediction_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
 
 
 def unique_top_hits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per row: the target's logit is above every other entry of its row, i.e. it is the only entry at or above itself.
+    """Per row: the target's logit is above every other entry of its row.
 
-    One comparison and one count over the logits: no copy of them (the size of the head's whole output) and no
-    top-k, which took a GPU longer than the loss itself (BENCHMARKS.md, "The trainer's step against the compiled
-    bare loop, kernel by kernel"). A NaN target logit compares false everywhere and counts as a miss.
+    Counted as every other entry being below it: one comparison and one count, no top-k (which took a GPU longer
+    than the loss itself: BENCHMARKS.md, "The trainer's step against the compiled bare loop, kernel by kind") and
+    no copy of the logits with the target masked out. A tie for the top is a miss, and so is a row with a NaN
+    anywhere (NaN is below nothing).
     """
     own = logits.gather(-1, targets.unsqueeze(-1))
-    return (logits >= own).sum(-1) == 1
+    return (logits < own).sum(-1) == logits.shape[-1] - 1
 
 
 def prediction_positions(batch: Batch) -> torch.Tensor:

@@ -15,6 +15,13 @@ def test_kernel_names_fall_into_their_kinds():
     assert kind_of("void at::native::cunn_SoftMaxForward<4, float>") == "cross-entropy"
     assert kind_of("Memcpy HtoD (Pinned -> Device)") == "copy / fill"
     assert kind_of("something unheard of") == "other"
+    # Named after every op it fused, a bmm among them: the rotary embedding's pointwise kernel, not a matmul.
+    assert kind_of("triton_poi_fused__to_copy_add_bmm_cat_cos_mul_neg_sin_slice_slice_backward_stack_16") == "fused by the compiler"
+    assert kind_of("triton_tem_fused_mm_3") == "matmul"
+    assert kind_of("void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*)") == "attention"
+    # "{lambda" is not LAMB.
+    assert kind_of("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda("
+                   "at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda(float)#1}>") == "copy / fill"
 
 
 def test_the_table_sums_by_kind_and_subtracts_the_second_side():

@@ -290,7 +290,9 @@ def test_a_unique_top_agrees_with_the_formula():
             for i in range(30)]
     assert sum(want[:10]) == 5 and 0 < sum(want[10:]) < 20
     logits[20, targets[20]] = float("nan")  # a NaN target logit is a miss
-    want[20] = False
+    logits[21, targets[21]] = logits[21].max() + 1  # a hit, but for the NaN elsewhere in its row: a miss too
+    logits[21, (targets[21] + 1) % 7] = float("nan")
+    want[20] = want[21] = False
     assert unique_top_hits(logits, targets).tolist() == want
 
 
