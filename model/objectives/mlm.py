@@ -67,20 +67,24 @@ def prediction_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
     """
     with torch.no_grad():
         real = targets != IGNORE_INDEX
-        hits = unique_top_hits(logits, targets.clamp(min=0))
+        hits = unique_top_hits(logits, targets.clamp(min=0), by_count=logits.device.type != "cpu")
         return (hits & real).sum().float() / real.sum().clamp(min=1)
 
 
-def unique_top_hits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per row: the target's logit is above every other entry of its row.
+def unique_top_hits(logits: torch.Tensor, targets: torch.Tensor, by_count: bool) -> torch.Tensor:
+    """Per row: the target's logit is above every other entry of its row. A tie for the top is a miss, and so is a row
+    with a NaN anywhere.
 
-    Counted as every other entry being below it: one comparison and one count, no top-k (which took a GPU longer
-    than the loss itself: BENCHMARKS.md, "The trainer's step against the compiled bare loop, kernel by kind") and
-    no copy of the logits with the target masked out. A tie for the top is a miss, and so is a row with a NaN
-    anywhere (NaN is below nothing).
+    `by_count` (on an accelerator): every other entry is below the target, one comparison and one count over the
+    logits (a top-k took a GPU longer than the loss itself: BENCHMARKS.md, "The trainer's step against the compiled
+    bare loop, kernel by kind"). Otherwise (on a CPU, where counting a boolean row is several times slower than a
+    copy): the row's maximum with the target masked out, in a copy of the logits.
     """
-    own = logits.gather(-1, targets.unsqueeze(-1))
-    return (logits < own).sum(-1) == logits.shape[-1] - 1
+    index = targets.unsqueeze(-1)
+    own = logits.gather(-1, index)
+    if by_count:
+        return (logits < own).sum(-1) == logits.shape[-1] - 1
+    return own.squeeze(-1) > logits.scatter(-1, index, float("-inf")).amax(-1)
 
 
 def prediction_positions(batch: Batch) -> torch.Tensor:

@@ -22,4 +22,4 @@ def test_the_compile_check_compares_eager_and_compiled_runs_and_loads_the_export
     assert row["export_class"] == "BertModel" and row["compiled_tokens_per_s"] > 0
     assert "bert mlm: losses agree" in proc.stdout
     compiled_log = (tmp_path / "work" / "bert_mlm_compiled" / "train.log").read_text()
-    assert "compiled the objective's step (encoders, heads and losses) with torch.compile" in compiled_log
+    assert "compiled 2 encoder layer(s), each on its own, and predict with torch.compile" in compiled_log  # --mode layers

@@ -27,8 +27,14 @@ def test_compiled_regions_give_the_eager_losses_and_gradients(name, prepared, tm
             loss.backward()
             results.append((metrics, {n: p.grad for n, p in objective.named_parameters() if p.grad is not None}))
         (want, want_grads), (got, got_grads) = results
-        for key in want:
+        # The loss terms; the discrete metrics (retrieval, accuracy) may flip on a near-tie of a random model.
+        terms = [key for key in want if key.endswith("_loss")]
+        assert len(terms) >= 2
+        for key in terms:
             torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6, msg=f"{name} {key} at call {step}")
         assert got_grads.keys() == want_grads.keys()
-        for key in want_grads:
-            torch.testing.assert_close(got_grads[key], want_grads[key], rtol=1e-4, atol=1e-6, msg=f"{name} {key}")
+        # Fused kernels sum in another order: each gradient within 1e-5 of the whole gradient's size (a key bias,
+        # whose true gradient is 0 under softmax, holds rounding noise only; relative to itself it moves by 100%).
+        scale = torch.cat([g.flatten() for g in want_grads.values()]).norm()
+        worst = max((float((got_grads[k] - want_grads[k]).norm() / scale), k) for k in want_grads)
+        assert worst[0] < 1e-5, (name, step, worst)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_MODEL, launch_ranks, run_cli, wait_for_step
+from conftest import TINY_MODEL, kjv_chapters, launch_ranks, prepare_corpus, run_cli, wait_for_step
 from pretrain.run_dir import RunDir
 
 
@@ -253,13 +253,18 @@ def test_layer_compile_trains_as_eager_and_names_its_layers(prepared, tmp_path):
     assert sorted(got) == [1, 2, 3] and all(abs(got[s] - want[s]) <= 1e-5 * abs(want[s]) for s in want), (got, want)
 
 
-def test_a_run_stopped_exactly_at_the_end_of_a_pass_resumes_into_the_next(prepared, tmp_path):
+def test_a_run_stopped_exactly_at_the_end_of_a_pass_resumes_into_the_next(tmp_path):
     """A checkpoint taken at the last step of a pass (SLURM's USR1 can land there) holds a loader state with every
     sample of that pass taken: the resumed loader's first pass is empty, and the run goes on into the next pass with
     the same losses and samples as one that was not stopped (it once stopped with "no full batch per epoch")."""
     from data_pipeline.shards import read_manifest
 
+    # A corpus of 8 chapters (a tenth of the session's): a pass is a few steps, not fifty.
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(kjv_chapters(8)) + "\n", encoding="utf-8")
+    prepared = prepare_corpus(tmp_path / "data", corpus)
     steps_per_pass = read_manifest(prepared)["splits"]["train"]["sequences"] // 8
+    assert steps_per_pass >= 3
     args = ["train.micro_batch_size=8", "train.global_batch_size=8", f"train.max_steps={steps_per_pass + 3}",
             f"train.save_every={steps_per_pass}", "train.log_every=1"]
     straight, out = tmp_path / "straight", tmp_path / "run"

@@ -280,7 +280,8 @@ def test_prediction_accuracy_counts_the_targets_that_score_highest():
     assert float(prediction_accuracy(tied, torch.tensor([-100, -100, -100]))) == 0.0
 
 
-def test_a_unique_top_agrees_with_the_formula():
+@pytest.mark.parametrize("by_count", [False, True])  # the CPU's way and an accelerator's way
+def test_a_unique_top_agrees_with_the_formula(by_count):
     logits = torch.tensor(rng.normal(size=(30, 7)), dtype=torch.float32)
     targets = torch.tensor(rng.integers(0, 7, size=30))
     for i in range(0, 10, 2):  # the target tied with another entry at the top; the next row: the target alone there
@@ -293,7 +294,7 @@ def test_a_unique_top_agrees_with_the_formula():
     logits[21, targets[21]] = logits[21].max() + 1  # a hit, but for the NaN elsewhere in its row: a miss too
     logits[21, (targets[21] + 1) % 7] = float("nan")
     want[20] = want[21] = False
-    assert unique_top_hits(logits, targets).tolist() == want
+    assert unique_top_hits(logits, targets, by_count).tolist() == want
 
 
 def test_replacements_are_drawn_from_the_generators_softmax():

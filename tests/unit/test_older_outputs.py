@@ -6,6 +6,7 @@ import pytest
 
 from core.atomic_files import OutputExistsError, check_overwrite
 from core.errors import CheckpointError
+from data_pipeline.dataset_dir import DatasetDir
 from data_pipeline.prepare import DATASET, _legacy_dataset
 from data_pipeline.tokenizer import tokenizer_hash
 from pretrain.checkpointing.checkpoint_dir import META, CheckpointDir
@@ -29,7 +30,7 @@ def test_a_dataset_from_before_markers_is_replaced_only_when_its_manifest_is_our
     ours, other = tmp_path / "ours", tmp_path / "other"
     for folder, fmt in ((ours, "contrastive-pretrain/mds-v1"), (other, "somebody-else/v2")):
         folder.mkdir()
-        (folder / "manifest.json").write_text(json.dumps({"format": fmt}))
+        DatasetDir(folder).manifest.write_text(json.dumps({"format": fmt}))
     assert _legacy_dataset(ours) and not _legacy_dataset(other)
     check_overwrite(ours, True, DATASET, legacy=_legacy_dataset)
     with pytest.raises(OutputExistsError):
@@ -40,7 +41,7 @@ def test_the_tokenizer_check_skips_a_checkpoint_without_its_manifest_and_refuses
     run_dir = RunDir(tmp_path / "run")
     run_dir.tokenizer.mkdir(parents=True)
     (run_dir.tokenizer / "tokenizer.json").write_text('{"model": "ours"}')
-    checkpoint = tmp_path / "run" / "checkpoints" / "step_00000002"
+    checkpoint = run_dir.checkpoints / "step_00000002"
     checkpoint.mkdir(parents=True)
     _check_tokenizer(run_dir, checkpoint)  # a checkpoint from before they carried the data manifest: nothing to check
     (checkpoint / DATA_MANIFEST_FILE).write_text(json.dumps({"tokenizer": {"hash": tokenizer_hash(run_dir.tokenizer)}}))
