@@ -1,6 +1,7 @@
 """Eager against compiled training, for a GPU node in a few minutes: the same run with `train.compile` off and on
-(`--mode`: layers, as the gpu_base group runs, or the whole step; dropout 0, the same seed and data) must log the same losses within `--tolerance` (relative) at every step; the
-compiled run's export must load with transformers' own classes; tokens/s and MFU of both are printed.
+(`--mode`: layers, as the gpu_base group runs, or the whole step; dropout 0, the same seed and data) must log the
+same losses within `--tolerance` (relative) at every step; the compiled run's export must load with transformers'
+own classes; tokens/s and MFU of both are printed.
 
     python -m benchmarks.compile_check                                    # on a GPU: base shapes, bf16, 100 steps
     python -m benchmarks.compile_check --size tiny --steps 6 --precision fp32 --backbones bert --objectives mlm  # CPU

@@ -143,7 +143,9 @@ class MetricsReporter:
     """
 
     def __init__(self, log, world: int, flops_per_token: Optional[Callable[[int], float]], peak_tflops: float,
-                 precision: str = "fp32") -> None:
+                 precision: str) -> None:
+        if precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision must be resolved to fp32, bf16 or fp16, not {precision!r}")
         self.log, self.world = log, world
         self.flops_per_token, self.peak_tflops = flops_per_token, peak_tflops
         self.must_be_finite = ("loss",) if precision == "fp16" else ("loss", "grad_norm")

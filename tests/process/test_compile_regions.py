@@ -27,14 +27,20 @@ def test_compiled_regions_give_the_eager_losses_and_gradients(name, prepared, tm
             loss.backward()
             results.append((metrics, {n: p.grad for n, p in objective.named_parameters() if p.grad is not None}))
         (want, want_grads), (got, got_grads) = results
-        # The loss terms; the discrete metrics (retrieval, accuracy) may flip on a near-tie of a random model.
         terms = [key for key in want if key.endswith("_loss")]
         assert len(terms) >= 2
         for key in terms:
             torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6, msg=f"{name} {key} at call {step}")
+        # The accuracies computed inside the regions: at most one prediction flipped by a near-tie of a random model.
+        one = 1.0 / int((batch["labels"] != -100).sum())
+        region_accuracies = [k for k in ("mlm_accuracy", "generator_accuracy", "clm_accuracy") if k in want]
+        assert region_accuracies
+        for key in region_accuracies:
+            assert abs(float(got[key]) - float(want[key])) <= one + 1e-6, (name, key, float(got[key]), float(want[key]))
         assert got_grads.keys() == want_grads.keys()
-        # Fused kernels sum in another order: each gradient within 1e-5 of the whole gradient's size (a key bias,
-        # whose true gradient is 0 under softmax, holds rounding noise only; relative to itself it moves by 100%).
+        # Fused kernels sum in another order: each gradient within 1e-4 of its own size, plus a floor of 1e-6 of the
+        # whole gradient's (a key bias, whose true gradient is 0 under softmax, holds rounding noise only).
         scale = torch.cat([g.flatten() for g in want_grads.values()]).norm()
-        worst = max((float((got_grads[k] - want_grads[k]).norm() / scale), k) for k in want_grads)
-        assert worst[0] < 1e-5, (name, step, worst)
+        for key, w in want_grads.items():
+            error = float((got_grads[key] - w).norm())
+            assert error <= 1e-4 * float(w.norm()) + 1e-6 * float(scale), (name, step, key, error, float(w.norm()))
