@@ -156,24 +156,15 @@ def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
             raise RuntimeError("the profiled trainer run failed")
     if "end" not in span:
         return {"idle_fraction": None}
+    kernels = kernel_profile.kernel_times(prof, args.profile_steps)
     if not cuda:
-        return {"idle_fraction": None, "kernels": kernel_profile.kernel_times(prof, args.profile_steps)}
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                     if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation
-                     and e.time_range.end > e.time_range.start)
-    busy, cursor = 0.0, None
-    for start, end in kernels:  # union of kernel intervals (us)
-        if cursor is None or start > cursor:
-            busy += end - start
-            cursor = end
-        elif end > cursor:
-            busy += end - cursor
-            cursor = end
+        return {"idle_fraction": None, "kernels": kernels}
+    busy = kernel_profile.gpu_busy_us(prof)
     wall_us = 1e6 * (span["end"] - span["start"])
     trace = Path(args.out).with_suffix("").parent / f"gpu_trace_{point['objective']}_{point['backbone']}_{point['seq']}.json"
     prof.export_chrome_trace(str(trace))
     return {"idle_fraction": max(0.0, 1.0 - busy / wall_us), "profiled_steps": args.profile_steps, "trace": str(trace),
-            "kernels": kernel_profile.kernel_times(prof, args.profile_steps)}
+            "kernels": kernels}
 
 
 def main() -> None:

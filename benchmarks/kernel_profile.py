@@ -63,21 +63,36 @@ def stop_profile(prof: "profile") -> "profile":
     return prof
 
 
-def kernel_times(prof: "profile", steps: int) -> dict[str, float]:
-    """ms per step by name: GPU kernels' time where the profile has any, else CPU ops' self time; largest first.
-
-    A GPU profile also holds annotation ranges (`Optimizer.step#AdamW.step` spans the optimizer's kernels): they are
-    left out, as torch's own tables leave them, or the kernels under them would count twice."""
+def gpu_kernels(prof: "profile") -> list:
+    """The profile's GPU kernel events. A GPU profile also holds annotation ranges (`Optimizer.step#AdamW.step` spans
+    the optimizer's kernels): they are left out, as torch's own tables leave them, or the kernels under them would
+    count twice."""
     from torch.autograd import DeviceType
 
-    events = [e for e in prof.events() if not e.is_user_annotation]
-    gpu = any(e.device_type == DeviceType.CUDA for e in events)
+    return [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+
+
+def gpu_busy_us(prof: "profile") -> float:
+    """µs during which at least one GPU kernel ran (the union of the kernels' intervals)."""
+    busy, cursor = 0.0, None
+    for start, end in sorted((e.time_range.start, e.time_range.end) for e in gpu_kernels(prof)):
+        if cursor is None or start > cursor:
+            busy += max(0.0, end - start)
+            cursor = end
+        elif end > cursor:
+            busy += end - cursor
+            cursor = end
+    return busy
+
+
+def kernel_times(prof: "profile", steps: int) -> dict[str, float]:
+    """ms per step by name: GPU kernels' time where the profile has any, else CPU ops' self time; largest first."""
+    from torch.autograd import DeviceType
+
     totals: dict[str, float] = defaultdict(float)
-    for e in events:
-        if gpu and e.device_type == DeviceType.CUDA:
-            totals[e.name] += e.time_range.elapsed_us()
-        elif not gpu and e.device_type == DeviceType.CPU:
-            totals[e.name] += e.self_cpu_time_total
+    kernels = gpu_kernels(prof)
+    for e in kernels or [e for e in prof.events() if e.device_type == DeviceType.CPU]:
+        totals[e.name] += e.time_range.elapsed_us() if kernels else e.self_cpu_time_total
     return dict(sorted(((k, v / 1e3 / max(steps, 1)) for k, v in totals.items()), key=lambda kv: -kv[1]))
 
 

@@ -43,3 +43,19 @@ def test_a_cpu_profile_gives_ms_per_step_by_op():
     times = kernel_times(stop_profile(prof), steps=4)
     assert "aten::mm" in times and times["aten::mm"] > 0
     assert list(times.values()) == sorted(times.values(), reverse=True)
+
+
+def test_gpu_busy_time_is_the_union_of_the_kernels_without_annotation_ranges():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from benchmarks.kernel_profile import gpu_busy_us
+
+    def event(start, end, annotation=False):
+        return SimpleNamespace(device_type=DeviceType.CUDA, is_user_annotation=annotation,
+                               time_range=SimpleNamespace(start=start, end=end))
+
+    # Kernels over 0-10 and 5-12 overlap (12 µs busy), then 20-25; a range annotating 0-100 is not a kernel.
+    prof = SimpleNamespace(events=lambda: [event(20, 25), event(0, 10), event(5, 12), event(0, 100, annotation=True)])
+    assert gpu_busy_us(prof) == 17
