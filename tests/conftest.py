@@ -59,22 +59,63 @@ def prepared(tmp_path_factory, corpus_file) -> Path:
     return prepare_corpus(tmp_path_factory.mktemp("prepared") / "data", corpus_file)
 
 
+PROCESS_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _preloaded():
+    """This pytest process's preloaded server (tests/helpers/preloaded.py), started on first use."""
+    global _SERVER
+    if _UNIT_GUARD["on"]:  # a forked process is a process: the unit guard refuses it as it refuses a Popen
+        raise AssertionError("a test under tests/unit/ started a process: move it to tests/process/")
+    if _SERVER is None:
+        import tempfile
+
+        from helpers.preloaded import Server
+
+        _SERVER = Server(REPO, {**os.environ, **PROCESS_ENV}, Path(tempfile.gettempdir()) / f"preloaded-{os.getpid()}.sock")
+    return _SERVER
+
+
+_SERVER = None
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Stop the preloaded server of this pytest process, if one was started."""
+    if _SERVER is not None:
+        _SERVER.stop()
+
+
+def python_process(argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO, stdout=None, stderr=None):
+    """`python *argv` started as a process (forked from the preloaded server where its environment allows): the
+    subprocess.Popen calls of the tests that start the project's commands and helpers."""
+    return _preloaded().launch(argv, {**os.environ, **PROCESS_ENV} if env is None else env, cwd, stdout, stderr)
+
+
+def run_python(argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """`subprocess.run([python, *argv], capture_output=True, text=True)` through `python_process`'s server."""
+    return _preloaded().run(argv, {**os.environ, **PROCESS_ENV} if env is None else env, cwd, timeout)
+
+
 def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, check: bool = True,
             launcher: str = "direct") -> subprocess.CompletedProcess:
-    """Run `python -m module args` from the repo root; nproc > 1 starts the ranks directly with the
-    environment srun gives them (launcher="torchrun": under torchrun, one more process to start).
+    """Run `python -m module args` (`module` a .py path: that script) from the repo root; nproc > 1 starts the ranks
+    directly with the environment srun gives them (launcher="torchrun": under torchrun, a new interpreter for the
+    agent and each rank).
 
     With direct ranks, stdout is rank 0's log (the rank that logs) and stderr every rank's log."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     if nproc > 1 and launcher == "direct":
         return _run_ranks(module, args, nproc, timeout, check)
+    command = [module] if module.endswith(".py") else ["-m", module]
     if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *args]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *command, *args]
+        proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **PROCESS_ENV}, capture_output=True, text=True,
+                              timeout=timeout)
     else:
-        cmd = [sys.executable, "-m", module, *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = run_python([*command, *args], timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}")
+        raise AssertionError(f"{' '.join(proc.args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+                             f"--- stderr\n{proc.stderr[-6000:]}")
     return proc
 
 
@@ -96,19 +137,17 @@ def _run_ranks(module: str, args: list[str], n: int, timeout: int, check: bool) 
     code = next((c for c in codes if c != 0), 0)
     proc = subprocess.CompletedProcess(procs[0].args, code, texts[0], "".join(f"--- rank {r}\n{t}" for r, t in enumerate(texts)))
     if check and code != 0:
-        raise AssertionError(f"{n} ranks of python -m {module} {' '.join(args)} exited {codes}\n{proc.stderr[-8000:]}")
+        raise AssertionError(f"{n} ranks of {module} {' '.join(args)} exited {codes}\n{proc.stderr[-8000:]}")
     return proc
 
 
 def train_runs_in_one_process(runs: list[dict], spec: Path, timeout: int = 900) -> None:
-    """Train (and probe) several runs one after the other under one 2-rank torchrun (tests/helpers/train_and_probe.py
-    --runs): a process start costs ~10 s, a tiny run ~3 s. `runs`: [{"probe_out": FILE, "args": [...]}, ...]."""
+    """Train (and probe) several runs one after the other in one pair of ranks (tests/helpers/train_and_probe.py
+    --runs): a process group start-up and a DeepSpeed set-up per run, not a launch.
+    `runs`: [{"probe_out": FILE, "args": [...]}, ...]."""
     spec.write_text(json.dumps(runs))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "tests/helpers/train_and_probe.py", "--runs", str(spec)]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = _run_ranks("tests/helpers/train_and_probe.py", ["--runs", str(spec)], 2, timeout, check=False)
+    assert proc.returncode == 0, proc.stderr[-8000:]
 
 
 class RunsCode:
@@ -157,19 +196,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_ranks(args: list[str], n: int, log_dir: Path, module: str = "pretrain") -> list[subprocess.Popen]:
-    """Start n ranks of `python -m module args` as separate processes with the env srun or torchrun would give
-    them; each rank's stdout and stderr go to log_dir/rank{r}.log."""
+def launch_ranks(args: list[str], n: int, log_dir: Path, module: str = "pretrain") -> list:
+    """Start n ranks of `python -m module args` (`module` a .py path: that script) as separate processes with the
+    environment srun or torchrun would give them; each rank's stdout and stderr go to log_dir/rank{r}.log."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
+    command = [module] if module.endswith(".py") else ["-m", module]
     procs = []
     for rank in range(n):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-               "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env = {**os.environ, **PROCESS_ENV, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         with open(log_dir / f"rank{rank}.log", "w") as out:  # the child keeps its own copy of the descriptor
-            procs.append(subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env, stdout=out,
-                                          stderr=subprocess.STDOUT))
+            procs.append(python_process([*command, *args], env, stdout=out, stderr=subprocess.STDOUT))
     return procs
 
 

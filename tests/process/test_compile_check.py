@@ -3,20 +3,16 @@ comparison, the compiled run's export loaded with transformers' own class."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from conftest import REPO
+from conftest import run_cli
 
 
 
 def test_the_compile_check_compares_eager_and_compiled_runs_and_loads_the_export(prepared, tmp_path):
     out = tmp_path / "check.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_check", "--size", "tiny", "--steps", "3",
-                           "--warmup", "1", "--batch", "4", "--precision", "fp32", "--backbones", "bert",
-                           "--objectives", "mlm", "--data", str(prepared), "--work", str(tmp_path / "work"),
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli("benchmarks.compile_check", [
+        "--size", "tiny", "--steps", "3", "--warmup", "1", "--batch", "4", "--precision", "fp32", "--backbones", "bert",
+        "--objectives", "mlm", "--data", str(prepared), "--work", str(tmp_path / "work"), "--out", str(out)], timeout=600)
     (row,) = json.loads(out.read_text())["rows"]
     assert row["steps"] == 3 and row["losses_agree"] and row["max_relative_loss_difference"] <= 1e-2, row
     assert row["export_class"] == "BertModel" and row["compiled_tokens_per_s"] > 0

@@ -1,11 +1,8 @@
 """Every config error a user can make is reported with the key or file it concerns (exit code 2, no traceback)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, TINY_MODEL
+from conftest import TINY_MODEL, run_cli
 
 from pretrain.cli import main as pretrain_main
 
@@ -59,10 +56,7 @@ def subprocess_results(prepared, tmp_path_factory):
     cases = {f"{i}": _args(prepared, base / f"run{i}", override) for i, (override, expected) in enumerate(CASES)
              if expected in NEEDS_PROCESS_GROUP}
     (base / "cases.json").write_text(json.dumps(cases))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "tests/helpers/cli_cases.py", str(base / "cases.json"), str(base / "out.json")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_cli("tests/helpers/cli_cases.py", [str(base / "cases.json"), str(base / "out.json")])
     return json.loads((base / "out.json").read_text())
 
 

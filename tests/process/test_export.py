@@ -1,11 +1,9 @@
 """Export: the HF folder reproduces the training model, loads in AutoModelForMaskedLM and fill-mask, and is written safely."""
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import REPO, TINY_MODEL, run_cli
+from conftest import TINY_MODEL, python_process, run_cli
 from pretrain.run_dir import RunDir
 
 
@@ -14,12 +12,10 @@ from pretrain.run_dir import RunDir
 def trained(prepared, tmp_path_factory):
     base = tmp_path_factory.mktemp("export")
     run, probe = base / "run", base / "probe.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "tests/helpers/train_and_probe.py", "--probe-out", str(probe), "--config", "pretrain/configs/demo_mlm.yaml",
-           f"data.path={prepared}", f"train.output_dir={run}", *TINY_MODEL, "train.max_steps=6", "train.save_every=3",
-           "train.micro_batch_size=4", "train.global_batch_size=8", "schedule.warmup_steps=2", "train.eval_every=0"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_cli("tests/helpers/train_and_probe.py", [
+        "--probe-out", str(probe), "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+        f"train.output_dir={run}", *TINY_MODEL, "train.max_steps=6", "train.save_every=3", "train.micro_batch_size=4",
+        "train.global_batch_size=8", "schedule.warmup_steps=2", "train.eval_every=0"])
     return base, run, torch.load(probe)
 
 
@@ -75,9 +71,8 @@ def test_killed_export_leaves_no_partial_folder(trained):
 
     base, run, _ = trained
     out = base / "hf_killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "export", "--checkpoint", str(run), "--out", str(out)], cwd=REPO,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = python_process(["-m", "pretrain", "export", "--checkpoint", str(run), "--out", str(out)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None and not list(base.glob(".hf_killed.tmp-*")):
         time.sleep(0.001)

@@ -5,13 +5,10 @@ bool(), ...) and records the project's own reads, inside a training step or outs
 each one would make the host wait for the device's queue.
 """
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
-from conftest import REPO, TINY_MODEL
+from conftest import TINY_MODEL, run_cli
 
 from model.objectives import REGISTRY, masking_overrides, objective_class, runs_on
 
@@ -52,9 +49,7 @@ def reads(prepared, tmp_path_factory) -> dict:
                    *([f"model.init_from={teacher}"] if name == "tacl" else [])]
             for name, extra in OBJECTIVE_ARGS.items()}  # a later name wins
     (base / "runs.json").write_text(json.dumps(runs))
-    cmd = [sys.executable, "tests/helpers/count_host_reads.py", str(base / "reads.json"), str(base / "runs.json")]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_cli("tests/helpers/count_host_reads.py", [str(base / "reads.json"), str(base / "runs.json")])
     return json.loads((base / "reads.json").read_text())
 
 

@@ -1,12 +1,9 @@
 """Elastic, exact loader resume across rank counts (real streaming, real torchrun processes)."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import run_cli
 from data_pipeline.dataset_dir import DatasetDir
 
 NUM_SAMPLES = 96
@@ -27,14 +24,10 @@ def dataset(tmp_path_factory):
 
 
 def _walk(dataset, out, nproc, batch, batches, state_in=None, state_out=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    script = [str(REPO / "tests/helpers/loader_walk.py"), "--data", str(dataset), "--batch", str(batch),
-              "--batches", str(batches), "--out", str(out)]
-    script += ["--state-in", str(state_in)] if state_in else []
-    script += ["--state-out", str(state_out)] if state_out else []
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    proc = subprocess.run(launcher + script, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = ["--data", str(dataset), "--batch", str(batch), "--batches", str(batches), "--out", str(out)]
+    args += ["--state-in", str(state_in)] if state_in else []
+    args += ["--state-out", str(state_out)] if state_out else []
+    run_cli("tests/helpers/loader_walk.py", args, nproc=nproc, timeout=180)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 

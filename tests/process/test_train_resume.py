@@ -155,16 +155,18 @@ def test_kill_9_at_random_moments(prepared, tmp_path, precision):
     import time
 
     args = lambda out: _args(prepared, out, "train.max_steps=16", "train.save_every=2", "train.micro_batch_size=4",  # noqa: E731
-                             "train.global_batch_size=8", "train.record_samples=true", f"train.precision={precision}")
+                             "train.global_batch_size=8", "train.record_samples=true", f"train.precision={precision}",
+                             "train.log_every=1")
     straight = tmp_path / "straight"
     run_cli("pretrain", args(straight), nproc=1)
     out = tmp_path / "killed"
     rng = random.Random(0)
     mid_save = 0
     for attempt in range(4):
-        (proc,) = launch_ranks(args(out), 1, tmp_path / f"logs{attempt}")
+        log = tmp_path / f"logs{attempt}" / "rank0.log"
+        (proc,) = launch_ranks(args(out), 1, log.parent)
         deadline = time.time() + 60
-        # Mid-save kills come first: on an idle machine a random 3-7 s kill can land after the last step.
+        # Mid-save kills come first: a kill after the last step would leave nothing for the later attempts to do.
         if attempt % 2 == 0:  # kill as soon as a checkpoint folder exists without its marker
             killed = False
             while time.time() < deadline and proc.poll() is None and not killed:
@@ -176,8 +178,13 @@ def test_kill_9_at_random_moments(prepared, tmp_path, precision):
                     time.sleep(0.05)
                     mid_save += any(not (p / "COMPLETE").exists() for p in pending)
                 time.sleep(0.002)
-        else:
-            time.sleep(rng.uniform(3.0, 7.0))
+        else:  # at a random moment of its training: a random part of a step after the k-th step this attempt logs
+            k = rng.randint(1, 4)
+            while time.time() < deadline and len(re.findall(r" step \d+/16 \|", log.read_text() if log.is_file() else "")) < k:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.3))
+        assert proc.poll() is None, f"attempt {attempt} ended before its kill"  # every kill lands in a live run
         proc.kill()
         proc.wait()
     run_cli("pretrain", args(out), nproc=1)

@@ -1,0 +1,37 @@
+"""Print what a started Python process looks like from inside, as JSON (tests/process/test_preloaded.py compares a
+process forked from the preloaded server with a fresh one). argv[1]: an exit mode, `ok`, `code`, `message`, `raise`,
+`term` (wait for SIGTERM) or `atexit-thread`."""
+import atexit
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+import numpy
+import torch
+
+mode = sys.argv[1]
+print(json.dumps({
+    "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "main_file": sys.modules["__main__"].__file__,
+    "name": __name__, "marker": os.environ.get("DESCRIBE_MARKER"), "rank": os.environ.get("RANK"),
+    "random": random.random(), "numpy": float(numpy.random.random()), "torch_seed": torch.initial_seed(),
+    "torch_first": torch.rand(1).item(),
+    "handlers": {name: str(signal.getsignal(getattr(signal, name))) for name in ("SIGTERM", "SIGUSR1", "SIGCHLD", "SIGINT")},
+    "pid": os.getpid(), "ppid": os.getppid(),
+}), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if mode == "code":
+    sys.exit(3)
+if mode == "message":
+    sys.exit("a message")
+if mode == "raise":
+    raise ValueError("uncaught")
+if mode == "term":
+    print("waiting", flush=True)
+    time.sleep(60)
+if mode == "atexit-thread":
+    atexit.register(lambda: print("atexit ran", flush=True))
+    threading.Thread(target=lambda: (time.sleep(0.5), print("thread finished", flush=True))).start()

@@ -1,0 +1,388 @@
+"""Test processes forked from a server that has already imported torch, transformers, DeepSpeed and the project.
+
+This is multiprocessing's fork server, for commands: a process the tests start (`python -m pretrain train ...`, a
+rank, `tests/helpers/train_and_probe.py`) is forked from the server, so it skips the imports that take most of a
+tiny run's start (BENCHMARKS.md, "The test suite"), and then runs its module or script as `python` would: its own
+pid, argv, working directory, environment, standard streams, signal dispositions and exit code, its `__main__`
+module set as runpy sets it (so multiprocessing's spawn finds it), atexit handlers and non-daemon threads at the end.
+
+What a forked process shares with the server and a fresh interpreter would not: the modules already imported (and
+what they read from the environment when imported: a launch whose environment differs from the server's in
+anything but `RUNTIME_VARIABLES` is started as a fresh process instead) and the string hash seed
+(PYTHONHASHSEED: two ranks forked from one server iterate a set of strings in the same order; ranks that fresh
+processes would start get different orders). Python's, numpy's and torch's global generators are seeded from the OS
+in each forked process, as a new interpreter seeds them.
+
+Usage (the server): python tests/helpers/preloaded.py SOCKET_PATH   (the path exists once it serves)
+The client side is `Server` (one per pytest worker, see tests/conftest.py) and its `launch`/`run`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# What the server imports before it serves: what `python -m pretrain train|export|evaluate` and the training helpers
+# import on their way to the first step (the rest is imported in the forked process, as it would be anyway).
+PRELOAD = ("pretrain.cli", "pretrain.run", "pretrain.exporting.export", "data_pipeline.loader", "data_pipeline.prepare",
+           "streaming.base.dataset", "torch.utils.tensorboard", "evaluation.cli")
+
+# Variables read at run time (by the launcher contract, boto3, SLURM's tools, the trackers), never at import: a launch
+# may set these to values of its own and still be forked. Any other difference from the server's environment, where
+# an imported library may already have read the old value, starts a fresh process instead.
+RUNTIME_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                     "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                     "FAULT", "FAULT_TIME_FILE")  # the last two: tests/helpers/faulty_rank.py's own
+RUNTIME_PREFIXES = ("AWS_", "S3_", "SLURM_", "WANDB_", "MLFLOW_", "PYTEST_", "PRETRAIN_")
+
+_HEADER = struct.Struct("!Q")
+
+
+def forkable(env: dict[str, str], base: dict[str, str]) -> bool:
+    """Whether a process with environment `env` may be forked from a server started with `base`."""
+    def runtime(key: str) -> bool:
+        return key in RUNTIME_VARIABLES or key.startswith(RUNTIME_PREFIXES)
+
+    return all(runtime(k) for k in set(env) ^ set(base)) and all(env[k] == base[k] or runtime(k) for k in env if k in base)
+
+
+# --- the server -----------------------------------------------------------------------------------------------------
+
+def serve(path: str) -> None:
+    """Import PRELOAD, then fork one child per request on the Unix socket at `path` and report each child's end."""
+    import importlib
+    import threading
+
+    _end_with_parent()
+    for name in PRELOAD:
+        importlib.import_module(name)
+    from core.distributed import import_deepspeed
+
+    import_deepspeed()
+    # Forking a process with other threads copies their locks in whatever state they are: none may exist.
+    extra = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if extra:
+        raise SystemExit(f"preloaded server: importing {PRELOAD} started threads {extra}; it cannot fork safely")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".binding")
+    listener.listen(64)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select when a child ends
+    children: dict[int, socket.socket] = {}
+    os.rename(path + ".binding", path)  # the client waits for this name: it is there once the server listens
+    while True:
+        try:
+            readable, _, _ = select.select([listener], [], [], 0.2)
+        except InterruptedError:
+            readable = []
+        _reap(children)
+        if readable:
+            conn, _ = listener.accept()
+            request, fds = _receive(conn)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in children.values():
+                    other.close()
+                _child(request, fds, conn)  # never returns
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(f"{pid}\n".encode())
+            children[pid] = conn
+
+
+def _end_with_parent() -> None:
+    """SIGTERM this server when the pytest worker that started it dies (a crashed worker leaves no server behind)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    """Send every ended child's wait status to its client, and close that connection."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            try:
+                conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            except OSError:
+                pass  # the client has gone: nobody waits for this child
+            conn.close()
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    """One request: its JSON and the three descriptors (stdin, stdout, stderr) sent with it."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    size = _HEADER.unpack(data[:_HEADER.size])[0]
+    body = data[_HEADER.size:]
+    while len(body) < size:
+        more = conn.recv(size - len(body))
+        if not more:
+            raise ConnectionError("preloaded server: the request was cut short")
+        body += more
+    return json.loads(body), fds
+
+
+def _child(request: dict, fds: list[int], conn: socket.socket) -> None:
+    """In the forked process: become the requested command, run it, exit with its code."""
+    code = 1
+    try:
+        conn.close()
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for target, fd in zip((0, 1, 2), fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+        sys.stdout.reconfigure(line_buffering=True, write_through=unbuffered)
+        sys.stderr.reconfigure(line_buffering=True, write_through=True)
+        _reseed()
+        code = _run(request["argv"], request["cwd"])
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException:  # what the interpreter does with an uncaught exception
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    _exit(code)
+
+
+def _reseed() -> None:
+    """Seed Python's, numpy's and torch's global generators from the OS, as a new interpreter does (each forked
+    process would otherwise draw the server's numbers)."""
+    import random
+
+    import numpy
+    import torch
+
+    random.seed()
+    numpy.random.seed()
+    torch.seed()
+
+
+def _run(argv: list[str], cwd: str) -> int:
+    """`python -m MODULE ARGS` or `python SCRIPT ARGS`, as the interpreter runs them (sys.argv, sys.path[0])."""
+    import runpy
+
+    if argv[0] == "-m":
+        sys.path[0] = cwd
+        sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file in argv[0] while it runs, as `python -m` does
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        # As the interpreter runs a script: argv[0] as given, __file__ absolute, a fresh __main__ module.
+        import importlib.machinery
+        import types
+
+        path = os.path.abspath(argv[0])
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(path)
+        main = types.ModuleType("__main__")
+        main.__file__, main.__cached__, main.__spec__ = path, None, None
+        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+        sys.modules["__main__"] = main
+        with open(path, "rb") as fh:
+            code = compile(fh.read(), path, "exec")
+        exec(code, main.__dict__)
+    return 0
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The exit status `raise SystemExit(x)` gives: 0 for None, x for an int, else x printed to stderr and 1."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _exit(code: int) -> None:
+    """What the interpreter does at exit (join non-daemon threads, atexit handlers, flush), then leave at once."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code & 0xFF)
+
+
+# --- the client -----------------------------------------------------------------------------------------------------
+
+class Server:
+    """One preloaded server (started on first use) and the processes forked from it."""
+
+    def __init__(self, repo: Path, env: dict[str, str], socket_path: Path) -> None:
+        self.repo, self.env, self.path = repo, dict(env), socket_path
+        self.proc: subprocess.Popen | None = None
+
+    def _start(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.path.unlink(missing_ok=True)
+        # Its own output (library warnings at import) goes to the pytest process's stderr.
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(self.path)], cwd=self.repo,
+                                     env=self.env, stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None)
+        while not self.path.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the preloaded server exited {self.proc.returncode} before it served")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """End the server (its forked processes are left to run out, as a Popen's would be)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, stdout=None, stderr=None,
+               stdin=subprocess.DEVNULL) -> "subprocess.Popen | ForkedProcess":
+        """`python *argv` with `env` in `cwd`: forked when the environment allows (`forkable`), else a new process.
+        stdout/stderr: an open file, subprocess.DEVNULL, subprocess.STDOUT (stderr only), or None (inherit)."""
+        if not forkable(env, self.env):
+            return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=stdin)
+        self._start()
+        with _Streams(stdin, stdout, stderr) as fds:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(str(self.path))
+            body = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
+            socket.send_fds(conn, [_HEADER.pack(len(body)) + body], fds)
+        return ForkedProcess(conn, [sys.executable, *argv])
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+        """`subprocess.run(..., capture_output=True, text=True, timeout=timeout)` through `launch`."""
+        import tempfile
+
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            proc = self.launch(argv, env, cwd, stdout=out, stderr=err)
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess([sys.executable, *argv], code, out.read(), err.read())
+
+
+def _has_fileno(stream) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    return True
+
+
+class _Streams:
+    """The three descriptors a forked process gets, opened for the call and closed after it (the child has copies)."""
+
+    def __init__(self, stdin, stdout, stderr) -> None:
+        self.spec = (stdin, stdout, stderr)
+        self.opened: list[int] = []
+
+    def __enter__(self) -> list[int]:
+        fds = []
+        for i, spec in enumerate(self.spec):
+            if spec is None:
+                fds.append(i)
+            elif spec == subprocess.DEVNULL:
+                fd = os.open(os.devnull, os.O_RDWR)
+                self.opened.append(fd)
+                fds.append(fd)
+            elif spec == subprocess.STDOUT:
+                fds.append(fds[1])
+            elif isinstance(spec, int):
+                fds.append(spec)
+            else:
+                spec.flush()
+                fds.append(spec.fileno())
+        return fds
+
+    def __exit__(self, *exc) -> None:
+        for fd in self.opened:
+            os.close(fd)
+
+
+class ForkedProcess:
+    """The part of subprocess.Popen's interface the tests use, for a process the server forked."""
+
+    def __init__(self, conn: socket.socket, args: list[str]) -> None:
+        self.args = args
+        self.returncode: int | None = None
+        self._conn = conn
+        self._buffer = b""
+        self.pid = int(self._line(None))
+
+    def _line(self, timeout: float | None) -> str | None:
+        """The server's next line on this connection, or None if none came within `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._conn.settimeout(left)
+            try:
+                chunk = self._conn.recv(64)
+            except (socket.timeout, BlockingIOError):
+                return None
+            if not chunk:
+                raise ConnectionError(f"the preloaded server closed the connection of pid {getattr(self, 'pid', '?')}")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            line = self._line(0)
+            if line is not None:
+                self.returncode = int(line)
+                self._conn.close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            line = self._line(timeout)
+            if line is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = int(line)
+            self._conn.close()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

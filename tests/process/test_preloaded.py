@@ -1,0 +1,77 @@
+"""The tests start the project's commands forked from a preloaded server (tests/helpers/preloaded.py): a forked process
+must look, from inside and from outside, like the fresh interpreter it stands for."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import PROCESS_ENV, REPO, python_process, run_python
+
+DESCRIBE = "tests/helpers/describe_process.py"
+SAME = ("argv", "path0", "cwd", "main_file", "name", "marker", "rank", "handlers")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, **PROCESS_ENV, **extra}
+
+
+def _fresh(argv: list[str], env: dict[str, str], cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _described(proc: subprocess.CompletedProcess) -> dict:
+    return json.loads(proc.stdout.splitlines()[0])
+
+
+def test_a_forked_script_and_module_see_what_fresh_ones_see():
+    env = _env(RANK="1")  # a launcher variable: forked all the same
+    for argv in ([DESCRIBE, "ok"], ["-m", "tests.helpers.describe_process", "ok"]):
+        fresh, forked, again = _fresh(argv, env), run_python(argv, env), run_python(argv, env)
+        assert fresh.returncode == forked.returncode == 0, fresh.stderr + forked.stderr
+        want, got, other = _described(fresh), _described(forked), _described(again)
+        assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME}
+        assert got["rank"] == "1" and got["name"] == "__main__"
+        assert got["handlers"]["SIGTERM"] == got["handlers"]["SIGCHLD"] == str(signal.SIG_DFL)
+        assert "default_int_handler" in got["handlers"]["SIGINT"]
+        for drawn in ("random", "numpy", "torch_seed", "torch_first"):  # seeded from the OS each time, as when fresh
+            assert len({other[drawn], got[drawn], want[drawn]}) == 3, drawn
+        assert other["pid"] != got["pid"]
+        assert forked.stderr == fresh.stderr == "to stderr\n"
+
+
+def test_exit_codes_messages_and_tracebacks_are_the_interpreters():
+    for mode, code in (("code", 3), ("message", 1), ("raise", 1)):
+        fresh, forked = _fresh([DESCRIBE, mode], _env()), run_python([DESCRIBE, mode], _env())
+        assert forked.returncode == fresh.returncode == code, (mode, forked.stderr)
+        assert forked.stderr.splitlines()[-1] == fresh.stderr.splitlines()[-1], mode  # "a message", "ValueError: ..."
+        assert ("Traceback" in forked.stderr) == (mode == "raise")
+
+
+def test_threads_are_joined_and_atexit_handlers_run_at_the_end():
+    fresh, forked = _fresh([DESCRIBE, "atexit-thread"], _env()), run_python([DESCRIBE, "atexit-thread"], _env())
+    assert forked.stdout.splitlines()[1:] == fresh.stdout.splitlines()[1:] == ["thread finished", "atexit ran"]
+
+
+def test_a_signal_ends_a_forked_process_as_it_ends_a_fresh_one(tmp_path):
+    out = tmp_path / "out.txt"
+    with open(out, "w") as fh:
+        proc = python_process([DESCRIBE, "term"], _env(), stdout=fh, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while "waiting" not in out.read_text() and time.time() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    assert _described(subprocess.CompletedProcess([], 0, out.read_text()))["pid"] == proc.pid
+
+
+def test_an_environment_a_library_may_have_read_at_import_starts_a_fresh_process():
+    env = _env(PYTHONHASHSEED="7", DESCRIBE_MARKER="x")
+    proc = python_process([DESCRIBE, "ok"], env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert isinstance(proc, subprocess.Popen)  # not forked: the server's interpreter has another hash seed
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and json.loads(out.splitlines()[0])["marker"] == "x"
+    forked = python_process([DESCRIBE, "ok"], _env(RANK="0"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert not isinstance(forked, subprocess.Popen) and forked.wait(timeout=120) == 0
