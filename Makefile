@@ -4,8 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# Two workers, one module each at a time (module fixtures are built once); conftest orders the
-# modules longest first. The 2-rank tests share the two cores with the other worker.
+# Two workers, one module each at a time (module fixtures are built once; conftest lets the tests of a module
+# with no costly fixture go to either worker), conftest orders the modules longest first. The 2-rank tests share the two cores with the other worker.
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test clean

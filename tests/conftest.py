@@ -223,14 +223,37 @@ def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> None:
     raise AssertionError(f"step {step} not reached")
 
 
-# Longest modules first, so that `pytest -n 2 --dist loadfile` (the Makefile's test command) starts the
-# long, mostly waiting SLURM module at once and packs the short ones around the long ones (measured
-# durations on the 2-core machine; a module not listed runs after these, in collection order).
-LONGEST_FIRST = ["test_slurm", "test_train_resume", "test_object_storage", "test_peer_loss", "test_engine_configs", "test_objective_training",
-                 "test_family_objectives", "test_launch_checks",
-                 "test_evaluation", "test_export_stages", "test_elastic", "test_preemption", "test_loader_resume", "test_export",
-                 "test_launch", "test_checkpoint_integrity", "test_hot_loop", "test_parallel_and_integrity",
-                 "test_one_graph", "test_diagnostics", "test_objective_behaviour", "test_warm_start", "test_tracking", "test_wheel"]
+# Longest modules first, so that `pytest -n 2 --dist loadfile` (the Makefile's test command) starts the long, mostly
+# waiting SLURM module at once and packs the short ones around the long ones (measured durations on the 2-core machine;
+# a module not listed runs after these, in collection order, and the SPREAD modules' tests come last).
+LONGEST_FIRST = ["test_slurm", "test_transformers_versions", "test_family_objectives", "test_train_resume",
+                 "test_objective_training", "test_object_storage", "test_export_stages", "test_evaluation",
+                 "test_parallel_and_integrity", "test_launch", "test_engine_configs", "test_preloaded", "test_tracking",
+                 "test_wheel", "test_compile_check", "test_diagnostics", "test_launch_checks", "test_errors",
+                 "test_hot_loop", "test_peer_loss", "test_preemption", "test_elastic", "test_objective_behaviour",
+                 "test_config_errors", "test_layering_at_run_time", "test_linear_probe", "test_sentence_embeddings",
+                 "test_host_memory", "test_compile_regions", "test_export"]
+# Modules whose tests share no fixture of their own that costs anything to build: under `--dist loadfile` their tests go
+# to whichever worker is free, one by one. Every other module runs whole on one worker (its module fixtures, such as a
+# module's 2-rank training runs, built once).
+SPREAD = {"test_one_graph"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` in the collection's order (LONGEST_FIRST; xdist would put the modules with the most tests
+    first), except that the tests of a SPREAD module are scheduled one by one."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
+
+    class ModulesUnlessSpread(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if Path(module).stem in SPREAD else module
+
+    return ModulesUnlessSpread(config, log)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -240,7 +263,8 @@ def pytest_collection_modifyitems(config, items) -> None:
         if _folder(item) == "process":
             item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(rank)))
+    rank.update({name: len(rank) + 1 for name in SPREAD})  # last: their tests, one by one, fill the end evenly
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(LONGEST_FIRST)))
 
 
 def _folder(item) -> str:
