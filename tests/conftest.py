@@ -68,15 +68,16 @@ def _preloaded():
     if _UNIT_GUARD["on"]:  # a forked process is a process: the unit guard refuses it as it refuses a Popen
         raise AssertionError("a test under tests/unit/ started a process: move it to tests/process/")
     if _SERVER is None:
-        import tempfile
-
         from helpers.preloaded import Server
 
-        _SERVER = Server(REPO, {**os.environ, **PROCESS_ENV}, Path(tempfile.gettempdir()) / f"preloaded-{os.getpid()}.sock")
+        _SERVER = Server(REPO, {**_STARTED_WITH, **PROCESS_ENV})
     return _SERVER
 
 
 _SERVER = None
+# The environment before any test ran (a test may set a variable while the server starts; it then differs for later
+# launches, which would all get fresh interpreters).
+_STARTED_WITH = dict(os.environ)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
@@ -239,6 +240,7 @@ LONGEST_FIRST = ["test_slurm", "test_transformers_versions", "test_family_object
 SPREAD = {"test_one_graph"}
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: pytest -p no:xdist must not refuse it
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` in the collection's order (LONGEST_FIRST; xdist would put the modules with the most tests
     first), except that the tests of a SPREAD module are scheduled one by one."""

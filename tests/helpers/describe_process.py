@@ -1,6 +1,6 @@
 """Print what a started Python process looks like from inside, as JSON (tests/process/test_preloaded.py compares a
-process forked from the preloaded server with a fresh one). argv[1]: an exit mode, `ok`, `code`, `message`, `raise`,
-`term` (wait for SIGTERM) or `atexit-thread`."""
+process forked from the preloaded server with a fresh one). argv[1]: an exit mode, `ok` (with what the preloaded server
+imports imported, as a training process has it), `code`, `message`, `raise`, `interrupt`, `term` (wait for SIGTERM) or `atexit-thread`."""
 import atexit
 import json
 import os
@@ -14,13 +14,25 @@ import numpy
 import torch
 
 mode = sys.argv[1]
+path0 = sys.path[0]
+if mode == "ok":  # what the server imports, as a training process imports it (and what those imports set)
+    import importlib
+
+    from core.distributed import import_deepspeed
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    from preloaded import PRELOAD
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    import_deepspeed()
 print(json.dumps({
-    "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "main_file": sys.modules["__main__"].__file__,
+    "argv": sys.argv, "path0": path0, "cwd": os.getcwd(), "main_file": sys.modules["__main__"].__file__,
     "name": __name__, "marker": os.environ.get("DESCRIBE_MARKER"), "rank": os.environ.get("RANK"),
     "random": random.random(), "numpy": float(numpy.random.random()), "torch_seed": torch.initial_seed(),
     "torch_first": torch.rand(1).item(),
     "handlers": {name: str(signal.getsignal(getattr(signal, name))) for name in ("SIGTERM", "SIGUSR1", "SIGCHLD", "SIGINT")},
-    "pid": os.getpid(), "ppid": os.getppid(),
+    "pid": os.getpid(), "ppid": os.getppid(), "environ": dict(os.environ), "orig_argv": sys.orig_argv[1:],
+    "dispositions": {int(s): str(signal.getsignal(s)) for s in signal.valid_signals() if signal.getsignal(s) is not None},
 }), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if mode == "code":
@@ -29,6 +41,8 @@ if mode == "message":
     sys.exit("a message")
 if mode == "raise":
     raise ValueError("uncaught")
+if mode == "interrupt":
+    raise KeyboardInterrupt
 if mode == "term":
     print("waiting", flush=True)
     time.sleep(60)

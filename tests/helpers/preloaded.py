@@ -2,16 +2,19 @@
 
 This is multiprocessing's fork server, for commands: a process the tests start (`python -m pretrain train ...`, a
 rank, `tests/helpers/train_and_probe.py`) is forked from the server, so it skips the imports that take most of a
-tiny run's start (BENCHMARKS.md, "The test suite"), and then runs its module or script as `python` would: its own
-pid, argv, working directory, environment, standard streams, signal dispositions and exit code, its `__main__`
-module set as runpy sets it (so multiprocessing's spawn finds it), atexit handlers and non-daemon threads at the end.
+tiny run's start (BENCHMARKS.md, "Process start-up and the test suite"), and then runs its module or script as
+`python` would: its own pid, argv, working directory, environment, standard streams, signal dispositions and exit
+code, a fresh `__main__` module (multiprocessing's spawn finds it), atexit handlers and non-daemon threads at the end.
 
-What a forked process shares with the server and a fresh interpreter would not: the modules already imported (and
-what they read from the environment when imported: a launch whose environment differs from the server's in
-anything but `RUNTIME_VARIABLES` is started as a fresh process instead) and the string hash seed
-(PYTHONHASHSEED: two ranks forked from one server iterate a set of strings in the same order; ranks that fresh
-processes would start get different orders). Python's, numpy's and torch's global generators are seeded from the OS
-in each forked process, as a new interpreter seeds them.
+What a forked process shares with the server and a fresh interpreter would not:
+- the modules already imported, and what they read from the environment when imported: a launch whose environment
+  differs from the server's (before or after its imports set some variables) in anything but `RUNTIME_VARIABLES` is
+  started as a fresh process instead;
+- what those imports printed: they printed it once, in the server;
+- the string hash seed (PYTHONHASHSEED): two ranks forked from one server iterate a set of strings in the same
+  order, where fresh interpreters would not.
+Python's, numpy's and torch's global generators are seeded from the OS in each forked process, as a new interpreter
+seeds them; the variables the imports set in `os.environ` are set in each forked process's environment too.
 
 Usage (the server): python tests/helpers/preloaded.py SOCKET_PATH   (the path exists once it serves)
 The client side is `Server` (one per pytest worker, see tests/conftest.py) and its `launch`/`run`.
@@ -34,23 +37,29 @@ from pathlib import Path
 PRELOAD = ("pretrain.cli", "pretrain.run", "pretrain.exporting.export", "data_pipeline.loader", "data_pipeline.prepare",
            "streaming.base.dataset", "torch.utils.tensorboard", "evaluation.cli")
 
-# Variables read at run time (by the launcher contract, boto3, SLURM's tools, the trackers), never at import: a launch
-# may set these to values of its own and still be forked. Any other difference from the server's environment, where
-# an imported library may already have read the old value, starts a fresh process instead.
+# Variables read at run time (by the launcher contract, boto3 and streaming's S3 client, SLURM's tools, the trackers,
+# the project's status files), never at import: a launch may set these to values of its own and still be forked. Any
+# other difference from the server's environment, where an imported library may already have read the old value,
+# starts a fresh process instead. (Not every `S3_*`: TensorBoard reads S3_ENDPOINT when it is imported.)
 RUNTIME_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                     "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                     "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "S3_ENDPOINT_URL",
                      "FAULT", "FAULT_TIME_FILE")  # the last two: tests/helpers/faulty_rank.py's own
-RUNTIME_PREFIXES = ("AWS_", "S3_", "SLURM_", "WANDB_", "MLFLOW_", "PYTEST_", "PRETRAIN_")
+RUNTIME_PREFIXES = ("AWS_", "SLURM_", "WANDB_", "MLFLOW_", "PYTEST_", "PRETRAIN_")
 
 _HEADER = struct.Struct("!Q")
+ENVIRON = "environ.json"  # beside the socket: the server's environment before its imports, and what they set
+REQUEST_SECONDS = 30  # for a request to arrive whole, and for the server to answer one with the child's pid
 
 
-def forkable(env: dict[str, str], base: dict[str, str]) -> bool:
-    """Whether a process with environment `env` may be forked from a server started with `base`."""
+def forkable(env: dict[str, str], base: dict[str, str], set_by_imports: dict[str, str]) -> list[str]:
+    """The variables that keep a process with environment `env` from being forked from a server started with `base`
+    whose imports then set `set_by_imports` (none: it may be). A variable may hold the server's value from before its
+    imports or from after them (the pytest process may have imported what sets it, too)."""
     def runtime(key: str) -> bool:
         return key in RUNTIME_VARIABLES or key.startswith(RUNTIME_PREFIXES)
 
-    return all(runtime(k) for k in set(env) ^ set(base)) and all(env[k] == base[k] or runtime(k) for k in env if k in base)
+    after = {**base, **set_by_imports}
+    return sorted(k for k in set(env) | set(after) if env.get(k) not in (base.get(k), after.get(k)) and not runtime(k))
 
 
 # --- the server -----------------------------------------------------------------------------------------------------
@@ -58,45 +67,67 @@ def forkable(env: dict[str, str], base: dict[str, str]) -> bool:
 def serve(path: str) -> None:
     """Import PRELOAD, then fork one child per request on the Unix socket at `path` and report each child's end."""
     import importlib
-    import threading
 
+    # What a fresh interpreter started by the pytest worker begins with: this process was one a moment ago.
+    dispositions = {sig: signal.getsignal(sig) for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+                    if signal.getsignal(sig) is not None}
+    started_with = dict(os.environ)
     _end_with_parent()
+    sys.path[0] = os.getcwd()  # as `python -m` from the repository root: the repository's packages come first
     for name in PRELOAD:
         importlib.import_module(name)
     from core.distributed import import_deepspeed
 
     import_deepspeed()
-    # Forking a process with other threads copies their locks in whatever state they are: none may exist.
-    extra = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
-    if extra:
-        raise SystemExit(f"preloaded server: importing {PRELOAD} started threads {extra}; it cannot fork safely")
+    set_by_imports = {k: v for k, v in os.environ.items() if started_with.get(k) != v}
+    # Forking a process with other threads copies their locks in whatever state they are: none may exist (native
+    # ones included: an OpenMP pool started by an import).
+    threads = os.listdir("/proc/self/task")
+    if len(threads) != 1:
+        raise SystemExit(f"preloaded server: importing {PRELOAD} left {len(threads)} threads; it cannot fork safely")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    Path(path).with_name(ENVIRON).write_text(json.dumps({"started_with": started_with, "set_by_imports": set_by_imports}))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".binding")
     listener.listen(64)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select when a child ends
+    # A child's end wakes the select below through this pipe (a signal handler alone would not: Python retries select).
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, socket.socket] = {}
     os.rename(path + ".binding", path)  # the client waits for this name: it is there once the server listens
     while True:
-        try:
-            readable, _, _ = select.select([listener], [], [], 0.2)
-        except InterruptedError:
-            readable = []
+        readable, _, _ = select.select([listener, wake_read], [], [])
+        if wake_read in readable:
+            os.read(wake_read, 4096)
         _reap(children)
-        if readable:
-            conn, _ = listener.accept()
+        if listener not in readable:
+            continue
+        conn, _ = listener.accept()
+        try:
+            conn.settimeout(REQUEST_SECONDS)
             request, fds = _receive(conn)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                listener.close()
-                for other in children.values():
-                    other.close()
-                _child(request, fds, conn)  # never returns
-            for fd in fds:
+        except (OSError, ValueError, struct.error) as exc:  # a client that failed mid-request: drop it, serve on
+            print(f"preloaded server: dropped a request ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+            conn.close()
+            continue
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            for fd in (wake_read, wake_write):
                 os.close(fd)
+            for other in children.values():
+                other.close()
+            _child(request, fds, conn, dispositions, set_by_imports)  # never returns
+        for fd in fds:
+            os.close(fd)
+        try:
             conn.sendall(f"{pid}\n".encode())
-            children[pid] = conn
+        except OSError:
+            pass  # the client has gone; the child is reaped all the same
+        children[pid] = conn
 
 
 def _end_with_parent() -> None:
@@ -127,24 +158,30 @@ def _reap(children: dict[int, socket.socket]) -> None:
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     """One request: its JSON and the three descriptors (stdin, stdout, stderr) sent with it."""
     data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    if len(fds) != 3 or len(data) < _HEADER.size:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"{len(fds)} descriptors and {len(data)} bytes, not 3 and a header")
     size = _HEADER.unpack(data[:_HEADER.size])[0]
     body = data[_HEADER.size:]
     while len(body) < size:
         more = conn.recv(size - len(body))
         if not more:
-            raise ConnectionError("preloaded server: the request was cut short")
+            for fd in fds:
+                os.close(fd)
+            raise ValueError("the request was cut short")
         body += more
     return json.loads(body), fds
 
 
-def _child(request: dict, fds: list[int], conn: socket.socket) -> None:
+def _child(request: dict, fds: list[int], conn: socket.socket, dispositions: dict, set_by_imports: dict) -> None:
     """In the forked process: become the requested command, run it, exit with its code."""
     code = 1
     try:
         conn.close()
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.set_wakeup_fd(-1)
+        for sig, handler in dispositions.items():
+            signal.signal(sig, handler)
         for target, fd in zip((0, 1, 2), fds):
             os.dup2(fd, target)
         for fd in fds:
@@ -152,18 +189,20 @@ def _child(request: dict, fds: list[int], conn: socket.socket) -> None:
                 os.close(fd)
         os.chdir(request["cwd"])
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environ.update({**request["env"], **set_by_imports})
         unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
         sys.stdout.reconfigure(line_buffering=True, write_through=unbuffered)
         sys.stderr.reconfigure(line_buffering=True, write_through=True)
+        sys.orig_argv = [sys.executable, *request["argv"]]
         _reseed()
         code = _run(request["argv"], request["cwd"])
     except SystemExit as exc:
         code = _exit_code(exc)
+    except KeyboardInterrupt:  # as the interpreter ends on one: the traceback, then death by SIGINT
+        sys.excepthook(*sys.exc_info())
+        _exit(-signal.SIGINT)
     except BaseException:  # what the interpreter does with an uncaught exception
-        import traceback
-
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())
         code = 1
     _exit(code)
 
@@ -182,28 +221,30 @@ def _reseed() -> None:
 
 
 def _run(argv: list[str], cwd: str) -> int:
-    """`python -m MODULE ARGS` or `python SCRIPT ARGS`, as the interpreter runs them (sys.argv, sys.path[0])."""
+    """`python -m MODULE ARGS` or `python SCRIPT ARGS`, as the interpreter runs them: sys.argv, sys.path[0], and the
+    code run in a fresh `__main__` module that stays `__main__` until the process ends."""
+    import importlib.machinery
     import runpy
+    import types
 
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    if "__mp_main__" in sys.modules:
+        sys.modules["__mp_main__"] = main
     if argv[0] == "-m":
         sys.path[0] = cwd
-        sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file in argv[0] while it runs, as `python -m` does
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        # As the interpreter runs a script: argv[0] as given, __file__ absolute, a fresh __main__ module.
-        import importlib.machinery
-        import types
-
-        path = os.path.abspath(argv[0])
-        sys.argv = list(argv)
-        sys.path[0] = os.path.dirname(path)
-        main = types.ModuleType("__main__")
-        main.__file__, main.__cached__, main.__spec__ = path, None, None
-        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
-        sys.modules["__main__"] = main
-        with open(path, "rb") as fh:
-            code = compile(fh.read(), path, "exec")
-        exec(code, main.__dict__)
+        sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file in argv[0], as `python -m` does
+        runpy._run_module_as_main(argv[1], alter_argv=True)
+        return 0
+    path = os.path.abspath(argv[0])  # argv[0] stays as given; __file__ is absolute
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(path)
+    main.__file__, main.__cached__, main.__spec__ = path, None, None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__builtins__ = __builtins__
+    with open(path, "rb") as fh:
+        code = compile(fh.read(), path, "exec")
+    exec(code, main.__dict__)
     return 0
 
 
@@ -218,7 +259,8 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _exit(code: int) -> None:
-    """What the interpreter does at exit (join non-daemon threads, atexit handlers, flush), then leave at once."""
+    """What the interpreter does at exit (join non-daemon threads, atexit handlers, flush), then leave at once; a
+    negative code: die of that signal."""
     import atexit
     import threading
 
@@ -228,6 +270,9 @@ def _exit(code: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
+        if code < 0:
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
         os._exit(code & 0xFF)
 
 
@@ -236,14 +281,25 @@ def _exit(code: int) -> None:
 class Server:
     """One preloaded server (started on first use) and the processes forked from it."""
 
-    def __init__(self, repo: Path, env: dict[str, str], socket_path: Path) -> None:
-        self.repo, self.env, self.path = repo, dict(env), socket_path
+    def __init__(self, repo: Path, env: dict[str, str]) -> None:
+        self.repo, self.env = repo, dict(env)
         self.proc: subprocess.Popen | None = None
+        self.folder: Path | None = None
+        self.set_by_imports: dict[str, str] = {}
+
+    @property
+    def path(self) -> Path:
+        """The server's socket, in a folder of its own (made at the start)."""
+        return self.folder / "server.sock"
 
     def _start(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            return
-        self.path.unlink(missing_ok=True)
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                return
+            raise RuntimeError(f"the preloaded server exited {self.proc.returncode}; its output is in the test log")
+        import tempfile
+
+        self.folder = Path(tempfile.mkdtemp(prefix="preloaded-"))
         # Its own output (library warnings at import) goes to the pytest process's stderr.
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(self.path)], cwd=self.repo,
                                      env=self.env, stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None)
@@ -251,28 +307,40 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the preloaded server exited {self.proc.returncode} before it served")
             time.sleep(0.05)
+        self.set_by_imports = json.loads((self.folder / ENVIRON).read_text())["set_by_imports"]
 
     def stop(self) -> None:
-        """End the server (its forked processes are left to run out, as a Popen's would be)."""
+        """End the server (its forked processes are left to run out, as a Popen's would be) and remove its socket."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=30)
+        if self.folder is not None:
+            import shutil
 
-    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, stdout=None, stderr=None,
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def launch(self, argv: list, env: dict[str, str], cwd: Path, stdout=None, stderr=None,
                stdin=subprocess.DEVNULL) -> "subprocess.Popen | ForkedProcess":
-        """`python *argv` with `env` in `cwd`: forked when the environment allows (`forkable`), else a new process.
-        stdout/stderr: an open file, subprocess.DEVNULL, subprocess.STDOUT (stderr only), or None (inherit)."""
-        if not forkable(env, self.env):
-            return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=stdin)
+        """`python *argv` with `env` in `cwd`: forked when the environment allows (`forkable`), else a new process
+        (said on stderr, with the variables that decided it). stdout/stderr: an open file or descriptor,
+        subprocess.DEVNULL, subprocess.STDOUT (stderr only), or None (inherit); not PIPE."""
+        argv = [os.fspath(a) for a in argv]
+        body = json.dumps({"argv": argv, "env": env, "cwd": os.fspath(cwd)}).encode()
         self._start()
-        with _Streams(stdin, stdout, stderr) as fds:
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        differ = forkable(env, self.env, self.set_by_imports)
+        if differ:
+            print(f"preloaded server: a fresh interpreter for {' '.join(argv[:3])} ...: {', '.join(differ)} differ "
+                  "from the server's environment", file=sys.stderr)
+            return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=stdin)
+        if subprocess.PIPE in (stdin, stdout, stderr):
+            raise ValueError("a forked process takes files, descriptors, DEVNULL or STDOUT, not PIPE")
+        with _Streams(stdin, stdout, stderr) as fds, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(REQUEST_SECONDS)
             conn.connect(str(self.path))
-            body = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
             socket.send_fds(conn, [_HEADER.pack(len(body)) + body], fds)
-        return ForkedProcess(conn, [sys.executable, *argv])
+            return ForkedProcess(conn.detach(), [sys.executable, *argv])
 
-    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, argv: list, env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         """`subprocess.run(..., capture_output=True, text=True, timeout=timeout)` through `launch`."""
         import tempfile
 
@@ -330,12 +398,20 @@ class _Streams:
 class ForkedProcess:
     """The part of subprocess.Popen's interface the tests use, for a process the server forked."""
 
-    def __init__(self, conn: socket.socket, args: list[str]) -> None:
+    def __init__(self, fd: int, args: list[str]) -> None:
         self.args = args
         self.returncode: int | None = None
-        self._conn = conn
+        self._conn = socket.socket(fileno=fd)
         self._buffer = b""
-        self.pid = int(self._line(None))
+        try:
+            line = self._line(REQUEST_SECONDS)
+        except BaseException:
+            self._conn.close()
+            raise
+        if line is None:
+            self._conn.close()
+            raise RuntimeError(f"the preloaded server did not answer within {REQUEST_SECONDS} s")
+        self.pid = int(line)
 
     def _line(self, timeout: float | None) -> str | None:
         """The server's next line on this connection, or None if none came within `timeout` seconds."""
@@ -348,17 +424,22 @@ class ForkedProcess:
             except (socket.timeout, BlockingIOError):
                 return None
             if not chunk:
-                raise ConnectionError(f"the preloaded server closed the connection of pid {getattr(self, 'pid', '?')}")
+                raise ConnectionError(f"the preloaded server closed the connection of pid {getattr(self, 'pid', '?')}"
+                                      " (it has ended: see the test log)")
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line.decode()
+
+    def _ended(self, line: str) -> int:
+        self.returncode = int(line)
+        self._conn.close()
+        return self.returncode
 
     def poll(self) -> int | None:
         if self.returncode is None:
             line = self._line(0)
             if line is not None:
-                self.returncode = int(line)
-                self._conn.close()
+                self._ended(line)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -366,12 +447,11 @@ class ForkedProcess:
             line = self._line(timeout)
             if line is None:
                 raise subprocess.TimeoutExpired(self.args, timeout)
-            self.returncode = int(line)
-            self._conn.close()
+            self._ended(line)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
+        if self.poll() is None:  # as Popen: never a pid whose end has been reported (it may be another's by now)
             try:
                 os.kill(self.pid, sig)
             except ProcessLookupError:

@@ -1,4 +1,5 @@
-"""Elastic, exact loader resume across rank counts (real streaming, real torchrun processes)."""
+"""Elastic, exact loader resume across rank counts (real streaming, real rank processes with the environment torchrun
+or srun gives them)."""
 import json
 
 import numpy as np

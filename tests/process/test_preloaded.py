@@ -10,7 +10,7 @@ import time
 from conftest import PROCESS_ENV, REPO, python_process, run_python
 
 DESCRIBE = "tests/helpers/describe_process.py"
-SAME = ("argv", "path0", "cwd", "main_file", "name", "marker", "rank", "handlers")
+SAME = ("argv", "path0", "cwd", "main_file", "name", "marker", "rank", "handlers", "environ", "orig_argv", "dispositions")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -22,7 +22,9 @@ def _fresh(argv: list[str], env: dict[str, str], cwd=REPO) -> subprocess.Complet
 
 
 def _described(proc: subprocess.CompletedProcess) -> dict:
-    return json.loads(proc.stdout.splitlines()[0])
+    """The process's description (a fresh one prints DeepSpeed's import-time warning before it: the server printed it
+    once, at its own start)."""
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
 
 
 def test_a_forked_script_and_module_see_what_fresh_ones_see():
@@ -42,11 +44,11 @@ def test_a_forked_script_and_module_see_what_fresh_ones_see():
 
 
 def test_exit_codes_messages_and_tracebacks_are_the_interpreters():
-    for mode, code in (("code", 3), ("message", 1), ("raise", 1)):
+    for mode, code in (("code", 3), ("message", 1), ("raise", 1), ("interrupt", -signal.SIGINT)):
         fresh, forked = _fresh([DESCRIBE, mode], _env()), run_python([DESCRIBE, mode], _env())
         assert forked.returncode == fresh.returncode == code, (mode, forked.stderr)
         assert forked.stderr.splitlines()[-1] == fresh.stderr.splitlines()[-1], mode  # "a message", "ValueError: ..."
-        assert ("Traceback" in forked.stderr) == (mode == "raise")
+        assert ("Traceback" in forked.stderr) == (mode in ("raise", "interrupt"))
 
 
 def test_threads_are_joined_and_atexit_handlers_run_at_the_end():
@@ -72,6 +74,28 @@ def test_an_environment_a_library_may_have_read_at_import_starts_a_fresh_process
     proc = python_process([DESCRIBE, "ok"], env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert isinstance(proc, subprocess.Popen)  # not forked: the server's interpreter has another hash seed
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and json.loads(out.splitlines()[0])["marker"] == "x"
+    assert proc.returncode == 0 and _described(subprocess.CompletedProcess([], 0, out.decode()))["marker"] == "x"
     forked = python_process([DESCRIBE, "ok"], _env(RANK="0"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert not isinstance(forked, subprocess.Popen) and forked.wait(timeout=120) == 0
+
+
+def test_a_client_that_fails_mid_request_leaves_the_server_serving(tmp_path):
+    """A launch that breaks off (here: a connection that sends half a request, then a PIPE the server cannot take) is
+    refused or dropped; the next launch is forked as usual."""
+    import socket
+
+    import conftest
+
+    server = conftest._preloaded()
+    assert run_python([DESCRIBE, "code"], _env()).returncode == 3  # the server is up
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as half:
+        half.connect(str(server.path))
+        half.sendall(b"\0\0")
+    try:
+        python_process([DESCRIBE, "ok"], _env(), stdout=subprocess.PIPE)
+    except ValueError as exc:
+        assert "not PIPE" in str(exc)
+    else:
+        raise AssertionError("a forked process took stdout=PIPE")
+    again = run_python([DESCRIBE, "code"], _env(), timeout=60)
+    assert again.returncode == 3 and server.proc.poll() is None

@@ -169,7 +169,8 @@ def test_kill_9_at_random_moments(prepared, tmp_path, precision):
         # Mid-save kills come first: a kill after the last step would leave nothing for the later attempts to do.
         if attempt % 2 == 0:  # kill as soon as a checkpoint folder exists without its marker
             killed = False
-            while time.time() < deadline and proc.poll() is None and not killed:
+            while time.time() < deadline and not killed:
+                assert proc.poll() is None, f"attempt {attempt} ended before its kill"  # every kill lands in a live run
                 ckdir = RunDir(out).checkpoints
                 pending = [p for p in ckdir.glob("step_*") if not (p / "COMPLETE").exists()] if ckdir.is_dir() else []
                 if pending:
@@ -184,7 +185,7 @@ def test_kill_9_at_random_moments(prepared, tmp_path, precision):
                 assert proc.poll() is None, log.read_text()[-3000:]
                 time.sleep(0.01)
             time.sleep(rng.uniform(0.0, 0.3))
-        assert proc.poll() is None, f"attempt {attempt} ended before its kill"  # every kill lands in a live run
+            assert proc.poll() is None, f"attempt {attempt} ended before its kill"  # every kill lands in a live run
         proc.kill()
         proc.wait()
     run_cli("pretrain", args(out), nproc=1)
