@@ -16,7 +16,9 @@ masked, a new batch each step from a cycle made on the device before the timing.
 - `batch_512`: micro-batch 512;
 - `cuda_graphs`: `mode="reduce-overhead"`;
 - `fp8`: torchao's float8 training on the encoder's linear layers (needs torchao and an sm89+ GPU);
-- `dropout_0.1`: BERT's recipe dropout.
+- `dropout_0.1`: BERT's recipe dropout;
+- `vocab_chunk_1024`, `vocab_chunk_4096`: the head's vocabulary projection fused with the cross-entropy, that many
+  rows at a time (model/vocabulary_loss.py, `train.vocab_loss_chunk`): the fp32 logits never exist whole.
 
 `--attention` first times SDPA alone at the step's shape (forward + backward, bf16) for each backend, with and without
 the mask.
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from typing import Any, Optional
@@ -54,6 +55,8 @@ LEVERS: dict[str, dict[str, Any]] = {
     "cuda_graphs": {"mode": "reduce-overhead"},
     "fp8": {"fp8": True},
     "dropout_0.1": {"dropout": 0.1},
+    "vocab_chunk_1024": {"vocab_chunk": 1024},
+    "vocab_chunk_4096": {"vocab_chunk": 4096},
 }
 NEEDS_EXTRA = {"fp8", "cudnn_attention"}  # torchao and sm89+, cuDNN: where missing, the row says why
 
@@ -88,13 +91,20 @@ def make_batches(count: int, batch: int, seq: int, device: torch.device) -> list
     return out
 
 
-def mlm_loss(model, batch: dict, mask: bool) -> torch.Tensor:
-    """Cross-entropy of the MLM head at the batch's masked positions (a fixed count per row: one static graph)."""
+def mlm_loss(model, batch: dict, mask: bool, vocab_chunk: int = 0) -> torch.Tensor:
+    """Cross-entropy of the MLM head at the batch's masked positions (a fixed count per row: one static graph);
+    `vocab_chunk` > 0: the projection fused with the loss, that many rows at a time."""
+    from model.vocabulary_loss import linear_cross_entropy
+
     hidden = model.bert(input_ids=batch["input_ids"],
                         attention_mask=batch["attention_mask"] if mask else None).last_hidden_state
     index = batch["positions"][..., None].expand(-1, -1, hidden.shape[-1])
-    logits = model.cls(hidden.gather(1, index).flatten(0, 1))
-    return F.cross_entropy(logits.float(), batch["labels"].flatten())
+    rows, labels = hidden.gather(1, index).flatten(0, 1), batch["labels"].flatten()
+    if vocab_chunk:
+        head = model.cls.predictions
+        total, _ = linear_cross_entropy(head.transform(rows), head.decoder.weight, head.decoder.bias, labels, vocab_chunk)
+        return total / labels.numel()
+    return F.cross_entropy(model.cls(rows).float(), labels)
 
 
 BACKENDS = ("flash", "efficient", "cudnn", "math")
@@ -159,7 +169,7 @@ def run_lever(name: str, args) -> dict:
     from pretrain.engine.hardware import datasheet_peak_tflops
 
     lever = {"mask": True, "attention": None, "fused_qkv": False, "batch": args.batch, "mode": None, "fp8": False,
-             "dropout": 0.0, **LEVERS[name]}
+             "dropout": 0.0, "vocab_chunk": 0, **LEVERS[name]}
     device = torch.device(args.device)
     torch._dynamo.reset()
     model = build_model(args.shape, lever["dropout"], lever["fused_qkv"], device)
@@ -178,7 +188,7 @@ def run_lever(name: str, args) -> dict:
         if device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = loss_fn(model, batches[step % len(batches)], lever["mask"])
+            loss = loss_fn(model, batches[step % len(batches)], lever["mask"], lever["vocab_chunk"])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -224,7 +234,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for r in rows:
         if base and "error" not in r:
             r["vs_baseline"] = r["tokens_per_s"] / base["tokens_per_s"]
-    env = {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine(),
+    from pretrain.engine.hardware import cpu_name
+
+    env = {"device": torch.cuda.get_device_name() if args.device == "cuda" else cpu_name(),
            "torch": torch.__version__, "transformers": __import__("transformers").__version__,
            "python": sys.version.split()[0]}
     write_text_atomic(args.out, json.dumps({"env": env, "args": vars(args), "attention": attention, "levers": rows}, indent=1))

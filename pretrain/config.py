@@ -76,6 +76,11 @@ class TrainConfig:
     # its own), over the three weights concatenated at each call: checkpoints and exports keep transformers' layout.
     # ZeRO 0-2 (ZeRO-3 gathers each projection's weight when its own module runs). BENCHMARKS.md, "Kernel levers".
     fused_qkv: bool = False
+    # Rows of an MLM head's vocabulary projection taken with its cross-entropy and their gradients per pass, so the
+    # [predicted rows, vocabulary] float32 logits never exist whole (model/vocabulary_loss.py); 0: the head's logits at
+    # once, as transformers' modules compute them. ZeRO 0-2 (it reads the projection's weight directly). Every
+    # objective with an MLM head (generators included). BENCHMARKS.md, "The vocabulary loss in chunks".
+    vocab_loss_chunk: int = 0
     # glibc keeps the host memory a step frees for the next step instead of returning it to the kernel, which
     # costs page faults at every step (core/host_memory.py; BENCHMARKS.md). false: glibc's defaults.
     keep_freed_host_memory: bool = True
@@ -129,6 +134,8 @@ class TrainConfig:
                 raise ConfigError(f"config key 'train.{key}' must be >= 1, got {getattr(self, key)}")
         if self.zero_stage not in ("auto", 0, 1, 2, 3):
             raise ConfigError(f"config key 'train.zero_stage' must be auto, 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.vocab_loss_chunk < 0:
+            raise ConfigError(f"config key 'train.vocab_loss_chunk' must be >= 0 rows (0: off), got {self.vocab_loss_chunk}")
         for key in ("init_timeout_s", "step_timeout_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key 'train.{key}' must be > 0 seconds, got {getattr(self, key)}")
@@ -143,6 +150,9 @@ class TrainConfig:
                               "parameters inside the layers a compiled region would capture (set train.compile=false)")
         if self.fused_qkv and transformers_major() < 5:
             raise ConfigError("train.fused_qkv=true needs transformers 5 (its attention interface); set it false")
+        if self.vocab_loss_chunk and self.zero_stage == 3:
+            raise ConfigError(f"train.vocab_loss_chunk={self.vocab_loss_chunk} needs ZeRO stage 0-2: ZeRO-3 gathers the "
+                              "vocabulary projection's weight only when its module runs (set train.vocab_loss_chunk=0)")
         if self.fused_qkv and self.zero_stage == 3:
             raise ConfigError("train.fused_qkv=true needs ZeRO stage 0-2: ZeRO-3 gathers the Q, K and V weights only when "
                               "their own modules run (set train.fused_qkv=false)")

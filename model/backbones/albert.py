@@ -16,8 +16,9 @@ from transformers import AlbertConfig, AlbertForPreTraining, AlbertModel
 
 from core.errors import ConfigError
 
-from model.backbones.base import LOAD_DTYPE, Head
+from model.backbones.base import LOAD_DTYPE
 from model.backbones.bert import BertBackbone, BertOptions, _positions
+from model.vocabulary_loss import VocabularyHead
 
 
 # The factorized embedding size when the config leaves it unset (Lan et al. 2020 use E = 128 at every H).
@@ -83,11 +84,9 @@ class AlbertBackbone(BertBackbone):
     def generator(self, config, width, layers, owner):  # pragma: no cover - not in `provides`
         raise NotImplementedError("ALBERT has no generator here")
 
-    def mlm_head(self, model) -> Head:
-        return model.predictions
-
-    def output_projection(self, model):
-        return model.predictions.decoder
+    def mlm_head(self, model) -> VocabularyHead:
+        head = model.predictions
+        return VocabularyHead(lambda hidden: head.LayerNorm(head.activation(head.dense(hidden))), head.decoder)
 
     def pair_logits(self, model, pooled):
         return model.sop_classifier(pooled)

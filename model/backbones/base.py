@@ -197,12 +197,13 @@ class Backbone:
         return getattr(model, model.base_model_prefix, model)
 
     def mlm_head(self, model: PreTrainedModel) -> Head:
-        """hidden [N, H] -> vocabulary logits [N, V] of a masked LM built here."""
+        """hidden [N, H] -> vocabulary logits [N, V] of a masked LM built here: a VocabularyHead (its transform and
+        projection, which `train.vocab_loss_chunk` fuses with the loss), or any callable where that is not wanted."""
         raise NotImplementedError
 
     def output_projection(self, model: PreTrainedModel) -> nn.Linear:
         """A masked LM's final hidden → vocabulary projection (tied to the token embeddings), without its transform."""
-        raise NotImplementedError
+        return self.mlm_head(model).projection
 
     def encode(self, base: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: Optional[torch.Tensor] = None, output_hidden_states: bool = False):

@@ -27,11 +27,11 @@ from model.backbones.base import (
     LOAD_DTYPE,
     RELATIVE_POSITIONS,
     Backbone,
-    Head,
     relative_positions_available,
     relative_refusal,
     transformers_major,
 )
+from model.vocabulary_loss import VocabularyHead
 
 
 def _positions(position_embedding: str) -> dict:
@@ -152,15 +152,10 @@ class BertBackbone(Backbone):
         self.tie_decoder(model, self.word_embeddings(owner))
         return model
 
-    def mlm_head(self, model) -> Head:
+    def mlm_head(self, model) -> VocabularyHead:
         if isinstance(model, ElectraForMaskedLM):
-            return lambda hidden: model.generator_lm_head(model.generator_predictions(hidden))
-        return model.cls.predictions
-
-    def output_projection(self, model):
-        if isinstance(model, ElectraForMaskedLM):
-            return model.generator_lm_head
-        return model.cls.predictions.decoder
+            return VocabularyHead(model.generator_predictions, model.generator_lm_head)
+        return VocabularyHead(model.cls.predictions.transform, model.cls.predictions.decoder)
 
     def pair_logits(self, model, pooled):
         return model.cls.seq_relationship(pooled)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from transformers import ModernBertConfig, ModernBertForMaskedLM, ModernBertForTokenClassification, ModernBertModel
 
 from core.errors import ConfigError
-from model.backbones.base import LOAD_DTYPE, Backbone, Head
+from model.backbones.base import LOAD_DTYPE, Backbone
 from model.backbones.bert import scaled_shape
+from model.vocabulary_loss import VocabularyHead
 
 
 # transformers' default for global_attn_every_n_layers (4.x and 5.x).
@@ -112,11 +113,8 @@ class ModernBertBackbone(Backbone):
             return model
         return ModernBertForMaskedLM(self.resized(config, num_hidden_layers=layers, **scaled_shape(config, width)))
 
-    def mlm_head(self, model) -> Head:
-        return lambda hidden: model.decoder(model.head(hidden))
-
-    def output_projection(self, model):
-        return model.decoder
+    def mlm_head(self, model) -> VocabularyHead:
+        return VocabularyHead(model.head, model.decoder)
 
     def encoder_flops(self, config, seq_len):
         # Wqkv + Wo (8H²), GeGLU: Wi to 2I and Wo back (6HI); scores and weighted sum over the

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from transformers import XLNetConfig, XLNetLMHeadModel, XLNetModel
 
-from model.backbones.base import LOAD_DTYPE, Backbone, Head
+from model.backbones.base import LOAD_DTYPE, Backbone
+from model.vocabulary_loss import VocabularyHead
 
 
 class XLNetBackbone(Backbone):
@@ -40,11 +41,8 @@ class XLNetBackbone(Backbone):
     def encoder(self, config, init_from=None):
         return XLNetModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else XLNetModel(config)
 
-    def mlm_head(self, model) -> Head:
-        return model.lm_loss
-
-    def output_projection(self, model):
-        return model.lm_loss
+    def mlm_head(self, model) -> VocabularyHead:
+        return VocabularyHead(lambda hidden: hidden, model.lm_loss)
 
     def encoder_flops(self, config, seq_len):
         # The content stream per token and layer: Q, K, V, O (8H²), the FFN (4HI), content scores and the weighted

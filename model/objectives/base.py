@@ -36,6 +36,9 @@ class Objective(nn.Module):
     # Methods compiled on their own beside the encoder layers under `train.compile: layers`: a head and its loss, which
     # eager runs as several passes over the vocabulary's logits (upcast, softmax, its gradient, the accuracy).
     compile_regions: tuple[str, ...] = ()
+    # Rows of an MLM head's vocabulary projection fused with its loss per pass (`train.vocab_loss_chunk`, bound by the
+    # engine set-up; 0: the head's logits whole). Every `sparse_mlm` of the objective passes it.
+    vocab_loss_chunk: int = 0
 
     @classmethod
     def check_config(cls, options, model, masking) -> None:

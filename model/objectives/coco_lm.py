@@ -164,7 +164,7 @@ class CocoLM(Objective):
     def generator_predict(self, hidden: torch.Tensor, labels: torch.Tensor,
                           index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The generator's MLM loss and accuracy at the predicted positions `index`."""
-        return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.generator), index)
+        return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.generator), index, self.vocab_loss_chunk)
 
     def correct(self, hidden: torch.Tensor, copy_logits: torch.Tensor, corrupted: torch.Tensor, targets: torch.Tensor,
                 index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

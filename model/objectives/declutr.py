@@ -107,7 +107,7 @@ class Declutr(Objective):
         types = batch.get("token_type_ids")
         anchor = self.backbone.encode(base, batch["input_ids"], batch["attention_mask"], types).last_hidden_state
         mlm, mlm_accuracy = sparse_mlm(anchor, batch["labels"], self.backbone.mlm_head(self.model),
-                                      prediction_positions(batch))
+                                      prediction_positions(batch), self.vocab_loss_chunk)
         positives, masks = [], []
         for k in range(self.options.spans.positives):
             ids, mask = batch[f"positive{k}_input_ids"], batch[f"positive{k}_attention_mask"]

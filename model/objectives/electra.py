@@ -167,7 +167,7 @@ class Electra(Objective):
         gen_head = self.backbone.mlm_head(self.generator)
         gen_hidden = self.backbone.encode(gen_base, batch["input_ids"], attention, types).last_hidden_state
         index = prediction_positions(batch)
-        gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], gen_head, index)
+        gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], gen_head, index, self.vocab_loss_chunk)
         with torch.no_grad():
             logits = gen_head(at_positions(gen_hidden, index).flatten(0, 1).detach())
             sampled = sample_replacements(logits, self.options.generator).view(index.shape)
@@ -195,7 +195,7 @@ class Electra(Objective):
         hidden = self.backbone.encode(self.backbone.base(self.stage_one), batch["input_ids"], batch["attention_mask"],
                                       batch.get("token_type_ids")).last_hidden_state
         loss, accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.stage_one),
-                                    prediction_positions(batch))
+                                    prediction_positions(batch), self.vocab_loss_chunk)
         return {"generator_mlm_loss": loss}, {"generator_accuracy": accuracy, "electra_stage": loss.new_tensor(1.0)}
 
     def _stage_two_terms(self, batch: Batch):
@@ -206,7 +206,7 @@ class Electra(Objective):
             gen_hidden = self.backbone.encode(self.backbone.base(self.generator), batch["input_ids"], attention,
                                               types).last_hidden_state
             head = self.backbone.mlm_head(self.generator)
-            gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], head, index)
+            gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], head, index, self.vocab_loss_chunk)
             sampled = sample_replacements(head(at_positions(gen_hidden, index).flatten(0, 1)), "mlm").view(index.shape)
         rtd, metrics = self._detect(batch, index, sampled)
         # Stage 1's MLM head is unused now, but ZeRO-3 keeps a parameter's last gradient once it stops getting

@@ -25,11 +25,7 @@ from data_pipeline.masking import IGNORE_INDEX, positions_of
 from model import flops
 from model.backbones import REGISTRY, backbone_for
 from model.objectives.base import Batch, Objective
-
-
-def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    """Half-precision tensors are upcast for softmax/log maths; float32 and float64 pass unchanged."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+from model.vocabulary_loss import VocabularyHead, at_least_fp32, linear_cross_entropy, unique_top_hits
 
 
 def full_precision(x: torch.Tensor):
@@ -71,22 +67,6 @@ def prediction_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
         return (hits & real).sum().float() / real.sum().clamp(min=1)
 
 
-def unique_top_hits(logits: torch.Tensor, targets: torch.Tensor, by_count: bool) -> torch.Tensor:
-    """Per row: the target's logit is above every other entry of its row. A tie for the top is a miss, and so is a row
-    with a NaN anywhere.
-
-    `by_count` (on an accelerator): every other entry is below the target, one comparison and one count over the
-    logits (a top-k took a GPU longer than the loss itself: BENCHMARKS.md, "The trainer's step against the compiled
-    bare loop, kernel by kind"). Otherwise (on a CPU, where counting a boolean row is several times slower than a
-    copy): the row's maximum with the target masked out, in a copy of the logits.
-    """
-    index = targets.unsqueeze(-1)
-    own = logits.gather(-1, index)
-    if by_count:
-        return (logits < own).sum(-1) == logits.shape[-1] - 1
-    return own.squeeze(-1) > logits.scatter(-1, index, float("-inf")).amax(-1)
-
-
 def prediction_positions(batch: Batch) -> torch.Tensor:
     """[B, K]: the positions the step predicts, a fixed count per row (the loader's `masked_positions`; 0 pads)."""
     if "masked_positions" in batch:
@@ -108,13 +88,24 @@ def at_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index.reshape(*index.shape, *([1] * (x.dim() - 2))).expand(*index.shape, *x.shape[2:]))
 
 
-def sparse_mlm(hidden: torch.Tensor, labels: torch.Tensor, head,
-               index: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sparse_mlm(hidden: torch.Tensor, labels: torch.Tensor, head, index: Optional[torch.Tensor] = None,
+               chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply the MLM head only at the predicted positions `index` [B, K] (`prediction_positions(batch)`; found from
-    the labels when None); return (loss, accuracy). Slots labelled IGNORE_INDEX (a row's padding) count in neither."""
+    the labels when None); return (loss, accuracy). Slots labelled IGNORE_INDEX (a row's padding) count in neither.
+    `chunk` > 0 (`train.vocab_loss_chunk`, the objective's `vocab_loss_chunk`): the head's projection and loss fused,
+    that many rows at a time (model/vocabulary_loss.py); the head must be a VocabularyHead."""
     index = positions_from_labels(labels) if index is None else index
     targets = at_positions(labels, index).flatten()
-    logits = at_least_fp32(head(at_positions(hidden, index).flatten(0, 1)))  # one upcast for the loss and the accuracy
+    rows = at_positions(hidden, index).flatten(0, 1)
+    if chunk:
+        if not isinstance(head, VocabularyHead):
+            raise ConfigError(f"train.vocab_loss_chunk={chunk} needs a backbone whose mlm_head is a VocabularyHead "
+                              f"(got {type(head).__name__}); set train.vocab_loss_chunk=0")
+        projection = head.projection
+        total, hits = linear_cross_entropy(head.transform(rows), projection.weight, projection.bias, targets, chunk)
+        count = (targets != IGNORE_INDEX).sum().clamp(min=1)
+        return total / count, hits.sum().float() / count
+    logits = at_least_fp32(head(rows))  # one upcast for the loss and the accuracy
     return mlm_loss(logits, targets), prediction_accuracy(logits, targets)
 
 
@@ -163,7 +154,7 @@ class MaskedLM(Objective):
 
     def predict(self, hidden: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The MLM head's loss and accuracy at the predicted positions `index`."""
-        return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.model), index)
+        return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.model), index, self.vocab_loss_chunk)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Encoder + sparse MLM head, trained."""

@@ -92,7 +92,8 @@ class SpanBert(Objective):
         hidden = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], batch["attention_mask"],
                                       batch.get("token_type_ids")).last_hidden_state
         index = prediction_positions(batch)
-        mlm, mlm_accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.model), index)
+        mlm, mlm_accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.model), index,
+                                       self.vocab_loss_chunk)
         sbo, sbo_accuracy = span_boundary_loss(hidden, batch["labels"], batch["span_left"], batch["span_right"],
                                                batch["span_offset"], self.sbo_head,
                                                self.backbone.output_projection(self.model), index)

@@ -142,7 +142,7 @@ class TaCL(Objective):
 
     def predict(self, hidden: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The student's MLM loss and accuracy at the predicted positions `index`."""
-        return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.student), index)
+        return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.student), index, self.vocab_loss_chunk)
 
     def terms(self, batch: Batch):
         """MLM (+ NSP) and the token-level contrastive loss; the student's self-similarity when evaluating."""

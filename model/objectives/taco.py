@@ -119,7 +119,8 @@ class TACO(Objective):
         attention = batch["attention_mask"]
         bb = self.backbone
         out = bb.encode(bb.base(self.model), batch["input_ids"], attention, batch.get("token_type_ids"), output_hidden_states=True)
-        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.model), prediction_positions(batch))
+        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.model), prediction_positions(batch),
+                                   self.vocab_loss_chunk)
         g = out.last_hidden_state - out.hidden_states[0]
         anchors = (batch["labels"] != IGNORE_INDEX) if self.options.masked_only else attention.bool()
         with torch.no_grad():

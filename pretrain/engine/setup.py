@@ -50,13 +50,19 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
     scheduler = build_scheduler(optimizer, cfg.train.max_steps, cfg.schedule)
     # A resumed run's schedule follows this launch's max_steps and schedule, not the saved ones.
     reschedule = functools.partial(reset_schedule, max_steps=cfg.train.max_steps, cfg=cfg.schedule, lr=cfg.optimizer.lr)
-    for key, value in (("compile", cfg.train.compile), ("fused_qkv", cfg.train.fused_qkv)):
+    levers = (("compile", cfg.train.compile, "false"), ("fused_qkv", cfg.train.fused_qkv, "false"),
+              ("vocab_loss_chunk", cfg.train.vocab_loss_chunk, "0"))
+    for key, value, off in levers:
         if value and stage == 3:
             raise ConfigError(f"train.{key}={str(value).lower()} needs ZeRO stage 0-2, and {stage_note}: set "
-                              f"train.zero_stage or train.{key}=false")
+                              f"train.zero_stage or train.{key}={off}")
     notes = [stage_note]
     if cfg.train.fused_qkv:
         notes.append(f"Q, K and V as one matmul in {fuse_qkv(objective)} attention layer(s) (train.fused_qkv)")
+    if cfg.train.vocab_loss_chunk:
+        objective.vocab_loss_chunk = cfg.train.vocab_loss_chunk
+        notes.append(f"the MLM heads' vocabulary projection fused with the loss, {cfg.train.vocab_loss_chunk} rows at a "
+                     "time (train.vocab_loss_chunk)")
     engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=cfg.train.compile,
                           reschedule=reschedule)
     if engine.compiled:

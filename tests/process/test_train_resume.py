@@ -249,14 +249,17 @@ def test_compiled_step_stop_resume_and_export_exactly(prepared, tmp_path):
 
 def test_layer_compile_trains_as_eager_and_names_its_layers(prepared, tmp_path):
     """train.compile=layers with train.fused_qkv (each encoder layer compiled on its own, Q/K/V as one matmul: the GPU
-    recipe's settings): the log names both, and the losses are the eager, unfused run's (fp32, dropout 0) to 1e-5."""
+    recipe's settings) and train.vocab_loss_chunk (the compiled head's projection fused with its loss): the log names
+    all three, and the losses are the eager, unfused run's (fp32, dropout 0) to 1e-5."""
     run = ["train.zero_stage=auto", "train.max_steps=3", "train.save_every=3", "train.log_every=1",
            "train.global_batch_size=4", "model.dropout=0", "model.attention_dropout=0"]
     eager, layers = tmp_path / "eager", tmp_path / "layers"
     run_cli("pretrain", _args(prepared, eager, *run), nproc=1)
-    compiled = run_cli("pretrain", _args(prepared, layers, *run, "train.compile=layers", "train.fused_qkv=true"), nproc=1)
+    compiled = run_cli("pretrain", _args(prepared, layers, *run, "train.compile=layers", "train.fused_qkv=true",
+                                         "train.vocab_loss_chunk=16"), nproc=1)
     assert "compiled 2 encoder layer(s), each on its own, and predict with torch.compile" in compiled.stdout
     assert "Q, K and V as one matmul in 2 attention layer(s)" in compiled.stdout
+    assert "vocabulary projection fused with the loss, 16 rows at a time" in compiled.stdout
     want, got = _train_losses(eager), _train_losses(layers)
     assert sorted(got) == [1, 2, 3] and all(abs(got[s] - want[s]) <= 1e-5 * abs(want[s]) for s in want), (got, want)
 

@@ -10,14 +10,14 @@ def test_levers_run_and_keep_the_loss(tmp_path):
     out = tmp_path / "levers.json"
     assert kernel_levers.main(["--shape", "tiny", "--batch", "2", "--steps", "3", "--warmup", "1", "--device", "cpu",
                                "--no-compile", "--attention", "--out", str(out),
-                               "--levers", "baseline", "no_mask", "fused_qkv", "cudnn_attention"]) == 0
+                               "--levers", "baseline", "no_mask", "fused_qkv", "vocab_chunk_1024", "cudnn_attention"]) == 0
     result = json.loads(out.read_text())
     rows = {r["lever"]: r for r in result["levers"]}
     assert "error" in rows["cudnn_attention"]  # no cuDNN on a CPU
     first = rows["baseline"]["first_loss"]
     # A fresh masked LM predicts about uniformly over BERT's 30,522 tokens: ln(30522) = 10.33.
     assert abs(first - math.log(30522)) < 0.3
-    for lever in ("no_mask", "fused_qkv"):
+    for lever in ("no_mask", "fused_qkv", "vocab_chunk_1024"):
         assert abs(rows[lever]["first_loss"] - first) <= 1e-5 * first, lever
         assert rows[lever]["tokens_per_s"] > 0 and rows[lever]["vs_baseline"] > 0
     timed = {(r["backend"], r["mask"]) for r in result["attention"] if "ms" in r}

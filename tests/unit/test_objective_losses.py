@@ -8,7 +8,8 @@ import torch
 from model.objectives.coco_lm import copy_loss, corrective_lm_loss, scl_loss
 from model.objectives.declutr import declutr_loss
 from model.objectives.electra import rtd_loss
-from model.objectives.mlm import pair_loss, prediction_accuracy, unique_top_hits
+from model.objectives.mlm import pair_loss, prediction_accuracy
+from model.vocabulary_loss import unique_top_hits
 from model.objectives.spanbert import span_boundary_loss
 from model.objectives.tacl import supervised_tacl_loss, tacl_loss
 from model.objectives.taco import tc_loss
