@@ -19,6 +19,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from data_pipeline.masking import IGNORE_INDEX
 
@@ -66,6 +67,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optio
     neither. With gradients wanted, they are computed here, chunk by chunk, and backward scales them."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1 row, got {chunk}")
+    if not hidden.shape[0]:  # nothing predicted: a 0 that keeps the graph, so every rank still runs backward
+        return at_least_fp32(F.linear(hidden, weight, bias)).sum(), torch.zeros(0, dtype=torch.bool, device=hidden.device)
     wants = [torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias)]
     if any(wants):
         return _FusedLinearCrossEntropy.apply(hidden, weight, bias, targets, chunk, *wants)
@@ -80,7 +83,7 @@ def _chunked(hidden, weight, bias, targets, chunk: int, wants) -> tuple[torch.Te
     # The weight's and bias's gradients sum over the chunks: in float32 at least, whatever the compute dtype.
     sums = [torch.zeros_like(p, dtype=torch.promote_types(p.dtype, torch.float32)) if want else None
             for p, want in zip((weight, bias), wants[1:])]
-    losses, hits, hidden_grads = [], [], []
+    losses, hits, hidden_grads, weight_as_computed = [], [], [], None
     for start in range(0, hidden.shape[0], chunk):
         rows, labels = hidden[start:start + chunk], targets[start:start + chunk]
         product = F.linear(rows, weight, bias)  # in the compute dtype: autocast's, the weights', or float32
@@ -99,7 +102,8 @@ def _chunked(hidden, weight, bias, targets, chunk: int, wants) -> tuple[torch.Te
         one_hot = real.to(logits.dtype).unsqueeze(-1)
         grad = logits.sub_(shift).exp_().scatter_add_(-1, safe, -one_hot).to(product.dtype)
         if wants[0]:
-            hidden_grads.append((grad @ weight.to(grad.dtype)).to(hidden.dtype))
+            weight_as_computed = weight.to(grad.dtype) if weight_as_computed is None else weight_as_computed  # cast once
+            hidden_grads.append((grad @ weight_as_computed).to(hidden.dtype))
         if wants[1]:
             sums[0] += grad.t() @ rows.to(grad.dtype)
         if wants[2]:
@@ -122,6 +126,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return loss, hits
 
     @staticmethod
+    @once_differentiable  # the gradients are values computed in forward: no graph to differentiate again
     def backward(ctx, grad_loss, _grad_hits):
         """Each kept gradient times d(total)/d(loss) (a 0-dim factor: each keeps its dtype); none for the rest."""
         saved = iter(ctx.saved_tensors)

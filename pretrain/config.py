@@ -79,7 +79,9 @@ class TrainConfig:
     # Rows of an MLM head's vocabulary projection taken with its cross-entropy and their gradients per pass, so the
     # [predicted rows, vocabulary] float32 logits never exist whole (model/vocabulary_loss.py); 0: the head's logits at
     # once, as transformers' modules compute them. ZeRO 0-2 (it reads the projection's weight directly). Every
-    # objective with an MLM head (generators included). BENCHMARKS.md, "The vocabulary loss in chunks".
+    # objective's vocabulary loss (generators' included; their sampling still forms its logits whole, without a
+    # gradient). Under train.compile keep it in the thousands: the compiler unrolls one copy per chunk.
+    # BENCHMARKS.md, "The vocabulary loss in chunks".
     vocab_loss_chunk: int = 0
     # glibc keeps the host memory a step frees for the next step instead of returning it to the kernel, which
     # costs page faults at every step (core/host_memory.py; BENCHMARKS.md). false: glibc's defaults.

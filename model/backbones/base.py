@@ -198,7 +198,8 @@ class Backbone:
 
     def mlm_head(self, model: PreTrainedModel) -> Head:
         """hidden [N, H] -> vocabulary logits [N, V] of a masked LM built here: a VocabularyHead (its transform and
-        projection, which `train.vocab_loss_chunk` fuses with the loss), or any callable where that is not wanted."""
+        projection, which `train.vocab_loss_chunk` fuses with the loss and `output_projection` reads). A backbone
+        whose head is another callable overrides `output_projection` and cannot run `train.vocab_loss_chunk`."""
         raise NotImplementedError
 
     def output_projection(self, model: PreTrainedModel) -> nn.Linear:

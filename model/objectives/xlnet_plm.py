@@ -25,13 +25,14 @@ from core.errors import ConfigError
 from model import flops
 from model.backbones import backbone_for
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import at_least_fp32, mlm_loss, prediction_accuracy
+from model.objectives.mlm import sparse_mlm
 
 
-def plm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean cross-entropy over real targets of [B, P, V] query-stream logits (labels [B, P], -100 pads); and accuracy."""
-    flat, targets = at_least_fp32(logits.reshape(-1, logits.shape[-1])), labels.reshape(-1)
-    return mlm_loss(flat, targets), prediction_accuracy(flat, targets)
+def plm_loss(hidden: torch.Tensor, labels: torch.Tensor, head, chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy over real targets of the query stream [B, P, d] through the LM head (labels [B, P], -100
+    pads; `chunk`: the head fused with the loss, as sparse_mlm's); and accuracy."""
+    slots = torch.arange(labels.shape[1], device=labels.device).expand_as(labels)
+    return sparse_mlm(hidden, labels, head, slots, chunk)
 
 
 @dataclass
@@ -70,9 +71,11 @@ class XLNetPLM(Objective):
         # (bf16 mixed precision), if any, stays in charge.
         half = dtype != torch.float32
         with torch.autocast(batch["input_ids"].device.type, dtype=dtype) if half else contextlib.nullcontext():
-            out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             perm_mask=batch["perm_mask"].to(dtype), target_mapping=batch["target_mapping"].to(dtype))
-        loss, accuracy = plm_loss(out.logits, batch["target_labels"])
+            query = self.backbone.base(self.model)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                                   perm_mask=batch["perm_mask"].to(dtype),
+                                                   target_mapping=batch["target_mapping"].to(dtype)).last_hidden_state
+            loss, accuracy = plm_loss(query, batch["target_labels"], self.backbone.mlm_head(self.model),
+                                      self.vocab_loss_chunk)
         return {"plm_loss": loss}, {"plm_accuracy": accuracy}
 
     def flops_per_token(self, seq_len: int) -> float:

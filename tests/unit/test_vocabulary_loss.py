@@ -14,7 +14,7 @@ from core.errors import ConfigError
 from data_pipeline.shards import read_manifest
 from model.backbones import backbone_for
 from model.objectives.mlm import sparse_mlm
-from model.vocabulary_loss import VocabularyHead, linear_cross_entropy, unique_top_hits
+from model.vocabulary_loss import VocabularyHead, linear_cross_entropy
 from pretrain.config import TrainConfig
 
 IGNORE = -100
@@ -68,17 +68,53 @@ def test_a_literal_case():
     assert hits.tolist() == [False, True, False]
 
 
-def test_hits_are_the_plain_paths_and_a_tie_is_a_miss():
+def test_hits_are_unique_tops_of_labelled_rows():
     h, w, b, t = (x.float() if x.is_floating_point() else x for x in _inputs(n=40, vocab=13, bias=True))
-    t = t.clone()
-    t[t == IGNORE] = 0
     h[5] = 0.0
     w[t[5]] = w[(t[5] + 1) % 13]  # row 5 ties its target with another token
     b[t[5]] = b[(t[5] + 1) % 13]
-    logits = h @ w.T + b
+    z = (h @ w.T + b).double().numpy()
+    labels = t.numpy()
+    want = [bool(labels[i] != IGNORE and all(z[i, labels[i]] > z[i, v] for v in range(13) if v != labels[i]))
+            for i in range(40)]
     _, hits = linear_cross_entropy(h, w, b, t, 7)
-    assert hits.tolist() == unique_top_hits(logits, t, by_count=False).tolist()
-    assert not hits[5] and 0 < int(hits.sum()) < 40
+    assert hits.tolist() == want
+    assert not hits[5] and 0 < int(hits.sum()) < 37
+
+
+def test_an_unlabelled_row_is_never_a_hit_even_at_its_slots_top():
+    # Logits of token 0 are the largest in every row; IGNORE_INDEX reads as token 0 where the label is clamped.
+    h = torch.ones(3, 1)
+    w = torch.tensor([[5.0], [1.0], [0.0]])
+    _, hits = linear_cross_entropy(h, w, None, torch.tensor([0, IGNORE, 1]), 2)
+    assert hits.tolist() == [True, False, False]
+
+
+def test_nothing_predicted_is_a_zero_that_keeps_the_graph():
+    """A batch without a labelled position (found from the labels: zero rows) gives 0 and a backward, as the plain
+    path does, so every rank still runs its backward."""
+    hidden = torch.randn(2, 5, 8, requires_grad=True)
+    projection = torch.nn.Linear(8, 10)
+    head = VocabularyHead(lambda rows: rows, projection)
+    labels = torch.full((2, 5), IGNORE)
+    for chunk in (0, 4):
+        loss, accuracy = sparse_mlm(hidden, labels, head, chunk=chunk)
+        loss.backward()
+        assert float(loss) == 0.0 and float(accuracy) == 0.0 and float(projection.weight.grad.abs().sum()) == 0.0
+
+
+def test_bf16_weights_without_autocast_accumulate_in_float32():
+    """DeepSpeed's bf16 weights: every tensor bf16, no autocast. The weight's gradient sums one product per chunk; in
+    float32 it stays near the float64 formula however many chunks there are."""
+    h, w, b, t = _inputs(n=256, width=8, vocab=50)
+    want_loss, _, want_w, _ = _reference(h.numpy(), w.numpy(), b.numpy(), t.numpy())
+    leaves = [x.to(torch.bfloat16).requires_grad_() for x in (h, w, b)]
+    loss, _ = linear_cross_entropy(*leaves, t, 1)
+    loss.backward()
+    assert leaves[1].grad.dtype == torch.bfloat16
+    assert abs(float(loss) - want_loss) < 1e-2 * abs(want_loss)
+    error = np.linalg.norm(leaves[1].grad.double().numpy() - want_w) / np.linalg.norm(want_w)
+    assert error < 1e-2, error
 
 
 def test_without_gradients_nothing_is_kept_and_the_loss_is_the_same():
