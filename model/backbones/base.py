@@ -13,18 +13,18 @@ import inspect
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from core.errors import ConfigError
+from model.vocabulary_loss import Head
 
 if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
     from model.encoder import EncoderConfig
 
-Head = Callable[[torch.Tensor], torch.Tensor]
 # What an objective may ask a backbone for (`Objective.needs`); a backbone lists what it provides. The builders
 # below by name; "pair_head": `pair_logits` (NSP/SOP); "hidden_projection": `output_projection` reads hidden-size
 # vectors (not ALBERT's, which reads the factorized embedding size); "permutation_lm": XLNet's two streams.
