@@ -39,7 +39,8 @@ from pathlib import Path
 
 from benchmarks import kernel_profile
 from benchmarks.arguments import add_shared, results_file
-from benchmarks.host_overhead import fits_one_epoch, machine
+from benchmarks.host_overhead import fits_one_epoch
+from benchmarks.machine import machine
 from core.atomic_files import write_text_atomic
 from benchmarks.repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging
 from data_pipeline.dataset_dir import DatasetDir

@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import json
 import os
-import platform
 import resource
 import shutil
 import statistics
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 from benchmarks import kernel_profile
 from benchmarks.arguments import add_shared, repo_pythonpath, results_file
+from benchmarks.machine import machine
 from pretrain.run_dir import RunDir
 from data_pipeline.dataset_dir import DatasetDir
 
@@ -472,36 +472,6 @@ def plain_phases(case: dict, args) -> dict:
 
 
 # ---- the comparison ---------------------------------------------------------------------------------------------
-def machine() -> dict:
-    """CPU model and bf16 flags, or the GPU, and the versions that matter."""
-    import deepspeed
-    import torch
-    import transformers
-
-    flags = ""
-    if Path("/proc/cpuinfo").is_file():
-        text = Path("/proc/cpuinfo").read_text()
-        flags = " ".join(f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f" {f}" in text)
-        model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    else:
-        model = platform.processor()
-    return {"cpu": model, "cpu_flags": flags, "cores": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "torch": torch.__version__, "deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "commit": git_commit()}
-
-
-def git_commit() -> str:
-    """The checkout's commit (with '+dirty' when it has changes)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                               text=True).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except OSError:
-        return "unknown"
-
-
 def ensure_data(args) -> None:
     """The demo's shards (KJV, 8k unigram, 128-token packing), prepared once."""
     if DatasetDir(args.data).is_complete():

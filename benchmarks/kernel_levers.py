@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.arguments import add_shared, results_file
+from benchmarks.machine import machine
 from core.atomic_files import write_text_atomic
 
 SHAPES = {"base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
@@ -234,12 +235,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for r in rows:
         if base and "error" not in r:
             r["vs_baseline"] = r["tokens_per_s"] / base["tokens_per_s"]
-    from pretrain.engine.hardware import cpu_name
-
-    env = {"device": torch.cuda.get_device_name() if args.device == "cuda" else cpu_name(),
-           "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-           "python": sys.version.split()[0]}
-    write_text_atomic(args.out, json.dumps({"env": env, "args": vars(args), "attention": attention, "levers": rows}, indent=1))
+    write_text_atomic(args.out, json.dumps({"env": machine(), "args": vars(args), "attention": attention, "levers": rows},
+                                           indent=1))
     print(f"{'lever':<18} {'tokens/s':>10} {'MFU':>7} {'vs base':>8} {'first loss':>11} {'peak GiB':>9}")
     for r in rows:
         if "error" in r:

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from benchmarks.arguments import add_shared, results_file
+from benchmarks.machine import machine
 from core.atomic_files import write_text_atomic
 
 
@@ -64,8 +65,6 @@ def one_setting(chunk: int, args, device: torch.device) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run each chunk setting in turn; print a row each and write them with the environment."""
-    from pretrain.engine.hardware import cpu_name
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_shared(parser, steps=10, warmup=2, out=results_file("vocabulary_loss"))
     parser.add_argument("--chunks", type=int, nargs="+", default=[0, 1024, 4096], help="rows per pass (0: whole)")
@@ -84,8 +83,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for chunk in args.chunks:
         rows.append(one_setting(chunk, args, device))
         print(json.dumps(rows[-1]), flush=True)
-    env = {"device": torch.cuda.get_device_name() if device.type == "cuda" else cpu_name(), "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "python": sys.version.split()[0]}
+    env = {**machine(), "threads": torch.get_num_threads()}
     write_text_atomic(args.out, json.dumps({"env": env, "args": vars(args), "settings": rows}, indent=1) + "\n")
     return 0
 

@@ -197,18 +197,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_ranks(args: list[str], n: int, log_dir: Path, module: str = "pretrain") -> list:
+def launch_ranks(args: list[str], n: int, log_dir: Path, module: str = "pretrain", env: dict[str, str] | None = None) -> list:
     """Start n ranks of `python -m module args` (`module` a .py path: that script) as separate processes with the
-    environment srun or torchrun would give them; each rank's stdout and stderr go to log_dir/rank{r}.log."""
+    environment srun or torchrun would give them (and `env`'s variables); each rank's stdout and stderr go to
+    log_dir/rank{r}.log."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     command = [module] if module.endswith(".py") else ["-m", module]
     procs = []
     for rank in range(n):
-        env = {**os.environ, **PROCESS_ENV, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        rank_env = {**os.environ, **PROCESS_ENV, **(env or {}), "RANK": str(rank), "WORLD_SIZE": str(n),
+                    "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         with open(log_dir / f"rank{rank}.log", "w") as out:  # the child keeps its own copy of the descriptor
-            procs.append(python_process([*command, *args], env, stdout=out, stderr=subprocess.STDOUT))
+            procs.append(python_process([*command, *args], rank_env, stdout=out, stderr=subprocess.STDOUT))
     return procs
 
 

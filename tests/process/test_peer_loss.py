@@ -3,14 +3,13 @@ started as srun starts them (RANK, WORLD_SIZE, MASTER_* set; no torchrun), gloo 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from benchmarks.peer_loss_time import descendants, running
-from conftest import PROCESS_ENV, TINY_MODEL, free_port, launch_ranks, python_process, wait_for_step
+from conftest import TINY_MODEL, launch_ranks, wait_for_step
 
 from pretrain.lifecycle.exit_status import EXIT_PEER_LOST
 from pretrain.run_dir import RunDir
@@ -18,18 +17,12 @@ from pretrain.run_dir import RunDir
 
 
 def _launch(data: Path, tmp: Path, fault: str, *extra: str) -> tuple[list[subprocess.Popen], Path]:
-    port, procs = free_port(), []
     status = tmp / "status"
     args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={tmp / 'run'}",
             *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=40",
             "train.save_every=2", "train.eval_every=0", *extra]
-    for rank in range(2):
-        env = {**os.environ, **PROCESS_ENV, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "FAULT": fault,
-               "FAULT_TIME_FILE": str(tmp / "fault_time"), "PRETRAIN_STATUS_DIR": str(status)}
-        with open(tmp / f"rank{rank}.log", "w") as out:
-            procs.append(python_process(["tests/helpers/faulty_rank.py", *args], env, stdout=out, stderr=subprocess.STDOUT))
-    return procs, status
+    fault_env = {"FAULT": fault, "FAULT_TIME_FILE": str(tmp / "fault_time"), "PRETRAIN_STATUS_DIR": str(status)}
+    return launch_ranks(args, 2, tmp, "tests/helpers/faulty_rank.py", env=fault_env), status
 
 
 def _survivor(procs: list[subprocess.Popen], tmp: Path, limit: float) -> tuple[int, float, str]:
