@@ -76,6 +76,23 @@ PAD_VALUES = {"labels": -100, "attention_mask": 0, "token_type_ids": 0, "crop_at
               "target_labels": -100}
 
 
+def unpadded_key(mask: str) -> str:
+    """The batch's flag for one attention-mask column: True when none of its positions is padding."""
+    return f"{mask}_unpadded"
+
+
+def mark_unpadded(batch: dict[str, Any]) -> dict[str, Any]:
+    """Add a Python bool per attention-mask column, read here on the host: whether the column is all ones.
+
+    An encoder handed no mask for such a column computes the same (transformers drops an all-ones mask itself, but
+    only after reading it back from the device, which on a GPU makes the host wait once per forward). A plain bool
+    leaves the loader as it is and reaches the objective on the host (`Objective.encoder_mask`).
+    """
+    for key in [k for k in batch if k.endswith("attention_mask")]:
+        batch[unpadded_key(key)] = bool(batch[key].all())
+    return batch
+
+
 def sample_seed(seed: int, stream: int, epoch: int, sample_id: int) -> int:
     """Seed of one sample's masking: a function of which sample in which pass, never of rank, step or batch."""
     return int(np.random.SeedSequence([seed, stream, epoch, sample_id]).generate_state(1, dtype=np.uint64)[0] >> 1)
@@ -92,8 +109,9 @@ class MaskingCollate:
                  per_epoch: bool = True) -> None:
         self.transform, self.pad_id, self.seed, self.stream, self.per_epoch = transform, pad_id, seed, stream, per_epoch
 
-    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """A padded batch of masked samples (the transform's columns plus sample_id and pair_label)."""
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        """A padded batch of masked samples (the transform's columns plus sample_id and pair_label), with a flag per
+        attention mask that says whether it padded any row (`mark_unpadded`)."""
         rows = []
         for s in samples:
             ids = torch.from_numpy(np.asarray(s["input_ids"], dtype=np.int64))[None]
@@ -119,7 +137,7 @@ class MaskingCollate:
         batch["sample_id"] = torch.tensor([int(s["sample_id"]) for s in samples], dtype=torch.long)
         if "pair_label" in samples[0]:
             batch["pair_label"] = torch.tensor([int(s["pair_label"]) for s in samples], dtype=torch.long)
-        return batch
+        return mark_unpadded(batch)
 
 
 INLINE_BATCH_BYTES = 256 * 1024  # a packed batch up to this size leaves a worker as bytes (PackedBatch.__reduce__)
@@ -135,46 +153,49 @@ class PackedBatch:
     the columns come back as views of it, so pinning (on a GPU) pins one block too.
     """
 
-    __slots__ = ("buffer", "layout", "rows")
+    __slots__ = ("buffer", "layout", "rows", "flags")
 
-    def __init__(self, buffer: torch.Tensor, layout: tuple, rows: int) -> None:
-        self.buffer, self.layout, self.rows = buffer, layout, rows
+    def __init__(self, buffer: torch.Tensor, layout: tuple, rows: int, flags: tuple = ()) -> None:
+        self.buffer, self.layout, self.rows, self.flags = buffer, layout, rows, flags
 
     @classmethod
-    def pack(cls, batch: dict[str, torch.Tensor]) -> "PackedBatch":
-        """Copy every column into one uint8 buffer, each at an 8-byte aligned offset (any dtype can view it)."""
+    def pack(cls, batch: dict[str, Any]) -> "PackedBatch":
+        """Copy every column into one uint8 buffer, each at an 8-byte aligned offset (any dtype can view it); the
+        batch's plain Python values (its flags) travel beside the buffer as they are."""
+        columns = {key: value for key, value in batch.items() if isinstance(value, torch.Tensor)}
         layout, offset = [], 0
-        for key, value in batch.items():
+        for key, value in columns.items():
             nbytes = value.numel() * value.element_size()
             layout.append((key, value.dtype, tuple(value.shape), offset, nbytes))
             offset += -(-nbytes // 8) * 8
         buffer = torch.empty(offset, dtype=torch.uint8)
-        for (_, _, _, start, nbytes), value in zip(layout, batch.values()):
+        for (_, _, _, start, nbytes), value in zip(layout, columns.values()):
             buffer[start:start + nbytes] = value.contiguous().reshape(-1).view(torch.uint8)
-        rows = len(next(iter(batch.values()))) if batch else 0
-        return cls(buffer, tuple(layout), rows)
+        rows = len(next(iter(columns.values()))) if columns else 0
+        flags = tuple((key, value) for key, value in batch.items() if key not in columns)
+        return cls(buffer, tuple(layout), rows, flags)
 
-    def unpack(self) -> dict[str, torch.Tensor]:
-        """The columns, as views of the buffer."""
-        return {key: self.buffer[start:start + nbytes].view(dtype).view(shape)
-                for key, dtype, shape, start, nbytes in self.layout}
+    def unpack(self) -> dict[str, Any]:
+        """The columns, as views of the buffer, then the flags."""
+        return {**{key: self.buffer[start:start + nbytes].view(dtype).view(shape)
+                   for key, dtype, shape, start, nbytes in self.layout}, **dict(self.flags)}
 
     def __reduce__(self):
         # A small batch crosses the worker's pipe as bytes: the training process then skips the socket round trip
         # that fetches a shared block's file descriptor. Up to INLINE_BATCH_BYTES that is faster; a large batch is
         # faster as shared memory (BENCHMARKS.md, "Host overhead of a step").
         if self.buffer.numel() <= INLINE_BATCH_BYTES:
-            return _unpickle_inline, (self.buffer.numpy().tobytes(), self.layout, self.rows)
-        return PackedBatch, (self.buffer, self.layout, self.rows)
+            return _unpickle_inline, (self.buffer.numpy().tobytes(), self.layout, self.rows, self.flags)
+        return PackedBatch, (self.buffer, self.layout, self.rows, self.flags)
 
     def pin_memory(self) -> "PackedBatch":
         """The same batch in page-locked memory (the DataLoader's pinning thread calls this)."""
-        return PackedBatch(self.buffer.pin_memory(), self.layout, self.rows)
+        return PackedBatch(self.buffer.pin_memory(), self.layout, self.rows, self.flags)
 
 
-def _unpickle_inline(data: bytes, layout: tuple, rows: int) -> PackedBatch:
+def _unpickle_inline(data: bytes, layout: tuple, rows: int, flags: tuple) -> PackedBatch:
     buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-    return PackedBatch(buffer, layout, rows)
+    return PackedBatch(buffer, layout, rows, flags)
 
 
 class PackingCollate:

@@ -292,14 +292,17 @@ class PermutationMasking(SpanMasking):
 
 def crop_view(input_ids: torch.Tensor, pad_id: int, cls_id: int, sep_id: int, ratio: float,
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """A contiguous crop of each sequence's body (ratio of its length), re-wrapped as [CLS] crop [SEP]."""
-    out = torch.full_like(input_ids, pad_id)
-    for row, ids in enumerate(input_ids):
+    """A contiguous crop of each sequence's body (ratio of its length), re-wrapped as [CLS] crop [SEP], as wide as the
+    widest crop: rows of one length give crops of one length, which need no padding (nor an attention mask)."""
+    crops = []
+    for ids in input_ids:
         n_real = int((ids != pad_id).sum())
         body = ids[1:n_real - 1]
         keep = max(1, round(ratio * len(body)))
         start = int(torch.randint(len(body) - keep + 1, (1,), generator=generator)) if len(body) > keep else 0
-        crop = body[start:start + keep]
+        crops.append(body[start:start + keep])
+    out = input_ids.new_full((len(crops), 2 + max(len(c) for c in crops)), pad_id)
+    for row, crop in enumerate(crops):
         out[row, 0], out[row, 1:1 + len(crop)], out[row, 1 + len(crop)] = cls_id, crop, sep_id
     return out, (out != pad_id).long()
 

@@ -206,9 +206,10 @@ class Backbone:
         """A masked LM's final hidden → vocabulary projection (tied to the token embeddings), without its transform."""
         return self.mlm_head(model).projection
 
-    def encode(self, base: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    def encode(self, base: PreTrainedModel, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
                token_type_ids: Optional[torch.Tensor] = None, output_hidden_states: bool = False):
-        """Run an encoder; the output has `last_hidden_state` (and `hidden_states`, embeddings first)."""
+        """Run an encoder (no mask: no position is padding); the output has `last_hidden_state` (and `hidden_states`,
+        embeddings first)."""
         return base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=output_hidden_states,
                     **self._types(token_type_ids))
 
@@ -216,7 +217,7 @@ class Backbone:
         """Token types for families that have them (ModernBERT's forward takes none)."""
         return {"token_type_ids": token_type_ids} if token_type_ids is not None and self.has_pair_head else {}
 
-    def rtd_logits(self, model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    def rtd_logits(self, model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
                    token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Per-token replaced-token logits [B, L] of a `discriminator`."""
         logits = model(input_ids=input_ids, attention_mask=attention_mask, **self._types(token_type_ids)).logits

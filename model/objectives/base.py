@@ -1,13 +1,15 @@
 """The one interface every objective implements; the trainer sees nothing else."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-Batch = dict[str, torch.Tensor]
+from data_pipeline.loader import unpadded_key
+
+Batch = dict[str, Any]  # tensors, and the loader's per-batch flags (Python bools)
 # The loss to back-propagate, and named detached scalars (loss terms and metrics) to log.
 ObjectiveResult = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
@@ -39,6 +41,9 @@ class Objective(nn.Module):
     # Rows of an MLM head's vocabulary projection fused with its loss per pass (`train.vocab_loss_chunk`, bound by the
     # engine set-up; 0: the head's logits whole). Every `sparse_mlm` of the objective passes it.
     vocab_loss_chunk: int = 0
+    # Hand an encoder no attention mask for a column the loader padded nothing in (`encoder_mask`). Bound by the engine
+    # set-up (`train.unpadded_mask`): off where the step is compiled whole, in which the mask measured faster.
+    drop_unpadded_mask: bool = True
 
     @classmethod
     def check_config(cls, options, model, masking) -> None:
@@ -48,6 +53,13 @@ class Objective(nn.Module):
     def wrap_masking(cls, options, transform, pad_id: int, cls_id: int, sep_id: int):
         """The loader's per-sample transform for this objective: the masking itself, or views built around it."""
         return transform
+
+    def encoder_mask(self, batch: Batch, column: str = "attention_mask") -> Optional[torch.Tensor]:
+        """The attention mask an encoder gets for this column of the batch: none when the loader padded none of its
+        rows, so transformers need not read the mask back from the device to find it all ones."""
+        if self.drop_unpadded_mask and batch.get(unpadded_key(column)) is True:
+            return None
+        return batch[column]
 
     def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:  # pragma: no cover
         """(loss terms with graph, extra detached metrics) for one micro-batch."""

@@ -149,7 +149,7 @@ class CocoLM(Objective):
             raise ConfigError("objective coco_lm corrupts all-[MASK] input and contrasts a crop: set masking.strategy=coco "
                               "and masking.crop_ratio=0.9")
 
-    def _sample(self, masked: torch.Tensor, attention: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    def _sample(self, masked: torch.Tensor, attention: Optional[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
         """Replacements [B, K] at the positions `index` from the generator's softmax (no-grad pass, dropout off), or
         uniform draws."""
         was_training = self.generator.training
@@ -184,18 +184,19 @@ class CocoLM(Objective):
         labels, index = batch["labels"], prediction_positions(batch)
         picked = at_positions(labels, index) != IGNORE_INDEX  # [B, K]: the slots that hold a masked position
         bb = self.backbone
-        gen_hidden = bb.encode(bb.base(self.generator), masked, attention).last_hidden_state
+        given = self.encoder_mask(batch)
+        gen_hidden = bb.encode(bb.base(self.generator), masked, given).last_hidden_state
         gen_loss, gen_accuracy = self.generator_predict(gen_hidden, labels, index)
         # Padding slots write back the original token (they all point at position 0).
         kept = at_positions(original, index)
-        corrupted = original.scatter(1, index, torch.where(picked, self._sample(masked, attention, index), kept))
+        corrupted = original.scatter(1, index, torch.where(picked, self._sample(masked, given, index), kept))
         unchanged = corrupted == original
-        hidden = bb.encode(self.main, corrupted, attention).last_hidden_state
+        hidden = bb.encode(self.main, corrupted, given).last_hidden_state
         copy_logits = self.copy_head(hidden).squeeze(-1)
         valid = attention.bool()
         copy = copy_loss(copy_logits, unchanged, valid)
         clm, clm_accuracy = self.correct(hidden, copy_logits, corrupted, torch.where(picked, kept, IGNORE_INDEX), index)
-        crop_hidden = bb.encode(self.main, batch["crop_input_ids"], batch["crop_attention_mask"]).last_hidden_state
+        crop_hidden = bb.encode(self.main, batch["crop_input_ids"], self.encoder_mask(batch, "crop_attention_mask")).last_hidden_state
         sims, targets = scl_logits(self.scl_head(hidden[:, 0]), self.scl_head(crop_hidden[:, 0]), self.options.scl_temperature)
         scl = F.cross_entropy(sims, targets)
         with torch.no_grad():

@@ -105,13 +105,13 @@ class Declutr(Objective):
                               "data_pipeline.run_data)")
         base = self.backbone.base(self.model)
         types = batch.get("token_type_ids")
-        anchor = self.backbone.encode(base, batch["input_ids"], batch["attention_mask"], types).last_hidden_state
+        anchor = self.backbone.encode(base, batch["input_ids"], self.encoder_mask(batch), types).last_hidden_state
         mlm, mlm_accuracy = sparse_mlm(anchor, batch["labels"], self.backbone.mlm_head(self.model),
                                       prediction_positions(batch), self.vocab_loss_chunk)
         positives, masks = [], []
         for k in range(self.options.spans.positives):
             ids, mask = batch[f"positive{k}_input_ids"], batch[f"positive{k}_attention_mask"]
-            positives.append(self.backbone.encode(base, ids, mask).last_hidden_state)
+            positives.append(self.backbone.encode(base, ids, self.encoder_mask(batch, f"positive{k}_attention_mask")).last_hidden_state)
             masks.append(mask)
         logits, targets = declutr_logits(anchor, batch["attention_mask"], positives, masks, self.options.temperature)
         loss = torch.nn.functional.cross_entropy(logits, targets)

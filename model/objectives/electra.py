@@ -161,11 +161,10 @@ class Electra(Objective):
         """Generator MLM and discriminator RTD losses, with the RTD head's detection diagnostics."""
         if self.two_stage:
             return self._stage_one_terms(batch) if self.stage == 1 else self._stage_two_terms(batch)
-        attention = batch["attention_mask"]
         types = batch.get("token_type_ids")
         gen_base = self.backbone.base(self.generator)
         gen_head = self.backbone.mlm_head(self.generator)
-        gen_hidden = self.backbone.encode(gen_base, batch["input_ids"], attention, types).last_hidden_state
+        gen_hidden = self.backbone.encode(gen_base, batch["input_ids"], self.encoder_mask(batch), types).last_hidden_state
         index = prediction_positions(batch)
         gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], gen_head, index, self.vocab_loss_chunk)
         with torch.no_grad():
@@ -181,7 +180,8 @@ class Electra(Objective):
         picked = at_positions(batch["labels"], index) != IGNORE_INDEX
         corrupted = ids.scatter(1, index, torch.where(picked, sampled, at_positions(ids, index)))
         replaced = corrupted != batch["original_input_ids"]
-        disc_logits = self.backbone.rtd_logits(self.discriminator, corrupted, attention, batch.get("token_type_ids"))
+        disc_logits = self.backbone.rtd_logits(self.discriminator, corrupted, self.encoder_mask(batch),
+                                               batch.get("token_type_ids"))
         valid = attention.bool()
         rtd = rtd_loss(disc_logits, replaced, valid)
         with torch.no_grad():
@@ -192,7 +192,7 @@ class Electra(Objective):
 
     def _stage_one_terms(self, batch: Batch):
         """Two-stage, before the switch: MLM through the (future discriminator's) encoder; no RTD yet."""
-        hidden = self.backbone.encode(self.backbone.base(self.stage_one), batch["input_ids"], batch["attention_mask"],
+        hidden = self.backbone.encode(self.backbone.base(self.stage_one), batch["input_ids"], self.encoder_mask(batch),
                                       batch.get("token_type_ids")).last_hidden_state
         loss, accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.stage_one),
                                     prediction_positions(batch), self.vocab_loss_chunk)
@@ -200,11 +200,11 @@ class Electra(Objective):
 
     def _stage_two_terms(self, batch: Batch):
         """Two-stage, after the switch: RTD against the frozen generator's samples (its MLM loss is a metric)."""
-        attention, types = batch["attention_mask"], batch.get("token_type_ids")
+        types = batch.get("token_type_ids")
         index = prediction_positions(batch)
         with torch.no_grad():
-            gen_hidden = self.backbone.encode(self.backbone.base(self.generator), batch["input_ids"], attention,
-                                              types).last_hidden_state
+            gen_hidden = self.backbone.encode(self.backbone.base(self.generator), batch["input_ids"],
+                                              self.encoder_mask(batch), types).last_hidden_state
             head = self.backbone.mlm_head(self.generator)
             gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], head, index, self.vocab_loss_chunk)
             sampled = sample_replacements(head(at_positions(gen_hidden, index).flatten(0, 1)), "mlm").view(index.shape)

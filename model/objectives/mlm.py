@@ -139,7 +139,7 @@ class MaskedLM(Objective):
 
     def terms(self, batch: Batch):
         """MLM loss (+ NSP/SOP loss) and accuracies."""
-        out = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], batch["attention_mask"],
+        out = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], self.encoder_mask(batch),
                                    batch.get("token_type_ids"))
         loss, accuracy = self.predict(out.last_hidden_state, batch["labels"], prediction_positions(batch))
         terms = {"mlm_loss": loss}

@@ -89,7 +89,7 @@ class SpanBert(Objective):
 
     def terms(self, batch: Batch):
         """MLM and SBO losses with their accuracies."""
-        hidden = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], batch["attention_mask"],
+        hidden = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], self.encoder_mask(batch),
                                       batch.get("token_type_ids")).last_hidden_state
         index = prediction_positions(batch)
         mlm, mlm_accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.model), index,

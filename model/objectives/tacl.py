@@ -148,11 +148,12 @@ class TaCL(Objective):
         """MLM (+ NSP) and the token-level contrastive loss; the student's self-similarity when evaluating."""
         attention, types = batch["attention_mask"], batch.get("token_type_ids")
         bb = self.backbone
-        out = bb.encode(bb.base(self.student), batch["input_ids"], attention, types)
+        out = bb.encode(bb.base(self.student), batch["input_ids"], self.encoder_mask(batch), types)
         index = prediction_positions(batch)
         mlm, accuracy = self.predict(out.last_hidden_state, batch["labels"], index)
         with torch.no_grad():
-            teacher_hidden = bb.encode(self.teacher, batch["original_input_ids"], attention, types).last_hidden_state
+            teacher_hidden = bb.encode(self.teacher, batch["original_input_ids"], self.encoder_mask(batch),
+                                       types).last_hidden_state
         anchors = batch["labels"] != IGNORE_INDEX
         tacl = tacl_loss(out.last_hidden_state, teacher_hidden, anchors, attention, self.options.temperature,
                          self.options.include_padding, self.options.cross_sequence_negatives, index)

@@ -118,7 +118,8 @@ class TACO(Objective):
         """MLM and TC losses, and how often the positive outscores every negative."""
         attention = batch["attention_mask"]
         bb = self.backbone
-        out = bb.encode(bb.base(self.model), batch["input_ids"], attention, batch.get("token_type_ids"), output_hidden_states=True)
+        out = bb.encode(bb.base(self.model), batch["input_ids"], self.encoder_mask(batch), batch.get("token_type_ids"),
+                        output_hidden_states=True)
         mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.model), prediction_positions(batch),
                                    self.vocab_loss_chunk)
         g = out.last_hidden_state - out.hidden_states[0]

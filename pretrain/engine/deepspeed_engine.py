@@ -23,12 +23,12 @@ from torch import nn
 
 from pretrain.checkpointing import checkpoint as ckpt
 
-Batch = dict[str, torch.Tensor]
+Batch = dict[str, Any]  # tensors, and the loader's per-batch flags as Python values
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
-    """A loader's batch on the device (pinned host memory copies without waiting)."""
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    """A loader's batch on the device (pinned host memory copies without waiting); its flags stay on the host."""
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 class Engine:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
+from typing import Any, Union
 
 from torch import nn
 
@@ -36,6 +36,14 @@ def zero_stage_for(cfg: RunConfig, objective: nn.Module, world: int, resumed: di
     return stage, f"ZeRO stage {stage} (train.zero_stage=auto: {why})"
 
 
+def drops_unpadded_mask(setting: str, compile: Union[bool, str]) -> bool:
+    """Whether the encoders get no attention mask for a batch the loader padded nothing in (`train.unpadded_mask`):
+    auto drops it unless the objective's whole step is one compiled graph, where keeping it measured faster."""
+    if setting == "auto":
+        return compile not in (True, "step")
+    return setting == "drop"
+
+
 def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> tuple[Engine, list[str], str]:
     """The engine around `objective` for this run (resuming what `resume` chose), notes for the log, and the DeepSpeed
     config it was given as the run folder keeps it (JSON, secrets redacted)."""
@@ -59,6 +67,10 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
     notes = [stage_note]
     if cfg.train.fused_qkv:
         notes.append(f"Q, K and V as one matmul in {fuse_qkv(objective)} attention layer(s) (train.fused_qkv)")
+    objective.drop_unpadded_mask = drops_unpadded_mask(cfg.train.unpadded_mask, cfg.train.compile)
+    if not objective.drop_unpadded_mask:
+        notes.append(f"unpadded batches keep their attention mask (train.unpadded_mask={cfg.train.unpadded_mask}, "
+                     f"train.compile={str(cfg.train.compile).lower()})")
     if cfg.train.vocab_loss_chunk:
         objective.vocab_loss_chunk = cfg.train.vocab_loss_chunk
         notes.append(f"the MLM heads' vocabulary projection fused with the loss, {cfg.train.vocab_loss_chunk} rows at a "

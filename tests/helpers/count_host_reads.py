@@ -4,7 +4,10 @@ Usage: python tests/helpers/count_host_reads.py OUT.json RUNS.json
 where RUNS.json maps a name to the run's arguments (["--config", FILE, "key=value", ...]); the runs
 train one after the other in this process. Each record says whether it happened inside a training
 step (the hot loop) or outside it (the flushes, evaluation, checkpoints), at which step, and the file
-and line that made it. On a GPU each such read waits for the device; the test holds the hot loop to none.
+and line that made it: the project's own, or transformers' (`transformers/...`). On a GPU each such read
+waits for the device; the test holds the hot loop to none. Beside them, per run, the steps that trained on
+a batch with a padded attention-mask column (where transformers must look at the mask), numbered as
+the records number the step they are in.
 """
 import json
 import sys
@@ -15,6 +18,15 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__")
 PACKAGES = ("pretrain", "model", "data_pipeline", "core")
+
+
+def _origin(path: Path):
+    """The file as the records name it: a path in the project's packages or in transformers; None for any other."""
+    if path.is_relative_to(REPO) and path.relative_to(REPO).parts[0] in PACKAGES:
+        return str(path.relative_to(REPO))
+    if "transformers" in path.parts and "site-packages" in path.parts:
+        return "/".join(path.parts[path.parts.index("transformers"):])
+    return None
 
 
 def main() -> None:
@@ -31,11 +43,11 @@ def main() -> None:
 
         def reading(self, *args, **kwargs):
             frame = sys._getframe(1)
-            path = Path(frame.f_code.co_filename)
-            if state["records"] is not None and path.is_relative_to(REPO) and path.relative_to(REPO).parts[0] in PACKAGES:
+            where = _origin(Path(frame.f_code.co_filename))
+            if state["records"] is not None and where is not None:
                 step = state["trainer"].step if state["trainer"] is not None else -1
                 state["records"].append({"in_step": state["in_step"], "step": step, "method": name,
-                                         "where": f"{path.relative_to(REPO)}:{frame.f_lineno}"})
+                                         "where": f"{where}:{frame.f_lineno}"})
             return original(self, *args, **kwargs)
 
         setattr(torch.Tensor, name, reading)
@@ -55,9 +67,18 @@ def main() -> None:
             finally:
                 state["in_step"] = False
 
-        trainer.train_step = marked_step
+        padded_steps = set()
+        next_batch = trainer._next_batch
+
+        def noted_batch(next_batch=next_batch):
+            batch = next_batch()
+            if not all(v for k, v in batch.items() if k.endswith("_unpadded")):
+                padded_steps.add(trainer.step)  # as the records count it: the steps done before this one
+            return batch
+
+        trainer.train_step, trainer._next_batch = marked_step, noted_batch
         trainer.fit()
-        results[name] = state["records"]
+        results[name] = {"records": state["records"], "padded_steps": sorted(padded_steps)}
         state["trainer"], state["records"] = None, None
         trainer.engine.ds.destroy()
     if torch.distributed.get_rank() == 0:

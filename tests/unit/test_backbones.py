@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from data_pipeline.loader import mark_unpadded
 from data_pipeline.masking import MaskingConfig, build_masking
 from data_pipeline.shards import read_manifest
 from pretrain.exporting.export import write_tokenizer
@@ -36,11 +37,13 @@ def _config(backbone: str, tok: dict):
     return model_config(enc, tok, 64)
 
 
-def _batch(tok: dict, name: str, seed: int = 0) -> dict:
+def _batch(tok: dict, name: str, seed: int = 0, padded: bool = True) -> dict:
+    """A batch as the loader's collate builds it (row 2 shorter and padded unless `padded` is false), flags included."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(10, tok["vocab_size"], (6, 40), generator=g)
     ids[:, 0], ids[:, -1] = tok["cls_id"], tok["sep_id"]
-    ids[2, 30:], ids[2, 29] = tok["pad_id"], tok["sep_id"]
+    if padded:
+        ids[2, 30:], ids[2, 29] = tok["pad_id"], tok["sep_id"]
     batch = {"input_ids": ids, "attention_mask": (ids != tok["pad_id"]).long(), "token_type_ids": torch.zeros_like(ids)}
     masking = MaskingConfig(**objective_class(name).masking)  # what the objective declares it needs
     starts = torch.rand(tok["vocab_size"], generator=g) < 0.6 if masking.strategy in ("span", "plm") else None
@@ -53,7 +56,7 @@ def _batch(tok: dict, name: str, seed: int = 0) -> dict:
                                                        tok["sep_id"])
         rows = [{"input_ids": row[row != tok["pad_id"]].numpy(), "sample_id": i} for i, row in enumerate(ids)]
         return MaskingCollate(transform, tok["pad_id"], seed)(rows)
-    return transform(batch, g)
+    return mark_unpadded(transform(batch, g))
 
 
 def _build(backbone: str, name: str, tok: dict, tmp_path):

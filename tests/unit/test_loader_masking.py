@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_pipeline.loader import EVAL_STREAM, LoaderConfig, MaskingCollate, PackedBatch, build_loader
+from data_pipeline.loader import (EVAL_STREAM, INLINE_BATCH_BYTES, LoaderConfig, MaskingCollate, PackedBatch, build_loader,
+                                  unpadded_key)
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, build_masking
 from data_pipeline.dataset_dir import DatasetDir
 
@@ -62,8 +63,11 @@ def test_a_samples_mask_is_its_own_whatever_batch_it_is_in():
     for row, sample in enumerate(samples):
         alone = collate([sample])
         n = len(sample["input_ids"])
-        for key in ("input_ids", "labels", "original_input_ids", "attention_mask", "crop_input_ids"):
+        for key in ("input_ids", "labels", "original_input_ids", "attention_mask"):
             assert torch.equal(together[key][row, :n], alone[key][0, :n]), key
+        crop = alone["crop_input_ids"].shape[1]  # a crop is as wide as itself, and padded to the batch's widest crop
+        assert torch.equal(together["crop_input_ids"][row, :crop], alone["crop_input_ids"][0])
+        assert (together["crop_input_ids"][row, crop:] == 0).all()
         # Padding beyond the sample: pad id, ignored labels, no attention.
         assert (together["input_ids"][row, n:] == 0).all() and (together["attention_mask"][row, n:] == 0).all()
         assert (together["labels"][row, n:] == IGNORE_INDEX).all()
@@ -79,9 +83,30 @@ def test_a_samples_mask_is_its_own_whatever_batch_it_is_in():
     assert torch.equal(fixed(samples)["labels"], fixed([{**s, "epoch": 9} for s in samples])["labels"])
     # Without a transform it pads only: the samples' own tokens, attention over them, no labels.
     padded = MaskingCollate(None, pad_id=0)(samples)
-    assert set(padded) == {"input_ids", "attention_mask", "sample_id"}
+    assert set(padded) == {"input_ids", "attention_mask", "sample_id", unpadded_key("attention_mask")}
     assert torch.equal(padded["input_ids"], together["original_input_ids"])
     assert torch.equal(padded["attention_mask"], together["attention_mask"])
+
+
+def test_each_attention_mask_comes_with_a_flag_that_says_whether_it_was_padded():
+    collate = MaskingCollate(_masking(crop_ratio=0.9), pad_id=0, seed=5)
+    keys = (unpadded_key("attention_mask"), unpadded_key("crop_attention_mask"))
+    mixed, even = collate(_samples([30, 12, 45])), collate(_samples([20, 20, 20]))
+    assert [mixed[k] for k in keys] == [False, False] and [even[k] for k in keys] == [True, True]
+    assert all(type(batch[k]) is bool for batch in (mixed, even) for k in keys)  # plain bools: no tensor to read
+    assert even["attention_mask"].all() and not mixed["attention_mask"].all()
+    assert even["crop_attention_mask"].all() and even["crop_input_ids"].shape == (3, 2 + round(0.9 * 20))
+    # They cross from a loader worker beside the packed columns: as bytes, as shared memory, and pinned.
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    packed = PackedBatch.pack(even)
+    assert packed.buffer.numel() < INLINE_BATCH_BYTES
+    rebuild, args = packed.__reduce__()
+    for back in (packed, pickle.loads(bytes(ForkingPickler.dumps(packed))), rebuild(*args)):
+        out = back.unpack()
+        assert list(out) == list(even) and all(out[k] is True for k in keys)
+        assert all(torch.equal(out[k], v) for k, v in even.items() if k not in keys)
 
 
 def _epochs(dataset, workers, epochs, per_epoch=True):
@@ -121,8 +146,6 @@ def test_a_small_batch_crosses_the_pipe_as_bytes_and_a_large_one_as_shared_memor
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
-    from data_pipeline.loader import INLINE_BATCH_BYTES
-
     small = PackedBatch.pack({"input_ids": torch.arange(4 * 128).reshape(4, 128), "flags": torch.ones(4, dtype=torch.bool)})
     sent = bytes(ForkingPickler.dumps(small))
     assert len(sent) > small.buffer.numel()  # the data itself travels in the message
@@ -131,7 +154,7 @@ def test_a_small_batch_crosses_the_pipe_as_bytes_and_a_large_one_as_shared_memor
     assert torch.equal(back.unpack()["input_ids"], torch.arange(4 * 128).reshape(4, 128))
     back.unpack()["input_ids"][0, 0] = -1  # a writable copy, as a shared block is
     large = PackedBatch.pack({"input_ids": torch.zeros(INLINE_BATCH_BYTES // 8 + 1, dtype=torch.long)})
-    rebuild, (buffer, _, _) = large.__reduce__()
+    rebuild, (buffer, _, _, _) = large.__reduce__()
     assert rebuild is PackedBatch and buffer is large.buffer  # the tensor itself: the DataLoader shares its memory
 
 

@@ -77,10 +77,12 @@ def test_collated_views_repeat_for_a_sample_and_pad_per_column():
             for i, n in enumerate((70, 12, 40))]
     collate = MaskingCollate(_views(), PAD, seed=5)
     a, b = collate(rows), collate(rows)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+                                        for k in a)
     other = MaskingCollate(_views(), PAD, seed=5)([{**r, "epoch": 1} for r in rows])
     assert not torch.equal(a["input_ids"], other["input_ids"])  # a new pass draws new spans
     for prefix in ("", "positive0_", "positive1_"):
         ids, mask = a[f"{prefix}input_ids"], a[f"{prefix}attention_mask"]
         assert ids.shape == mask.shape and torch.equal(ids != PAD, mask.bool())
         assert int(mask.sum(1).max()) == ids.shape[1]  # padded to its own longest row
+        assert a[f"{prefix}attention_mask_unpadded"] is False  # so its encoder is handed the mask
