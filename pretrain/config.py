@@ -83,10 +83,11 @@ class TrainConfig:
     # gradient). Under train.compile keep it in the thousands: the compiler unrolls one copy per chunk.
     # BENCHMARKS.md, "The vocabulary loss in chunks".
     vocab_loss_chunk: int = 0
-    # An attention-mask column the loader padded nothing in (every batch of `packing: full` data but a pass's last)
-    # reaches the encoders as no mask: the same attention, without transformers reading the mask back from the device
-    # to find it all ones (on a GPU a host wait per forward). auto: drop, except where the step is compiled whole
-    # (train.compile true or step), where the step with the mask measured faster; keep: always hand the mask over.
+    # An attention-mask column the loader padded nothing in (with `packing: full`, all batches but those holding a
+    # prepared part's last, shorter row) reaches the encoders as no mask: the same attention, without transformers
+    # reading the mask back from the device to find it all ones (on a GPU a host wait per forward). auto: drop, except
+    # where the step is compiled whole (train.compile true or step), where the step with the mask measured faster
+    # (drop there compiles a second graph for padded batches); keep: always hand the mask over.
     # BENCHMARKS.md, "Unpadded batches without an attention mask".
     unpadded_mask: Literal["auto", "drop", "keep"] = "auto"
     # glibc keeps the host memory a step frees for the next step instead of returning it to the kernel, which

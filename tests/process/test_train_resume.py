@@ -228,6 +228,8 @@ def test_compiled_step_stop_resume_and_export_exactly(prepared, tmp_path):
     straight, out = tmp_path / "straight", tmp_path / "run"
     first = run_cli("pretrain", _args(prepared, straight, *compiled), nproc=1)
     assert "compiled the objective's step (encoders, heads and losses) with torch.compile" in first.stdout
+    # The whole step compiled: train.unpadded_mask=auto hands the encoders the mask (measured faster there).
+    assert "unpadded batches keep their attention mask (train.unpadded_mask=auto, train.compile=true)" in first.stdout
     run_cli("pretrain", _args(prepared, out, *compiled, "train.stop_after=3"), nproc=1)
     run_cli("pretrain", _args(prepared, out, *compiled), nproc=1)
     assert _train_losses(out) == _train_losses(straight) and sorted(_train_losses(out)) == list(range(1, 7))
@@ -260,6 +262,7 @@ def test_layer_compile_trains_as_eager_and_names_its_layers(prepared, tmp_path):
     assert "compiled 2 encoder layer(s), each on its own, and predict with torch.compile" in compiled.stdout
     assert "Q, K and V as one matmul in 2 attention layer(s)" in compiled.stdout
     assert "vocabulary projection fused with the loss, 16 rows at a time" in compiled.stdout
+    assert "keep their attention mask" not in compiled.stdout  # eager model forward: unpadded batches go without
     want, got = _train_losses(eager), _train_losses(layers)
     assert sorted(got) == [1, 2, 3] and all(abs(got[s] - want[s]) <= 1e-5 * abs(want[s]) for s in want), (got, want)
 

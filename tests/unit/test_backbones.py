@@ -17,7 +17,7 @@ from data_pipeline.dataset_dir import DatasetDir
 
 BACKBONES = {
     "bert": {"architecture": "bert"},
-    "modernbert": {"architecture": "modernbert"},
+    "modernbert": {"architecture": "modernbert", "local_attention": 16},  # below the batches' 40: sliding windows run
     "albert": {"architecture": "albert", "embedding_size": 16},
     "xlnet": {"architecture": "xlnet"},
 }

@@ -1,7 +1,7 @@
 """A batch column the loader padded nothing in reaches the encoders without its attention mask: the same losses,
 metrics and gradients as with the all-ones mask, and no device value read back to the host anywhere in the step.
 transformers drops an all-ones mask itself, but only after reading it back (`padding_mask.all()` in an `if`), which
-on a GPU makes the host wait for the device at every encoder call: 8 times a step for COCO-LM on ModernBERT."""
+on a GPU makes the host wait for the device at every encoder call: 8 times a micro-step for COCO-LM on ModernBERT."""
 from collections import Counter
 
 import pytest
