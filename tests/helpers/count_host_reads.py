@@ -5,7 +5,8 @@ where RUNS.json maps a name to the run's arguments (["--config", FILE, "key=valu
 train one after the other in this process. Each record says whether it happened inside a training
 step (the hot loop) or outside it (the flushes, evaluation, checkpoints), at which step, and the file
 and line that made it: the project's own, or transformers' (`transformers/...`). On a GPU each such read
-waits for the device; the test holds the hot loop to none. Beside them, per run, the steps that trained on
+waits for the device; the test holds the hot loop to none. Beside them, per run, every read any code made in a
+step (`dispatched`: a dispatch mode below every library, tests/helpers/device_reads.py), and the steps that trained on
 a batch with a padded attention-mask column (where transformers must look at the mask), numbered as
 the records number the step they are in.
 """
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
+from device_reads import DeviceReads
 
 REPO = Path(__file__).resolve().parents[2]
 READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__")
@@ -60,12 +62,16 @@ def main() -> None:
         state["trainer"], state["records"] = trainer, []
         train_step = trainer.train_step
 
+        dispatched = []
+
         def marked_step(train_step=train_step) -> None:
-            state["in_step"] = True
+            state["in_step"], step, reads = True, trainer.step, DeviceReads()
             try:
-                train_step()
+                with reads:
+                    train_step()
             finally:
                 state["in_step"] = False
+                dispatched.extend({"step": step, "where": where} for where in reads.where)
 
         padded_steps = set()
         next_batch = trainer._next_batch
@@ -78,7 +84,7 @@ def main() -> None:
 
         trainer.train_step, trainer._next_batch = marked_step, noted_batch
         trainer.fit()
-        results[name] = {"records": state["records"], "padded_steps": sorted(padded_steps)}
+        results[name] = {"records": state["records"], "dispatched": dispatched, "padded_steps": sorted(padded_steps)}
         state["trainer"], state["records"] = None, None
         trainer.engine.ds.destroy()
     if torch.distributed.get_rank() == 0:

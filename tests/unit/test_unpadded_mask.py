@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 import torch
 import torch._dynamo as dynamo
+from helpers.device_reads import DeviceReads
 from test_backbones import MATRIX, _batch, _build
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from core.config_io import load_config
 from core.errors import ConfigError
@@ -16,26 +16,6 @@ from data_pipeline.loader import unpadded_key
 from data_pipeline.shards import read_manifest
 from pretrain.config import RunConfig
 from pretrain.engine.setup import drops_unpadded_mask
-
-aten = torch.ops.aten
-# Ops whose result the host must read from the device: a tensor's value as a Python number or bool, and the ops
-# whose output size is data (nonzero, masked_select, indexing by a boolean mask).
-READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.nonzero.default, aten.masked_select.default}
-INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
-
-
-class DeviceReads(TorchDispatchMode):
-    """Counts the step's device -> host reads, by op, whatever code (the project's, transformers', torch's) made them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        by_mask = func in INDEXING and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
-        if func in READS or by_mask:
-            self.ops[func._opname] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _step(objective, batch: dict, drop: bool) -> tuple[torch.Tensor, dict, dict, Counter]:
