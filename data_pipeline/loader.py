@@ -155,7 +155,7 @@ class PackedBatch:
 
     __slots__ = ("buffer", "layout", "rows", "flags")
 
-    def __init__(self, buffer: torch.Tensor, layout: tuple, rows: int, flags: tuple = ()) -> None:
+    def __init__(self, buffer: torch.Tensor, layout: tuple, rows: int, flags: tuple) -> None:
         self.buffer, self.layout, self.rows, self.flags = buffer, layout, rows, flags
 
     @classmethod

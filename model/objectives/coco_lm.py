@@ -196,7 +196,8 @@ class CocoLM(Objective):
         valid = attention.bool()
         copy = copy_loss(copy_logits, unchanged, valid)
         clm, clm_accuracy = self.correct(hidden, copy_logits, corrupted, torch.where(picked, kept, IGNORE_INDEX), index)
-        crop_hidden = bb.encode(self.main, batch["crop_input_ids"], self.encoder_mask(batch, "crop_attention_mask")).last_hidden_state
+        crop = bb.encode(self.main, batch["crop_input_ids"], self.encoder_mask(batch, "crop_attention_mask"))
+        crop_hidden = crop.last_hidden_state
         sims, targets = scl_logits(self.scl_head(hidden[:, 0]), self.scl_head(crop_hidden[:, 0]), self.options.scl_temperature)
         scl = F.cross_entropy(sims, targets)
         with torch.no_grad():

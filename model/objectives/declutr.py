@@ -111,7 +111,8 @@ class Declutr(Objective):
         positives, masks = [], []
         for k in range(self.options.spans.positives):
             ids, mask = batch[f"positive{k}_input_ids"], batch[f"positive{k}_attention_mask"]
-            positives.append(self.backbone.encode(base, ids, self.encoder_mask(batch, f"positive{k}_attention_mask")).last_hidden_state)
+            given = self.encoder_mask(batch, f"positive{k}_attention_mask")
+            positives.append(self.backbone.encode(base, ids, given).last_hidden_state)
             masks.append(mask)
         logits, targets = declutr_logits(anchor, batch["attention_mask"], positives, masks, self.options.temperature)
         loss = torch.nn.functional.cross_entropy(logits, targets)

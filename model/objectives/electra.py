@@ -164,7 +164,8 @@ class Electra(Objective):
         types = batch.get("token_type_ids")
         gen_base = self.backbone.base(self.generator)
         gen_head = self.backbone.mlm_head(self.generator)
-        gen_hidden = self.backbone.encode(gen_base, batch["input_ids"], self.encoder_mask(batch), types).last_hidden_state
+        gen_hidden = self.backbone.encode(gen_base, batch["input_ids"], self.encoder_mask(batch),
+                                          types).last_hidden_state
         index = prediction_positions(batch)
         gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], gen_head, index, self.vocab_loss_chunk)
         with torch.no_grad():

@@ -71,7 +71,8 @@ class XLNetPLM(Objective):
         # (bf16 mixed precision), if any, stays in charge.
         half = dtype != torch.float32
         with torch.autocast(batch["input_ids"].device.type, dtype=dtype) if half else contextlib.nullcontext():
-            query = self.backbone.base(self.model)(input_ids=batch["input_ids"], attention_mask=self.encoder_mask(batch),
+            query = self.backbone.base(self.model)(input_ids=batch["input_ids"],
+                                                   attention_mask=self.encoder_mask(batch),
                                                    perm_mask=batch["perm_mask"].to(dtype),
                                                    target_mapping=batch["target_mapping"].to(dtype)).last_hidden_state
             loss, accuracy = plm_loss(query, batch["target_labels"], self.backbone.mlm_head(self.model),

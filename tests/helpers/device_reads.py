@@ -37,7 +37,8 @@ class DeviceReads(TorchDispatchMode):
         self.where: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        by_mask = func in INDEXING and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
+        by_mask = func in INDEXING and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                           for i in args[1] if i is not None)
         if func in READS or by_mask:
             self.ops[func._opname] += 1
             self.where.append(_caller())
