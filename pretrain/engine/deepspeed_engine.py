@@ -164,10 +164,15 @@ def compile_regions(objective: nn.Module) -> list[str]:
     return names
 
 
+def compiles_whole_step(mode: Union[bool, str]) -> bool:
+    """Whether `train.compile` (true or "step") traces the objective's whole step as one graph."""
+    return mode is True or mode == "step"
+
+
 def compile_objective(model: nn.Module, mode: Union[bool, str]) -> str:
     """Compile as `train.compile` says (true or "step": the whole step; "layers": each encoder layer, and the
     objective's head-and-loss regions); what was compiled, for the log ("" for nothing)."""
-    if mode is True or mode == "step":
+    if compiles_whole_step(mode):
         compile_step(model)
         return "the objective's step (encoders, heads and losses)"
     if mode == "layers":

@@ -18,7 +18,7 @@ from model.fused_qkv import fuse_qkv
 from pretrain.checkpointing.resume_choice import ResumePlan
 from pretrain.config import RunConfig
 from pretrain.engine.ds_config import bf16_weights_for, build_ds_config, redacted
-from pretrain.engine.deepspeed_engine import Engine, build_engine
+from pretrain.engine.deepspeed_engine import Engine, build_engine, compiles_whole_step
 from pretrain.engine.optim import build_optimizer, build_scheduler, reset_schedule
 from pretrain.engine.zero_stage import choose_stage, device_memory_bytes
 
@@ -40,7 +40,7 @@ def drops_unpadded_mask(setting: str, compile: Union[bool, str]) -> bool:
     """Whether the encoders get no attention mask for a batch the loader padded nothing in (`train.unpadded_mask`):
     auto drops it unless the objective's whole step is one compiled graph, where keeping it measured faster."""
     if setting == "auto":
-        return compile not in (True, "step")
+        return not compiles_whole_step(compile)
     return setting == "drop"
 
 

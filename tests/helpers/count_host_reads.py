@@ -4,8 +4,8 @@ Usage: python tests/helpers/count_host_reads.py OUT.json RUNS.json
 where RUNS.json maps a name to the run's arguments (["--config", FILE, "key=value", ...]); the runs
 train one after the other in this process. Each record says whether it happened inside a training
 step (the hot loop) or outside it (the flushes, evaluation, checkpoints), at which step, and the file
-and line that made it: the project's own, or transformers' (`transformers/...`). On a GPU each such read
-waits for the device; the test holds the hot loop to none. Beside them, per run, every read any code made in a
+and line that made it, in the project's own code. On a GPU each such read waits for the device; the test
+holds the hot loop to none. Beside them, per run, every read any code made in a
 step (`dispatched`: a dispatch mode below every library, tests/helpers/device_reads.py), and the steps that trained on
 a batch with a padded attention-mask column (where transformers must look at the mask), numbered as
 the records number the step they are in.
@@ -22,15 +22,6 @@ READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index
 PACKAGES = ("pretrain", "model", "data_pipeline", "core")
 
 
-def _origin(path: Path):
-    """The file as the records name it: a path in the project's packages or in transformers; None for any other."""
-    if path.is_relative_to(REPO) and path.relative_to(REPO).parts[0] in PACKAGES:
-        return str(path.relative_to(REPO))
-    if "transformers" in path.parts and "site-packages" in path.parts:
-        return "/".join(path.parts[path.parts.index("transformers"):])
-    return None
-
-
 def main() -> None:
     """Patch the reads once, train every run, write the records by run."""
     from core.config_io import load_config
@@ -45,11 +36,11 @@ def main() -> None:
 
         def reading(self, *args, **kwargs):
             frame = sys._getframe(1)
-            where = _origin(Path(frame.f_code.co_filename))
-            if state["records"] is not None and where is not None:
+            path = Path(frame.f_code.co_filename)
+            if state["records"] is not None and path.is_relative_to(REPO) and path.relative_to(REPO).parts[0] in PACKAGES:
                 step = state["trainer"].step if state["trainer"] is not None else -1
                 state["records"].append({"in_step": state["in_step"], "step": step, "method": name,
-                                         "where": f"{where}:{frame.f_lineno}"})
+                                         "where": f"{path.relative_to(REPO)}:{frame.f_lineno}"})
             return original(self, *args, **kwargs)
 
         setattr(torch.Tensor, name, reading)
