@@ -10,6 +10,14 @@ from data_pipeline.shards import read_manifest
 from model.objectives import objective_class
 
 # Objectives whose first call splits, and why; from the second call on their step is one graph too.
+def traced(fn, *args) -> tuple[int, int, list[str]]:
+    """Trace `fn(*args)` afresh with dynamo: (graphs, graph breaks, the first line of each break's reason)."""
+    dynamo.reset()
+    explained = dynamo.explain(fn)(*args)
+    reasons = [str(r.reason).splitlines()[0] for r in explained.break_reasons]
+    return explained.graph_count, explained.graph_break_count, reasons
+
+
 FIRST_CALL_SPLITS = {"taco": "output_hidden_states: transformers 5 installs its capturing hooks at a model's first "
                              "call, under a threading lock dynamo cannot enter (a second call recompiles without it)"}
 
@@ -24,10 +32,8 @@ def test_the_step_is_one_graph(backbone, name, prepared, tmp_path):
             objective.eval()(batch)
     for training in (True, False):
         objective.train(training)
-        dynamo.reset()
-        explained = dynamo.explain(objective)(batch)
-        reasons = [str(r.reason).splitlines()[0] for r in explained.break_reasons]
-        assert (explained.graph_count, explained.graph_break_count) == (1, 0), (training, reasons)
+        graphs, breaks, reasons = traced(objective, batch)
+        assert (graphs, breaks) == (1, 0), (training, reasons)
 
 
 REGIONS = [(b, o) for b, o in MATRIX if objective_class(o).compile_regions]
@@ -53,7 +59,5 @@ def test_each_compile_region_runs_in_the_step_and_traces_as_one_graph(backbone, 
     assert set(calls) == set(objective.compile_regions)
     for region, args in calls.items():
         delattr(objective, region)  # the class's method again
-        dynamo.reset()
-        explained = dynamo.explain(getattr(objective, region))(*args)
-        reasons = [str(r.reason).splitlines()[0] for r in explained.break_reasons]
-        assert (explained.graph_count, explained.graph_break_count) == (1, 0), (region, reasons)
+        graphs, breaks, reasons = traced(getattr(objective, region), *args)
+        assert (graphs, breaks) == (1, 0), (region, reasons)

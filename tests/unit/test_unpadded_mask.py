@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 import torch
-import torch._dynamo as dynamo
 from helpers.device_reads import DeviceReads
 from test_backbones import MATRIX, _batch, _build
+from test_one_graph import traced
 
 from core.config_io import load_config
 from core.errors import ConfigError
@@ -74,10 +74,8 @@ def test_the_step_without_a_mask_is_one_graph(backbone, name, prepared, tmp_path
     """`train.unpadded_mask=drop` under `train.compile: true`: the step still traces whole."""
     tok = read_manifest(prepared)["tokenizer"]
     objective = _build(backbone, name, tok, tmp_path).train()
-    dynamo.reset()
-    explained = dynamo.explain(objective)(_batch(tok, name, padded=False))
-    reasons = [str(r.reason).splitlines()[0] for r in explained.break_reasons]
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), reasons
+    graphs, breaks, reasons = traced(objective, _batch(tok, name, padded=False))
+    assert (graphs, breaks) == (1, 0), reasons
 
 
 def test_auto_drops_the_mask_unless_the_step_is_compiled_whole():

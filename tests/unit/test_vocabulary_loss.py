@@ -199,14 +199,13 @@ def test_every_objective_gives_the_plain_losses_and_gradients(backbone, name, pr
 
 @pytest.mark.parametrize("name", ["mlm", "coco_lm"])
 def test_the_fused_step_traces_as_one_graph(name, prepared, tmp_path):
-    import torch._dynamo as dynamo
+    from test_one_graph import traced
 
     tok = read_manifest(prepared)["tokenizer"]
     objective = _build("bert", name, tok, tmp_path).train()
     objective.vocab_loss_chunk = 16
-    dynamo.reset()
-    explained = dynamo.explain(objective)(_batch(tok, name))
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    graphs, breaks, reasons = traced(objective, _batch(tok, name))
+    assert (graphs, breaks) == (1, 0), reasons
 
 
 def test_a_head_that_is_not_a_vocabulary_head_is_refused():
