@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from core.distributed import pid_gone
 from benchmarks.arguments import REPO, add_shared, repo_pythonpath, results_file
 from pretrain.engine.hardware import cpu_name
 from pretrain.run_dir import RunDir
@@ -58,14 +59,7 @@ def descendants(pid: int) -> set[int]:
 
 def running(pids: set[int]) -> set[int]:
     """The pids neither ended nor waiting to be reaped."""
-    live = set()
-    for pid in pids:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                live.add(pid)
-        except (OSError, IndexError):
-            continue
-    return live
+    return {pid for pid in pids if not pid_gone(pid)}
 
 
 def one_case(case: str, data: Path, work: Path, at_step: int, batch: int, limit_s: float) -> dict:

@@ -236,11 +236,12 @@ def _addresses() -> list[str]:
         return []
 
 
-def _pid_gone(pid: int) -> bool:
+def pid_gone(pid: int) -> bool:
     """True when no process has this pid on this machine, or only its unreaped remains (a zombie)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        # ProcessLookupError: the process was reaped between the open and the read of its /proc entry.
         return True
     return state in ("Z", "X")
 
@@ -255,7 +256,7 @@ def lost_peers(error: str) -> str:
     # A killed process closes its sockets a moment before it turns into a zombie: the error can arrive first. (A
     # timed-out collective lost a live peer, hung or far away: no wait.)
     deadline = time.monotonic() + (0.0 if "timed out" in error.lower() else 2.0)
-    while not (gone := [r for r in local if _pid_gone(_PEERS[r]["pid"])]) and local and time.monotonic() < deadline:
+    while not (gone := [r for r in local if pid_gone(_PEERS[r]["pid"])]) and local and time.monotonic() < deadline:
         time.sleep(0.05)
     if gone:
         return f"rank {', '.join(map(str, gone))} on this machine (its process is gone)" if len(gone) == 1 else \
