@@ -2,6 +2,7 @@
 
     python -m benchmarks.kernel_levers                                    # on a GPU: every lever, seq 128, micro-batch 256
     python -m benchmarks.kernel_levers --levers baseline no_mask fused_qkv --steps 30 --warmup 10
+    python -m benchmarks.kernel_levers --levers baseline no_mask no_mask+cudnn_attention   # levers stacked with +
     python -m benchmarks.kernel_levers --shape tiny --batch 4 --steps 3 --warmup 1 --device cpu   # the path on a CPU
 
 Each lever is a fresh BertForMaskedLM (transformers' own class, the same seed) trained as one `torch.compile` graph
@@ -19,6 +20,8 @@ masked, a new batch each step from a cycle made on the device before the timing.
 - `dropout_0.1`: BERT's recipe dropout;
 - `vocab_chunk_1024`, `vocab_chunk_4096`: the head's vocabulary projection fused with the cross-entropy, that many
   rows at a time (model/vocabulary_loss.py, `train.vocab_loss_chunk`): the fp32 logits never exist whole.
+
+Levers stack with `+`: `no_mask+cudnn_attention` is the step without a mask, held to cuDNN's kernel.
 
 `--attention` first times SDPA alone at the step's shape (forward + backward, bf16) for each backend, with and without
 the mask.
@@ -60,6 +63,25 @@ LEVERS: dict[str, dict[str, Any]] = {
     "vocab_chunk_4096": {"vocab_chunk": 4096},
 }
 NEEDS_EXTRA = {"fp8", "cudnn_attention"}  # torchao and sm89+, cuDNN: where missing, the row says why
+
+
+def lever_settings(name: str) -> dict[str, Any]:
+    """The settings of a lever, or of levers stacked with `+` (a later one wins where two set the same thing)."""
+    settings: dict[str, Any] = {}
+    for part in name.split("+"):
+        if part not in LEVERS:
+            raise ValueError(f"unknown lever {part!r} in {name!r}; choose from {', '.join(LEVERS)}")
+        settings.update(LEVERS[part])
+    return settings
+
+
+def _lever(name: str) -> str:
+    """argparse type of --levers: a lever or levers stacked with `+`."""
+    try:
+        lever_settings(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return name
 
 
 def build_model(shape: str, dropout: float, fused_qkv: bool, device: torch.device):
@@ -170,7 +192,7 @@ def run_lever(name: str, args) -> dict:
     from pretrain.engine.hardware import datasheet_peak_tflops
 
     lever = {"mask": True, "attention": None, "fused_qkv": False, "batch": args.batch, "mode": None, "fp8": False,
-             "dropout": 0.0, "vocab_chunk": 0, **LEVERS[name]}
+             "dropout": 0.0, "vocab_chunk": 0, **lever_settings(name)}
     device = torch.device(args.device)
     torch._dynamo.reset()
     model = build_model(args.shape, lever["dropout"], lever["fused_qkv"], device)
@@ -211,7 +233,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Run each lever in turn and write their figures and the ratio to `baseline` (when it ran)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_shared(parser, steps=30, warmup=10, batch=256, seq=128, out=results_file("kernel_levers"))
-    parser.add_argument("--levers", nargs="+", choices=list(LEVERS), default=list(LEVERS))
+    parser.add_argument("--levers", nargs="+", type=_lever, default=list(LEVERS),
+                        help=f"any of {', '.join(LEVERS)}, or several joined with + (stacked)")
     parser.add_argument("--shape", choices=list(SHAPES), default="base")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cycle", type=int, default=8, help="distinct batches, made on the device before timing")
@@ -226,7 +249,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             row = run_lever(name, args)
         except (ImportError, RuntimeError) as exc:
-            if name not in NEEDS_EXTRA:
+            if not NEEDS_EXTRA & set(name.split("+")):
                 raise
             row = {"lever": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
         rows.append(row)
