@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ import torch
 
 from core import distributed as dist
 from core.errors import ConfigError, MissingFileError
+from core.shared_memory import SHM_DIR, remove_unheld_segments
 from core.streaming_import import require_streaming
 from data_pipeline.dataset_dir import INDEX
 from data_pipeline.loader_worker import start_worker
@@ -56,9 +58,9 @@ class LoaderConfig:
     # now (data_pipeline/shard_record.py; a dataset prepared here is recorded as written, so a launch hashes nothing).
     verify_hashes: bool = True
     # With `remote` set, a killed run's shared memory blocks the next run that reuses its local cache
-    # ("Reused local directory"): remove streaming's segments at start. This removes every streaming
-    # segment on the machine, so turn it off when other streaming jobs share the node. Without
-    # `remote`, leftovers block nothing and are never removed.
+    # ("Reused local directory"): remove, at start, the streaming segments no process holds (a killed run's).
+    # Those of live runs on the same machine stay (core/shared_memory.py). Without `remote`, leftovers block
+    # nothing and are never removed.
     clean_stale_shared_memory: bool = True
 
     def validate(self) -> None:
@@ -331,7 +333,9 @@ def shared_memory_registration():
 
     handle = None
     if is_local_leader():
-        handle = open(Path(tempfile.gettempdir()) / "contrastive_pretrain_streaming.lock", "a")
+        # Beside the segments it guards: a job's own TMPDIR (SLURM's per-job /tmp) would hide it from the next job.
+        where = SHM_DIR if SHM_DIR.is_dir() else Path(tempfile.gettempdir())
+        handle = open(where / "contrastive_pretrain_streaming.lock", "a")
         fcntl.flock(handle, fcntl.LOCK_EX)
     own = streaming_dataset.get_shm_prefix
     try:
@@ -367,15 +371,24 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
         prefix._check_and_find_retrying = scan
 
 
-def clean_stale_shared_memory(cfg: LoaderConfig) -> None:
-    """Remove streaming's shared memory left by killed runs, where it would block this one (see LoaderConfig)."""
+def clean_stale_shared_memory(cfg: LoaderConfig) -> list[str]:
+    """Remove the streaming segments killed runs left on this machine, where they would block this run (see
+    LoaderConfig); the names removed (by the local leader; the other ranks wait for it and get none)."""
     if not (cfg.remote and cfg.clean_stale_shared_memory):
-        return
+        return []
     require_streaming()
-    from streaming.base.util import clean_stale_shared_memory as clean
+    from streaming.base.constant import SHM_TO_CLEAN
 
-    with shared_memory_registration():  # cleaning creates and unlinks every name it probes
-        clean()
+    # streaming's own clean-up unlinks every prefix's segments, a live run's beside this one too: its loader
+    # workers then fail to attach, or its resume state is lost and its epoch silently restarts.
+    pattern = re.compile(rf"\d{{6}}_(?:{'|'.join(map(re.escape, SHM_TO_CLEAN))})")
+    removed: list[str] = []
+    with shared_memory_registration():  # no other run's leader is creating its segments meanwhile
+        if is_local_leader():
+            removed = remove_unheld_segments(pattern.fullmatch)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # no rank scans for its prefix before the leader's clean-up is done
+    return removed
 
 
 def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None):
@@ -402,7 +415,7 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
 
 # streaming's shared-memory prefixes of the datasets this process opened (release_shared_memory).
 _SHARED_MEMORY_PREFIXES: set[int] = set()
-SHARED_MEMORY_DIR = Path("/dev/shm")
+SHARED_MEMORY_DIR = SHM_DIR
 
 
 def release_shared_memory() -> list[str]:

@@ -77,10 +77,13 @@ def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: i
     train_transform, eval_transform = (wrap(build_masking(
         m, tok["vocab_size"], tok["mask_id"], tok["special_ids"], word_starts=word_starts, pad_id=tok["pad_id"],
         cls_id=tok["cls_id"], sep_id=tok["sep_id"]), *specials) for m in (masking, evaluation_masking(masking)))
-    clean_stale_shared_memory(cfg)
+    stale = clean_stale_shared_memory(cfg)
     train = build_loader(cfg, "train", micro_batch_size, pin_memory=pin_memory,
                          collate_fn=MaskingCollate(train_transform, tok["pad_id"], seed))
     notes = (f"{train.num_workers} loader worker(s) per rank (data.num_workers=auto)",) if cfg.num_workers == "auto" else ()
+    if stale:
+        notes += (f"removed {len(stale)} streaming shared-memory segment(s) no process held (a killed run's): "
+                  f"{', '.join(sorted(stale)[:4])}{', ...' if len(stale) > 4 else ''}",)
     if not validation or manifest["splits"]["validation"]["sequences"] < per_step:
         return RunData(manifest, train, None, notes)
     validation = build_loader(cfg, "validation", micro_batch_size, shuffle=False, pin_memory=pin_memory,

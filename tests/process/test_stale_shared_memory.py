@@ -1,0 +1,103 @@
+"""A run with remote data removes the streaming segments a killed run left, and only those: a live run's beside it,
+mapped or only held open, keep their names (streaming's own clean-up unlinked every prefix's, a neighbour's too)."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import PROCESS_ENV, python_process
+
+from data_pipeline.loader import LoaderConfig, clean_stale_shared_memory
+
+SHM = Path("/dev/shm")
+# Prefixes far above any a run picks (streaming takes the first free one from 0), so no run's scan reads these.
+MAPPED, OPEN_ONLY, STALE = "999990_barrier", "999991_resume", "999992_next_epoch"
+
+HOLD = """
+import os, sys, time
+from multiprocessing import shared_memory
+mapped = shared_memory.SharedMemory(name=sys.argv[1], create=True, size=64)
+fd = os.open("/dev/shm/" + sys.argv[2], os.O_CREAT | os.O_RDWR, 0o600)  # held open, never mapped
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+# A live run: a streaming dataset over local data, one batch read, its segments held until the go file appears.
+LIVE_RUN = """
+import json, sys, time
+from pathlib import Path
+from data_pipeline.loader import LoaderConfig, build_dataset
+dataset = build_dataset(LoaderConfig(path=sys.argv[1]), "train", 4)
+samples = iter(dataset)
+next(samples)
+print(json.dumps({"prefix": dataset._shm_prefix_int}), flush=True)
+while not Path(sys.argv[2]).exists():
+    time.sleep(0.05)
+print(json.dumps({"rest": sum(1 for _ in samples)}), flush=True)
+"""
+
+
+def _remote(tmp_path: Path) -> LoaderConfig:
+    return LoaderConfig(path=str(tmp_path / "cache"), remote="s3://bucket/data")
+
+
+def test_only_the_segments_no_process_holds_are_removed(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, MAPPED, OPEN_ONLY], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        (SHM / STALE).write_bytes(b"\0" * 64)  # written and closed: nothing holds it, as after a kill
+        (SHM / "999993_not_streaming").write_bytes(b"\0")  # not one of streaming's names
+        removed = clean_stale_shared_memory(_remote(tmp_path))
+        assert STALE in removed and not (SHM / STALE).exists()
+        assert MAPPED not in removed and OPEN_ONLY not in removed
+        assert (SHM / MAPPED).exists() and (SHM / OPEN_ONLY).exists() and (SHM / "999993_not_streaming").exists()
+        assert clean_stale_shared_memory(LoaderConfig(path=str(tmp_path), remote="s3://bucket/data",
+                                                      clean_stale_shared_memory=False)) == []
+    finally:
+        holder.kill()
+        holder.wait()
+        for name in (MAPPED, OPEN_ONLY, STALE, "999993_not_streaming"):
+            (SHM / name).unlink(missing_ok=True)
+    # Its holder gone, the segment it held open is a killed run's leftover like any other.
+    (SHM / OPEN_ONLY).write_bytes(b"\0")
+    assert OPEN_ONLY in clean_stale_shared_memory(_remote(tmp_path)) and not (SHM / OPEN_ONLY).exists()
+
+
+def _line(out: Path, n: int, proc, timeout: float = 120) -> dict:
+    """The `n`th line the process printed to `out` (1-based), once there."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        lines = out.read_text().splitlines(keepends=True) if out.exists() else []
+        if len(lines) >= n and lines[n - 1].endswith("\n"):
+            return json.loads(lines[n - 1])
+        assert proc.poll() is None, f"the live run ended ({proc.returncode}) before its line {n}"
+        time.sleep(0.05)
+    raise AssertionError(f"no line {n} from the live run in {timeout} s")
+
+
+def test_a_live_runs_segments_survive_another_runs_clean_up_and_it_reads_on(prepared, tmp_path):
+    go, out, err = tmp_path / "go", tmp_path / "live.out", tmp_path / "live.err"
+    script = tmp_path / "live_run.py"
+    script.write_text(LIVE_RUN)
+    # Its own temporary folder, as a SLURM job's: streaming's scan then sees no other run's lock files and takes the
+    # first prefix without segments, one streaming's clean-up reaches.
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, **PROCESS_ENV, "TMPDIR": str(tmp_path / "tmp")}
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        live = python_process([str(script), str(prepared), str(go)], env=env, stdout=stdout, stderr=stderr)
+    try:
+        prefix = _line(out, 1, live)["prefix"]
+        names = sorted(p.name for p in SHM.glob(f"{prefix:06}_*"))
+        assert f"{prefix:06}_locals" in names, names
+        removed = clean_stale_shared_memory(_remote(tmp_path))
+        assert not set(names) & set(removed)
+        assert sorted(p.name for p in SHM.glob(f"{prefix:06}_*")) == names
+        go.touch()
+        assert _line(out, 2, live)["rest"] > 0
+        assert live.wait(timeout=60) == 0, err.read_text()[-2000:]
+    finally:
+        if live.poll() is None:
+            live.kill()
+            live.wait()
