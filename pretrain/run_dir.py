@@ -23,6 +23,8 @@ from typing import Optional
 
 import yaml
 
+from core.jsonl import read_jsonl
+
 CONFIG_FILE = "config.yaml"
 MODEL_CONFIG_FILE = "model_config.json"
 DATA_MANIFEST_FILE = "data_manifest.json"
@@ -83,9 +85,7 @@ class RunDir:
 
     def metric_rows(self, split: Optional[str] = None) -> list[dict]:
         """The rows of metrics.jsonl in order (those of one split: train, validation, resume, ...); [] before any."""
-        if not self.metrics.is_file():
-            return []
-        rows = [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+        rows = read_jsonl(self.metrics)
         return [row for row in rows if split is None or row.get("split") == split]
 
     def checkpoint(self, tag: str) -> Path:

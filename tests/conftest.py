@@ -217,8 +217,7 @@ def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> None:
     """Block until the run's metrics.jsonl reaches `step` (failing if a rank exits first)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        path = RunDir(run).metrics
-        if path.is_file() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines() if line.strip()):
+        if any(row["step"] >= step for row in RunDir(run).metric_rows()):  # complete rows: the run is writing them
             return
         assert all(p.poll() is None for p in procs), "a rank exited early"
         time.sleep(0.05)

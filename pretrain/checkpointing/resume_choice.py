@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from core import distributed as dist
 from core.errors import CheckpointError, ConfigError
+from core.jsonl import read_jsonl
 from pretrain.checkpointing import checkpoint as ckpt
 from pretrain.checkpointing.checkpoint_data import check_tag_is_data
 from pretrain.checkpointing.checkpoint_dir import CheckpointDir, as_tag, universal_tag
@@ -73,7 +74,7 @@ class ResumeChoice:
         if train.resume_from:
             as_tag(train.resume_from)  # a malformed value is refused on every rank, not on rank 0 while the rest wait
             if self.run_dir.branches.is_file():
-                branched_from = {json.loads(row)["from"] for row in self.run_dir.branches.read_text().splitlines()}
+                branched_from = {row["from"] for row in read_jsonl(self.run_dir.branches)}
         picked = self._pick(branched_from) if self.rank == 0 else (None, [], "", "")
         tag, damaged, error, note = dist.broadcast_object(*picked)
         if error:

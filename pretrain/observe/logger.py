@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from core.atomic_files import write_text_atomic
+from core.jsonl import complete_lines
 from pretrain.run_dir import TENSORBOARD, RunDir
 
 
@@ -47,8 +48,7 @@ class RunLogger:
 
         self._jsonl.close()
         path = self._jsonl.name
-        with open(path) as fh:
-            rows = [(json.loads(line)["step"], line) for line in fh if line.strip()]
+        rows = [(json.loads(line)["step"], line) for line in complete_lines(Path(path))]
         write_text_atomic(Path(path), "".join(line for s, line in rows if s <= step))
         self._jsonl = open(path, "a", buffering=1)
         if self.trackers is not None and rows:

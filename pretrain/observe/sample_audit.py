@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from core.atomic_files import write_text_atomic
+from core.jsonl import complete_lines
 from pretrain.run_dir import RunDir
 
 
@@ -37,5 +38,5 @@ class SampleAudit:
             paths += [p for p in self.path.parent.glob("rank*.jsonl") if int(p.stem[4:]) >= self.world]
         for path in paths:
             if path.is_file():
-                keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
-                write_text_atomic(path, "".join(line + "\n" for line in keep))
+                keep = [line for line in complete_lines(path) if json.loads(line)["step"] <= last_step]
+                write_text_atomic(path, "".join(keep))

@@ -84,6 +84,10 @@ def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
     assert sorted(p.name for p in (RunDir(out).checkpoints).glob("step_*")) == ["step_00000005", "step_00000010", "step_00000012"]
     # As if the job died while saving step 12: without its marker that checkpoint does not count.
     (RunDir(out).checkpoints / "step_00000012" / "COMPLETE").unlink()
+    # ... and while appending step 13's rows: each file ends in a line cut short, which the resume must not trip on.
+    for path in (RunDir(out).metrics, RunDir(out).samples(0), RunDir(out).samples(1)):
+        with open(path, "a") as fh:
+            fh.write('{"step": 13, "spl')
     second = run_cli("pretrain", _args(prepared, out), nproc=2)
     assert "resumed from" in second.stdout and "at step 10" in second.stdout
 

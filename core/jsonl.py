@@ -1,0 +1,27 @@
+"""JSON-lines files the trainer appends to and reads back on resume (metrics, the sample audit, branches).
+
+A process killed while appending can leave its last line cut short: readers skip a last line without its newline,
+which holds a row never completely written (the step it belonged to is redone after the resume).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def complete_lines(path: Path) -> list[str]:
+    """The file's complete lines (each with its newline), blank ones left out; [] when there is no file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines.pop()  # cut short by a kill mid-append
+    return [line for line in lines if line.strip()]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file, a last line cut short by a kill left out; [] when there is no file."""
+    return [json.loads(line) for line in complete_lines(path)]

@@ -1,0 +1,29 @@
+"""JSON-lines read back on resume: a last line a kill cut short is left out; anything else malformed still fails."""
+import json
+
+import pytest
+
+from core.jsonl import complete_lines, read_jsonl
+
+
+def test_a_last_line_without_its_newline_is_left_out(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"step": 1}\n\n{"step": 2}\n{"step": 3, "lo')
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
+    assert complete_lines(path) == ['{"step": 1}\n', '{"step": 2}\n']
+
+
+def test_complete_files_and_missing_ones(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    assert read_jsonl(path) == [] and complete_lines(path) == []
+    path.write_text("")
+    assert read_jsonl(path) == []
+    path.write_text('{"step": 1}\n{"step": 2}\n')
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
+
+
+def test_a_damaged_line_before_the_last_is_not_hidden(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    with pytest.raises(json.JSONDecodeError):
+        read_jsonl(path)
