@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import time
@@ -15,13 +16,18 @@ from core.errors import OutputExistsError
 def write_text_atomic(path: Path, text: str, fsync: bool = False) -> None:
     """Write a text file under a temporary name and rename it into place (fsync first when asked)."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    tmp.replace(path)
+    # A name of this writer's own: two processes writing one file (the leaders of several nodes recording a shared
+    # dataset's checks) would otherwise rename each other's temporary file away, and the second rename fail.
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as fh:
+            fh.write(text)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def save_figure_atomic(fig, path: Path, dpi: int = 120) -> None:

@@ -315,11 +315,12 @@ def _await_plan(staging: Path, final_dir: Path, timeout_s: float) -> dict[str, A
     """The plan task 0 wrote (None when the dataset was already published), or an error when task 0 failed."""
     deadline = time.time() + timeout_s
     while not (staging / PLAN).is_file():
-        failed = staging / FAILED
-        if failed.is_file():
-            attempt, _, message = failed.read_text().partition("\n")
-            if attempt == _attempt():
-                raise InputDataError(f"task 0 of this array could not plan the dataset: {message.strip()}")
+        try:
+            attempt, _, message = (staging / FAILED).read_text().partition("\n")
+        except FileNotFoundError:  # none, or a requeued task 0 removed it since
+            attempt = message = ""
+        if attempt and attempt == _attempt():
+            raise InputDataError(f"task 0 of this array could not plan the dataset: {message.strip()}")
         if not staging.exists() and _published(final_dir):
             return None  # the other tasks finished and published before this one started
         if time.time() > deadline:

@@ -5,6 +5,7 @@ import gzip
 import json
 import multiprocessing.process
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -190,11 +191,31 @@ def no_launcher_variables_leak():
     assert not leaked, f"the test left launcher variables in os.environ: {leaked}"
 
 
+_PORTS_RNG = random.SystemRandom()  # not the global generator, which a test may seed alike in both workers
+
+
+def _ports_the_kernel_never_picks() -> range:
+    """Ports outside the range the kernel hands out for outgoing connections and bind(0) (ip_local_port_range)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(10000, low) if low - 10000 >= 2000 else range(high + 1, 65536)
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now (for MASTER_PORT)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nobody listens on right now (for MASTER_PORT), from outside the ephemeral range: a port bind(0)
+    gave could be handed to another process's connection (a gloo pair, an S3 client) before the rank binds it."""
+    ports = _ports_the_kernel_never_picks()
+    for _ in range(100):
+        port = _PORTS_RNG.choice(ports)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {ports}")
 
 
 def launch_ranks(args: list[str], n: int, log_dir: Path, module: str = "pretrain", env: dict[str, str] | None = None) -> list:

@@ -4,6 +4,7 @@ kind: sigkill (os.kill SIGKILL), exit (sys.exit(1)), abort (os.abort()), stop (S
 sends nothing, as a lost host). Just before the fault the rank writes the time to FAULT_TIME_FILE.
 """
 import os
+import resource
 import signal
 import sys
 import time
@@ -27,6 +28,8 @@ def train_step(self) -> None:
         elif kind == "exit":
             sys.exit(1)
         elif kind == "abort":
+            # No core file: where a runner allows them, the dying rank would hold its sockets open while it writes one.
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             os.abort()
         elif kind == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)

@@ -96,4 +96,12 @@ def test_a_rank_killed_from_outside_takes_its_loader_workers_with_it(prepared, t
     print(f"outside SIGKILL at step 10: rank 0 exited {code} {seconds:.1f}s later")
     assert code == EXIT_PEER_LOST and seconds <= 20, (code, seconds, log[-3000:])
     assert "peer lost: rank 0 of 2" in log and "lost rank 1 on this machine" in log, log[-3000:]
-    assert not left, {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in left}
+    assert not left, {pid: _cmdline(pid) for pid in left}
+
+
+def _cmdline(pid: int) -> bytes:
+    """What a left-over process runs, for the failure message (it may have ended since)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()[:120]
+    except OSError as exc:
+        return repr(exc).encode()

@@ -200,10 +200,12 @@ def jobs(cluster, prepared, tmp_path_factory):
                 kills["doomed"].append(time.time())
         states.update({f"prepare {i}": t.get("JobState") for i, t in enumerate(known.get(str(prepare), []))})
         marker = run / "PREEMPTED"
-        if marker.is_file():
+        try:
             record = json.loads(marker.read_text())
-            if record not in [m for m, _ in markers]:
-                markers.append((record, (RunDir(run).checkpoints / record["checkpoint"] / "COMPLETE").is_file()))
+        except FileNotFoundError:  # none yet, or the resumed attempt removed it since
+            record = None
+        if record is not None and record not in [m for m, _ in markers]:
+            markers.append((record, (RunDir(run).checkpoints / record["checkpoint"] / "COMPLETE").is_file()))
         # The limit job: USR1 once it trains in attempt 1, and again in attempt 2 while its batch shell is still in
         # ENV_SETUP, before srun has started the trainer.
         log = work / f"pretrain-{limited}.out"

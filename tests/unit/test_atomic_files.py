@@ -1,0 +1,31 @@
+"""write_text_atomic: a reader sees the old text or the new one, whole, even with several writers at once."""
+import threading
+
+from core.atomic_files import write_text_atomic
+
+
+def test_writers_of_one_file_at_once_never_fail_and_leave_one_whole_text(tmp_path):
+    target = tmp_path / "verified.json"
+    texts = [f'{{"writer": {w}, "pad": "{"x" * 20000}"}}\n' for w in range(4)]
+    errors: list[BaseException] = []
+    torn: list[str] = []
+
+    def write(text: str) -> None:
+        try:
+            for _ in range(150):
+                write_text_atomic(target, text)
+                seen = target.read_text()
+                if seen not in texts:
+                    torn.append(seen[:80])
+        except BaseException as exc:  # noqa: BLE001 - reported below, with the writer's traceback lost to the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in texts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[:3]
+    assert not torn, torn[:3]
+    assert target.read_text() in texts
+    assert [p.name for p in tmp_path.iterdir()] == ["verified.json"]  # no temporary file left
