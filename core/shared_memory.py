@@ -7,6 +7,7 @@ segments nobody holds cleans up after a killed run without taking the names of a
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -66,3 +67,22 @@ def remove_unheld_segments(matches: Callable[[str], bool], shm_dir: Path = SHM_D
         except FileNotFoundError:  # its owner, or another run's clean-up, was first
             continue
     return removed
+
+
+def machine_lock(name: str) -> int:
+    """A read-only descriptor of the lock file `name` in /dev/shm (the temporary folder where there is none), one
+    for every user's processes on this machine, for `fcntl.flock`; created, when missing, readable by all."""
+    path = (SHM_DIR if SHM_DIR.is_dir() else Path(tempfile.gettempdir())) / name
+    while True:
+        try:
+            # Read-only, without O_CREAT: another user's file in a sticky folder opens so (flock needs no more), where
+            # opening it for writing, or with O_CREAT under fs.protected_regular, is refused.
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            pass
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:  # another process created it meanwhile: open that one
+            continue
+        os.fchmod(fd, 0o644)  # whatever this user's umask, the next user's processes can open it
+        return fd

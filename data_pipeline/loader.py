@@ -22,7 +22,6 @@ import fcntl
 import functools
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional, Union
@@ -32,7 +31,7 @@ import torch
 
 from core import distributed as dist
 from core.errors import ConfigError, MissingFileError
-from core.shared_memory import SHM_DIR, remove_unheld_segments
+from core.shared_memory import SHM_DIR, machine_lock, remove_unheld_segments
 from core.streaming_import import require_streaming
 from data_pipeline.dataset_dir import INDEX
 from data_pipeline.loader_worker import start_worker
@@ -331,12 +330,12 @@ def shared_memory_registration():
     require_streaming()
     import streaming.base.dataset as streaming_dataset
 
-    handle = None
+    lock = None
     if is_local_leader():
-        # Beside the segments it guards: a job's own TMPDIR (SLURM's per-job /tmp) would hide it from the next job.
-        where = SHM_DIR if SHM_DIR.is_dir() else Path(tempfile.gettempdir())
-        handle = open(where / "contrastive_pretrain_streaming.lock", "a")
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        # In /dev/shm, beside the segments it guards: a job's own TMPDIR (SLURM's per-job /tmp) would hide it from
+        # the next job.
+        lock = machine_lock("contrastive_pretrain_streaming.lock")
+        fcntl.flock(lock, fcntl.LOCK_EX)
     own = streaming_dataset.get_shm_prefix
     try:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -345,9 +344,9 @@ def shared_memory_registration():
         yield
     finally:
         streaming_dataset.get_shm_prefix = own
-        if handle is not None:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            handle.close()
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            os.close(lock)
 
 
 def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, retry: int = 100):

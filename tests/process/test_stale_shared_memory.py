@@ -1,5 +1,7 @@
 """A run with remote data removes the streaming segments a killed run left, and only those: a live run's beside it,
-mapped or only held open, keep their names (streaming's own clean-up unlinked every prefix's, a neighbour's too)."""
+mapped or only held open, keeps its names (streaming's own clean-up unlinked every prefix's, a neighbour's too). The lock
+that serialises the runs' registrations is one per machine, for every user."""
+import fcntl
 import json
 import os
 import subprocess
@@ -7,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import PROCESS_ENV, python_process
+from conftest import PROCESS_ENV, REPO, python_process
 
+from core.shared_memory import machine_lock
 from data_pipeline.loader import LoaderConfig, clean_stale_shared_memory
 
 SHM = Path("/dev/shm")
@@ -101,3 +104,40 @@ def test_a_live_runs_segments_survive_another_runs_clean_up_and_it_reads_on(prep
         if live.poll() is None:
             live.kill()
             live.wait()
+
+
+def test_the_registration_lock_is_one_for_the_machine_and_opens_for_every_user(tmp_path):
+    """Created readable by all whatever the creator's umask, opened read-only (what another user's file allows),
+    and exclusive across processes."""
+    name = f"contrastive_pretrain_test_{os.getpid()}.lock"
+    old = os.umask(0o077)
+    try:
+        first = machine_lock(name)
+    finally:
+        os.umask(old)
+    try:
+        assert (SHM / name).stat().st_mode & 0o777 == 0o644
+        assert fcntl.fcntl(first, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+        fcntl.flock(first, fcntl.LOCK_EX)
+        other = subprocess.run([sys.executable, "-c", TRY_LOCK, name], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert other.stdout.strip() == "held elsewhere", other.stderr[-2000:]
+        fcntl.flock(first, fcntl.LOCK_UN)
+        other = subprocess.run([sys.executable, "-c", TRY_LOCK, name], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert other.stdout.strip() == "taken", other.stderr[-2000:]
+    finally:
+        os.close(first)
+        (SHM / name).unlink(missing_ok=True)
+
+
+TRY_LOCK = """
+import fcntl, sys
+from core.shared_memory import machine_lock
+fd = machine_lock(sys.argv[1])
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("taken")
+except BlockingIOError:
+    print("held elsewhere")
+"""
