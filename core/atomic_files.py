@@ -19,15 +19,20 @@ def write_text_atomic(path: Path, text: str, fsync: bool = False) -> None:
     # A name of this writer's own: two processes writing one file (the leaders of several nodes recording a shared
     # dataset's checks) would otherwise rename each other's temporary file away, and the second rename fail.
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as fh:
+    with open(tmp, "x", encoding="utf-8") as fh:
+        try:
             fh.write(text)
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    try:
         tmp.replace(path)
-    finally:
+    except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
 
 
 def save_figure_atomic(fig, path: Path, dpi: int = 120) -> None:

@@ -22,6 +22,20 @@ def complete_lines(path: Path) -> list[str]:
     return [line for line in lines if line.strip()]
 
 
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    """Append one row as a line; a last line a kill cut short is cut off first, so the row starts a line of its own."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b"\n"
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as fh:
+            fh.truncate(data.rfind(b"\n") + 1)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The rows of a JSON-lines file, a last line cut short by a kill left out; [] when there is no file."""
     return [json.loads(line) for line in complete_lines(path)]

@@ -2,64 +2,89 @@
 
 A segment is held while a process maps it or keeps a descriptor of it open; a live run's segments always are (the
 creator opens, then maps, and keeps the mapping until it unlinks), a killed run's are not. Removing only the
-segments nobody holds cleans up after a killed run without taking the names of a live one beside it.
+segments nobody holds cleans up after a killed run without taking the names of a live one beside it. Only the
+processes /proc shows can be asked: a container with its own process namespace but this machine's /dev/shm is
+invisible here, so its segments would look unheld (see data.clean_stale_shared_memory).
 """
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 SHM_DIR = Path("/dev/shm")
 
+FileId = tuple[int, int, int]  # device major, device minor, inode: a file whatever path or namespace names it
 
-def held_segments(shm_dir: Path = SHM_DIR) -> set[str]:
-    """Names under `shm_dir` that some process on this machine maps or holds open (as far as /proc shows it)."""
-    prefix = f"{shm_dir}/"
-    held: set[str] = set()
+
+def _file_id(st: os.stat_result) -> FileId:
+    return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
+
+
+def held_files() -> Optional[set[FileId]]:
+    """The files some process of this machine maps or holds open; None when a process of this user could not be
+    read (its holdings unknown, nothing may be taken as unheld)."""
+    held: set[FileId] = set()
+    me = os.getuid()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
-        # Any of these reads may meet a process that ended (ENOENT, ESRCH) or another user's (EACCES): skip it.
+        # A process may end at any point of this (ENOENT, ESRCH): what it held is then free.
         try:
-            for line in (proc / "maps").read_text().splitlines():
-                fields = line.split(maxsplit=5)
-                if len(fields) == 6 and fields[5].startswith(prefix):
-                    held.add(fields[5][len(prefix):].removesuffix(" (deleted)"))
+            maps = (proc / "maps").read_text()
+        except PermissionError:
+            try:
+                if me != 0 and proc.stat().st_uid == me:
+                    return None
+            except OSError:
+                pass
+            continue  # another user's: its segments are its own, never removed here (not ours to unlink)
         except OSError:
-            pass
+            continue
+        for line in maps.splitlines():
+            fields = line.split(maxsplit=5)  # address, perms, offset, dev (hex major:minor), inode, path
+            if len(fields) == 6 and fields[4] != "0":
+                major, _, minor = fields[3].partition(":")
+                held.add((int(major, 16), int(minor, 16), int(fields[4])))
         try:
-            for fd in os.listdir(proc / "fd"):
-                target = os.readlink(proc / "fd" / fd)
-                if target.startswith(prefix):
-                    held.add(target[len(prefix):].removesuffix(" (deleted)"))
+            fds = os.listdir(proc / "fd")
         except OSError:
-            pass
+            continue
+        for fd in fds:
+            try:
+                held.add(_file_id(os.stat(proc / "fd" / fd)))
+            except OSError:  # closed since it was listed
+                continue
     return held
 
 
 def remove_unheld_segments(matches: Callable[[str], bool], shm_dir: Path = SHM_DIR) -> list[str]:
     """Unlink this user's segments whose name `matches` and that no process holds; the names removed."""
-    candidates = []
+    candidates: dict[FileId, str] = {}
     try:
         entries = list(os.scandir(shm_dir))
     except FileNotFoundError:  # no /dev/shm here
         return []
     for entry in entries:
         try:
-            if matches(entry.name) and entry.stat(follow_symlinks=False).st_uid == os.getuid():
-                candidates.append(entry.name)
+            if matches(entry.name) and entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                if st.st_uid == os.getuid():
+                    candidates[_file_id(st)] = entry.name
         except FileNotFoundError:  # unlinked since it was listed
             continue
     if not candidates:
         return []
     # Listed before /proc is read: a segment that exists now is held by its creator from before it existed
     # (created and opened in one call) until its owner unlinks it, so the scan below sees every live one.
-    held = held_segments(shm_dir)
+    held = held_files()
+    if held is None:
+        return []
     removed = []
-    for name in candidates:
-        if name in held:
+    for file_id, name in candidates.items():
+        if file_id in held:
             continue
         try:
             (shm_dir / name).unlink()
@@ -73,6 +98,7 @@ def machine_lock(name: str) -> int:
     """A read-only descriptor of the lock file `name` in /dev/shm (the temporary folder where there is none), one
     for every user's processes on this machine, for `fcntl.flock`; created, when missing, readable by all."""
     path = (SHM_DIR if SHM_DIR.is_dir() else Path(tempfile.gettempdir())) / name
+    refused = 0
     while True:
         try:
             # Read-only, without O_CREAT: another user's file in a sticky folder opens so (flock needs no more), where
@@ -80,6 +106,13 @@ def machine_lock(name: str) -> int:
             return os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             pass
+        except PermissionError:
+            # Another user's process created it a moment ago and has not made it readable by all yet.
+            refused += 1
+            if refused > 50:
+                raise
+            time.sleep(0.01)
+            continue
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:  # another process created it meanwhile: open that one

@@ -21,7 +21,9 @@ import contextlib
 import fcntl
 import functools
 import os
+import random
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional, Union
@@ -58,8 +60,9 @@ class LoaderConfig:
     verify_hashes: bool = True
     # With `remote` set, a killed run's shared memory blocks the next run that reuses its local cache
     # ("Reused local directory"): remove, at start, the streaming segments no process holds (a killed run's).
-    # Those of live runs on the same machine stay (core/shared_memory.py). Without `remote`, leftovers block
-    # nothing and are never removed.
+    # Those of live runs on the same machine stay (core/shared_memory.py), except where a run is out of sight: in a
+    # container with a process namespace of its own but this machine's /dev/shm, set this false. Without `remote`,
+    # leftovers block nothing and are never removed.
     clean_stale_shared_memory: bool = True
 
     def validate(self) -> None:
@@ -322,31 +325,53 @@ def shared_memory_registration():
     the other ranks open it: two runs starting together on one machine (two jobs on a node, two
     test workers) pick the same prefix (FileExistsError), or a rank scans while another run's leader
     is creating and so picks another prefix than its own leader ("shared memory registered does not
-    match local leader"). The leader takes the lock, then a barrier lets the other ranks go on only
-    while it holds it. Only leaders lock, so a run's own ranks never wait on each other for it.
+    match local leader"). Every local leader takes its machine's lock before any rank goes on
+    (`_lock_every_machine`). Only leaders lock, so a run's own ranks never wait on each other for it.
     Another run's segments can still vanish (a run that ends) between two ranks' scans, so every rank
     takes its local leader's scan instead of its own (`_leaders_shm_prefix`).
     """
     require_streaming()
     import streaming.base.dataset as streaming_dataset
 
-    lock = None
-    if is_local_leader():
-        # In /dev/shm, beside the segments it guards: a job's own TMPDIR (SLURM's per-job /tmp) would hide it from
-        # the next job.
-        lock = machine_lock("contrastive_pretrain_streaming.lock")
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    # In /dev/shm, beside the segments it guards: a job's own TMPDIR (SLURM's per-job /tmp) would hide it from the
+    # next job.
+    lock = machine_lock("contrastive_pretrain_streaming.lock") if is_local_leader() else None
     own = streaming_dataset.get_shm_prefix
     try:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.barrier()
+            _lock_every_machine(lock)
             streaming_dataset.get_shm_prefix = _leaders_shm_prefix
+        elif lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         yield
     finally:
         streaming_dataset.get_shm_prefix = own
         if lock is not None:
             fcntl.flock(lock, fcntl.LOCK_UN)
             os.close(lock)
+
+
+def _lock_every_machine(lock: Optional[int]) -> None:
+    """Every local leader of the run holds its machine's lock (`lock`; None on the other ranks), or none does.
+
+    A leader that blocked on its lock while holding another machine's would deadlock two multi-node runs that share
+    two machines and took them in opposite orders. So each leader only tries; unless all succeeded, those that did
+    let go, and all try again after a random pause.
+    """
+    pause = random.Random()  # not the seeded global generator: two runs must not pause alike
+    while True:
+        held = False
+        if lock is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+            except BlockingIOError:
+                pass
+        if all(dist.all_gather_object(held or lock is None)):
+            return
+        if held:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        time.sleep(pause.uniform(0.01, 0.2))
 
 
 def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, retry: int = 100):

@@ -61,8 +61,10 @@ def upload_rest(local: Path | str, url: str) -> int:
     """Upload what a staging folder still holds: shards, then each split's index, the tokenizer, the manifest last;
     return the file count."""
     local, store = Path(local), ObjectStore(url)
-    # Not the verification records: they hold this machine's file times (shard_record.py).
-    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file() and p.name != RECORD)
+    # Not the verification records: they hold this machine's file times (shard_record.py); nor what a killed writer
+    # left under a temporary name (write_text_atomic's .NAME.HOST-PID-RANDOM.tmp).
+    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*")
+                   if p.is_file() and p.name != RECORD and not (p.name.startswith(".") and p.name.endswith(".tmp")))
     indexes = [f for f in files if f.endswith(f"/{INDEX}")]
     tokenizer = [f for f in files if f.startswith(f"{TOKENIZER}/")]
     first = [f for f in files if f not in indexes and f not in tokenizer and f != MANIFEST]

@@ -207,6 +207,10 @@ def free_port() -> int:
     """A TCP port nobody listens on right now (for MASTER_PORT), from outside the ephemeral range: a port bind(0)
     gave could be handed to another process's connection (a gloo pair, an S3 client) before the rank binds it."""
     ports = _ports_the_kernel_never_picks()
+    if not ports:  # the ephemeral range covers nearly all ports here: bind(0) it is
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
     for _ in range(100):
         port = _PORTS_RNG.choice(ports)
         with socket.socket() as s:

@@ -3,7 +3,6 @@
 universal copy for another world size that resuming it takes."""
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from typing import Any, Optional
 
 from core import distributed as dist
 from core.errors import CheckpointError, ConfigError
-from core.jsonl import read_jsonl
+from core.jsonl import append_jsonl, read_jsonl
 from pretrain.checkpointing import checkpoint as ckpt
 from pretrain.checkpointing.checkpoint_data import check_tag_is_data
 from pretrain.checkpointing.checkpoint_dir import CheckpointDir, as_tag, universal_tag
@@ -147,6 +146,5 @@ class ResumeChoice:
                 self.notes.append(f"branching from {tag} (train.resume_from): {', '.join(later)} moved aside to {aside}")
             # Recorded even when nothing moved: once the branch has saved, a requeue resumes the branch, not the tag.
             row = {"from": tag, "moved_aside": later, "to": aside.name if later else None, "time": time.time()}
-            with open(self.run_dir.branches, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+            append_jsonl(self.run_dir.branches, row)
         dist.barrier()

@@ -9,14 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import PROCESS_ENV, REPO, python_process
+from conftest import PROCESS_ENV, REPO, free_port, python_process
 
-from core.shared_memory import machine_lock
+from core.shared_memory import machine_lock, remove_unheld_segments
 from data_pipeline.loader import LoaderConfig, clean_stale_shared_memory
 
 SHM = Path("/dev/shm")
-# Prefixes far above any a run picks (streaming takes the first free one from 0), so no run's scan reads these.
-MAPPED, OPEN_ONLY, STALE = "999990_barrier", "999991_resume", "999992_next_epoch"
+# A prefix far above any a run picks (streaming takes the first free one from 0), so no run's scan reads it.
+STALE = "999992_next_epoch"
 
 HOLD = """
 import os, sys, time
@@ -47,25 +47,24 @@ def _remote(tmp_path: Path) -> LoaderConfig:
 
 
 def test_only_the_segments_no_process_holds_are_removed(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, MAPPED, OPEN_ONLY], stdout=subprocess.PIPE, text=True)
+    """Names of this test's own (no run's clean-up, in another test worker, touches them): the one a process maps
+    and the one it only holds open stay; the one nothing holds goes, and so does the other once its holder is gone."""
+    tag = f"cp_test_{os.getpid()}"
+    mapped, open_only, stale = f"{tag}_mapped", f"{tag}_open_only", f"{tag}_stale"
+    mine = lambda name: name.startswith(tag)  # noqa: E731
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, mapped, open_only], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
-        (SHM / STALE).write_bytes(b"\0" * 64)  # written and closed: nothing holds it, as after a kill
-        (SHM / "999993_not_streaming").write_bytes(b"\0")  # not one of streaming's names
-        removed = clean_stale_shared_memory(_remote(tmp_path))
-        assert STALE in removed and not (SHM / STALE).exists()
-        assert MAPPED not in removed and OPEN_ONLY not in removed
-        assert (SHM / MAPPED).exists() and (SHM / OPEN_ONLY).exists() and (SHM / "999993_not_streaming").exists()
-        assert clean_stale_shared_memory(LoaderConfig(path=str(tmp_path), remote="s3://bucket/data",
-                                                      clean_stale_shared_memory=False)) == []
+        (SHM / stale).write_bytes(b"\0" * 64)  # written and closed: nothing holds it, as after a kill
+        assert remove_unheld_segments(mine) == [stale]
+        assert (SHM / mapped).exists() and (SHM / open_only).exists() and not (SHM / stale).exists()
     finally:
         holder.kill()
         holder.wait()
-        for name in (MAPPED, OPEN_ONLY, STALE, "999993_not_streaming"):
-            (SHM / name).unlink(missing_ok=True)
-    # Its holder gone, the segment it held open is a killed run's leftover like any other.
-    (SHM / OPEN_ONLY).write_bytes(b"\0")
-    assert OPEN_ONLY in clean_stale_shared_memory(_remote(tmp_path)) and not (SHM / OPEN_ONLY).exists()
+    # Their holder gone, its segments are a killed process's leftovers like any other (the mapped one may have gone
+    # already: the killed process's resource tracker unlinks what it created).
+    assert open_only in remove_unheld_segments(mine)
+    assert not (SHM / open_only).exists() and not (SHM / mapped).exists()
 
 
 def _line(out: Path, n: int, proc, timeout: float = 120) -> dict:
@@ -94,9 +93,13 @@ def test_a_live_runs_segments_survive_another_runs_clean_up_and_it_reads_on(prep
         prefix = _line(out, 1, live)["prefix"]
         names = sorted(p.name for p in SHM.glob(f"{prefix:06}_*"))
         assert f"{prefix:06}_locals" in names, names
+        (SHM / STALE).write_bytes(b"\0" * 64)  # a killed run's, at a prefix far above this one
         removed = clean_stale_shared_memory(_remote(tmp_path))
         assert not set(names) & set(removed)
         assert sorted(p.name for p in SHM.glob(f"{prefix:06}_*")) == names
+        assert not (SHM / STALE).exists()  # (by this clean-up, or by another test worker's run's)
+        assert clean_stale_shared_memory(LoaderConfig(path=str(tmp_path), remote="s3://bucket/data",
+                                                      clean_stale_shared_memory=False)) == []
         go.touch()
         assert _line(out, 2, live)["rest"] > 0
         assert live.wait(timeout=60) == 0, err.read_text()[-2000:]
@@ -133,7 +136,7 @@ def test_the_registration_lock_is_one_for_the_machine_and_opens_for_every_user(t
 
 TRY_LOCK = """
 import fcntl, sys
-from core.shared_memory import machine_lock
+from core.shared_memory import machine_lock, remove_unheld_segments
 fd = machine_lock(sys.argv[1])
 try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -141,3 +144,46 @@ try:
 except BlockingIOError:
     print("held elsewhere")
 """
+
+
+TWO_MACHINES = """
+import fcntl, os, sys, time
+import torch.distributed as td
+from core.shared_memory import machine_lock
+from data_pipeline.loader import _lock_every_machine
+rank, lock_name = int(os.environ["RANK"]), sys.argv[1]
+td.init_process_group("gloo")
+lock = machine_lock(lock_name)
+if rank == 1:
+    time.sleep(1.0)  # both runs' rank 0 try first: each takes one of the two locks
+_lock_every_machine(lock)
+print("locked", time.time(), flush=True)
+time.sleep(0.2)
+fcntl.flock(lock, fcntl.LOCK_UN)
+td.destroy_process_group()
+"""
+
+
+def test_two_runs_that_share_two_machines_do_not_deadlock_on_their_locks(tmp_path):
+    """Run A's leaders take machine 1's lock then machine 2's, run B's the other way round (two lock files stand
+    for the two machines' locks). A leader that blocked while holding the other lock would wait for ever."""
+    locks = [f"cp_test_{os.getpid()}_machine{m}.lock" for m in (1, 2)]
+    procs = []
+    try:
+        for run, order in (("A", locks), ("B", locks[::-1])):
+            port = str(free_port())
+            for rank, lock in enumerate(order):
+                env = {**os.environ, **PROCESS_ENV, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": port, "WORLD_SIZE": "2", "RANK": str(rank)}
+                procs.append(subprocess.Popen([sys.executable, "-c", TWO_MACHINES, lock], env=env, cwd=REPO,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=90) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in outs]
+        assert all(out.startswith("locked") for out, _ in outs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for lock in locks:
+            (SHM / lock).unlink(missing_ok=True)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from core.jsonl import complete_lines, read_jsonl
+from core.jsonl import append_jsonl, complete_lines, read_jsonl
 
 
 def test_a_last_line_without_its_newline_is_left_out(tmp_path):
@@ -27,3 +27,13 @@ def test_a_damaged_line_before_the_last_is_not_hidden(tmp_path):
     path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
     with pytest.raises(json.JSONDecodeError):
         read_jsonl(path)
+
+
+def test_a_row_appended_after_a_cut_short_line_starts_a_line_of_its_own(tmp_path):
+    path = tmp_path / "branches.jsonl"
+    append_jsonl(path, {"from": "step_00000004"})
+    with open(path, "a") as fh:
+        fh.write('{"from": "step_0000')  # a kill mid-append
+    append_jsonl(path, {"from": "step_00000008"})
+    assert path.read_text() == '{"from": "step_00000004"}\n{"from": "step_00000008"}\n'
+    assert read_jsonl(path) == [{"from": "step_00000004"}, {"from": "step_00000008"}]
