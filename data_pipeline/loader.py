@@ -439,7 +439,6 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
 
 # streaming's shared-memory prefixes of the datasets this process opened (release_shared_memory).
 _SHARED_MEMORY_PREFIXES: set[int] = set()
-SHARED_MEMORY_DIR = SHM_DIR
 
 
 def release_shared_memory() -> list[str]:
@@ -451,7 +450,7 @@ def release_shared_memory() -> list[str]:
     """
     removed = []
     for prefix in sorted(_SHARED_MEMORY_PREFIXES):
-        for path in sorted(SHARED_MEMORY_DIR.glob(f"{prefix:06}_*")):
+        for path in sorted(SHM_DIR.glob(f"{prefix:06}_*")):
             try:
                 path.unlink()
                 removed.append(path.name)

@@ -185,10 +185,11 @@ def test_auto_loader_workers_are_one_on_a_cpu_and_up_to_four_beside_a_gpu():
 
 def test_a_dataset_s_shared_memory_is_released_on_request(dataset):
     """A rank that leaves without exit handlers (a lost peer) unlinks its datasets' shared memory itself."""
-    from data_pipeline.loader import SHARED_MEMORY_DIR, build_dataset, release_shared_memory
+    from core.shared_memory import SHM_DIR
+    from data_pipeline.loader import build_dataset, release_shared_memory
 
     opened = build_dataset(LoaderConfig(path=str(dataset)), "train", batch_size=4)
-    names = sorted(p.name for p in SHARED_MEMORY_DIR.glob(f"{opened._shm_prefix_int:06}_*"))
+    names = sorted(p.name for p in SHM_DIR.glob(f"{opened._shm_prefix_int:06}_*"))
     assert len(names) >= 4 and any(n.endswith("_barrier") for n in names), names
     assert set(names) <= set(release_shared_memory())
-    assert not list(SHARED_MEMORY_DIR.glob(f"{opened._shm_prefix_int:06}_*"))
+    assert not list(SHM_DIR.glob(f"{opened._shm_prefix_int:06}_*"))
