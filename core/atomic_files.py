@@ -13,22 +13,25 @@ from typing import Callable, Optional, Sequence
 from core.errors import OutputExistsError
 
 
+def is_temporary(path: Path) -> bool:
+    """Whether this is the name write_text_atomic writes under before the rename (a killed writer may leave one)."""
+    name = Path(path).name
+    return name.startswith(".") and name.endswith(".tmp")
+
+
 def write_text_atomic(path: Path, text: str, fsync: bool = False) -> None:
     """Write a text file under a temporary name and rename it into place (fsync first when asked)."""
     path = Path(path)
     # A name of this writer's own: two processes writing one file (the leaders of several nodes recording a shared
     # dataset's checks) would otherwise rename each other's temporary file away, and the second rename fail.
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    with open(tmp, "x", encoding="utf-8") as fh:
-        try:
+    fh = open(tmp, "x", encoding="utf-8")  # (where it cannot be created, there is nothing to remove)
+    try:
+        with fh:
             fh.write(text)
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    try:
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)

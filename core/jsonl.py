@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.atomic_files import write_text_atomic
+
 
 def complete_lines(path: Path) -> list[str]:
     """The file's complete lines (each with its newline), blank ones left out; [] when there is no file."""
@@ -34,6 +36,17 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
             fh.truncate(data.rfind(b"\n") + 1)
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(row) + "\n")
+
+
+def rewind_jsonl(path: Path, step: int) -> list[dict[str, Any]]:
+    """Keep the rows up to `step` (their "step" key), the lines as they were, rewritten whole; every complete row
+    read, the later ones too. Nothing is written where there is no file."""
+    path = Path(path)
+    lines = complete_lines(path)
+    rows = [json.loads(line) for line in lines]
+    if path.is_file():
+        write_text_atomic(path, "".join(line for line, row in zip(lines, rows) if row["step"] <= step))
+    return rows
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

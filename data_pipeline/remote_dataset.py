@@ -14,6 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
+from core.atomic_files import is_temporary
 from core.errors import OutputExistsError, StorageError
 from core.object_store import ObjectStore
 from data_pipeline.dataset_dir import INDEX, MANIFEST, SPLITS, TOKENIZER
@@ -62,9 +63,9 @@ def upload_rest(local: Path | str, url: str) -> int:
     return the file count."""
     local, store = Path(local), ObjectStore(url)
     # Not the verification records: they hold this machine's file times (shard_record.py); nor what a killed writer
-    # left under a temporary name (write_text_atomic's .NAME.HOST-PID-RANDOM.tmp).
+    # left under a temporary name.
     files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*")
-                   if p.is_file() and p.name != RECORD and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+                   if p.is_file() and p.name != RECORD and not is_temporary(p))
     indexes = [f for f in files if f.endswith(f"/{INDEX}")]
     tokenizer = [f for f in files if f.startswith(f"{TOKENIZER}/")]
     first = [f for f in files if f not in indexes and f not in tokenizer and f != MANIFEST]

@@ -7,8 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from core.atomic_files import write_text_atomic
-from core.jsonl import complete_lines
+from core.jsonl import rewind_jsonl
 from pretrain.run_dir import TENSORBOARD, RunDir
 
 
@@ -48,11 +47,10 @@ class RunLogger:
 
         self._jsonl.close()
         path = self._jsonl.name
-        rows = [(json.loads(line)["step"], line) for line in complete_lines(Path(path))]
-        write_text_atomic(Path(path), "".join(line for s, line in rows if s <= step))
+        rows = rewind_jsonl(Path(path), step)
         self._jsonl = open(path, "a", buffering=1)
         if self.trackers is not None and rows:
-            self.trackers.resumed(max(s for s, _ in rows))
+            self.trackers.resumed(max(row["step"] for row in rows))
         if self._writer is not None:
             self._writer.close()
             # TensorBoard drops events at or after purge_step that earlier sessions wrote.

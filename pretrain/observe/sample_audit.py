@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.atomic_files import write_text_atomic
-from core.jsonl import complete_lines
+from core.jsonl import rewind_jsonl
 from pretrain.run_dir import RunDir
 
 
@@ -37,6 +36,4 @@ class SampleAudit:
         if self.rank == 0:
             paths += [p for p in self.path.parent.glob("rank*.jsonl") if int(p.stem[4:]) >= self.world]
         for path in paths:
-            if path.is_file():
-                keep = [line for line in complete_lines(path) if json.loads(line)["step"] <= last_step]
-                write_text_atomic(path, "".join(keep))
+            rewind_jsonl(path, last_step)

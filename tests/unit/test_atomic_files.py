@@ -1,7 +1,10 @@
 """write_text_atomic: a reader sees the old text or the new one, whole, even with several writers at once."""
 import threading
+from pathlib import Path
 
-from core.atomic_files import write_text_atomic
+import pytest
+
+from core.atomic_files import is_temporary, write_text_atomic
 
 
 def test_writers_of_one_file_at_once_never_fail_and_leave_one_whole_text(tmp_path):
@@ -29,3 +32,21 @@ def test_writers_of_one_file_at_once_never_fail_and_leave_one_whole_text(tmp_pat
     assert not torn, torn[:3]
     assert target.read_text() in texts
     assert [p.name for p in tmp_path.iterdir()] == ["verified.json"]  # no temporary file left
+
+
+def test_a_write_cut_short_leaves_a_name_uploads_know_as_temporary(tmp_path, monkeypatch):
+    """A writer that fails after creating its temporary file removes it; the name it had is one `is_temporary` knows
+    (remote_dataset.upload_rest skips such names, which a killed writer leaves)."""
+    created = []
+    real_replace = Path.replace
+
+    def failing_replace(self, target):
+        created.append(self)
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(Path, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk gone"):
+        write_text_atomic(tmp_path / "verified.json", "{}\n")
+    monkeypatch.setattr(Path, "replace", real_replace)
+    assert len(created) == 1 and is_temporary(created[0]) and not is_temporary(tmp_path / "verified.json")
+    assert list(tmp_path.iterdir()) == []
