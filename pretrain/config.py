@@ -63,6 +63,14 @@ class TrainConfig:
     # auto: 0 on one rank, else the lowest stage whose model states fit (pretrain/engine/zero_stage.py), or
     # the stage of the checkpoints a run resumes; the choice and why are logged at start.
     zero_stage: Union[Literal["auto"], int] = "auto"
+    # With several ranks, the gradients all-reduced while backward still runs: at ZeRO stage 0 in buckets filed as
+    # autograd finishes each gradient, as torch's DDP does (pretrain/engine/grad_buckets.py; DeepSpeed's own stage 0
+    # reduces all of them in one pass after backward), at stages 1-3 DeepSpeed's `overlap_comm` with
+    # `contiguous_gradients`. auto: at stage 0 with several ranks, at stages 1-2 with several GPU ranks (on CPU, over
+    # gloo, DeepSpeed's hooks only cost host time). BENCHMARKS.md, "The gradient all-reduce during backward".
+    overlap_grad_reduce: Union[Literal["auto"], bool] = "auto"
+    # MiB of gradients per all-reduce at stage 0 with the above (torch DDP's bucket_cap_mb; its default).
+    grad_bucket_mb: float = 25.0
     offload_optimizer: bool = False
     offload_params: bool = False  # ZeRO-3 only
     # A DeepSpeed JSON of one's own instead of the template ("" = the template).
@@ -143,6 +151,11 @@ class TrainConfig:
                 raise ConfigError(f"config key 'train.{key}' must be >= 1, got {getattr(self, key)}")
         if self.zero_stage not in ("auto", 0, 1, 2, 3):
             raise ConfigError(f"config key 'train.zero_stage' must be auto, 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.overlap_grad_reduce not in ("auto", True, False):
+            raise ConfigError(f"config key 'train.overlap_grad_reduce' must be auto, true or false, got "
+                              f"{self.overlap_grad_reduce!r}")
+        if self.grad_bucket_mb <= 0:
+            raise ConfigError(f"config key 'train.grad_bucket_mb' must be > 0 MiB, got {self.grad_bucket_mb}")
         if self.vocab_loss_chunk < 0:
             raise ConfigError(f"config key 'train.vocab_loss_chunk' must be >= 0 rows (0: off), got {self.vocab_loss_chunk}")
         for key in ("init_timeout_s", "step_timeout_s"):

@@ -4,7 +4,8 @@ DeepSpeed stays the engine: ZeRO partitioning, mixed precision, checkpoints, ela
 does every step without a use for this run is configured around, here and in deepspeed_configs/base.json
 (the figures: BENCHMARKS.md, "Host overhead of a step"):
 - Alone at stage 0, DeepSpeed still all-reduces the gradients (flatten, a collective, copy back): an
-  identity, skipped.
+  identity, skipped. Over several ranks with `train.overlap_grad_reduce`, grad_buckets.py reduces them instead,
+  during backward rather than after it.
 - At stage 0 with fp32 weights (fp32, or bf16 under autocast), the gradient norm and clipping are
   torch's foreach kernels, run here at the accumulation boundary. DeepSpeed's own takes one norm per
   parameter, all-reduces the norm once more, builds its constants from host memory (on a GPU, a copy
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from pretrain.checkpointing import checkpoint as ckpt
+from pretrain.engine.grad_buckets import GradientBuckets
 
 Batch = dict[str, Any]  # tensors, and the loader's per-batch flags as Python values
 
@@ -36,8 +38,10 @@ class Engine:
     engine itself, stays inside this class (and the tests that look at it)."""
 
     def __init__(self, ds_engine, grad_clip: float, clip_here: bool, accumulation: int = 1,
-                 reschedule: Optional[Callable[[Any], None]] = None) -> None:
+                 reschedule: Optional[Callable[[Any], None]] = None, buckets: Optional[GradientBuckets] = None) -> None:
         self.ds = ds_engine
+        # Stage 0 over several ranks with train.overlap_grad_reduce: the reduction DeepSpeed would run after backward.
+        self.buckets = buckets
         # Called with the LR scheduler after a checkpoint loads: the schedule follows this launch's config.
         self.reschedule = reschedule
         self.accumulation = accumulation  # micro-batches per optimizer step
@@ -60,9 +64,14 @@ class Engine:
     def micro_step(self, batch: Batch, boundary: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Forward and backward of one micro-batch; at the accumulation boundary, clipping and the optimizer step."""
         loss, metrics = self.ds(batch)
+        reduce_here = boundary and self.buckets is not None
+        if reduce_here:
+            self.buckets.arm()
         self.ds.backward(loss)
+        if reduce_here:
+            self.buckets.finish()
         if boundary and self.clip_here:
-            self._clip()  # gradients are final here: DeepSpeed reduces them in the boundary's backward
+            self._clip()  # gradients are final here: reduced in the boundary's backward (DeepSpeed's, or the buckets)
         self.ds.step()
         return loss, metrics
 
@@ -212,8 +221,10 @@ def foreach_zero_grad_norm(optimizer) -> bool:
 
 
 def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, Any], world: int,
-                 compile: Union[bool, str] = False, reschedule: Optional[Callable[[Any], None]] = None) -> Engine:
-    """deepspeed.initialize with `ds_config` (as written to the run folder), then the host-cost settings above."""
+                 compile: Union[bool, str] = False, reschedule: Optional[Callable[[Any], None]] = None,
+                 grad_buckets_bytes: int = 0) -> Engine:
+    """deepspeed.initialize with `ds_config` (as written to the run folder), then the host-cost settings above; at stage
+    0 over several ranks with `grad_buckets_bytes` (> 0), gradient buckets of that size in place of DeepSpeed's reduction."""
     import deepspeed
 
     compiled = compile_objective(model, compile)
@@ -222,9 +233,14 @@ def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, An
     grad_clip = float(ds_config.get("gradient_clipping", 0) or 0)
     given = {**ds_config, "gradient_clipping": 0.0} if clip_here else ds_config
     ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=given)
-    if world == 1 and ds_engine.zero_optimization_stage() == 0:
+    stage0 = ds_engine.zero_optimization_stage() == 0
+    buckets = None
+    if stage0 and world > 1 and grad_buckets_bytes > 0:
+        buckets = GradientBuckets([p for p in ds_engine.module.parameters() if p.requires_grad], world,
+                                  grad_buckets_bytes)
+    if stage0 and (world == 1 or buckets is not None):
         ds_engine.enable_backward_allreduce = False
     foreach_zero_grad_norm(ds_engine.optimizer)
-    engine = Engine(ds_engine, grad_clip, clip_here, int(ds_config["gradient_accumulation_steps"]), reschedule)
+    engine = Engine(ds_engine, grad_clip, clip_here, int(ds_config["gradient_accumulation_steps"]), reschedule, buckets)
     engine.compiled = compiled
     return engine

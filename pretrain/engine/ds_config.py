@@ -19,7 +19,7 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from core.errors import ConfigError
 from pretrain.config import RunConfig
@@ -119,7 +119,7 @@ def build_ds_config(cfg: RunConfig, world: int, zero_stage: Optional[int] = None
     _fill_precision(ds, cfg, path, explicit_bf16_weights(cfg) if bf16_weights is None else bf16_weights)
     zero = ds.setdefault("zero_optimization", {})
     _fill(zero, "stage", zero_stage, path, "train.zero_stage")
-    _fill_zero(ds, zero, cfg, world)
+    _fill_zero(ds, zero, cfg, world, path)
     if cfg.optimizer.name == "lamb":
         if zero.get("stage", 0) != 0:
             raise ConfigError(
@@ -161,14 +161,14 @@ def _fill_precision(ds: dict[str, Any], cfg: RunConfig, path: Path, bf16_weights
         autocast.setdefault("lower_precision_safe_modules", [])
 
 
-def _fill_zero(ds: dict[str, Any], zero: dict[str, Any], cfg: RunConfig, world: int) -> None:
+def _fill_zero(ds: dict[str, Any], zero: dict[str, Any], cfg: RunConfig, world: int, path: Path) -> None:
     """Overlap, offload and stage-3 settings of the `zero_optimization` section, checked against the stage."""
-    multi_gpu = world > 1 and _cuda()
-    # On GPUs with several ranks, overlap the gradient reduction with the backward (it needs the per-parameter
-    # hooks anyway); alone, or on CPU (gloo, no streams), the hooks only cost host time.
+    setting = cfg.train.overlap_grad_reduce
+    overlap = overlaps_grad_reduce(setting, world, zero["stage"])
     for key in ("overlap_comm", "contiguous_gradients"):
-        if zero.get(key) == "auto":
-            zero[key] = multi_gpu and zero["stage"] in (1, 2)
+        if zero.get(key) == "auto" or (setting != "auto" and zero["stage"] > 0):
+            # Stage 0 has neither (grad_buckets.py overlaps there); a JSON's own value stands against auto.
+            _fill(zero, key, overlap and zero["stage"] > 0, path, f"train.overlap_grad_reduce={str(setting).lower()}")
     # A file of one's own may carry its own offload sections; the run config only adds them.
     if cfg.train.offload_optimizer:
         zero.setdefault("offload_optimizer", {"device": "cpu", "pin_memory": True})
@@ -188,6 +188,18 @@ def _fill_zero(ds: dict[str, Any], zero: dict[str, Any], cfg: RunConfig, world: 
         # DeepSpeed 0.19 waits only on the last handle of a coalesced all-gather; on gloo the
         # others may still be in flight (garbage parameters). Sequential all-gathers avoid it.
         zero["stage3_allgather_sequential"] = True
+
+
+def overlaps_grad_reduce(setting: Union[str, bool], world: int, stage: int) -> bool:
+    """Whether the gradients are all-reduced while backward runs (`train.overlap_grad_reduce`): never alone; auto at
+    stage 0 over several ranks (the gradient buckets, which measured no slower on CPU), and at stages 1-2 with
+    several GPU ranks (DeepSpeed's overlap_comm, whose per-parameter hooks on CPU, over gloo and without streams,
+    only cost host time; stage 3 keeps DeepSpeed's default)."""
+    if world == 1:
+        return False
+    if setting == "auto":
+        return stage == 0 or (_cuda() and stage in (1, 2))
+    return bool(setting)
 
 
 def _cuda() -> bool:

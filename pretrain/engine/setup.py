@@ -17,7 +17,7 @@ from core.errors import ConfigError
 from model.fused_qkv import fuse_qkv
 from pretrain.checkpointing.resume_choice import ResumePlan
 from pretrain.config import RunConfig
-from pretrain.engine.ds_config import bf16_weights_for, build_ds_config, redacted
+from pretrain.engine.ds_config import bf16_weights_for, build_ds_config, overlaps_grad_reduce, redacted
 from pretrain.engine.deepspeed_engine import Engine, build_engine, compiles_whole_step
 from pretrain.engine.optim import build_optimizer, build_scheduler, reset_schedule
 from pretrain.engine.zero_stage import choose_stage, device_memory_bytes
@@ -34,6 +34,19 @@ def zero_stage_for(cfg: RunConfig, objective: nn.Module, world: int, resumed: di
     stage, why = choose_stage(trainable, sum(p.numel() for p in params) - trainable, world, memory, name,
                               resumed.get("zero_stage"))
     return stage, f"ZeRO stage {stage} (train.zero_stage=auto: {why})"
+
+
+def bucket_blockers(ds_config: dict[str, Any]) -> str:
+    """What in a stage-0 DeepSpeed config the gradient buckets do not reproduce ("" for nothing): DeepSpeed's bf16
+    weights accumulate their gradients in buffers of their own, and the buckets average as DeepSpeed's defaults do."""
+    found = []
+    if ds_config.get("bf16", {}).get("enabled") is True:
+        found.append("DeepSpeed's bf16 weights (\"bf16\": {\"enabled\": true})")
+    for key, default in (("prescale_gradients", False), ("gradient_predivide_factor", 1.0),
+                         ("communication_data_type", None), ("sparse_gradients", False)):
+        if ds_config.get(key, default) != default:
+            found.append(f"{key}={ds_config[key]!r}")
+    return ", ".join(found)
 
 
 def drops_unpadded_mask(setting: str, compile: Union[bool, str]) -> bool:
@@ -75,8 +88,18 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
         objective.vocab_loss_chunk = cfg.train.vocab_loss_chunk
         notes.append(f"the MLM heads' vocabulary projection fused with the loss, {cfg.train.vocab_loss_chunk} rows at a "
                      "time (train.vocab_loss_chunk)")
+    buckets = stage == 0 and overlaps_grad_reduce(cfg.train.overlap_grad_reduce, world, stage)
+    if buckets:
+        unsupported = bucket_blockers(ds_config)
+        if unsupported and cfg.train.overlap_grad_reduce is True:
+            raise ConfigError(f"train.overlap_grad_reduce=true at ZeRO stage 0 does not support {unsupported}: set "
+                              "train.overlap_grad_reduce=auto or false, or remove it")
+        buckets = not unsupported
+        notes.append("gradients all-reduced in buckets during backward (train.overlap_grad_reduce)" if buckets else
+                     f"gradients all-reduced after backward, by DeepSpeed ({unsupported})")
     engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=cfg.train.compile,
-                          reschedule=reschedule)
+                          reschedule=reschedule,
+                          grad_buckets_bytes=int(cfg.train.grad_bucket_mb * 2**20) if buckets else 0)
     if engine.compiled:
         notes.append(f"compiled {engine.compiled} with torch.compile (train.compile): the first steps wait for the "
                      "compiler")

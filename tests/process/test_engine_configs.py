@@ -44,6 +44,32 @@ def test_config_trains_on_two_ranks(prepared, tmp_path, stage, extra):
     assert ("offload_optimizer" in written["zero_optimization"]) == ("train.offload_optimizer=true" in extra)
 
 
+def test_stage0_gradient_buckets_train_as_deepspeeds_own_reduction(prepared, tmp_path):
+    """train.overlap_grad_reduce at ZeRO stage 0 on 2 ranks (several buckets, accumulation 2, dropout, so the ranks'
+    gradients differ): the weights and losses are DeepSpeed's own reduction's, bit for bit."""
+    common = ["train.zero_stage=0", "train.max_steps=6", "train.save_every=6", "model.dropout=0.1",
+              "model.attention_dropout=0.1"]
+    runs = {"deepspeed": ["train.overlap_grad_reduce=false"],
+            "buckets": ["train.overlap_grad_reduce=true", "train.grad_bucket_mb=0.01"]}
+    logs = {name: run_cli("pretrain", _args(prepared, tmp_path / name, *common, *extra), nproc=2).stdout
+            for name, extra in runs.items()}
+    assert "gradients all-reduced in buckets during backward" in logs["buckets"]
+    assert "in buckets" not in logs["deepspeed"]
+    assert _losses(tmp_path / "buckets") == _losses(tmp_path / "deepspeed") and len(_losses(tmp_path / "buckets")) == 6
+    from pretrain.checkpointing.checkpoint import fp32_weights
+
+    a, b = (fp32_weights(RunDir(tmp_path / name).checkpoints, "step_00000006") for name in runs)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # DeepSpeed's bf16 weights keep their gradients in buffers of their own: asked for anyway, a named refusal.
+    own = tmp_path / "bf16_weights.json"
+    own.write_text(json.dumps({"bf16": {"enabled": True}}))
+    refused = run_cli("pretrain", _args(prepared, tmp_path / "refused", *common, "train.precision=bf16",
+                                        f"train.deepspeed_config={own}", "train.overlap_grad_reduce=true"),
+                      nproc=2, check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "train.overlap_grad_reduce=true at ZeRO stage 0 does not support DeepSpeed's bf16 weights" in refused.stderr
+
+
 def test_a_deepspeed_json_of_ones_own_is_filled_and_checked(tmp_path):
     """An explicit value that disagrees with the run config is named with both keys; "auto" fields are filled."""
     from core.config_io import load_config

@@ -1,0 +1,112 @@
+"""ZeRO stage 0 over several ranks: the gradients averaged in buckets while backward still runs.
+
+DeepSpeed's stage 0 all-reduces every gradient in one pass after backward (`buffered_allreduce_fallback`), so the
+network waits for the last layer's gradients and the device waits for the network. torch's DDP instead files each
+gradient into a bucket as autograd finishes it and launches the bucket's all-reduce as soon as it is full, so the
+reductions of the last layers run while the first layers' backward computes. This module does that for the
+DeepSpeed engine at stage 0 (where DeepSpeed's own reduction is turned off), with DeepSpeed's arithmetic: the
+gradients summed over ranks, then multiplied by 1 / world, and a gradient no rank's graph produced reduced as zeros.
+
+Buckets are launched in one fixed order on every rank (the parameters in reverse, the order backward tends to
+produce them): a bucket that is ready before an earlier one waits for it, so two ranks never enter different
+collectives, even where their graphs differ from batch to batch.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+# torch DDP's default bucket size: large enough that a reduction is not dominated by its launch, small enough that
+# the first one starts early in backward.
+BUCKET_BYTES = 25 * 2**20
+
+
+class _Bucket:
+    """Parameters of one dtype and device whose gradients travel in one flat all-reduce."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+        self.flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        self.views: list[torch.Tensor] = []
+        offset = 0
+        for p in params:
+            self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.ready: set[int] = set()
+        self.work: Any = None
+
+    @property
+    def complete(self) -> bool:
+        """Every parameter of the bucket has its gradient for this step."""
+        return len(self.ready) == len(self.params)
+
+
+class GradientBuckets:
+    """Averages the gradients of `params` over the default process group, overlapping backward (see the module)."""
+
+    def __init__(self, params: list[nn.Parameter], world: int, bucket_bytes: int = BUCKET_BYTES,
+                 group: Optional[Any] = None) -> None:
+        self.world = world
+        self.group = group
+        self.buckets: list[_Bucket] = []
+        filling: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
+        unique = list({id(p): p for p in params if p.requires_grad and p.numel()}.values())
+        for p in reversed(unique):
+            members = filling.setdefault((p.dtype, p.device), [])
+            members.append(p)
+            if sum(m.numel() * m.element_size() for m in members) >= bucket_bytes:
+                self.buckets.append(_Bucket(members))
+                filling[(p.dtype, p.device)] = []
+        self.buckets.extend(_Bucket(members) for members in filling.values() if members)
+        self._bucket_of = {id(p): bucket for bucket in self.buckets for p in bucket.params}
+        self._next = 0  # the first bucket not yet launched
+        self._armed = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in unique]
+
+    def arm(self) -> None:
+        """The next backward ends the accumulation: reduce each bucket as its gradients become final."""
+        for bucket in self.buckets:
+            bucket.ready.clear()
+            bucket.work = None
+        self._next = 0
+        self._armed = True
+
+    def finish(self) -> None:
+        """After the armed backward: launch what is left in order, wait for every bucket and write the averages back."""
+        if not self._armed:
+            return
+        self._armed = False
+        while self._next < len(self.buckets):
+            self._launch(self.buckets[self._next])
+            self._next += 1
+        for bucket in self.buckets:
+            bucket.work.wait()
+            bucket.flat.mul_(1.0 / self.world)
+            torch._foreach_copy_([p.grad for p in bucket.params], bucket.views)
+
+    def remove(self) -> None:
+        """Take the hooks off the parameters."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def _on_gradient(self, param: nn.Parameter) -> None:
+        if not self._armed:
+            return  # a micro-batch inside the accumulation: its gradients are not final yet
+        bucket = self._bucket_of[id(param)]
+        if id(param) in bucket.ready:
+            raise RuntimeError("a parameter's gradient was accumulated twice in one backward after its bucket was "
+                               "ready; train.overlap_grad_reduce needs one backward per micro-batch")
+        bucket.ready.add(id(param))
+        while self._next < len(self.buckets) and self.buckets[self._next].complete:
+            self._launch(self.buckets[self._next])
+            self._next += 1
+
+    def _launch(self, bucket: _Bucket) -> None:
+        for p in bucket.params:
+            if p.grad is None:  # unused by this rank's graph: zeros, as DeepSpeed's own reduction gives it
+                p.grad = torch.zeros_like(p)
+        torch._foreach_copy_(bucket.views, [p.grad for p in bucket.params])
+        bucket.work = torch.distributed.all_reduce(bucket.flat, group=self.group, async_op=True)
