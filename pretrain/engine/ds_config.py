@@ -194,7 +194,7 @@ def overlaps_grad_reduce(setting: Union[str, bool], world: int, stage: int) -> b
     """Whether the gradients are all-reduced while backward runs (`train.overlap_grad_reduce`): never alone; auto at
     stage 0 over several ranks (the gradient buckets, which measured no slower on CPU), and at stages 1-2 with
     several GPU ranks (DeepSpeed's overlap_comm, whose per-parameter hooks on CPU, over gloo and without streams,
-    only cost host time; stage 3 keeps DeepSpeed's default)."""
+    only cost host time); off at stage 3, as before the setting existed."""
     if world == 1:
         return False
     if setting == "auto":

@@ -7,9 +7,11 @@ reductions of the last layers run while the first layers' backward computes. Thi
 DeepSpeed engine at stage 0 (where DeepSpeed's own reduction is turned off), with DeepSpeed's arithmetic: the
 gradients summed over ranks, then multiplied by 1 / world, and a gradient no rank's graph produced reduced as zeros.
 
-Buckets are launched in one fixed order on every rank (the parameters in reverse, the order backward tends to
-produce them): a bucket that is ready before an earlier one waits for it, so two ranks never enter different
-collectives, even where their graphs differ from batch to batch.
+Buckets are launched in one order on every rank: a bucket that is ready before an earlier one waits for it, so two
+ranks never enter different collectives, even where their graphs differ from batch to batch. The first order is the
+parameters' in reverse; after the first reduced backward every rank takes the order in which rank 0 saw the
+gradients arrive (as DDP rebuilds its buckets), so a parameter registered late but finished last, or one the graph
+never uses, does not hold back the buckets after it.
 """
 from __future__ import annotations
 
@@ -28,13 +30,8 @@ class _Bucket:
 
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
-        self.flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-        self.views: list[torch.Tensor] = []
-        offset = 0
-        for p in params:
-            self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
         self.ready: set[int] = set()
+        self.flat: Optional[torch.Tensor] = None  # only from its launch to the end of the step
         self.work: Any = None
 
     @property
@@ -42,34 +39,38 @@ class _Bucket:
         """Every parameter of the bucket has its gradient for this step."""
         return len(self.ready) == len(self.params)
 
+    def views(self) -> list[torch.Tensor]:
+        """Each parameter's slice of the flat buffer, shaped as the parameter."""
+        out, offset = [], 0
+        for p in self.params:
+            out.append(self.flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return out
+
 
 class GradientBuckets:
-    """Averages the gradients of `params` over the default process group, overlapping backward (see the module)."""
+    """Averages the gradients of `params` over a process group, overlapping backward (see the module)."""
 
     def __init__(self, params: list[nn.Parameter], world: int, bucket_bytes: int = BUCKET_BYTES,
                  group: Optional[Any] = None) -> None:
         self.world = world
         self.group = group
+        self.bucket_bytes = bucket_bytes
+        self.params = list({id(p): p for p in params if p.requires_grad and p.numel()}.values())
+        self._index = {id(p): i for i, p in enumerate(self.params)}
         self.buckets: list[_Bucket] = []
-        filling: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
-        unique = list({id(p): p for p in params if p.requires_grad and p.numel()}.values())
-        for p in reversed(unique):
-            members = filling.setdefault((p.dtype, p.device), [])
-            members.append(p)
-            if sum(m.numel() * m.element_size() for m in members) >= bucket_bytes:
-                self.buckets.append(_Bucket(members))
-                filling[(p.dtype, p.device)] = []
-        self.buckets.extend(_Bucket(members) for members in filling.values() if members)
-        self._bucket_of = {id(p): bucket for bucket in self.buckets for p in bucket.params}
+        self._bucket_of: dict[int, _Bucket] = {}
+        self._build(list(reversed(range(len(self.params)))))
+        self._arrivals: Optional[list[int]] = []  # this rank's order of arrival, until the buckets are rebuilt
         self._next = 0  # the first bucket not yet launched
         self._armed = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in unique]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in self.params]
 
     def arm(self) -> None:
         """The next backward ends the accumulation: reduce each bucket as its gradients become final."""
         for bucket in self.buckets:
             bucket.ready.clear()
-            bucket.work = None
+            bucket.work = bucket.flat = None
         self._next = 0
         self._armed = True
 
@@ -84,13 +85,38 @@ class GradientBuckets:
         for bucket in self.buckets:
             bucket.work.wait()
             bucket.flat.mul_(1.0 / self.world)
-            torch._foreach_copy_([p.grad for p in bucket.params], bucket.views)
+            torch._foreach_copy_([p.grad for p in bucket.params], bucket.views())
+            bucket.work = bucket.flat = None
+        if self._arrivals is not None:
+            self._rebuild()
 
     def remove(self) -> None:
         """Take the hooks off the parameters."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+    def _build(self, order: list[int]) -> None:
+        """Buckets of about `bucket_bytes` over the parameters in `order` (indices), split by dtype and device."""
+        self.buckets = []
+        filling: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
+        for i in order:
+            p = self.params[i]
+            members = filling.setdefault((p.dtype, p.device), [])
+            members.append(p)
+            if sum(m.numel() * m.element_size() for m in members) >= self.bucket_bytes:
+                self.buckets.append(_Bucket(members))
+                filling[(p.dtype, p.device)] = []
+        self.buckets.extend(_Bucket(members) for members in filling.values() if members)
+        self._bucket_of = {id(p): bucket for bucket in self.buckets for p in bucket.params}
+
+    def _rebuild(self) -> None:
+        """Every rank's buckets in the order rank 0's gradients arrived in, the parameters it did not use last."""
+        seen = set(self._arrivals)
+        order = [self._arrivals + [i for i in reversed(range(len(self.params))) if i not in seen]]
+        torch.distributed.broadcast_object_list(order, src=0, group=self.group)
+        self._arrivals = None
+        self._build(order[0])
 
     def _on_gradient(self, param: nn.Parameter) -> None:
         if not self._armed:
@@ -100,6 +126,8 @@ class GradientBuckets:
             raise RuntimeError("a parameter's gradient was accumulated twice in one backward after its bucket was "
                                "ready; train.overlap_grad_reduce needs one backward per micro-batch")
         bucket.ready.add(id(param))
+        if self._arrivals is not None:
+            self._arrivals.append(self._index[id(param)])
         while self._next < len(self.buckets) and self.buckets[self._next].complete:
             self._launch(self.buckets[self._next])
             self._next += 1
@@ -108,5 +136,7 @@ class GradientBuckets:
         for p in bucket.params:
             if p.grad is None:  # unused by this rank's graph: zeros, as DeepSpeed's own reduction gives it
                 p.grad = torch.zeros_like(p)
-        torch._foreach_copy_(bucket.views, [p.grad for p in bucket.params])
+        bucket.flat = torch.empty(sum(p.numel() for p in bucket.params), dtype=bucket.params[0].dtype,
+                                  device=bucket.params[0].device)
+        torch._foreach_copy_(bucket.views(), [p.grad for p in bucket.params])
         bucket.work = torch.distributed.all_reduce(bucket.flat, group=self.group, async_op=True)

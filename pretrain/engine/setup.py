@@ -42,7 +42,7 @@ def bucket_blockers(ds_config: dict[str, Any]) -> str:
     found = []
     if ds_config.get("bf16", {}).get("enabled") is True:
         found.append("DeepSpeed's bf16 weights (\"bf16\": {\"enabled\": true})")
-    for key, default in (("prescale_gradients", False), ("gradient_predivide_factor", 1.0),
+    for key, default in (("prescale_gradients", False), ("gradient_predivide_factor", 1.0), ("gradient_allreduce_op", "mean"),
                          ("communication_data_type", None), ("sparse_gradients", False)):
         if ds_config.get(key, default) != default:
             found.append(f"{key}={ds_config[key]!r}")

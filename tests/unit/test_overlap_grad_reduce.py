@@ -41,8 +41,11 @@ def test_deepspeeds_overlap_comm_follows_the_setting_at_stages_1_to_3(tmp_path):
 
 def test_the_buckets_name_what_they_do_not_reproduce():
     assert bucket_blockers({"bf16": {"enabled": False}, "fp16": {"enabled": False}}) == ""
-    found = bucket_blockers({"bf16": {"enabled": True}, "prescale_gradients": True, "gradient_predivide_factor": 2.0})
-    assert "bf16 weights" in found and "prescale_gradients=True" in found and "gradient_predivide_factor=2.0" in found
+    found = bucket_blockers({"bf16": {"enabled": True}, "prescale_gradients": True, "gradient_predivide_factor": 2.0,
+                             "gradient_allreduce_op": "sum"})
+    for named in ("bf16 weights", "prescale_gradients=True", "gradient_predivide_factor=2.0", "gradient_allreduce_op='sum'"):
+        assert named in found
+    assert bucket_blockers({"gradient_allreduce_op": "mean", "gradient_predivide_factor": 1.0}) == ""
 
 
 def test_bad_values_are_named():
