@@ -127,10 +127,13 @@ def _engine_rank(rank: int, port: int, out: str) -> None:
     class Objective(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 4))
+            self.layers = nn.ModuleList([nn.Linear(6, 16), nn.Linear(16, 16), nn.Linear(16, 4)])  # compile regions
 
         def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
-            return self.net(batch["x"]).pow(2).mean(), {}
+            h = batch["x"]
+            for layer in self.layers:
+                h = torch.tanh(layer(h))
+            return h.pow(2).mean(), {}
 
     calls = []
     real = dist.all_reduce
@@ -143,11 +146,11 @@ def _engine_rank(rank: int, port: int, out: str) -> None:
     config = {"train_micro_batch_size_per_gpu": 5, "gradient_accumulation_steps": 2, "train_batch_size": 20,
               "zero_optimization": {"stage": 0}, "gradient_clipping": 1.0, "steps_per_print": 1 << 30}
     counts, weights = {}, {}
-    for name, size in (("deepspeed", 0), ("buckets", 64)):
+    for name, size, compile in (("deepspeed", 0, False), ("buckets", 64, False), ("buckets_compiled", 64, "layers")):
         torch.manual_seed(0)
         model = Objective()
         engine = build_engine(model, torch.optim.AdamW(model.parameters(), lr=1e-2), None, dict(config), 2,
-                              grad_buckets_bytes=size)
+                              compile=compile, grad_buckets_bytes=size)
         per_micro = []
         for step in range(4):
             x = torch.randn(5, 6, generator=torch.Generator().manual_seed(100 * step + rank))
@@ -161,13 +164,18 @@ def _engine_rank(rank: int, port: int, out: str) -> None:
     torch.save({"counts": counts, "weights": weights}, Path(out) / f"engine{rank}.pt")
 
 
-def test_in_deepspeeds_engine_the_buckets_replace_its_own_reduction(tmp_path):
+def test_in_deepspeeds_engine_the_buckets_replace_its_own_reduction_eager_and_compiled(tmp_path):
+    """Also under train.compile=layers: the hooks sit on the parameters, outside the compiled regions."""
     mp.spawn(_engine_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
-    for rank in (0, 1):
-        result = torch.load(tmp_path / f"engine{rank}.pt")
+    results = [torch.load(tmp_path / f"engine{rank}.pt") for rank in (0, 1)]
+    for result in results:
         counts = result["counts"]
         assert counts["deepspeed"] == [0, 1, 0, 1]  # one flat all-reduce after each boundary's backward
         n = counts["buckets_per_step"]
-        assert n >= 2 and counts["buckets"] == [0, n, 0, n]  # the buckets', and nothing of DeepSpeed's besides
-        a, b = result["weights"]["deepspeed"], result["weights"]["buckets"]
+        assert n >= 2 and counts["buckets"] == counts["buckets_compiled"] == [0, n, 0, n]  # nothing of DeepSpeed's
+        a, b, compiled = (result["weights"][k] for k in ("deepspeed", "buckets", "buckets_compiled"))
         assert all(torch.equal(a[k], b[k]) for k in a)
+        assert all(torch.allclose(a[k], compiled[k], rtol=1e-5, atol=1e-7) for k in a)
+    # The ranks' batches differ; only the average keeps their weights equal.
+    for k, v in results[0]["weights"]["buckets_compiled"].items():
+        assert torch.equal(v, results[1]["weights"]["buckets_compiled"][k]), k
