@@ -64,7 +64,8 @@ class GradientBuckets:
         self._arrivals: Optional[list[int]] = []  # this rank's order of arrival, until the buckets are rebuilt
         self._next = 0  # the first bucket not yet launched
         self._armed = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in self.params]
+        for p in self.params:  # for the parameters' life: the engine keeps its buckets as long
+            p.register_post_accumulate_grad_hook(self._on_gradient)
 
     def arm(self) -> None:
         """The next backward ends the accumulation: reduce each bucket as its gradients become final."""
@@ -89,12 +90,6 @@ class GradientBuckets:
             bucket.work = bucket.flat = None
         if self._arrivals is not None:
             self._rebuild()
-
-    def remove(self) -> None:
-        """Take the hooks off the parameters."""
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
 
     def _build(self, order: list[int]) -> None:
         """Buckets of about `bucket_bytes` over the parameters in `order` (indices), split by dtype and device."""
