@@ -163,12 +163,14 @@ def _fill_precision(ds: dict[str, Any], cfg: RunConfig, path: Path, bf16_weights
 
 def _fill_zero(ds: dict[str, Any], zero: dict[str, Any], cfg: RunConfig, world: int, path: Path) -> None:
     """Overlap, offload and stage-3 settings of the `zero_optimization` section, checked against the stage."""
-    setting = cfg.train.overlap_grad_reduce
-    overlap = overlaps_grad_reduce(setting, world, zero["stage"])
+    # Stage 0 has neither (grad_buckets.py overlaps there), nor has one rank anything to overlap; elsewhere a JSON's
+    # own value stands against auto, and must agree with an explicit setting.
+    setting, stage = cfg.train.overlap_grad_reduce, zero["stage"]
+    overlap = stage > 0 and overlaps_grad_reduce(setting, world, stage)
+    explicit = setting != "auto" and stage > 0 and world > 1
     for key in ("overlap_comm", "contiguous_gradients"):
-        if zero.get(key) == "auto" or (setting != "auto" and zero["stage"] > 0):
-            # Stage 0 has neither (grad_buckets.py overlaps there); a JSON's own value stands against auto.
-            _fill(zero, key, overlap and zero["stage"] > 0, path, f"train.overlap_grad_reduce={str(setting).lower()}")
+        if zero.get(key) == "auto" or explicit:
+            _fill(zero, key, overlap, path, f"train.overlap_grad_reduce={str(setting).lower()}")
     # A file of one's own may carry its own offload sections; the run config only adds them.
     if cfg.train.offload_optimizer:
         zero.setdefault("offload_optimizer", {"device": "cpu", "pin_memory": True})

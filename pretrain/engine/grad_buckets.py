@@ -58,8 +58,6 @@ class GradientBuckets:
         self.bucket_bytes = bucket_bytes
         self.params = list({id(p): p for p in params if p.requires_grad and p.numel()}.values())
         self._index = {id(p): i for i, p in enumerate(self.params)}
-        self.buckets: list[_Bucket] = []
-        self._bucket_of: dict[int, _Bucket] = {}
         self._build(list(reversed(range(len(self.params)))))
         self._arrivals: Optional[list[int]] = []  # this rank's order of arrival, until the buckets are rebuilt
         self._next = 0  # the first bucket not yet launched
@@ -80,9 +78,7 @@ class GradientBuckets:
         if not self._armed:
             return
         self._armed = False
-        while self._next < len(self.buckets):
-            self._launch(self.buckets[self._next])
-            self._next += 1
+        self._launch_in_order(all_left=True)
         for bucket in self.buckets:
             bucket.work.wait()
             bucket.flat.mul_(1.0 / self.world)
@@ -93,16 +89,18 @@ class GradientBuckets:
 
     def _build(self, order: list[int]) -> None:
         """Buckets of about `bucket_bytes` over the parameters in `order` (indices), split by dtype and device."""
-        self.buckets = []
-        filling: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
+        self.buckets: list[_Bucket] = []
+        filling: dict[tuple[torch.dtype, torch.device], tuple[list[nn.Parameter], int]] = {}
         for i in order:
             p = self.params[i]
-            members = filling.setdefault((p.dtype, p.device), [])
+            members, size = filling.get((p.dtype, p.device), ([], 0))
             members.append(p)
-            if sum(m.numel() * m.element_size() for m in members) >= self.bucket_bytes:
+            size += p.numel() * p.element_size()
+            if size >= self.bucket_bytes:
                 self.buckets.append(_Bucket(members))
-                filling[(p.dtype, p.device)] = []
-        self.buckets.extend(_Bucket(members) for members in filling.values() if members)
+                members, size = [], 0
+            filling[(p.dtype, p.device)] = (members, size)
+        self.buckets.extend(_Bucket(members) for members, _ in filling.values() if members)
         self._bucket_of = {id(p): bucket for bucket in self.buckets for p in bucket.params}
 
     def _rebuild(self) -> None:
@@ -118,12 +116,16 @@ class GradientBuckets:
             return  # a micro-batch inside the accumulation: its gradients are not final yet
         bucket = self._bucket_of[id(param)]
         if id(param) in bucket.ready:
-            raise RuntimeError("a parameter's gradient was accumulated twice in one backward after its bucket was "
-                               "ready; train.overlap_grad_reduce needs one backward per micro-batch")
+            raise RuntimeError("a parameter's gradient was accumulated twice in one backward; "
+                               "train.overlap_grad_reduce needs one backward per micro-batch")
         bucket.ready.add(id(param))
         if self._arrivals is not None:
             self._arrivals.append(self._index[id(param)])
-        while self._next < len(self.buckets) and self.buckets[self._next].complete:
+        self._launch_in_order(all_left=False)
+
+    def _launch_in_order(self, all_left: bool) -> None:
+        """Launch the buckets from the first not launched on, in order: while each is complete, or (`all_left`) all."""
+        while self._next < len(self.buckets) and (all_left or self.buckets[self._next].complete):
             self._launch(self.buckets[self._next])
             self._next += 1
 
