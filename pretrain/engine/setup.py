@@ -15,6 +15,7 @@ from torch import nn
 from core import distributed as dist
 from core.errors import ConfigError
 from model.fused_qkv import fuse_qkv
+from model.rotary_tables import tabulate_rotary
 from pretrain.checkpointing.resume_choice import ResumePlan
 from pretrain.config import RunConfig
 from pretrain.engine.ds_config import bf16_weights_for, build_ds_config, overlaps_grad_reduce, redacted
@@ -80,6 +81,9 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
     notes = [stage_note]
     if cfg.train.fused_qkv:
         notes.append(f"Q, K and V as one matmul in {fuse_qkv(objective)} attention layer(s) (train.fused_qkv)")
+    tabulated = tabulate_rotary(objective) if cfg.train.rotary_tables else 0
+    if tabulated:
+        notes.append(f"rotary cos/sin read from tables in {tabulated} ModernBERT encoder(s) (train.rotary_tables)")
     objective.drop_unpadded_mask = drops_unpadded_mask(cfg.train.unpadded_mask, cfg.train.compile)
     if not objective.drop_unpadded_mask:
         notes.append(f"unpadded batches keep their attention mask (train.unpadded_mask={cfg.train.unpadded_mask}, "

@@ -8,6 +8,7 @@ import torch
 from test_backbones import _batch, _build
 
 from data_pipeline.shards import read_manifest
+from model.rotary_tables import tabulate_rotary
 from pretrain.engine.deepspeed_engine import compile_objective
 
 
@@ -44,3 +45,26 @@ def test_compiled_regions_give_the_eager_losses_and_gradients(name, prepared, tm
         for key, w in want_grads.items():
             error = float((got_grads[key] - w).norm())
             assert error <= 1e-4 * float(w.norm()) + 1e-6 * float(scale), (name, step, key, error, float(w.norm()))
+
+
+def test_modernbert_compiled_whole_with_rotary_tables_gives_the_eager_step(prepared, tmp_path):
+    """train.compile=true on ModernBERT with train.rotary_tables (the trainer's default): the compiled step, which
+    loads cos and sin from the tables, gives the eager step of the untouched model, to 1e-5."""
+    tok = read_manifest(prepared)["tokenizer"]
+    eager = _build("modernbert", "mlm", tok, tmp_path).train()
+    compiled = copy.deepcopy(eager)
+    assert tabulate_rotary(compiled) == 1
+    assert compile_objective(compiled, True) == "the objective's step (encoders, heads and losses)"
+    for step in range(2):
+        batch = _batch(tok, "mlm", seed=step)
+        results = []
+        for objective in (eager, compiled):
+            objective.zero_grad(set_to_none=True)
+            loss, metrics = objective(batch)
+            loss.backward()
+            results.append((loss.detach(), {n: p.grad for n, p in objective.named_parameters() if p.grad is not None}))
+        (want, want_grads), (got, got_grads) = results
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=0, msg=f"loss at call {step}")
+        assert got_grads.keys() == want_grads.keys()
+        for key, grad in want_grads.items():
+            torch.testing.assert_close(got_grads[key], grad, rtol=1e-4, atol=1e-6, msg=f"{key} at call {step}")
