@@ -168,8 +168,20 @@ def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
             "kernels": kernels}
 
 
-def main() -> None:
-    """Run every point and print the table."""
+def ensure_data(seq: int, corpora: Path, work: Path) -> Path:
+    """The prepared dataset of `seq` tokens a row under `work`, prepared from `corpora` when missing. Shards
+    prepared here travel to a GPU machine, which lacks the MiniLM package the tokenizer comes from."""
+    data = work / f"data{seq}"
+    if not DatasetDir(data).is_complete():
+        prepare({"sources": [{"kind": "text", "path": f"{corpora / 'wordnet_glosses.txt'},{corpora / 'kjv.txt'}",
+                              "text_documents": "paragraph"}],
+                 "tokenizer": {"pretrained": str(minilm_dir())}, "seq_len": seq, "packing": "full",
+                 "val_fraction": 0.01}, data)
+    return data
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """This benchmark's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_shared(parser, choices={"objectives": list(OBJECTIVES), "backbones": list(BACKBONES)}, corpora="runs/corpora",
                work="runs/bench_gpu", objectives=list(OBJECTIVES), backbones=list(BACKBONES))
@@ -191,7 +203,12 @@ def main() -> None:
     add_shared(parser, out=results_file("gpu_throughput"))
     parser.add_argument("--worker", choices=["profile"], help=argparse.SUPPRESS)
     parser.add_argument("--point", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    """Run every point and print the table."""
+    args = build_parser().parse_args()
     args.size = "tiny" if args.tiny else "base"
     import torch
 
@@ -208,11 +225,7 @@ def main() -> None:
     results = []
     datasets = {seq: work / f"data{seq}" for seq in args.seqs}
     for seq, data in datasets.items():  # every point's data checked before the first point spends device time
-        if not DatasetDir(data).is_complete():  # prepared shards travel to a GPU machine without the MiniLM package
-            prepare({"sources": [{"kind": "text", "path": f"{corpora / 'wordnet_glosses.txt'},{corpora / 'kjv.txt'}",
-                                  "text_documents": "paragraph"}],
-                     "tokenizer": {"pretrained": str(minilm_dir())}, "seq_len": seq, "packing": "full",
-                     "val_fraction": 0.01}, data)
+        ensure_data(seq, corpora, work)
         for batch in (args.batches_128 if seq <= 128 else args.batches_512):
             fits_one_epoch(data, batch, args.steps)
     for seq, data in datasets.items():

@@ -256,6 +256,9 @@ def plain_loop(case: dict, args, clock: Optional["PhaseClock"] = None) -> dict:
             now = time.perf_counter()
             windows.append(args.batch * args.window / (now - start))
             start = now
+    if len(windows) < 2:
+        raise RuntimeError(f"the plain loop timed {len(windows)} window(s) of {args.window} steps and the first is "
+                           "not counted: raise --steps")
     result = {"samples_per_s": statistics.median(windows[1:]), "windows": windows, "precision": precision}
     profiled = getattr(args, "kernel_steps", 0)
     if profiled and clock is None:  # after the timed steps, which the profiler would slow; not in a phase table

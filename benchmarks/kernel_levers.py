@@ -229,8 +229,8 @@ def run_lever(name: str, args) -> dict:
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """Run each lever in turn and write their figures and the ratio to `baseline` (when it ran)."""
+def build_parser() -> argparse.ArgumentParser:
+    """This benchmark's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_shared(parser, steps=30, warmup=10, batch=256, seq=128, out=results_file("kernel_levers"))
     parser.add_argument("--levers", nargs="+", type=_lever, default=list(LEVERS),
@@ -240,6 +240,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--cycle", type=int, default=8, help="distinct batches, made on the device before timing")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--attention", action="store_true", help="time SDPA alone per backend first")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run each lever in turn and write their figures and the ratio to `baseline` (when it ran)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not 0 < args.warmup < args.steps:
         parser.error("--warmup must be at least 1 and below --steps")

@@ -100,8 +100,8 @@ def run(args) -> dict:
             "first_loss_computed": first["computed"], "first_loss_tables": first["tables"]}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """Measure, print a line and write the results with the environment."""
+def build_parser() -> argparse.ArgumentParser:
+    """This benchmark's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_shared(parser, steps=10, warmup=3, batch=4, seq=128, out=results_file("rotary_tables"))
     parser.add_argument("--shape", choices=["proxy", "tiny", "base"], default="proxy")
@@ -109,6 +109,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default=None, help="default: bf16 on a GPU, else fp32")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Measure, print a line and write the results with the environment."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
         parser.error("--steps and --rounds must be >= 1, --warmup >= 0")

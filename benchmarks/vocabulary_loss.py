@@ -63,8 +63,8 @@ def one_setting(chunk: int, args, device: torch.device) -> dict:
             "gpu_peak_mib": peak, "process_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """Run each chunk setting in turn; print a row each and write them with the environment."""
+def build_parser() -> argparse.ArgumentParser:
+    """This benchmark's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_shared(parser, steps=10, warmup=2, out=results_file("vocabulary_loss"))
     parser.add_argument("--chunks", type=int, nargs="+", default=[0, 1024, 4096], help="rows per pass (0: whole)")
@@ -74,6 +74,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default=None, help="default: bf16 on a GPU, else fp32")
     parser.add_argument("--compile", action="store_true", help="torch.compile the loss (static shapes)")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run each chunk setting in turn; print a row each and write them with the environment."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if min(args.chunks) < 0 or args.steps < 1 or args.warmup < 0:
         parser.error("--chunks must be >= 0, --steps >= 1 and --warmup >= 0")

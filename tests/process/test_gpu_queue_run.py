@@ -1,0 +1,33 @@
+"""benchmarks/gpu_queue.py runs its entries as the GPU machine would, here on a CPU with a real benchmark at a tiny
+shape: in order, each with its log and results file, a failing entry recorded with its exit status and the rest
+still run, an entry that no longer fits the budget skipped, and queue.json saying all of it."""
+import json
+
+from benchmarks.gpu_queue import Entry, main, run_queue
+
+TINY = ("--shape", "tiny", "--batch", "2", "--seq", "32", "--steps", "1", "--warmup", "0", "--rounds", "1",
+        "--device", "cpu", "--vocab", "100")
+
+
+def test_entries_run_in_order_and_the_record_says_what_each_did(tmp_path):
+    entries = (Entry("bad", "a flag the benchmark refuses", "rotary_tables", ("--no-such-flag",), 0.01),
+               Entry("tiny", "the rotary tables at a tiny shape", "rotary_tables", TINY, 0.01),
+               Entry("long", "more than the budget", "rotary_tables", TINY, 60.0))
+    rows = run_queue(entries, tmp_path / "out", budget_s=600)
+    assert [(r["id"], r["status"]) for r in rows] == [("bad", "exit 2"), ("tiny", "ran"), ("long", "skipped")]
+    assert "no-such-flag" in (tmp_path / "out" / "bad.log").read_text()
+    result = json.loads((tmp_path / "out" / "tiny.json").read_text())["result"]
+    assert result["first_loss_computed"] != 0
+    assert "ModernBERT tiny 2 x 32 fp32 on cpu" in (tmp_path / "out" / "tiny.log").read_text()
+    assert "60 min" in rows[2]["why"] and not (tmp_path / "out" / "long.log").exists()
+    record = json.loads((tmp_path / "out" / "queue.json").read_text())
+    assert record["budget_s"] == 600 and record["entries"] == rows
+
+
+def test_a_queue_with_data_missing_stops_before_running(tmp_path, capsys, monkeypatch):
+    import benchmarks.gpu_queue as queue
+
+    monkeypatch.setattr(queue, "WORK", tmp_path / "work")  # nothing prepared there
+    assert main(["--only", "1d-step", "--out", str(tmp_path / "out")]) == 2
+    assert "data128 is not prepared" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

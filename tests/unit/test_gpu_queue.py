@@ -1,0 +1,44 @@
+"""benchmarks/gpu_queue.py: every queued GPU measurement parses with its benchmark's own parser and its run-config
+overrides load, so a typo is found here and not after a GPU machine started; a bad entry, a repeated id and data not
+prepared are each named."""
+import pytest
+
+from benchmarks.gpu_queue import QUEUE, Entry, check, parse_problem, select
+
+
+@pytest.mark.parametrize("entry", QUEUE, ids=[e.id for e in QUEUE])
+def test_every_queued_entry_parses_and_its_overrides_load(entry):
+    assert parse_problem(entry) == ""
+    assert entry.minutes > 0 and entry.why
+
+
+def test_the_queue_holds_the_open_measurements_once_each():
+    ids = [e.id for e in QUEUE]
+    assert len(ids) == len(set(ids))
+    # What issue 48's targets need first: the trainer with its levers, the rotary tables, the objectives, seq 512.
+    assert {"1", "1d", "1d-step", "1d-step-computed", "3", "4-seq512"} <= set(ids)
+
+
+def test_a_bad_flag_and_a_bad_override_are_named():
+    flag = Entry("x", "a typo", "rotary_tables", ("--shapes", "base"), 1.0)
+    assert "--shapes" in parse_problem(flag)
+    key = Entry("y", "a key typo", "gpu_throughput", ("--set", "train.rotary_table=false"), 1.0)
+    assert "rotary_table" in parse_problem(key)
+    value = Entry("z", "a bad value", "kernel_levers", ("--levers", "no_such_lever"), 1.0)
+    assert "no_such_lever" in parse_problem(value)
+
+
+def test_check_names_a_repeated_id_and_missing_data(tmp_path):
+    twice = (QUEUE[0], QUEUE[0])
+    problems = check(twice, tmp_path)
+    assert any(f"id {QUEUE[0].id!r} is used 2 times" in p for p in problems)
+    assert any(str(tmp_path / "data128") in p and "--prepare" in p for p in problems)
+    assert not any("data512" in p for p in problems)  # entry 1 reads seq 128 only
+
+
+def test_select_keeps_the_queue_order():
+    assert [e.id for e in select(QUEUE, ["3", "1d"], None)] == ["1d", "3"]
+    assert [e.id for e in select(QUEUE, None, "4-modernbert")] == ["4-modernbert", "4-seq512", "4-dropout"]
+    assert select(QUEUE, None, None) == QUEUE
+    with pytest.raises(SystemExit, match="no entry 9z"):
+        select(QUEUE, ["9z"], None)
