@@ -9,7 +9,10 @@ over its forward and a loss on the last hidden states (against a fixed random pr
 `model/rotary_tables.py` applied. They run in rounds of `--steps` steps, A then B then A ..., and each round's ratio
 is taken against its neighbour, so a machine whose speed drifts compares like with like. Reported: ms per step of
 each side (median over rounds), the ratio tables / computed per round, and both sides' first loss (the same to 1e-5,
-or the tables changed the model). The head and its vocabulary are left out: the lever is in the encoder.
+or the tables changed the model). The head and its vocabulary are left out: the lever is in the encoder. First it
+counts the cos and sin entries that differ from what transformers computes on the device, for tables made there (as
+the trainer makes them: 0 expected) and for tables made on the CPU and moved (a GPU's cos and sin may differ in
+the last bit from a CPU's).
 """
 from __future__ import annotations
 
@@ -47,6 +50,15 @@ def encoder(shape: str, seq: int, vocab: int):
     return ModernBertModel(config)
 
 
+def differing_entries(module, tabled, device: torch.device) -> int:
+    """How many cos and sin entries, over every position and attention kind, the tabled rotary embedding gives
+    otherwise than transformers' forward does on `device` (0: the same bit for bit)."""
+    x = torch.zeros(1, device=device)
+    positions = torch.arange(module.max_seq_len_cached, device=device)[None]
+    return sum(int((want != got).sum()) for kind in module.layer_types
+               for want, got in zip(module(x, positions, kind), tabled(x, positions, kind)))
+
+
 def step_fn(model, probe: torch.Tensor):
     """Forward and a loss on the last hidden states (their mean against a fixed random `probe`), compiled as one
     graph."""
@@ -60,8 +72,12 @@ def run(args) -> dict:
     device = torch.device(args.device)
     computed = encoder(args.shape, args.seq, args.vocab).to(device)
     tabled = copy.deepcopy(computed)
-    if tabulate_rotary(tabled) != 1:
+    if tabulate_rotary(tabled) != 1:  # on `device`, where the model is: as the trainer builds them
         raise RuntimeError("transformers' ModernBERT here has no rotary embedding the tables can replace")
+    elsewhere = copy.deepcopy(computed.rotary_emb).cpu()
+    tabulate_rotary(elsewhere)
+    differing = {"tables_differing_entries": differing_entries(computed.rotary_emb, tabled.rotary_emb, device),
+                 "cpu_tables_differing_entries": differing_entries(computed.rotary_emb, elsewhere.to(device), device)}
     gen = torch.Generator().manual_seed(0)
     probe = torch.randn(args.seq, computed.config.hidden_size, generator=gen).to(device)
     sides = {"computed": (computed, step_fn(computed, probe)), "tables": (tabled, step_fn(tabled, probe))}
@@ -94,7 +110,7 @@ def run(args) -> dict:
         for name in sides:
             ms[name].append(steps(name, args.steps)[0])
     ratios = [t / c for t, c in zip(ms["tables"], ms["computed"])]
-    return {"ms_computed": statistics.median(ms["computed"]), "ms_tables": statistics.median(ms["tables"]),
+    return {**differing, "ms_computed": statistics.median(ms["computed"]), "ms_tables": statistics.median(ms["tables"]),
             "ratio_tables_over_computed": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
             "rounds": {"computed": ms["computed"], "tables": ms["tables"]},
             "first_loss_computed": first["computed"], "first_loss_tables": first["tables"]}
@@ -112,18 +128,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_args(args: argparse.Namespace) -> str:
+    """What is wrong with parsed arguments that the parser alone cannot see ("" for nothing)."""
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
+        return "--steps and --rounds must be >= 1, --warmup >= 0"
+    return ""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Measure, print a line and write the results with the environment."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
-        parser.error("--steps and --rounds must be >= 1, --warmup >= 0")
+    if check_args(args):
+        parser.error(check_args(args))
     args.precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
     result = run(args)
     print(f"ModernBERT {args.shape} {args.batch} x {args.seq} {args.precision} on {args.device}: computed "
           f"{result['ms_computed']:.2f} ms, tables {result['ms_tables']:.2f} ms per step; tables / computed "
           f"{result['ratio_tables_over_computed']:.3f} ({result['ratio_min']:.3f}-{result['ratio_max']:.3f}); first loss "
-          f"{result['first_loss_computed']:.7e} and {result['first_loss_tables']:.7e}", flush=True)
+          f"{result['first_loss_computed']:.7e} and {result['first_loss_tables']:.7e}; entries unlike transformers': "
+          f"{result['tables_differing_entries']} in tables made on {args.device}, "
+          f"{result['cpu_tables_differing_entries']} in tables made on the CPU", flush=True)
     env = {**machine(), "threads": torch.get_num_threads()}
     write_text_atomic(args.out, json.dumps({"env": env, "args": vars(args), "result": result}, indent=1) + "\n")
     return 0

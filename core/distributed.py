@@ -297,6 +297,11 @@ def rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
+def local_device() -> torch.device:
+    """The device this rank trains on: the GPU init_distributed selected, or the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def world_size() -> int:
     """Number of ranks."""
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1

@@ -7,10 +7,16 @@ on a GPU, and what the tables give back: BENCHMARKS.md, "Rotary tables"). A tabl
 a load there. The tables hold what transformers' formula gives for positions 0 .. max_position_embeddings - 1, in
 float32 as it computes them; they are buffers the state dict does not keep, so checkpoints and exports do not
 change, and a model loaded in transformers computes what the tables hold.
+
+They are computed on the device that trains: a CPU's and a GPU's cos and sin can differ in the last bit, so tables
+made on one and moved to the other would not be what transformers computes there. A DeepSpeed config that sets
+`data_types.buffer_dtype` casts buffers to 16 bits; transformers then derives its cos and sin from rounded
+frequencies, while the tables, made before, keep the float32 model's values, rounded once.
 """
 from __future__ import annotations
 
 import types
+from typing import Optional
 
 import torch
 from torch import nn
@@ -33,25 +39,29 @@ def _table_forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type
     return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
-def rotary_tables(module: ModernBertRotaryEmbedding, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cos and sin of layer kind `kind` at every position the model takes, by transformers' formula, in float32."""
+def rotary_tables(module: ModernBertRotaryEmbedding, kind: str,
+                  device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cos and sin of layer kind `kind` at every position the model takes, by transformers' formula, in float32,
+    computed on `device` (by default where the module's frequencies are)."""
     inv_freq = getattr(module, f"{kind}_inv_freq")
-    positions = torch.arange(module.max_seq_len_cached, device=inv_freq.device, dtype=torch.float)
-    freqs = positions[:, None] * inv_freq.float()
+    device = inv_freq.device if device is None else torch.device(device)
+    positions = torch.arange(module.max_seq_len_cached, device=device, dtype=torch.float)
+    freqs = positions[:, None] * inv_freq.to(device=device, dtype=torch.float)
     emb = torch.cat((freqs, freqs), dim=-1)
     scaling = getattr(module, f"{kind}_attention_scaling")
     return emb.cos() * scaling, emb.sin() * scaling
 
 
-def tabulate_rotary(model: nn.Module) -> int:
-    """Give every ModernBERT rotary embedding in `model` its tables and the forward that reads them; how many."""
+def tabulate_rotary(model: nn.Module, device: Optional[torch.device] = None) -> int:
+    """Give every ModernBERT rotary embedding in `model` its tables, computed on `device` (the one that will train;
+    by default where the model is), and the forward that reads them; how many."""
     changed = 0
     for module in model.modules():
         if not _tabulable(module) or getattr(module.forward, "__func__", None) is _table_forward:
             continue
         with torch.no_grad():
             for kind in module.layer_types:
-                cos, sin = rotary_tables(module, kind)
+                cos, sin = rotary_tables(module, kind, device)
                 module.register_buffer(f"{kind}_cos_table", cos, persistent=False)
                 module.register_buffer(f"{kind}_sin_table", sin, persistent=False)
         module.forward = types.MethodType(_table_forward, module)

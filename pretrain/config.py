@@ -84,10 +84,10 @@ class TrainConfig:
     # its own), over the three weights concatenated at each call: checkpoints and exports keep transformers' layout.
     # ZeRO 0-2 (ZeRO-3 gathers each projection's weight when its own module runs). BENCHMARKS.md, "Kernel levers".
     fused_qkv: bool = False
-    # ModernBERT's rotary cos/sin read from tables of every position, built once (model/rotary_tables.py), instead of
-    # computed at each forward: the same values (bit for bit eagerly), and a compiled graph loads them where it would
-    # evaluate cos and sin again for every element of Q and K. Buffers the state dict does not keep: checkpoints and
-    # exports are unchanged. BENCHMARKS.md, "Rotary tables".
+    # ModernBERT's rotary cos/sin read from tables of every position, built once on the training device
+    # (model/rotary_tables.py), instead of computed at each forward: the same values (bit for bit eagerly), and a
+    # compiled graph loads them where it would evaluate cos and sin again for every element of Q and K. Buffers the
+    # state dict does not keep: checkpoints and exports are unchanged. BENCHMARKS.md, "Rotary tables".
     rotary_tables: bool = True
     # Rows of an MLM head's vocabulary projection taken with its cross-entropy and their gradients per pass, so the
     # [predicted rows, vocabulary] float32 logits never exist whole (model/vocabulary_loss.py); 0: the head's logits at

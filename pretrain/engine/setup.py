@@ -81,7 +81,7 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
     notes = [stage_note]
     if cfg.train.fused_qkv:
         notes.append(f"Q, K and V as one matmul in {fuse_qkv(objective)} attention layer(s) (train.fused_qkv)")
-    tabulated = tabulate_rotary(objective) if cfg.train.rotary_tables else 0
+    tabulated = tabulate_rotary(objective, dist.local_device()) if cfg.train.rotary_tables else 0
     if tabulated:
         notes.append(f"rotary cos/sin read from tables in {tabulated} ModernBERT encoder(s) (train.rotary_tables)")
     objective.drop_unpadded_mask = drops_unpadded_mask(cfg.train.unpadded_mask, cfg.train.compile)

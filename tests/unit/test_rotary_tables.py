@@ -46,6 +46,19 @@ def test_the_tables_hold_what_transformers_computes(dtype):
     assert not torch.equal(tabled.full_attention_cos_table, tabled.sliding_attention_cos_table)
 
 
+def test_the_tables_are_built_on_the_device_asked_for():
+    # The trainer builds them on its GPU (a GPU's cos and sin may differ in the last bit from a CPU's); "meta" stands
+    # in for a device other than the module's on this CPU.
+    module = _rotary()
+    assert tabulate_rotary(module, torch.device("meta")) == 1
+    for kind in module.layer_types:
+        assert getattr(module, f"{kind}_cos_table").device.type == "meta"
+        assert getattr(module, f"{kind}_inv_freq").device.type == "cpu"
+    default = _rotary()
+    tabulate_rotary(default)
+    assert default.full_attention_sin_table.device.type == "cpu"
+
+
 def test_a_rotary_type_with_changing_frequencies_is_left_as_it_is():
     module = _rotary()
     module.rope_type["full_attention"] = "dynamic"  # its frequencies follow the input's length
