@@ -6,6 +6,7 @@ import json
 from conftest import kjv_chapters, run_cli
 
 from benchmarks.gpu_throughput import ensure_data
+from data_pipeline.dataset_dir import DatasetDir
 
 
 def test_a_tiny_point_runs_with_its_data_prepared_once(tmp_path):
@@ -15,8 +16,8 @@ def test_a_tiny_point_runs_with_its_data_prepared_once(tmp_path):
     (corpora / "kjv.txt").write_text(text, encoding="utf-8")
     (corpora / "wordnet_glosses.txt").write_text(text[: len(text) // 4], encoding="utf-8")
     data = ensure_data(128, corpora, work)
-    manifest = (data / "manifest.json").stat().st_mtime_ns
-    assert ensure_data(128, corpora, work) == data and (data / "manifest.json").stat().st_mtime_ns == manifest
+    manifest = DatasetDir(data).manifest.stat().st_mtime_ns
+    assert ensure_data(128, corpora, work) == data and DatasetDir(data).manifest.stat().st_mtime_ns == manifest
     out = tmp_path / "gpu.json"
     proc = run_cli("benchmarks.gpu_throughput", [
         "--tiny", "--steps", "12", "--warmup", "2", "--seqs", "128", "--batches-128", "4", "--objectives", "mlm",
