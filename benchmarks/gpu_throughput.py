@@ -206,9 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_args(args: argparse.Namespace) -> str:
+    """What is wrong with parsed arguments that the parser alone cannot see ("" for nothing)."""
+    if not 0 <= args.warmup < args.steps:
+        return "--warmup must be below --steps (a point is timed after its warm-up)"
+    return ""
+
+
 def main() -> None:
     """Run every point and print the table."""
-    args = build_parser().parse_args()
+    parser = build_parser()
+    args = parser.parse_args()
+    if check_args(args):
+        parser.error(check_args(args))
     args.size = "tiny" if args.tiny else "base"
     import torch
 

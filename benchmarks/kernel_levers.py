@@ -243,12 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_args(args: argparse.Namespace) -> str:
+    """What is wrong with parsed arguments that the parser alone cannot see ("" for nothing)."""
+    if not 0 < args.warmup < args.steps:
+        return "--warmup must be at least 1 and below --steps"
+    return ""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run each lever in turn and write their figures and the ratio to `baseline` (when it ran)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not 0 < args.warmup < args.steps:
-        parser.error("--warmup must be at least 1 and below --steps")
+    if check_args(args):
+        parser.error(check_args(args))
     attention = attention_times(args) if args.attention else []
     rows = []
     for name in args.levers:

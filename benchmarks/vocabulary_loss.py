@@ -77,12 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_args(args: argparse.Namespace) -> str:
+    """What is wrong with parsed arguments that the parser alone cannot see ("" for nothing)."""
+    if min(args.chunks) < 0 or args.steps < 1 or args.warmup < 0:
+        return "--chunks must be >= 0, --steps >= 1 and --warmup >= 0"
+    return ""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run each chunk setting in turn; print a row each and write them with the environment."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if min(args.chunks) < 0 or args.steps < 1 or args.warmup < 0:
-        parser.error("--chunks must be >= 0, --steps >= 1 and --warmup >= 0")
+    if check_args(args):
+        parser.error(check_args(args))
     args.precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
     device = torch.device(args.device)
     rows = []

@@ -3,7 +3,7 @@ overrides load, so a typo is found here and not after a GPU machine started; a b
 prepared are each named."""
 import pytest
 
-from benchmarks.gpu_queue import QUEUE, Entry, check, parse_problem, select
+from benchmarks.gpu_queue import QUEUE, Entry, check, main, parse_problem, select
 
 
 @pytest.mark.parametrize("entry", QUEUE, ids=[e.id for e in QUEUE])
@@ -15,8 +15,12 @@ def test_every_queued_entry_parses_and_its_overrides_load(entry):
 def test_the_queue_holds_the_open_measurements_once_each():
     ids = [e.id for e in QUEUE]
     assert len(ids) == len(set(ids))
-    # What issue 48's targets need first: the trainer with its levers, the rotary tables, the objectives, seq 512.
+    # What issue 48's targets need: the trainer with its levers, the rotary tables, the objectives, seq 512; the
+    # BERT-base step first, then ModernBERT's whole and per layer, within the first call's nine minutes.
     assert {"1", "1d", "1d-step", "1d-step-computed", "3", "4-seq512"} <= set(ids)
+    first = ids[:ids.index("1d-step-computed") + 1]
+    assert first[0] == "1" and {"1b-modernbert", "1d-step"} <= set(first)
+    assert sum(e.minutes for e in QUEUE[:len(first)]) <= 9
 
 
 def test_a_bad_flag_and_a_bad_override_are_named():
@@ -26,6 +30,15 @@ def test_a_bad_flag_and_a_bad_override_are_named():
     assert "rotary_table" in parse_problem(key)
     value = Entry("z", "a bad value", "kernel_levers", ("--levers", "no_such_lever"), 1.0)
     assert "no_such_lever" in parse_problem(value)
+    # What a benchmark checks after parsing, the queue checks too.
+    warmup = Entry("w", "warm-up past the steps", "kernel_levers", ("--steps", "5", "--warmup", "10"), 1.0)
+    assert "--warmup must be at least 1 and below --steps" in parse_problem(warmup)
+
+
+def test_only_and_from_do_not_go_together(capsys):
+    with pytest.raises(SystemExit):
+        main(["--only", "1", "--from", "3", "--list"])
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_check_names_a_repeated_id_and_missing_data(tmp_path):
@@ -38,7 +51,8 @@ def test_check_names_a_repeated_id_and_missing_data(tmp_path):
 
 def test_select_keeps_the_queue_order():
     assert [e.id for e in select(QUEUE, ["3", "1d"], None)] == ["1d", "3"]
-    assert [e.id for e in select(QUEUE, None, "4-modernbert")] == ["4-modernbert", "4-seq512", "4-dropout"]
+    ids = [e.id for e in QUEUE]
+    assert [e.id for e in select(QUEUE, None, "4-dropout")] == ids[ids.index("4-dropout"):]
     assert select(QUEUE, None, None) == QUEUE
     with pytest.raises(SystemExit, match="no entry 9z"):
         select(QUEUE, ["9z"], None)
