@@ -22,9 +22,10 @@ import json
 import statistics
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
+from torch import nn
 
 from benchmarks.arguments import add_shared, results_file
 from benchmarks.host_overhead import MODERNBERT_BASE_FFN, SHAPES
@@ -33,7 +34,7 @@ from core.atomic_files import write_text_atomic
 from model.rotary_tables import tabulate_rotary
 
 
-def encoder(shape: str, seq: int, vocab: int):
+def encoder(shape: str, seq: int, vocab: int) -> nn.Module:
     """transformers' ModernBERT encoder at `shape`, with a sliding window shorter than `seq` where it fits."""
     from transformers import ModernBertConfig, ModernBertModel
 
@@ -50,7 +51,7 @@ def encoder(shape: str, seq: int, vocab: int):
     return ModernBertModel(config)
 
 
-def differing_entries(module, tabled, device: torch.device) -> int:
+def differing_entries(module: nn.Module, tabled: nn.Module, device: torch.device) -> int:
     """How many cos and sin entries, over every position and attention kind, the tabled rotary embedding gives
     otherwise than transformers' forward does on `device` (0: the same bit for bit)."""
     x = torch.zeros(1, device=device)
@@ -59,7 +60,7 @@ def differing_entries(module, tabled, device: torch.device) -> int:
                for want, got in zip(module(x, positions, kind), tabled(x, positions, kind)))
 
 
-def step_fn(model, probe: torch.Tensor):
+def step_fn(model: nn.Module, probe: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Forward and a loss on the last hidden states (their mean against a fixed random `probe`), compiled as one
     graph."""
     def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -67,7 +68,7 @@ def step_fn(model, probe: torch.Tensor):
     return torch.compile(step, dynamic=False)
 
 
-def run(args) -> dict:
+def run(args: argparse.Namespace) -> dict:
     """Time the two sides in turn; their ms per step by round, the ratios and first losses."""
     device = torch.device(args.device)
     computed = encoder(args.shape, args.seq, args.vocab).to(device)
@@ -101,7 +102,7 @@ def run(args) -> dict:
             torch.cuda.synchronize()
         return (time.perf_counter() - start) / count * 1e3, float(loss.detach())
 
-    first = {name: steps(name, 1)[1] for name in sides}  # compiles each side
+    first = {name: steps(name, 1)[1] for name in sides}  # the compiling step, kept out of the timing
     for name in sides:
         if args.warmup:
             steps(name, args.warmup)
@@ -141,7 +142,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     if check_args(args):
         parser.error(check_args(args))
-    args.precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
+    args.precision = args.precision or ("bf16" if torch.device(args.device).type == "cuda" else "fp32")
     result = run(args)
     print(f"ModernBERT {args.shape} {args.batch} x {args.seq} {args.precision} on {args.device}: computed "
           f"{result['ms_computed']:.2f} ms, tables {result['ms_tables']:.2f} ms per step; tables / computed "

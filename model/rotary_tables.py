@@ -4,8 +4,8 @@ transformers computes cos(p · f) and sin(p · f) for every position p at each f
 small kernels; in a compiled graph the compiler inlines the computation into each kernel that applies it to Q and
 K, so every element of every head evaluates its own cos and sin, in forward and again in backward (what that cost
 on a GPU, and what the tables give back: BENCHMARKS.md, "Rotary tables"). A table indexed by the position ids is
-a load there. The tables hold what transformers' formula gives for positions 0 .. max_position_embeddings - 1, in
-float32 as it computes them; they are buffers the state dict does not keep, so checkpoints and exports do not
+a load there. The tables hold what transformers' own forward gives for positions 0 .. max_position_embeddings - 1,
+in float32; they are buffers the state dict does not keep, so checkpoints and exports do not
 change, and a model loaded in transformers computes what the tables hold.
 
 They are computed on the device that trains: a CPU's and a GPU's cos and sin can differ in the last bit, so tables
@@ -41,15 +41,14 @@ def _table_forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type
 
 def rotary_tables(module: ModernBertRotaryEmbedding, kind: str,
                   device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cos and sin of layer kind `kind` at every position the model takes, by transformers' formula, in float32,
-    computed on `device` (by default where the module's frequencies are)."""
-    inv_freq = getattr(module, f"{kind}_inv_freq")
-    device = inv_freq.device if device is None else torch.device(device)
-    positions = torch.arange(module.max_seq_len_cached, device=device, dtype=torch.float)
-    freqs = positions[:, None] * inv_freq.to(device=device, dtype=torch.float)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    scaling = getattr(module, f"{kind}_attention_scaling")
-    return emb.cos() * scaling, emb.sin() * scaling
+    """The cos and sin of layer kind `kind` at every position the model takes, in float32, from transformers' own
+    forward run once on `device` (by default where the module's frequencies are)."""
+    device = getattr(module, f"{kind}_inv_freq").device if device is None else torch.device(device)
+    # Its own forward, not a copy of its formula: versions of transformers compute the product of positions and
+    # frequencies differently (elementwise, or as a matmul), and the tables must be what the installed one gives.
+    positions = torch.arange(module.max_seq_len_cached, device=device)[None]
+    cos, sin = ModernBertRotaryEmbedding.forward(module, torch.zeros(1, device=device), positions, kind)
+    return cos[0], sin[0]
 
 
 def tabulate_rotary(model: nn.Module, device: Optional[torch.device] = None) -> int:
