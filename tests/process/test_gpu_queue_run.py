@@ -1,7 +1,9 @@
 """benchmarks/gpu_queue.py runs its entries as the GPU machine would, here on a CPU with a real benchmark at a tiny
 shape: in order, each with its log and results file, a failing entry recorded with its exit status and the rest
-still run, an entry that no longer fits the budget skipped, and queue.json saying all of it."""
+still run, an entry that no longer fits the budget skipped, one past its time ended with its process group, and
+queue.json saying all of it."""
 import json
+import subprocess
 
 from benchmarks.gpu_queue import Entry, main, run_queue
 
@@ -24,6 +26,17 @@ def test_entries_run_in_order_and_the_record_says_what_each_did(tmp_path):
     assert record["budget_s"] == 600 and record["entries"] == rows
 
 
+def test_an_entry_past_its_time_is_ended_with_its_whole_group_and_recorded(tmp_path):
+    # Endless rounds: the benchmark never ends by itself, so only the queue's limit stops it.
+    endless = (*TINY[:-6], "--rounds", "100000000", "--device", "cpu", "--vocab", "100")
+    rows = run_queue((Entry("endless", "never ends", "rotary_tables", endless, 0.01),), tmp_path / "out", budget_s=25,
+                     grace_s=5)
+    assert rows[0]["status"] == "timed out" and 25 <= rows[0]["seconds"] < 25 + 5 + 15
+    assert json.loads((tmp_path / "out" / "queue.json").read_text())["entries"][0]["status"] == "timed out"
+    running = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True, check=True).stdout
+    assert str(tmp_path / "out" / "endless.json") not in running
+
+
 def test_a_queue_with_data_missing_stops_before_running(tmp_path, capsys, monkeypatch):
     import benchmarks.gpu_queue as queue
 
@@ -31,3 +44,11 @@ def test_a_queue_with_data_missing_stops_before_running(tmp_path, capsys, monkey
     assert main(["--only", "1d-step", "--out", str(tmp_path / "out")]) == 2
     assert "data128 is not prepared" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_last_line_names_what_to_run_again(tmp_path, capsys):
+    # 1d asks for CUDA, which this machine lacks: it fails, and the closing line says how to run it again.
+    assert main(["--only", "1d", "--out", str(tmp_path / "out")]) == 1
+    said = capsys.readouterr().out
+    assert "1d: exit 1" in said
+    assert said.strip().splitlines()[-1].endswith("next time: python -m benchmarks.gpu_queue --only 1d")

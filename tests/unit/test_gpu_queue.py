@@ -3,7 +3,7 @@ overrides load, so a typo is found here and not after a GPU machine started; a b
 prepared are each named."""
 import pytest
 
-from benchmarks.gpu_queue import QUEUE, Entry, check, main, parse_problem, select
+from benchmarks.gpu_queue import QUEUE, Entry, check, entry_limit_s, main, parse_problem, select
 
 
 @pytest.mark.parametrize("entry", QUEUE, ids=[e.id for e in QUEUE])
@@ -56,3 +56,8 @@ def test_select_keeps_the_queue_order():
     assert select(QUEUE, None, None) == QUEUE
     with pytest.raises(SystemExit, match="no entry 9z"):
         select(QUEUE, ["9z"], None)
+
+
+def test_an_entry_may_run_twice_its_estimate_and_a_minute_within_the_time_left():
+    entry = Entry("e", "why", "rotary_tables", (), 1.5)
+    assert entry_limit_s(entry, 1000) == 240 and entry_limit_s(entry, 100) == 100 and entry_limit_s(entry, 0) == 1
