@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = ["auto", "fp32", "bf16", "fp16"]
@@ -59,3 +59,14 @@ def add_shared(parser: argparse.ArgumentParser, choices: Optional[dict[str, list
 def repo_pythonpath() -> str:
     """PYTHONPATH for a measured subprocess: the checkout first, then whatever the caller had (carried packages)."""
     return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def parse_checked(parser: argparse.ArgumentParser, check: Callable[[argparse.Namespace], str],
+                  argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """`argv` parsed, or the one-line usage error and exit 2 that argparse gives, where `check` finds fault with it
+    (`check` is also what benchmarks/gpu_queue.py runs on its entries, before a GPU machine starts)."""
+    args = parser.parse_args(argv)
+    wrong = check(args)
+    if wrong:
+        parser.error(wrong)
+    return args

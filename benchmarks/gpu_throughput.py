@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import kernel_profile
-from benchmarks.arguments import add_shared, results_file
+from benchmarks.arguments import add_shared, parse_checked, results_file
 from benchmarks.host_overhead import fits_one_epoch
 from benchmarks.machine import machine
 from core.atomic_files import write_text_atomic
@@ -215,10 +215,7 @@ def check_args(args: argparse.Namespace) -> str:
 
 def main() -> None:
     """Run every point and print the table."""
-    parser = build_parser()
-    args = parser.parse_args()
-    if check_args(args):
-        parser.error(check_args(args))
+    args = parse_checked(build_parser(), check_args)
     args.size = "tiny" if args.tiny else "base"
     import torch
 

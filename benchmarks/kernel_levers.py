@@ -41,7 +41,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from benchmarks.arguments import add_shared, results_file
+from benchmarks.arguments import add_shared, parse_checked, results_file
 from benchmarks.machine import machine
 from core.atomic_files import write_text_atomic
 
@@ -252,10 +252,7 @@ def check_args(args: argparse.Namespace) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run each lever in turn and write their figures and the ratio to `baseline` (when it ran)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if check_args(args):
-        parser.error(check_args(args))
+    args = parse_checked(build_parser(), check_args, argv)
     attention = attention_times(args) if args.attention else []
     rows = []
     for name in args.levers:

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from benchmarks.arguments import add_shared, results_file
+from benchmarks.arguments import add_shared, parse_checked, results_file
 from benchmarks.host_overhead import MODERNBERT_BASE_FFN, SHAPES
 from benchmarks.machine import machine
 from core.atomic_files import write_text_atomic
@@ -138,10 +138,7 @@ def check_args(args: argparse.Namespace) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Measure, print a line and write the results with the environment."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if check_args(args):
-        parser.error(check_args(args))
+    args = parse_checked(build_parser(), check_args, argv)
     args.precision = args.precision or ("bf16" if torch.device(args.device).type == "cuda" else "fp32")
     result = run(args)
     print(f"ModernBERT {args.shape} {args.batch} x {args.seq} {args.precision} on {args.device}: computed "

@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from benchmarks.arguments import add_shared, results_file
+from benchmarks.arguments import add_shared, parse_checked, results_file
 from benchmarks.machine import machine
 from core.atomic_files import write_text_atomic
 
@@ -86,11 +86,8 @@ def check_args(args: argparse.Namespace) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run each chunk setting in turn; print a row each and write them with the environment."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if check_args(args):
-        parser.error(check_args(args))
-    args.precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
+    args = parse_checked(build_parser(), check_args, argv)
+    args.precision = args.precision or ("bf16" if torch.device(args.device).type == "cuda" else "fp32")
     device = torch.device(args.device)
     rows = []
     for chunk in args.chunks:

@@ -22,6 +22,21 @@ def test_every_benchmark_parses_its_command_line(name, monkeypatch, capsys):
     assert exc.value.code == 0 and "usage:" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name, argv, said", [
+    ("benchmarks.gpu_throughput", ["--steps", "10", "--warmup", "10"], "--warmup must be below --steps"),
+    ("benchmarks.kernel_levers", ["--steps", "10", "--warmup", "0"], "--warmup must be at least 1"),
+    ("benchmarks.vocabulary_loss", ["--chunks", "-1"], "--chunks must be >= 0"),
+    ("benchmarks.rotary_tables", ["--rounds", "0"], "--rounds must be >= 1"),
+])
+def test_arguments_the_parser_takes_but_the_benchmark_cannot_are_refused_in_one_line(name, argv, said, monkeypatch,
+                                                                                    capsys):
+    # Before any model is built: through main, as a user's command line reaches it.
+    monkeypatch.setattr(sys, "argv", [name, *argv])
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(name).main()
+    assert exc.value.code == 2 and said in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_shared_arguments_are_defined_once():
     from benchmarks.arguments import SHARED
 
