@@ -13,8 +13,8 @@ tokenizer comes from; the prepared shards travel with the call, as the wheels in
 the next GPU session runs first"). Each entry runs as `python -m benchmarks.MODULE ARGS --out OUT/ID.json`, its
 output in OUT/ID.log; an entry whose estimate no longer fits the time left is skipped, one that runs past twice its
 estimate and a minute is ended with its process group, and OUT/queue.json, written after every entry, says what
-ran, how long it took, its exit status, and what was skipped. The BENCHMARKS.md section
-each entry comes from says what it decides.
+ran, how long it took, its exit status, and what was skipped. The BENCHMARKS.md section each entry comes from says
+what it decides.
 """
 from __future__ import annotations
 
