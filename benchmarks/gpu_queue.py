@@ -52,51 +52,49 @@ class Entry:
     seqs: tuple[int, ...] = ()  # the prepared datasets it reads (WORK/data<seq>)
 
 
-_THROUGHPUT = ("--steps", "30", "--warmup", "15", "--seqs", "128", "--batches-128", "256")
-_BERT_LAYERS = ("--set", "train.compile=layers", "train.fused_qkv=true")
+_BERT_LAYERS = ("train.compile=layers", "train.fused_qkv=true")  # BERT-base's GPU recipe (gpu_base)
+
+
+def _point(backbone: str, *sets: str, objectives: tuple[str, ...] = ("mlm",), batches: tuple[str, ...] = ("256",),
+           profile: bool = False, bare: bool = False) -> tuple[str, ...]:
+    """gpu_throughput's arguments for the trainer at seq 128, 30 steps timed after 15, with the run-config overrides
+    `sets`; the bare loop beside it only where `bare`."""
+    return ("--steps", "30", "--warmup", "15", "--seqs", "128", "--batches-128", *batches, "--objectives", *objectives,
+            "--backbones", backbone, "--compile", "on", *(() if bare else ("--no-bare",)),
+            *(("--profile", "--profile-steps", "5") if profile else ()), "--set", *sets)
+
+
 # In the order a lent GPU should run them: what issue 48's targets need first (the trainer's BERT-base step, then
 # ModernBERT's, whole and per layer, in one call). An id names an entry; it is not its rank.
 QUEUE: tuple[Entry, ...] = (
     Entry("1", "the trainer with fused Q/K/V under compile: layers, BERT-base MLM, micro-batch 256 and 512 (Kernel levers)",
-          "gpu_throughput", ("--steps", "30", "--warmup", "15", "--seqs", "128", "--batches-128", "256", "512",
-                             "--objectives", "mlm", "--backbones", "bert", "--compile", "on", "--no-bare", *_BERT_LAYERS),
-          2.0, (128,)),
+          "gpu_throughput", _point("bert", *_BERT_LAYERS, batches=("256", "512")), 2.0, (128,)),
     Entry("1d", "ModernBERT's rotary tables, the encoder alone at base width (Rotary tables)", "rotary_tables",
           ("--shape", "base", "--batch", "256", "--device", "cuda"), 1.0),
     Entry("1b-modernbert", "ModernBERT-base under compile: layers (the 33% target), the mask dropped on unpadded batches (the "
-          "default), profiled", "gpu_throughput",
-          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "modernbert", "--compile", "on", "--no-bare", "--profile",
-           "--profile-steps", "5", "--set", "train.compile=layers"), 1.5, (128,)),
+          "default), profiled", "gpu_throughput", _point("modernbert", "train.compile=layers", profile=True), 1.5, (128,)),
     Entry("1d-step", "the trainer's ModernBERT-base step compiled whole, with the rotary tables (the default), against "
           "1b-modernbert (compile: layers, the line before it in the queue)",
-          "gpu_throughput", (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "modernbert", "--compile", "on",
-                             "--no-bare", "--profile", "--profile-steps", "5", "--set", "train.compile=true"), 1.5, (128,)),
+          "gpu_throughput", _point("modernbert", "train.compile=true", profile=True), 1.5, (128,)),
     Entry("1d-step-computed", "as 1d-step, without the tables (train.rotary_tables=false)", "gpu_throughput",
-          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "modernbert", "--compile", "on", "--no-bare", "--profile",
-           "--profile-steps", "5", "--set", "train.compile=true", "train.rotary_tables=false"), 1.5, (128,)),
+          _point("modernbert", "train.compile=true", "train.rotary_tables=false", profile=True), 1.5, (128,)),
     Entry("1b-bert", "BERT-base, the attention mask dropped on unpadded batches (the default), profiled "
           "(Unpadded batches without an attention mask)", "gpu_throughput",
-          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "bert", "--compile", "on", "--no-bare", "--profile",
-           "--profile-steps", "5", *_BERT_LAYERS), 1.5, (128,)),
+          _point("bert", *_BERT_LAYERS, profile=True), 1.5, (128,)),
     Entry("1b-bert-keep", "BERT-base as 1b-bert, with the mask handed over (train.unpadded_mask=keep)", "gpu_throughput",
-          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "bert", "--compile", "on", "--no-bare", "--profile",
-           "--profile-steps", "5", *_BERT_LAYERS, "train.unpadded_mask=keep"), 1.5, (128,)),
+          _point("bert", *_BERT_LAYERS, "train.unpadded_mask=keep", profile=True), 1.5, (128,)),
     Entry("1b-modernbert-keep", "ModernBERT-base as 1b-modernbert, with the mask handed over", "gpu_throughput",
-          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "modernbert", "--compile", "on", "--no-bare", "--profile",
-           "--profile-steps", "5", "--set", "train.compile=layers", "train.unpadded_mask=keep"), 1.5, (128,)),
+          _point("modernbert", "train.compile=layers", "train.unpadded_mask=keep", profile=True), 1.5, (128,)),
     Entry("3", "COCO-LM and TaCL with their compile regions: the 0.9x-of-MLM target", "gpu_throughput",
-          (*_THROUGHPUT, "--objectives", "coco_lm", "tacl", "--backbones", "bert", "--compile", "on", *_BERT_LAYERS),
-          3.0, (128,)),
+          _point("bert", *_BERT_LAYERS, objectives=("coco_lm", "tacl"), bare=True), 3.0, (128,)),
     Entry("4-seq512", "BERT-base at seq 512 (the 36% target)", "gpu_throughput",
           ("--steps", "20", "--warmup", "10", "--seqs", "512", "--batches-512", "64", "--objectives", "mlm",
-           "--backbones", "bert", "--compile", "on", *_BERT_LAYERS), 2.0, (512,)),
+           "--backbones", "bert", "--compile", "on", "--set", *_BERT_LAYERS), 2.0, (512,)),
     Entry("4-dropout", "BERT-base with BERT's own dropout 0.1", "gpu_throughput",
-          (*_THROUGHPUT, "--objectives", "mlm", "--backbones", "bert", "--compile", "on", "--no-bare", *_BERT_LAYERS,
-           "model.dropout=0.1", "model.attention_dropout=0.1"), 1.5, (128,)),
+          _point("bert", *_BERT_LAYERS, "model.dropout=0.1", "model.attention_dropout=0.1"), 1.5, (128,)),
     Entry("1-chunk", "BERT-base as entry 1, with the vocabulary loss in chunks of 1,024 rows (The vocabulary loss in chunks)",
-          "gpu_throughput", ("--steps", "30", "--warmup", "15", "--seqs", "128", "--batches-128", "256", "512",
-                             "--objectives", "mlm", "--backbones", "bert", "--compile", "on", "--no-bare", *_BERT_LAYERS,
-                             "train.vocab_loss_chunk=1024"), 2.0, (128,)),
+          "gpu_throughput", _point("bert", *_BERT_LAYERS, "train.vocab_loss_chunk=1024", batches=("256", "512")),
+          2.0, (128,)),
     Entry("1c", "why the compiled step without a mask was slower than with one: SDPA held to cuDNN without a mask (Kernel levers)",
           "kernel_levers", ("--steps", "30", "--warmup", "10", "--levers", "baseline", "no_mask",
                             "no_mask+cudnn_attention"), 1.5),
@@ -112,14 +110,15 @@ def parse_problem(entry: Entry) -> str:
     from core.errors import ConfigError
     from pretrain.config import RunConfig
 
-    parser = importlib.import_module(f"benchmarks.{entry.module}").build_parser()
+    benchmark = importlib.import_module(f"benchmarks.{entry.module}")
+    parser = benchmark.build_parser()
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
             parsed = parser.parse_args([*entry.args, "--out", "x.json"])
     except SystemExit:
         return said.getvalue().strip().splitlines()[-1] if said.getvalue().strip() else "the arguments do not parse"
-    check_args = getattr(importlib.import_module(f"benchmarks.{entry.module}"), "check_args", None)
+    check_args = getattr(benchmark, "check_args", None)
     wrong = check_args(parsed) if check_args else ""
     if wrong:
         return wrong
