@@ -3,11 +3,13 @@ two emulated slurmd nodes), submitted with sbatch as a user would.
 
 All jobs are submitted at once by one fixture, so their start-ups and SLURM's requeue delays overlap:
 - pretrain on 2 nodes x 1 task with --time=2 and --signal=B:USR1@60, which needs more than one
-  allocation, then export with --dependency=afterok on it;
+  allocation (once its first is signalled and requeued, the test raises its time limit, as an administrator would:
+  every further 2-minute allocation would cost a start-up, six of them on a loaded machine), then export with
+  --dependency=afterok on it;
 - prepare_data as a job array of 2 tasks, then (afterok on the array) a job with MAX_RESTARTS=1 on
   its output that is sent USR1 twice (requeued once, then not), the second time before srun starts;
 - a job with a bad config (a crash: must not be requeued);
-- a job with --time=2 and no signal before its end: the trainer reads the job's end time from SLURM and stops
+- a job with --time=4 and no signal before its end: the trainer reads the job's end time from SLURM and stops
   before it (train.use_slurm_deadline).
 Meanwhile an uninterrupted run of the same training config runs outside SLURM as the reference.
 """
@@ -29,7 +31,7 @@ from data_pipeline.dataset_dir import MANIFEST, DatasetDir
 from pretrain.run_dir import RunDir
 
 
-MAX_STEPS = 1200  # more than one 2-minute allocation can train here (<= ~1000 steps before the signal)
+MAX_STEPS = 1200  # more than one 2-minute allocation trains here (up to ~1000 steps before the signal, on a quiet machine)
 PREPARE_OVERRIDES = ["tokenizer.vocab_size=400", "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1",
                      "part_bytes=40000"]  # several parts for each of the array's 2 tasks
 TRAIN_OVERRIDES = [
@@ -94,6 +96,11 @@ class Cluster:
             if info:
                 jobs.setdefault(info.get("ArrayJobId", info["JobId"]), []).append(info)
         return jobs
+
+    def set_time_limit(self, job_id: int, minutes: int) -> None:
+        """`scontrol update` the job's time limit (root may raise it, running or pending)."""
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"], env=self.env, check=True,
+                       timeout=60)
 
     def signal_batch(self, job_id: int, sig: str = "USR1") -> None:
         """What SLURM's --signal=B:USR1 does, on demand: signal the batch shell."""
@@ -162,15 +169,16 @@ def jobs(cluster, prepared, tmp_path_factory):
     doomed = cluster.sbatch(
         "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
         OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'doomed'}", *TRAIN_OVERRIDES]))
-    # No signal before the end of a 2-minute allocation (it would come 5-35 s before): the trainer's own deadline, the
-    # job's end time from SLURM less two steps, a save and the margin, comes first: with a 100 s margin, within seconds
-    # of the trainer's start (the job keeps a core for no longer than that). Not requeued (MAX_RESTARTS=0).
+    # No signal before the end of a 4-minute allocation (it would come 5-35 s before): the trainer's own deadline, the
+    # job's end time from SLURM less two steps, a save and the margin, comes first: with a 200 s margin, 40 s after the
+    # job's start, or at the trainer's first step when its start-up took longer (the job keeps a core for no longer
+    # than that). Not requeued (MAX_RESTARTS=0).
     deadline_run = work / "deadline"
     deadline_job = cluster.sbatch(
-        "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=2",
+        "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=4",
         "--signal=B:USR1@5", cwd=work, MAX_RESTARTS="0",
         OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={deadline_run}", *TRAIN_OVERRIDES,
-                            "train.max_steps=100000", "train.use_slurm_deadline=true", "train.deadline_margin_s=100"]))
+                            "train.max_steps=100000", "train.use_slurm_deadline=true", "train.deadline_margin_s=200"]))
     ids = {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited, "lost": lost,
            "doomed": doomed, "deadline": deadline_job}
     kills: dict[str, list[float]] = {"lost": [], "doomed": []}
@@ -186,6 +194,7 @@ def jobs(cluster, prepared, tmp_path_factory):
 
     markers: list[dict] = []
     limit_signals = 0
+    raised = False
     deadline = time.time() + 720
     while time.time() < deadline:
         # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
@@ -206,6 +215,9 @@ def jobs(cluster, prepared, tmp_path_factory):
             record = None
         if record is not None and record not in [m for m, _ in markers]:
             markers.append((record, (RunDir(run).checkpoints / record["checkpoint"] / "COMPLETE").is_file()))
+        if markers and not raised:
+            cluster.set_time_limit(pretrain, 15)
+            raised = True
         # The limit job: USR1 once it trains in attempt 1, and again in attempt 2 while its batch shell is still in
         # ENV_SETUP, before srun has started the trainer.
         log = work / f"pretrain-{limited}.out"
@@ -342,10 +354,11 @@ def test_the_job_end_time_from_slurm_stops_the_run_before_its_limit(jobs):
     assert "USR1 received" not in log and "preempted (deadline) at step" in log, log[-3000:]
     assert "preempted with a checkpoint, but restart 0 reached MAX_RESTARTS=0" in log
     marker = json.loads((jobs["deadline_run"] / "PREEMPTED").read_text())
-    # (EndTime is when the job ended; the limit it ran under is its start plus its 2-minute time limit.)
+    # (EndTime is when the job ended; the limit it ran under is its start plus its 4-minute time limit.) The stop came
+    # at the deadline (40 s in) or at the first step after a longer start-up (30-60 s), two minutes before the end.
     limit = datetime.datetime.fromisoformat(info["StartTime"]).timestamp() + parse_duration(info["TimeLimit"])
-    assert info["TimeLimit"] == "00:02:00" and marker["reason"] == "deadline", (marker, info)
-    assert abs(marker["deadline"] - limit) <= 1 and marker["time"] < limit - 60, (marker, info["StartTime"])
+    assert info["TimeLimit"] == "00:04:00" and marker["reason"] == "deadline", (marker, info)
+    assert abs(marker["deadline"] - limit) <= 1 and marker["time"] < limit - 120, (marker, info["StartTime"])
     assert (RunDir(jobs["deadline_run"]).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()
     assert marker["step"] > 0
 
