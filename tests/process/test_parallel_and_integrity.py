@@ -5,7 +5,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import TINY_MODEL, run_cli
+from conftest import PROCESS_ENV, TINY_MODEL, launch_ranks, python_process, run_cli
 
 from core.config_io import load_config
 from data_pipeline.cli import main as data_main
@@ -153,24 +153,40 @@ def test_failing_parallel_prepare_exits_cleanly(tmp_path, prepared):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
-def test_streaming_registration_is_serialised_across_runs(prepared):
+def _holder(tmp_path: Path, code: str, **env: str):
+    """Another run's process on this machine running `code` (forked from the preloaded server); it prints 'held'
+    once it holds the registration lock: (the process, its output file)."""
+    script, out = tmp_path / "holder.py", tmp_path / "holder.out"
+    script.write_text(code)
+    with open(out, "w") as stdout:
+        return python_process([str(script)], {**os.environ, **PROCESS_ENV, **env}, stdout=stdout), out
+
+
+def _wait_until_said(out: Path, word: str, proc, timeout: float = 60) -> None:
+    """Until the process's output has a line `word` (failing if it exits first)."""
+    import time
+
+    deadline = time.time() + timeout
+    while word not in out.read_text().split("\n"):
+        assert proc.poll() is None and time.time() < deadline, out.read_text()
+        time.sleep(0.02)
+
+
+def test_streaming_registration_is_serialised_across_runs(prepared, tmp_path):
     """Two runs starting together on one machine must not pick the same shared-memory prefix: while one
     run's leader registers (lock held, here for 3 s), another run's dataset construction waits."""
-    import subprocess
-    import sys
     import time
 
     from data_pipeline.loader import LoaderConfig, build_dataset
 
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\n"
+    holder, said = _holder(tmp_path, (
+        "import time\n"
         "from data_pipeline.loader import shared_memory_registration\n"
         "with shared_memory_registration():\n"
         "    print('held', flush=True)\n"
-        "    time.sleep(3)\n")], cwd=str(Path(__file__).resolve().parents[2]), stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "LOCAL_RANK": "0"})
+        "    time.sleep(3)\n"), LOCAL_RANK="0")
     try:
-        assert holder.stdout.readline().strip() == "held"
+        _wait_until_said(said, "held", holder)
         start = time.time()
         dataset = build_dataset(LoaderConfig(path=str(prepared)), "train", batch_size=4)
         waited = time.time() - start
@@ -183,15 +199,11 @@ def test_a_rank_picks_its_leaders_prefix_while_another_run_registers(prepared, t
     """Another run's leader holds the lock and registers its dataset while a 2-rank run starts: the
     non-leader must not scan for a free prefix before its own leader holds the lock, or the two pick
     different prefixes ("shared memory registered does not match local leader")."""
-    import subprocess
-    import sys
-
-    repo = str(Path(__file__).resolve().parents[2])
-    other = tmp_path / "other"  # the other run's own copy of the data: a different `local` path
     import shutil
 
+    other = tmp_path / "other"  # the other run's own copy of the data: a different `local` path
     shutil.copytree(prepared, other)
-    holder = subprocess.Popen([sys.executable, "-c", (
+    holder, said = _holder(tmp_path, (
         "import time\n"
         "from data_pipeline.loader import LoaderConfig, _indexed_dataset_class, shared_memory_registration\n"
         "with shared_memory_registration():\n"
@@ -199,47 +211,38 @@ def test_a_rank_picks_its_leaders_prefix_while_another_run_registers(prepared, t
         "    time.sleep(9)  # the 2-rank run starts and reaches its datasets meanwhile; then this run registers\n"
         f"    dataset = _indexed_dataset_class()(local='{other}/train', batch_size=4, shuffle=False)\n"
         "print('registered', flush=True)\n"
-        "time.sleep(12)  # keep the segment alive while the other run registers\n")],
-        cwd=repo, stdout=subprocess.PIPE, text=True, env={**os.environ, "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"})
-    assert holder.stdout.readline().strip() == "held"
-    ranks = _two_ranks_build_a_dataset(prepared)
+        "time.sleep(12)  # keep the segment alive while the other run registers\n"), LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
+    _wait_until_said(said, "held", holder)
     try:
-        results = [proc.communicate(timeout=120) for proc in ranks]
+        _two_ranks_build_a_dataset(prepared, tmp_path / "ranks")
     finally:
         holder.kill()
         holder.wait()
-    for proc, (out, err) in zip(ranks, results):
-        assert proc.returncode == 0 and out.startswith("ok"), err[-3000:]
 
 
-def _two_ranks_build_a_dataset(data: Path, before: str = ""):
-    """Two ranks of one run on this machine, each running `before`, then building the training split's dataset."""
-    import subprocess
-    import sys
-
-    from conftest import REPO, free_port
-
-    port = free_port()
-    return [subprocess.Popen([sys.executable, "-c", (
+def _two_ranks_build_a_dataset(data: Path, logs: Path, before: str = "") -> None:
+    """Two ranks of one run on this machine (forked from the preloaded server), each running `before`, then building
+    the training split's dataset; both must end well, having built it."""
+    script = logs.parent / f"{logs.name}.py"
+    script.write_text(
         "import torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
         f"{before}"
         "from data_pipeline.loader import LoaderConfig, build_dataset\n"
         f"dataset = build_dataset(LoaderConfig(path='{data}'), 'train', batch_size=4)\n"
         "print('ok', len(dataset), flush=True)\n"
-        "dist.barrier()\n")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
-             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}) for r in range(2)]
+        "dist.barrier()\n")
+    for rank, proc in enumerate(launch_ranks([], 2, logs, str(script))):
+        code, log = proc.wait(timeout=120), (logs / f"rank{rank}.log").read_text()
+        assert code == 0 and any(line.startswith("ok ") for line in log.splitlines()), log[-3000:]
 
 
-def test_the_ranks_of_a_node_take_their_leaders_free_prefix_when_their_own_scans_differ(prepared):
+def test_the_ranks_of_a_node_take_their_leaders_free_prefix_when_their_own_scans_differ(prepared, tmp_path):
     """Another run's shared memory can vanish (the run ends) between two ranks' scans for a free prefix, so the
     non-leader finds another prefix than its leader ("... was not registered by local leader"). Here the scans differ
     on purpose: rank r's scan answers the free prefix plus r. Every rank must register at its leader's."""
     skew = ("from streaming.base.shared import prefix\n"
             "scan = prefix._check_and_find_retrying\n"
             "prefix._check_and_find_retrying = lambda *a, **k: scan(*a, **k) + dist.get_rank()\n")
-    for proc in _two_ranks_build_a_dataset(prepared, skew):
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0 and out.startswith("ok"), err[-3000:]
+    _two_ranks_build_a_dataset(prepared, tmp_path / "ranks", skew)
 
