@@ -168,18 +168,21 @@ def test_two_runs_that_share_two_machines_do_not_deadlock_on_their_locks(tmp_pat
     """Run A's leaders take machine 1's lock then machine 2's, run B's the other way round (two lock files stand
     for the two machines' locks). A leader that blocked while holding the other lock would wait for ever."""
     locks = [f"cp_test_{os.getpid()}_machine{m}.lock" for m in (1, 2)]
-    procs = []
+    script = tmp_path / "two_machines.py"
+    script.write_text(TWO_MACHINES)
+    procs, logs = [], []
     try:
         for run, order in (("A", locks), ("B", locks[::-1])):
             port = str(free_port())
             for rank, lock in enumerate(order):
-                env = {**os.environ, **PROCESS_ENV, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": port, "WORLD_SIZE": "2", "RANK": str(rank)}
-                procs.append(subprocess.Popen([sys.executable, "-c", TWO_MACHINES, lock], env=env, cwd=REPO,
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        outs = [p.communicate(timeout=90) for p in procs]
-        assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in outs]
-        assert all(out.startswith("locked") for out, _ in outs)
+                env = {**os.environ, **PROCESS_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2",
+                       "RANK": str(rank)}
+                logs.append(tmp_path / f"{run}{rank}.log")
+                with open(logs[-1], "w") as out:  # the ranks forked from the preloaded server
+                    procs.append(python_process([str(script), lock], env, stdout=out, stderr=subprocess.STDOUT))
+        codes = [p.wait(timeout=90) for p in procs]
+        texts = [log.read_text() for log in logs]
+        assert codes == [0] * 4 and all("\nlocked " in "\n" + text for text in texts), [t[-1500:] for t in texts]
     finally:
         for p in procs:
             if p.poll() is None:
