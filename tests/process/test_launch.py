@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, TINY_MODEL, free_port
+from conftest import PROCESS_ENV, REPO, TINY_MODEL, free_port, python_process
 
 from core.distributed import first_host, slurm_env
 from pretrain.run_dir import RunDir
@@ -30,18 +30,20 @@ def test_first_host_without_scontrol(monkeypatch):
 def test_two_tasks_started_the_way_srun_starts_them(prepared, tmp_path):
     """Two processes that only have SLURM's variables form one 2-rank training run."""
     port = free_port()
-    procs = []
+    procs, logs = [], [tmp_path / f"task{rank}.log" for rank in range(2)]
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-        env.update(OMP_NUM_THREADS="1", SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
+        env.update(PROCESS_ENV, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
                    SLURM_TASKS_PER_NODE="2", SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_ID="1", MASTER_PORT=str(port))
-        cmd = [sys.executable, "-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+        cmd = ["-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
                f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.max_steps=3", "train.micro_batch_size=4",
                "train.global_batch_size=8", "train.eval_every=0", "train.use_slurm_deadline=false"]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=180)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:]
-    assert "on 2 rank(s), accumulation 1" in outs[0]
+        with open(logs[rank], "w") as out:  # forked from the preloaded server: the srun tasks' own start-up is test_slurm's
+            procs.append(python_process(cmd, env, stdout=out, stderr=subprocess.STDOUT))
+    codes = [p.wait(timeout=180) for p in procs]
+    out = logs[0].read_text()
+    assert codes == [0, 0], out[-2000:] + logs[1].read_text()[-2000:]
+    assert "on 2 rank(s), accumulation 1" in out
 
 
 def test_deepspeed_launcher_starts_the_same_training(prepared, tmp_path):
