@@ -5,14 +5,21 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, TINY_MODEL
+from conftest import REPO, TINY_MODEL, run_cli, run_python
 
 from core import errors
 
 
 def _python(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python -c code` in a fresh interpreter: for what the preloaded server's imports would hide."""
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _script(path, code: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python path` with `code` written there, forked from the preloaded server."""
+    path.write_text(code)
+    return run_python([str(path)], timeout=timeout)
 
 
 @pytest.mark.parametrize("cls, builtin", [(errors.ConfigError, ValueError), (errors.InputDataError, ValueError),
@@ -37,7 +44,7 @@ def test_an_internal_fault_during_training_shows_its_traceback_and_marks_the_run
             "t.Trainer.train_step = faulty\n"
             "from pretrain.cli import main\n"
             f"raise SystemExit(main({args!r}))\n")
-    proc = _python(code)
+    proc = _script(tmp_path / "faulty_train.py", code)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback (most recent call last)" in proc.stderr and "ZeroDivisionError: injected fault" in proc.stderr
     assert "error: injected fault" not in proc.stderr  # not dressed up as the user's mistake
@@ -54,7 +61,7 @@ def test_an_internal_fault_in_prepare_shows_its_traceback(tmp_path, corpus_file)
             "from data_pipeline.cli import main\n"
             f"raise SystemExit(main(['prepare', '--config', 'data_pipeline/configs/demo.yaml', "
             f"'output_dir={tmp_path / 'out'}', \"sources=[{{kind: text, path: '{corpus_file}'}}]\"]))\n")
-    proc = _python(code, timeout=120)
+    proc = _script(tmp_path / "faulty_prepare.py", code, timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback (most recent call last)" in proc.stderr and "KeyError: 'injected fault'" in proc.stderr
 
@@ -62,10 +69,9 @@ def test_an_internal_fault_in_prepare_shows_its_traceback(tmp_path, corpus_file)
 def test_bad_input_with_prepare_workers_is_still_one_line(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"good text here\n\n" * 50 + b"caf\xe9 au lait\n")
-    proc = subprocess.run([sys.executable, "-m", "data_pipeline", "prepare", "--config", "data_pipeline/configs/demo.yaml",
-                           f"output_dir={tmp_path / 'out'}", f"sources=[{{kind: text, path: '{bad}'}}]",
-                           "num_workers=2", "tokenizer.vocab_size=100"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = run_cli("data_pipeline", ["prepare", "--config", "data_pipeline/configs/demo.yaml", f"output_dir={tmp_path / 'out'}",
+                                     f"sources=[{{kind: text, path: '{bad}'}}]", "num_workers=2",
+                                     "tokenizer.vocab_size=100"], timeout=120, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "UTF-8" in lines[0] and "Traceback" not in proc.stderr
