@@ -1,7 +1,7 @@
 """One meaning on both transformers majors: 5.x, the stack the project is built and tested on, and 4.57, kept working.
 
 `make` installs transformers 4.57 with its tokenizers and huggingface_hub into a folder of the virtual environment
-(OVERLAY) that a process puts first on PYTHONPATH. The compatibility subset (COMPAT_SUBSET: tokenizer, backbones,
+(OVERLAY) that a process puts first on PYTHONPATH. The compatibility subset (COMPAT_UNITS: tokenizer, backbones,
 FLOPs, export and load, and this module's in-process tests) runs there; exports written under either major are read
 under the other; relative positions, which 5.x removed, are refused under 5.x and carry their limit under 4.x.
 """
@@ -22,14 +22,12 @@ from model.backbones.base import check_model_folder, relative_positions_availabl
 
 OVERLAY = Path(sys.prefix) / "compat-transformers4"
 OVERLAY_VERSIONS = {"transformers": "4.57.6", "tokenizers": "0.22.2", "huggingface_hub": "0.36.2"}
-# This module's in-process tests, named one by one: everything under tests/process/ is marked slow (conftest), so a
-# `-m "not slow"` run of the module would deselect them all, the version check first among them.
-BOTH_MAJORS = ["test_the_stack_is_the_one_this_run_expects", "test_the_last_layer_is_last_hidden_state_on_every_major",
-               "test_relative_positions_are_refused_on_5_and_limited_to_4",
-               "test_a_folder_refuses_the_transformers_it_names_as_wrong", "test_an_export_that_loads_differently_is_refused",
-               "test_a_folder_saved_in_bfloat16_is_read_in_float32"]
-COMPAT_SUBSET = ["tests/unit/test_tokenizer.py", "tests/unit/test_backbones.py", "tests/unit/test_flops.py",
-                 *(f"tests/process/test_transformers_versions.py::{name}" for name in BOTH_MAJORS)]
+COMPAT_UNITS = ["tests/unit/test_tokenizer.py", "tests/unit/test_backbones.py", "tests/unit/test_flops.py"]
+# This module's tests that start processes of their own; every other test here runs under both majors (the subset
+# names them one by one: everything under tests/process/ is marked slow, so `-m "not slow"` would deselect them all).
+ACROSS_PROCESSES = {"test_the_compatibility_subset_passes_on_transformers_4",
+                    "test_exports_written_on_one_major_load_the_same_on_the_other",
+                    "test_relative_position_runs_train_and_export_on_4_and_are_refused_on_5"}
 RELKQ = "model.position_embedding=relative_key_query"
 EXPECTED_STACK = "CONTRASTIVE_PRETRAIN_EXPECTED_STACK"
 ROUNDTRIP = REPO / "tests" / "helpers" / "export_roundtrip.py"
@@ -196,11 +194,14 @@ def test_a_folder_saved_in_bfloat16_is_read_in_float32(tmp_path):
 # ---- across processes and majors ----------------------------------------------------------------------------
 def test_the_compatibility_subset_passes_on_transformers_4():
     """The subset's tests pass on the overlay's transformers 4.57 (its first test checks the versions it runs on)."""
-    proc = _on_4x([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *COMPAT_SUBSET], timeout=900)
+    both = [name for name in globals() if name.startswith("test_") and name not in ACROSS_PROCESSES]
+    assert ACROSS_PROCESSES < set(globals()) and "test_the_stack_is_the_one_this_run_expects" in both
+    proc = _on_4x([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *COMPAT_UNITS,
+                   *(f"{Path(__file__).relative_to(REPO)}::{name}" for name in both)], timeout=900)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert " failed" not in proc.stdout and " skipped" not in proc.stdout and " deselected" not in proc.stdout, \
         proc.stdout[-500:]
-    assert all(f"::{name} PASSED" in proc.stdout for name in BOTH_MAJORS), proc.stdout[-6000:]
+    assert all(f"::{name} PASSED" in proc.stdout for name in both), proc.stdout[-6000:]
 
 
 def test_exports_written_on_one_major_load_the_same_on_the_other(prepared, tmp_path):
