@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.arguments import REPO, repo_pythonpath
+from benchmarks.arguments import REPO, parse_checked, repo_pythonpath
 from core.atomic_files import write_text_atomic
 
 WORK = REPO / "runs" / "bench_gpu"  # gpu_throughput.py's --work default: where it reads data<seq>
@@ -111,17 +111,12 @@ def parse_problem(entry: Entry) -> str:
     from pretrain.config import RunConfig
 
     benchmark = importlib.import_module(f"benchmarks.{entry.module}")
-    parser = benchmark.build_parser()
     said = io.StringIO()
-    try:
+    try:  # as the benchmark's own main parses and checks them
         with contextlib.redirect_stderr(said):
-            parsed = parser.parse_args([*entry.args, "--out", "x.json"])
+            parsed = parse_checked(benchmark.build_parser(), benchmark.check_args, [*entry.args, "--out", "x.json"])
     except SystemExit:
         return said.getvalue().strip().splitlines()[-1] if said.getvalue().strip() else "the arguments do not parse"
-    check_args = getattr(benchmark, "check_args", None)
-    wrong = check_args(parsed) if check_args else ""
-    if wrong:
-        return wrong
     try:
         load_config(RunConfig, str(REPO / "pretrain" / "configs" / "demo_mlm.yaml"), list(getattr(parsed, "set", [])))
     except ConfigError as exc:
