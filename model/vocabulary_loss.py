@@ -31,7 +31,9 @@ def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-@dataclass(frozen=True)
+# eq=False keeps object's identity hash: a compiled step builds the head inside the trace, and torch 2.11's dynamo
+# hashes the object before its fields exist (a field hash raised AttributeError there; later releases catch it).
+@dataclass(frozen=True, eq=False)
 class VocabularyHead:
     """A masked LM's head as transformers builds it: `transform` (hidden → what the projection reads) and the
     vocabulary `projection` tied to the token embeddings. Calling it gives the logits, as the module itself does."""
