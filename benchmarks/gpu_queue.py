@@ -3,8 +3,8 @@
     python -m benchmarks.gpu_queue --list                     # what is queued, in order, why, and its minutes
     python -m benchmarks.gpu_queue --check                    # every entry's arguments, and the data it reads
     python -m benchmarks.gpu_queue --prepare                  # here, before: the datasets the entries read
-    python -m benchmarks.gpu_queue --budget-s 540 --out $OUT  # on the GPU: in order, until the budget is spent
-    python -m benchmarks.gpu_queue --only 1d 3 --out $OUT
+    python -m benchmarks.gpu_queue --budget-s 540 --out /tmp/q --archive $OUT/queue.tar.gz  # on the GPU, in order
+    python -m benchmarks.gpu_queue --only 1b-bert 3 --out /tmp/q --archive $OUT/queue.tar.gz
 
 A lent GPU's time is short and a typo costs a machine start; so the queue is data, `--check` parses every entry with
 its benchmark's own argument parser and loads its run-config overrides (tests/unit/test_gpu_queue.py does both, on
@@ -13,8 +13,12 @@ tokenizer comes from; the prepared shards travel with the call, as the wheels in
 the next GPU session runs first"). Each entry runs as `python -m benchmarks.MODULE ARGS --out OUT/ID.json`, its
 output in OUT/ID.log; an entry whose estimate no longer fits the time left is skipped, one that runs past twice its
 estimate and a minute is ended with its process group, and OUT/queue.json, written after every entry, says what
-ran, how long it took, its exit status, and what was skipped. The BENCHMARKS.md section each entry comes from says
-what it decides.
+ran, how long it took, its exit status with the first exception its log names, and what was skipped. An entry that
+fails with an exception an earlier entry failed with stops the queue: the rest would most likely fail the same way
+and spend the machine on it (on 2026-11-28 one bug failed nine entries at step 0, six minutes of a fifteen-minute
+lease). `--archive FILE` writes OUT, gzipped, to FILE after every entry: a device call brings back only a few
+files, and a call ended at its limit still brings back what was measured. The BENCHMARKS.md section each entry comes
+from says what it decides.
 """
 from __future__ import annotations
 
@@ -24,9 +28,11 @@ import importlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,13 +70,11 @@ def _point(backbone: str, *sets: str, objectives: tuple[str, ...] = ("mlm",), ba
             *(("--profile", "--profile-steps", "5") if profile else ()), "--set", *sets)
 
 
-# In the order a lent GPU should run them: what issue 48's targets need first (the trainer's BERT-base step, then
-# ModernBERT's, whole and per layer, in one call). An id names an entry; it is not its rank.
+# In the order a lent GPU should run them: ModernBERT-base per layer (the 33% target) and the steps compared with it,
+# then BERT-base's mask A/B, within the first call's nine minutes; each comparison inside one call, since two calls
+# may land on two machines. An id names an entry; it is not its rank. Measured and taken out (BENCHMARKS.md, "The
+# first run of the GPU queue"): 1d, ModernBERT's rotary tables at base width.
 QUEUE: tuple[Entry, ...] = (
-    Entry("1", "the trainer with fused Q/K/V under compile: layers, BERT-base MLM, micro-batch 256 and 512 (Kernel levers)",
-          "gpu_throughput", _point("bert", *_BERT_LAYERS, batches=("256", "512")), 2.0, (128,)),
-    Entry("1d", "ModernBERT's rotary tables, the encoder alone at base width (Rotary tables)", "rotary_tables",
-          ("--shape", "base", "--batch", "256", "--device", "cuda"), 1.0),
     Entry("1b-modernbert", "ModernBERT-base under compile: layers (the 33% target), the mask dropped on unpadded batches (the "
           "default), profiled", "gpu_throughput", _point("modernbert", "train.compile=layers", profile=True), 1.5, (128,)),
     Entry("1d-step", "the trainer's ModernBERT-base step compiled whole, with the rotary tables (the default), against "
@@ -78,13 +82,13 @@ QUEUE: tuple[Entry, ...] = (
           "gpu_throughput", _point("modernbert", "train.compile=true", profile=True), 1.5, (128,)),
     Entry("1d-step-computed", "as 1d-step, without the tables (train.rotary_tables=false)", "gpu_throughput",
           _point("modernbert", "train.compile=true", "train.rotary_tables=false", profile=True), 1.5, (128,)),
+    Entry("1b-modernbert-keep", "ModernBERT-base as 1b-modernbert, with the mask handed over", "gpu_throughput",
+          _point("modernbert", "train.compile=layers", "train.unpadded_mask=keep", profile=True), 1.5, (128,)),
     Entry("1b-bert", "BERT-base, the attention mask dropped on unpadded batches (the default), profiled "
           "(Unpadded batches without an attention mask)", "gpu_throughput",
           _point("bert", *_BERT_LAYERS, profile=True), 1.5, (128,)),
     Entry("1b-bert-keep", "BERT-base as 1b-bert, with the mask handed over (train.unpadded_mask=keep)", "gpu_throughput",
           _point("bert", *_BERT_LAYERS, "train.unpadded_mask=keep", profile=True), 1.5, (128,)),
-    Entry("1b-modernbert-keep", "ModernBERT-base as 1b-modernbert, with the mask handed over", "gpu_throughput",
-          _point("modernbert", "train.compile=layers", "train.unpadded_mask=keep", profile=True), 1.5, (128,)),
     Entry("3", "COCO-LM and TaCL with their compile regions: the 0.9x-of-MLM target", "gpu_throughput",
           _point("bert", *_BERT_LAYERS, objectives=("coco_lm", "tacl"), bare=True), 3.0, (128,)),
     Entry("4-seq512", "BERT-base at seq 512 (the 36% target)", "gpu_throughput",
@@ -92,6 +96,9 @@ QUEUE: tuple[Entry, ...] = (
            "--backbones", "bert", "--compile", "on", "--set", *_BERT_LAYERS), 2.0, (512,)),
     Entry("4-dropout", "BERT-base with BERT's own dropout 0.1", "gpu_throughput",
           _point("bert", *_BERT_LAYERS, "model.dropout=0.1", "model.attention_dropout=0.1"), 1.5, (128,)),
+    Entry("1", "the baseline of 1-chunk in its call: the trainer with fused Q/K/V under compile: layers, BERT-base MLM, "
+          "micro-batch 256 and 512 (Kernel levers)",
+          "gpu_throughput", _point("bert", *_BERT_LAYERS, batches=("256", "512")), 2.0, (128,)),
     Entry("1-chunk", "BERT-base as entry 1, with the vocabulary loss in chunks of 1,024 rows (The vocabulary loss in chunks)",
           "gpu_throughput", _point("bert", *_BERT_LAYERS, "train.vocab_loss_chunk=1024", batches=("256", "512")),
           2.0, (128,)),
@@ -171,15 +178,48 @@ def entry_limit_s(entry: Entry, left_s: float) -> float:
     return max(1.0, min(left_s, 2 * entry.minutes * 60 + 60))
 
 
-def run_queue(entries: tuple[Entry, ...], out: Path, budget_s: float, grace_s: float = 20.0) -> list[dict]:
-    """Run the entries in order while each one's estimate fits the time left; what each did, also in OUT/queue.json."""
+# The first exception a log names, after torchrun's "[rank0]: " prefix: the cause, where later ones are the
+# launcher's and the benchmark's reports of the same failure (ChildFailedError, CalledProcessError).
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b:?.*)$")
+
+
+def first_error(log: str) -> str:
+    """The first exception line of an entry's log ("" when it names none), with object addresses blanked so that
+    two runs of one failure read the same."""
+    for line in log.splitlines():
+        found = _EXCEPTION.match(line.strip())
+        if found:
+            return re.sub(r"0x[0-9a-fA-F]+", "0x?", found.group(1).strip())[:400]
+    return ""
+
+
+def write_archive(folder: Path, archive: Path) -> None:
+    """`folder` as a gzipped tar at `archive`, under a temporary name first, so a reader never finds half of one."""
+    tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(folder, arcname=folder.name)
+        tmp.replace(archive)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def run_queue(entries: tuple[Entry, ...], out: Path, budget_s: float, grace_s: float = 20.0,
+              archive: Optional[Path] = None) -> list[dict]:
+    """Run the entries in order while each one's estimate fits the time left, until one fails as an earlier one did;
+    what each did, also in OUT/queue.json (and OUT gzipped at `archive`)."""
     out.mkdir(parents=True, exist_ok=True)
     start, rows = time.monotonic(), []
+    failed: dict[str, str] = {}  # first exception → the entry that failed with it first
+    stopped = ""
     env = {**os.environ, "PYTHONPATH": repo_pythonpath(), "PYTHONUNBUFFERED": "1"}
     for entry in entries:
         left = budget_s - (time.monotonic() - start)
         row = {"id": entry.id, "module": entry.module, "args": list(entry.args)}
-        if entry.minutes * 60 > left:
+        if stopped:
+            row.update(status="not run", why=stopped)
+        elif entry.minutes * 60 > left:
             row.update(status="skipped", why=f"expects {entry.minutes:g} min, {left / 60:.1f} min left")
         else:
             command = [sys.executable, "-m", f"benchmarks.{entry.module}", *entry.args, "--out", str(out / f"{entry.id}.json")]
@@ -199,10 +239,20 @@ def run_queue(entries: tuple[Entry, ...], out: Path, budget_s: float, grace_s: f
                     raise
             row.update(status="ran" if rc == 0 else ("timed out" if rc is None else f"exit {rc}"),
                        seconds=round(time.monotonic() - began, 1))
+            error = first_error((out / f"{entry.id}.log").read_text(errors="replace")) if rc else ""
+            if error:
+                row["error"] = error
+                if error in failed:
+                    stopped = f"stopped after {entry.id} failed as {failed[error]} did"
+                failed.setdefault(error, entry.id)
         rows.append(row)
-        print(f"{entry.id}: {row['status']}" + (f" in {row['seconds']} s" if "seconds" in row else f" ({row['why']})"),
-              flush=True)
+        said = f" in {row['seconds']} s" if "seconds" in row else f" ({row['why']})"
+        print(f"{entry.id}: {row['status']}{said}" + (f": {row['error']}" if "error" in row else ""), flush=True)
+        if stopped and row["status"] != "not run":
+            print(f"{stopped}: the entries after it are not run", flush=True)
         write_text_atomic(out / "queue.json", json.dumps({"budget_s": budget_s, "entries": rows}, indent=1) + "\n")
+        if archive is not None:
+            write_archive(out, archive)
     return rows
 
 
@@ -217,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--from", dest="start", metavar="ID", help="run from this entry on")
     parser.add_argument("--budget-s", type=float, default=540.0, help="seconds for the whole queue")
     parser.add_argument("--out", default=str(REPO / "runs" / "gpu_queue"), help="a folder for the logs and results")
+    parser.add_argument("--archive", help="a .tar.gz file to write the --out folder to after every entry")
     return parser
 
 
@@ -245,7 +296,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # A SIGTERM (timeout, scancel) as SystemExit passes through run_queue, which ends the running entry first.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        rows = run_queue(entries, Path(args.out), args.budget_s)
+        rows = run_queue(entries, Path(args.out), args.budget_s, archive=Path(args.archive) if args.archive else None)
     finally:
         signal.signal(signal.SIGTERM, previous)
     again = [r["id"] for r in rows if r["status"] != "ran"]

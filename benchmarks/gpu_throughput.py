@@ -162,7 +162,9 @@ def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
         return {"idle_fraction": None, "kernels": kernels}
     busy = kernel_profile.gpu_busy_us(prof)
     wall_us = 1e6 * (span["end"] - span["start"])
-    trace = Path(args.out).with_suffix("").parent / f"gpu_trace_{point['objective']}_{point['backbone']}_{point['seq']}.json"
+    # Named after the results file too: the GPU queue's entries share one folder, and several profile one point.
+    out = Path(args.out)
+    trace = out.parent / f"{out.stem}_trace_{point['objective']}_{point['backbone']}_{point['seq']}_b{point['batch']}.json"
     prof.export_chrome_trace(str(trace))
     return {"idle_fraction": max(0.0, 1.0 - busy / wall_us), "profiled_steps": args.profile_steps, "trace": str(trace),
             "kernels": kernels}

@@ -1,9 +1,10 @@
 """benchmarks/gpu_queue.py runs its entries as the GPU machine would, here on a CPU with a real benchmark at a tiny
-shape: in order, each with its log and results file, a failing entry recorded with its exit status and the rest
-still run, an entry that no longer fits the budget skipped, one past its time ended with its process group, and
-queue.json saying all of it."""
+shape: in order, each with its log and results file, a failing entry recorded with its exit status and its cause
+and the rest still run until a failure repeats, an entry that no longer fits the budget skipped, one past its time
+ended with its process group, and queue.json (and the archive of the whole folder) saying all of it."""
 import json
 import subprocess
+import tarfile
 
 from benchmarks.gpu_queue import Entry, main, run_queue
 
@@ -20,18 +21,35 @@ def test_entries_run_in_order_and_the_record_says_what_each_did(tmp_path, capsys
         # cold cache, passed the 61 s limit of a 0.01-minute estimate.
         Entry("bad", "CUDA, which this machine lacks", "rotary_tables", cuda, 1.0),
         Entry("tiny", "the rotary tables at a tiny shape", "rotary_tables", TINY, 2.0),
-        Entry("long", "more than the budget", "rotary_tables", TINY, 60.0)))
-    assert main(["--budget-s", "600", "--out", str(tmp_path / "out")]) == 1
+        Entry("long", "more than the budget", "rotary_tables", TINY, 60.0),
+        Entry("bad-again", "CUDA again: the failure of 'bad' repeated", "rotary_tables", cuda, 1.0),
+        Entry("after", "what a repeated failure leaves unrun", "rotary_tables", TINY, 1.0)))
+    archive = tmp_path / "queue.tar.gz"
+    assert main(["--budget-s", "600", "--out", str(tmp_path / "out"), "--archive", str(archive)]) == 1
     rows = json.loads((tmp_path / "out" / "queue.json").read_text())["entries"]
-    assert [(r["id"], r["status"]) for r in rows] == [("bad", "exit 1"), ("tiny", "ran"), ("long", "skipped")]
+    assert [(r["id"], r["status"]) for r in rows] == [
+        ("bad", "exit 1"), ("tiny", "ran"), ("long", "skipped"), ("bad-again", "exit 1"), ("after", "not run")]
     assert "NVIDIA" in (tmp_path / "out" / "bad.log").read_text()
+    # Each failure is recorded with the exception its log names first, and the same one twice stops the queue.
+    assert "NVIDIA" in rows[0]["error"] and rows[3]["error"] == rows[0]["error"] and "error" not in rows[1]
+    assert rows[4]["why"] == "stopped after bad-again failed as bad did"
+    assert not (tmp_path / "out" / "after.log").exists()
     result = json.loads((tmp_path / "out" / "tiny.json").read_text())["result"]
     assert result["first_loss_computed"] != 0
     assert "ModernBERT tiny 2 x 32 fp32 on cpu" in (tmp_path / "out" / "tiny.log").read_text()
     assert "60 min" in rows[2]["why"] and not (tmp_path / "out" / "long.log").exists()
-    # The last line says what to run again: the failed entry and the skipped one.
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.endswith("next time: python -m benchmarks.gpu_queue --only bad long")
+    # The output names each failure's cause, the stop, and last what to run again: the entries that did not run.
+    said = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("bad: exit 1 in ") and "NVIDIA" in line for line in said)
+    assert "stopped after bad-again failed as bad did: the entries after it are not run" in said
+    assert said[-1].endswith("next time: python -m benchmarks.gpu_queue --only bad long bad-again after")
+    # The archive holds the folder as it ended: one file for a device call to bring back.
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        record = json.load(tar.extractfile("out/queue.json"))
+    assert {"out/queue.json", "out/bad.log", "out/tiny.log", "out/tiny.json", "out/bad-again.log"} <= names
+    assert record["entries"] == rows
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
 def test_an_entry_past_its_time_is_ended_with_its_whole_group_and_recorded(tmp_path):
