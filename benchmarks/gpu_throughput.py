@@ -121,6 +121,12 @@ def bare_loop(point: dict, args, data: Path, compiled: bool = False) -> dict:
     return {"tokens_per_s": result["samples_per_s"] * point["seq"], "kernels": result.get("kernels")}
 
 
+def trace_path(out: Path, point: dict) -> Path:
+    """Where a profiled point's trace goes: beside the results file and named after it too, since the GPU queue's
+    entries share one folder and several of them profile the same point."""
+    return out.parent / f"{out.stem}_trace_{point['objective']}_{point['backbone']}_{point['seq']}_b{point['batch']}.json"
+
+
 def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
     """One trainer run in this process with torch.profiler over `--profile-steps` steps after the warm-up: the share
     of that wall time with no GPU kernel running (None on a CPU), and the device time per step of each kernel."""
@@ -162,9 +168,7 @@ def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
         return {"idle_fraction": None, "kernels": kernels}
     busy = kernel_profile.gpu_busy_us(prof)
     wall_us = 1e6 * (span["end"] - span["start"])
-    # Named after the results file too: the GPU queue's entries share one folder, and several profile one point.
-    out = Path(args.out)
-    trace = out.parent / f"{out.stem}_trace_{point['objective']}_{point['backbone']}_{point['seq']}_b{point['batch']}.json"
+    trace = trace_path(Path(args.out), point)
     prof.export_chrome_trace(str(trace))
     return {"idle_fraction": max(0.0, 1.0 - busy / wall_us), "profiled_steps": args.profile_steps, "trace": str(trace),
             "kernels": kernels}

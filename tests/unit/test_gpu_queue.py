@@ -140,3 +140,12 @@ def test_an_archive_inside_out_or_in_no_folder_is_refused_before_any_entry(tmp_p
     assert main(["--only", "2", "--out", str(tmp_path / "out"), "--archive", str(archive)]) == 2
     assert "must be in a folder that exists, outside --out" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_two_entries_profiling_one_point_keep_two_traces(tmp_path):
+    from benchmarks.gpu_throughput import trace_path
+
+    point = {"objective": "mlm", "backbone": "modernbert", "seq": 128, "batch": 256}
+    first, second = (trace_path(tmp_path / f"{name}.json", point) for name in ("1b-modernbert", "1d-step"))
+    assert first != second and first.parent == second.parent == tmp_path
+    assert trace_path(tmp_path / "x.json", {**point, "batch": 512}) != trace_path(tmp_path / "x.json", point)
