@@ -7,8 +7,8 @@ import json
 import pytest
 
 import benchmarks.gpu_queue as queue
-from benchmarks.gpu_queue import (QUEUE, Entry, write_record, check, entry_limit_s, first_error, main, parse_problem,
-                                  run_queue, select)
+from benchmarks.gpu_queue import (QUEUE, Entry, check, entry_limit_s, first_error, main, parse_problem, run_queue,
+                                  select, write_record)
 
 
 @pytest.mark.parametrize("entry", QUEUE, ids=[e.id for e in QUEUE])
@@ -105,7 +105,7 @@ def test_a_launcher_report_names_no_cause_and_a_wrapped_one_is_read_through():
 
 def test_a_group_that_does_not_fit_is_skipped_whole(tmp_path):
     """Two entries compared with each other, 2 minutes together, in 1.5 minutes: neither starts (the first would fit
-    alone), and an ungrouped entry after them still does."""
+    alone); an ungrouped entry after them is judged on its own estimate. Nothing runs, so no log is written."""
     entries = (Entry("a", "baseline", "no_such_module", (), 1.0, group="ab"),
                Entry("b", "compared with a", "no_such_module", (), 1.0, group="ab"),
                Entry("c", "alone, too long", "no_such_module", (), 5.0))
