@@ -33,7 +33,7 @@ if __name__ == "__main__":
         pause_garbage_collector()  # until the trainer is built: the start-up's full collections cost about 1 s
         from pretrain.lifecycle import signals
 
-        signals.catch()  # before the slow imports below: a preemption signal may come at any time
+        signals.catch(end_on_sigterm_until_training=True)  # before the slow imports below: a signal may come at any time
     from pretrain.cli import main
 
     _exit_without_teardown(main())

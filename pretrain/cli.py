@@ -48,7 +48,7 @@ def _train(args: argparse.Namespace) -> int:
             # srun ends the other tasks when one dies (--kill-on-bad-exit), or SLURM a failed node's job, or torchrun
             # the other ranks when one exits: what breaks then (a loader worker terminated with us) is the
             # termination, not a bug of this rank, and its traceback would bury the line of the rank that stopped.
-            _terminated(exc, trainer.step if trainer is not None else -1)
+            signals.terminated(trainer.step if trainer is not None else -1, f"then {type(exc).__name__}")
         else:
             write_status("failed", error=type(exc).__name__, code=EXIT_USER_ERROR if isinstance(exc, UserError) else EXIT_BUG)
         raise
@@ -59,25 +59,6 @@ def _train(args: argparse.Namespace) -> int:
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return EXIT_PREEMPTED if status == "preempted" else EXIT_FINISHED
-
-
-def _terminated(exc: BaseException, step: int) -> None:
-    """Ended by SIGTERM while running: one line, then die of the signal (what srun and torchrun expect to see)."""
-    import os
-    import signal
-
-    from data_pipeline.loader import release_shared_memory
-    from pretrain.lifecycle.exit_status import write_status
-
-    write_status("terminated", error=type(exc).__name__, step=step)
-    when = f"at step {step}" if step >= 0 else "before its first step"
-    print(f"terminated: rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')} {when} by SIGTERM "
-          f"(the job was ended; a rank that stopped on its own says why in its log); then {type(exc).__name__}",
-          file=sys.stderr, flush=True)
-    release_shared_memory()  # dying of the signal skips streaming's exit handler, which would do it
-    sys.stdout.flush()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _peer_lost(exc: BaseException, trainer) -> None:

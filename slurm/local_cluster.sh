@@ -10,7 +10,8 @@
 # proctrack/linuxproc. Emulated nodes n1..nN are all this machine (Debian's slurmd is built with
 # MULTIPLE_SLURMD); each declares this machine's cores, so a job may put one task on each.
 # Knobs (environment): SLURM_LOCAL_DIR (state, spool, logs, pids; default /tmp/contrastive-pretrain-slurm),
-# SLURM_LOCAL_PORT (slurmctld's port; nodes use the next ones; default 16817).
+# SLURM_LOCAL_PORT (slurmctld's port; nodes use the next ones; default 16817), SLURM_LOCAL_CPUS (the CPUs each
+# node declares; default this machine's cores: more lets more jobs run at once, sharing the real cores).
 set -euo pipefail
 
 BASE=${SLURM_LOCAL_DIR:-/tmp/contrastive-pretrain-slurm}
@@ -39,7 +40,7 @@ install_packages() {
 
 write_conf() {
     local nodes=$1 cpus mem
-    cpus=$(slurmd -C | sed -n "s/.* CPUs=\([0-9]*\).*/\1/p")
+    cpus=${SLURM_LOCAL_CPUS:-$(slurmd -C | sed -n "s/.* CPUs=\([0-9]*\).*/\1/p")}
     # Declare less memory than there is, so slurmd's own count never drains the node.
     mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
     mem=$(( mem > 2048 ? mem - 1024 : mem ))
@@ -74,6 +75,8 @@ JobRequeue=1
 ReturnToService=2
 MinJobAge=600
 KillWait=30
+# Nodes keep the CPUs declared below even where SLURM_LOCAL_CPUS declares more than this machine has (no "Low CPUs" drain).
+SlurmdParameters=config_overrides
 OverTimeLimit=0
 PropagateResourceLimits=NONE
 EOF

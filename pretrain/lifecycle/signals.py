@@ -3,14 +3,26 @@
 Kept free of heavy imports: importing torch, DeepSpeed and transformers takes ~10 s, and a
 SIGUSR1 that SLURM sends in that window would otherwise kill the process (Python's default
 action), which the batch script would read as a crash instead of a preemption.
+
+A SIGTERM is different before training starts: there is nothing to save yet, and whoever sent it
+(srun once another task died, torchrun ending its other workers, scancel) wants the process gone.
+Python runs its handlers only between bytecodes, and a rank waiting at the rendezvous for a peer that
+died sits in C++ for the whole start-up timeout, until SLURM's or torchrun's SIGKILL 30 s later. So until
+the trainer first polls, a thread woken through the signal wake-up fd (which the C-level handler writes
+at once) ends the process by SIGTERM itself.
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
+import threading
 from typing import Optional
 
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 _received: list[str] = []
+_wakeup: Optional[tuple[int, int]] = None  # (read, write) ends of the wake-up pipe while a SIGTERM ends the process
+_training = False  # set at the trainer's first poll: from then on a SIGTERM is a request to save and stop
 
 
 def _handle(signum, frame) -> None:
@@ -18,8 +30,9 @@ def _handle(signum, frame) -> None:
     _received.append(signal.Signals(signum).name)
 
 
-def catch() -> None:
-    """From now on SIGUSR1/SIGTERM only set a flag that the trainer polls once per step."""
+def catch(end_on_sigterm_until_training: bool = False) -> None:
+    """From now on SIGUSR1/SIGTERM only set a flag that the trainer polls once per step; with
+    `end_on_sigterm_until_training`, a SIGTERM before the trainer's first poll ends the process at once."""
     # SLURM signals every process of a task, not only the trainer. A helper that execs (the
     # resource tracker that streaming's shared memory starts) resets handlers to the default,
     # which kills it on SIGUSR1, but keeps "ignored": so start it while the signals are ignored.
@@ -30,6 +43,88 @@ def catch() -> None:
     resource_tracker.ensure_running()
     for sig in SIGNALS:
         signal.signal(sig, _handle)
+    if end_on_sigterm_until_training and _wakeup is None and not _training:
+        _watch_for_sigterm()
+
+
+def _watch_for_sigterm() -> None:
+    """Start the thread that ends the process on a SIGTERM, woken by the C-level handler's write."""
+    global _wakeup
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    _wakeup = (read_end, write_end)
+    threading.Thread(target=_end_on_sigterm, args=(read_end,), name="sigterm-before-training", daemon=True).start()
+
+
+def _end_on_sigterm(read_end: int) -> None:
+    try:
+        while True:
+            woken_by = os.read(read_end, 64)
+            if not woken_by:  # training started: the write end was closed
+                return
+            if signal.SIGTERM in woken_by and not _training:
+                terminated(-1, "no step was run, nothing to save")
+    finally:
+        os.close(read_end)
+
+
+def terminated(step: int, after: str) -> None:
+    """Ended by SIGTERM: the status file and one line, this node's shared memory released, then die of the
+    signal (srun and torchrun read a task that died of it as ended by them, not as one that failed)."""
+    from pretrain.lifecycle.exit_status import write_status
+
+    write_status("terminated", error=after, step=step)
+    when = f"at step {step}" if step >= 0 else "before its first step"
+    print(f"terminated: rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')} {when} by SIGTERM "
+          f"(the job was ended; a rank that stopped on its own says why in its log); {after}", file=sys.stderr, flush=True)
+    loader = sys.modules.get("data_pipeline.loader")  # only once the run got that far; importing it costs seconds
+    if loader is not None:
+        loader.release_shared_memory()  # dying of the signal skips streaming's exit handler, which would do it
+    sys.stdout.flush()
+    _die_of(signal.SIGTERM)
+
+
+def _die_of(sig: signal.Signals) -> None:
+    """Restore the default action of `sig` and send it to this process, from any thread."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(sig, signal.SIG_DFL)
+    else:  # Python lets only the main thread set a handler, and it is blocked: ask the C library directly
+        import ctypes
+
+        ctypes.CDLL(None).signal(int(sig), 0)  # 0 is SIG_DFL
+    os.kill(os.getpid(), sig)
+
+
+def training_started() -> None:
+    """From the trainer's first poll on, a SIGTERM is a request to save and stop at the next step boundary."""
+    global _training, _wakeup
+    _training = True
+    if _wakeup is None:
+        return
+    write_end = _wakeup[1]
+    _wakeup = None
+    current = signal.set_wakeup_fd(-1)
+    if current != write_end:  # someone else's since ours: leave theirs in place
+        signal.set_wakeup_fd(current)
+    os.close(write_end)  # the thread reads the end of the pipe, closes its end and returns
+
+
+def _forget_in_child() -> None:
+    # A forked child (a loader worker) keeps the C-level wake-up fd, so its signals would end the parent, and its
+    # copy of the write end would keep the parent's thread from ever reading the end of the pipe.
+    global _wakeup
+    if _wakeup is not None:
+        try:
+            signal.set_wakeup_fd(-1)
+        except ValueError:
+            pass
+        for end in _wakeup:
+            os.close(end)
+        _wakeup = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def first_received() -> Optional[str]:

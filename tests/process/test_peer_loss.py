@@ -3,13 +3,15 @@ started as srun starts them (RANK, WORLD_SIZE, MASTER_* set; no torchrun), gloo 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from benchmarks.peer_loss_time import descendants, running
-from conftest import TINY_MODEL, launch_ranks, wait_for_step
+from conftest import PROCESS_ENV, TINY_MODEL, free_port, launch_ranks, python_process, wait_for_step
 
 from pretrain.lifecycle.exit_status import EXIT_PEER_LOST
 from pretrain.run_dir import RunDir
@@ -97,6 +99,55 @@ def test_a_rank_killed_from_outside_takes_its_loader_workers_with_it(prepared, t
     assert code == EXIT_PEER_LOST and seconds <= 20, (code, seconds, log[-3000:])
     assert "peer lost: rank 0 of 2" in log and "lost rank 1 on this machine" in log, log[-3000:]
     assert not left, {pid: _cmdline(pid) for pid in left}
+
+
+def _listening(port: int) -> bool:
+    """Whether a socket of this machine listens on TCP `port` (IPv4 or IPv6)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+def test_sigterm_ends_a_rank_waiting_at_start_up_for_a_dead_peer_at_once(prepared, tmp_path):
+    """Rank 0 of 2 whose peer never comes (srun's kill-on-bad-exit case: a task died at start-up) waits at the
+    rendezvous inside C++, where Python runs no signal handler: a SIGTERM there still ends it within seconds, of
+    the signal (what srun reads as ended by it), with one line and its status. Before, it lived until the SIGKILL
+    that SLURM and torchrun send 30 s later."""
+    port = free_port()
+    status = tmp_path / "status"
+    env = {**PROCESS_ENV, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PRETRAIN_STATUS_DIR": str(status)}
+    args = ["-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+            f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.max_steps=4"]
+    with open(tmp_path / "rank0.log", "w") as out:
+        proc = python_process(args, {**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while not _listening(port) and time.time() < deadline:
+            assert proc.poll() is None, (tmp_path / "rank0.log").read_text()[-3000:]
+            time.sleep(0.1)
+        time.sleep(1)  # well inside the wait for rank 1
+        assert proc.poll() is None and _listening(port)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.time()
+        code = proc.wait(timeout=60)
+        seconds = time.time() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = (tmp_path / "rank0.log").read_text()
+    print(f"SIGTERM at the rendezvous: rank 0 ended {seconds:.1f}s later")
+    assert code == -signal.SIGTERM and seconds < 5, (code, seconds, log[-3000:])
+    lines = [line for line in log.splitlines() if line.startswith("terminated:")]
+    assert lines == ["terminated: rank 0 of 2 before its first step by SIGTERM (the job was ended; a rank that stopped "
+                     "on its own says why in its log); no step was run, nothing to save"], log[-3000:]
+    assert "Traceback" not in log
+    assert json.loads((status / "rank0.json").read_text())["status"] == "terminated"
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
 
 
 def _cmdline(pid: int) -> bytes:

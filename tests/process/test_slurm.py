@@ -1,11 +1,13 @@
 """The real sbatch templates on a real one-machine SLURM (slurm/local_cluster.sh: munge, slurmctld and
 two emulated slurmd nodes), submitted with sbatch as a user would.
 
-All jobs are submitted at once by one fixture, so their start-ups and SLURM's requeue delays overlap:
-- pretrain on 2 nodes x 1 task with --time=2 and --signal=B:USR1@60, which needs more than one
-  allocation (once its first is signalled and requeued, the test raises its time limit, as an administrator would:
-  every further 2-minute allocation would cost a start-up, six of them on a loaded machine), then export with
-  --dependency=afterok on it;
+All jobs are submitted at once by one fixture, and each node declares more CPUs than the machine has, so that they
+all run at once: their start-ups, SLURM's requeue delays and the kill waits overlap.
+- pretrain on 2 nodes x 1 task with --time=2 and --signal=B:USR1@90, which SLURM sends 0-30 s after the start (it
+  checks every 30 s and sends early rather than late): in the trainer's start-up or its first steps, at whatever
+  speed the machine trains. It needs more than one allocation (once its first is signalled and requeued, the test
+  raises its time limit, as an administrator would: every further 2-minute allocation would cost a start-up, six of
+  them on a loaded machine), then export with --dependency=afterok on it;
 - prepare_data as a job array of 2 tasks, then (afterok on the array) a job with MAX_RESTARTS=1 on
   its output that is sent USR1 twice (requeued once, then not), the second time before srun starts;
 - a job with a bad config (a crash: must not be requeued);
@@ -31,7 +33,7 @@ from data_pipeline.dataset_dir import MANIFEST, DatasetDir
 from pretrain.run_dir import RunDir
 
 
-MAX_STEPS = 1200  # more than one 2-minute allocation trains here (up to ~1000 steps before the signal, on a quiet machine)
+MAX_STEPS = 600  # the signal comes before step ~120 here (8 steps/s beside the other jobs), ~300 on a machine twice as fast
 PREPARE_OVERRIDES = ["tokenizer.vocab_size=400", "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1",
                      "part_bytes=40000"]  # several parts for each of the array's 2 tasks
 TRAIN_OVERRIDES = [
@@ -63,7 +65,8 @@ class Cluster:
                      if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
         self.env = {**inherited, "SLURM_LOCAL_DIR": str(base), "SLURM_LOCAL_PORT": str(free_port()),
                     "SLURM_CONF": str(base / "slurm.conf"), "PATH": os.environ["PATH"] + ":/usr/sbin",
-                    "REPO_DIR": str(REPO), "VENV": sys.prefix, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+                    "REPO_DIR": str(REPO), "VENV": sys.prefix, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                    "SLURM_LOCAL_CPUS": "6"}  # every job of the fixture at once (11 CPUs at most)
 
     def script(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(REPO / "slurm" / "local_cluster.sh"), *args], env=self.env,
@@ -137,7 +140,7 @@ def jobs(cluster, prepared, tmp_path_factory):
     train_args = [f"data.path={prepared}", f"train.output_dir={run}", *TRAIN_OVERRIDES]
     pretrain = cluster.sbatch(
         "pretrain.sbatch", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=2",
-        "--signal=B:USR1@60", cwd=work, OVERRIDES=" ".join(train_args))
+        "--signal=B:USR1@90", cwd=work, OVERRIDES=" ".join(train_args))
     reference = work / "reference"
     reference_procs = launch_ranks(["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
                                     f"train.output_dir={reference}", *TRAIN_OVERRIDES,
@@ -407,4 +410,10 @@ def test_a_rank_lost_in_every_attempt_stops_at_the_crash_cap_away_from_the_bad_n
     other = second.split("node(s) [", 1)[1].split("]", 1)[0]
     assert other != node  # the requeued attempt ran elsewhere
     assert f"crash 2 reached MAX_CRASHES=2 (last failing host: {other}): not requeueing" in second
+    # The rank killed at start-up leaves its peer waiting at the rendezvous; srun's SIGTERM ends that one at once, not
+    # SLURM's SIGKILL KillWait (30 s) later.
+    for crash, killed in enumerate(jobs["kills"]["doomed"], 1):
+        seconds = _said_at(log, f"a rank or node was lost (crash {crash} of") - killed
+        print(f"attempt {crash}: SIGKILL of rank 1 at start-up -> the sbatch decided {seconds:.0f}s later")
+        assert seconds < 20, seconds
     assert "MAX_RESTARTS" not in second  # the crash cap stopped it, not the preemption cap
