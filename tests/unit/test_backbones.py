@@ -31,8 +31,8 @@ MATRIX = [(b, o) for b in BACKBONES for o in OBJECTIVES
 MLM_ROOT = {"mlm", "taco", "tacl", "spanbert", "declutr"}
 
 
-def _config(backbone: str, tok: dict):
-    enc = EncoderConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64,
+def _config(backbone: str, tok: dict, num_layers: int = 2):
+    enc = EncoderConfig(hidden_size=32, num_layers=num_layers, num_heads=2, intermediate_size=64, max_position_embeddings=64,
                         dropout=0.0, attention_dropout=0.0, **BACKBONES[backbone])
     return model_config(enc, tok, 64)
 
@@ -59,8 +59,8 @@ def _batch(tok: dict, name: str, seed: int = 0, padded: bool = True) -> dict:
     return mark_unpadded(transform(batch, g))
 
 
-def _build(backbone: str, name: str, tok: dict, tmp_path):
-    config = _config(backbone, tok)
+def _build(backbone: str, name: str, tok: dict, tmp_path, num_layers: int = 2):
+    config = _config(backbone, tok, num_layers)
     options = ObjectiveConfig(name=name)
     options.coco_lm.generator_layers = 1
     options.taco.negatives = 8
