@@ -147,7 +147,8 @@ def test_sigterm_ends_a_rank_waiting_at_start_up_for_a_dead_peer_at_once(prepare
                      "on its own says why in its log); no step was run, nothing to save"], log[-3000:]
     assert "Traceback" not in log
     assert json.loads((status / "rank0.json").read_text())["status"] == "terminated"
-    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+    checkpoints = RunDir(tmp_path / "run").checkpoints
+    assert not checkpoints.exists() or not any(checkpoints.iterdir())
 
 
 def _cmdline(pid: int) -> bytes:
