@@ -48,7 +48,7 @@ def _train(args: argparse.Namespace) -> int:
             # srun ends the other tasks when one dies (--kill-on-bad-exit), or SLURM a failed node's job, or torchrun
             # the other ranks when one exits: what breaks then (a loader worker terminated with us) is the
             # termination, not a bug of this rank, and its traceback would bury the line of the rank that stopped.
-            signals.terminated(trainer.step if trainer is not None else -1, f"then {type(exc).__name__}")
+            signals.terminated(trainer.step if trainer is not None else -1, type(exc).__name__)
         else:
             write_status("failed", error=type(exc).__name__, code=EXIT_USER_ERROR if isinstance(exc, UserError) else EXIT_BUG)
         raise

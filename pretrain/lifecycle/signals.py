@@ -64,18 +64,23 @@ def _end_on_sigterm(read_end: int) -> None:
             if not woken_by:  # training started: the write end was closed
                 return
             if signal.SIGTERM in woken_by and not _training:
-                terminated(-1, "no step was run, nothing to save")
+                try:
+                    terminated(-1, None)
+                finally:  # even when the status or the line could not be written
+                    _die_of(signal.SIGTERM)
     finally:
         os.close(read_end)
 
 
-def terminated(step: int, after: str) -> None:
-    """Ended by SIGTERM: the status file and one line, this node's shared memory released, then die of the
-    signal (srun and torchrun read a task that died of it as ended by them, not as one that failed)."""
+def terminated(step: int, error: Optional[str]) -> None:
+    """Ended by SIGTERM (`error`: what broke then, or None before the first step): the status file and one line, this
+    node's shared memory released, then die of the signal (srun and torchrun read a task that died of it as ended by
+    them, not as one that failed)."""
     from pretrain.lifecycle.exit_status import write_status
 
-    write_status("terminated", error=after, step=step)
+    write_status("terminated", error=error or "SIGTERM", step=step)
     when = f"at step {step}" if step >= 0 else "before its first step"
+    after = f"then {error}" if error else "no step was run, nothing to save"
     print(f"terminated: rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')} {when} by SIGTERM "
           f"(the job was ended; a rank that stopped on its own says why in its log); {after}", file=sys.stderr, flush=True)
     loader = sys.modules.get("data_pipeline.loader")  # only once the run got that far; importing it costs seconds
