@@ -17,8 +17,10 @@ Python's cyclic garbage collector traverses every tracked object at each full co
 comes each time the long-lived objects have grown by a quarter. Importing torch, transformers and DeepSpeed and
 building the model creates most of a training process's objects, so the collector traverses a growing heap several
 times before the first step (BENCHMARKS.md, "Process start-up"). `python -m pretrain train` pauses the collector at its
-start, and once the trainer is built every object there is frozen (`gc.freeze`, as CPython's documentation does
-before a fork) and the collector resumes: later collections skip the frozen objects, and in loader workers forked
+start. Explicit `gc.collect()` calls run even then: DeepSpeed's ZeRO-3 set-up makes one, which would traverse every
+object of the imports (BENCHMARKS.md), so the imports' objects are frozen (`gc.freeze`, as CPython's
+documentation does before a fork) before the engine is built. Once the trainer is built every object there is frozen
+and the collector resumes: later collections skip the frozen objects, and in loader workers forked
 after it the collector does not write to their pages (reference counting still does). Frozen objects are still
 freed by reference counting. The price: cycles among them are never collected. That is the start-up's own garbage
 (small objects left by imports, no tensors), and any frozen cycle that dies later; a full collection at that point
@@ -77,6 +79,16 @@ def pause_garbage_collector() -> None:
     if gc.isenabled():
         gc.disable()
         _collector_paused = True
+
+
+def freeze_imports() -> bool:
+    """Freeze what the start-up has made so far (its imports) while the collector is paused, so that a library's
+    explicit full collection during the build (DeepSpeed's ZeRO-3 set-up runs one) skips those objects. Only where
+    `pause_garbage_collector` switched the collector off."""
+    if not _collector_paused:
+        return False
+    gc.freeze()
+    return True
 
 
 def resume_garbage_collector() -> bool:

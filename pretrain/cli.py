@@ -24,7 +24,7 @@ def _train(args: argparse.Namespace) -> int:
     import torch
 
     from core import distributed as dist
-    from core.host_memory import resume_garbage_collector
+    from core.host_memory import freeze_imports, resume_garbage_collector
     from pretrain.lifecycle import signals
     from pretrain.config import RunConfig
     from pretrain.lifecycle.exit_status import EXIT_BUG, EXIT_FINISHED, EXIT_PREEMPTED
@@ -33,6 +33,8 @@ def _train(args: argparse.Namespace) -> int:
     trainer = None
     try:
         cfg = load_config(RunConfig, args.config, args.overrides, search=INSTALLED)
+        dist.import_deepspeed()  # the build imports it anyway: its objects are frozen with the other imports'
+        freeze_imports()
         trainer = build_trainer(cfg)
         resume_garbage_collector()
         try:

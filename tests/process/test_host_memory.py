@@ -71,10 +71,11 @@ GC_PROBE = r"""
 import gc, json, runpy, sys
 import core.host_memory as host_memory  # light: the heavy imports below must happen in the paused window
 
-young, seen = [], {}
+young, full, seen = [], [], {}
 # Explicit gc.collect() calls (libraries make a few) are full ones and run even while paused: count the automatic,
-# young-generation collections that the pause stops.
+# young-generation collections that the pause stops, and how many objects were frozen at each full one.
 gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] < 2 and young.append(1))
+gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] == 2 and full.append(gc.get_freeze_count()))
 resume = host_memory.resume_garbage_collector
 
 def counted_resume():
@@ -87,6 +88,7 @@ def counted_resume():
 
     Trainer.fit = fit
     seen["start-up collections"] = len(young)
+    seen["frozen at full collections"] = list(full)
     return resume()
 
 host_memory.resume_garbage_collector = counted_resume
@@ -97,16 +99,18 @@ runpy.run_module("pretrain", run_name="__main__")
 
 
 def test_a_training_process_starts_without_collections_and_trains_with_its_start_up_frozen(prepared, tmp_path):
-    """`python -m pretrain train`: no garbage collection runs from the entry to the built trainer (about 1 s of full
-    collections otherwise), and the steps run with the collector on and the start-up's objects frozen."""
+    """`python -m pretrain train`: no automatic garbage collection runs from the entry to the built trainer (about 1 s
+    of full collections otherwise); the one DeepSpeed's ZeRO-3 set-up asks for finds the imports' objects frozen; and
+    the steps run with the collector on and the start-up's objects frozen."""
     args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", *TINY_MODEL,
             "train.micro_batch_size=4", "train.global_batch_size=4", "train.max_steps=1", "train.eval_every=0",
-            f"train.output_dir={tmp_path / 'run'}", "train.report_to=[]"]
+            f"train.output_dir={tmp_path / 'run'}", "train.report_to=[]", "train.zero_stage=3"]
     proc = subprocess.run([sys.executable, "-c", GC_PROBE, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("GC ")), None)
     assert line is not None, proc.stderr[-3000:]
     seen = json.loads(line[3:])
     assert seen["start-up collections"] == 0 and seen["enabled"] is True and seen["frozen"] > 100_000, seen
+    assert len(seen["frozen at full collections"]) >= 1 and min(seen["frozen at full collections"]) > 100_000, seen
 
 
 def test_an_in_process_caller_keeps_its_own_collector():
