@@ -13,6 +13,8 @@ What a forked process shares with the server and a fresh interpreter would not:
 - what those imports printed: they printed it once, in the server;
 - the string hash seed (PYTHONHASHSEED): two ranks forked from one server iterate a set of strings in the same
   order, where fresh interpreters would not.
+- the garbage collector's view of the imports' objects: the server freezes them (`gc.freeze`), so a forked process's
+  full collections skip them (a fresh `python -m pretrain train` freezes its own start-up's objects too, later).
 Python's, numpy's and torch's global generators are seeded from the OS in each forked process, as a new interpreter
 seeds them; the variables the imports set in `os.environ` are set in each forked process's environment too.
 
@@ -21,6 +23,7 @@ The client side is `Server` (one per pytest worker, see tests/conftest.py) and i
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -79,6 +82,9 @@ def serve(path: str) -> None:
     from core.distributed import import_deepspeed
 
     import_deepspeed()
+    # The imports' objects (about 780,000) out of every child's full collections: DeepSpeed's ZeRO-3 set-up and
+    # train_and_probe.py each run gc.collect(), which would otherwise traverse them all (BENCHMARKS.md).
+    gc.freeze()
     set_by_imports = {k: v for k, v in os.environ.items() if started_with.get(k) != v}
     # Forking a process with other threads copies their locks in whatever state they are: none may exist (native
     # ones included: an OpenMP pool started by an import).
