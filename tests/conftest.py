@@ -81,6 +81,14 @@ _SERVER = None
 _STARTED_WITH = dict(os.environ)
 
 
+def pytest_collection_finish(session) -> None:
+    """Freeze what collection imported (torch, transformers, DeepSpeed, every test module): this process's full
+    garbage collections then skip those objects, as the preloaded server's children and a training process do."""
+    import gc
+
+    gc.freeze()
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     """Stop the preloaded server of this pytest process, if one was started."""
     if _SERVER is not None:
