@@ -94,30 +94,6 @@ def remove_unheld_segments(matches: Callable[[str], bool], shm_dir: Path = SHM_D
     return removed
 
 
-def remove_lock_files_without_segments(folder: Path, prefix_of: Callable[[str], Optional[str]],
-                                       shm_dir: Path = SHM_DIR) -> list[str]:
-    """Unlink this user's files in `folder` whose name `prefix_of` maps to a PREFIX that no segment PREFIX_* in `shm_dir`
-    has any more: the lock files of a finished run, named after its segments, which outlive them. The names removed;
-    none where there is no `shm_dir` (what is live cannot be told there)."""
-    try:
-        live = {entry.name.partition("_")[0] for entry in os.scandir(shm_dir)}
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return []
-    removed = []
-    for entry in entries:
-        prefix = prefix_of(entry.name)
-        if prefix is None or prefix in live:
-            continue
-        try:
-            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.getuid():
-                os.unlink(entry.path)
-                removed.append(entry.name)
-        except FileNotFoundError:  # another run's clean-up was first
-            continue
-    return removed
-
-
 def machine_lock(name: str) -> int:
     """A read-only descriptor of the lock file `name` in /dev/shm (the temporary folder where there is none), one
     for every user's processes on this machine, for `fcntl.flock`; created, when missing, readable by all."""

@@ -23,7 +23,6 @@ import functools
 import os
 import random
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch
 
 from core import distributed as dist
 from core.errors import ConfigError, MissingFileError
-from core.shared_memory import SHM_DIR, machine_lock, remove_lock_files_without_segments, remove_unheld_segments
+from core.shared_memory import SHM_DIR, machine_lock, remove_unheld_segments
 from core.streaming_import import require_streaming
 from data_pipeline.dataset_dir import INDEX
 from data_pipeline.loader_worker import start_worker
@@ -63,9 +62,7 @@ class LoaderConfig:
     # ("Reused local directory"): remove, at start, the streaming segments no process holds (a killed run's).
     # Those of live runs on the same machine stay (core/shared_memory.py), except where a run is out of sight: in a
     # container with a process namespace of its own but this machine's /dev/shm, set this false. Without `remote`,
-    # leftover segments block nothing and are never removed. Either way, streaming's lock files of the prefixes that
-    # have no segments left (finished runs') are removed from the temporary folder: they only slowed every later
-    # run's start (`remove_finished_runs_lock_files`); false keeps them too.
+    # leftovers block nothing and are never removed.
     clean_stale_shared_memory: bool = True
 
     def validate(self) -> None:
@@ -418,34 +415,12 @@ def clean_stale_shared_memory(cfg: LoaderConfig) -> list[str]:
     return removed
 
 
-def remove_finished_runs_lock_files() -> list[str]:
-    """Remove streaming's two lock files (in the temporary folder) of every prefix that has no shared memory left:
-    the names removed. Call under `shared_memory_registration`, as a local leader.
-
-    streaming names them after a prefix's segments and never removes them, and its scan for a free prefix skips every
-    prefix whose lock files exist: each run on a machine left four files behind for good, and every later run's scan
-    stepped over all of them (BENCHMARKS.md). A live run keeps its prefix's segments from before its lock files exist
-    until it ends, so a prefix without segments is a finished run's.
-    """
-    from streaming.base.constant import BARRIER_FILELOCK, CACHE_FILELOCK
-
-    pattern = re.compile(rf"(\d{{6}})_(?:{re.escape(BARRIER_FILELOCK)}|{re.escape(CACHE_FILELOCK)})")
-
-    def prefix_of(name: str) -> Optional[str]:
-        match = pattern.fullmatch(name)
-        return match.group(1) if match else None
-
-    return remove_lock_files_without_segments(Path(tempfile.gettempdir()), prefix_of)
-
-
 def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None):
     """A StreamingDataset over one split of a prepared dataset."""
     split_dir = Path(cfg.path) / split
     if not cfg.remote and not (split_dir / INDEX).is_file():
         raise MissingFileError(f"no '{split}' split in '{cfg.path}' (missing {split_dir / INDEX})")
     with shared_memory_registration():
-        if cfg.clean_stale_shared_memory and is_local_leader():
-            remove_finished_runs_lock_files()
         where = {"local": str(split_dir)}
         if cfg.remote:
             where = {"streams": [_guarded_stream_class()(remote=f"{cfg.remote.rstrip('/')}/{split}", local=str(split_dir))]}

@@ -1,7 +1,6 @@
 """A run with remote data removes the streaming segments a killed run left, and only those: a live run's beside it,
-mapped or only held open, keeps its names (streaming's own clean-up unlinked every prefix's, a neighbour's too). Every
-run removes streaming's lock files of the prefixes that have no segments left. The lock that serialises the runs'
-registrations is one per machine, for every user."""
+mapped or only held open, keeps its names (streaming's own clean-up unlinked every prefix's, a neighbour's too). The lock
+that serialises the runs' registrations is one per machine, for every user."""
 import fcntl
 import json
 import os
@@ -10,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import PROCESS_ENV, REPO, free_port, python_process, run_python
+from conftest import PROCESS_ENV, REPO, free_port, python_process
 
 from core.shared_memory import machine_lock, remove_unheld_segments
 from data_pipeline.loader import LoaderConfig, clean_stale_shared_memory
@@ -40,16 +39,6 @@ print(json.dumps({"prefix": dataset._shm_prefix_int}), flush=True)
 while not Path(sys.argv[2]).exists():
     time.sleep(0.05)
 print(json.dumps({"rest": sum(1 for _ in samples)}), flush=True)
-"""
-
-
-# A run that opens its dataset with streaming's lock files in a temporary folder of the test's, then ends.
-OPEN_DATASET = """
-import json, sys, tempfile
-tempfile.tempdir = sys.argv[2]
-from data_pipeline.loader import LoaderConfig, build_dataset
-dataset = build_dataset(LoaderConfig(path=sys.argv[1], clean_stale_shared_memory=sys.argv[3] == "clean"), "train", 4)
-print(json.dumps({"prefix": dataset._shm_prefix_int}), flush=True)
 """
 
 
@@ -201,39 +190,3 @@ def test_two_runs_that_share_two_machines_do_not_deadlock_on_their_locks(tmp_pat
                 p.wait()
         for lock in locks:
             (SHM / lock).unlink(missing_ok=True)
-
-
-def test_a_finished_runs_lock_files_go_and_its_prefix_is_taken_again(prepared, tmp_path):
-    """streaming leaves two lock files per prefix in the temporary folder and its scan skips every prefix that has them:
-    at a run's start those of the prefixes with no segments left (finished runs') are removed, so the run takes the
-    first prefix without segments again; a live run's stay, and so do other files; `clean_stale_shared_memory: false`
-    keeps them all."""
-    from multiprocessing import shared_memory
-
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    low = [f"{p:06}_{kind}" for p in range(40) for kind in ("barrier_filelock", "cache_filelock")]
-    # Far above any prefix a run of the suite takes: no other run's segments decide these.
-    finished = [f"{p}_{kind}" for p in range(999900, 999940) for kind in ("barrier_filelock", "cache_filelock")]
-    kept = ["999950_barrier_filelock", "999950_cache_filelock", "000001_other_filelock", "notes.txt"]
-    for name in low + finished + kept:
-        (tmp / name).touch()
-    live = shared_memory.SharedMemory(name="999950_locals", create=True, size=64)  # a live run's prefix
-    script = tmp_path / "open_dataset.py"
-    script.write_text(OPEN_DATASET)
-    try:
-        runs = {}
-        for mode in ("keep", "clean"):
-            proc = run_python([str(script), str(prepared), str(tmp), mode])
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            runs[mode] = json.loads(proc.stdout.strip().splitlines()[-1])["prefix"]
-            if mode == "keep":
-                assert {p.name for p in tmp.iterdir()} == set(low + finished + kept)
-        assert runs["keep"] >= 40  # streaming stepped over every prefix that had lock files
-        left = {p.name for p in tmp.iterdir()}
-        assert set(kept) <= left and not set(finished) & left
-        # The low prefixes' files went too, but for those of another worker's live runs: the run took one of them.
-        assert runs["clean"] < 40
-    finally:
-        live.close()
-        live.unlink()
