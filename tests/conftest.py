@@ -6,9 +6,11 @@ import json
 import multiprocessing.process
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,6 +81,29 @@ _SERVER = None
 # The environment before any test ran (a test may set a variable while the server starts; it then differs for later
 # launches, which would all get fresh interpreters).
 _STARTED_WITH = dict(os.environ)
+
+
+_SESSION_TMPDIR: list[str] = []
+
+
+def pytest_configure(config) -> None:
+    """One temporary folder (TMPDIR) for this run, its workers and every process they start, removed at its end.
+
+    streaming writes two lock files per dataset opened into the temporary folder and never removes them; they mark
+    prefixes it must not reuse, so every later run's scan for a free prefix steps over all of them (BENCHMARKS.md,
+    "Process start-up and the test suite": thousands of earlier sessions' files in /tmp made the suite minutes slower).
+    The workers share the controller's folder, so within a run no finished run's prefix is reused."""
+    if hasattr(config, "workerinput") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # an xdist worker: it inherited the controller's
+    folder = tempfile.mkdtemp(prefix="contrastive-pretrain-tests-")
+    _SESSION_TMPDIR.append(folder)
+    os.environ["TMPDIR"] = folder
+
+
+def pytest_unconfigure(config) -> None:
+    """Remove the run's temporary folder (the controller's, once every worker has ended)."""
+    for folder in _SESSION_TMPDIR:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_finish(session) -> None:
