@@ -124,8 +124,8 @@ def test_overfits_a_tiny_batch(name):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        first = first if first is not None else float(loss)
-    assert float(loss) < 0.5 * first, (first, float(loss))
+        first = first if first is not None else loss.item()
+    assert loss.item() < 0.5 * first, (first, loss.item())
 
 
 def test_coco_lm_keeps_pretrained_embeddings_and_ties_its_heads(tmp_path):

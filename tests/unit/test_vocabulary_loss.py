@@ -54,7 +54,7 @@ def test_loss_and_gradients_match_the_formula_in_float64(chunk, bias):
     leaves = [x.clone().requires_grad_() for x in (h, w) + ((b,) if bias else ())]
     loss, _ = linear_cross_entropy(leaves[0], leaves[1], leaves[2] if bias else None, t, chunk)
     (3.0 * loss).backward()  # backward scales what forward computed by the incoming gradient
-    assert abs(float(loss) - want_loss) <= 1e-6 * abs(want_loss)
+    assert abs(loss.item() - want_loss) <= 1e-6 * abs(want_loss)
     for leaf, want in zip(leaves, (want_h, want_w, want_b)):
         np.testing.assert_allclose(leaf.grad.numpy(), 3.0 * want, rtol=1e-6, atol=1e-12)
 
