@@ -98,6 +98,7 @@ def pytest_configure(config) -> None:
     folder = tempfile.mkdtemp(prefix="contrastive-pretrain-tests-")
     _SESSION_TMPDIR.append(folder)
     os.environ["TMPDIR"] = folder
+    _STARTED_WITH["TMPDIR"] = folder  # the preloaded server's too: a launch differing from it would start fresh
 
 
 def pytest_unconfigure(config) -> None:
