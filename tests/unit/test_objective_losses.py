@@ -19,7 +19,7 @@ RTOL = 1e-6
 
 
 def close(got: torch.Tensor, want: float) -> bool:
-    return abs(float(got) - want) <= RTOL * max(abs(want), 1e-12)
+    return abs(got.detach().item() - want) <= RTOL * max(abs(want), 1e-12)
 
 
 def log_softmax_at(z, k):
@@ -142,7 +142,7 @@ def test_supervised_tacl():
 def test_tacl_without_anchors_is_zero():
     s = torch.randn(2, 5, 4, requires_grad=True)
     loss = tacl_loss(s, torch.randn(2, 5, 4), torch.zeros(2, 5, dtype=torch.bool), torch.ones(2, 5))
-    assert float(loss) == 0.0
+    assert loss.item() == 0.0
     loss.backward()
 
 
@@ -176,7 +176,7 @@ def test_corrective_lm_paper_form_survives_a_saturated_copy_head():
         p1 = 1 / (1 + math.exp(-c))
         p0 = 1 / (1 + math.exp(c))
         terms.append(-math.log((1.0 if x == t else 0.0) * p1 + p0 * math.exp(log_softmax_at(z, t))))
-    assert abs(float(loss) - float(np.mean(terms))) <= 1e-5 * float(np.mean(terms))
+    assert abs(loss.item() - float(np.mean(terms))) <= 1e-5 * float(np.mean(terms))
 
 
 def _layer_norm(x, gain, bias, eps):

@@ -64,7 +64,7 @@ def test_a_literal_case():
     h = torch.tensor([[1.0], [1.0], [1.0]], requires_grad=True)
     w = torch.tensor([[0.0], [float(np.log(3.0))]])
     loss, hits = linear_cross_entropy(h, w, None, torch.tensor([0, 1, IGNORE]), 2)
-    assert abs(float(loss) - float(np.log(4.0) + np.log(4.0 / 3.0))) < 1e-6
+    assert abs(loss.item() - float(np.log(4.0) + np.log(4.0 / 3.0))) < 1e-6
     assert hits.tolist() == [False, True, False]
 
 
@@ -100,7 +100,7 @@ def test_nothing_predicted_is_a_zero_that_keeps_the_graph():
     for chunk in (0, 4):
         loss, accuracy = sparse_mlm(hidden, labels, head, chunk=chunk)
         loss.backward()
-        assert float(loss) == 0.0 and float(accuracy) == 0.0 and float(projection.weight.grad.abs().sum()) == 0.0
+        assert loss.item() == 0.0 and float(accuracy) == 0.0 and float(projection.weight.grad.abs().sum()) == 0.0
 
 
 def test_the_head_hashes_before_its_fields_exist():
@@ -122,7 +122,7 @@ def test_bf16_weights_without_autocast_accumulate_in_float32():
     loss, _ = linear_cross_entropy(*leaves, t, 1)
     loss.backward()
     assert leaves[1].grad.dtype == torch.bfloat16
-    assert abs(float(loss) - want_loss) < 1e-2 * abs(want_loss)
+    assert abs(loss.item() - want_loss) < 1e-2 * abs(want_loss)
     error = np.linalg.norm(leaves[1].grad.double().numpy() - want_w) / np.linalg.norm(want_w)
     assert error < 1e-2, error
 
@@ -133,7 +133,7 @@ def test_without_gradients_nothing_is_kept_and_the_loss_is_the_same():
     with torch.no_grad():
         plain, _ = linear_cross_entropy(h.clone().requires_grad_(), w, b, t, 8)
     assert plain.grad_fn is None and with_grad.grad_fn is not None
-    assert float(plain) == float(with_grad)
+    assert plain.item() == with_grad.item()
 
 
 def test_bf16_autocast_follows_the_plain_path():
@@ -147,7 +147,7 @@ def test_bf16_autocast_follows_the_plain_path():
             else:
                 loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(*leaves).float(), t)
         loss.backward()
-        grads.append((float(loss), [x.grad for x in leaves]))
+        grads.append((loss.item(), [x.grad for x in leaves]))
     (plain, plain_grads), (fused, fused_grads) = grads
     assert abs(fused - plain) < 1e-3 * abs(plain)
     assert all(g.dtype == torch.float32 for g in fused_grads)
