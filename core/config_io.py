@@ -62,6 +62,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             value = [v for v in (s.strip() for s in value.split(",")) if v]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
+        if origin is tuple and args and Ellipsis not in args:  # tuple[float, float]: exactly that many
+            if len(value) != len(args):
+                raise ConfigError(f"config key '{key}': expected {len(args)} values, got {len(value)}: {list(value)!r}")
+            return tuple(_coerce(v, inner, f"{key}[{i}]") for i, (v, inner) in enumerate(zip(value, args)))
         inner = args[0] if args else Any
         items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
@@ -154,13 +158,24 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 GLOBAL_PACKAGE = "# @package _global_"
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong and where (PyYAML's own text spans lines and ends with a caret)."""
+    mark = getattr(exc, "problem_mark", None)
+    what = " ".join(str(part) for part in (getattr(exc, "context", None), getattr(exc, "problem", None)) if part)
+    if mark is None:
+        return what or " ".join(str(exc).split())
+    return f"{what or 'error'} at line {mark.line + 1}, column {mark.column + 1}"
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(exc)}") from exc
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"config file {path} must hold a mapping at top level")
     return loaded or {}

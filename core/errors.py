@@ -40,12 +40,22 @@ class StorageError(UserError, OSError):
     """Object storage cannot be used: no credentials, a missing bucket or object, an unreachable endpoint."""
 
 
+class DivergedError(RuntimeError):
+    """Training diverged: a step's loss or gradient norm was inf or NaN. Neither a bug nor bad input: the CLI prints
+    the message in one line and exits with its own code, and a batch script must not requeue it (it would diverge
+    again from the same checkpoint and config)."""
+
+
 def one_line(exc: BaseException) -> str:
     """The message of a user error in one line, also when a DataLoader worker re-raised it with its traceback."""
     text = str(exc).strip()
     if "\n" not in text:
         return text
-    last = text.splitlines()[-1].strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not any(line.endswith("Traceback (most recent call last):") for line in lines):
+        # A message that spans lines (a library's error quoted in ours): every line, the first names what is at fault.
+        return " ".join(lines)
+    last = lines[-1]
     prefix = f"{type(exc).__name__}: "
     for cls in type(exc).__mro__:  # the worker's traceback ends with "module.Class: message"
         if f"{cls.__name__}: " in last:

@@ -43,6 +43,12 @@ class EncoderShape:
         if self.architecture not in REGISTRY:
             raise ConfigError(f"config key 'model.architecture': unknown architecture {self.architecture!r}; "
                               f"known: {', '.join(REGISTRY)}")
+        for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"config key 'model.{key}' must be >= 1, got {getattr(self, key)}")
+        for key in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"config key 'model.{key}' must be in [0, 1), got {getattr(self, key)}")
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"config key 'model.hidden_size' ({self.hidden_size}) must be divisible by 'model.num_heads' ({self.num_heads})"

@@ -11,6 +11,7 @@ from data_pipeline.masking import MaskingConfig
 from model.backbones.base import transformers_major
 from model.encoder import EncoderConfig
 from model.objectives import ObjectiveConfig
+from pretrain.lifecycle.preemption import parse_duration
 from pretrain.run_dir import TENSORBOARD, TRACKERS
 
 
@@ -27,6 +28,17 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-6
     grad_clip: float = 1.0
+
+    def validate(self) -> None:
+        """Check values that the type alone cannot (torch's optimizers would refuse them only once the engine is built)."""
+        if not self.eps > 0:
+            raise ConfigError(f"config key 'optimizer.eps' must be > 0, got {self.eps}")
+        # lr 0 is allowed: a step that leaves the weights as they are (a probe of the loss, of a resume's data order).
+        for key in ("lr", "weight_decay", "grad_clip"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"config key 'optimizer.{key}' must be >= 0 (0: off), got {getattr(self, key)}")
+        if not all(0.0 <= beta < 1.0 for beta in self.betas):
+            raise ConfigError(f"config key 'optimizer.betas' must be two values in [0, 1), got {list(self.betas)}")
 
 
 @dataclass
@@ -45,6 +57,12 @@ class ScheduleConfig:
         """Check values that the type alone cannot."""
         if not 0.0 < self.decay_fraction <= 1.0:
             raise ConfigError(f"config key 'schedule.decay_fraction' must be in (0, 1], got {self.decay_fraction}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"config key 'schedule.warmup_steps' must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"config key 'schedule.min_lr_ratio' must be in [0, 1], got {self.min_lr_ratio}")
+        if not self.power > 0:
+            raise ConfigError(f"config key 'schedule.power' must be > 0, got {self.power}")
 
 
 @dataclass
@@ -151,9 +169,22 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Check values that the type alone cannot."""
-        for key in ("max_steps", "micro_batch_size", "global_batch_size", "log_every", "save_every", "keep_last"):
+        if not self.output_dir.strip():
+            raise ConfigError("config key 'train.output_dir' is empty: name the run's folder")
+        for key in ("max_steps", "micro_batch_size", "global_batch_size", "log_every", "save_every", "keep_last",
+                    "eval_batches"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"config key 'train.{key}' must be >= 1, got {getattr(self, key)}")
+        for key in ("seed", "eval_every", "stop_after", "save_every_minutes", "deadline_margin_s", "peak_tflops"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"config key 'train.{key}' must be >= 0, got {getattr(self, key)}")
+        try:
+            wall = parse_duration(self.max_wall_time)
+        except ValueError:
+            wall = -1.0
+        if wall < 0 or (self.max_wall_time.strip() and wall == 0):
+            raise ConfigError(f"config key 'train.max_wall_time' must be a duration such as 90m, 3600, 23:30:00 or "
+                              f"1-00:00:00 (\"\": none), got {self.max_wall_time!r}")
         if self.zero_stage not in ("auto", 0, 1, 2, 3):
             raise ConfigError(f"config key 'train.zero_stage' must be auto, 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.overlap_grad_reduce not in ("auto", True, False):

@@ -66,10 +66,10 @@ def explicit_bf16_weights(cfg: RunConfig) -> bool:
     if not cfg.train.deepspeed_config:
         return False
     try:
-        ds = json.loads(Path(cfg.train.deepspeed_config).read_text())
-    except (OSError, json.JSONDecodeError):
+        ds = json.loads(Path(cfg.train.deepspeed_config).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return False  # build_ds_config names the problem
-    return isinstance(ds.get("bf16"), dict) and ds["bf16"].get("enabled") is True
+    return isinstance(ds, dict) and isinstance(ds.get("bf16"), dict) and ds["bf16"].get("enabled") is True
 
 
 def bf16_weights_for(cfg: RunConfig, resumed: dict[str, Any]) -> Optional[bool]:
@@ -93,8 +93,8 @@ def bf16_weights_for(cfg: RunConfig, resumed: dict[str, Any]) -> Optional[bool]:
 def _sets_bf16(cfg: RunConfig) -> bool:
     """Whether the run's own DeepSpeed JSON gives bf16.enabled an explicit true/false."""
     try:
-        section = json.loads(Path(cfg.train.deepspeed_config).read_text()).get("bf16", {})
-    except (OSError, json.JSONDecodeError, AttributeError):
+        section = json.loads(Path(cfg.train.deepspeed_config).read_text(encoding="utf-8")).get("bf16", {})
+    except (OSError, ValueError, AttributeError):
         return False
     return isinstance(section, dict) and isinstance(section.get("enabled"), bool)
 
@@ -136,9 +136,12 @@ def _read_template(cfg: RunConfig) -> tuple[Path, dict[str, Any]]:
     if not path.is_file():
         raise ConfigError(f"config key 'train.deepspeed_config': file not found: {path}")
     try:
-        return path, json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        ds = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"deepspeed config {path} is not valid JSON: {exc}") from exc
+    if not isinstance(ds, dict):
+        raise ConfigError(f"deepspeed config {path} must hold a JSON object at top level, not a {type(ds).__name__}")
+    return path, ds
 
 
 def _fill_precision(ds: dict[str, Any], cfg: RunConfig, path: Path, bf16_weights: bool) -> None:

@@ -43,6 +43,56 @@ def test_bad_values_are_named():
         load_config(RunConfig, None, ["model.hidden_size=30", "model.num_heads=4"])
 
 
+@pytest.mark.parametrize("override, said", [
+    ("optimizer.lr=-1", r"'optimizer.lr' must be >= 0 \(0: off\), got -1"),
+    ("optimizer.eps=-1e-8", "'optimizer.eps' must be > 0"),
+    ("optimizer.betas=[0.9]", r"'optimizer.betas': expected 2 values, got 1: \[0.9\]"),
+    ("optimizer.betas=[2, 3]", r"'optimizer.betas' must be two values in \[0, 1\), got \[2.0, 3.0\]"),
+    ("optimizer.weight_decay=-1", r"'optimizer.weight_decay' must be >= 0 \(0: off\)"),
+    ("optimizer.grad_clip=-1", r"'optimizer.grad_clip' must be >= 0 \(0: off\)"),
+    ("schedule.warmup_steps=-5", "'schedule.warmup_steps' must be >= 0, got -5"),
+    ("schedule.min_lr_ratio=2", r"'schedule.min_lr_ratio' must be in \[0, 1\]"),
+    ("train.seed=-1", "'train.seed' must be >= 0, got -1"),
+    ("train.eval_batches=0", "'train.eval_batches' must be >= 1, got 0"),
+    ("train.save_every_minutes=-1", "'train.save_every_minutes' must be >= 0"),
+    ("train.max_wall_time=abc", "'train.max_wall_time' must be a duration such as 90m.*got 'abc'"),
+    ("train.max_wall_time=-5m", "'train.max_wall_time' must be a duration.*got '-5m'"),
+    ("train.output_dir=", "'train.output_dir' is empty"),
+    ("model.hidden_size=0", "'model.hidden_size' must be >= 1, got 0"),
+    ("model.num_heads=0", "'model.num_heads' must be >= 1, got 0"),
+    ("model.num_layers=0", "'model.num_layers' must be >= 1, got 0"),
+    ("model.intermediate_size=0", "'model.intermediate_size' must be >= 1, got 0"),
+    ("model.dropout=2", r"'model.dropout' must be in \[0, 1\), got 2"),
+])
+def test_values_torch_or_the_loop_would_refuse_late_are_named_at_load(override, said):
+    with pytest.raises(ConfigError, match=said):
+        load_config(RunConfig, None, [override])
+
+
+def test_a_config_file_that_is_not_yaml_or_not_utf8_is_named_in_one_line(tmp_path):
+    from core.errors import one_line
+
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  max_steps: [1, 2\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(RunConfig, path)
+    assert one_line(caught.value) == (f"config file {path} is not valid YAML: while parsing a flow sequence expected "
+                                      "',' or ']', but got '<stream end>' at line 3, column 1")
+    path.write_bytes(b"train:\n  max_steps: 7 # \xe9t\xe9\n")  # Latin-1
+    with pytest.raises(ConfigError, match=r"run.yaml is not UTF-8 text \(byte 24: invalid continuation byte\)"):
+        load_config(RunConfig, path)
+
+
+def test_a_message_over_several_lines_keeps_every_line_and_a_workers_traceback_only_its_last():
+    from core.errors import InputDataError, one_line
+
+    quoted = InputDataError("tokenizer folder /data/tok cannot be read:\nYou need to have sentencepiece installed\n")
+    assert one_line(quoted) == "tokenizer folder /data/tok cannot be read: You need to have sentencepiece installed"
+    worker = InputDataError("Caught InputDataError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+                            "call last):\n  File \"x.py\", line 1, in f\ncore.errors.InputDataError: shard 3 is damaged")
+    assert one_line(worker) == "shard 3 is damaged"
+
+
 def test_list_of_sections():
     cfg = load_config(PrepareConfig, None, ["sources=[{kind: json, path: a.jsonl, text_column: body}]"])
     assert cfg.sources[0].kind == "json" and cfg.sources[0].text_column == "body"
