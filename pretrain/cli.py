@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from core.config_io import load_config
-from core.errors import UserError, one_line
+from core.errors import DivergedError, UserError, one_line
 from evaluation.cli import add_commands as add_evaluation_commands
-from pretrain.lifecycle.exit_status import EXIT_USER_ERROR
+from pretrain.lifecycle.exit_status import exit_code_for
 
 # Where the installed packages are: `--config pretrain/configs/X.yaml` is found there when it is not under the
 # working directory (an installed wheel run from any folder).
@@ -27,7 +27,7 @@ def _train(args: argparse.Namespace) -> int:
     from core.host_memory import freeze_imports, resume_garbage_collector
     from pretrain.lifecycle import signals
     from pretrain.config import RunConfig
-    from pretrain.lifecycle.exit_status import EXIT_BUG, EXIT_FINISHED, EXIT_PREEMPTED
+    from pretrain.lifecycle.exit_status import EXIT_FINISHED, EXIT_PREEMPTED, exit_code_for
     from pretrain.run import build_trainer
 
     trainer = None
@@ -52,7 +52,7 @@ def _train(args: argparse.Namespace) -> int:
             # termination, not a bug of this rank, and its traceback would bury the line of the rank that stopped.
             signals.terminated(trainer.step if trainer is not None else -1, type(exc).__name__)
         else:
-            write_status("failed", error=type(exc).__name__, code=EXIT_USER_ERROR if isinstance(exc, UserError) else EXIT_BUG)
+            write_status("failed", error=type(exc).__name__, code=exit_code_for(exc))
         raise
     # The decision is made and the checkpoint written: a late SIGTERM (SLURM sends more than one)
     # must not turn "preempted, requeue me" into "killed by a signal" during shutdown.
@@ -125,6 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     try:
         return args.func(args)
-    except UserError as exc:
+    except (UserError, DivergedError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return exit_code_for(exc)

@@ -18,20 +18,33 @@ import socket
 import time
 from pathlib import Path
 
+from core.errors import DivergedError, UserError
+
 EXIT_FINISHED = 0
 EXIT_BUG = 1  # Python's own code for an exception that escapes: its traceback is printed
 EXIT_USER_ERROR = 2  # core.errors.UserError: one line names the problem (data_pipeline's CLI exits 2 alike)
+EXIT_DIVERGED = 4  # core.errors.DivergedError: one line names the step and the value
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL, "temporary failure, try again"
 EXIT_PEER_LOST = 76
 EXIT_CODES = {
     EXIT_FINISHED: "finished: max_steps reached, or train.stop_after steps done",
     EXIT_BUG: "a bug: the traceback says where; do not requeue",
     EXIT_USER_ERROR: "bad input (config, data, checkpoint, storage): the one line says what; do not requeue",
+    EXIT_DIVERGED: "diverged: a step's loss or gradient norm was inf or NaN, and nothing of it was saved; do not "
+                   "requeue (it would diverge again): resume from a checkpoint before the newest (train.resume_from) "
+                   "with a lower optimizer.lr or a longer schedule.warmup_steps",
     EXIT_PREEMPTED: "preempted by a signal or the deadline: a complete checkpoint and the PREEMPTED marker are "
                     "written; run the same command again",
     EXIT_PEER_LOST: "another rank died or stopped answering: this attempt saved nothing (the dead rank's ZeRO shards "
                     "are gone); the last complete checkpoint stands",
 }
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit code of a run that ended with `exc`: bad input, a divergence, or else a bug."""
+    if isinstance(exc, UserError):
+        return EXIT_USER_ERROR
+    return EXIT_DIVERGED if isinstance(exc, DivergedError) else EXIT_BUG
 
 
 def status_file() -> Path | None:

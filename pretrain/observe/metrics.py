@@ -16,6 +16,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from core import distributed as dist
+from core.errors import DivergedError
 
 # Host-side per-step counts: summed over ranks, not averaged.
 TOTALS = ("tokens", "samples", "data_wait_s")
@@ -128,10 +129,6 @@ class Rates:
         return out
 
 
-class NonFiniteError(RuntimeError):
-    """A step's loss or gradient norm was inf or NaN: training diverged."""
-
-
 class MetricsReporter:
     """What step metrics become: a TensorBoard / metrics.jsonl row per step, and at logging steps the
     progress line with tokens/s, model TFLOP/s, MFU, data wait and peak memory.
@@ -167,9 +164,12 @@ class MetricsReporter:
         for step, metrics in rows:  # after the rows are logged, so the diverged step is on record
             bad = [f"{key} {metrics[key]}" for key in self.must_be_finite if key in metrics and not math.isfinite(metrics[key])]
             if bad:
-                raise NonFiniteError(f"training diverged at step {step}: {', '.join(bad)}; the run stops before saving "
-                                     "it (its checkpoints are intact: resume from one with a lower optimizer.lr or "
-                                     "schedule.warmup_steps)")
+                # The newest checkpoint holds the update that produced this step's values, so it may be the one
+                # that diverged: the advice names an earlier one.
+                raise DivergedError(f"training diverged at step {step}: {', '.join(bad)}; nothing of step {step} is "
+                                    "saved, but the newest checkpoint may hold the weights that diverged: resume from "
+                                    "an earlier one (train.resume_from=TAG) with a lower optimizer.lr or a longer "
+                                    "schedule.warmup_steps")
 
     def _throughput(self, metrics: dict[str, float], seq_len: int) -> None:
         """Model TFLOP/s per device, MFU against the peak, and peak memory (max over ranks)."""

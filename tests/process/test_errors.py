@@ -1,5 +1,6 @@
 """A user's mistake is one line and exit 2; a bug keeps its traceback and exit 1 (and a run marks itself FAILED)."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import pytest
 from conftest import REPO, TINY_MODEL, run_cli, run_python
 
 from core import errors
+from pretrain.run_dir import RunDir
 
 
 def _python(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -51,6 +53,31 @@ def test_an_internal_fault_during_training_shows_its_traceback_and_marks_the_run
     failed = json.loads((out / "FAILED").read_text())
     assert failed["error"] == "ZeroDivisionError" and failed["message"] == "injected fault" and failed["step"] == 2
     assert "failed at step 2: ZeroDivisionError" in (out / "train.log").read_text()
+
+
+def test_a_diverged_run_stops_in_one_line_with_exit_4_saves_nothing_of_it_and_resumes_as_it_says(prepared, tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={out}",
+            *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=4",
+            "train.eval_every=0", "train.log_every=1", "train.save_every=1"]
+    run_cli("pretrain", [*args, "optimizer.lr=1e-3", "train.stop_after=2"])
+    # Then a peak lr of 1e30: step 3's update is finite and saved, the weights it leaves overflow step 4.
+    proc = run_cli("pretrain", [*args, "optimizer.lr=1e30"], check=False)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["error: training diverged at step 4: loss nan, grad_norm inf; nothing of step 4 is saved, but the "
+                      "newest checkpoint may hold the weights that diverged: resume from an earlier one "
+                      "(train.resume_from=TAG) with a lower optimizer.lr or a longer schedule.warmup_steps"]
+    assert sorted(p.name for p in RunDir(out).checkpoints.glob("step_*")) == [f"step_0000000{i}" for i in (1, 2, 3)]
+    failed = json.loads((out / "FAILED").read_text())
+    assert failed["error"] == "DivergedError" and failed["step"] == 4
+    rows = RunDir(out).metric_rows("train")
+    assert [row["step"] for row in rows] == [1, 2, 3, 4] and math.isnan(rows[-1]["loss"])  # the diverged step, on record
+    # What the line says to do: from the checkpoint before the newest, with a lower lr, the run trains on.
+    run_cli("pretrain", [*args, "optimizer.lr=1e-3", "train.resume_from=step_00000002"])
+    train = RunDir(out).metric_rows("train")
+    assert [row["step"] for row in train] == [1, 2, 3, 4] and all(row["loss"] < 10 for row in train)
 
 
 def test_an_internal_fault_in_prepare_shows_its_traceback(tmp_path, corpus_file):

@@ -159,4 +159,4 @@ def test_the_batch_script_reads_the_one_table_of_exit_codes():
 
     script = (REPO / "slurm" / "pretrain.sbatch").read_text(encoding="utf-8")
     assert f"EXIT_PREEMPTED={EXIT_PREEMPTED} " in script and f"EXIT_PEER_LOST={EXIT_PEER_LOST} " in script
-    assert (EXIT_PREEMPTED, EXIT_PEER_LOST) == (75, 76) and sorted(EXIT_CODES) == [0, 1, 2, 75, 76]
+    assert (EXIT_PREEMPTED, EXIT_PEER_LOST) == (75, 76) and sorted(EXIT_CODES) == [0, 1, 2, 4, 75, 76]
