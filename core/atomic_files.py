@@ -63,6 +63,15 @@ def output_kind(folder: Path) -> Optional[str]:
         return None
 
 
+def check_folder_path(path: Path, what: str) -> None:
+    """Refuse a folder path that names a file or lies inside one, in one line naming `what` and the file."""
+    for place in (Path(path), *Path(path).parents):
+        if place.exists():
+            if not place.is_dir():
+                raise OutputExistsError(f"{what} {path} cannot be a folder: {place} is a file")
+            return
+
+
 def check_overwrite(final_dir: Path, overwrite: bool, kind: Optional[str] = None, reads: Sequence[Path] = (),
                     legacy: Optional[Callable[[Path], bool]] = None) -> None:
     """Refuse to clobber an existing output unless asked; asked, replace only a `kind` folder this tool wrote (its
@@ -102,6 +111,7 @@ def prepare_output(final_dir: Path, overwrite: bool, kind: Optional[str] = None,
                    legacy: Optional[Callable[[Path], bool]] = None) -> Path:
     """Refuse to clobber an existing output unless asked (check_overwrite); return a fresh temporary folder beside it."""
     check_overwrite(final_dir, overwrite, kind, reads, legacy)
+    check_folder_path(final_dir.parent, "the output's parent")
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_debris(final_dir)
     tmp = final_dir.with_name(f".{final_dir.name}.tmp-{socket.gethostname()}-{os.getpid()}-{int(time.time())}")

@@ -45,6 +45,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     # Before the data and the model, so that their memory and the loader workers forked later follow it.
     allocator = keep_freed_memory() if cfg.train.keep_freed_host_memory else None
     run_dir = RunDir(cfg.train.output_dir)
+    run_dir.check_place(cfg.data.path)
     if torch.cuda.is_available():  # read when NCCL's group is created: a timeout dumps every rank's last collectives here
         run_dir.flight_recorder.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(run_dir.flight_recorder / "rank_"))

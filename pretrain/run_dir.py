@@ -23,7 +23,10 @@ from typing import Optional
 
 import yaml
 
+from core.atomic_files import check_folder_path
+from core.errors import ConfigError
 from core.jsonl import read_jsonl
+from core.object_store import is_remote
 
 CONFIG_FILE = "config.yaml"
 MODEL_CONFIG_FILE = "model_config.json"
@@ -47,6 +50,16 @@ class RunDir:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
+
+    def check_place(self, data_path: str) -> None:
+        """Refuse a run folder that is a file, lies inside one, or is the dataset's folder or inside it."""
+        check_folder_path(self.root, "config key 'train.output_dir':")
+        if is_remote(data_path):
+            return
+        data, root = Path(data_path).resolve(), self.root.resolve()
+        if root == data or data in root.parents:
+            raise ConfigError(f"config key 'train.output_dir' ({self.root}) is the dataset's folder or inside it "
+                              f"(data.path={data_path}): the run's files would mix with the dataset's; choose another")
 
     @property
     def config(self) -> Path:

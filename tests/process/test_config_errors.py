@@ -71,6 +71,19 @@ def test_config_errors_are_named(prepared, tmp_path, capsys, subprocess_results,
     assert expected in err and "Traceback" not in err
 
 
+def test_a_run_folder_that_is_a_file_or_inside_the_dataset_is_named_and_nothing_is_written(prepared, tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("kept")
+    before = sorted(p.relative_to(prepared) for p in prepared.rglob("*"))
+    for out, said in [(notes, f"'train.output_dir': {notes} cannot be a folder: {notes} is a file"),
+                      (notes / "run", f"'train.output_dir': {notes / 'run'} cannot be a folder: {notes} is a file"),
+                      (prepared, f"'train.output_dir' ({prepared}) is the dataset's folder or inside it"),
+                      (prepared / "run", f"'train.output_dir' ({prepared / 'run'}) is the dataset's folder or inside it")]:
+        code, err = pretrain_main(_args(prepared, out, "")), capsys.readouterr().err
+        assert code == 2 and said in err and "Traceback" not in err, err[-2000:]
+    assert notes.read_text() == "kept" and sorted(p.relative_to(prepared) for p in prepared.rglob("*")) == before
+
+
 def test_missing_config_file(capsys):
     assert pretrain_main(["train", "--config", "/nonexistent/run.yaml"]) == 2
     assert "/nonexistent/run.yaml" in capsys.readouterr().err

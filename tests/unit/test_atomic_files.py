@@ -50,3 +50,15 @@ def test_a_write_cut_short_leaves_a_name_uploads_know_as_temporary(tmp_path, mon
     monkeypatch.setattr(Path, "replace", real_replace)
     assert len(created) == 1 and is_temporary(created[0]) and not is_temporary(tmp_path / "verified.json")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_inside_a_file_is_refused_in_one_line_before_anything_is_made(tmp_path):
+    from core.atomic_files import prepare_output
+    from core.errors import OutputExistsError
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("kept")
+    for out in (notes / "export", notes / "deeper" / "export"):
+        with pytest.raises(OutputExistsError, match=f"the output's parent {out.parent} cannot be a folder: {notes} is a file"):
+            prepare_output(out, overwrite=False)
+    assert notes.read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
