@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core.atomic_files import write_text_atomic
+from core.errors import CheckpointError
 
 
 def complete_lines(path: Path) -> list[str]:
@@ -18,6 +19,9 @@ def complete_lines(path: Path) -> list[str]:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         return []
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path} is damaged (not UTF-8 at byte {exc.start}): move it aside to go on "
+                              "without its rows") from exc
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines.pop()  # cut short by a kill mid-append
@@ -43,7 +47,7 @@ def rewind_jsonl(path: Path, step: int) -> list[dict[str, Any]]:
     read, the later ones too. Nothing is written where there is no file."""
     path = Path(path)
     lines = complete_lines(path)
-    rows = [json.loads(line) for line in lines]
+    rows = _rows(path, lines)
     if path.is_file():
         write_text_atomic(path, "".join(line for line, row in zip(lines, rows) if row["step"] <= step))
     return rows
@@ -51,4 +55,19 @@ def rewind_jsonl(path: Path, step: int) -> list[dict[str, Any]]:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The rows of a JSON-lines file, a last line cut short by a kill left out; [] when there is no file."""
-    return [json.loads(line) for line in complete_lines(path)]
+    return _rows(path, complete_lines(path))
+
+
+def _rows(path: Path, lines: list[str]) -> list[dict[str, Any]]:
+    """Each complete line parsed; a line that is no JSON object means the file was damaged, not cut short."""
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            row = exc
+        if not isinstance(row, dict):
+            raise CheckpointError(f"{path} is damaged (its row {number} is not a JSON object): move it aside to go on "
+                                  "without its rows")
+        rows.append(row)
+    return rows

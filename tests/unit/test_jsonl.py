@@ -1,9 +1,9 @@
 """JSON-lines read back on resume: a last line a kill cut short is left out; anything else malformed still fails."""
-import json
 
 import pytest
 
-from core.jsonl import append_jsonl, complete_lines, read_jsonl
+from core.errors import CheckpointError
+from core.jsonl import append_jsonl, complete_lines, read_jsonl, rewind_jsonl
 
 
 def test_a_last_line_without_its_newline_is_left_out(tmp_path):
@@ -25,8 +25,19 @@ def test_complete_files_and_missing_ones(tmp_path):
 def test_a_damaged_line_before_the_last_is_not_hidden(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
-    with pytest.raises(json.JSONDecodeError):
+    with pytest.raises(CheckpointError, match=r"rows.jsonl is damaged \(its row 2 is not a JSON object\)"):
         read_jsonl(path)
+    path.write_text('{"step": 1}\n[2]\n')
+    with pytest.raises(CheckpointError, match="its row 2 is not a JSON object"):
+        read_jsonl(path)
+
+
+def test_a_file_that_is_not_utf8_is_named_not_decoded(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"step": 1}\n{"step": \xff}\n')
+    with pytest.raises(CheckpointError, match=r"rows.jsonl is damaged \(not UTF-8 at byte 21\)"):
+        rewind_jsonl(path, 1)
+    assert path.read_bytes() == b'{"step": 1}\n{"step": \xff}\n'  # left as it was
 
 
 def test_a_row_appended_after_a_cut_short_line_starts_a_line_of_its_own(tmp_path):
