@@ -45,9 +45,12 @@ class TokenizerConfig:
     max_training_documents: int = 200_000
 
     def validate(self) -> None:
-        """Reject vocabularies too small to hold the special tokens."""
+        """Reject vocabularies too small to hold the special tokens, and an empty training sample."""
         if self.pretrained is None and self.vocab_size < 64:
             raise ConfigError(f"config key 'tokenizer.vocab_size' must be >= 64, got {self.vocab_size}")
+        if self.max_training_documents < 1:
+            raise ConfigError("config key 'tokenizer.max_training_documents' must be >= 1, got "
+                              f"{self.max_training_documents}")
 
 
 @dataclass
@@ -101,6 +104,10 @@ class PrepareConfig:
             raise ConfigError("config key 'sources' is empty: name at least one text source")
         if self.seq_len < 8:
             raise ConfigError(f"config key 'seq_len' must be >= 8, got {self.seq_len}")
+        if self.max_documents < 0:
+            raise ConfigError(f"config key 'max_documents' must be >= 0 (0: no limit), got {self.max_documents}")
+        if self.nsp_document_pool < 1:
+            raise ConfigError(f"config key 'nsp_document_pool' must be >= 1, got {self.nsp_document_pool}")
         if self.num_workers < 0:
             raise ConfigError(f"config key 'num_workers' must be >= 0 (0: every available CPU), got {self.num_workers}")
         if not 0 < self.shard_size_limit < 2**32:  # MDS offsets are 32-bit

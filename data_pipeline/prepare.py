@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -296,8 +297,15 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> Path | str:
         raise
 
 
+# A job array's id becomes part of a folder name: SLURM's are numbers; letters, '.', '_' and '-' are allowed too.
+ARRAY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
 def staging_dir(cfg: PrepareConfig, array_id: str) -> Path:
     """Where the tasks of one job array build the dataset together (kept across requeues)."""
+    if not isinstance(array_id, str) or not ARRAY_ID.fullmatch(array_id):
+        raise ConfigError(f"--array-id {array_id!r} is not a plain name (letters, digits, '.', '_', '-'; "
+                          "SLURM_ARRAY_JOB_ID is one): it names the array's staging folder")
     final_dir, _ = _local_output(cfg, array=True)
     return final_dir.with_name(f".{final_dir.name}.array-{array_id}")
 

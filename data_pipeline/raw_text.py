@@ -16,8 +16,6 @@ from data_pipeline.config import SourceConfig
 REPLACEMENT_CHAR = "\ufffd"
 
 
-
-
 @dataclass
 class ReadStats:
     """Counts gathered while reading, for the manifest."""
@@ -57,12 +55,21 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def _decompression_errors() -> tuple[type[BaseException], ...]:
+    """What the standard library's decompressors raise for a truncated or damaged file (gzip's BadGzipFile is an
+    OSError; the others are not)."""
+    import lzma
+    import zlib
+
+    return EOFError, zlib.error, lzma.LZMAError
+
+
 def _read_errors() -> tuple[type[BaseException], ...]:
     """What reading a file or hub dataset through `datasets` raises for bad input (not for a bug)."""
     import datasets.exceptions
     import pyarrow
 
-    return OSError, ValueError, datasets.exceptions.DatasetsError, pyarrow.ArrowException
+    return (OSError, ValueError, datasets.exceptions.DatasetsError, pyarrow.ArrowException, *_decompression_errors())
 
 
 def _load(source: SourceConfig, data_files: str | None, encoding_errors: str):
@@ -180,6 +187,9 @@ def iter_part(source: SourceConfig, part, encoding_errors: str, stats: ReadStats
         raise _not_utf8(part.path, source.kind, exc) from exc
     except InputDataError:
         raise
+    except _decompression_errors() as exc:  # read here or inside `datasets`: either way the file is damaged
+        raise InputDataError(f"'{part.path}' is truncated or corrupt ({type(exc).__name__}: {exc}); "
+                             "replace it with a complete copy") from exc
     except _read_errors() as exc:  # anything else is a bug and keeps its traceback
         if isinstance(exc.__cause__, UnicodeDecodeError) or "codec can't decode" in str(exc):
             raise _not_utf8(part.path, source.kind) from exc

@@ -23,7 +23,7 @@ from data_pipeline.loader import (
 )
 from data_pipeline.masking import MaskingConfig, build_masking, evaluation_masking, needs_word_starts
 from data_pipeline.shard_record import verify_split_once
-from data_pipeline.shards import read_manifest
+from data_pipeline.shards import read_manifest, shard_files
 from data_pipeline.tokenizer import load_tokenizer, word_start_table
 
 # (the masking transform, pad id, cls id, sep id) -> the loader's per-sample transform
@@ -38,11 +38,14 @@ def open_dataset(cfg: LoaderConfig) -> dict[str, Any]:
             from data_pipeline.remote_dataset import fetch_metadata
 
             fetch_metadata(cfg.remote, Path(cfg.path))
-        elif cfg.verify_hashes:  # the files not checked as they are now: all of them only the first time
+        else:  # the files not checked as they are now: all of them only the first time
             folder = DatasetDir(cfg.path)
             for split in SPLITS:
                 if folder.index(split).is_file():
-                    verify_split_once(folder.split(split))
+                    if cfg.verify_hashes:
+                        verify_split_once(folder.split(split))
+                    else:  # the index still read as the project's, so that a damaged one is named before streaming's
+                        shard_files(folder.split(split))
     dist.barrier()
     return read_manifest(cfg.path)
 

@@ -10,8 +10,7 @@ import numpy as np
 
 from core.atomic_files import write_text_atomic
 from core.errors import InputDataError, MissingFileError
-from data_pipeline.dataset_dir import INDEX, MANIFEST
-
+from data_pipeline.dataset_dir import INDEX, MANIFEST, DatasetDir
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -56,16 +55,49 @@ class CorruptShardError(InputDataError):
     """A shard's bytes do not match the hash recorded when it was written."""
 
 
+def _read_json(path: Path, what: str, advice: str, error: type[InputDataError] = InputDataError) -> Any:
+    """A metadata file's JSON, or one line naming the file when it cannot be read, is not UTF-8 or not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:  # a ValueError too: named apart, "not UTF-8" says more than a JSON error
+        raise error(f"{what} '{path}' is not valid UTF-8 (byte {exc.start}); {advice}") from exc
+    except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise error(f"{what} '{path}' is missing or corrupt: {exc}; {advice}") from exc
+
+
+def _index_shards(index: Any, index_path: Path) -> list[dict[str, Any]]:
+    """The shard entries of a split's parsed index.json, checked for what `shard_files` reads of them."""
+    def corrupt(why: str) -> CorruptShardError:
+        return CorruptShardError(f"shard index '{index_path}' is corrupt: {why}; prepare the dataset again")
+
+    shards = index.get("shards") if isinstance(index, dict) else None
+    if not isinstance(shards, list):
+        raise corrupt("it is not a JSON object with a 'shards' list")
+    for number, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            raise corrupt(f"shard entry {number} is not a JSON object")
+        for part in ("zip_data", "raw_data"):
+            info = shard.get(part)
+            if not info:
+                continue
+            name = info.get("basename") if isinstance(info, dict) else None
+            # The names become paths under the split (and a remote dataset's cache): one that leaves it is refused.
+            if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+                raise corrupt(f"shard entry {number} has no plain relative '{part}.basename' (got {name!r})")
+            hashes = info.get("hashes", {})
+            if not isinstance(hashes, dict) or not isinstance(hashes.get("xxh64", ""), str):
+                raise corrupt(f"shard entry {number} has malformed '{part}.hashes'")
+    return shards
+
+
 def shard_files(split_dir: Path) -> tuple[int, list[tuple[Path, Optional[str]]]]:
     """A split's shard count and every shard file its index names that must be there, with its xxh64 (None when the
-    index records none); a missing index or file is refused."""
+    index records none); a missing, unreadable or malformed index or a missing file is refused."""
     index_path = split_dir / INDEX
-    try:
-        index = json.loads(index_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CorruptShardError(f"shard index '{index_path}' is missing or corrupt: {exc}") from exc
+    index = _read_json(index_path, "shard index", "prepare the dataset again", CorruptShardError)
+    shards = _index_shards(index, index_path)
     files = []
-    for shard in index["shards"]:
+    for shard in shards:
         for part in ("zip_data", "raw_data"):
             info = shard.get(part)
             if not info:
@@ -76,7 +108,7 @@ def shard_files(split_dir: Path) -> tuple[int, list[tuple[Path, Optional[str]]]]
                     continue  # only the compressed file is kept until streaming unpacks it
                 raise CorruptShardError(f"shard '{path}' is missing")
             files.append((path, info.get("hashes", {}).get("xxh64")))
-    return len(index["shards"]), files
+    return len(shards), files
 
 
 def check_shard(path: Path, expected: Optional[str]) -> None:
@@ -110,22 +142,61 @@ def data_fingerprint(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# What the trainer reads of a manifest's tokenizer entry, each an int (special_ids: a list of them).
+TOKENIZER_IDS = ("vocab_size", "pad_id", "cls_id", "sep_id", "mask_id")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_manifest(manifest: Any, path: Path) -> None:
+    """Refuse a manifest whose structure is not what `prepare` writes, in one line naming the key at fault."""
+    def corrupt(why: str) -> InputDataError:
+        return InputDataError(f"dataset manifest '{path}' is corrupt: {why}; prepare the dataset again")
+
+    if not isinstance(manifest, dict):
+        raise corrupt(f"it holds a JSON {type(manifest).__name__}, not an object")
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict) or "train" not in splits:
+        raise corrupt("it has no 'splits' object with a 'train' split")
+    tokenizer = manifest.get("tokenizer", {})  # (a manifest that only counts sequences, as benchmarks write, has none)
+    if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("files", []), list):
+        raise corrupt("'tokenizer' is not an object with a 'files' list")
+    # The names are joined into local paths (a remote dataset's cache among them): one that climbs out is refused.
+    for name in [*tokenizer.get("files", []), *splits]:
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise InputDataError(f"'{path}' names a file or split {name!r} that is not a plain file name; "
+                                 "prepare the dataset again")
+    for name, counts in splits.items():
+        if not isinstance(counts, dict) or not _is_count(counts.get("sequences")):
+            raise corrupt(f"'splits.{name}.sequences' is not a count")
+    if "tokenizer" in manifest:
+        bad = [key for key in TOKENIZER_IDS if not _is_count(tokenizer.get(key))]
+        specials = tokenizer.get("special_ids")
+        if not isinstance(specials, list) or not all(_is_count(i) for i in specials):
+            bad.append("special_ids")
+        if bad:
+            raise corrupt(f"'tokenizer.{bad[0]}' is missing or not a token id")
+    if "seq_len" in manifest and not (_is_count(manifest["seq_len"]) and manifest["seq_len"] > 0):
+        raise corrupt(f"'seq_len' is {manifest['seq_len']!r}, not a positive length")
+
+
 def read_manifest(data_dir: str | Path) -> dict[str, Any]:
-    """Read a prepared dataset's manifest, with a clear error when the folder is not one."""
+    """Read a prepared dataset's manifest, with one clear line when the folder is not one, the manifest is damaged or
+    the tokenizer files it lists are missing or damaged."""
+    from data_pipeline.tokenizer import check_tokenizer_folder
+
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
         raise MissingFileError(
             f"'{data_dir}' is not a prepared dataset (no {MANIFEST}); run `python -m data_pipeline prepare` first"
         )
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputDataError(f"'{path}' is corrupt: {exc}; prepare the dataset again") from exc
-    # The names are joined into local paths (a remote dataset's cache among them): one that climbs out is refused.
-    names = [*manifest.get("tokenizer", {}).get("files", []), *manifest.get("splits", {})]
-    for name in names:
-        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
-            raise InputDataError(f"'{path}' names a file or split {name!r} that is not a plain file name; "
-                                 "prepare the dataset again")
+    manifest = _read_json(path, "dataset manifest", "prepare the dataset again")
+    _check_manifest(manifest, path)
+    files = manifest.get("tokenizer", {}).get("files")
+    if files:  # here, before a run writes anything, rather than when it copies the tokenizer or is exported
+        check_tokenizer_folder(DatasetDir(data_dir).tokenizer, files,
+                               f"the dataset '{data_dir}' is incomplete or damaged: copy its tokenizer folder back "
+                               "whole, or prepare the dataset again")
     return manifest
-

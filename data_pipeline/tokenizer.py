@@ -4,6 +4,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import secrets
 import shutil
 from pathlib import Path
 from typing import Iterable
@@ -239,14 +241,49 @@ def tokenizer_hash(path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def check_tokenizer_folder(folder: str | Path, names: Iterable[str] | None = None,
+                           advice: str = "copy it back whole from its prepared dataset, or prepare that again") -> None:
+    """Refuse a tokenizer folder that is missing, lacks a file (`names`, or else every tokenizer file), or holds a
+    JSON file that does not parse; cheap (no tokenizer is built), so a run checks it before it writes anything."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise MissingFileError(f"tokenizer folder '{folder}' is missing; {advice}")
+    if names is None:
+        names = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+        if not names:
+            raise MissingFileError(f"tokenizer folder '{folder}' holds none of the tokenizer files "
+                                   f"({', '.join(TOKENIZER_FILES[:3])}, ...); {advice}")
+    for name in names:
+        path = folder / name
+        if not path.exists():
+            raise MissingFileError(f"tokenizer file '{path}' is missing; {advice}")
+        # A truncated JSON file would otherwise be copied into the run and refused only when the model is exported.
+        if name.endswith(".json") and path.is_file():
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except UnicodeDecodeError as exc:
+                raise InputDataError(f"tokenizer file '{path}' is not UTF-8 (byte {exc.start}); {advice}") from exc
+            except (OSError, ValueError) as exc:
+                raise InputDataError(f"tokenizer file '{path}' is not valid JSON: {exc}; {advice}") from exc
+
 
 def copy_tokenizer_folder(src: str | Path, dst: str | Path) -> None:
-    """Copy a tokenizer folder's files (used to make run and export folders self-contained)."""
+    """Copy a tokenizer folder's files (used to make run and export folders self-contained), each file whole; a
+    missing or damaged source is refused before `dst` is touched."""
+    check_tokenizer_folder(src)
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
-    for f in Path(src).iterdir():
-        if f.is_file():
-            shutil.copy2(f, dst / f.name)
+    for f in sorted(Path(src).iterdir()):
+        if not f.is_file():
+            continue
+        # Under a temporary name first: a copy cut short never leaves a half file that the tokenizer hash then reads.
+        tmp = dst / f".{f.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        try:
+            shutil.copy2(f, tmp)
+            tmp.replace(dst / f.name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def word_start_table(tok):

@@ -7,7 +7,7 @@ import pytest
 from conftest import kjv_chapters
 
 from core.config_io import load_config
-from core.errors import InputDataError
+from core.errors import ConfigError, InputDataError
 from data_pipeline.cli import main as prepare_main
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
@@ -183,3 +183,70 @@ def test_documents_that_encode_to_nothing_are_skipped():
     for doc in range(1, 40):  # the empty document must never be drawn as NSP's random segment
         pairs.add(doc, [[10 + doc] * 5, [50 + doc] * 6, [90 + doc] * 4])
     assert all(entry[1] for entry in pairs.pool)
+
+
+@pytest.mark.parametrize("name, damage", [("c.txt.gz", "cut"), ("c.txt.bz2", "cut"), ("c.txt.xz", "cut"),
+                                          ("c.jsonl.gz", "cut"), ("c.txt.xz", "overwrite")])
+def test_a_truncated_or_damaged_compressed_source_is_named(tmp_path, name, damage):
+    """A compressed file cut short (an interrupted download) or damaged inside is bad input naming the file, not the
+    decompressor's EOFError or LZMAError; read here (text) or through `datasets` (compressed JSON)."""
+    import bz2
+    import gzip
+    import lzma
+
+    from data_pipeline.input_parts import plan_parts
+    from data_pipeline.raw_text import ReadStats, iter_part
+
+    docs = kjv_chapters(30)
+    kind = "json" if ".jsonl" in name else "text"
+    raw = "".join(json.dumps({"text": d}) + "\n" for d in docs) if kind == "json" else "\n\n".join(docs)
+    packed = bytearray({"gz": gzip, "bz2": bz2, "xz": lzma}[name.rsplit(".", 1)[1]].compress(raw.encode()))
+    if damage == "cut":
+        packed = packed[: len(packed) // 2]
+    else:
+        packed[len(packed) // 2:len(packed) // 2 + 32] = bytes(32)
+    path = tmp_path / name
+    path.write_bytes(bytes(packed))
+    cfg = load_config(PrepareConfig, None, [f"output_dir={tmp_path / 'out'}", f"sources=[{{kind: {kind}, path: '{path}'}}]"])
+    parts, _ = plan_parts(cfg)
+    with pytest.raises(InputDataError, match=re.escape(f"'{path}' is truncated or corrupt")):
+        for part in parts:
+            list(iter_part(cfg.sources[0], part, "strict", ReadStats()))
+
+
+def test_prepare_names_a_truncated_compressed_source_in_one_line(tmp_path, capsys):
+    import gzip
+
+    path = tmp_path / "cut.txt.gz"
+    packed = gzip.compress("\n\n".join(kjv_chapters(30)).encode())
+    path.write_bytes(packed[: len(packed) // 2])
+    rc = prepare_main(["prepare", "--config", "data_pipeline/configs/demo.yaml", f"output_dir={tmp_path / 'out'}",
+                       f"sources=[{{kind: text, path: '{path}'}}]", "tokenizer.vocab_size=100"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"error: '{path}' is truncated or corrupt") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.txt.gz"]
+
+
+@pytest.mark.parametrize("override, key", [("max_documents=-1", "'max_documents' must be >= 0"),
+                                           ("tokenizer.max_training_documents=0", "'tokenizer.max_training_documents'"),
+                                           ("nsp_document_pool=0", "'nsp_document_pool'")])
+def test_a_count_out_of_its_range_is_refused_naming_the_key(tmp_path, corpus_file, override, key):
+    """max_documents=-1 used to end as "the corpus is empty", which names no key."""
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        _cfg(tmp_path / "out", corpus_file, override)
+
+
+def test_an_array_id_that_is_not_a_plain_name_is_refused_in_one_line(tmp_path, corpus_file, capsys):
+    """--array-id names a folder beside the output: a separator or a leading dot is refused before anything is written."""
+    from data_pipeline.prepare import staging_dir
+
+    cfg = _cfg(tmp_path / "out", corpus_file)
+    assert staging_dir(cfg, "4242") == tmp_path / ".out.array-4242"
+    for bad in ("../../x", "a/b", "", ".hidden", "x\0y"):
+        with pytest.raises(ConfigError, match="--array-id"):
+            staging_dir(cfg, bad)
+    rc = prepare_main(["prepare", "--config", "data_pipeline/configs/demo.yaml", f"output_dir={tmp_path / 'out'}",
+                       "--task", "0", "--tasks", "1", "--array-id", "../../x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: --array-id '../../x' is not a plain name") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -137,3 +137,26 @@ def test_tokenizer_ids_without_transformers_equal_autotokenizers(tmp_path):
     with pytest.raises(InputDataError, match="lacks mask_token"):
         copy_pretrained_tokenizer(str(broken), tmp_path / "copy")
     assert not (tmp_path / "copy").exists()
+
+
+def test_copying_a_missing_or_damaged_tokenizer_folder_is_refused_before_anything_is_written(prepared, tmp_path):
+    """What a run copies from its dataset (and export from the run): a deleted folder used to be a FileNotFoundError
+    traceback, a truncated tokenizer.json was copied as it was and refused only at export."""
+    import re
+    import shutil
+
+    from core.errors import InputDataError, MissingFileError
+    from data_pipeline.tokenizer import copy_tokenizer_folder, tokenizer_hash
+
+    src = tmp_path / "tok"
+    shutil.copytree(DatasetDir(prepared).tokenizer, src)
+    copy_tokenizer_folder(src, tmp_path / "copy")
+    assert tokenizer_hash(tmp_path / "copy") == tokenizer_hash(src)  # every file, and no temporary one left
+    text = (src / "tokenizer.json").read_text()
+    (src / "tokenizer.json").write_text(text[: len(text) // 2])
+    with pytest.raises(InputDataError, match=re.escape(f"tokenizer file '{src / 'tokenizer.json'}' is not valid JSON")):
+        copy_tokenizer_folder(src, tmp_path / "run" / "copy")
+    shutil.rmtree(src)
+    with pytest.raises(MissingFileError, match=re.escape(f"tokenizer folder '{src}' is missing")):
+        copy_tokenizer_folder(src, tmp_path / "run" / "copy")
+    assert not (tmp_path / "run").exists()
