@@ -61,6 +61,7 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
     spec = objective_class(objective)
     auto = spec.export_loader
     holds = spec.export_holds.format(root=classes.get(""), generator=classes.get("generator"))
+    root = classes.get("") or ""
     lines = [
         "---",
         "library_name: transformers",
@@ -79,8 +80,9 @@ def render(cfg: dict[str, Any], model_config: dict[str, Any], manifest: Optional
         "```",
         "",
         "`AutoModel`, `AutoModelForSequenceClassification` and `AutoModelForTokenClassification` load it too "
-        "(the classification heads are new and need fine-tuning: `python -m pretrain finetune`; a ModernBERT "
-        "ELECTRA export holds a 1-label RTD classifier, so pass `ignore_mismatched_sizes=True` for another label count).",
+        "(the classification heads are new and need fine-tuning: `python -m pretrain finetune`"
+        + (f"; its `{root}` holds the objective's 1-label classifier, so pass `ignore_mismatched_sizes=True` for "
+           "another label count)." if root.endswith("Classification") else ")."),
         "",
         *_version_lines(version_limit),
     ]
