@@ -11,6 +11,7 @@ from data_pipeline.shards import read_manifest
 from pretrain.exporting.export import write_tokenizer
 from model.backbones import Backbone
 from model.backbones.base import relative_positions_available
+from core.errors import ConfigError
 from model.encoder import EncoderConfig, model_config
 from model.objectives import ObjectiveConfig, build_objective, objective_class, runs_on
 from data_pipeline.dataset_dir import DatasetDir
@@ -183,8 +184,6 @@ def test_coco_lm_narrow_generator(backbone, tmp_path):
 def test_objectives_refuse_backbones_that_lack_what_they_need(prepared):
     """ALBERT has no discriminator or generator, and its output projection reads E-wide vectors; XLNet's head model
     is driven only by the permutation LM: each refusal names what is missing and where the objective runs."""
-    from core.errors import ConfigError
-
     tok = read_manifest(prepared)["tokenizer"]
     refused = {("albert", "electra"): "discriminator, generator", ("albert", "coco_lm"): "generator",
                ("albert", "spanbert"): "hidden_projection", ("albert", "xlnet"): "permutation_lm",
@@ -194,6 +193,21 @@ def test_objectives_refuse_backbones_that_lack_what_they_need(prepared):
                                               rf"{BACKBONES[backbone]['architecture']} \(it has no {missing}\)"):
             build_objective(ObjectiveConfig(name=name), _config(backbone, tok))
     assert [o for o in OBJECTIVES if "albert" in runs_on(objective_class(o))] == ["mlm", "taco", "tacl", "declutr"]
+
+
+def test_albert_layers_share_their_groups_weights_as_model_num_hidden_groups_says(prepared):
+    tok = read_manifest(prepared)["tokenizer"]
+    enc = EncoderConfig(hidden_size=32, num_layers=4, num_heads=2, intermediate_size=64, max_position_embeddings=64,
+                        architecture="albert", embedding_size=16, num_hidden_groups=2)
+    model = build_objective(ObjectiveConfig(name="mlm"), model_config(enc, tok, 64)).model
+    groups = model.albert.encoder.albert_layer_groups
+    assert model.config.num_hidden_groups == 2 and len(groups) == 2
+    h, e, layer = 32, 16, 4 * (32 * 32 + 32) + 2 * 32 * 64 + 64 + 32 + 2 * 2 * 32  # one layer, as in the test below
+    assert sum(p.numel() for p in model.albert.encoder.parameters()) == 2 * layer + e * h + h  # two sets for 4 layers
+    queries = [dict(g.named_parameters())["albert_layers.0.attention.query.weight"] for g in groups]
+    assert not torch.equal(*queries)  # drawn apart
+    with pytest.raises(ConfigError, match=r"'model.num_hidden_groups' \(3\) must divide model.num_layers \(4\)"):
+        EncoderConfig(hidden_size=32, num_layers=4, num_heads=2, architecture="albert", num_hidden_groups=3).validate()
 
 
 def test_albert_is_smaller_than_bert_and_exports_its_sop_head(prepared, tmp_path):

@@ -70,3 +70,9 @@ def test_known_gpus_use_their_data_sheet(monkeypatch, tmp_path):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda n=name: n)
         assert hardware.device_peak_tflops("bf16", tmp_path / "peak.json")[0] == want, name
     assert hardware.datasheet_peak_tflops("fp32") == 31.2  # the A10G's fp32
+
+
+def test_a_peak_given_in_the_config_is_the_one_mfu_uses_and_the_log_says_so(cpu_only, monkeypatch):
+    monkeypatch.setattr(hardware, "measure_matmul_tflops", lambda precision: pytest.fail("measured despite the config"))
+    got = hardware.resolve_hardware("fp32", peak_tflops=123.0)
+    assert got.peak_tflops == 123.0 and got.notes[1] == "MFU against 123 TFLOP/s per device (train.peak_tflops)"

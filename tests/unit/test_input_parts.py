@@ -52,6 +52,16 @@ def test_text_parts_equal_the_whole_file(tmp_path, mode):
     assert docs == _datasets_documents("text", path, sample_by=mode)
 
 
+def test_text_documents_document_reads_each_file_whole_as_one_document(tmp_path):
+    for name, text in (("a.txt", _awkward_text()), ("b.txt", "one line\n\nand another paragraph\n")):
+        (tmp_path / name).write_bytes(text.encode("utf-8"))
+    cfg = _cfg(f"{{kind: text, path: '{tmp_path}/*.txt', text_documents: document}}", 700)
+    parts, _ = plan_parts(cfg)
+    docs = [d for p in parts for d in iter_part(cfg.sources[0], p, "strict", ReadStats())]
+    assert len(parts) == 2  # a file is one part: a document may not be cut
+    assert sorted(docs) == sorted([_awkward_text().strip(), "one line\n\nand another paragraph"])
+
+
 def test_json_lines_parts_equal_the_whole_file(tmp_path):
     path = tmp_path / "a.jsonl"
     path.write_text("".join(json.dumps({"body": d, "n": i}) + "\n" + ("\n" if i % 7 == 0 else "")

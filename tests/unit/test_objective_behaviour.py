@@ -154,3 +154,74 @@ def test_each_objective_accepts_the_masking_it_declares_and_refuses_none_of_it(n
     if name in ("coco_lm", "spanbert", "xlnet"):
         with pytest.raises(ConfigError):
             cls.check_config(getattr(ObjectiveConfig(), name), model, MaskingConfig())
+
+
+@pytest.mark.parametrize("include_padding,cross", [(False, False), (True, False), (False, True)])
+def test_tacl_options_reach_its_loss(include_padding, cross):
+    """The objective's contrastive term, from the student's and the teacher's states, against the float64 formula."""
+    from test_objective_losses import _tacl_reference
+
+    oc = ObjectiveConfig(name="tacl")
+    oc.tacl.include_padding, oc.tacl.cross_sequence_negatives, oc.tacl.temperature = include_padding, cross, 0.5
+    torch.manual_seed(0)
+    m = build_objective(oc, tiny_config()).eval()
+    with torch.no_grad():  # the teacher drifts from the student, as after training steps
+        for p in m.student.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch = masked_batch("tacl")
+    with torch.no_grad():
+        terms, _ = m.terms(batch)
+        args = {"attention_mask": batch["attention_mask"], "token_type_ids": batch["token_type_ids"]}
+        student = m.student.bert(batch["input_ids"], **args).last_hidden_state.double().numpy()
+        teacher = m.teacher(batch["original_input_ids"], **args).last_hidden_state.double().numpy()
+    anchors = (batch["labels"] != -100).numpy()
+    want = _tacl_reference(student, teacher, anchors, batch["attention_mask"].bool().numpy(), 0.5, include_padding, cross)
+    assert abs(terms["tacl_loss"].item() - want) <= 1e-5 * abs(want), (terms["tacl_loss"].item(), want)
+
+
+def test_tacl_with_the_nsp_head_adds_its_pair_loss():
+    oc = ObjectiveConfig(name="tacl")
+    oc.tacl.pair_head = "nsp"
+    torch.manual_seed(0)
+    m = build_objective(oc, tiny_config()).eval()
+    batch = {**masked_batch("tacl"), "pair_label": torch.tensor([0, 1, 1, 0, 1, 0, 0, 1])}
+    with torch.no_grad():
+        terms, _ = m.terms(batch)
+        logits = m.student(batch["input_ids"], attention_mask=batch["attention_mask"],
+                           token_type_ids=batch["token_type_ids"]).seq_relationship_logits.double()
+    want = -sum(torch.log_softmax(row, -1)[label].item() for row, label in zip(logits, batch["pair_label"])) / 8
+    assert set(terms) == {"mlm_loss", "tacl_loss", "nsp_loss"} and abs(terms["nsp_loss"].item() - want) <= 1e-5 * want
+    del batch["pair_label"]
+    with pytest.raises(ConfigError, match="packing=pairs"):
+        m.terms(batch)
+
+
+@pytest.mark.parametrize("form", ["weighted", "paper"])
+def test_coco_lm_hands_its_clm_form_to_the_corrective_loss(form, monkeypatch):
+    import model.objectives.coco_lm as coco
+
+    seen = []
+    loss = coco.corrective_lm_loss
+    monkeypatch.setattr(coco, "corrective_lm_loss", lambda *args: seen.append(args[-1]) or loss(*args))
+    oc = ObjectiveConfig(name="coco_lm")
+    oc.coco_lm.generator_layers, oc.coco_lm.clm_form = 1, form
+    torch.manual_seed(0)
+    build_objective(oc, tiny_config()).terms(masked_batch("coco_lm"))
+    assert seen == [form]
+
+
+@pytest.mark.parametrize("masked_only", [False, True])
+def test_taco_anchors_are_every_token_or_only_the_masked_ones(masked_only, monkeypatch):
+    import model.objectives.taco as taco
+
+    seen = []
+    sample = taco.sample_taco_indices
+    monkeypatch.setattr(taco, "sample_taco_indices", lambda valid, anchors, *rest: seen.append(anchors.clone())
+                        or sample(valid, anchors, *rest))
+    oc = ObjectiveConfig(name="taco")
+    oc.taco.negatives, oc.taco.masked_only = 8, masked_only
+    torch.manual_seed(0)
+    batch = masked_batch("taco")
+    build_objective(oc, tiny_config()).terms(batch)
+    want = (batch["labels"] != -100) if masked_only else batch["attention_mask"].bool()
+    assert len(seen) == 1 and torch.equal(seen[0], want)

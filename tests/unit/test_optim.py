@@ -50,6 +50,11 @@ def test_resume_follows_the_current_schedule():
     assert abs(opt3.param_groups[0]["lr"] - 2e-3 * lr_factor(41, 1000, ScheduleConfig(warmup_steps=10))) < 1e-15
 
 
+def test_constant_holds_the_peak_after_warmup():
+    cfg = ScheduleConfig(warmup_steps=4, decay="constant", min_lr_ratio=0.1)
+    assert [lr_factor(s, 100, cfg) for s in (0, 1, 3, 4, 50, 99, 100)] == [0.25, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
+
+
 def test_polynomial_decay():
     cfg = ScheduleConfig(warmup_steps=0, decay="polynomial", power=2.0, min_lr_ratio=0.0)
     assert abs(lr_factor(25, 100, cfg) - 0.75 ** 2) < 1e-12
