@@ -76,7 +76,7 @@ def _point(backbone: str, *sets: str, objectives: tuple[str, ...] = ("mlm",), ba
 
 # In the order a lent GPU should run them: ModernBERT-base per layer (the 33% target) and the steps compared with it,
 # one group within the first call's nine minutes, then BERT-base's mask A/B. Estimates from the H200 run of
-# 2026-11-28: a profiled point per layer took 92 s; a point compiled whole compiles longer. An id names an entry; it
+# 2026-11-28 (BENCHMARKS.md); a point compiled whole compiles longer than a profiled point per layer. An id names an entry; it
 # is not its rank. Measured and taken out (BENCHMARKS.md, "The first run of the GPU queue"): 1d, ModernBERT's rotary
 # tables at base width.
 QUEUE: tuple[Entry, ...] = (

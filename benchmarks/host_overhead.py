@@ -137,7 +137,7 @@ def plain_batches(cfg, tok: dict, args) -> list[dict]:
 
     A fresh batch each step, as the trainer reads: the sparse head's row count (the masked tokens) then varies
     from step to step on both sides. On a CPU each new row count costs oneDNN a JIT compile of its matmul
-    kernels (4-5 ms); a plain loop cycling through a few batches would reuse their kernels and gain that.
+    kernels; a plain loop cycling through a few batches would reuse their kernels and gain that.
     """
     import torch
 
@@ -485,7 +485,7 @@ def ensure_data(args) -> None:
 
 def fits_one_epoch(data: Path, batch: int, steps: int) -> None:
     """Refuse a run longer than one pass over the training split: at its end the trainer's loader starts a new pass
-    (0.2-0.4 s on one step: `loader_throughput --pass-restarts`), a cost the plain loop's batches never pay."""
+    (measured by `loader_throughput --pass-restarts`), a cost the plain loop's batches never pay."""
     from data_pipeline.shards import read_manifest
 
     sequences = read_manifest(data)["splits"]["train"]["sequences"]

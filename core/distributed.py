@@ -123,7 +123,7 @@ def init_distributed(timeout_s: float = 600.0) -> None:
     import deepspeed
 
     if not torch.cuda.is_available():
-        # On CPU every init JIT-compiles DeepSpeed's shared-memory all-reduce (24 s, needs g++);
+        # On CPU every init JIT-compiles DeepSpeed's shared-memory all-reduce (tens of seconds, and it needs g++);
         # gloo does the collectives anyway, so skip it.
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     else:
@@ -178,7 +178,8 @@ def is_peer_failure(exc: BaseException) -> bool:
 
 
 def import_deepspeed() -> None:
-    """Import DeepSpeed without the MLflow its autotuner loads at import (0.8 s of every rank's start-up here).
+    """Import DeepSpeed without the MLflow its autotuner loads at import (a part of every rank's start-up:
+    BENCHMARKS.md, "Process start-up and the test suite").
 
     The autotuner, which this project never runs, logs to MLflow when `import mlflow` succeeds; a None in
     sys.modules makes that import fail for the duration, and `train.report_to: mlflow` imports it as usual after.
@@ -198,8 +199,8 @@ def import_deepspeed() -> None:
 def _import_muon_uncompiled() -> None:
     """Import DeepSpeed's Muon module with its torch.compile decorators turned into no-ops.
 
-    ZeRO imports it for isinstance checks, and its module-level decorators import all of inductor:
-    2-3 s of every rank's start-up, on every (re)start. The optimizers built here are never Muon,
+    ZeRO imports it for isinstance checks, and its module-level decorators import all of inductor, at every
+    rank's (re)start (BENCHMARKS.md, "Process start-up and the test suite"). The optimizers built here are never Muon,
     so its functions never run and need no compiling.
     """
     if "deepspeed.runtime.zero.muon.muon_optimizer" in sys.modules:

@@ -1,8 +1,8 @@
 """MDS shards written here, byte for byte what `streaming.MDSWriter` writes, without importing streaming.
 
-Why not streaming's own writer: `import streaming` pulls in torch, transformers and scikit-learn
-(about 7 s of CPU per process on the 2-core machine), and its per-sample encoding costs about 20 µs
-in Python. Every `prepare` worker and SLURM array task would pay both. The format is small and
+Why not streaming's own writer: `import streaming` pulls in torch, transformers and scikit-learn, and its
+per-sample encoding runs in Python. Every `prepare` worker and SLURM array task would pay both (BENCHMARKS.md,
+"Data preparation throughput and scaling"). The format is small and
 versioned (index version 2, the "mds" joint shard); `tests/unit/test_mds_writer.py` checks the bytes against
 `streaming.MDSWriter` for every column the packers write, and the loader reads the result with
 streaming itself.

@@ -312,7 +312,8 @@ def make_encoder(tok_dir: str | Path, threads: int = 0):
     """A fast `list[str] -> list[list[int]]` encoder without special tokens, for `prepare`.
 
     For a tokenizer trained here (its folder holds spm.model), sentencepiece's own C++ encoder
-    gives the same ids as the HF fast tokenizer (the tests check this) about 7x faster. Either way,
+    gives the same ids as the HF fast tokenizer (the tests check this), faster (BENCHMARKS.md, "Data preparation
+    throughput and scaling"). Either way,
     text that looks like a special token ("[MASK]") is encoded as ordinary text: corpus text never
     injects special tokens into the training data.
     """

@@ -7,7 +7,8 @@ import threading
 
 def _exit_without_teardown(code: int) -> None:
     """Exit once everything is written, skipping the interpreter's teardown of torch, transformers and
-    DeepSpeed module state: about 2 s of every process (every rank, every requeued attempt)."""
+    DeepSpeed module state, which every process would pay (every rank, every requeued attempt; BENCHMARKS.md,
+    "Process start-up and the test suite")."""
     threading._shutdown()  # what a normal exit does first: stop executors, join non-daemon threads
     atexit._run_exitfuncs()  # logging's flush and close, and the libraries' own exit handlers
     sys.stdout.flush()
@@ -30,7 +31,7 @@ if __name__ == "__main__":
     if command(sys.argv[1:]) == "train":
         from core.host_memory import pause_garbage_collector
 
-        pause_garbage_collector()  # until the trainer is built: the start-up's full collections cost about 1 s
+        pause_garbage_collector()  # until the trainer is built: full collections over the growing start-up heap
         from pretrain.lifecycle import signals
 
         signals.catch(end_on_sigterm_until_training=True)  # before the slow imports below: a signal may come at any time

@@ -109,7 +109,7 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
         return target.name
     tmp = ckpt_dir / f".{target.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    # In this process (DeepSpeed is imported already; a subprocess would spend ~8 s importing it again),
+    # In this process (DeepSpeed is imported already; a subprocess would spend seconds importing it again),
     # with one worker each, so it forks nothing.
     argv, sys.argv = sys.argv, ["ds_to_universal", "--input_folder", str(ckpt_dir / tag), "--output_folder", str(tmp),
                                 "--inject_missing_state", "--num_extract_workers", "1", "--num_merge_workers", "1"]

@@ -1,8 +1,8 @@
 """What this machine offers a training run: native bf16 or not, and the dense matmul peak MFU is measured against.
 
 A CPU with AMX or AVX512-BF16 runs bf16 matmuls several times faster than fp32, as a GPU's tensor
-cores do; one without them emulates bf16 and runs it several times *slower* (RESULTS.md measured 7× on
-an AVX2-only EPYC). So `train.precision: auto` picks bf16 only where the hardware has it.
+cores do; one without them emulates bf16 and runs it several times *slower* (BENCHMARKS.md, "MFU on any
+device, bf16 only where it is native"). So `train.precision: auto` picks bf16 only where the hardware has it.
 
 MFU needs the device's peak. Known GPUs use their data sheets' dense peaks; any other device (every
 CPU) is measured once: the best of a few large square matmuls in the training dtype, with the

@@ -1,6 +1,6 @@
 """The preemption signals, caught from the first line of `python -m pretrain train`.
 
-Kept free of heavy imports: importing torch, DeepSpeed and transformers takes ~10 s, and a
+Kept free of heavy imports: importing torch, DeepSpeed and transformers takes seconds, and a
 SIGUSR1 that SLURM sends in that window would otherwise kill the process (Python's default
 action), which the batch script would read as a crash instead of a preemption.
 
