@@ -8,9 +8,12 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from core.errors import OutputExistsError
+
+if TYPE_CHECKING:  # annotations only: matplotlib is the plotting callers' import
+    from matplotlib.figure import Figure
 
 
 def is_temporary(path: Path) -> bool:
@@ -38,7 +41,7 @@ def write_text_atomic(path: Path, text: str, fsync: bool = False) -> None:
         raise
 
 
-def save_figure_atomic(fig, path: Path, dpi: int = 120) -> None:
+def save_figure_atomic(fig: Figure, path: Path, dpi: int = 120) -> None:
     """Save a matplotlib figure as PNG under a temporary name and rename it into place."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -68,7 +71,7 @@ def check_folder_path(path: Path, what: str) -> None:
     for place in (Path(path), *Path(path).parents):
         if place.exists():
             if not place.is_dir():
-                raise OutputExistsError(f"{what} {path} cannot be a folder: {place} is a file")
+                raise OutputExistsError(f"{what} '{path}': '{place}' is a file, not a folder")
             return
 
 
@@ -111,7 +114,7 @@ def prepare_output(final_dir: Path, overwrite: bool, kind: Optional[str] = None,
                    legacy: Optional[Callable[[Path], bool]] = None) -> Path:
     """Refuse to clobber an existing output unless asked (check_overwrite); return a fresh temporary folder beside it."""
     check_overwrite(final_dir, overwrite, kind, reads, legacy)
-    check_folder_path(final_dir.parent, "the output's parent")
+    check_folder_path(final_dir, "the output")
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_debris(final_dir)
     tmp = final_dir.with_name(f".{final_dir.name}.tmp-{socket.gethostname()}-{os.getpid()}-{int(time.time())}")

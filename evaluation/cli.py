@@ -11,7 +11,6 @@ from pathlib import Path
 
 from core.config_flags import add_config_flags, flag_overrides
 from core.config_io import load_config
-from core.errors import MissingFileError
 
 # Where the installed packages are: `--config evaluation/configs/finetune/X.yaml` is found there when it is not
 # under the working directory (an installed wheel run from any folder).
@@ -24,15 +23,17 @@ def _eval_config(cls, args: argparse.Namespace):
 
 
 def _self_similarity(args: argparse.Namespace) -> int:
+    from evaluation.checks import check_output, export_tokenizer
     from evaluation.config import SelfSimilarityConfig
     from evaluation.self_similarity import model_spec, read_sentences, self_similarity, write_report
 
     cfg = _eval_config(SelfSimilarityConfig, args)
     sentences = read_sentences(cfg.text)
     labels = dict(model_spec(spec)[::-1] for spec in cfg.model)  # path -> label
+    for suffix in (".json", ".png"):
+        check_output(Path(cfg.out).with_suffix(suffix))
     for model in labels:
-        if not (Path(model) / "config.json").is_file():
-            raise MissingFileError(f"--model '{model}' is not a Hugging Face model folder (no config.json)")
+        export_tokenizer(model)  # every folder checked before the first model's work
     results = {model: self_similarity(model, sentences, cfg.special_tokens, cfg.max_length, cfg.batch_size)
                for model in labels}
     json_path, png_path = write_report(results, cfg.out, {
@@ -46,10 +47,13 @@ def _self_similarity(args: argparse.Namespace) -> int:
 
 
 def _linear_probe(args: argparse.Namespace) -> int:
+    from evaluation.checks import check_output
     from evaluation.config import LinearProbeConfig
     from evaluation.linear_probe import linear_probe
 
     cfg = _eval_config(LinearProbeConfig, args)
+    if cfg.out:
+        check_output(cfg.out)
     results = [linear_probe(model, cfg.task, cfg.data, cfg.layer, cfg.features, cfg.c_grid, cfg.folds, cfg.max_train_samples,
                             cfg.max_eval_samples, cfg.max_length, cfg.batch_size, cfg.seed) for model in cfg.model]
     for result in results:

@@ -14,14 +14,18 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import numpy as np
 import torch
 
-from core.errors import ConfigError, MissingFileError
-from model.backbones.base import LOAD_DTYPE, check_model_folder, last_hidden_state_of
+from core.errors import ConfigError
+from evaluation.checks import check_output, export_tokenizer
 from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
+from model.backbones.base import LOAD_DTYPE, last_hidden_state_of
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger("pretrain.finetune")
 
@@ -78,7 +82,7 @@ def _label_ids(spec: TaskSpec, values: list) -> list:
     return [index[str(v)] for v in values]
 
 
-def encode(spec: TaskSpec, rows, tokenizer, max_length: int) -> dict[str, Any]:
+def encode(spec: TaskSpec, rows: Any, tokenizer: PreTrainedTokenizerBase, max_length: int) -> dict[str, Any]:
     """Tokenized inputs and labels (token tasks: the first sub-token of each word carries its tag)."""
     labels = _label_ids(spec, list(rows[spec.label]))
     if spec.kind == "token":
@@ -127,7 +131,7 @@ def _build_model(model_dir: str, spec: TaskSpec):
 
 
 @torch.no_grad()
-def evaluate(model, spec: TaskSpec, enc: dict[str, Any], batch_size: int, pad_id: int, device: str) -> dict[str, float]:
+def evaluate(model: PreTrainedModel, spec: TaskSpec, enc: dict[str, Any], batch_size: int, pad_id: int, device: str) -> dict[str, float]:
     """The task's metrics on the encoded evaluation split."""
     model.eval()
     preds, golds = [], []
@@ -170,7 +174,7 @@ def _optimizer(model: torch.nn.Module, hp: Hyper, total: int):
     return optimizer, schedule
 
 
-def task_loss_and_states(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def task_loss_and_states(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """A task model's loss and its encoder's `last_hidden_state` (the tensor its head reads, and TaCL's anchors)."""
     with last_hidden_state_of(model) as seen:
         loss = model(**batch).loss
@@ -228,11 +232,11 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
              tacl_temperature: float = 0.01, max_train_samples: int = 0, max_eval_samples: int = 0,
              out: Optional[str] = None) -> dict[str, Any]:
     """Fine-tune once per seed and return (and write to `out`) every seed's metrics with mean and std."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
-    if not (Path(model_dir) / "config.json").is_file():
-        raise MissingFileError(f"--model '{model_dir}' is not a Hugging Face model folder (no config.json)")
-    check_model_folder(model_dir)
+    if out:
+        check_output(out)
+    tokenizer = export_tokenizer(model_dir)
     spec, train_rows, eval_rows = load_task(task, local or LocalTaskOptions(), seed=seeds[0])
     if loss == "supervised-tacl" and spec.kind != "token":
         raise ConfigError("--loss supervised-tacl is for token classification (a json: task with --token-task)")
@@ -246,7 +250,6 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
         log.info("max_length %d > the model's %d positions: using %d", hp.max_length, model_config.max_position_embeddings,
                  model_config.max_position_embeddings)
         hp = replace(hp, max_length=model_config.max_position_embeddings)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     train_enc = encode(spec, train_rows, tokenizer, hp.max_length)
     eval_enc = encode(spec, eval_rows, tokenizer, hp.max_length)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -20,9 +20,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from core.errors import ConfigError, MissingFileError
-from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states
+from core.errors import ConfigError
+from evaluation.checks import check_output, export_tokenizer
 from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
+from model.backbones.base import LOAD_DTYPE, forward_input_names, layer_states
 
 log = logging.getLogger("pretrain.linear_probe")
 
@@ -31,12 +32,10 @@ SEQUENCE_FEATURES = ("mean", "cls")
 
 def _load(model_dir: str):
     """Tokenizer and encoder (no head) of an export, in eval mode."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
-    if not (Path(model_dir) / "config.json").is_file():
-        raise MissingFileError(f"model '{model_dir}' is not a Hugging Face model folder (no config.json)")
-    check_model_folder(model_dir)
-    return AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir, dtype=LOAD_DTYPE).eval()
+    tokenizer = export_tokenizer(model_dir)
+    return tokenizer, AutoModel.from_pretrained(model_dir, dtype=LOAD_DTYPE).eval()
 
 
 def _hidden(model, enc: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
@@ -144,6 +143,8 @@ def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = 
     unknown = set(features) - set(SEQUENCE_FEATURES)
     if unknown:
         raise ConfigError(f"unknown probe feature(s) {sorted(unknown)}: choose from {list(SEQUENCE_FEATURES)}")
+    if out:
+        check_output(out)
     spec, train_rows, eval_rows = load_task(task, local, seed=seed)
     if spec.num_labels == 1:
         raise ConfigError(f"task '{task}' is a regression; a linear probe here is a classifier")

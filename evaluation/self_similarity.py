@@ -24,7 +24,8 @@ from typing import Literal, Sequence
 import torch
 
 from core.errors import ConfigError, InputDataError, MissingFileError
-from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states
+from evaluation.checks import export_tokenizer
+from model.backbones.base import LOAD_DTYPE, forward_input_names, layer_states
 
 log = logging.getLogger("pretrain.evaluate")
 
@@ -58,10 +59,9 @@ def pair_sums(hidden: torch.Tensor, keep: torch.Tensor) -> tuple[float, float]:
 def self_similarity(model_dir: str | Path, sentences: Sequence[str], special_tokens: Literal["include", "exclude"] = "include",
                     max_length: int = 512, batch_size: int = 32) -> list[float]:
     """Self-similarity of layers 1..L of the model in `model_dir` over `sentences`."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
-    check_model_folder(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = export_tokenizer(model_dir)
     model = AutoModel.from_pretrained(str(model_dir), dtype=LOAD_DTYPE).eval()
     max_length = min(max_length, model.config.max_position_embeddings)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from core.errors import ConfigError, InputDataError, MissingFileError
+from evaluation.checks import check_output, export_tokenizer
 
 log = logging.getLogger("pretrain.sentence_embeddings")
 
@@ -201,9 +202,11 @@ def evaluate_suite(models: Sequence[str], suite: str | Path, task_names: Sequenc
     unknown = set(features) - set(FEATURES)
     if unknown or not features:
         raise ConfigError(f"sentence-embedding features must be some of {list(FEATURES)}, got {list(features)}")
+    if out:
+        for suffix in (".json", ".md"):
+            check_output(Path(out).with_suffix(suffix))
     for model in models:
-        if not (Path(model) / "config.json").is_file():
-            raise MissingFileError(f"model '{model}' is not a Hugging Face model folder (no config.json)")
+        export_tokenizer(model)  # every folder checked before the first task's work
     tasks = read_suite(suite, task_names)
     start = time.time()
     results: dict[str, dict[str, dict[str, Any]]] = {}

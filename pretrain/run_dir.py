@@ -53,7 +53,7 @@ class RunDir:
 
     def check_place(self, data_path: str) -> None:
         """Refuse a run folder that is a file, lies inside one, or is the dataset's folder or inside it."""
-        check_folder_path(self.root, "config key 'train.output_dir':")
+        check_folder_path(self.root, "config key 'train.output_dir'")
         if is_remote(data_path):
             return
         data, root = Path(data_path).resolve(), self.root.resolve()

@@ -13,13 +13,13 @@ import inspect
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from core.errors import ConfigError
+from core.errors import CheckpointError, ConfigError, MissingFileError
 from model.vocabulary_loss import Head
 
 if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
@@ -94,14 +94,66 @@ def check_saved_config(data: dict, where: str) -> None:
                           f"requires_transformers), not in the installed {transformers.__version__}")
 
 
-def check_model_folder(path: str | Path) -> None:
-    """`check_saved_config` for a Hugging Face model folder (evaluation reads exports written elsewhere)."""
-    config = Path(path) / "config.json"
-    if config.is_file():
-        check_saved_config(json.loads(config.read_text(encoding="utf-8")), f"model '{path}'")
+def check_model_folder(path: str | Path, need_weights: bool = False) -> dict:
+    """`read_model_folder`, then `check_saved_config` on its config (evaluation reads exports written elsewhere)."""
+    data = read_model_folder(path, need_weights)
+    check_saved_config(data, f"model '{path}'")
+    return data
 
 
-def layer_states(out) -> tuple[torch.Tensor, ...]:
+def read_model_folder(path: str | Path, need_weights: bool = False) -> dict:
+    """A Hugging Face model folder's config.json as a dict, refused in one line (MissingFileError, CheckpointError)
+    when it is missing or not JSON, or a weights file is truncated or damaged (or, when `need_weights`, absent)."""
+    folder = Path(path)
+    config = folder / "config.json"
+    if not config.is_file():
+        raise MissingFileError(f"model '{path}' is not a Hugging Face model folder (no config.json)")
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"model '{path}': '{config}' is not valid JSON ({exc}); the folder is damaged or was "
+                              "copied incompletely: export or copy it again") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"model '{path}': '{config}' holds a {type(data).__name__}, not a model config")
+    _check_weights(folder, need_weights)
+    return data
+
+
+# The weights files transformers reads for PyTorch, safetensors first as it prefers them.
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def _check_weights(folder: Path, required: bool) -> None:
+    """Refuse a model folder whose safetensors weights (or shards) are truncated or damaged, or (when `required`) that
+    has no weights: transformers would stop with a SafetensorError or OSError traceback that names no file."""
+    from safetensors import SafetensorError, safe_open
+
+    present = [name for name in WEIGHTS if (folder / name).is_file()]
+    if not present:
+        if required:
+            raise CheckpointError(f"model '{folder}' has no weights (none of {', '.join(WEIGHTS)})")
+        return
+    files = [folder / present[0]]
+    if present[0] == "model.safetensors.index.json":
+        try:
+            shards = sorted(set(json.loads(files[0].read_text(encoding="utf-8"))["weight_map"].values()))
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"model '{folder}': '{files[0]}' is not a shard index ({exc})") from None
+        files = [folder / shard for shard in shards]
+    elif not present[0].endswith(".safetensors"):
+        return  # a pickle can be checked only by unpickling it, which is the load itself
+    for file in files:
+        if not file.is_file():
+            raise CheckpointError(f"model '{folder}': weights shard '{file}' is missing; copy the whole folder again")
+        try:
+            with safe_open(str(file), framework="pt"):  # reads and checks the header only (the file's size included)
+                pass
+        except SafetensorError as exc:
+            raise CheckpointError(f"model '{folder}': '{file}' cannot be read ({exc}); it is truncated or damaged: "
+                                  "export or copy it again") from None
+
+
+def layer_states(out: Any) -> tuple[torch.Tensor, ...]:
     """An encoder output's hidden states by layer (embeddings first) with the last as `last_hidden_state`.
 
     transformers 4.x gives ModernBERT's last layer before its final norm in `hidden_states[-1]`, 5.x after it;
@@ -161,7 +213,10 @@ class Backbone:
                               f"model.architecture={self.model_type} (it has {', '.join(self.attention_kernels)})")
 
     def from_folder(self, path: str) -> PretrainedConfig:
-        """The config saved in a Hugging Face folder of this family."""
+        """The config saved in a Hugging Face folder of this family (`model.init_from`), its files checked first."""
+        # The weights are read later, by the builders: a damaged file is refused here, in one line naming it. (Whether
+        # this transformers runs the config as saved is the caller's check: its message names the config key.)
+        read_model_folder(path, need_weights=True)
         return self.config_class.from_pretrained(path)
 
     def version_limit(self, config: PretrainedConfig) -> Optional[str]:
@@ -207,7 +262,7 @@ class Backbone:
         return self.mlm_head(model).projection
 
     def encode(self, base: PreTrainedModel, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
-               token_type_ids: Optional[torch.Tensor] = None, output_hidden_states: bool = False):
+               token_type_ids: Optional[torch.Tensor] = None, output_hidden_states: bool = False) -> Any:
         """Run an encoder (no mask: no position is padding); the output has `last_hidden_state` (and `hidden_states`,
         embeddings first)."""
         return base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=output_hidden_states,
@@ -247,7 +302,7 @@ class Backbone:
         """Point a masked LM's output projection at these token embeddings."""
         model.get_output_embeddings().weight = embeddings.weight
 
-    def resized(self, config: PretrainedConfig, **changes) -> PretrainedConfig:
+    def resized(self, config: PretrainedConfig, **changes: Any) -> PretrainedConfig:
         """A copy of the config with some fields changed (generator shapes)."""
         out = copy.deepcopy(config)
         for key, value in changes.items():

@@ -75,8 +75,8 @@ def test_a_run_folder_that_is_a_file_or_inside_the_dataset_is_named_and_nothing_
     notes = tmp_path / "notes.txt"
     notes.write_text("kept")
     before = sorted(p.relative_to(prepared) for p in prepared.rglob("*"))
-    for out, said in [(notes, f"'train.output_dir': {notes} cannot be a folder: {notes} is a file"),
-                      (notes / "run", f"'train.output_dir': {notes / 'run'} cannot be a folder: {notes} is a file"),
+    for out, said in [(notes, f"'train.output_dir' '{notes}': '{notes}' is a file, not a folder"),
+                      (notes / "run", f"'train.output_dir' '{notes / 'run'}': '{notes}' is a file, not a folder"),
                       (prepared, f"'train.output_dir' ({prepared}) is the dataset's folder or inside it"),
                       (prepared / "run", f"'train.output_dir' ({prepared / 'run'}) is the dataset's folder or inside it")]:
         code, err = pretrain_main(_args(prepared, out, "")), capsys.readouterr().err

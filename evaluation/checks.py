@@ -1,0 +1,44 @@
+"""What the evaluation commands check before their work: that an export's tokenizer fits its model, and that an
+output path can be written. Each refusal is one line naming the folder or path (core/errors.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.atomic_files import check_folder_path
+from core.errors import CheckpointError, MissingFileError, OutputExistsError
+from model.backbones.base import check_model_folder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# Files of which a Hugging Face tokenizer is read; a folder with none of them gets, from transformers 5, a tokenizer of
+# a handful of special tokens that maps every word to [UNK], and evaluation would run on that without a word.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spm.model", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+
+
+def export_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of an export whose files `check_model_folder` passed, refused when it has ids its model cannot embed."""
+    from transformers import AutoTokenizer
+
+    config = check_model_folder(model_dir, need_weights=True)
+    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        raise MissingFileError(f"model '{model_dir}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                               "copy the tokenizer it was trained with into the folder")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    vocab_size = config.get("vocab_size")
+    # An id at or past vocab_size has no embedding row: torch stops with an IndexError that names nothing.
+    if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
+        raise CheckpointError(f"model '{model_dir}': its tokenizer has {len(tokenizer)} tokens but the model's vocab_size "
+                              f"is {vocab_size}; the folder's tokenizer is not the one the model was trained with")
+    return tokenizer
+
+
+def check_output(path: str | Path, flag: str = "--out") -> None:
+    """Refuse an output file that cannot be written, before the work: a folder in its place, or a file where one of
+    its parent folders would be."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputExistsError(f"{flag} '{path}' is a folder; give a file path in it (e.g. '{path / 'results.json'}')")
+    check_folder_path(path.parent, flag)

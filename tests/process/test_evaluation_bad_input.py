@@ -1,0 +1,198 @@
+"""Bad input to the evaluation commands is one line naming the file, and exit 2: a damaged model folder (also as
+`model.init_from`), a tokenizer larger than the model's vocabulary, unreadable task files, and output paths that
+cannot be written. All in-process: the function that refuses, or the command's `main`, is called directly."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_evaluation import _tiny_random_bert_with_minilm_tokenizer
+
+from core.errors import CheckpointError, ConfigError, InputDataError, MissingFileError, OutputExistsError
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A randomly initialised BERT (hidden 32) with MiniLM's tokenizer: a whole, loadable export."""
+    return _tiny_random_bert_with_minilm_tokenizer(tmp_path_factory.mktemp("bad_input") / "tiny")
+
+
+def _copy(folder: Path, to: Path) -> Path:
+    shutil.copytree(folder, to)
+    return to
+
+
+def _truncate(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+# ---- damaged model folders ----------------------------------------------------------------------------------
+
+
+def test_a_damaged_model_folder_is_refused_naming_the_file(tiny, tmp_path):
+    """A truncated model.safetensors or config.json, a missing shard, or no weights: one CheckpointError naming the
+    file, from the evaluation loaders and from `model.init_from` (the backbone's `from_folder`) alike."""
+    from evaluation.finetune import finetune
+    from evaluation.linear_probe import sequence_features
+    from evaluation.self_similarity import self_similarity
+    from model.backbones.base import check_model_folder
+    from model.encoder import EncoderConfig, model_config
+
+    weights = _copy(tiny, tmp_path / "weights")
+    _truncate(weights / "model.safetensors", 5000)
+    for load in (lambda: self_similarity(weights, ["in the beginning"]),
+                 lambda: sequence_features(str(weights), ["in the beginning"]),
+                 lambda: finetune(str(weights), f"csv:{tmp_path / 'task.csv'}", [1]),
+                 lambda: model_config(EncoderConfig(init_from=str(weights)), {"vocab_size": 30522}, 64)):
+        with pytest.raises(CheckpointError, match=r"model\.safetensors' cannot be read .*truncated or damaged") as err:
+            load()
+        assert "\n" not in str(err.value) and str(weights) in str(err.value)
+
+    config = _copy(tiny, tmp_path / "config")
+    _truncate(config / "config.json", 50)
+    with pytest.raises(CheckpointError, match=r"config\.json' is not valid JSON"):
+        check_model_folder(config)
+    with pytest.raises(CheckpointError, match=r"config\.json' is not valid JSON"):
+        sequence_features(str(config), ["in the beginning"])
+    with pytest.raises(CheckpointError, match=r"config\.json' is not valid JSON"):  # as `model.init_from`
+        model_config(EncoderConfig(init_from=str(config)), {"vocab_size": 30522}, 64)
+
+    sharded = _copy(tiny, tmp_path / "sharded")
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(CheckpointError, match=r"shard '.*model-00002-of-00002\.safetensors' is missing"):
+        check_model_folder(sharded)
+
+    bare = _copy(tiny, tmp_path / "bare")
+    (bare / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"'.*bare' has no weights"):
+        sequence_features(str(bare), ["in the beginning"])
+    check_model_folder(bare)  # a config alone passes where no weights are read
+
+
+# ---- a tokenizer that does not fit the model ----------------------------------------------------------------
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tiny, tmp_path):
+    """An export of a 1,000-token model beside MiniLM's 30,522-token tokenizer: one line naming both sizes, before
+    torch's IndexError; a folder with no tokenizer (which transformers 5 reads as a 5-token one) is refused too."""
+    from transformers import BertConfig, BertModel
+
+    from evaluation.finetune import finetune
+    from evaluation.linear_probe import sequence_features
+    from evaluation.self_similarity import self_similarity
+
+    small = tmp_path / "small"
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64)).save_pretrained(str(small))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny / name).is_file():
+            shutil.copy(tiny / name, small / name)
+    for load in (lambda: self_similarity(small, ["in the beginning"]),
+                 lambda: sequence_features(str(small), ["in the beginning"]),
+                 lambda: finetune(str(small), f"csv:{tmp_path / 'task.csv'}", [1])):
+        with pytest.raises(CheckpointError, match=r"tokenizer has 30522 tokens but the model's vocab_size is 1000") as err:
+            load()
+        assert str(small) in str(err.value) and "\n" not in str(err.value)
+
+    untokenized = _copy(tiny, tmp_path / "untokenized")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (untokenized / name).unlink(missing_ok=True)
+    with pytest.raises(MissingFileError, match="has no tokenizer"):
+        sequence_features(str(untokenized), ["in the beginning"])
+
+
+# ---- task files ---------------------------------------------------------------------------------------------
+
+
+def test_unreadable_task_files_are_one_line_naming_the_file(tmp_path):
+    """Empty, not UTF-8, malformed JSON lines, a header and no rows (also as the validation file), an unknown
+    encoding: an InputDataError or ConfigError naming the file or key, not datasets' DatasetGenerationError."""
+    from evaluation.tasks import LocalTaskOptions, load_task
+
+    good = tmp_path / "good.csv"
+    good.write_text("text,label\n" + "".join(f"row {i},{i % 2}\n" for i in range(20)), encoding="utf-8")
+    files = {"empty.csv": b"", "latin.csv": "text,label\ncaf\u00e9,0\nb,1\n".encode("latin-1"),
+             "header.csv": b"text,label\n", "blank.csv": b"\n\n \n", "broken.jsonl": b'{"text": "a"}\n{"text": broken\n',
+             "empty.jsonl": b"", "one_row.csv": b"text,label\na,0\n",
+             # pyarrow keeps a latin-1 byte inside a JSON string without a word: only a check of its own sees it
+             "latin.jsonl": '{"text": "caf\u00e9", "label": 0}\n{"text": "b", "label": 1}\n'.encode("latin-1")}
+    expected = {"empty.csv": "is empty", "latin.csv": r"is not utf-8 text .*--encoding", "header.csv": "has no rows",
+                "blank.csv": "is not valid csv", "broken.jsonl": "is not valid JSON lines", "empty.jsonl": "is empty",
+                "one_row.csv": r"has 1 row\(s\): too few to hold out val_fraction 0.1",
+                "latin.jsonl": "is not UTF-8 text .*near byte 13"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        kind = "csv" if name.endswith(".csv") else "json"
+        with pytest.raises(InputDataError, match=expected[name]) as err:
+            load_task(f"{kind}:{tmp_path / name}", LocalTaskOptions())
+        assert f"task file '{tmp_path / name}'" in str(err.value) and "\n" not in str(err.value)
+        if kind == "csv" and name != "one_row.csv":  # the validation file is named when it is the bad one
+            with pytest.raises(InputDataError, match=expected[name]) as err:
+                load_task(f"csv:{good}", LocalTaskOptions(validation_file=str(tmp_path / name)))
+            assert f"task file '{tmp_path / name}'" in str(err.value)
+    with pytest.raises(ConfigError, match="'data.encoding': 'utf-99'"):
+        load_task(f"csv:{good}", LocalTaskOptions(encoding="utf-99"))
+    spec, train, evaluation = load_task(f"csv:{tmp_path / 'latin.csv'}", LocalTaskOptions(encoding="latin-1", val_fraction=0.5))
+    assert sorted([*train["text"], *evaluation["text"]]) == ["b", "caf\u00e9"]
+
+
+def test_a_bad_task_file_exits_2_with_one_line(tiny, tmp_path, capsys):
+    """Through the command: exit 2 and the one `error:` line; datasets logs no "Failed to read file" line of its own
+    (its handler writes to the stderr it found at import, so the record is what is checked)."""
+    import logging
+
+    from pretrain.cli import main
+
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes("text,label\ncaf\u00e9,0\nb,1\n".encode("latin-1"))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    logging.getLogger("datasets").addHandler(handler)
+    try:
+        assert main(["evaluate", "linear-probe", "--model", str(tiny), "--task", f"csv:{bad}"]) == 2
+    finally:
+        logging.getLogger("datasets").removeHandler(handler)
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and str(bad) in err, err
+    assert not [r for r in records if r.levelno >= logging.WARNING], [r.getMessage() for r in records]
+
+
+# ---- output paths -------------------------------------------------------------------------------------------
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_work(tiny, tmp_path, capsys):
+    """`--out` inside a file, or an existing folder as the results file: exit 2 with one line, nothing computed."""
+    from evaluation.checks import check_output
+    from evaluation.finetune import finetune
+    from evaluation.sentence_embeddings import evaluate_suite
+    from pretrain.cli import main
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept\n")
+    a_folder = tmp_path / "a_folder"
+    a_folder.mkdir()
+    text = tmp_path / "sentences.txt"
+    text.write_text("in the beginning\nand the earth was without form\n", encoding="utf-8")
+    cases = [(["evaluate", "self-similarity", "--model", str(tiny), "--text", str(text), "--out", str(a_file / "x")],
+              f"'{a_file}' is a file, not a folder"),
+             (["evaluate", "linear-probe", "--model", str(tiny), "--task", "csv:x.csv", "--out", str(a_folder)],
+              f"--out '{a_folder}' is a folder"),
+             (["finetune", "--model", str(tiny), "--task", "csv:x.csv", "--out", str(a_file / "deeper" / "r.json")],
+              f"'{a_file}' is a file, not a folder")]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, (argv, err)
+    assert a_file.read_text() == "kept\n" and not any(a_folder.iterdir())
+    with pytest.raises(OutputExistsError):
+        finetune(str(tiny), "csv:x.csv", [1], out=str(a_folder))
+    with pytest.raises(OutputExistsError, match="is a file, not a folder"):
+        evaluate_suite([str(tiny)], tmp_path / "no_suite", out=a_file / "report")
+    check_output(tmp_path / "new" / "folders" / "results.json")  # folders still to be made are fine
