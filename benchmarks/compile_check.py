@@ -27,7 +27,7 @@ from pretrain.run_dir import RunDir
 WITHOUT_TEACHER = [name for name in OBJECTIVES if name != "tacl"]
 
 
-def train(backbone: str, objective: str, compiled: bool, args, run: Path) -> list[dict]:
+def train(backbone: str, objective: str, compiled: bool, args: argparse.Namespace, run: Path) -> list[dict]:
     """One run (gpu_throughput's point, logged every step, dropout 0, a checkpoint at the end); its metrics rows."""
     shutil.rmtree(run, ignore_errors=True)
     point = {"objective": objective, "backbone": backbone, "seq": 128, "batch": args.batch, "compile": compiled}
@@ -61,7 +61,7 @@ def loads_natively(run: Path, out: Path) -> str:
     return type(model).__name__
 
 
-def check(backbone: str, objective: str, args, work: Path) -> dict:
+def check(backbone: str, objective: str, args: argparse.Namespace, work: Path) -> dict:
     """Both runs of one (backbone, objective), the loss comparison and the export."""
     eager = train(backbone, objective, False, args, work / f"{backbone}_{objective}_eager")
     compiled = train(backbone, objective, True, args, work / f"{backbone}_{objective}_compiled")

@@ -30,7 +30,7 @@ MISTAKES = [("unknown key", ["train.max_stepz=3"]), ("wrong type", ["train.max_s
             ("not a choice", ["train.precision=fp8"]), ("nested unknown key", ["objective.coco_lm.copy_weigth=1"])]
 
 
-def literal_fields(cls, prefix: str = "") -> list[str]:
+def literal_fields(cls: type, prefix: str = "") -> list[str]:
     """Every field of the schema typed as a Literal (OmegaConf rejects these)."""
     out = []
     for f in dataclasses.fields(cls):

@@ -83,7 +83,7 @@ def measure(rows: list[dict], warmup: int) -> dict:
     return out
 
 
-def point_overrides(point: dict, args, data: Path, teacher: Path, run_dir: Path) -> list[str]:
+def point_overrides(point: dict, args: argparse.Namespace, data: Path, teacher: Path, run_dir: Path) -> list[str]:
     """The run config of one (objective, backbone, seq, batch, compile) point."""
     shape = dict(SHAPES[args.size])
     if point["backbone"] == "modernbert":
@@ -103,7 +103,7 @@ def point_overrides(point: dict, args, data: Path, teacher: Path, run_dir: Path)
     return overrides
 
 
-def bare_loop(point: dict, args, data: Path, compiled: bool = False) -> dict:
+def bare_loop(point: dict, args: argparse.Namespace, data: Path, compiled: bool = False) -> dict:
     """tokens/s of the bare transformers loop at this point (MLM only), in a fresh process; `compiled`: forward, head
     and loss as one torch.compile graph, a fixed masked count per row."""
     cmd = [sys.executable, "-m", "benchmarks.host_overhead", *(["--plain-compile"] if compiled else []),
@@ -127,7 +127,7 @@ def trace_path(out: Path, point: dict) -> Path:
     return out.parent / f"{out.stem}_trace_{point['objective']}_{point['backbone']}_{point['seq']}_b{point['batch']}.json"
 
 
-def profile_worker(point: dict, args, data: Path, teacher: Path) -> dict:
+def profile_worker(point: dict, args: argparse.Namespace, data: Path, teacher: Path) -> dict:
     """One trainer run in this process with torch.profiler over `--profile-steps` steps after the warm-up: the share
     of that wall time with no GPU kernel running (None on a CPU), and the device time per step of each kernel."""
     import time
@@ -254,7 +254,7 @@ def main() -> None:
     print_table(results, info, args)
 
 
-def run_point(point: dict, args, data: Path, teacher: Path, work: Path) -> dict:
+def run_point(point: dict, args: argparse.Namespace, data: Path, teacher: Path, work: Path) -> dict:
     """One trainer run at `point`, with the bare loop beside an MLM point and the profile if asked."""
     run_dir = work / f"{point['objective']}_{point['backbone']}_seq{point['seq']}_b{point['batch']}_" \
                      f"{'on' if point['compile'] else 'off'}_{args.size}"
@@ -291,14 +291,14 @@ def kernel_summary(times: dict[str, float]) -> dict:
     return {"by_kind": kernel_profile.by_kind(times), "top": kernel_profile.top_kernels(times, 25)}
 
 
-def run_info(args) -> dict:
+def run_info(args: argparse.Namespace) -> dict:
     """The device, versions, commit and arguments every result row was measured with."""
     info = machine()  # the same record as host_overhead.py's
     return {"device": info["gpu"] or f"CPU ({info['cores']} cores)", "machine": platform.platform(), **info,
             "args": {k: v for k, v in vars(args).items() if k not in ("worker", "point")}}
 
 
-def print_table(results: list[dict], info: dict, args) -> None:
+def print_table(results: list[dict], info: dict, args: argparse.Namespace) -> None:
     """The results as a markdown table."""
     print(f"\n{info['device']}; {args.size}, {args.precision}, train.zero_stage={args.zero_stage}, 1 rank, "
           f"steps {args.warmup}..{args.steps}")

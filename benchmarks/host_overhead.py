@@ -34,12 +34,19 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 from benchmarks import kernel_profile
 from benchmarks.arguments import add_shared, repo_pythonpath, results_file
 from benchmarks.machine import machine
 from pretrain.run_dir import RunDir
 from data_pipeline.dataset_dir import DatasetDir
+
+if TYPE_CHECKING:  # annotations only: torch and transformers are imported inside the functions that run them
+    import torch
+    from torch import nn
+    from transformers import PreTrainedModel
+
+    from pretrain.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +63,7 @@ PHASES = ("batch fetch", "batch copy", "forward", "backward", "gradient reduce",
           "preemption check", "loop other")
 
 
-def case_overrides(case: dict, args) -> list[str]:
+def case_overrides(case: dict, args: argparse.Namespace) -> list[str]:
     """The run config's overrides for one case, shared by the trainer and the plain loop."""
     shape = dict(SHAPES[args.shape])
     if args.shape == "base" and case["backbone"] == "modernbert":
@@ -67,7 +74,7 @@ def case_overrides(case: dict, args) -> list[str]:
             f"train.micro_batch_size={args.batch}", f"train.global_batch_size={args.batch}"]
 
 
-def trainer_command(case: dict, args, out: Path) -> list[str]:
+def trainer_command(case: dict, args: argparse.Namespace, out: Path) -> list[str]:
     """`python -m pretrain train` for one case: no evaluation, no checkpoint inside the timed steps."""
     return [sys.executable, "-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
             *case_overrides(case, args), f"train.output_dir={out}", f"train.max_steps={args.steps}",
@@ -75,7 +82,7 @@ def trainer_command(case: dict, args, out: Path) -> list[str]:
             "train.resume=never", "schedule.warmup_steps=2", f"data.num_workers={args.loader_workers}", *args.set]
 
 
-def thread_env(args) -> dict:
+def thread_env(args: argparse.Namespace) -> dict:
     """The environment of every measured process: the same torch thread count on both sides."""
     env = {**os.environ, "PYTHONPATH": repo_pythonpath()}
     if args.threads:
@@ -83,7 +90,7 @@ def thread_env(args) -> dict:
     return env
 
 
-def run_trainer(case: dict, args, work: Path) -> dict:
+def run_trainer(case: dict, args: argparse.Namespace, work: Path) -> dict:
     """Samples/s of the trainer: the median of its logged windows after the first."""
     out = Path(tempfile.mkdtemp(prefix="trainer_", dir=work))  # a fresh run folder each time (resume=never)
     proc = subprocess.run(trainer_command(case, args, out), cwd=REPO, env=thread_env(args), capture_output=True, text=True)
@@ -97,7 +104,7 @@ def run_trainer(case: dict, args, work: Path) -> dict:
     return {"samples_per_s": statistics.median(windows), "windows": windows}
 
 
-def run_worker(kind: str, case: dict, args) -> dict:
+def run_worker(kind: str, case: dict, args: argparse.Namespace) -> dict:
     """Run this script as a fresh process in worker mode and read the JSON line it prints last."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--case", json.dumps(case),
            *sys.argv[1:]]
@@ -108,7 +115,8 @@ def run_worker(kind: str, case: dict, args) -> dict:
 
 
 # ---- the plain loop ---------------------------------------------------------------------------------------------
-def plain_model(case: dict, args):
+def plain_model(case: dict, args: argparse.Namespace) -> tuple[RunConfig, str, dict, PreTrainedModel, nn.Module,
+                                                             Callable[[torch.Tensor], torch.Tensor]]:
     """The transformers masked LM the trainer would export, built from the same resolved run config, and its parts."""
     import torch
     from transformers import AutoModelForMaskedLM
@@ -132,7 +140,7 @@ def plain_model(case: dict, args):
     return cfg, precision, tok, model, encoder, head
 
 
-def plain_batches(cfg, tok: dict, args) -> list[dict]:
+def plain_batches(cfg: RunConfig, tok: dict, args: argparse.Namespace) -> list[dict]:
     """One batch per step of random ordinary tokens, masked by the project's masking as the loader masks them.
 
     A fresh batch each step, as the trainer reads: the sparse head's row count (the masked tokens) then varies
@@ -155,7 +163,7 @@ def plain_batches(cfg, tok: dict, args) -> list[dict]:
     return out
 
 
-def masked_positions(labels, count: int):
+def masked_positions(labels: torch.Tensor, count: int) -> torch.Tensor:
     """The first `count` masked positions of each row, as indices (rows, count): a static shape where the boolean mask's
     count changes every step. A row with fewer masked tokens fills up with unmasked ones, whose labels are ignored."""
     import torch
@@ -164,7 +172,8 @@ def masked_positions(labels, count: int):
     return ((labels != -100) * (labels.shape[1] + 1) + order).topk(count, dim=1).indices
 
 
-def static_mlm_loss(encoder, head, batch: dict, types: set, count: int):
+def static_mlm_loss(encoder: nn.Module, head: Callable[[torch.Tensor], torch.Tensor], batch: dict, types: set,
+                    count: int) -> torch.Tensor:
     """MLM cross-entropy over `count` gathered positions per row: every shape fixed, so one graph holds it all."""
     import torch.nn.functional as F
 
@@ -175,7 +184,8 @@ def static_mlm_loss(encoder, head, batch: dict, types: set, count: int):
     return F.cross_entropy(head(picked).float(), batch["labels"].gather(1, index).flatten(), ignore_index=-100)
 
 
-def make_plain_step(case: dict, args, clock: Optional["PhaseClock"] = None) -> tuple[Callable[[int], None], str]:
+def make_plain_step(case: dict, args: argparse.Namespace,
+                    clock: Optional["PhaseClock"] = None) -> tuple[Callable[[int], None], str]:
     """The plain loop's step `i` (its batch, forward, backward, clipping, fused AdamW), and the precision it runs in."""
     import torch
     import torch.nn.functional as F
@@ -240,7 +250,7 @@ def make_plain_step(case: dict, args, clock: Optional["PhaseClock"] = None) -> t
     return step, precision
 
 
-def plain_loop(case: dict, args, clock: Optional["PhaseClock"] = None) -> dict:
+def plain_loop(case: dict, args: argparse.Namespace, clock: Optional["PhaseClock"] = None) -> dict:
     """Samples/s of the plain loop over windows of `--window` steps (the median after the first)."""
     import torch
 
@@ -269,7 +279,7 @@ def plain_loop(case: dict, args, clock: Optional["PhaseClock"] = None) -> dict:
     return result
 
 
-def interleaved(case: dict, args) -> dict:
+def interleaved(case: dict, args: argparse.Namespace) -> dict:
     """The trainer and the plain loop taking turns step by step in one process: ms per step of each, free of drift.
 
     Each trainer step is timed from the start of its train_step to the start of the next (so its logging, metrics
@@ -449,7 +459,7 @@ def instrument_trainer(clock: PhaseClock) -> None:
         clock.wrap(owner, name, phase)
 
 
-def trainer_phases(case: dict, args) -> dict:
+def trainer_phases(case: dict, args: argparse.Namespace) -> dict:
     """One instrumented trainer run in this process: ms per step by phase after the warm-up steps."""
     import torch
 
@@ -465,7 +475,7 @@ def trainer_phases(case: dict, args) -> dict:
     return clock.report()
 
 
-def plain_phases(case: dict, args) -> dict:
+def plain_phases(case: dict, args: argparse.Namespace) -> dict:
     """One instrumented plain run: ms per step by phase after the warm-up steps."""
     import torch
 
@@ -475,7 +485,7 @@ def plain_phases(case: dict, args) -> dict:
 
 
 # ---- the comparison ---------------------------------------------------------------------------------------------
-def ensure_data(args) -> None:
+def ensure_data(args: argparse.Namespace) -> None:
     """The demo's shards (KJV, 8k unigram, 128-token packing), prepared once."""
     if DatasetDir(args.data).is_complete():
         return
@@ -494,7 +504,7 @@ def fits_one_epoch(data: Path, batch: int, steps: int) -> None:
                          f"asked for: the loader would restart inside the timing; give more data or fewer steps")
 
 
-def compare(case: dict, args) -> dict:
+def compare(case: dict, args: argparse.Namespace) -> dict:
     """Alternated trainer and plain runs of one case, then the phase breakdown of each if asked."""
     pairs = []
     with tempfile.TemporaryDirectory(prefix="host_overhead_") as work:
@@ -524,7 +534,7 @@ def compare(case: dict, args) -> dict:
     return out
 
 
-def print_tables(results: list[dict], info: dict, args) -> None:
+def print_tables(results: list[dict], info: dict, args: argparse.Namespace) -> None:
     """The ratio table and, when measured, the per-phase table."""
     where = info["gpu"] or f"{info['cpu']} ({info['cpu_flags']}), {args.threads or 'all'} thread(s)"
     print(f"\n{where}; {args.shape} shape, micro-batch {args.batch} x {args.seq}, {args.steps} steps in windows of "

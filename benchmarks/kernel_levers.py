@@ -36,7 +36,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,9 @@ import torch.nn.functional as F
 from benchmarks.arguments import add_shared, parse_checked, results_file
 from benchmarks.machine import machine
 from core.atomic_files import write_text_atomic
+
+if TYPE_CHECKING:  # annotations only: transformers is imported inside the functions that build models
+    from transformers import BertForMaskedLM
 
 SHAPES = {"base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
           "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)}
@@ -84,7 +87,7 @@ def _lever(name: str) -> str:
     return name
 
 
-def build_model(shape: str, dropout: float, fused_qkv: bool, device: torch.device):
+def build_model(shape: str, dropout: float, fused_qkv: bool, device: torch.device) -> BertForMaskedLM:
     """A BertForMaskedLM of this shape with seed-0 weights; `fused_qkv`: the trainer's train.fused_qkv."""
     from transformers import BertConfig, BertForMaskedLM
 
@@ -114,7 +117,7 @@ def make_batches(count: int, batch: int, seq: int, device: torch.device) -> list
     return out
 
 
-def mlm_loss(model, batch: dict, mask: bool, vocab_chunk: int = 0) -> torch.Tensor:
+def mlm_loss(model: BertForMaskedLM, batch: dict, mask: bool, vocab_chunk: int = 0) -> torch.Tensor:
     """Cross-entropy of the MLM head at the batch's masked positions (a fixed count per row: one static graph);
     `vocab_chunk` > 0: the projection fused with the loss, that many rows at a time."""
     from model.vocabulary_loss import linear_cross_entropy
@@ -133,7 +136,7 @@ def mlm_loss(model, batch: dict, mask: bool, vocab_chunk: int = 0) -> torch.Tens
 BACKENDS = ("flash", "efficient", "cudnn", "math")
 
 
-def with_backend(fn, backend: str):
+def with_backend(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
     """`fn` with SDPA restricted to one backend (flash, efficient, cudnn or math)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -146,7 +149,7 @@ def with_backend(fn, backend: str):
     return run
 
 
-def attention_times(args) -> list[dict]:
+def attention_times(args: argparse.Namespace) -> list[dict]:
     """ms per forward + backward of SDPA alone at the step's shape, per backend, with and without a padding mask."""
     device = torch.device(args.device)
     heads, width = SHAPES[args.shape]["num_attention_heads"], SHAPES[args.shape]["hidden_size"]
@@ -179,14 +182,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def to_float8(model) -> None:
+def to_float8(model: BertForMaskedLM) -> None:
     """torchao's float8 training for the encoder's linear layers (the tied vocabulary projection stays bf16)."""
     from torchao.float8 import convert_to_float8_training
 
     convert_to_float8_training(model.bert.encoder, module_filter_fn=lambda module, name: isinstance(module, torch.nn.Linear))
 
 
-def run_lever(name: str, args) -> dict:
+def run_lever(name: str, args: argparse.Namespace) -> dict:
     """Train one lever's model for `args.steps` steps; tokens/s, MFU, peak memory and the first and last losses."""
     from model.flops import TRAIN, mlm_forward
     from pretrain.engine.hardware import datasheet_peak_tflops

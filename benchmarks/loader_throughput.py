@@ -14,13 +14,17 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 from benchmarks.arguments import add_shared, results_file
 from pretrain.run_dir import RunDir
+
+if TYPE_CHECKING:  # annotations only: streaming is imported when the loader is built
+    from streaming import StreamingDataLoader
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def masked_loader(data: str, batch: int, workers: int):
+def masked_loader(data: str, batch: int, workers: int) -> StreamingDataLoader:
     """One rank's training loader over `data`, BERT-masked in its collate as training does."""
     from data_pipeline.loader import LoaderConfig, MaskingCollate, build_loader
     from data_pipeline.masking import MaskingConfig, build_masking

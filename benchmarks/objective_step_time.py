@@ -24,7 +24,7 @@ from benchmarks.arguments import add_shared, results_file
 OBJECTIVES = ["mlm", "electra", "coco_lm", "tacl", "taco"]
 
 
-def make_batch(name: str, args, vocab: int, device: str, generator: torch.Generator) -> dict:
+def make_batch(name: str, args: argparse.Namespace, vocab: int, device: str, generator: torch.Generator) -> dict:
     """Random full-length sequences, masked as the objective's example config masks them."""
     from data_pipeline.masking import MaskingConfig, build_masking
 
@@ -36,7 +36,7 @@ def make_batch(name: str, args, vocab: int, device: str, generator: torch.Genera
     return {k: v.to(device) for k, v in out.items()}
 
 
-def time_objective(name: str, args, device: str) -> dict:
+def time_objective(name: str, args: argparse.Namespace, device: str) -> dict:
     """Median step time of one objective."""
     from transformers import BertConfig
 

@@ -20,13 +20,14 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from benchmarks.arguments import add_shared, results_file
 
 
 
-def median_seconds(fn, reps: int) -> float:
+def median_seconds(fn: Callable[[], object], reps: int) -> float:
     """Median wall time of `fn()` over `reps` calls after one warm-up call."""
     fn()
     times = []
@@ -37,7 +38,7 @@ def median_seconds(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def make_optimizer(variant: str, params: list[torch.Tensor]):
+def make_optimizer(variant: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
     """The optimizer `variant` over `params` (lr and betas as the demo's)."""
     kwargs = dict(lr=1e-3, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
     if variant == "torch-for-loop":

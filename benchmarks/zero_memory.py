@@ -20,8 +20,12 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from benchmarks.arguments import add_shared, results_file
+
+if TYPE_CHECKING:  # annotations only: transformers is imported where a model is built
+    from transformers import PreTrainedModel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +46,7 @@ def _tensor_bytes(obj, seen: set) -> int:
     return 0
 
 
-def build_model(name: str):
+def build_model(name: str) -> PreTrainedModel:
     """The benchmarked model: the small BERT MLM, or BERT-base / ALBERT-base with their pre-training heads."""
     from transformers import AlbertConfig, AlbertForPreTraining, BertConfig, BertForMaskedLM, BertForPreTraining
 

@@ -147,7 +147,7 @@ def set_timeout(seconds: float) -> None:
 
 
 @contextlib.contextmanager
-def long_wait(seconds: float, after: float):
+def long_wait(seconds: float, after: float) -> Iterator[None]:
     """Collectives inside may wait `seconds` (a save, an evaluation, an upload); `after` applies again afterwards."""
     set_timeout(seconds)
     try:

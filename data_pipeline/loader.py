@@ -26,7 +26,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from core.streaming_import import require_streaming
 from data_pipeline.dataset_dir import INDEX
 from data_pipeline.loader_worker import start_worker
 from data_pipeline.worker_pool import available_cpus
+
+if TYPE_CHECKING:  # streaming is imported when a loader is built (require_streaming)
+    from streaming import StreamingDataLoader, StreamingDataset
 
 
 @dataclass
@@ -318,7 +321,7 @@ def shard_failure(exc: Exception, remote: str, local: str) -> Optional[Exception
 
 
 @contextlib.contextmanager
-def shared_memory_registration():
+def shared_memory_registration() -> Iterator[None]:
     """Hold a machine-wide lock (local leaders) while streaming picks and creates its shared memory.
 
     streaming has every rank scan for the first free prefix, then the local leader creates it and
@@ -415,7 +418,7 @@ def clean_stale_shared_memory(cfg: LoaderConfig) -> list[str]:
     return removed
 
 
-def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None):
+def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None) -> StreamingDataset:
     """A StreamingDataset over one split of a prepared dataset."""
     split_dir = Path(cfg.path) / split
     if not cfg.remote and not (split_dir / INDEX).is_file():
@@ -486,7 +489,7 @@ def cpus_per_rank(cpus: Optional[int] = None, local_ranks: Optional[int] = None,
 
 
 def build_loader(cfg: LoaderConfig, split: str, batch_size: int, collate_fn: Callable, shuffle: Optional[bool] = None,
-                 pin_memory: bool = False):
+                 pin_memory: bool = False) -> StreamingDataLoader:
     """A StreamingDataLoader whose `state_dict()` resumes mid-epoch without replaying batches.
 
     `collate_fn` is the per-batch transform its workers run (a MaskingCollate); `pin_memory` (GPU) lets the training

@@ -185,7 +185,8 @@ class _Masking:
 class TokenMasking(_Masking):
     """`bert` and `coco`: each pickable token with probability mask_prob, or exactly round(mask_prob · n) of them."""
 
-    def pick(self, ids, generator):
+    def pick(self, ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, Optional[torch.Tensor], dict]:
+        """Pickable tokens drawn independently (or exactly k per row), with no shared action draw or extra columns."""
         pickable = self.pickable(ids)
         if self.cfg.count == "exact":
             # The k lowest of uniform scores among the pickable tokens: a uniform k-subset per row.
@@ -200,7 +201,8 @@ class TokenMasking(_Masking):
 class WholeWordMasking(_Masking):
     """`whole_word`: pick words with probability mask_prob; every token of a picked word is picked."""
 
-    def pick(self, ids, generator):
+    def pick(self, ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, Optional[torch.Tensor], dict]:
+        """Every token of the words whose first token was drawn, with no shared action draw or extra columns."""
         starts = self.word_start_mask(ids)
         positions = torch.arange(ids.shape[1]).expand_as(ids)
         # Index of the first token of each token's word.
@@ -219,7 +221,8 @@ class SpanMasking(_Masking):
             return ngram_length_pmf(self.cfg.max_span)
         return span_length_pmf(self.cfg.span_p, self.cfg.max_span)
 
-    def pick(self, ids, generator):
+    def pick(self, ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, Optional[torch.Tensor], dict]:
+        """Picked spans, one action draw per span, and each picked token's span boundaries and offset columns."""
         pickable = self.pickable(ids)
         starts = self.word_start_mask(ids) & pickable
         picked = torch.zeros_like(pickable)
@@ -335,7 +338,8 @@ def evaluation_masking(cfg: MaskingConfig) -> MaskingConfig:
 
 
 def build_masking(cfg: MaskingConfig, vocab_size: int, mask_id: int, special_ids: list[int],
-                  word_starts: Optional[torch.Tensor] = None, pad_id: int = 0, cls_id: int = 2, sep_id: int = 3):
+                  word_starts: Optional[torch.Tensor] = None, pad_id: int = 0, cls_id: int = 2,
+                  sep_id: int = 3) -> _Masking | WithCropView:
     """The masking transform named by the config (with the crop view when crop_ratio is set)."""
     transform = STRATEGIES[cfg.strategy](cfg, vocab_size, mask_id, special_ids, word_starts)
     if cfg.crop_ratio is not None:

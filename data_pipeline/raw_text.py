@@ -7,11 +7,14 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 from urllib.parse import urlparse
 
 from core.errors import InputDataError, SetupError
 from data_pipeline.config import SourceConfig
+
+if TYPE_CHECKING:  # input_parts imports this module
+    from data_pipeline.input_parts import Part
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -172,7 +175,7 @@ def _raw_documents(source: SourceConfig, part, encoding_errors: str) -> Iterator
             yield _check_text(part.path, row, source.text_column)
 
 
-def iter_part(source: SourceConfig, part, encoding_errors: str, stats: ReadStats) -> Iterator[str]:
+def iter_part(source: SourceConfig, part: Part, encoding_errors: str, stats: ReadStats) -> Iterator[str]:
     """Yield the non-empty, stripped documents of one part, in order."""
     try:
         for text in _raw_documents(source, part, encoding_errors):

@@ -8,10 +8,14 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from core.errors import InputDataError, MissingFileError
 from data_pipeline.config import TokenizerConfig
+
+if TYPE_CHECKING:  # annotations only: torch and transformers are imported where they are used
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -218,7 +222,7 @@ def tokenizer_ids(path: str | Path) -> dict:
             "special_ids": sorted({i for values in ids.values() for i in values})}
 
 
-def load_tokenizer(path: str | Path):
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Load a tokenizer folder with AutoTokenizer, offline, with a clear error when it is not one."""
     from transformers import AutoTokenizer
 
@@ -286,7 +290,7 @@ def copy_tokenizer_folder(src: str | Path, dst: str | Path) -> None:
             raise
 
 
-def word_start_table(tok):
+def word_start_table(tok: PreTrainedTokenizerBase) -> torch.Tensor:
     """Bool tensor over the vocabulary: does this token begin a word?
 
     WordPiece marks continuations with `##`; sentencepiece marks word starts with `▁`; byte-level
@@ -308,7 +312,7 @@ def word_start_table(tok):
     return torch.tensor(starts, dtype=torch.bool)
 
 
-def make_encoder(tok_dir: str | Path, threads: int = 0):
+def make_encoder(tok_dir: str | Path, threads: int = 0) -> Callable[[list[str]], list[list[int]]]:
     """A fast `list[str] -> list[list[int]]` encoder without special tokens, for `prepare`.
 
     For a tokenizer trained here (its folder holds spm.model), sentencepiece's own C++ encoder

@@ -6,7 +6,7 @@ over micro-batches and ranks (so an AUC in the logs is the mean of per-micro-bat
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -81,7 +81,7 @@ def token_self_similarity(hidden: torch.Tensor, attention_mask: torch.Tensor) ->
     return (sims * pair).sum() / pair.sum().clamp(min=1)
 
 
-def validation_unigram_entropy(loader, batches: int, tokenizer: dict) -> float:
+def validation_unigram_entropy(loader: Iterable[dict[str, torch.Tensor]], batches: int, tokenizer: dict) -> float:
     """Entropy of the ordinary tokens in the first `batches` validation batches (clean, before masking), counted over
     every rank: the MLM loss of a model that learned only word counts, on the batches evaluation reads."""
     vocab = tokenizer["vocab_size"]

@@ -23,8 +23,9 @@ from transformers.models.electra.modeling_electra import ElectraSelfAttention
 SELF_ATTENTION_CLASSES = (modeling_bert.BertSelfAttention, ElectraSelfAttention)
 
 
-def fused_qkv_forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                      cache: Any = None, **kwargs: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def fused_qkv_forward(self: modeling_bert.BertSelfAttention | ElectraSelfAttention, hidden_states: torch.Tensor,
+                      attention_mask: Optional[torch.Tensor] = None, cache: Any = None,
+                      **kwargs: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """BertSelfAttention.forward for an encoder (no cache), with Q, K and V from one matmul."""
     if cache is not None or kwargs.get("past_key_values") is not None:
         raise RuntimeError("a fused Q/K/V layer is an encoder's: it takes no key/value cache")

@@ -10,15 +10,19 @@ the objectives that need only a masked LM and a bare encoder (`provides`, `Objec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from transformers import AlbertConfig, AlbertForPreTraining, AlbertModel
+import torch
+from transformers import AlbertConfig, AlbertForPreTraining, AlbertModel, PretrainedConfig, PreTrainedModel
 
 from core.errors import ConfigError
 
 from model.backbones.base import LOAD_DTYPE
 from model.backbones.bert import BertBackbone, BertOptions, _positions
 from model.vocabulary_loss import VocabularyHead
+
+if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
+    from model.encoder import EncoderConfig
 
 
 # The factorized embedding size when the config leaves it unset (Lan et al. 2020 use E = 128 at every H).
@@ -43,7 +47,8 @@ class AlbertBackbone(BertBackbone):
     provides = frozenset({"masked_lm", "encoder", "pair_head"})
     options_class = AlbertOptions
 
-    def hf_config(self, cfg, tokenizer):
+    def hf_config(self, cfg: EncoderConfig, tokenizer: dict) -> PretrainedConfig:
+        """An AlbertConfig for this shape, vocabulary and special ids (factorized embeddings, shared layer groups)."""
         return AlbertConfig(
             vocab_size=tokenizer["vocab_size"],
             embedding_size=cfg.embedding_size or min(EMBEDDING_SIZE, cfg.hidden_size),
@@ -55,7 +60,8 @@ class AlbertBackbone(BertBackbone):
             **_positions(cfg.position_embedding),
         )
 
-    def check(self, cfg):
+    def check(self, cfg: EncoderConfig) -> None:
+        """Refuse (ConfigError) BERT's refusals, an embedding size outside [1, H] and groups not dividing the layers."""
         super().check(cfg)
         if cfg.embedding_size is not None and not 0 < cfg.embedding_size <= cfg.hidden_size:
             raise ConfigError(f"config key 'model.embedding_size' ({cfg.embedding_size}) must be in "
@@ -65,7 +71,9 @@ class AlbertBackbone(BertBackbone):
             raise ConfigError(f"config key 'model.num_hidden_groups' ({groups}) must divide model.num_layers "
                               f"({cfg.num_layers})")
 
-    def masked_lm(self, config, init_from=None, pair_head=False):
+    def masked_lm(self, config: PretrainedConfig, init_from: Optional[str] = None,
+                  pair_head: bool = False) -> PreTrainedModel:
+        """An AlbertForPreTraining (MLM + SOP head), its pooler and SOP head frozen without a pair task."""
         model = (AlbertForPreTraining.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from
                  else AlbertForPreTraining(config))
         if not pair_head:
@@ -73,24 +81,32 @@ class AlbertBackbone(BertBackbone):
             model.sop_classifier.requires_grad_(False)
         return model
 
-    def encoder(self, config, init_from=None):
+    def encoder(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
+        """The bare AlbertModel, its (unused) pooler frozen."""
         model = AlbertModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else AlbertModel(config)
         model.pooler.requires_grad_(False)
         return model
 
-    def discriminator(self, config, init_from=None):  # pragma: no cover - not in `provides`
+    def discriminator(self, config: PretrainedConfig,  # pragma: no cover - not in `provides`
+                      init_from: Optional[str] = None) -> PreTrainedModel:
+        """Not available: ALBERT has no replaced-token discriminator here (NotImplementedError)."""
         raise NotImplementedError("ALBERT has no replaced-token discriminator here")
 
-    def generator(self, config, width, layers, owner):  # pragma: no cover - not in `provides`
+    def generator(self, config: PretrainedConfig, width: float, layers: int,  # pragma: no cover - not in `provides`
+                  owner: PreTrainedModel) -> PreTrainedModel:
+        """Not available: ALBERT has no generator here (NotImplementedError)."""
         raise NotImplementedError("ALBERT has no generator here")
 
-    def mlm_head(self, model) -> VocabularyHead:
+    def mlm_head(self, model: PreTrainedModel) -> VocabularyHead:
+        """ALBERT's MLM head: dense → activation → LayerNorm (H → E), then the decoder tied to the embeddings."""
         head = model.predictions
         return VocabularyHead(lambda hidden: head.LayerNorm(head.activation(head.dense(hidden))), head.decoder)
 
-    def pair_logits(self, model, pooled):
+    def pair_logits(self, model: PreTrainedModel, pooled: torch.Tensor) -> torch.Tensor:
+        """SOP logits [B, 2] from the pooled output."""
         return model.sop_classifier(pooled)
 
-    def encoder_flops(self, config, seq_len):
+    def encoder_flops(self, config: PretrainedConfig, seq_len: int) -> float:
+        """BERT's forward FLOPs per token plus the E → H embedding projection."""
         # BERT's layers (sharing parameters saves memory, not FLOPs: every layer still runs) plus the E → H projection.
         return 2 * config.embedding_size * config.hidden_size + super().encoder_flops(config, seq_len)

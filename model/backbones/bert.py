@@ -8,8 +8,9 @@ main model's width: it reads the shared embeddings through its own projection, a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
+import torch
 from transformers import (
     BertConfig,
     BertForPreTraining,
@@ -33,6 +34,9 @@ from model.backbones.base import (
 )
 from model.vocabulary_loss import VocabularyHead
 
+if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
+    from model.encoder import EncoderConfig
+
 
 def _positions(position_embedding: str) -> dict:
     """The position option as a config field where the installed transformers has it; a relative one is refused
@@ -52,7 +56,7 @@ def scaled_shape(config: PretrainedConfig, width: float) -> dict:
             "intermediate_size": max(1, round(config.intermediate_size * width))}
 
 
-def electra_config(config: BertConfig, **shape) -> ElectraConfig:
+def electra_config(config: BertConfig, **shape: Any) -> ElectraConfig:
     """The ElectraConfig with this BERT's vocabulary, positions and dropout (embedding size = BERT's width)."""
     fields = dict(vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings,
                   type_vocab_size=config.type_vocab_size, pad_token_id=config.pad_token_id,
@@ -95,7 +99,8 @@ class BertBackbone(Backbone):
     provides = frozenset({"masked_lm", "encoder", "discriminator", "generator", "hidden_projection", "pair_head"})
     options_class = BertOptions
 
-    def hf_config(self, cfg, tokenizer):
+    def hf_config(self, cfg: EncoderConfig, tokenizer: dict) -> PretrainedConfig:
+        """A BertConfig for this shape, vocabulary and pad id (two token types, the position option)."""
         return BertConfig(
             vocab_size=tokenizer["vocab_size"], hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
             num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
@@ -104,20 +109,25 @@ class BertBackbone(Backbone):
             **_positions(cfg.position_embedding),
         )
 
-    def check(self, cfg):
+    def check(self, cfg: EncoderConfig) -> None:
+        """Refuse (ConfigError) the base refusals and relative positions under transformers 5."""
         super().check(cfg)
         if cfg.position_embedding in RELATIVE_POSITIONS and not relative_positions_available():
             raise ConfigError(relative_refusal(f"config key 'model.position_embedding={cfg.position_embedding}' "
                                                f"(model.architecture={self.model_type})"))
 
-    def version_limit(self, config):
+    def version_limit(self, config: PretrainedConfig) -> Optional[str]:
+        """"<5" for relative positions (transformers 5 removed them), else None."""
         return "<5" if getattr(config, "position_embedding_type", "absolute") in RELATIVE_POSITIONS else None
 
-    def attention(self, config, requested):
+    def attention(self, config: PretrainedConfig, requested: str) -> str:
+        """The requested kernel for absolute positions; eager for relative ones."""
         # transformers 4.x has no SDPA path for its relative positions.
         return requested if getattr(config, "position_embedding_type", "absolute") == "absolute" else "eager"
 
-    def masked_lm(self, config, init_from=None, pair_head=False):
+    def masked_lm(self, config: PretrainedConfig, init_from: Optional[str] = None,
+                  pair_head: bool = False) -> PreTrainedModel:
+        """A BertForPreTraining (MLM + NSP head), its pooler and NSP head frozen without a pair task."""
         # Always BertForPreTraining, the layout of Google's BERT checkpoints: AutoModel then finds
         # every weight it builds (the pooler too) and AutoModelForMaskedLM loads the same folder.
         # Without a pair task the pooler and NSP head stay frozen at their initial values.
@@ -128,19 +138,22 @@ class BertBackbone(Backbone):
             model.cls.seq_relationship.requires_grad_(False)
         return model
 
-    def encoder(self, config, init_from=None):
+    def encoder(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
+        """The bare BertModel, its (unused) pooler frozen."""
         # With its (frozen, unused) pooler, so that AutoModel reports no newly initialised weights.
         model = BertModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else BertModel(config)
         model.pooler.requires_grad_(False)
         return model
 
-    def discriminator(self, config, init_from=None):
+    def discriminator(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
+        """An ElectraForPreTraining of this BERT's shape, its encoder warm-started from a BERT folder when given."""
         model = ElectraForPreTraining(electra_config(config))
         if init_from:
             warm_start_from_bert(model, init_from)
         return model
 
-    def generator(self, config, width, layers, owner):
+    def generator(self, config: PretrainedConfig, width: float, layers: int, owner: PreTrainedModel) -> PreTrainedModel:
+        """A smaller masked LM (ELECTRA's when narrower or beside an ELECTRA) on `owner`'s embeddings, decoder tied."""
         # ELECTRA's generator class carries the projection a narrower generator needs; beside a
         # BertModel at full width (COCO-LM) the generator is this backbone's own masked LM.
         if isinstance(owner, ElectraPreTrainedModel) or width < 1.0:
@@ -152,15 +165,18 @@ class BertBackbone(Backbone):
         self.tie_decoder(model, self.word_embeddings(owner))
         return model
 
-    def mlm_head(self, model) -> VocabularyHead:
+    def mlm_head(self, model: PreTrainedModel) -> VocabularyHead:
+        """The MLM head's transform and decoder (ELECTRA generator's or BERT's)."""
         if isinstance(model, ElectraForMaskedLM):
             return VocabularyHead(model.generator_predictions, model.generator_lm_head)
         return VocabularyHead(model.cls.predictions.transform, model.cls.predictions.decoder)
 
-    def pair_logits(self, model, pooled):
+    def pair_logits(self, model: PreTrainedModel, pooled: torch.Tensor) -> torch.Tensor:
+        """NSP logits [B, 2] from the pooled output."""
         return model.cls.seq_relationship(pooled)
 
-    def encoder_flops(self, config, seq_len):
+    def encoder_flops(self, config: PretrainedConfig, seq_len: int) -> float:
+        """Forward FLOPs per token of the BERT encoder (relative positions included)."""
         # Q, K, V, output (8H²), the FFN (4HI), scores and weighted sum (4SH); relative positions add
         # one [S, S, d] product per head for keys (relative_key) and one more for queries.
         h, i = config.hidden_size, config.intermediate_size

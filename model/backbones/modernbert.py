@@ -9,20 +9,31 @@ them. No token types and no pooler: sentence-pair heads (NSP/SOP) are BERT-only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
 
-from transformers import ModernBertConfig, ModernBertForMaskedLM, ModernBertForTokenClassification, ModernBertModel
+from transformers import (
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    ModernBertForTokenClassification,
+    ModernBertModel,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
 from core.errors import ConfigError
 from model.backbones.base import LOAD_DTYPE, Backbone
 from model.backbones.bert import scaled_shape
 from model.vocabulary_loss import VocabularyHead
 
+if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
+    from model.encoder import EncoderConfig
+
 
 # transformers' default for global_attn_every_n_layers (4.x and 5.x).
 DEFAULT_GLOBAL_EVERY = 3
 
 
-def global_layers(config, layers: int | None = None) -> list[bool]:
+def global_layers(config: PretrainedConfig, layers: int | None = None) -> list[bool]:
     """Which layers attend globally: transformers 5 lists each layer's kind (`layer_types`), 4.x repeats one
     pattern (`global_attn_every_n_layers`); a depth other than the config's repeats the pattern."""
     layers = config.num_hidden_layers if layers is None else layers
@@ -55,7 +66,8 @@ class ModernBertBackbone(Backbone):
     # flash_attention_2: transformers' unpadded path, on a GPU with the flash-attn package.
     attention_kernels = ("sdpa", "eager", "flash_attention_2")
 
-    def hf_config(self, cfg, tokenizer):
+    def hf_config(self, cfg: EncoderConfig, tokenizer: dict) -> PretrainedConfig:
+        """A ModernBertConfig for this shape, vocabulary, special ids and local/global attention pattern."""
         return ModernBertConfig(
             vocab_size=tokenizer["vocab_size"], hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
             num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
@@ -68,12 +80,14 @@ class ModernBertBackbone(Backbone):
             reference_compile=False,
         )
 
-    def from_folder(self, path):
+    def from_folder(self, path: str) -> PretrainedConfig:
+        """The folder's checked config, with transformers' own compilation turned off."""
         config = super().from_folder(path)
         config.reference_compile = False
         return config
 
-    def resized(self, config, **changes):
+    def resized(self, config: PretrainedConfig, **changes: Any) -> PretrainedConfig:
+        """A copy of the config with some fields changed, its per-layer attention kinds following a new depth."""
         out = super().resized(config, **changes)
         if "num_hidden_layers" in changes and getattr(out, "layer_types", None) is not None:
             # transformers 5 lists each layer's attention kind once, at init; a resized depth needs its own list.
@@ -81,7 +95,8 @@ class ModernBertBackbone(Backbone):
                                for full in global_layers(config, out.num_hidden_layers)]
         return out
 
-    def attention(self, config, requested):
+    def attention(self, config: PretrainedConfig, requested: str) -> str:
+        """The requested kernel; flash_attention_2 is refused (ConfigError) where flash-attn is not available."""
         if requested == "flash_attention_2":
             from transformers.utils import is_flash_attn_2_available
 
@@ -90,22 +105,27 @@ class ModernBertBackbone(Backbone):
                                   "package and a GPU")
         return requested
 
-    def masked_lm(self, config, init_from=None, pair_head=False):
+    def masked_lm(self, config: PretrainedConfig, init_from: Optional[str] = None,
+                  pair_head: bool = False) -> PreTrainedModel:
+        """A ModernBertForMaskedLM, fresh or from a folder; a pair head is refused (ConfigError)."""
         if pair_head:
             raise ConfigError("ModernBERT has no sentence-pair head: use model.architecture=bert for NSP/SOP")
         return (ModernBertForMaskedLM.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from
                 else ModernBertForMaskedLM(config))
 
-    def encoder(self, config, init_from=None):
+    def encoder(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
+        """The bare ModernBertModel, fresh or from a folder."""
         return ModernBertModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else ModernBertModel(config)
 
-    def discriminator(self, config, init_from=None):
+    def discriminator(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
+        """A one-label ModernBertForTokenClassification (the RTD discriminator), fresh or from a folder."""
         config = self.resized(config, num_labels=1)
         if init_from:
             return ModernBertForTokenClassification.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE)
         return ModernBertForTokenClassification(config)
 
-    def generator(self, config, width, layers, owner):
+    def generator(self, config: PretrainedConfig, width: float, layers: int, owner: PreTrainedModel) -> PreTrainedModel:
+        """A smaller masked LM: on `owner`'s embeddings at full width, with embeddings of its own when narrower."""
         if width >= 1.0:
             model = self.masked_lm(self.resized(config, num_hidden_layers=layers))
             self.share_embeddings(owner, model)
@@ -113,10 +133,12 @@ class ModernBertBackbone(Backbone):
             return model
         return ModernBertForMaskedLM(self.resized(config, num_hidden_layers=layers, **scaled_shape(config, width)))
 
-    def mlm_head(self, model) -> VocabularyHead:
+    def mlm_head(self, model: PreTrainedModel) -> VocabularyHead:
+        """ModernBERT's MLM head and decoder."""
         return VocabularyHead(model.head, model.decoder)
 
-    def encoder_flops(self, config, seq_len):
+    def encoder_flops(self, config: PretrainedConfig, seq_len: int) -> float:
+        """Forward FLOPs per token of the ModernBERT encoder (local layers attend over their window only)."""
         # Wqkv + Wo (8H²), GeGLU: Wi to 2I and Wo back (6HI); scores and weighted sum over the
         # attended span: the whole sequence in global layers, the local window elsewhere.
         h, i, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers

@@ -8,10 +8,15 @@ has no pooler and no [CLS]-based pair head here; only the permutation LM objecti
 """
 from __future__ import annotations
 
-from transformers import XLNetConfig, XLNetLMHeadModel, XLNetModel
+from typing import TYPE_CHECKING, Optional
+
+from transformers import PretrainedConfig, PreTrainedModel, XLNetConfig, XLNetLMHeadModel, XLNetModel
 
 from model.backbones.base import LOAD_DTYPE, Backbone
 from model.vocabulary_loss import VocabularyHead
+
+if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
+    from model.encoder import EncoderConfig
 
 
 class XLNetBackbone(Backbone):
@@ -22,7 +27,8 @@ class XLNetBackbone(Backbone):
     # Its masked_lm is XLNetLMHeadModel, whose two-stream attention only the permutation LM drives.
     provides = frozenset({"permutation_lm"})
 
-    def hf_config(self, cfg, tokenizer):
+    def hf_config(self, cfg: EncoderConfig, tokenizer: dict) -> PretrainedConfig:
+        """An XLNetConfig for this shape, vocabulary and special ids, without Transformer-XL memory."""
         # No Transformer-XL memory (mem_len None): every sequence is read on its own, as in pre-training here.
         return XLNetConfig(
             vocab_size=tokenizer["vocab_size"], d_model=cfg.hidden_size, n_layer=cfg.num_layers, n_head=cfg.num_heads,
@@ -32,19 +38,25 @@ class XLNetBackbone(Backbone):
             bos_token_id=tokenizer["cls_id"], eos_token_id=tokenizer["sep_id"],
         )
 
-    def attention(self, config, requested):
+    def attention(self, config: PretrainedConfig, requested: str) -> str:
+        """Always eager: XLNet's relative attention has no other path."""
         return "eager"  # XLNet's relative attention has no other path in transformers
 
-    def masked_lm(self, config, init_from=None, pair_head=False):
+    def masked_lm(self, config: PretrainedConfig, init_from: Optional[str] = None,
+                  pair_head: bool = False) -> PreTrainedModel:
+        """An XLNetLMHeadModel, fresh or from a folder (no pair head: `pair_head` is not read)."""
         return XLNetLMHeadModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else XLNetLMHeadModel(config)
 
-    def encoder(self, config, init_from=None):
+    def encoder(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
+        """The bare XLNetModel, fresh or from a folder."""
         return XLNetModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else XLNetModel(config)
 
-    def mlm_head(self, model) -> VocabularyHead:
+    def mlm_head(self, model: PreTrainedModel) -> VocabularyHead:
+        """XLNet's LM head: no transform, the `lm_loss` projection tied to the word embeddings."""
         return VocabularyHead(lambda hidden: hidden, model.lm_loss)
 
-    def encoder_flops(self, config, seq_len):
+    def encoder_flops(self, config: PretrainedConfig, seq_len: int) -> float:
+        """Forward FLOPs per token of XLNet's content stream (relative positions included)."""
         # The content stream per token and layer: Q, K, V, O (8H²), the FFN (4HI), content scores and the weighted
         # sum (4SH); relative positions add the projection of 2S position embeddings (4H² per token) and the
         # position scores against them (4SH). The query stream is the objective's (it runs at targets only).
@@ -52,7 +64,7 @@ class XLNetBackbone(Backbone):
         return config.n_layer * (12 * h * h + 4 * h * i + 8 * seq_len * h)
 
     @staticmethod
-    def query_stream_flops(config, seq_len: int) -> float:
+    def query_stream_flops(config: PretrainedConfig, seq_len: int) -> float:
         """Forward FLOPs of the query stream per predicted token: Q and O (4H²), the FFN (4HI), scores (8SH)."""
         h, i = config.d_model, config.d_inner
         return config.n_layer * (4 * h * h + 4 * h * i + 8 * seq_len * h)

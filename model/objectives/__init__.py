@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from transformers import PretrainedConfig
 
 from core.errors import ConfigError
+from data_pipeline.loader import SampleTransform
 from data_pipeline.masking import MaskingConfig
 from model import backbones
 from model.backbones import backbone_for
 from model.objectives.base import Objective
+
+if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
+    from model.encoder import EncoderConfig
 
 # name -> "module:class". Every one is imported when this package builds the `objective` config section (each
 # objective owns its options class), so an objective's module imports only what is installed with the project.
@@ -61,7 +65,7 @@ class ObjectiveSpec:
     cls: type[Objective]
     options: Any
 
-    def data_transform(self, transform, pad_id: int, cls_id: int, sep_id: int):
+    def data_transform(self, transform: SampleTransform, pad_id: int, cls_id: int, sep_id: int) -> SampleTransform:
         """The loader's per-sample transform: the masking itself, or the objective's views built around it."""
         return self.cls.wrap_masking(self.options, transform, pad_id, cls_id, sep_id)
 
@@ -75,7 +79,7 @@ class ObjectiveSpec:
         return objective
 
 
-def resolve_objective(cfg: ObjectiveConfig, model, masking) -> ObjectiveSpec:
+def resolve_objective(cfg: ObjectiveConfig, model: EncoderConfig, masking: MaskingConfig) -> ObjectiveSpec:
     """The named objective, its own checks of its options against the model and masking configs passed (ConfigError)."""
     cls, options = objective_class(cfg.name), getattr(cfg, cfg.name)
     if not model.init_from:  # an init_from folder's family is checked when the objective is built

@@ -1,13 +1,17 @@
 """The one interface every objective implements; the trainer sees nothing else."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from data_pipeline.loader import unpadded_key
+from data_pipeline.loader import SampleTransform, unpadded_key
+
+if TYPE_CHECKING:  # the config sections are read here, never built: no import cycle with model.encoder
+    from data_pipeline.masking import MaskingConfig
+    from model.encoder import EncoderConfig
 
 Batch = dict[str, Any]  # tensors, and the loader's per-batch flags (Python bools)
 # The loss to back-propagate, and named detached scalars (loss terms and metrics) to log.
@@ -46,11 +50,12 @@ class Objective(nn.Module):
     drop_unpadded_mask: bool = True
 
     @classmethod
-    def check_config(cls, options, model, masking) -> None:
+    def check_config(cls, options: Any, model: EncoderConfig, masking: MaskingConfig) -> None:
         """Raise ConfigError when these options cannot work with the model (EncoderConfig) and masking configs."""
 
     @classmethod
-    def wrap_masking(cls, options, transform, pad_id: int, cls_id: int, sep_id: int):
+    def wrap_masking(cls, options: Any, transform: SampleTransform, pad_id: int, cls_id: int,
+                     sep_id: int) -> SampleTransform:
         """The loader's per-sample transform for this objective: the masking itself, or views built around it."""
         return transform
 

@@ -27,7 +27,7 @@ pretrain/configs/coco_lm.yaml uses ModernBERT's rotary positions (relative too),
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from core.errors import ConfigError
-from data_pipeline.masking import IGNORE_INDEX
+from data_pipeline.masking import IGNORE_INDEX, MaskingConfig
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import detection_metrics, masked_mean, retrieval_accuracy
@@ -43,6 +43,9 @@ from model.objectives.base import Batch, Objective
 from model.objectives.electra import sample_replacements
 from model.objectives.mlm import (at_least_fp32, at_positions, full_precision, prediction_accuracy, prediction_positions,
                                   sparse_mlm)
+
+if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
+    from model.encoder import EncoderConfig
 
 
 def copy_loss(copy_logits: torch.Tensor, unchanged: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -143,7 +146,7 @@ class CocoLM(Objective):
         self.weights = {"copy_loss": options.copy_weight, "scl_loss": options.scl_weight}
 
     @classmethod
-    def check_config(cls, options: CocoLMOptions, model, masking) -> None:
+    def check_config(cls, options: CocoLMOptions, model: EncoderConfig, masking: MaskingConfig) -> None:
         """COCO-LM corrupts all-[MASK] input and contrasts a crop view."""
         if masking.strategy != "coco" or masking.crop_ratio is None:
             raise ConfigError("objective coco_lm corrupts all-[MASK] input and contrasts a crop: set masking.strategy=coco "
@@ -176,7 +179,7 @@ class CocoLM(Objective):
                                   at_positions(corrupted, index).flatten(), self.options.clm_form)
         return loss, prediction_accuracy(logits, flat)
 
-    def terms(self, batch: Batch):
+    def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Generator MLM, copy, corrective LM and SCL losses, with copy and SCL retrieval diagnostics."""
         if "crop_input_ids" not in batch:
             raise ConfigError("objective coco_lm needs the crop view: set masking.crop_ratio (0.9 in the paper)")

@@ -18,7 +18,7 @@ micro-batch (no gathering across ranks).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
@@ -31,6 +31,11 @@ from model.diagnostics import retrieval_accuracy
 from model.objectives.base import Batch, Objective
 from model.objectives.coco_lm import scl_logits
 from model.objectives.mlm import prediction_positions, sparse_mlm
+
+if TYPE_CHECKING:  # the config sections are read here, never built: no import cycle with model.encoder
+    from data_pipeline.loader import SampleTransform
+    from data_pipeline.masking import MaskingConfig
+    from model.encoder import EncoderConfig
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -77,7 +82,7 @@ class Declutr(Objective):
         self.weights = {"mlm_loss": options.mlm_weight}
 
     @classmethod
-    def check_config(cls, options: DeclutrOptions, model, masking) -> None:
+    def check_config(cls, options: DeclutrOptions, model: EncoderConfig, masking: MaskingConfig) -> None:
         """Spans must fit a sequence; Beta shapes are positive integers; the crop view is COCO-LM's, not this."""
         spans = options.spans
         if not 1 <= spans.min_span_tokens <= spans.max_span_tokens:
@@ -94,11 +99,12 @@ class Declutr(Objective):
             raise ConfigError("objective.name=declutr samples its own views: leave masking.crop_ratio unset")
 
     @classmethod
-    def wrap_masking(cls, options: DeclutrOptions, transform, pad_id: int, cls_id: int, sep_id: int):
+    def wrap_masking(cls, options: DeclutrOptions, transform: SampleTransform, pad_id: int, cls_id: int,
+                     sep_id: int) -> SampleTransform:
         """The loader's transform: sample the anchor and positives, then mask the anchor."""
         return SpanViews(transform, options.spans, pad_id, cls_id, sep_id)
 
-    def terms(self, batch: Batch):
+    def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Contrastive and anchor MLM losses, with in-batch retrieval accuracy of the positives."""
         if "positive0_input_ids" not in batch:
             raise ConfigError("objective.name=declutr needs its span views in the batch (the loader builds them: "

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -41,12 +41,15 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from core.errors import ConfigError
-from data_pipeline.masking import IGNORE_INDEX
+from data_pipeline.masking import IGNORE_INDEX, MaskingConfig
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import detection_metrics, masked_mean
 from model.objectives.base import Batch, Objective
 from model.objectives.mlm import at_least_fp32, at_positions, prediction_positions, sparse_mlm
+
+if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
+    from model.encoder import EncoderConfig
 
 
 def rtd_loss(logits: torch.Tensor, replaced: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -125,7 +128,7 @@ class Electra(Objective):
         self._switched: Optional[bool] = None
 
     @classmethod
-    def check_config(cls, options: ElectraOptions, model, masking) -> None:
+    def check_config(cls, options: ElectraOptions, model: EncoderConfig, masking: MaskingConfig) -> None:
         """Two-stage training initialises the discriminator from the generator: same size, sampled replacements."""
         if options.two_stage_generator_steps < 0:
             raise ConfigError("config key 'objective.electra.two_stage_generator_steps' must be >= 0")
@@ -157,7 +160,7 @@ class Electra(Objective):
             self.switched.fill_(1)
             self._switched = True
 
-    def terms(self, batch: Batch):
+    def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Generator MLM and discriminator RTD losses, with the RTD head's detection diagnostics."""
         if self.two_stage:
             return self._stage_one_terms(batch) if self.stage == 1 else self._stage_two_terms(batch)

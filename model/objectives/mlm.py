@@ -14,21 +14,24 @@ Validation shows every picked token as [MASK] (the 80/10/10 mix reads lower).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
 from core.errors import ConfigError
-from data_pipeline.masking import IGNORE_INDEX, positions_of
+from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, positions_of
 from model import flops
 from model.backbones import REGISTRY, backbone_for
 from model.objectives.base import Batch, Objective
-from model.vocabulary_loss import VocabularyHead, at_least_fp32, linear_cross_entropy, unique_top_hits
+from model.vocabulary_loss import Head, VocabularyHead, at_least_fp32, linear_cross_entropy, unique_top_hits
+
+if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
+    from model.encoder import EncoderConfig
 
 
-def full_precision(x: torch.Tensor):
+def full_precision(x: torch.Tensor) -> torch.autocast:
     """A region where autocast is off: a similarity matmul inside it runs in x's dtype, not in bf16/fp16.
 
     Contrastive logits are cos / τ with τ as small as 0.01: a bf16 cosine (3 significant digits) moves a
@@ -88,7 +91,7 @@ def at_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index.reshape(*index.shape, *([1] * (x.dim() - 2))).expand(*index.shape, *x.shape[2:]))
 
 
-def sparse_mlm(hidden: torch.Tensor, labels: torch.Tensor, head, index: Optional[torch.Tensor] = None,
+def sparse_mlm(hidden: torch.Tensor, labels: torch.Tensor, head: Head, index: Optional[torch.Tensor] = None,
                chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply the MLM head only at the predicted positions `index` [B, K] (`prediction_positions(batch)`; found from
     the labels when None); return (loss, accuracy). Slots labelled IGNORE_INDEX (a row's padding) count in neither.
@@ -130,14 +133,14 @@ class MaskedLM(Objective):
         self.model = self.backbone.masked_lm(config, init_from, pair_head=self.pair_head != "none")
 
     @classmethod
-    def check_config(cls, options: MLMOptions, model, masking) -> None:
+    def check_config(cls, options: MLMOptions, model: EncoderConfig, masking: MaskingConfig) -> None:
         """Sentence-pair heads need token types and a pooler (BERT, ALBERT)."""
         if options.pair_head != "none" and not backbone_for(model.architecture).has_pair_head:
             having = [name for name in REGISTRY if backbone_for(name).has_pair_head]
             raise ConfigError(f"objective.mlm.pair_head={options.pair_head} needs model.architecture="
                               f"{' or '.join(having)} ({model.architecture} has no token types or pooler)")
 
-    def terms(self, batch: Batch):
+    def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """MLM loss (+ NSP/SOP loss) and accuracies."""
         out = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], self.encoder_mask(batch),
                                    batch.get("token_type_ids"))

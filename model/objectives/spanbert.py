@@ -15,20 +15,23 @@ beside it as `span_boundary_head.safetensors` + `.json` (`model.heads.SpanBounda
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from core.errors import ConfigError
-from data_pipeline.masking import IGNORE_INDEX
+from data_pipeline.masking import IGNORE_INDEX, MaskingConfig
 from model import flops
 from model.backbones import backbone_for
 from model.heads import SpanBoundaryHead, SpanBoundaryShape
 from model.objectives.base import Batch, Objective
 from model.objectives.mlm import (at_least_fp32, at_positions, mlm_loss, prediction_accuracy, prediction_positions,
                                   sparse_mlm)
+
+if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
+    from model.encoder import EncoderConfig
 
 SBO_HEAD_NAME = "span_boundary_head"
 
@@ -79,7 +82,7 @@ class SpanBert(Objective):
         self.weights = {"sbo_loss": options.sbo_weight}
 
     @classmethod
-    def check_config(cls, options: SpanBertOptions, model, masking) -> None:
+    def check_config(cls, options: SpanBertOptions, model: EncoderConfig, masking: MaskingConfig) -> None:
         """SBO needs span boundaries: the span (or n-gram) masking strategy."""
         if masking.strategy not in ("span", "ngram"):
             raise ConfigError(f"objective.name=spanbert needs masking.strategy=span (got {masking.strategy}): "
@@ -87,7 +90,7 @@ class SpanBert(Objective):
         if options.max_span_tokens < 1:
             raise ConfigError("config key 'objective.spanbert.max_span_tokens' must be >= 1")
 
-    def terms(self, batch: Batch):
+    def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """MLM and SBO losses with their accuracies."""
         hidden = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], self.encoder_mask(batch),
                                       batch.get("token_type_ids")).last_hidden_state

@@ -21,20 +21,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
 from core.errors import ConfigError
-from data_pipeline.masking import IGNORE_INDEX
+from data_pipeline.masking import IGNORE_INDEX, MaskingConfig
 from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import token_self_similarity
 from model.objectives.base import Batch, Objective
 from model.objectives.mlm import (at_least_fp32, at_positions, full_precision, pair_loss, prediction_positions,
                                   sparse_mlm)
+
+if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
+    from model.encoder import EncoderConfig
 
 
 def _contrast(logits: torch.Tensor, key_mask: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
@@ -126,7 +129,7 @@ class TaCL(Objective):
         self.weights = {"tacl_loss": options.weight}
 
     @classmethod
-    def check_config(cls, options: TaCLOptions, model, masking) -> None:
+    def check_config(cls, options: TaCLOptions, model: EncoderConfig, masking: MaskingConfig) -> None:
         """TaCL continues a pre-trained checkpoint (the teacher); NSP needs BERT."""
         if not model.init_from:
             raise ConfigError("objective tacl continues pre-training: set model.init_from to the teacher's HF folder")
@@ -144,7 +147,7 @@ class TaCL(Objective):
         """The student's MLM loss and accuracy at the predicted positions `index`."""
         return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.student), index, self.vocab_loss_chunk)
 
-    def terms(self, batch: Batch):
+    def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """MLM (+ NSP) and the token-level contrastive loss; the student's self-similarity when evaluating."""
         attention, types = batch["attention_mask"], batch.get("token_type_ids")
         bb = self.backbone

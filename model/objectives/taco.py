@@ -114,7 +114,7 @@ class TACO(Objective):
         self.model = self.backbone.masked_lm(config, init_from)
         self.weights = {"tc_loss": options.weight}
 
-    def terms(self, batch: Batch):
+    def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """MLM and TC losses, and how often the positive outscores every negative."""
         attention = batch["attention_mask"]
         bb = self.backbone

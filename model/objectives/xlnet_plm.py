@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
@@ -26,9 +26,15 @@ from model import flops
 from model.backbones import backbone_for
 from model.objectives.base import Batch, Objective
 from model.objectives.mlm import sparse_mlm
+from model.vocabulary_loss import Head
+
+if TYPE_CHECKING:  # the config sections are read here, never built: no import cycle with model.encoder
+    from data_pipeline.masking import MaskingConfig
+    from model.encoder import EncoderConfig
 
 
-def plm_loss(hidden: torch.Tensor, labels: torch.Tensor, head, chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def plm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: Head,
+             chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy over real targets of the query stream [B, P, d] through the LM head (labels [B, P], -100
     pads; `chunk`: the head fused with the loss, as sparse_mlm's); and accuracy."""
     slots = torch.arange(labels.shape[1], device=labels.device).expand_as(labels)
@@ -55,13 +61,13 @@ class XLNetPLM(Objective):
         self.model = self.backbone.masked_lm(config, init_from)
 
     @classmethod
-    def check_config(cls, options: XLNetOptions, model, masking) -> None:
+    def check_config(cls, options: XLNetOptions, model: EncoderConfig, masking: MaskingConfig) -> None:
         """The permutation comes from the `plm` masking strategy."""
         if masking.strategy != "plm":
             raise ConfigError(f"objective.name=xlnet needs masking.strategy=plm (got {masking.strategy}): "
                               "it builds the factorization order (perm_mask, target_mapping)")
 
-    def terms(self, batch: Batch):
+    def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The permutation LM loss at the targets, through the query stream."""
         if "perm_mask" not in batch:
             raise ConfigError("objective.name=xlnet needs batches from masking.strategy=plm")

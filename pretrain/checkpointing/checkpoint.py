@@ -9,7 +9,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -17,6 +17,9 @@ from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.errors import CheckpointError
 from pretrain.checkpointing.checkpoint_dir import COMPLETE, LATEST, CheckpointDir, file_manifest, tag_for, universal_tag
+
+if TYPE_CHECKING:  # annotations only: deepspeed is imported where an engine is built
+    from deepspeed import DeepSpeedEngine
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -32,7 +35,7 @@ def _fsync_tree(folder: Path) -> None:
         os.close(fd)
 
 
-def save(engine, ckpt_dir: Path, step: int, client_state: dict[str, Any], keep_last: int,
+def save(engine: DeepSpeedEngine, ckpt_dir: Path, step: int, client_state: dict[str, Any], keep_last: int,
          run_files: Optional[dict[str, str]] = None) -> str:
     """Save on every rank; rank 0 marks the tag complete after all ranks finished, then prunes old tags.
 
@@ -59,7 +62,7 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict[str, Any], keep_l
     return tag
 
 
-def load(engine, ckpt_dir: Path, tag: str) -> dict[str, Any]:
+def load(engine: DeepSpeedEngine, ckpt_dir: Path, tag: str) -> dict[str, Any]:
     """Load model, optimizer and scheduler state into the engine; return the client state."""
     path, client_state = engine.load_checkpoint(str(ckpt_dir), tag=tag)
     if path is None:

@@ -17,13 +17,16 @@ does every step without a use for this run is configured around, here and in dee
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 from torch import nn
 
 from pretrain.checkpointing import checkpoint as ckpt
 from pretrain.engine.grad_buckets import GradientBuckets
+
+if TYPE_CHECKING:  # annotations only: deepspeed is imported where an engine is built
+    from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
 
 Batch = dict[str, Any]  # tensors, and the loader's per-batch flags as Python values
 
@@ -190,7 +193,7 @@ def compile_objective(model: nn.Module, mode: Union[bool, str]) -> str:
     return ""
 
 
-def foreach_zero_grad_norm(optimizer) -> bool:
+def foreach_zero_grad_norm(optimizer: Optional[Union[torch.optim.Optimizer, DeepSpeedOptimizer]]) -> bool:
     """Give a ZeRO-1/2 optimizer a gradient norm computed by one foreach kernel; False where its own must stay."""
     from deepspeed.runtime.utils import mask_nan_or_inf_with_val_inplace
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer, pg_utils
@@ -220,7 +223,8 @@ def foreach_zero_grad_norm(optimizer) -> bool:
     return True
 
 
-def build_engine(model: nn.Module, optimizer, scheduler, ds_config: dict[str, Any], world: int,
+def build_engine(model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Optional[torch.optim.lr_scheduler.LRScheduler], ds_config: dict[str, Any], world: int,
                  compile: Union[bool, str] = False, reschedule: Optional[Callable[[Any], None]] = None,
                  grad_buckets_bytes: int = 0) -> Engine:
     """deepspeed.initialize with `ds_config` (as written to the run folder), then the host-cost settings above; at stage

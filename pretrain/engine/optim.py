@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -30,7 +31,7 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """One LAMB update of every parameter with a gradient."""
         loss = closure() if closure is not None else None
         for group in self.param_groups:
@@ -114,12 +115,14 @@ class ScheduleFactor:
         return lr_factor(step, self.max_steps, self.cfg)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, max_steps: int, cfg: ScheduleConfig):
+def build_scheduler(optimizer: torch.optim.Optimizer, max_steps: int,
+                    cfg: ScheduleConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR that DeepSpeed steps once per optimizer step and saves in its checkpoints."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, ScheduleFactor(max_steps, cfg))
 
 
-def reset_schedule(scheduler, max_steps: int, cfg: ScheduleConfig, lr: float) -> None:
+def reset_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, max_steps: int, cfg: ScheduleConfig,
+                   lr: float) -> None:
     """Make a loaded scheduler follow the current config.
 
     LambdaLR's state_dict pickles the lambda's fields and the base lrs, so loading a checkpoint

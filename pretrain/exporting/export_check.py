@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
+from transformers.utils import ModelOutput
 
 from core.errors import SetupError
 from model.backbones.base import LOAD_DTYPE, Backbone, forward_input_names
@@ -17,7 +18,7 @@ PROBE = ["In the beginning God created the heaven and the earth.", "And God said
 TOLERANCE = 1e-5
 
 
-def output_tensors(out) -> list[torch.Tensor]:
+def output_tensors(out: ModelOutput | tuple[Any, ...] | list[Any]) -> list[torch.Tensor]:
     """Every tensor of a model output, in order (XLNet's memories are a tuple of them)."""
     items = out.to_tuple() if hasattr(out, "to_tuple") else tuple(out)
     flat: list[torch.Tensor] = []

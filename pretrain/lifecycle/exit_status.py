@@ -17,6 +17,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 from core.errors import DivergedError, UserError
 
@@ -56,7 +57,7 @@ def status_file() -> Path | None:
     return Path(folder) / f"rank{rank}.json"
 
 
-def write_status(status: str, **fields) -> None:
+def write_status(status: str, **fields: Any) -> None:
     """Record this rank's state (running, finished, stopped, preempted, peer_lost, terminated, failed) with its host."""
     path = status_file()
     if path is None:

@@ -59,9 +59,11 @@ class WandbTracker(Tracker):
                               dir=str(run_dir.wandb), name=run_dir.root.name, config=config)
 
     def log(self, step: int, values: dict[str, float]) -> None:
+        """Send one row to the W&B run at this step."""
         self.run.log(values, step=step)
 
     def close(self) -> None:
+        """Finish the W&B run (resumable by its id)."""
         self.run.finish()
 
 
@@ -92,10 +94,12 @@ class MlflowTracker(Tracker):
         self.run_id = run_id
 
     def log(self, step: int, values: dict[str, float]) -> None:
+        """Send one row to the MLflow run as one batch of metrics at this step."""
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[self._metric(k, float(v), now, step) for k, v in values.items()])
 
     def close(self) -> None:
+        """Mark the MLflow run finished (resumable by its id)."""
         self.client.set_terminated(self.run_id)
 
 
