@@ -163,10 +163,12 @@ _PEER_FAILURE_TEXT = ("Connection closed by peer", "Connection reset by peer", "
 
 def is_peer_failure(exc: BaseException) -> bool:
     """True when `exc` is a collective that failed because another rank died or hung (not a bug of this rank)."""
-    if world_size() == 1:
+    if launched_world_size() == 1:
         return False
+    # DistStoreError: the rendezvous timed out before every rank joined (a rank or node that never started).
     kinds = tuple(k for k in (getattr(torch.distributed, "DistBackendError", None),
-                              getattr(torch.distributed, "DistNetworkError", None)) if k is not None)
+                              getattr(torch.distributed, "DistNetworkError", None),
+                              getattr(torch.distributed, "DistStoreError", None)) if k is not None)
     seen = set()
     while exc is not None and id(exc) not in seen:  # DeepSpeed and the loader may wrap it
         seen.add(id(exc))
@@ -296,6 +298,16 @@ def _local_world_is_this_host() -> None:
 def rank() -> int:
     """This process's global rank."""
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def launched_rank() -> int:
+    """This process's rank: the group's, or before the group exists the one its launcher gave (RANK)."""
+    return rank() if torch.distributed.is_initialized() else int(os.environ.get("RANK", "0"))
+
+
+def launched_world_size() -> int:
+    """The number of ranks: the group's, or before the group exists the one its launcher gave (WORLD_SIZE)."""
+    return world_size() if torch.distributed.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def local_device() -> torch.device:

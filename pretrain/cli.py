@@ -75,8 +75,11 @@ def _peer_lost(exc: BaseException, trainer) -> None:
     step = trainer.step if trainer is not None else -1
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "?"
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    who = dist.lost_peers(str(exc)) or "a peer (its own log says which)"
-    line = (f"peer lost: rank {dist.rank()} of {dist.world_size()}, step {step}, backend {backend}: lost {who}: "
+    if torch.distributed.is_initialized():
+        who = dist.lost_peers(str(exc)) or "a peer (its own log says which)"
+    else:  # the rendezvous: a rank that never started, or started elsewhere
+        who = "a rank that did not join within train.init_timeout_s (its own log, or its node, says why)"
+    line = (f"peer lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}, backend {backend}: lost {who}: "
             f"{first[:300]} (exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
     if trainer is not None and dist.rank() == 0:
         trainer.log.info(line)

@@ -111,6 +111,31 @@ def _listening(port: int) -> bool:
     return False
 
 
+def test_a_peer_that_never_joins_ends_the_rank_after_init_timeout_as_a_lost_peer(prepared, tmp_path):
+    """Rank 0 of 2 whose peer never starts (its node failed before the task ran): after train.init_timeout_s it exits
+    76 with one line, as for a peer lost later, so that the batch script requeues it (a bounded number of times)."""
+    status = tmp_path / "status"
+    env = {**PROCESS_ENV, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PRETRAIN_STATUS_DIR": str(status)}
+    args = ["-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+            f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.max_steps=4", "train.init_timeout_s=4"]
+    with open(tmp_path / "rank0.log", "w") as out:
+        proc = python_process(args, {**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = (tmp_path / "rank0.log").read_text()
+    assert code == EXIT_PEER_LOST, log[-3000:]
+    lines = [line for line in log.splitlines() if line.startswith("peer lost:")]
+    assert len(lines) == 1 and lines[0].startswith("peer lost: rank 0 of 2, step -1, backend ?: lost a rank that did "
+                                                   "not join within train.init_timeout_s"), log[-3000:]
+    assert "1/2 clients joined" in lines[0] and "Traceback" not in log
+    assert json.loads((status / "rank0.json").read_text())["status"] == "peer_lost"
+
+
 def test_sigterm_ends_a_rank_waiting_at_start_up_for_a_dead_peer_at_once(prepared, tmp_path):
     """Rank 0 of 2 whose peer never comes (srun's kill-on-bad-exit case: a task died at start-up) waits at the
     rendezvous inside C++, where Python runs no signal handler: a SIGTERM there still ends it within seconds, of
