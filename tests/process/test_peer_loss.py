@@ -118,7 +118,7 @@ def test_a_peer_that_never_joins_ends_the_rank_after_init_timeout_as_a_lost_peer
     env = {**PROCESS_ENV, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PRETRAIN_STATUS_DIR": str(status)}
     args = ["-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
-            f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.max_steps=4", "train.init_timeout_s=4"]
+            f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.max_steps=4", "train.init_timeout_s=1"]
     with open(tmp_path / "rank0.log", "w") as out:
         proc = python_process(args, {**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
     try:
