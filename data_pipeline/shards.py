@@ -10,6 +10,7 @@ import numpy as np
 
 from core.atomic_files import write_text_atomic
 from core.errors import InputDataError, MissingFileError
+from core.json_file import read_json
 from data_pipeline.dataset_dir import INDEX, MANIFEST, DatasetDir
 
 
@@ -55,16 +56,6 @@ class CorruptShardError(InputDataError):
     """A shard's bytes do not match the hash recorded when it was written."""
 
 
-def _read_json(path: Path, what: str, advice: str, error: type[InputDataError] = InputDataError) -> Any:
-    """A metadata file's JSON, or one line naming the file when it cannot be read, is not UTF-8 or not JSON."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:  # a ValueError too: named apart, "not UTF-8" says more than a JSON error
-        raise error(f"{what} '{path}' is not valid UTF-8 (byte {exc.start}); {advice}") from exc
-    except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
-        raise error(f"{what} '{path}' is missing or corrupt: {exc}; {advice}") from exc
-
-
 def _index_shards(index: Any, index_path: Path) -> list[dict[str, Any]]:
     """The shard entries of a split's parsed index.json, checked for what `shard_files` reads of them."""
     def corrupt(why: str) -> CorruptShardError:
@@ -94,7 +85,7 @@ def shard_files(split_dir: Path) -> tuple[int, list[tuple[Path, Optional[str]]]]
     """A split's shard count and every shard file its index names that must be there, with its xxh64 (None when the
     index records none); a missing, unreadable or malformed index or a missing file is refused."""
     index_path = split_dir / INDEX
-    index = _read_json(index_path, "shard index", "prepare the dataset again", CorruptShardError)
+    index = read_json(index_path, "shard index", "prepare the dataset again", CorruptShardError)
     shards = _index_shards(index, index_path)
     files = []
     for shard in shards:
@@ -192,7 +183,7 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
         raise MissingFileError(
             f"'{data_dir}' is not a prepared dataset (no {MANIFEST}); run `python -m data_pipeline prepare` first"
         )
-    manifest = _read_json(path, "dataset manifest", "prepare the dataset again")
+    manifest = read_json(path, "dataset manifest", "prepare the dataset again")
     _check_manifest(manifest, path)
     files = manifest.get("tokenizer", {}).get("files")
     if files:  # here, before a run writes anything, rather than when it copies the tokenizer or is exported

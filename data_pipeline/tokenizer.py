@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from core.errors import InputDataError, MissingFileError
+from core.json_file import read_json
 from data_pipeline.config import TokenizerConfig
 
 if TYPE_CHECKING:  # annotations only: torch and transformers are imported where they are used
@@ -263,12 +264,7 @@ def check_tokenizer_folder(folder: str | Path, names: Iterable[str] | None = Non
             raise MissingFileError(f"tokenizer file '{path}' is missing; {advice}")
         # A truncated JSON file would otherwise be copied into the run and refused only when the model is exported.
         if name.endswith(".json") and path.is_file():
-            try:
-                json.loads(path.read_text(encoding="utf-8"))
-            except UnicodeDecodeError as exc:
-                raise InputDataError(f"tokenizer file '{path}' is not UTF-8 (byte {exc.start}); {advice}") from exc
-            except (OSError, ValueError) as exc:
-                raise InputDataError(f"tokenizer file '{path}' is not valid JSON: {exc}; {advice}") from exc
+            read_json(path, "tokenizer file", advice)
 
 
 def copy_tokenizer_folder(src: str | Path, dst: str | Path) -> None:

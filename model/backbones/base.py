@@ -20,6 +20,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from core.errors import CheckpointError, ConfigError, MissingFileError
+from core.json_file import read_json
 from model.vocabulary_loss import Head
 
 if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
@@ -108,11 +109,8 @@ def read_model_folder(path: str | Path, need_weights: bool = False) -> dict:
     config = folder / "config.json"
     if not config.is_file():
         raise MissingFileError(f"model '{path}' is not a Hugging Face model folder (no config.json)")
-    try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"model '{path}': '{config}' is not valid JSON ({exc}); the folder is damaged or was "
-                              "copied incompletely: export or copy it again") from None
+    data = read_json(config, f"model '{path}':", "the folder is damaged or was copied incompletely: export or copy it "
+                     "again", CheckpointError)
     if not isinstance(data, dict):
         raise CheckpointError(f"model '{path}': '{config}' holds a {type(data).__name__}, not a model config")
     _check_weights(folder, need_weights)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from core.errors import ConfigError
+from core.json_file import read_json
 from pretrain.config import RunConfig
 
 # deepspeed_configs/ is a package of its own (data only), so a wheel installs the template beside pretrain/.
@@ -135,10 +136,7 @@ def _read_template(cfg: RunConfig) -> tuple[Path, dict[str, Any]]:
     path = Path(cfg.train.deepspeed_config) if cfg.train.deepspeed_config else TEMPLATE
     if not path.is_file():
         raise ConfigError(f"config key 'train.deepspeed_config': file not found: {path}")
-    try:
-        ds = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"deepspeed config {path} is not valid JSON: {exc}") from exc
+    ds = read_json(path, "deepspeed config", "fix it or set train.deepspeed_config to another file", ConfigError)
     if not isinstance(ds, dict):
         raise ConfigError(f"deepspeed config {path} must hold a JSON object at top level, not a {type(ds).__name__}")
     return path, ds

@@ -33,12 +33,12 @@ def _one_error_line(err: str, *needles: str) -> None:
 # (file, new bytes or a function of the file's path giving them, what the message says)
 DAMAGE = {
     "index {}": ("index", b"{}", "is corrupt: it is not a JSON object with a 'shards' list"),
-    "index not UTF-8": ("index", b'\xff\xfe{"shards": []}', "is not valid UTF-8"),
+    "index not UTF-8": ("index", b'\xff\xfe{"shards": []}', "is not UTF-8"),
     "index shard outside the split": ("index", lambda p: p.read_bytes().replace(b'"part-00000/', b'"../../'),
                                       "no plain relative"),
     "manifest []": ("manifest", b"[]", "holds a JSON list, not an object"),
     "manifest {}": ("manifest", b"{}", "no 'splits' object"),
-    "manifest not UTF-8": ("manifest", b"\xff\xfe{}", "is not valid UTF-8"),
+    "manifest not UTF-8": ("manifest", b"\xff\xfe{}", "is not UTF-8"),
     "manifest sequences": ("manifest",
                            lambda p: _edit_manifest(p, lambda m: m["splits"]["train"].update(sequences="many")),
                            "'splits.train.sequences' is not a count"),
