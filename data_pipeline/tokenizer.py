@@ -256,8 +256,8 @@ def check_tokenizer_folder(folder: str | Path, names: Iterable[str] | None = Non
     if names is None:
         names = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
         if not names:
-            raise MissingFileError(f"tokenizer folder '{folder}' holds none of the tokenizer files "
-                                   f"({', '.join(TOKENIZER_FILES[:3])}, ...); {advice}")
+            raise MissingFileError(f"tokenizer folder '{folder}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                                   f"{advice}")
     for name in names:
         path = folder / name
         if not path.exists():

@@ -6,16 +6,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.atomic_files import check_folder_path
-from core.errors import CheckpointError, MissingFileError, OutputExistsError
+from core.errors import CheckpointError, OutputExistsError
+from data_pipeline.tokenizer import check_tokenizer_folder
 from model.backbones.base import check_model_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-# Files of which a Hugging Face tokenizer is read; a folder with none of them gets, from transformers 5, a tokenizer of
-# a handful of special tokens that maps every word to [UNK], and evaluation would run on that without a word.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spm.model", "spiece.model",
-                   "sentencepiece.bpe.model", "tokenizer.model")
 
 
 def export_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
@@ -23,9 +19,9 @@ def export_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     config = check_model_folder(model_dir, need_weights=True)
-    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
-        raise MissingFileError(f"model '{model_dir}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
-                               "copy the tokenizer it was trained with into the folder")
+    # A folder with no tokenizer file gets, from transformers 5, a tokenizer of a handful of special tokens that maps
+    # every word to [UNK]: evaluation would run on that without a word.
+    check_tokenizer_folder(model_dir, advice="copy the tokenizer it was trained with into the folder")
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     vocab_size = config.get("vocab_size")
     # An id at or past vocab_size has no embedding row: torch stops with an IndexError that names nothing.
