@@ -1,5 +1,6 @@
 """benchmarks/gpu_queue.py runs its entries as the GPU machine would, here on a CPU with a real benchmark at a tiny
-shape: in order, each with its log and results file, a failing entry recorded with its exit status and its cause
+shape (the vocabulary loss, eager: what is tested is the queue, and a compiling benchmark would spend a minute of the
+suite compiling): in order, each with its log and results file, a failing entry recorded with its exit status and its cause
 and the rest still run until a failure repeats, an entry that no longer fits the budget skipped, one past its time
 ended with its process group, and queue.json (and the archive of the whole folder) saying all of it."""
 import json
@@ -8,8 +9,8 @@ import tarfile
 
 from benchmarks.gpu_queue import Entry, main, run_queue
 
-TINY = ("--shape", "tiny", "--batch", "2", "--seq", "32", "--steps", "1", "--warmup", "0", "--rounds", "1",
-        "--device", "cpu", "--vocab", "100")
+TINY = ("--rows", "8", "--hidden", "16", "--chunks", "0", "4", "--steps", "1", "--warmup", "0", "--device", "cpu",
+        "--vocab", "100")
 
 
 def test_entries_run_in_order_and_the_record_says_what_each_did(tmp_path, capsys, monkeypatch):
@@ -17,13 +18,12 @@ def test_entries_run_in_order_and_the_record_says_what_each_did(tmp_path, capsys
 
     cuda = (*TINY[:-4], "--device", "cuda", "--vocab", "100")  # parses, then fails: this machine has no CUDA
     monkeypatch.setattr(queue, "QUEUE", (
-        # Estimates that leave a slow machine room (limits of 3 and 5 minutes): on CI the tiny entry, compiling with a
-        # cold cache, passed the 61 s limit of a 0.01-minute estimate.
-        Entry("bad", "CUDA, which this machine lacks", "rotary_tables", cuda, 1.0),
-        Entry("tiny", "the rotary tables at a tiny shape", "rotary_tables", TINY, 2.0),
-        Entry("long", "more than the budget", "rotary_tables", TINY, 60.0),
-        Entry("bad-again", "CUDA again: the failure of 'bad' repeated", "rotary_tables", cuda, 1.0),
-        Entry("after", "what a repeated failure leaves unrun", "rotary_tables", TINY, 1.0)))
+        # Estimates that leave a slow machine room (limits of 3 and 5 minutes).
+        Entry("bad", "CUDA, which this machine lacks", "vocabulary_loss", cuda, 1.0),
+        Entry("tiny", "the vocabulary loss at a tiny shape", "vocabulary_loss", TINY, 2.0),
+        Entry("long", "more than the budget", "vocabulary_loss", TINY, 60.0),
+        Entry("bad-again", "CUDA again: the failure of 'bad' repeated", "vocabulary_loss", cuda, 1.0),
+        Entry("after", "what a repeated failure leaves unrun", "vocabulary_loss", TINY, 1.0)))
     archive = tmp_path / "queue.tar.gz"
     assert main(["--budget-s", "600", "--out", str(tmp_path / "out"), "--archive", str(archive)]) == 1
     rows = json.loads((tmp_path / "out" / "queue.json").read_text())["entries"]
@@ -34,9 +34,9 @@ def test_entries_run_in_order_and_the_record_says_what_each_did(tmp_path, capsys
     assert "NVIDIA" in rows[0]["error"] and rows[3]["error"] == rows[0]["error"] and "error" not in rows[1]
     assert rows[4]["why"] == "stopped after bad-again failed as bad did"
     assert not (tmp_path / "out" / "after.log").exists()
-    result = json.loads((tmp_path / "out" / "tiny.json").read_text())["result"]
-    assert result["first_loss_computed"] != 0
-    assert "ModernBERT tiny 2 x 32 fp32 on cpu" in (tmp_path / "out" / "tiny.log").read_text()
+    settings = json.loads((tmp_path / "out" / "tiny.json").read_text())["settings"]
+    assert [s["chunk"] for s in settings] == [0, 4] and settings[0]["loss"] == settings[1]["loss"] > 0
+    assert '"chunk": 4' in (tmp_path / "out" / "tiny.log").read_text()  # the benchmark's own rows, in its log
     assert "60 min" in rows[2]["why"] and not (tmp_path / "out" / "long.log").exists()
     # The output names each failure's cause, the stop, and last what to run again: the entries that did not run.
     said = capsys.readouterr().out.strip().splitlines()
@@ -53,9 +53,9 @@ def test_entries_run_in_order_and_the_record_says_what_each_did(tmp_path, capsys
 
 
 def test_an_entry_past_its_time_is_ended_with_its_whole_group_and_recorded(tmp_path):
-    # Endless rounds: the benchmark never ends by itself, so only the queue's limit stops it.
-    endless = (*TINY[:-6], "--rounds", "100000000", "--device", "cpu", "--vocab", "100")
-    rows = run_queue((Entry("endless", "never ends", "rotary_tables", endless, 0.01),), tmp_path / "out", budget_s=8,
+    # Endless steps: the benchmark never ends by itself, so only the queue's limit stops it.
+    endless = ("--rows", "8", "--hidden", "16", "--chunks", "0", "--steps", "100000000", "--device", "cpu")
+    rows = run_queue((Entry("endless", "never ends", "vocabulary_loss", endless, 0.01),), tmp_path / "out", budget_s=8,
                      grace_s=5)
     assert rows[0]["status"] == "timed out" and 8 <= rows[0]["seconds"] < 8 + 5 + 15
     assert json.loads((tmp_path / "out" / "queue.json").read_text())["entries"][0]["status"] == "timed out"
