@@ -33,6 +33,8 @@ from data_pipeline.dataset_dir import MANIFEST, DatasetDir
 from pretrain.run_dir import RunDir
 
 
+EXPORTED = "step_00000500"  # the export job's CHECKPOINT
+LOST_PORT_BASE = 23000  # the lost-rank job's MASTER_PORT_BASE (the default is 15000)
 MAX_STEPS = 600  # the signal comes before step ~120 here (8 steps/s beside the other jobs), ~300 on a machine twice as fast
 PREPARE_OVERRIDES = ["tokenizer.vocab_size=400", "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1",
                      "part_bytes=40000"]  # several parts for each of the array's 2 tasks
@@ -140,8 +142,9 @@ def jobs(cluster, prepared, tmp_path_factory):
     data, run, hf = work / "data", work / "run", work / "hf"
     # The requeue job trains on the session's prepared data, so it and the reference start at once;
     # the prepare job's output feeds the restart-limit job (prepare -> pretrain through afterok).
+    # WORKERS: two tokenizing processes in each task's one CPU (the output must be what one process writes).
     prepare = cluster.sbatch(
-        "prepare_data.sbatch", "--array=0-1", "--cpus-per-task=1", cwd=work,
+        "prepare_data.sbatch", "--array=0-1", "--cpus-per-task=1", cwd=work, WORKERS="2",
         OVERRIDES=" ".join(PREPARE_OVERRIDES + [f"output_dir={data}", f"'sources=[{{kind: text, path: {corpus}}}]'"]))
     train_args = [f"data.path={prepared}", f"train.output_dir={run}", *TRAIN_OVERRIDES]
     pretrain = cluster.sbatch(
@@ -152,8 +155,9 @@ def jobs(cluster, prepared, tmp_path_factory):
                                     f"train.output_dir={reference}", *TRAIN_OVERRIDES,
                                     # Every 125 steps, all kept: the killed job's end (step 375) is compared too.
                                     "train.save_every=125", "train.keep_last=10"], 2, work / "reference_logs")
+    # CHECKPOINT: an earlier checkpoint than the newest (the run keeps 250, 500 and 600).
     export = cluster.sbatch("export.sbatch", f"--dependency=afterok:{pretrain}", "--cpus-per-task=1", cwd=work,
-                            RUN_DIR=str(run), OUT=str(hf))
+                            RUN_DIR=str(run), OUT=str(hf), CHECKPOINT=str(RunDir(run).checkpoints / EXPORTED))
     crash = cluster.sbatch("pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0",
                            "--cpus-per-task=1", cwd=work, OVERRIDES=f"data.path={data} train.no_such_key=1")
     limited_run = work / "limited"
@@ -172,7 +176,7 @@ def jobs(cluster, prepared, tmp_path_factory):
     lost_run = work / "lost"
     lost = cluster.sbatch(
         "pretrain.sbatch", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
-        OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={lost_run}", *TRAIN_OVERRIDES,
+        MASTER_PORT_BASE=str(LOST_PORT_BASE), OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={lost_run}", *TRAIN_OVERRIDES,
                             "train.save_every=125", "train.stop_after=250"]))
     # A rank killed in every attempt (2 tasks on one node): requeued once, away from that node, then failed at the cap.
     doomed = cluster.sbatch(
@@ -300,6 +304,7 @@ def test_chain_prepare_pretrain_export_with_afterok(jobs):
     # Both tasks wrote parts, one of them merged; the result is what one process writes.
     log = _log(jobs, "prepare")
     assert manifest["tasks"] == 2 and "task 0/2: " in log and "task 1/2: " in log and log.count(" merged ") == 1
+    assert log.count(" with 2 worker(s) ") == 2
     assert all(f"task {t}/2: 0 of" not in log for t in (0, 1))
     from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
@@ -321,10 +326,12 @@ def test_chain_prepare_pretrain_export_with_afterok(jobs):
     assert json.loads((jobs["hf"] / "config.json").read_text())["hidden_size"] == 32
     from transformers import AutoModelForMaskedLM
 
+    assert f"export {RunDir(jobs['run']).checkpoints / EXPORTED} -> {jobs['hf']}" in _log(jobs, "export")
     model = AutoModelForMaskedLM.from_pretrained(jobs["hf"])
-    ours = _weights(jobs["run"])
+    ours, newest = _weights(jobs["run"], 500), _weights(jobs["run"])
     key = next(k for k in ours if k.endswith("word_embeddings.weight"))
     assert torch.equal(model.get_input_embeddings().weight, ours[key].float())
+    assert not torch.equal(ours[key], newest[key])  # CHECKPOINT chose step 500, not the newest
 
 
 def test_crash_is_not_requeued(jobs):
@@ -386,6 +393,8 @@ def test_a_killed_rank_ends_the_step_requeues_and_resumes_exactly(jobs):
     assert jobs["kills"]["lost"], log[-3000:]
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, log[-3000:])
     assert "a rank or node was lost (crash 1 of at most 2): srun: error: n2: task 1: Killed (host n2)" in log, log[-3000:]
+    port = LOST_PORT_BASE + jobs["ids"]["lost"] % 20000  # MASTER_PORT_BASE: both attempts met there
+    assert log.count(", rendezvous ") == 2 and log.count(f":{port}\n") == 2, log[-3000:]
     seconds = _said_at(log, "a rank or node was lost") - jobs["kills"]["lost"][0]
     print(f"SIGKILL of rank 1 -> the step ended and the sbatch decided {seconds:.0f}s later (1 s resolution)")
     assert seconds < 40, seconds
