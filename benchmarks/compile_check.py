@@ -1,7 +1,9 @@
-"""Eager against compiled training, for a GPU node in a few minutes: the same run with `train.compile` off and on
-(`--mode`: layers, as the gpu_base group runs, or the whole step; dropout 0, the same seed and data) must log the
-same losses within `--tolerance` (relative) at every step; the compiled run's export must load with transformers'
-own classes; tokens/s and MFU of both are printed.
+"""Eager against compiled training, for a GPU node in a few minutes: the plain eager run (transformers' modules as
+they are) against the fast path the gpu_base group trains with (`train.compile` by `--mode`: layers, as that group
+runs, or the whole step; with `train.fused_qkv` unless `--no-fused-qkv`; `--compiled-set` adds more, such as
+`train.vocab_loss_chunk=1024`), dropout 0, the same seed and data: both must log the same losses within `--tolerance`
+(relative) at every step; the compiled run's export must load with transformers' own classes; tokens/s and MFU of
+both are printed.
 
     python -m benchmarks.compile_check                                    # on a GPU: base shapes, bf16, 100 steps
     python -m benchmarks.compile_check --size tiny --steps 6 --precision fp32 --backbones bert --objectives mlm  # CPU
@@ -31,9 +33,10 @@ def train(backbone: str, objective: str, compiled: bool, args: argparse.Namespac
     """One run (gpu_throughput's point, logged every step, dropout 0, a checkpoint at the end); its metrics rows."""
     shutil.rmtree(run, ignore_errors=True)
     point = {"objective": objective, "backbone": backbone, "seq": 128, "batch": args.batch, "compile": compiled}
+    fast = [f"train.compile={args.mode}", f"train.fused_qkv={str(args.fused_qkv).lower()}", *args.compiled_set]
     overrides = [*point_overrides(point, args, Path(args.data), None, run), "train.log_every=1",
-                 f"train.save_every={args.steps}", "model.dropout=0", "schedule.warmup_steps=2", "train.seed=0",
-                 f"train.compile={args.mode if compiled else 'false'}"]
+                 f"train.save_every={args.steps}", "model.dropout=0", "model.attention_dropout=0",
+                 "schedule.warmup_steps=2", "train.seed=0", *(fast if compiled else ["train.compile=false"])]
     env = {**os.environ, "PYTHONPATH": repo_pythonpath(), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
                            *overrides], cwd=REPO, env=env, capture_output=True, text=True)
@@ -88,6 +91,10 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=1e-2, help="largest relative loss difference allowed")
     parser.add_argument("--mode", choices=["layers", "step"], default="layers",
                         help="train.compile of the compiled run (layers: what the gpu_base group runs)")
+    parser.add_argument("--fused-qkv", action=argparse.BooleanOptionalAction, default=True,
+                        help="train.fused_qkv in the compiled run (on in the gpu_base group)")
+    parser.add_argument("--compiled-set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="more overrides for the compiled run only, e.g. train.vocab_loss_chunk=1024")
     args = parser.parse_args()
     args.zero_stage, args.loader_workers = "auto", "auto"  # what point_overrides reads besides the shape
     rows = []

@@ -258,24 +258,6 @@ def test_compiled_step_stop_resume_and_export_exactly(prepared, tmp_path):
     assert torch.equal(model.bert.embeddings.word_embeddings.weight, wb["model.bert.embeddings.word_embeddings.weight"])
 
 
-def test_layer_compile_trains_as_eager_and_names_its_layers(prepared, tmp_path):
-    """train.compile=layers with train.fused_qkv (each encoder layer compiled on its own, Q/K/V as one matmul: the GPU
-    recipe's settings) and train.vocab_loss_chunk (the compiled head's projection fused with its loss): the log names
-    all three, and the losses are the eager, unfused run's (fp32, dropout 0) to 1e-5."""
-    run = ["train.zero_stage=auto", "train.max_steps=3", "train.save_every=3", "train.log_every=1",
-           "train.global_batch_size=4", "model.dropout=0", "model.attention_dropout=0"]
-    eager, layers = tmp_path / "eager", tmp_path / "layers"
-    run_cli("pretrain", _args(prepared, eager, *run), nproc=1)
-    compiled = run_cli("pretrain", _args(prepared, layers, *run, "train.compile=layers", "train.fused_qkv=true",
-                                         "train.vocab_loss_chunk=16"), nproc=1)
-    assert "compiled 2 encoder layer(s), each on its own, and predict with torch.compile" in compiled.stdout
-    assert "Q, K and V as one matmul in 2 attention layer(s)" in compiled.stdout
-    assert "vocabulary projection fused with the loss, 16 rows at a time" in compiled.stdout
-    assert "keep their attention mask" not in compiled.stdout  # eager model forward: unpadded batches go without
-    want, got = _train_losses(eager), _train_losses(layers)
-    assert sorted(got) == [1, 2, 3] and all(abs(got[s] - want[s]) <= 1e-5 * abs(want[s]) for s in want), (got, want)
-
-
 def test_a_run_stopped_exactly_at_the_end_of_a_pass_resumes_into_the_next(tmp_path):
     """A checkpoint taken at the last step of a pass (SLURM's USR1 can land there) holds a loader state with every
     sample of that pass taken: the resumed loader's first pass is empty, and the run goes on into the next pass with
