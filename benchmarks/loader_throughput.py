@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def masked_loader(data: str, batch: int, workers: int) -> StreamingDataLoader:
     """One rank's training loader over `data`, BERT-masked in its collate as training does."""
-    from data_pipeline.loader import LoaderConfig, MaskingCollate, build_loader
+    from data_pipeline.batches import MaskingCollate
+    from data_pipeline.loader import LoaderConfig, build_loader
     from data_pipeline.masking import MaskingConfig, build_masking
     from data_pipeline.shards import read_manifest
 

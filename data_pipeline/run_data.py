@@ -12,15 +12,9 @@ from typing import Any, Callable, Optional
 
 from core import distributed as dist
 from core.errors import ConfigError
+from data_pipeline.batches import EVAL_STREAM, MaskingCollate
 from data_pipeline.dataset_dir import SPLITS, DatasetDir
-from data_pipeline.loader import (
-    EVAL_STREAM,
-    LoaderConfig,
-    MaskingCollate,
-    build_loader,
-    clean_stale_shared_memory,
-    is_local_leader,
-)
+from data_pipeline.loader import LoaderConfig, build_loader, clean_stale_shared_memory, is_local_leader
 from data_pipeline.masking import MaskingConfig, build_masking, evaluation_masking, needs_word_starts
 from data_pipeline.shard_record import verify_split_once
 from data_pipeline.shards import read_manifest, shard_files

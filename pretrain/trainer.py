@@ -1,7 +1,7 @@
 """The training loop: a step, and the questions it asks after each one (log? evaluate? save? stop?).
 
 The trainer knows no objective: the objective's forward takes a batch and returns
-(loss, metrics), and batches come from the loader already masked (data_pipeline.loader.MaskingCollate),
+(loss, metrics), and batches come from the loader already masked (data_pipeline.batches.MaskingCollate),
 so the training process only moves them to the device. It builds nothing: pretrain/run.py, the composition
 root, hands it the engine, the loader, the checkpoint manager over the stateful parts, the validator, the
 counters, the sample audit, the logger and the metrics reporter.

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional
 from transformers import PretrainedConfig
 
 from core.errors import ConfigError
-from data_pipeline.loader import SampleTransform
+from data_pipeline.batches import SampleTransform
 from data_pipeline.masking import MaskingConfig
 from model import backbones
 from model.backbones import backbone_for

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from data_pipeline.loader import SampleTransform, unpadded_key
+from data_pipeline.batches import SampleTransform, unpadded_key
 
 if TYPE_CHECKING:  # the config sections are read here, never built: no import cycle with model.encoder
     from data_pipeline.masking import MaskingConfig

@@ -33,7 +33,7 @@ from model.objectives.coco_lm import scl_logits
 from model.objectives.mlm import prediction_positions, sparse_mlm
 
 if TYPE_CHECKING:  # the config sections are read here, never built: no import cycle with model.encoder
-    from data_pipeline.loader import SampleTransform
+    from data_pipeline.batches import SampleTransform
     from data_pipeline.masking import MaskingConfig
     from model.encoder import EncoderConfig
 

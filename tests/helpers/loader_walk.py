@@ -10,7 +10,8 @@ import json
 import os
 from pathlib import Path
 
-from data_pipeline.loader import LoaderConfig, MaskingCollate, build_loader
+from data_pipeline.batches import MaskingCollate
+from data_pipeline.loader import LoaderConfig, build_loader
 from data_pipeline.masking import MaskingConfig, build_masking
 
 

@@ -4,7 +4,8 @@ import os
 
 import pytest
 import torch
-from data_pipeline.loader import LoaderConfig, MaskingCollate, build_loader, unpadded_key
+from data_pipeline.batches import MaskingCollate, unpadded_key
+from data_pipeline.loader import LoaderConfig, build_loader
 from test_loader_masking import NUM_SAMPLES, _epochs, _masking, dataset  # noqa: F401 (dataset: the module's fixture)
 
 
@@ -29,10 +30,10 @@ def test_each_epoch_masks_anew_and_resumes_the_same(dataset):
 @pytest.mark.parametrize("inline", [True, False])  # through the pipe; as one shared block (batches over the limit)
 def test_a_worker_batch_reaches_the_training_process_as_one_block(dataset, monkeypatch, inline):
     """With workers, the loader's batches cross as one buffer and come out as the collate's dict."""
-    import data_pipeline.loader
+    import data_pipeline.batches
 
     if not inline:  # the workers are forked after this: they pack with the patched limit
-        monkeypatch.setattr(data_pipeline.loader, "INLINE_BATCH_BYTES", 0)
+        monkeypatch.setattr(data_pipeline.batches, "INLINE_BATCH_BYTES", 0)
     cfg = LoaderConfig(path=str(dataset), shuffle=False, num_workers=1)
     loader = build_loader(cfg, "train", 4, collate_fn=MaskingCollate(_masking(), pad_id=0, seed=5))
     batches = list(loader)

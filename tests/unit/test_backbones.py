@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from data_pipeline.loader import mark_unpadded
+from data_pipeline.batches import mark_unpadded
 from data_pipeline.masking import MaskingConfig, build_masking
 from data_pipeline.shards import read_manifest
 from pretrain.exporting.export import write_tokenizer
@@ -51,7 +51,7 @@ def _batch(tok: dict, name: str, seed: int = 0, padded: bool = True) -> dict:
     transform = build_masking(masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], pad_id=tok["pad_id"],
                               cls_id=tok["cls_id"], sep_id=tok["sep_id"], word_starts=starts)
     if name in ("declutr", "xlnet"):  # views (DeCLUTR) and permutations (XLNet) per sample, as the loader builds them
-        from data_pipeline.loader import MaskingCollate
+        from data_pipeline.batches import MaskingCollate
 
         transform = objective_class(name).wrap_masking(ObjectiveConfig().declutr, transform, tok["pad_id"], tok["cls_id"],
                                                        tok["sep_id"])

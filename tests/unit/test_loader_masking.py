@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_pipeline.loader import (EVAL_STREAM, INLINE_BATCH_BYTES, LoaderConfig, MaskingCollate, PackedBatch,
-                                  build_loader, unpadded_key)
+from data_pipeline.batches import EVAL_STREAM, INLINE_BATCH_BYTES, MaskingCollate, PackedBatch, unpadded_key
+from data_pipeline.loader import LoaderConfig, build_loader
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, build_masking
 from data_pipeline.dataset_dir import DatasetDir
 

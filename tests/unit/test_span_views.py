@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from data_pipeline.loader import MaskingCollate
+from data_pipeline.batches import MaskingCollate
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, build_masking
 from data_pipeline.span_views import SpanViewOptions, SpanViews, beta_draw, sample_spans
 

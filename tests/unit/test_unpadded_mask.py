@@ -12,7 +12,7 @@ from test_one_graph import traced
 
 from core.config_io import load_config
 from core.errors import ConfigError
-from data_pipeline.loader import unpadded_key
+from data_pipeline.batches import unpadded_key
 from data_pipeline.shards import read_manifest
 from pretrain.config import RunConfig
 from pretrain.engine.setup import drops_unpadded_mask

@@ -2,7 +2,7 @@
 (each target sees the non-targets and the targets before it in the order, never itself or a later one)."""
 import torch
 
-from data_pipeline.loader import MaskingCollate
+from data_pipeline.batches import MaskingCollate
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, build_masking
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
