@@ -176,7 +176,8 @@ def jobs(cluster, prepared, tmp_path_factory):
     lost_run = work / "lost"
     lost = cluster.sbatch(
         "pretrain.sbatch", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
-        MASTER_PORT_BASE=str(LOST_PORT_BASE), OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={lost_run}", *TRAIN_OVERRIDES,
+        MASTER_PORT_BASE=str(LOST_PORT_BASE),
+        OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={lost_run}", *TRAIN_OVERRIDES,
                             "train.save_every=125", "train.stop_after=250"]))
     # A rank killed in every attempt (2 tasks on one node): requeued once, away from that node, then failed at the cap.
     doomed = cluster.sbatch(
