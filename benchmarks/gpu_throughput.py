@@ -95,7 +95,7 @@ def point_overrides(point: dict, args: argparse.Namespace, data: Path, teacher: 
                  f"train.save_every={args.steps * 10}", "train.resume=never", "train.eval_every=0",
                  "schedule.warmup_steps=10", "optimizer.lr=1e-4", f"train.zero_stage={args.zero_stage}",
                  f"train.compile={str(point['compile']).lower()}", f"data.num_workers={args.loader_workers}",
-                 *getattr(args, "set", ())]  # compile_check builds its points here too, without --set
+                 *getattr(args, "set", ())]  # compile_check builds its points here too
     if point["objective"] == "tacl":
         overrides.append(f"model.init_from={teacher}")
     if point["objective"] == "coco_lm":

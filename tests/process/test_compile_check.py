@@ -14,7 +14,8 @@ def test_the_compile_check_compares_eager_and_compiled_runs_and_loads_the_export
     proc = run_cli("benchmarks.compile_check", [
         "--size", "tiny", "--steps", "3", "--warmup", "1", "--batch", "4", "--precision", "fp32", "--backbones", "bert",
         "--objectives", "mlm", "--data", str(prepared), "--work", str(tmp_path / "work"), "--out", str(out),
-        "--tolerance", "1e-5", "--compiled-set", "train.vocab_loss_chunk=16"], timeout=600)
+        "--tolerance", "1e-5", "--compiled-set", "train.vocab_loss_chunk=16",
+        "--set", "optimizer.lr=3e-3"], timeout=600)  # an lr that moves the weights: steps 2-3 test the backward too
     (row,) = json.loads(out.read_text())["rows"]
     # fp32, dropout 0: the fused, chunked, compiled run gives the plain eager run's losses to 1e-5 at every step.
     assert row["steps"] == 3 and row["losses_agree"] and row["max_relative_loss_difference"] <= 1e-5, row
@@ -27,3 +28,5 @@ def test_the_compile_check_compares_eager_and_compiled_runs_and_loads_the_export
     assert "vocabulary projection fused with the loss, 16 rows at a time" in compiled_log  # --compiled-set
     assert "keep their attention mask" not in compiled_log  # eager model forward: unpadded batches go without
     assert not any(said in eager_log for said in ("torch.compile", "one matmul", "rows at a time"))  # the plain run
+    for run in ("eager", "compiled"):  # --set reached both runs
+        assert "  lr: 0.003\n" in (tmp_path / "work" / f"bert_mlm_{run}" / "config.yaml").read_text()

@@ -1,5 +1,5 @@
 """train.compile=layers on a CPU in fp32: the encoder layers and the head-and-loss regions each objective names give the
-eager step's losses and gradients, for the objectives whose regions no trainer test runs (MLM's: test_train_resume).
+eager step's losses and gradients, for the objectives whose regions no trainer test runs (MLM's: test_compile_check).
 In tests/process: inductor compiles its kernels in worker processes."""
 import copy
 

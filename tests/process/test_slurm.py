@@ -155,7 +155,7 @@ def jobs(cluster, prepared, tmp_path_factory):
                                     f"train.output_dir={reference}", *TRAIN_OVERRIDES,
                                     # Every 125 steps, all kept: the killed job's end (step 375) is compared too.
                                     "train.save_every=125", "train.keep_last=10"], 2, work / "reference_logs")
-    # CHECKPOINT: an earlier checkpoint than the newest (the run keeps 250, 500 and 600).
+    # CHECKPOINT: an earlier checkpoint than the newest (the run keeps its newest three: 500 and 600 among them).
     export = cluster.sbatch("export.sbatch", f"--dependency=afterok:{pretrain}", "--cpus-per-task=1", cwd=work,
                             RUN_DIR=str(run), OUT=str(hf), CHECKPOINT=str(RunDir(run).checkpoints / EXPORTED))
     crash = cluster.sbatch("pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0",
@@ -305,7 +305,7 @@ def test_chain_prepare_pretrain_export_with_afterok(jobs):
     # Both tasks wrote parts, one of them merged; the result is what one process writes.
     log = _log(jobs, "prepare")
     assert manifest["tasks"] == 2 and "task 0/2: " in log and "task 1/2: " in log and log.count(" merged ") == 1
-    assert log.count(" with 2 worker(s) ") == 2
+    assert manifest["num_workers"] == manifest["config"]["num_workers"] == 2  # WORKERS reached prepare
     assert all(f"task {t}/2: 0 of" not in log for t in (0, 1))
     from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
@@ -394,7 +394,8 @@ def test_a_killed_rank_ends_the_step_requeues_and_resumes_exactly(jobs):
     assert jobs["kills"]["lost"], log[-3000:]
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, log[-3000:])
     assert "a rank or node was lost (crash 1 of at most 2): srun: error: n2: task 1: Killed (host n2)" in log, log[-3000:]
-    port = LOST_PORT_BASE + jobs["ids"]["lost"] % 20000  # MASTER_PORT_BASE: both attempts met there
+    # MASTER_PORT_BASE gave each attempt's ranks their MASTER_PORT (the sbatch's sum; they met there and trained on).
+    port = LOST_PORT_BASE + jobs["ids"]["lost"] % 20000
     assert log.count(", rendezvous ") == 2 and log.count(f":{port}\n") == 2, log[-3000:]
     seconds = _said_at(log, "a rank or node was lost") - jobs["kills"]["lost"][0]
     print(f"SIGKILL of rank 1 -> the step ended and the sbatch decided {seconds:.0f}s later (1 s resolution)")
