@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from conftest import run_cli
+from pretrain.run_dir import RunDir
 
 
 
@@ -29,4 +30,4 @@ def test_the_compile_check_compares_eager_and_compiled_runs_and_loads_the_export
     assert "keep their attention mask" not in compiled_log  # eager model forward: unpadded batches go without
     assert not any(said in eager_log for said in ("torch.compile", "one matmul", "rows at a time"))  # the plain run
     for run in ("eager", "compiled"):  # --set reached both runs
-        assert "  lr: 0.003\n" in (tmp_path / "work" / f"bert_mlm_{run}" / "config.yaml").read_text()
+        assert "  lr: 0.003\n" in RunDir(tmp_path / "work" / f"bert_mlm_{run}").config.read_text()
