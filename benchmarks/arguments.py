@@ -37,6 +37,8 @@ SHARED: dict[str, dict[str, Any]] = {
     "lr": {"type": float, "help": "peak learning rate"},
     "objectives": {"nargs": "+", "help": "objectives to run"},
     "backbones": {"nargs": "+", "help": "backbones to run"},
+    "set": {"nargs": "*", "metavar": "KEY=VALUE",
+            "help": "more run-config overrides for the trainer's runs (e.g. train.fused_qkv=true model.dropout=0.1)"},
     "loader_workers": {"type": worker_count,
                        "help": "loader worker processes per rank (auto: what data.num_workers=auto picks)"},
 }

@@ -95,8 +95,7 @@ def main() -> None:
                         help="train.fused_qkv in the compiled run (on in the gpu_base group)")
     parser.add_argument("--compiled-set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more overrides for the compiled run only, e.g. train.vocab_loss_chunk=1024")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="overrides for both runs, e.g. optimizer.lr=3e-4 (the check's own settings stay)")
+    add_shared(parser, set=[])  # both runs; the check's own settings (dropout, seed, logging) stay
     args = parser.parse_args()
     args.zero_stage, args.loader_workers = "auto", "auto"  # what point_overrides reads besides the shape
     rows = []

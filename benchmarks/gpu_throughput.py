@@ -197,8 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batches-512", type=int, nargs="+", default=[16, 64], help="micro-batches per GPU at seq 512")
     parser.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"], help="train.compile values to run")
     parser.add_argument("--zero-stage", default="auto")
-    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="more run-config overrides for every trainer point (train.fused_qkv=true, model.dropout=0.1)")
+    add_shared(parser, set=[])  # every trainer point
     add_shared(parser, choices={"precision": ["bf16", "fp16", "fp32"]}, loader_workers="auto", steps=60, warmup=20,
                precision="bf16")
     parser.add_argument("--no-bare", action="store_true", help="skip the bare loop (MLM points)")

@@ -576,8 +576,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     add_shared(parser, threads=1, loader_workers="auto")  # resolved below, as data.num_workers=auto would be
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="more overrides for the trainer only (a lever to measure, e.g. train.deepspeed_config=...)")
+    add_shared(parser, set=[])  # the trainer only, not the plain loop: a lever to measure
     parser.add_argument("--interleaved", type=int, default=0, metavar="RUNS",
                         help="also run the trainer and the plain loop step by step in one process, RUNS times")
     parser.add_argument("--phases", action="store_true", help="also time each phase of a step (one more run of each)")
