@@ -48,7 +48,9 @@ def train_students(args: argparse.Namespace, teacher: Path, out: Path) -> dict[s
         data = documents if name == "DeCLUTR" else Path(args.data).resolve()
         for seed in args.seeds:
             tag = f"{name.lower().replace('-', '_')}_seed{seed}"
-            common = [f"model.init_from={teacher}", f"data.path={data}", f"optimizer.lr={args.lr}",
+            # architecture=null: the teacher folder's family, whatever the demo config's model group names.
+            common = [f"model.init_from={teacher}", "model.architecture=null", f"data.path={data}",
+                      f"optimizer.lr={args.lr}",
                       "train.global_batch_size=32", "train.micro_batch_size=16", f"train.seed={seed}",
                       f"data.shuffle_seed={seed}", f"schedule.warmup_steps={STEPS // 10}", f"train.save_every={STEPS}",
                       f"train.eval_every={STEPS}", "train.eval_batches=8", "train.log_every=20", "model.dropout=0",

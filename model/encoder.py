@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +22,9 @@ class EncoderShape:
 
     # A name in model/backbones' registry: bert (transformers' BertModel); modernbert (ModernBertModel: rotary,
     # GeGLU, no biases); albert (AlbertModel: factorized embeddings, layers sharing parameters); xlnet (XLNetModel:
-    # two-stream relative attention, for permutation LM, without memory).
-    architecture: str = "bert"
+    # two-stream relative attention, for permutation LM, without memory). Unset: the family of the `init_from`
+    # folder, else bert.
+    architecture: Optional[str] = None
     hidden_size: int = 256
     num_layers: int = 4
     num_heads: int = 4
@@ -33,15 +35,21 @@ class EncoderShape:
     # sdpa (default), eager, or flash_attention_2 (ModernBERT on a GPU with flash-attn: the unpadded path).
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     vocab_size: Optional[int] = None
-    # A Hugging Face BERT or ModernBERT folder to start from (shape and weights; the fields above
-    # are ignored). A missing MLM head is created, with its decoder tied to the word embeddings.
+    # A Hugging Face folder of a registered family to start from (shape and weights: the shape and dropout fields
+    # above are ignored; `architecture`, when set, must name the folder's family). A missing MLM head is created,
+    # with its decoder tied to the word embeddings.
     init_from: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.architecture is None:
+            self.architecture = folder_family(self.init_from) or "bert"
 
     def validate(self) -> None:
         """Catch shapes and combinations the backbone cannot build."""
         if self.architecture not in REGISTRY:
             raise ConfigError(f"config key 'model.architecture': unknown architecture {self.architecture!r}; "
                               f"known: {', '.join(REGISTRY)}")
+        check_init_family(self)
         for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"config key 'model.{key}' must be >= 1, got {getattr(self, key)}")
@@ -53,6 +61,29 @@ class EncoderShape:
                 f"config key 'model.hidden_size' ({self.hidden_size}) must be divisible by 'model.num_heads' ({self.num_heads})"
             )
         backbone_for(self.architecture).check(self)
+
+
+def folder_family(init_from: Optional[str]) -> Optional[str]:
+    """The registered family (`model_type`) of a model folder's config.json; None when there is no folder, or its
+    config is missing, unreadable or of an unregistered family (`pretrained_config` refuses those in one line)."""
+    if not init_from:
+        return None
+    try:
+        data = json.loads((Path(init_from) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    family = data.get("model_type") if isinstance(data, dict) else None
+    return family if family in REGISTRY else None
+
+
+def check_init_family(cfg: EncoderShape) -> None:
+    """Refuse an `architecture` that is not the family of the `init_from` folder: the folder decides what is built,
+    and a run configured as one family that trains another measures and reports the wrong model."""
+    family = folder_family(cfg.init_from)
+    if family is not None and family != cfg.architecture:
+        raise ConfigError(f"config key 'model.architecture' is {cfg.architecture}, but model.init_from "
+                          f"'{cfg.init_from}' holds a {family} model: set model.architecture={family}, or leave it "
+                          "unset (then the folder's family is used)")
 
 
 def _encoder_config_class() -> type:
@@ -114,9 +145,10 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
     path = Path(cfg.init_from)
     if not (path / "config.json").is_file():
         raise ConfigError(f"config key 'model.init_from': '{path}' is not a Hugging Face model folder (no config.json)")
-    model_type = read_model_folder(path, need_weights=True).get("model_type")
+    model_type = read_model_folder(path).get("model_type")  # the family first; from_folder reads the weights
     if model_type not in REGISTRY:
         raise ConfigError(f"config key 'model.init_from': '{path}' is a {model_type} model; supported: {', '.join(REGISTRY)}")
+    check_init_family(cfg)
     backbone = backbone_for(model_type)
     config = backbone.from_folder(str(path))
     check_saved_config(config.to_dict(), f"config key 'model.init_from': '{path}'")

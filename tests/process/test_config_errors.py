@@ -87,3 +87,18 @@ def test_a_run_folder_that_is_a_file_or_inside_the_dataset_is_named_and_nothing_
 def test_missing_config_file(capsys):
     assert pretrain_main(["train", "--config", "/nonexistent/run.yaml"]) == 2
     assert "/nonexistent/run.yaml" in capsys.readouterr().err
+
+
+def test_a_run_config_of_one_family_starting_from_a_folder_of_another_is_refused(prepared, tmp_path, capsys):
+    """The demo config's model group is ModernBERT; a BERT teacher for TaCL would have trained BERT under that name."""
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+            f"train.output_dir={tmp_path / 'run'}", "objective.name=tacl", f"model.init_from={teacher}"]
+    code, err = pretrain_main(args), capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].endswith(
+        f"config key 'model.architecture' is modernbert, but model.init_from '{teacher}' holds a bert model: set "
+        "model.architecture=bert, or leave it unset (then the folder's family is used)"), err
+    assert not (tmp_path / "run").exists()

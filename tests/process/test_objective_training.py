@@ -82,7 +82,8 @@ def runs(prepared, pairs_data, tiny_bert, tiny_modernbert, tmp_path_factory):
         for name, backbone in cases:
             data = pairs_data if name == "mlm_nsp" else prepared
             teacher = tiny_bert if backbone == "bert" else tiny_modernbert
-            extra = ["objective.name=tacl", f"model.init_from={teacher}", "objective.tacl.temperature=0.1"] \
+            extra = ["objective.name=tacl", f"model.init_from={teacher}", f"model.architecture={backbone}",
+                     "objective.tacl.temperature=0.1"] \
                 if name == "tacl" else OBJECTIVES[name] if backbone == "bert" else MODERN[name] + ["model.architecture=modernbert"]
             key = name if backbone == "bert" else f"{name}-modernbert"
             run, probe = base / f"{key}-zero{stage}", base / f"{key}-zero{stage}.probe.pt"
