@@ -9,7 +9,8 @@ both are printed.
     python -m benchmarks.compile_check --size tiny --steps 6 --precision fp32 --backbones bert --objectives mlm  # CPU
 
 Each run is `python -m pretrain train` (one rank, `train.zero_stage=auto`) on `--data` (default the demo's shards)
-with the shapes and recipes of benchmarks/gpu_throughput.py. Exits 1 when a check fails. Results:
+with the shapes and recipes of benchmarks/gpu_throughput.py; TaCL continues a teacher of the backbone's own family
+and shape, dropout 0, fresh weights. Exits 1 when a check fails. Results:
 benchmarks/results/compile_check.json.
 """
 from __future__ import annotations
@@ -21,22 +22,25 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 from benchmarks.arguments import REPO, add_shared, repo_pythonpath, results_file
-from benchmarks.gpu_throughput import BACKBONES, OBJECTIVES, SHAPES, measure, point_overrides
+from benchmarks.gpu_throughput import BACKBONES, OBJECTIVES, SHAPES, measure, point_overrides, teacher_folder
 from pretrain.run_dir import RunDir
 
-WITHOUT_TEACHER = [name for name in OBJECTIVES if name != "tacl"]
+SEQ = 128
+NO_DROPOUT = ["model.dropout=0", "model.attention_dropout=0"]
 
 
-def train(backbone: str, objective: str, compiled: bool, args: argparse.Namespace, run: Path) -> list[dict]:
+def train(backbone: str, objective: str, compiled: bool, args: argparse.Namespace, run: Path,
+          teacher: Optional[Path]) -> list[dict]:
     """One run (gpu_throughput's point, logged every step, dropout 0, a checkpoint at the end); its metrics rows."""
     shutil.rmtree(run, ignore_errors=True)
-    point = {"objective": objective, "backbone": backbone, "seq": 128, "batch": args.batch, "compile": compiled}
+    point = {"objective": objective, "backbone": backbone, "seq": SEQ, "batch": args.batch, "compile": compiled}
     fast = [f"train.compile={args.mode}", f"train.fused_qkv={str(args.fused_qkv).lower()}", *args.compiled_set]
-    overrides = [*point_overrides(point, args, Path(args.data), None, run), "train.log_every=1",
-                 f"train.save_every={args.steps}", "model.dropout=0", "model.attention_dropout=0",
-                 "schedule.warmup_steps=2", "train.seed=0", *(fast if compiled else ["train.compile=false"])]
+    overrides = [*point_overrides(point, args, Path(args.data), teacher, run), "train.log_every=1",
+                 f"train.save_every={args.steps}", *NO_DROPOUT, "schedule.warmup_steps=2", "train.seed=0",
+                 *(fast if compiled else ["train.compile=false"])]
     env = {**os.environ, "PYTHONPATH": repo_pythonpath(), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
                            *overrides], cwd=REPO, env=env, capture_output=True, text=True)
@@ -66,8 +70,11 @@ def loads_natively(run: Path, out: Path) -> str:
 
 def check(backbone: str, objective: str, args: argparse.Namespace, work: Path) -> dict:
     """Both runs of one (backbone, objective), the loss comparison and the export."""
-    eager = train(backbone, objective, False, args, work / f"{backbone}_{objective}_eager")
-    compiled = train(backbone, objective, True, args, work / f"{backbone}_{objective}_compiled")
+    # TaCL continues its teacher, whose folder decides the model (family, shape, dropout): the MLM point's model.
+    teacher = teacher_folder(backbone, SEQ, args, Path(args.data), work / f"{backbone}_teacher", NO_DROPOUT) \
+        if objective == "tacl" else None
+    eager = train(backbone, objective, False, args, work / f"{backbone}_{objective}_eager", teacher)
+    compiled = train(backbone, objective, True, args, work / f"{backbone}_{objective}_compiled", teacher)
     pairs = [(a["loss"], b["loss"]) for a, b in zip(eager, compiled)]
     worst = max(abs(b - a) / max(abs(a), 1e-12) for a, b in pairs)
     row = {"backbone": backbone, "objective": objective, "steps": len(pairs), "max_relative_loss_difference": worst,
@@ -83,8 +90,8 @@ def check(backbone: str, objective: str, args: argparse.Namespace, work: Path) -
 def main() -> None:
     """Run every (backbone, objective); print a line each; exit 1 when any check fails."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_shared(parser, choices={"backbones": list(BACKBONES), "objectives": WITHOUT_TEACHER},
-               backbones=list(BACKBONES), objectives=WITHOUT_TEACHER, steps=100, warmup=20, batch=64,
+    add_shared(parser, choices={"backbones": list(BACKBONES), "objectives": list(OBJECTIVES)},
+               backbones=list(BACKBONES), objectives=list(OBJECTIVES), steps=100, warmup=20, batch=64,
                precision="auto", data=str(REPO / "runs" / "demo" / "data"), work=str(REPO / "runs" / "compile_check"),
                out=results_file("compile_check"))
     parser.add_argument("--size", choices=list(SHAPES), default="base", help="model shape (tiny: the path on a CPU)")

@@ -13,8 +13,9 @@ GPU; bf16) of a base-shaped model (hidden 768, 12 layers, 12 heads; BERT's FFN 3
 parameters are close; BERT's 30,522-token WordPiece vocabulary) on real packed shards (WordNet glosses + KJV, MiniLM's
 WordPiece tokenizer): the loader, masking in its workers and the engine are all in the timing. tokens/s and MFU are the
 trainer's own logged values (MFU = the objective's `flops_per_token` x tokens/s / the GPU's dense bf16 peak,
-model/flops.py), the median over logged intervals after `--warmup` steps. TaCL's teacher is a base-shaped folder with
-fresh weights; COCO-LM's generator has 4 layers (the paper's base setting).
+model/flops.py), the median over logged intervals after `--warmup` steps. TaCL's teacher is the masked LM of the MLM
+point (the backbone's family, shape and dropout) with fresh weights; COCO-LM's generator has 4 layers (the paper's
+base setting).
 
 `bare` is the same transformers masked LM in a plain loop (benchmarks/host_overhead.py: the encoder, the MLM head at
 the masked positions, cross-entropy, backward, clipping, fused AdamW, autocast bf16), the same shape and batch, on
@@ -36,13 +37,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional, Sequence
 
 from benchmarks import kernel_profile
 from benchmarks.arguments import add_shared, parse_checked, results_file
 from benchmarks.host_overhead import fits_one_epoch
 from benchmarks.machine import machine
 from core.atomic_files import write_text_atomic
-from benchmarks.repro_common import REPO, fresh_bert, minilm_dir, prepare, run, setup_logging
+from benchmarks.repro_common import REPO, minilm_dir, prepare, run, setup_logging
 from data_pipeline.dataset_dir import DatasetDir
 from pretrain.run_dir import RunDir
 
@@ -59,14 +61,29 @@ OBJECTIVES = {"mlm": ["objective.name=mlm", "masking.strategy=bert", *EXACT_15],
               "tacl": ["objective.name=tacl", "masking.strategy=bert", *EXACT_15]}
 
 
-def teacher_folder(shape: dict, seq: int, tokenizer_dir: Path, out: Path) -> Path:
-    """A BertForMaskedLM folder of this shape with fresh weights and the data's tokenizer (TaCL's teacher)."""
-    from transformers import BertConfig
+def teacher_folder(backbone: str, seq: int, args: argparse.Namespace, data: Path, out: Path,
+                   extra: Sequence[str] = ()) -> Path:
+    """TaCL's teacher: the masked LM this backbone's MLM point trains (its family, shape, dropout and vocabulary, the
+    run-config overrides and `extra` included), fresh weights, as a transformers folder with the data's tokenizer.
+    The folder decides the student's model, so a teacher of another family or dropout would measure another model."""
+    import torch
+    from transformers import AutoTokenizer
 
-    config = BertConfig(vocab_size=30522, hidden_size=shape["hidden_size"], num_hidden_layers=shape["num_layers"],
-                        num_attention_heads=shape["num_heads"], intermediate_size=shape["intermediate_size"],
-                        max_position_embeddings=max(512, seq))
-    return fresh_bert(config, tokenizer_dir, out, seed=0, mlm_head=True)
+    from core.config_io import load_config
+    from model.backbones import backbone_for
+    from model.encoder import model_config
+    from pretrain.config import RunConfig
+
+    point = {"objective": "mlm", "backbone": backbone, "seq": seq, "batch": 1, "compile": False}
+    cfg = load_config(RunConfig, REPO / "pretrain" / "configs" / "demo_mlm.yaml",
+                      [*point_overrides(point, args, data, None, out / "unused"), *extra])
+    manifest = json.loads(DatasetDir(data).manifest.read_text())
+    config = model_config(cfg.model, manifest["tokenizer"], manifest["seq_len"])
+    torch.manual_seed(0)
+    shutil.rmtree(out, ignore_errors=True)  # rebuilt each time: the overrides it follows may have changed
+    backbone_for(config).masked_lm(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(DatasetDir(data).tokenizer).save_pretrained(out)
+    return out
 
 
 def measure(rows: list[dict], warmup: int) -> dict:
@@ -83,7 +100,8 @@ def measure(rows: list[dict], warmup: int) -> dict:
     return out
 
 
-def point_overrides(point: dict, args: argparse.Namespace, data: Path, teacher: Path, run_dir: Path) -> list[str]:
+def point_overrides(point: dict, args: argparse.Namespace, data: Path, teacher: Optional[Path],
+                    run_dir: Path) -> list[str]:
     """The run config of one (objective, backbone, seq, batch, compile) point."""
     shape = dict(SHAPES[args.size])
     if point["backbone"] == "modernbert":
@@ -127,7 +145,7 @@ def trace_path(out: Path, point: dict) -> Path:
     return out.parent / f"{out.stem}_trace_{point['objective']}_{point['backbone']}_{point['seq']}_b{point['batch']}.json"
 
 
-def profile_worker(point: dict, args: argparse.Namespace, data: Path, teacher: Path) -> dict:
+def profile_worker(point: dict, args: argparse.Namespace, data: Path, teacher: Optional[Path]) -> dict:
     """One trainer run in this process with torch.profiler over `--profile-steps` steps after the warm-up: the share
     of that wall time with no GPU kernel running (None on a CPU), and the device time per step of each kernel."""
     import time
@@ -229,7 +247,7 @@ def main() -> None:
     corpora, work = Path(args.corpora).resolve(), Path(args.work).resolve()
     if args.worker:
         point = json.loads(args.point)
-        result = profile_worker(point, args, Path(point["data"]), Path(point["teacher"]))
+        result = profile_worker(point, args, Path(point["data"]), point["teacher"] and Path(point["teacher"]))
         print(json.dumps(result), flush=True)
         os._exit(0)
     info = run_info(args)
@@ -241,8 +259,9 @@ def main() -> None:
         for batch in (args.batches_128 if seq <= 128 else args.batches_512):
             fits_one_epoch(data, batch, args.steps)
     for seq, data in datasets.items():
-        teacher = teacher_folder(SHAPES[args.size], seq, DatasetDir(data).tokenizer, work / f"teacher_{args.size}_{seq}")
         for backbone in args.backbones:
+            teacher = teacher_folder(backbone, seq, args, data, work / f"teacher_{backbone}_{args.size}_{seq}") \
+                if "tacl" in args.objectives else None
             for batch in (args.batches_128 if seq <= 128 else args.batches_512):
                 for name in args.objectives:
                     for compiled in args.compile:
@@ -253,7 +272,7 @@ def main() -> None:
     print_table(results, info, args)
 
 
-def run_point(point: dict, args: argparse.Namespace, data: Path, teacher: Path, work: Path) -> dict:
+def run_point(point: dict, args: argparse.Namespace, data: Path, teacher: Optional[Path], work: Path) -> dict:
     """One trainer run at `point`, with the bare loop beside an MLM point and the profile if asked."""
     run_dir = work / f"{point['objective']}_{point['backbone']}_seq{point['seq']}_b{point['batch']}_" \
                      f"{'on' if point['compile'] else 'off'}_{args.size}"
@@ -274,7 +293,7 @@ def run_point(point: dict, args: argparse.Namespace, data: Path, teacher: Path, 
             row["bare_compiled_kernels"] = kernel_summary(compiled_bare["kernels"])
     if args.profile:
         cmd = [sys.executable, "-m", "benchmarks.gpu_throughput", *sys.argv[1:], "--worker", "profile",
-               "--point", json.dumps({**point, "data": str(data), "teacher": str(teacher)})]
+               "--point", json.dumps({**point, "data": str(data), "teacher": teacher and str(teacher)})]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"profile failed: {proc.stderr[-3000:]}")

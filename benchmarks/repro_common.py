@@ -14,12 +14,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 from pretrain.run_dir import RunDir
 from data_pipeline.dataset_dir import DatasetDir
 
-if TYPE_CHECKING:  # annotations only: transformers is imported where a model is built
-    from transformers import BertConfig
 
 REPO = Path(__file__).resolve().parents[1]
 log = logging.getLogger("reproduce")
@@ -87,19 +85,6 @@ def export(run_dir: Path, step: int, out: Path) -> Path:
     from pretrain.exporting.export import export as export_checkpoint
 
     return export_checkpoint(RunDir(run_dir).checkpoint(tag_for(step)), out)
-
-
-def fresh_bert(config: BertConfig, tokenizer_dir: Path, out: Path, seed: int, mlm_head: bool = False) -> Path:
-    """A folder with freshly initialised BERT weights of `config` and the tokenizer of `tokenizer_dir`."""
-    if (out / "config.json").is_file():
-        return out
-    import torch
-    from transformers import AutoTokenizer, BertForMaskedLM, BertModel
-
-    torch.manual_seed(seed)
-    (BertForMaskedLM if mlm_head else BertModel)(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
-    return out
 
 
 def random_init(like: Path, out: Path, seed: int) -> Path:

@@ -1,6 +1,8 @@
 """benchmarks/compile_check.py, the GPU node's eager-against-compiled check, on its CPU path: the plain eager run
 against the gpu_base group's fast path (each encoder layer compiled, Q/K/V as one matmul) with the vocabulary loss in
-chunks added (`--compiled-set`), the losses compared, the compiled run's export loaded with transformers' own class."""
+chunks added (`--compiled-set`), the losses compared, the compiled run's export loaded with transformers' own class.
+TaCL, since it runs the most: a teacher folder of the backbone's model built first, a frozen encoder compiled beside
+the student's masked LM (MLM's own regions: test_compile_regions)."""
 from __future__ import annotations
 
 import json
@@ -14,20 +16,23 @@ def test_the_compile_check_compares_eager_and_compiled_runs_and_loads_the_export
     out = tmp_path / "check.json"
     proc = run_cli("benchmarks.compile_check", [
         "--size", "tiny", "--steps", "3", "--warmup", "1", "--batch", "4", "--precision", "fp32", "--backbones", "bert",
-        "--objectives", "mlm", "--data", str(prepared), "--work", str(tmp_path / "work"), "--out", str(out),
+        "--objectives", "tacl", "--data", str(prepared), "--work", str(tmp_path / "work"), "--out", str(out),
         "--tolerance", "1e-5", "--compiled-set", "train.vocab_loss_chunk=16",
         "--set", "optimizer.lr=3e-3"], timeout=600)  # an lr that moves the weights: steps 2-3 test the backward too
     (row,) = json.loads(out.read_text())["rows"]
     # fp32, dropout 0: the fused, chunked, compiled run gives the plain eager run's losses to 1e-5 at every step.
     assert row["steps"] == 3 and row["losses_agree"] and row["max_relative_loss_difference"] <= 1e-5, row
     assert row["export_class"] == "BertModel" and row["compiled_tokens_per_s"] > 0
-    assert "bert mlm: losses agree" in proc.stdout
-    eager_log = (tmp_path / "work" / "bert_mlm_eager" / "train.log").read_text()
-    compiled_log = (tmp_path / "work" / "bert_mlm_compiled" / "train.log").read_text()
-    assert "compiled 2 encoder layer(s), each on its own, and predict with torch.compile" in compiled_log  # --mode layers
-    assert "Q, K and V as one matmul in 2 attention layer(s)" in compiled_log  # the gpu_base group's fused_qkv
+    assert "bert tacl: losses agree" in proc.stdout
+    teacher = json.loads((tmp_path / "work" / "bert_teacher" / "config.json").read_text())
+    assert (teacher["model_type"], teacher["hidden_size"], teacher["hidden_dropout_prob"]) == ("bert", 64, 0.0)
+    eager_log = (tmp_path / "work" / "bert_tacl_eager" / "train.log").read_text()
+    compiled_log = (tmp_path / "work" / "bert_tacl_compiled" / "train.log").read_text()
+    # --mode layers: the student's 2 layers and the teacher's 2
+    assert "compiled 4 encoder layer(s), each on its own, and predict with torch.compile" in compiled_log
+    assert "Q, K and V as one matmul in 4 attention layer(s)" in compiled_log  # the gpu_base group's fused_qkv
     assert "vocabulary projection fused with the loss, 16 rows at a time" in compiled_log  # --compiled-set
     assert "keep their attention mask" not in compiled_log  # eager model forward: unpadded batches go without
     assert not any(said in eager_log for said in ("torch.compile", "one matmul", "rows at a time"))  # the plain run
     for run in ("eager", "compiled"):  # --set reached both runs
-        assert "  lr: 0.003\n" in RunDir(tmp_path / "work" / f"bert_mlm_{run}").config.read_text()
+        assert "  lr: 0.003\n" in RunDir(tmp_path / "work" / f"bert_tacl_{run}").config.read_text()

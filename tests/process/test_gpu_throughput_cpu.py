@@ -1,12 +1,16 @@
 """benchmarks/gpu_throughput.py, the GPU benchmark the queue runs most, on its CPU path (`--tiny`): the dataset
 prepared from the corpora when missing and reused when there, one trainer point measured beside the eager and the
-compiled bare loop, and the row and the table written."""
+compiled bare loop, and the row and the table written; TaCL's teacher, the model of each backbone's MLM point."""
 import json
 
 from conftest import kjv_chapters, run_cli
 
-from benchmarks.gpu_throughput import ensure_data
+from benchmarks.gpu_throughput import build_parser, ensure_data, point_overrides, teacher_folder
+from benchmarks.repro_common import REPO
+from core.config_io import load_config
 from data_pipeline.dataset_dir import DatasetDir
+from model.encoder import model_config
+from pretrain.config import RunConfig
 
 
 def test_a_tiny_point_runs_with_its_data_prepared_once(tmp_path):
@@ -28,3 +32,31 @@ def test_a_tiny_point_runs_with_its_data_prepared_once(tmp_path):
     assert row["tokens_per_s"] > 0 and row["bare_tokens_per_s"] > 0 and row["bare_compiled_tokens_per_s"] > 0
     assert abs(row["vs_bare"] - row["tokens_per_s"] / row["bare_tokens_per_s"]) < 1e-9
     assert "| mlm | bert | 128 | 4 | off |" in proc.stdout
+
+
+def test_tacls_teacher_is_the_mlm_points_model_so_the_student_is_the_backbone_named(tmp_path):
+    """The teacher folder decides TaCL's model: before, it was BERT for every backbone (the ModernBERT points trained
+    BERT) with transformers' dropout 0.1 where the MLM points have the demo's 0."""
+    corpora = tmp_path / "corpora"
+    corpora.mkdir()
+    text = "\n\n".join(kjv_chapters(20)) + "\n"
+    for name in ("kjv.txt", "wordnet_glosses.txt"):
+        (corpora / name).write_text(text, encoding="utf-8")
+    data = ensure_data(128, corpora, tmp_path / "work")
+    manifest = json.loads(DatasetDir(data).manifest.read_text())
+    args = build_parser().parse_args(["--tiny", "--set", "model.attention_dropout=0.2"])
+    args.size, args.zero_stage = "tiny", "auto"
+    family = {"bert": ("bert", "intermediate_size", 256, "hidden_dropout_prob", "attention_probs_dropout_prob"),
+              "modernbert": ("modernbert", "intermediate_size", 256, "mlp_dropout", "attention_dropout")}
+    for backbone, (model_type, ffn, width, dropout, attention_dropout) in family.items():
+        teacher = teacher_folder(backbone, 128, args, data, tmp_path / f"teacher_{backbone}")
+        saved = json.loads((teacher / "config.json").read_text())
+        assert (saved["model_type"], saved["hidden_size"], saved["num_hidden_layers"], saved[ffn]) == \
+            (model_type, 64, 2, width), saved
+        assert (saved[dropout], saved[attention_dropout]) == (0.0, 0.2), saved  # the demo's 0, and --set reached it
+        assert saved["vocab_size"] == manifest["tokenizer"]["vocab_size"] and (teacher / "tokenizer.json").is_file()
+        point = {"objective": "tacl", "backbone": backbone, "seq": 128, "batch": 4, "compile": False}
+        cfg = load_config(RunConfig, REPO / "pretrain" / "configs" / "demo_mlm.yaml",
+                          point_overrides(point, args, data, teacher, tmp_path))
+        assert cfg.model.init_from == str(teacher)
+        assert model_config(cfg.model, manifest["tokenizer"], manifest["seq_len"]).model_type == model_type
