@@ -167,7 +167,8 @@ def _tokenizer_entry(tok_dir: Path, ids: dict[str, Any]) -> dict[str, Any]:
             "special_ids": ids["special_ids"], "files": sorted(p.name for p in tok_dir.iterdir())}
 
 
-def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: str | None, workers: int, tasks: int) -> dict:
+def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: str | None, workers: int, tasks: int,
+            array_id: str | None = None) -> dict:
     """Step 3: merge the indexes, check the totals, write the manifest (publishing is the caller's)."""
     jobs = _load_jobs(plan)
     results = [json.loads(done_marker(out_dir, j.index).read_text()) for j in jobs]
@@ -195,6 +196,7 @@ def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: st
         "replaced_characters": read["replaced_characters"],
         "sources": [{**config_to_dict(s), "documents": n} for s, n in zip(cfg.sources, per_source)],
         "parts": len(jobs), "part_bytes": plan["part_bytes"], "num_workers": workers, "tasks": tasks,
+        "array_id": array_id,  # which job array published it: its late tasks tell it from a dataset it replaces
         "config": config_to_dict(cfg),
     }
     for debris in out_dir.glob("*/.part-*.tmp-*"):  # from workers killed in an earlier run of an array
@@ -315,12 +317,20 @@ def _attempt() -> str:
     return os.environ.get("SLURM_RESTART_COUNT", "0")
 
 
-def _published(final_dir: Path) -> bool:
-    return DatasetDir(final_dir).is_complete()
+def _published_by(final_dir: Path, array_id: str) -> bool:
+    """Whether `final_dir` holds the dataset this job array published (not an earlier one it is to replace)."""
+    if not DatasetDir(final_dir).is_complete():
+        return False
+    try:
+        return json.loads(DatasetDir(final_dir).manifest.read_text()).get("array_id") == array_id
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
-def _await_plan(staging: Path, final_dir: Path, timeout_s: float) -> dict[str, Any] | None:
-    """The plan task 0 wrote (None when the dataset was already published), or an error when task 0 failed."""
+def _await_plan(staging: Path, final_dir: Path, timeout_s: float, array_id: str) -> dict[str, Any] | None:
+    """The plan task 0 wrote (None when this array already published the dataset), or an error when task 0 failed.
+    A dataset already in `final_dir` from before is the one task 0 replaces (--overwrite) or refuses: not a reason to
+    stop, which would leave this task's parts unwritten and the array ending with the old dataset in place."""
     deadline = time.time() + timeout_s
     while not (staging / PLAN).is_file():
         try:
@@ -329,7 +339,7 @@ def _await_plan(staging: Path, final_dir: Path, timeout_s: float) -> dict[str, A
             attempt = message = ""
         if attempt and attempt == _attempt():
             raise InputDataError(f"task 0 of this array could not plan the dataset: {message.strip()}")
-        if not staging.exists() and _published(final_dir):
+        if not staging.exists() and _published_by(final_dir, array_id):
             return None  # the other tasks finished and published before this one started
         if time.time() > deadline:
             raise InputDataError(f"no plan from task 0 in '{staging}' after {timeout_s:.0f}s; is task 0 running?")
@@ -362,7 +372,7 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
             staging.mkdir(parents=True, exist_ok=True)
             write_text_atomic(staging / FAILED, f"{_attempt()}\n{type(exc).__name__}: {exc}\n")
             raise
-    plan = _await_plan(staging, final_dir, plan_timeout_s)
+    plan = _await_plan(staging, final_dir, plan_timeout_s, array_id)
     if plan is None:
         log.info("task %d/%d: the dataset is already published -> %s", task, tasks, final_dir)
         return None
@@ -382,7 +392,7 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
         (staging / f"merging-{_attempt()}").mkdir()
     except (FileExistsError, FileNotFoundError):  # another task merges, or has already published
         return None
-    _finish(cfg, staging, plan, command, workers, tasks)
+    _finish(cfg, staging, plan, command, workers, tasks, array_id)
     check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)
     publish(staging, final_dir)
     for leftover in final_dir.glob("merging-*"):

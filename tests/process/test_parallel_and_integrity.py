@@ -107,6 +107,39 @@ def test_array_task_stops_when_task_0_cannot_plan(tmp_path, corpus_file, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "out"]
 
 
+def test_an_array_replacing_a_dataset_writes_every_part_whichever_task_starts_first(tmp_path, corpus_file):
+    """With --overwrite over a finished dataset, a task that starts before task 0 has planned waits for the plan:
+    before, it took the old dataset for this array's and ended at once, its parts unwritten, and the array ended with
+    the old dataset in place and every task's exit 0 (a job chained with afterok then trained on the old data)."""
+    import threading
+
+    from core.errors import InputDataError
+    from data_pipeline.prepare import prepare_task, staging_dir
+
+    old_corpus = tmp_path / "old.txt"
+    old_corpus.write_text("\n\n".join(corpus_file.read_text().split("\n\n")[:10]) + "\n")
+    out = tmp_path / "out"
+    prepare(_array_cfg(out, old_corpus))
+    # Without --overwrite, task 1 stops with task 0's refusal instead of taking the old dataset for this array's.
+    refused = _array_cfg(out, corpus_file)
+    with pytest.raises(Exception, match="pass --overwrite"):
+        prepare_task(refused, 0, 2, "8")
+    with pytest.raises(InputDataError, match="task 0 of this array could not plan.*pass --overwrite"):
+        prepare_task(refused, 1, 2, "8", plan_timeout_s=30)
+    cfg = _array_cfg(out, corpus_file, "overwrite=true")
+    results = {}
+    late = threading.Thread(target=lambda: results.update(task1=prepare_task(cfg, 1, 2, "9", plan_timeout_s=120)))
+    late.start()  # task 1 first: staging_dir does not exist yet, and the old dataset is complete
+    late.join(timeout=3)
+    assert late.is_alive(), results  # waiting for task 0's plan, not ended
+    results["task0"] = prepare_task(cfg, 0, 2, "9")
+    late.join(timeout=120)
+    assert {results["task0"], results["task1"]} == {None, out}, results  # one task merged and published
+    single = prepare(_array_cfg(tmp_path / "single", corpus_file))
+    assert _files(single) == _files(out) and not staging_dir(cfg, "9").exists()
+    assert json.loads(DatasetDir(out).manifest.read_text())["array_id"] == "9"
+
+
 def _corrupt_copy(prepared, tmp_path):
     import shutil
 
