@@ -29,7 +29,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY_MODEL, free_port, kjv_chapters, launch_ranks
+from core.atomic_files import mark_output
+from core.config_io import load_config
+from data_pipeline.config import PrepareConfig
 from data_pipeline.dataset_dir import MANIFEST, DatasetDir
+from data_pipeline.prepare import prepare as prepare_data
+from pretrain.exporting.export import EXPORT
 from pretrain.run_dir import RunDir
 
 
@@ -143,8 +148,13 @@ def jobs(cluster, prepared, tmp_path_factory):
     # The requeue job trains on the session's prepared data, so it and the reference start at once;
     # the prepare job's output feeds the restart-limit job (prepare -> pretrain through afterok).
     # WORKERS: two tokenizing processes in each task's one CPU (the output must be what one process writes).
+    # PREPARE_ARGS=--overwrite: the array replaces a dataset already there, prepared from the corpus's first chapters.
+    old_corpus = work / "old_corpus.txt"
+    old_corpus.write_text("\n\n".join(kjv_chapters(10)) + "\n", encoding="utf-8")
+    prepare_data(load_config(PrepareConfig, None, PREPARE_OVERRIDES + [
+        f"output_dir={data}", f"sources=[{{kind: text, path: '{old_corpus}'}}]", "num_workers=1"]))
     prepare = cluster.sbatch(
-        "prepare_data.sbatch", "--array=0-1", "--cpus-per-task=1", cwd=work, WORKERS="2",
+        "prepare_data.sbatch", "--array=0-1", "--cpus-per-task=1", cwd=work, WORKERS="2", PREPARE_ARGS="--overwrite",
         OVERRIDES=" ".join(PREPARE_OVERRIDES + [f"output_dir={data}", f"'sources=[{{kind: text, path: {corpus}}}]'"]))
     train_args = [f"data.path={prepared}", f"train.output_dir={run}", *TRAIN_OVERRIDES]
     pretrain = cluster.sbatch(
@@ -156,8 +166,13 @@ def jobs(cluster, prepared, tmp_path_factory):
                                     # Every 125 steps, all kept: the killed job's end (step 375) is compared too.
                                     "train.save_every=125", "train.keep_last=10"], 2, work / "reference_logs")
     # CHECKPOINT: an earlier checkpoint than the newest (the run keeps its newest three: 500 and 600 among them).
+    # EXPORT_ARGS=--overwrite: an export already in OUT (its marker, and a file the new one does not have) is replaced.
+    hf.mkdir()
+    mark_output(hf, EXPORT)
+    (hf / "stale.txt").write_text("from an earlier export")
     export = cluster.sbatch("export.sbatch", f"--dependency=afterok:{pretrain}", "--cpus-per-task=1", cwd=work,
-                            RUN_DIR=str(run), OUT=str(hf), CHECKPOINT=str(RunDir(run).checkpoints / EXPORTED))
+                            RUN_DIR=str(run), OUT=str(hf), CHECKPOINT=str(RunDir(run).checkpoints / EXPORTED),
+                            EXPORT_ARGS="--overwrite")
     crash = cluster.sbatch("pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0",
                            "--cpus-per-task=1", cwd=work, OVERRIDES=f"data.path={data} train.no_such_key=1")
     limited_run = work / "limited"
@@ -307,12 +322,10 @@ def test_chain_prepare_pretrain_export_with_afterok(jobs):
     assert manifest["tasks"] == 2 and "task 0/2: " in log and "task 1/2: " in log and log.count(" merged ") == 1
     assert manifest["num_workers"] == manifest["config"]["num_workers"] == 2  # WORKERS reached prepare
     assert all(f"task {t}/2: 0 of" not in log for t in (0, 1))
-    from core.config_io import load_config
-    from data_pipeline.config import PrepareConfig
-    from data_pipeline.prepare import prepare
     from data_pipeline.shard_record import RECORD
 
-    single = prepare(load_config(PrepareConfig, None, PREPARE_OVERRIDES + [
+    # What one process writes from the corpus: the array replaced the dataset of the first chapters (PREPARE_ARGS).
+    single = prepare_data(load_config(PrepareConfig, None, PREPARE_OVERRIDES + [
         f"output_dir={jobs['work'] / 'data_single'}", f"sources=[{{kind: text, path: '{jobs['corpus']}'}}]", "num_workers=1"]))
     # (Training on it has since unpacked raw .mds files beside the zstd shards: not part of what prepare wrote; the
     # verification records hold each copy's own file times.)
@@ -325,6 +338,7 @@ def test_chain_prepare_pretrain_export_with_afterok(jobs):
     assert export["JobState"] == "COMPLETED", _log(jobs, "export")[-3000:]
     # afterok held the export back through the requeue until the training's final success.
     assert json.loads((jobs["hf"] / "config.json").read_text())["hidden_size"] == 32
+    assert not (jobs["hf"] / "stale.txt").exists()  # EXPORT_ARGS=--overwrite replaced the earlier export
     from transformers import AutoModelForMaskedLM
 
     assert f"export {RunDir(jobs['run']).checkpoints / EXPORTED} -> {jobs['hf']}" in _log(jobs, "export")
