@@ -317,17 +317,20 @@ def _attempt() -> str:
     return os.environ.get("SLURM_RESTART_COUNT", "0")
 
 
-def _published_by(final_dir: Path, array_id: str) -> bool:
-    """Whether `final_dir` holds the dataset this job array published (not an earlier one it is to replace)."""
+def _published_by(final_dir: Path, array_id: str, cfg: PrepareConfig) -> bool:
+    """Whether `final_dir` holds the dataset this job array published (not an earlier one it is to replace): its id,
+    and its config (job ids start again on a new SLURM controller, and --array-id may be given by hand)."""
     if not DatasetDir(final_dir).is_complete():
         return False
     try:
-        return json.loads(DatasetDir(final_dir).manifest.read_text()).get("array_id") == array_id
+        manifest = json.loads(DatasetDir(final_dir).manifest.read_text())
+        return manifest.get("array_id") == array_id and _same_config(manifest.get("config", {}), config_to_dict(cfg))
     except (OSError, ValueError, AttributeError):
         return False
 
 
-def _await_plan(staging: Path, final_dir: Path, timeout_s: float, array_id: str) -> dict[str, Any] | None:
+def _await_plan(staging: Path, final_dir: Path, timeout_s: float, array_id: str,
+                cfg: PrepareConfig) -> dict[str, Any] | None:
     """The plan task 0 wrote (None when this array already published the dataset), or an error when task 0 failed.
     A dataset already in `final_dir` from before is the one task 0 replaces (--overwrite) or refuses: not a reason to
     stop, which would leave this task's parts unwritten and the array ending with the old dataset in place."""
@@ -339,7 +342,7 @@ def _await_plan(staging: Path, final_dir: Path, timeout_s: float, array_id: str)
             attempt = message = ""
         if attempt and attempt == _attempt():
             raise InputDataError(f"task 0 of this array could not plan the dataset: {message.strip()}")
-        if not staging.exists() and _published_by(final_dir, array_id):
+        if not staging.exists() and _published_by(final_dir, array_id, cfg):
             return None  # the other tasks finished and published before this one started
         if time.time() > deadline:
             raise InputDataError(f"no plan from task 0 in '{staging}' after {timeout_s:.0f}s; is task 0 running?")
@@ -372,7 +375,7 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
             staging.mkdir(parents=True, exist_ok=True)
             write_text_atomic(staging / FAILED, f"{_attempt()}\n{type(exc).__name__}: {exc}\n")
             raise
-    plan = _await_plan(staging, final_dir, plan_timeout_s, array_id)
+    plan = _await_plan(staging, final_dir, plan_timeout_s, array_id, cfg)
     if plan is None:
         log.info("task %d/%d: the dataset is already published -> %s", task, tasks, final_dir)
         return None

@@ -53,8 +53,7 @@ def train_students(args: argparse.Namespace, teacher: Path, out: Path) -> dict[s
                       f"optimizer.lr={args.lr}",
                       "train.global_batch_size=32", "train.micro_batch_size=16", f"train.seed={seed}",
                       f"data.shuffle_seed={seed}", f"schedule.warmup_steps={STEPS // 10}", f"train.save_every={STEPS}",
-                      f"train.eval_every={STEPS}", "train.eval_batches=8", "train.log_every=20", "model.dropout=0",
-                      "model.attention_dropout=0", *extra]
+                      f"train.eval_every={STEPS}", "train.eval_batches=8", "train.log_every=20", *extra]
             run_dir = train("pretrain/configs/demo_mlm.yaml", common, out / f"train_{tag}", STEPS)
             exports[f"{name}, seed {seed}"] = export(run_dir, STEPS, out / f"export_{tag}")
     return exports

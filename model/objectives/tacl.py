@@ -18,9 +18,7 @@ not the original scripts. Validation logs the student's last-layer `self_similar
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Optional
 
 import torch
@@ -133,9 +131,9 @@ class TaCL(Objective):
         """TaCL continues a pre-trained checkpoint (the teacher); NSP needs BERT."""
         if not model.init_from:
             raise ConfigError("objective tacl continues pre-training: set model.init_from to the teacher's HF folder")
-        config_file = Path(model.init_from) / "config.json"
-        if options.pair_head == "nsp" and config_file.is_file() and json.loads(config_file.read_text()).get("model_type") != "bert":
-            raise ConfigError("objective.tacl.pair_head=nsp needs a BERT teacher (ModernBERT has no NSP head)")
+        if options.pair_head == "nsp" and model.architecture != "bert":  # the init_from folder's family, or refused
+            raise ConfigError(f"objective.tacl.pair_head=nsp needs a BERT teacher ({model.architecture} has no NSP "
+                              "head)")
 
     def train(self, mode: bool = True) -> "TaCL":
         """The teacher stays in eval mode (no dropout) whatever the trainer asks of the rest."""

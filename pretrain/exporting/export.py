@@ -122,11 +122,14 @@ def _export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool, trust_
     reads = (ckpt_dir / tag, run_dir.tokenizer)
     check_overwrite(out_dir, overwrite, EXPORT, reads, _legacy_export)  # before the slow consolidation
     _check_tokenizer(run_dir, config_dir)
-    cfg = load_config(RunConfig, config_dir / CONFIG_FILE)
+    saved_model = json.loads((config_dir / MODEL_CONFIG_FILE).read_text())
+    # The family trained is the model config's: a run started before model.architecture had to match its
+    # model.init_from folder may have saved the model group's name beside another family's weights.
+    trained = saved_model.get("model_type", "bert")
+    cfg = load_config(RunConfig, config_dir / CONFIG_FILE, [f"model.architecture={trained}"])
     # The attention kernel is a training choice (flash-attn needs a GPU); the export is built, run and read back on
     # the CPU with transformers' default.
-    model_config = config_from_dict(json.loads((config_dir / MODEL_CONFIG_FILE).read_text()), "sdpa",
-                                    f"checkpoint '{ckpt_dir / tag}'")
+    model_config = config_from_dict(saved_model, "sdpa", f"checkpoint '{ckpt_dir / tag}'")
     limit = backbone_for(model_config).version_limit(model_config)
     objective = build_objective(cfg.objective, model_config)
     if not trust_checkpoint:

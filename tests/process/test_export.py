@@ -83,3 +83,39 @@ def test_killed_export_leaves_no_partial_folder(trained):
     run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(out)])
     assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
     assert not list(base.glob(".hf_killed.tmp-*"))  # the killed writer's debris is gone
+
+
+def test_a_run_whose_config_names_another_family_than_it_trained_exports_what_it_trained(trained, tmp_path):
+    """Runs started before model.architecture had to match model.init_from's folder saved the model group's name (here
+    ModernBERT) beside BERT weights: the export builds the family the model config recorded, as training did."""
+    import json
+    import shutil
+
+    import yaml
+    from transformers import AutoModelForMaskedLM
+
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE, CheckpointDir, file_manifest
+    from pretrain.run_dir import CONFIG_FILE
+
+    _, run, probe = trained
+    old = tmp_path / "run"
+    shutil.copytree(run, old)
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    checkpoints = CheckpointDir(RunDir(old).checkpoints)
+    for folder in [old, *(checkpoints.tag(tag) for tag in checkpoints.complete_tags())]:
+        config = folder / CONFIG_FILE
+        data = yaml.safe_load(config.read_text())
+        data["model"].update(architecture="modernbert", init_from=str(teacher))
+        config.write_text(yaml.safe_dump(data))
+        if folder != old:  # the marker's record of the file, as the old run saved it
+            marker = json.loads((folder / COMPLETE).read_text())
+            marker["files"][CONFIG_FILE] = file_manifest(folder)[CONFIG_FILE]
+            (folder / COMPLETE).write_text(json.dumps(marker))
+    run_cli("pretrain", ["export", "--checkpoint", str(old), "--out", str(tmp_path / "hf")])
+    model = AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True).eval()
+    assert type(model).__name__ == "BertForMaskedLM"
+    with torch.no_grad():
+        logits = model(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
+    assert torch.allclose(logits, probe["logits"][""], atol=1e-5, rtol=0)

@@ -113,6 +113,7 @@ def test_an_array_replacing_a_dataset_writes_every_part_whichever_task_starts_fi
     the old dataset in place and every task's exit 0 (a job chained with afterok then trained on the old data)."""
     import threading
 
+    from core.atomic_files import OutputExistsError
     from core.errors import InputDataError
     from data_pipeline.prepare import prepare_task, staging_dir
 
@@ -122,18 +123,26 @@ def test_an_array_replacing_a_dataset_writes_every_part_whichever_task_starts_fi
     prepare(_array_cfg(out, old_corpus))
     # Without --overwrite, task 1 stops with task 0's refusal instead of taking the old dataset for this array's.
     refused = _array_cfg(out, corpus_file)
-    with pytest.raises(Exception, match="pass --overwrite"):
+    with pytest.raises(OutputExistsError, match="pass --overwrite"):
         prepare_task(refused, 0, 2, "8")
     with pytest.raises(InputDataError, match="task 0 of this array could not plan.*pass --overwrite"):
         prepare_task(refused, 1, 2, "8", plan_timeout_s=30)
     cfg = _array_cfg(out, corpus_file, "overwrite=true")
     results = {}
-    late = threading.Thread(target=lambda: results.update(task1=prepare_task(cfg, 1, 2, "9", plan_timeout_s=120)))
+
+    def task1() -> None:
+        try:
+            results["task1"] = prepare_task(cfg, 1, 2, "9", plan_timeout_s=120)
+        except BaseException as exc:  # seen by the assertions below, not lost with the thread
+            results["task1_error"] = exc
+
+    late = threading.Thread(target=task1, daemon=True)
     late.start()  # task 1 first: staging_dir does not exist yet, and the old dataset is complete
     late.join(timeout=3)
     assert late.is_alive(), results  # waiting for task 0's plan, not ended
     results["task0"] = prepare_task(cfg, 0, 2, "9")
     late.join(timeout=120)
+    assert not late.is_alive() and "task1_error" not in results, results
     assert {results["task0"], results["task1"]} == {None, out}, results  # one task merged and published
     single = prepare(_array_cfg(tmp_path / "single", corpus_file))
     assert _files(single) == _files(out) and not staging_dir(cfg, "9").exists()

@@ -29,12 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY_MODEL, free_port, kjv_chapters, launch_ranks
-from core.atomic_files import mark_output
-from core.config_io import load_config
-from data_pipeline.config import PrepareConfig
 from data_pipeline.dataset_dir import MANIFEST, DatasetDir
-from data_pipeline.prepare import prepare as prepare_data
-from pretrain.exporting.export import EXPORT
 from pretrain.run_dir import RunDir
 
 
@@ -141,6 +136,9 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 @pytest.fixture(scope="module")
 def jobs(cluster, prepared, tmp_path_factory):
     """Submit everything, drive the restart-limit job, watch for the PREEMPTED marker; wait for the end."""
+    from core.atomic_files import mark_output
+    from pretrain.exporting.export import EXPORT
+
     work = tmp_path_factory.mktemp("slurm_jobs")
     corpus = work / "corpus.txt"
     corpus.write_text("\n\n".join(kjv_chapters(60)) + "\n", encoding="utf-8")
@@ -151,8 +149,8 @@ def jobs(cluster, prepared, tmp_path_factory):
     # PREPARE_ARGS=--overwrite: the array replaces a dataset already there, prepared from the corpus's first chapters.
     old_corpus = work / "old_corpus.txt"
     old_corpus.write_text("\n\n".join(kjv_chapters(10)) + "\n", encoding="utf-8")
-    prepare_data(load_config(PrepareConfig, None, PREPARE_OVERRIDES + [
-        f"output_dir={data}", f"sources=[{{kind: text, path: '{old_corpus}'}}]", "num_workers=1"]))
+    _prepare_once(PREPARE_OVERRIDES + [
+        f"output_dir={data}", f"sources=[{{kind: text, path: '{old_corpus}'}}]", "num_workers=1"])
     prepare = cluster.sbatch(
         "prepare_data.sbatch", "--array=0-1", "--cpus-per-task=1", cwd=work, WORKERS="2", PREPARE_ARGS="--overwrite",
         OVERRIDES=" ".join(PREPARE_OVERRIDES + [f"output_dir={data}", f"'sources=[{{kind: text, path: {corpus}}}]'"]))
@@ -268,6 +266,15 @@ def jobs(cluster, prepared, tmp_path_factory):
             "info": {name: cluster.job(j) for name, j in ids.items()}}
 
 
+def _prepare_once(overrides: list[str]) -> Path:
+    """A dataset prepared in this process (one worker), as `python -m data_pipeline prepare` would."""
+    from core.config_io import load_config
+    from data_pipeline.config import PrepareConfig
+    from data_pipeline.prepare import prepare
+
+    return prepare(load_config(PrepareConfig, None, overrides))
+
+
 def _log(jobs, name: str) -> str:
     if name == "prepare":  # the array's tasks, each with its own job id
         return "".join((jobs["work"] / f"prepare-data-{t['JobId']}.out").read_text() for t in jobs["prepare_tasks"])
@@ -325,8 +332,8 @@ def test_chain_prepare_pretrain_export_with_afterok(jobs):
     from data_pipeline.shard_record import RECORD
 
     # What one process writes from the corpus: the array replaced the dataset of the first chapters (PREPARE_ARGS).
-    single = prepare_data(load_config(PrepareConfig, None, PREPARE_OVERRIDES + [
-        f"output_dir={jobs['work'] / 'data_single'}", f"sources=[{{kind: text, path: '{jobs['corpus']}'}}]", "num_workers=1"]))
+    single = _prepare_once(PREPARE_OVERRIDES + [
+        f"output_dir={jobs['work'] / 'data_single'}", f"sources=[{{kind: text, path: '{jobs['corpus']}'}}]", "num_workers=1"])
     # (Training on it has since unpacked raw .mds files beside the zstd shards: not part of what prepare wrote; the
     # verification records hold each copy's own file times.)
     files = {d: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
