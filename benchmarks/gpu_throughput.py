@@ -70,6 +70,7 @@ def teacher_folder(backbone: str, seq: int, args: argparse.Namespace, data: Path
     from transformers import AutoTokenizer
 
     from core.config_io import load_config
+    from data_pipeline.shards import read_manifest
     from model.backbones import backbone_for
     from model.encoder import model_config
     from pretrain.config import RunConfig
@@ -77,7 +78,7 @@ def teacher_folder(backbone: str, seq: int, args: argparse.Namespace, data: Path
     point = {"objective": "mlm", "backbone": backbone, "seq": seq, "batch": 1, "compile": False}
     cfg = load_config(RunConfig, REPO / "pretrain" / "configs" / "demo_mlm.yaml",
                       [*point_overrides(point, args, data, None, out / "unused"), *extra])
-    manifest = json.loads(DatasetDir(data).manifest.read_text())
+    manifest = read_manifest(data)
     config = model_config(cfg.model, manifest["tokenizer"], manifest["seq_len"])
     torch.manual_seed(0)
     shutil.rmtree(out, ignore_errors=True)  # rebuilt each time: the overrides it follows may have changed
