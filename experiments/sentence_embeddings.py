@@ -48,8 +48,8 @@ def train_students(args: argparse.Namespace, teacher: Path, out: Path) -> dict[s
         data = documents if name == "DeCLUTR" else Path(args.data).resolve()
         for seed in args.seeds:
             tag = f"{name.lower().replace('-', '_')}_seed{seed}"
-            # architecture=null: the teacher folder's family, whatever the demo config's model group names.
-            common = [f"model.init_from={teacher}", "model.architecture=null", f"data.path={data}",
+            # model=pretrained: the teacher folder's family, shape and dropout, not the demo config's model group's.
+            common = [f"model.init_from={teacher}", "model=pretrained", f"data.path={data}",
                       f"optimizer.lr={args.lr}",
                       "train.global_batch_size=32", "train.micro_batch_size=16", f"train.seed={seed}",
                       f"data.shuffle_seed={seed}", f"schedule.warmup_steps={STEPS // 10}", f"train.save_every={STEPS}",

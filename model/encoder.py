@@ -12,7 +12,14 @@ from transformers import PretrainedConfig
 
 from core.errors import ConfigError
 from model.backbones import REGISTRY, backbone_for
-from model.backbones.base import check_saved_config, read_model_folder
+from model.backbones.base import check_saved_config, family_keys, read_model_folder
+
+
+# A fresh encoder's shape and dropout: these keys' values when they are left unset and there is no `init_from` folder.
+FRESH = {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024, "max_position_embeddings": 512,
+         "dropout": 0.1, "attention_dropout": 0.1}
+# Keys that change no parameter: with an `init_from` folder, a value set is applied over the folder's.
+APPLIED_OVER_FOLDER = ("dropout", "attention_dropout")
 
 
 @dataclass
@@ -25,65 +32,120 @@ class EncoderShape:
     # two-stream relative attention, for permutation LM, without memory). Unset: the family of the `init_from`
     # folder, else bert.
     architecture: Optional[str] = None
-    hidden_size: int = 256
-    num_layers: int = 4
-    num_heads: int = 4
-    intermediate_size: int = 1024
-    max_position_embeddings: int = 512
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
+    # The shape and dropout. Unset (null): the `init_from` folder's, else FRESH's (hidden 256, 4 layers of 4 heads,
+    # FFN 1024, 512 positions, dropout 0.1). With a folder, a shape key set to another value than the folder's is
+    # refused (its weights have the folder's shape) and a dropout key set is applied over the folder's.
+    hidden_size: Optional[int] = None
+    num_layers: Optional[int] = None
+    num_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    max_position_embeddings: Optional[int] = None
+    dropout: Optional[float] = None
+    attention_dropout: Optional[float] = None
     # sdpa (default), eager, or flash_attention_2 (ModernBERT on a GPU with flash-attn: the unpadded path).
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     vocab_size: Optional[int] = None
-    # A Hugging Face folder of a registered family to start from (shape and weights: the shape and dropout fields
-    # above are ignored; `architecture`, when set, must name the folder's family). A missing MLM head is created,
-    # with its decoder tied to the word embeddings.
+    # A Hugging Face folder of a registered family to start from (its weights, family and shape; see above for the
+    # keys set beside it). A missing MLM head is created, with its decoder tied to the word embeddings.
     init_from: Optional[str] = None
 
     def __post_init__(self) -> None:
+        folder = folder_config(self.init_from)
         if self.architecture is None:
-            self.architecture = folder_family(self.init_from) or "bert"
+            self.architecture = folder.model_type if folder is not None else "bert"
+        from_folder = folder_values(folder) if folder is not None and folder.model_type == self.architecture else {}
+        unset = family_keys()  # a family's own key at its default counts as unset
+        for key, value in from_folder.items():
+            current = getattr(self, key, None)
+            if value is not None and (current is None or (key in unset and current == unset[key])):
+                setattr(self, key, value)
+        for key, value in FRESH.items():
+            if getattr(self, key) is None and key not in from_folder:  # the folder's may be None: it has two values
+                setattr(self, key, value)
 
     def validate(self) -> None:
         """Catch shapes and combinations the backbone cannot build."""
         if self.architecture not in REGISTRY:
             raise ConfigError(f"config key 'model.architecture': unknown architecture {self.architecture!r}; "
                               f"known: {', '.join(REGISTRY)}")
-        check_init_family(self)
+        check_against_folder(self)
         for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"config key 'model.{key}' must be >= 1, got {getattr(self, key)}")
         for key in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, key) < 1.0:
+            if getattr(self, key) is not None and not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"config key 'model.{key}' must be in [0, 1), got {getattr(self, key)}")
-        if self.hidden_size % self.num_heads:
+        if self.hidden_size is not None and self.num_heads is not None and self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"config key 'model.hidden_size' ({self.hidden_size}) must be divisible by 'model.num_heads' ({self.num_heads})"
             )
         backbone_for(self.architecture).check(self)
 
 
-def folder_family(init_from: Optional[str]) -> Optional[str]:
-    """The registered family (`model_type`) of a model folder's config.json; None when there is no folder, or its
-    config is missing, unreadable or of an unregistered family (`pretrained_config` refuses those in one line)."""
+def folder_config(init_from: Optional[str]) -> Optional[PretrainedConfig]:
+    """The transformers config of a model folder of a registered family, read leniently: None when there is no
+    folder, or its config.json is missing, unreadable or of another family (`pretrained_config` refuses those in one
+    line, where the folder is read for training)."""
     if not init_from:
         return None
     try:
         data = json.loads((Path(init_from) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    family = data.get("model_type") if isinstance(data, dict) else None
-    return family if family in REGISTRY else None
+    if not isinstance(data, dict) or data.get("model_type") not in REGISTRY:
+        return None
+    try:
+        return backbone_for(data["model_type"]).config_class.from_dict(data)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
 
 
-def check_init_family(cfg: EncoderShape) -> None:
-    """Refuse an `architecture` that is not the family of the `init_from` folder: the folder decides what is built,
-    and a run configured as one family that trains another measures and reports the wrong model."""
-    family = folder_family(cfg.init_from)
-    if family is not None and family != cfg.architecture:
+def folder_family(init_from: Optional[str]) -> Optional[str]:
+    """The registered family (`model_type`) of a model folder's config; None as `folder_config` is."""
+    folder = folder_config(init_from)
+    return folder.model_type if folder is not None else None
+
+
+def folder_values(config: PretrainedConfig) -> dict[str, object]:
+    """The `model.*` keys its family reads with their values in this transformers config; None for a key whose
+    attributes are missing or disagree (ModernBERT's one `dropout` is its embedding and MLP dropouts)."""
+    values = {}
+    for key, attrs in backbone_for(config.model_type).config_keys.items():
+        found = {getattr(config, attr, None) for attr in attrs}
+        values[key] = found.pop() if len(found) == 1 else None
+    return values
+
+
+def trained_keys(saved: dict) -> list[str]:
+    """`key=value` overrides that make a run config name the model a saved model config describes: its family, and
+    the shape and dropout keys the family reads (an export builds what was trained, whatever the config says)."""
+    family = saved.get("model_type", "bert")
+    values = folder_values(backbone_for(family).config_class.from_dict(saved))
+    return [f"model.architecture={family}", *(f"model.{key}={json.dumps(value)}" for key, value in values.items()
+                                              if value is not None)]
+
+
+def check_against_folder(cfg: EncoderShape) -> None:
+    """Refuse an `architecture` that is not the family of the `init_from` folder, and shape keys set to other values
+    than the folder's: the folder decides what is built, and a run configured as one model that trains another
+    measures and reports the wrong model."""
+    folder = folder_config(cfg.init_from)
+    if folder is None:
+        return
+    family = folder.model_type
+    if family != cfg.architecture:
         raise ConfigError(f"config key 'model.architecture' is {cfg.architecture}, but model.init_from "
                           f"'{cfg.init_from}' holds a {family} model: set model.architecture={family}, or leave it "
                           "unset (then the folder's family is used)")
+    differ = [(key, getattr(cfg, key), value) for key, value in folder_values(folder).items()
+              if key not in APPLIED_OVER_FOLDER and value is not None and getattr(cfg, key) is not None
+              and getattr(cfg, key) != value]
+    if differ:
+        raise ConfigError(
+            f"model.init_from '{cfg.init_from}' holds a {family} model with "
+            f"{', '.join(f'{key} {theirs}' for key, _, theirs in differ)}, but the config sets "
+            f"{', '.join(f'model.{key}={mine}' for key, mine, _ in differ)}: the folder decides the shape; leave these "
+            "keys unset (model=pretrained is a model group that sets none) or set them to the folder's values")
 
 
 def _encoder_config_class() -> type:
@@ -148,9 +210,13 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
     model_type = read_model_folder(path).get("model_type")  # the family first; from_folder reads the weights
     if model_type not in REGISTRY:
         raise ConfigError(f"config key 'model.init_from': '{path}' is a {model_type} model; supported: {', '.join(REGISTRY)}")
-    check_init_family(cfg)
+    check_against_folder(cfg)
     backbone = backbone_for(model_type)
     config = backbone.from_folder(str(path))
+    for key in APPLIED_OVER_FOLDER:  # the folder's own unless set (then filled from it, or None: left as it is)
+        if getattr(cfg, key) is not None:
+            for attr in backbone.config_keys.get(key, ()):
+                setattr(config, attr, getattr(cfg, key))
     check_saved_config(config.to_dict(), f"config key 'model.init_from': '{path}'")
     _check_data_fit(config.vocab_size, config.max_position_embeddings, vocab_size, seq_len, f"'model.init_from' {path}")
     config._attn_implementation = backbone.attention(config, cfg.attn_implementation)

@@ -46,6 +46,8 @@ class AlbertBackbone(BertBackbone):
     config_class = AlbertConfig
     provides = frozenset({"masked_lm", "encoder", "pair_head"})
     options_class = AlbertOptions
+    config_keys = {**BertBackbone.config_keys, "embedding_size": ("embedding_size",),
+                   "num_hidden_groups": ("num_hidden_groups",)}
 
     def hf_config(self, cfg: EncoderConfig, tokenizer: dict) -> PretrainedConfig:
         """An AlbertConfig for this shape, vocabulary and special ids (factorized embeddings, shared layer groups)."""

@@ -184,6 +184,15 @@ class Backbone:
     options_class: type = NoOptions
     # The `model.attn_implementation` values this family supports.
     attention_kernels: tuple[str, ...] = ("sdpa", "eager")
+    # The transformers config attributes behind each `model.*` key the family reads (a key of its options included).
+    # With `model.init_from`, an unset key takes the folder's value, a set shape key must equal it, and a set dropout
+    # key is applied over it (model/encoder.py). A key missing here is not read with a folder.
+    config_keys: dict[str, tuple[str, ...]] = {
+        "vocab_size": ("vocab_size",), "hidden_size": ("hidden_size",), "num_layers": ("num_hidden_layers",),
+        "num_heads": ("num_attention_heads",), "intermediate_size": ("intermediate_size",),
+        "max_position_embeddings": ("max_position_embeddings",), "dropout": ("hidden_dropout_prob",),
+        "attention_dropout": ("attention_probs_dropout_prob",),
+    }
 
     @property
     def family_keys(self) -> tuple[str, ...]:

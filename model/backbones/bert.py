@@ -98,6 +98,7 @@ class BertBackbone(Backbone):
     config_class = BertConfig
     provides = frozenset({"masked_lm", "encoder", "discriminator", "generator", "hidden_projection", "pair_head"})
     options_class = BertOptions
+    config_keys = {**Backbone.config_keys, "position_embedding": ("position_embedding_type",)}
 
     def hf_config(self, cfg: EncoderConfig, tokenizer: dict) -> PretrainedConfig:
         """A BertConfig for this shape, vocabulary and pad id (two token types, the position option)."""

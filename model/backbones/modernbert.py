@@ -65,6 +65,9 @@ class ModernBertBackbone(Backbone):
     provides = frozenset({"masked_lm", "encoder", "discriminator", "generator", "hidden_projection"})
     # flash_attention_2: transformers' unpadded path, on a GPU with the flash-attn package.
     attention_kernels = ("sdpa", "eager", "flash_attention_2")
+    config_keys = {**Backbone.config_keys, "dropout": ("embedding_dropout", "mlp_dropout"),
+                   "attention_dropout": ("attention_dropout",), "local_attention": ("local_attention",),
+                   "global_attn_every_n_layers": ("global_attn_every_n_layers",)}
 
     def hf_config(self, cfg: EncoderConfig, tokenizer: dict) -> PretrainedConfig:
         """A ModernBertConfig for this shape, vocabulary, special ids and local/global attention pattern."""

@@ -26,6 +26,9 @@ class XLNetBackbone(Backbone):
     config_class = XLNetConfig
     # Its masked_lm is XLNetLMHeadModel, whose two-stream attention only the permutation LM drives.
     provides = frozenset({"permutation_lm"})
+    # No position table (relative attention) and one dropout for every sublayer.
+    config_keys = {"vocab_size": ("vocab_size",), "hidden_size": ("d_model",), "num_layers": ("n_layer",),
+                   "num_heads": ("n_head",), "intermediate_size": ("d_inner",), "dropout": ("dropout",)}
 
     def hf_config(self, cfg: EncoderConfig, tokenizer: dict) -> PretrainedConfig:
         """An XLNetConfig for this shape, vocabulary and special ids, without Transformer-XL memory."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import yaml
 
 from core.atomic_files import check_overwrite, mark_output, prepare_output, publish
 from core.config_io import config_to_dict, load_config
@@ -17,7 +18,7 @@ from data_pipeline.dataset_dir import DatasetDir
 from data_pipeline.tokenizer import copy_tokenizer_folder, make_portable, tokenizer_hash
 from model.backbones import backbone_for
 from model.backbones.base import forward_input_names
-from model.encoder import config_from_dict
+from model.encoder import config_from_dict, trained_keys
 from model.objectives import build_objective
 from pretrain.checkpointing import checkpoint as ckpt
 from pretrain.exporting import model_card
@@ -113,6 +114,16 @@ def export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False,
         return _export(checkpoint, out_dir, overwrite, trust_checkpoint)
 
 
+def _trained_config(config_dir: Path, saved_model: dict) -> RunConfig:
+    """The run config saved beside the checkpoint, its `model.*` keys naming the model its model config recorded."""
+    # The init_from folder is not read: a run started before the model.* keys had to match that folder may have saved
+    # a model group's family and shape beside another's weights, and the folder may have changed since.
+    cfg = load_config(RunConfig, config_dir / CONFIG_FILE, [*trained_keys(saved_model), "model.init_from=null"])
+    # The card still names the folder the run started from.
+    cfg.model.init_from = (yaml.safe_load((config_dir / CONFIG_FILE).read_text()).get("model") or {}).get("init_from")
+    return cfg
+
+
 def _export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool, trust_checkpoint: bool) -> Path:
     run_dir, ckpt_dir, tag = resolve_checkpoint(checkpoint)
     # The checkpoint's own copies of the configs win over the run folder's (a later launch may
@@ -123,10 +134,7 @@ def _export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool, trust_
     check_overwrite(out_dir, overwrite, EXPORT, reads, _legacy_export)  # before the slow consolidation
     _check_tokenizer(run_dir, config_dir)
     saved_model = json.loads((config_dir / MODEL_CONFIG_FILE).read_text())
-    # The family trained is the model config's: a run started before model.architecture had to match its
-    # model.init_from folder may have saved the model group's name beside another family's weights.
-    trained = saved_model.get("model_type", "bert")
-    cfg = load_config(RunConfig, config_dir / CONFIG_FILE, [f"model.architecture={trained}"])
+    cfg = _trained_config(config_dir, saved_model)
     # The attention kernel is a training choice (flash-attn needs a GPU); the export is built, run and read back on
     # the CPU with transformers' default.
     model_config = config_from_dict(saved_model, "sdpa", f"checkpoint '{ckpt_dir / tag}'")

@@ -102,3 +102,30 @@ def test_a_run_config_of_one_family_starting_from_a_folder_of_another_is_refused
         f"config key 'model.architecture' is modernbert, but model.init_from '{teacher}' holds a bert model: set "
         "model.architecture=bert, or leave it unset (then the folder's family is used)"), err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_pretrained_model_group_trains_the_folders_shape_with_the_dropout_set(prepared, tmp_path):
+    """README's `--config demo_mlm.yaml model=pretrained model.init_from=DIR`: the keys left unset are the folder's, in
+    the model trained and in the config.yaml that records it; a dropout set applies over the folder's."""
+    import yaml
+    from transformers import BertConfig, BertForMaskedLM
+
+    from pretrain.run_dir import RunDir
+
+    teacher = tmp_path / "teacher"
+    BertForMaskedLM(BertConfig(vocab_size=400, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
+                               intermediate_size=96, max_position_embeddings=80, hidden_dropout_prob=0.2,
+                               attention_probs_dropout_prob=0.3)).save_pretrained(teacher)
+    out = tmp_path / "run"
+    run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", "model=pretrained",
+                         f"model.init_from={teacher}", "model.dropout=0.05", f"data.path={prepared}",
+                         f"train.output_dir={out}", "train.max_steps=1", "train.micro_batch_size=4",
+                         "train.global_batch_size=4", "train.save_every=1", "train.eval_every=0"])
+    saved = yaml.safe_load(RunDir(out).config.read_text())["model"]
+    assert {key: saved[key] for key in ("architecture", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                                        "max_position_embeddings", "vocab_size", "dropout", "attention_dropout")} == {
+        "architecture": "bert", "hidden_size": 48, "num_layers": 3, "num_heads": 4, "intermediate_size": 96,
+        "max_position_embeddings": 80, "vocab_size": 400, "dropout": 0.05, "attention_dropout": 0.3}
+    trained = json.loads((out / "model_config.json").read_text())
+    assert (trained["hidden_size"], trained["num_hidden_layers"], trained["hidden_dropout_prob"],
+            trained["attention_probs_dropout_prob"]) == (48, 3, 0.05, 0.3)

@@ -1,5 +1,6 @@
-"""`model.init_from` decides the model's family: `model.architecture` unset follows the folder, and set to another
-family is refused in one line naming both (before, a ModernBERT run config with a BERT folder trained BERT silently)."""
+"""`model.init_from` decides the model's family and shape: `model.*` keys unset follow the folder, a family or shape
+set to another value is refused in one line naming both, and a dropout set is applied over the folder's (before, a
+ModernBERT run config with a BERT folder trained BERT, and every shape and dropout key was ignored, silently)."""
 from __future__ import annotations
 
 import json
@@ -7,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from transformers import BertConfig, BertForMaskedLM, ModernBertConfig, ModernBertForMaskedLM
+
 from core.config_io import load_config
 from core.errors import ConfigError
 from model.encoder import EncoderConfig, model_config
+from model.objectives import build_objective
 from pretrain.config import RunConfig
 
 DEMO = Path(__file__).resolve().parents[2] / "pretrain" / "configs" / "demo_mlm.yaml"  # its model group: modernbert
@@ -33,9 +37,12 @@ def test_an_unset_architecture_is_the_folders_family_or_bert(tmp_path):
     for path in (str(tmp_path / "absent"), folder(tmp_path, "roberta", json.dumps({"model_type": "roberta"})),
                  folder(tmp_path, "damaged", '{"model_type": "modern'), folder(tmp_path, "list", "[1, 2]")):
         assert EncoderConfig(init_from=path).architecture == "bert", path
-    # In a run config: `null` lets the folder decide whatever a model group named.
-    cfg = load_config(RunConfig, DEMO, [f"model.init_from={modern}", "model.architecture=null"])
+    # In a run config: the `pretrained` model group sets no key, so the folder decides over the run config's group.
+    cfg = load_config(RunConfig, DEMO, [f"model.init_from={modern}", "model=pretrained"])
     assert cfg.model.architecture == "modernbert"
+    # A config.json naming only its family is transformers' defaults for it, as transformers loads it.
+    assert (cfg.model.hidden_size, cfg.model.num_layers) == (ModernBertConfig().hidden_size,
+                                                             ModernBertConfig().num_hidden_layers)
     assert load_config(RunConfig, DEMO, []).model.architecture == "modernbert"  # no folder: the group's choice
 
 
@@ -47,7 +54,7 @@ def test_an_architecture_that_is_not_the_folders_family_is_refused_naming_both(t
     assert str(err.value) == (f"config key 'model.architecture' is modernbert, but model.init_from '{bert}' holds a "
                               "bert model: set model.architecture=bert, or leave it unset (then the folder's family is "
                               "used)")
-    named = load_config(RunConfig, DEMO, [f"model.init_from={bert}", "model.architecture=bert"])
+    named = load_config(RunConfig, DEMO, [f"model.init_from={bert}", "model=pretrained", "model.architecture=bert"])
     assert named.model.architecture == "bert"
     # Built without the loader's check (a script's own EncoderConfig), the model config refuses it all the same.
     with pytest.raises(ConfigError, match="'model.architecture' is modernbert, but model.init_from .* holds a bert"):
@@ -64,7 +71,7 @@ def test_tacls_sentence_pair_head_needs_a_bert_folder(tmp_path):
     """TaCL's NSP head reads the family the folder resolved to (ModernBERT has no pooler or token types)."""
     from model.objectives import resolve_objective
 
-    nsp = ["objective.name=tacl", "objective.tacl.pair_head=nsp", "model.architecture=null"]
+    nsp = ["objective.name=tacl", "objective.tacl.pair_head=nsp", "model=pretrained"]
     for family, refused in (("modernbert", True), ("bert", False)):
         teacher = folder(tmp_path, family, json.dumps({"model_type": family}))
         cfg = load_config(RunConfig, DEMO, [*nsp, f"model.init_from={teacher}"])
@@ -73,3 +80,67 @@ def test_tacls_sentence_pair_head_needs_a_bert_folder(tmp_path):
                 resolve_objective(cfg.objective, cfg.model, cfg.masking)
         else:
             assert resolve_objective(cfg.objective, cfg.model, cfg.masking).name == "tacl"
+
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=100)
+
+
+def test_unset_shape_and_dropout_keys_are_the_folders_and_fresh_ones_the_documented_defaults(tmp_path):
+    bert = tmp_path / "bert"
+    BertConfig(**SMALL, max_position_embeddings=96, hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.3
+               ).save_pretrained(bert)
+    cfg = EncoderConfig(init_from=str(bert))
+    assert (cfg.architecture, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.intermediate_size,
+            cfg.max_position_embeddings, cfg.vocab_size, cfg.dropout, cfg.attention_dropout) == (
+        "bert", 32, 2, 2, 64, 96, 100, 0.2, 0.3)
+    fresh = EncoderConfig()
+    assert (fresh.hidden_size, fresh.num_layers, fresh.num_heads, fresh.intermediate_size,
+            fresh.max_position_embeddings, fresh.dropout, fresh.attention_dropout, fresh.vocab_size) == (
+        256, 4, 4, 1024, 512, 0.1, 0.1, None)
+    # ModernBERT's `dropout` is two of its attributes: unset, and they differ, it is neither (both stay as saved).
+    modern = tmp_path / "modern"
+    ModernBertConfig(**SMALL, embedding_dropout=0.0, mlp_dropout=0.1, local_attention=64).save_pretrained(modern)
+    cfg = EncoderConfig(init_from=str(modern))
+    assert (cfg.dropout, cfg.attention_dropout, cfg.local_attention) == (None, 0.0, 64)
+
+
+def test_a_shape_set_to_another_value_than_the_folders_is_refused_naming_each_key(tmp_path):
+    modern = tmp_path / "modern"
+    ModernBertConfig(**SMALL, max_position_embeddings=128).save_pretrained(modern)
+    # The demo config's model group: ModernBERT of hidden 128, 2 layers of 2 heads, FFN 512, 128 positions.
+    with pytest.raises(ConfigError) as err:
+        load_config(RunConfig, DEMO, [f"model.init_from={modern}"])
+    assert str(err.value) == (
+        f"model.init_from '{modern}' holds a modernbert model with hidden_size 32, intermediate_size 64, but the config "
+        "sets model.hidden_size=128, model.intermediate_size=512: the folder decides the shape; leave these keys unset "
+        "(model=pretrained is a model group that sets none) or set them to the folder's values")
+    agreed = load_config(RunConfig, DEMO, [f"model.init_from={modern}", "model.hidden_size=32",
+                                           "model.intermediate_size=64"])
+    assert (agreed.model.hidden_size, agreed.model.num_layers) == (32, 2)
+    # A family's own key too (a ModernBERT folder's sliding window), and through a config built without the loader.
+    with pytest.raises(ConfigError, match=r"with local_attention 128, but the config sets model.local_attention=64:"):
+        load_config(RunConfig, DEMO, [f"model.init_from={modern}", "model=pretrained", "model.local_attention=64"])
+    with pytest.raises(ConfigError, match=r"with num_layers 2, but the config sets model.num_layers=3:"):
+        model_config(EncoderConfig(init_from=str(modern), num_layers=3), {"vocab_size": 100}, 64)
+
+
+def test_a_dropout_set_is_applied_over_the_folders_in_the_model_trained(tmp_path):
+    bert = tmp_path / "bert"
+    BertForMaskedLM(BertConfig(**SMALL, hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.3)).save_pretrained(bert)
+    modern = tmp_path / "modern"
+    ModernBertForMaskedLM(ModernBertConfig(**SMALL, embedding_dropout=0.0, mlp_dropout=0.1, pad_token_id=0,
+                                           bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+                          ).save_pretrained(modern)
+    cases = [  # (folder, overrides, the transformers config's dropouts, the built model's dropout modules' p)
+        (bert, [], {"hidden_dropout_prob": 0.2, "attention_probs_dropout_prob": 0.3}, 0.2),
+        (bert, ["model.dropout=0"], {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.3}, 0.0),
+        (modern, [], {"embedding_dropout": 0.0, "mlp_dropout": 0.1}, 0.1),
+        (modern, ["model.dropout=0.05"], {"embedding_dropout": 0.05, "mlp_dropout": 0.05}, 0.05),
+    ]
+    for folder, overrides, expected, mlp_p in cases:
+        cfg = load_config(RunConfig, DEMO, [f"model.init_from={folder}", "model=pretrained", *overrides])
+        config = model_config(cfg.model, {"vocab_size": 100}, 64)
+        assert {key: getattr(config, key) for key in expected} == expected, (folder.name, overrides)
+        model = build_objective(cfg.objective, config, str(folder)).model
+        layer = model.base_model.encoder.layer[0].output if folder == bert else model.base_model.layers[0].mlp
+        assert (layer.drop.p if folder == modern else layer.dropout.p) == mlp_p, (folder.name, overrides)
