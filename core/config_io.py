@@ -107,6 +107,11 @@ def _coerce_scalar(value: Any, tp: type, key: str) -> Any:
     return str(value)
 
 
+def coerce_value(value: Any, tp: Any, key: str) -> Any:
+    """`value` as the annotated type `tp`, as a config key's value is read; ConfigError names `key` when it is not one."""
+    return _coerce(value, tp, key)
+
+
 def _build(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     types_ = field_types(cls)
     unknown = sorted(set(data) - set(types_))

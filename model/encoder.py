@@ -10,9 +10,10 @@ from typing import Literal, Optional
 
 from transformers import PretrainedConfig
 
+from core.config_io import coerce_value, field_types
 from core.errors import ConfigError
 from model.backbones import REGISTRY, backbone_for
-from model.backbones.base import check_saved_config, family_keys, read_model_folder
+from model.backbones.base import CONFIG_VALUE_ERRORS, check_saved_config, family_keys, read_model_folder
 
 
 # A fresh encoder's shape and dropout: these keys' values when they are left unset and there is no `init_from` folder.
@@ -55,10 +56,14 @@ class EncoderShape:
             self.architecture = folder.model_type if folder is not None else "bert"
         from_folder = folder_values(folder) if folder is not None and folder.model_type == self.architecture else {}
         unset = family_keys()  # a family's own key at its default counts as unset
+        types_ = field_types(type(self))
         for key, value in from_folder.items():
             current = getattr(self, key, None)
             if value is not None and (current is None or (key in unset and current == unset[key])):
-                setattr(self, key, value)
+                try:
+                    setattr(self, key, coerce_value(value, types_[key], f"model.{key}"))
+                except ConfigError:  # transformers 4.x reads any value; the folder is refused where it is read
+                    pass
         for key, value in FRESH.items():
             if getattr(self, key) is None and key not in from_folder:  # the folder's may be None: it has two values
                 setattr(self, key, value)
@@ -92,11 +97,11 @@ def folder_config(init_from: Optional[str]) -> Optional[PretrainedConfig]:
         data = json.loads((Path(init_from) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("model_type") not in REGISTRY:
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str) or data["model_type"] not in REGISTRY:
         return None
     try:
         return backbone_for(data["model_type"]).config_class.from_dict(data)
-    except (TypeError, ValueError, KeyError, AttributeError):
+    except CONFIG_VALUE_ERRORS:
         return None
 
 
@@ -107,22 +112,20 @@ def folder_family(init_from: Optional[str]) -> Optional[str]:
 
 
 def folder_values(config: PretrainedConfig) -> dict[str, object]:
-    """The `model.*` keys its family reads with their values in this transformers config; None for a key whose
-    attributes are missing or disagree (ModernBERT's one `dropout` is its embedding and MLP dropouts)."""
-    values = {}
-    for key, attrs in backbone_for(config.model_type).config_keys.items():
-        found = {getattr(config, attr, None) for attr in attrs}
-        values[key] = found.pop() if len(found) == 1 else None
-    return values
+    """The `model.*` keys its family reads with their values in this transformers config (None: no single value)."""
+    return backbone_for(config.model_type).folder_values(config)
 
 
 def trained_keys(saved: dict) -> list[str]:
-    """`key=value` overrides that make a run config name the model a saved model config describes: its family, and
-    the shape and dropout keys the family reads (an export builds what was trained, whatever the config says)."""
+    """`key=value` overrides that make a run config name the model a saved model config describes: its family, the
+    shape and dropout keys the family reads, and the other families' keys unset (an export builds what was trained,
+    whatever the config says)."""
     family = saved.get("model_type", "bert")
     values = folder_values(backbone_for(family).config_class.from_dict(saved))
+    others = {key: unset for key, unset in family_keys().items() if key not in values}
     return [f"model.architecture={family}", *(f"model.{key}={json.dumps(value)}" for key, value in values.items()
-                                              if value is not None)]
+                                              if value is not None),
+            *(f"model.{key}={json.dumps(unset)}" for key, unset in others.items())]
 
 
 def check_against_folder(cfg: EncoderShape) -> None:
@@ -132,6 +135,8 @@ def check_against_folder(cfg: EncoderShape) -> None:
     folder = folder_config(cfg.init_from)
     if folder is None:
         return
+    # Before its values are compared: a folder this transformers would run differently is refused as such.
+    check_saved_config(folder.to_dict(), f"config key 'model.init_from': '{cfg.init_from}'")
     family = folder.model_type
     if family != cfg.architecture:
         raise ConfigError(f"config key 'model.architecture' is {cfg.architecture}, but model.init_from "
@@ -145,7 +150,7 @@ def check_against_folder(cfg: EncoderShape) -> None:
             f"model.init_from '{cfg.init_from}' holds a {family} model with "
             f"{', '.join(f'{key} {theirs}' for key, _, theirs in differ)}, but the config sets "
             f"{', '.join(f'model.{key}={mine}' for key, mine, _ in differ)}: the folder decides the shape; leave these "
-            "keys unset (model=pretrained is a model group that sets none) or set them to the folder's values")
+            "keys unset (model.KEY=null, or model=pretrained over a model group) or set them to the folder's values")
 
 
 def _encoder_config_class() -> type:
@@ -208,7 +213,7 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
     if not (path / "config.json").is_file():
         raise ConfigError(f"config key 'model.init_from': '{path}' is not a Hugging Face model folder (no config.json)")
     model_type = read_model_folder(path).get("model_type")  # the family first; from_folder reads the weights
-    if model_type not in REGISTRY:
+    if not isinstance(model_type, str) or model_type not in REGISTRY:
         raise ConfigError(f"config key 'model.init_from': '{path}' is a {model_type} model; supported: {', '.join(REGISTRY)}")
     check_against_folder(cfg)
     backbone = backbone_for(model_type)

@@ -30,6 +30,12 @@ if TYPE_CHECKING:  # the config section is read here, never built: no import cyc
 # below by name; "pair_head": `pair_logits` (NSP/SOP); "hidden_projection": `output_projection` reads hidden-size
 # vectors (not ALBERT's, which reads the factorized embedding size); "permutation_lm": XLNet's two streams.
 CAPABILITIES = ("masked_lm", "encoder", "discriminator", "generator", "pair_head", "hidden_projection", "permutation_lm")
+try:  # transformers 5 checks a config's values through huggingface_hub's strict dataclasses
+    from huggingface_hub.errors import StrictDataclassError
+except ImportError:  # an older huggingface_hub (transformers 4.x) has none
+    StrictDataclassError = ValueError
+# What reading a config dict of wrong values raises (transformers 5: a str hidden_size, heads not dividing it, ...).
+CONFIG_VALUE_ERRORS = (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError)
 # Weights are read in float32 whatever dtype a folder was saved in: transformers 5 loads the saved dtype by default,
 # 4.x float32, and training, fine-tuning and probes keep float32 masters (precision is the engine's choice).
 LOAD_DTYPE = torch.float32
@@ -194,6 +200,15 @@ class Backbone:
         "attention_dropout": ("attention_probs_dropout_prob",),
     }
 
+    def folder_values(self, config: PretrainedConfig) -> dict[str, object]:
+        """The `model.*` keys of `config_keys` with their values in this transformers config; None for a key whose
+        attributes are missing or disagree (ModernBERT's one `dropout` is its embedding and MLP dropouts)."""
+        values = {}
+        for key, attrs in self.config_keys.items():
+            found = {getattr(config, attr, None) for attr in attrs}
+            values[key] = found.pop() if len(found) == 1 else None
+        return values
+
     @property
     def family_keys(self) -> tuple[str, ...]:
         """The names of this family's own `model.*` keys."""
@@ -224,7 +239,11 @@ class Backbone:
         # The weights are read later, by the builders: a damaged file is refused here, in one line naming it. (Whether
         # this transformers runs the config as saved is the caller's check: its message names the config key.)
         read_model_folder(path, need_weights=True)
-        return self.config_class.from_pretrained(path)
+        try:
+            return self.config_class.from_pretrained(path)
+        except CONFIG_VALUE_ERRORS as exc:
+            raise CheckpointError(f"model '{path}': its config.json is not a valid {self.model_type} config: "
+                                  f"{' '.join(str(exc).split())}") from None
 
     def version_limit(self, config: PretrainedConfig) -> Optional[str]:
         """The transformers versions that run this config's model as it was trained, when not every one does

@@ -66,8 +66,7 @@ class ModernBertBackbone(Backbone):
     # flash_attention_2: transformers' unpadded path, on a GPU with the flash-attn package.
     attention_kernels = ("sdpa", "eager", "flash_attention_2")
     config_keys = {**Backbone.config_keys, "dropout": ("embedding_dropout", "mlp_dropout"),
-                   "attention_dropout": ("attention_dropout",), "local_attention": ("local_attention",),
-                   "global_attn_every_n_layers": ("global_attn_every_n_layers",)}
+                   "attention_dropout": ("attention_dropout",), "local_attention": ("local_attention",)}
 
     def hf_config(self, cfg: EncoderConfig, tokenizer: dict) -> PretrainedConfig:
         """A ModernBertConfig for this shape, vocabulary, special ids and local/global attention pattern."""
@@ -82,6 +81,15 @@ class ModernBertBackbone(Backbone):
             # Compiling is a GPU choice made outside the model; the config must not depend on the machine.
             reference_compile=False,
         )
+
+    def folder_values(self, config: PretrainedConfig) -> dict[str, object]:
+        """The base's, and `global_attn_every_n_layers` read from the layers' kinds (transformers 5 saves only
+        `layer_types`): the smallest n whose pattern they follow, None when they follow none."""
+        values = super().folder_values(config)
+        kinds = global_layers(config)
+        values["global_attn_every_n_layers"] = next(
+            (n for n in range(1, len(kinds) + 1) if kinds == [layer % n == 0 for layer in range(len(kinds))]), None)
+        return values
 
     def from_folder(self, path: str) -> PretrainedConfig:
         """The folder's checked config, with transformers' own compilation turned off."""

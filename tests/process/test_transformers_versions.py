@@ -22,7 +22,8 @@ from model.backbones.base import check_model_folder, relative_positions_availabl
 
 OVERLAY = Path(sys.prefix) / "compat-transformers4"
 OVERLAY_VERSIONS = {"transformers": "4.57.6", "tokenizers": "0.22.2", "huggingface_hub": "0.36.2"}
-COMPAT_UNITS = ["tests/unit/test_tokenizer.py", "tests/unit/test_backbones.py", "tests/unit/test_flops.py"]
+COMPAT_UNITS = ["tests/unit/test_tokenizer.py", "tests/unit/test_backbones.py", "tests/unit/test_flops.py",
+                "tests/unit/test_init_from_family.py"]
 # This module's tests that start processes of their own; every other test here runs under both majors (the subset
 # names them one by one: everything under tests/process/ is marked slow, so `-m "not slow"` would deselect them all).
 ACROSS_PROCESSES = {"test_the_compatibility_subset_passes_on_transformers_4",

@@ -11,8 +11,9 @@ import pytest
 from transformers import BertConfig, BertForMaskedLM, ModernBertConfig, ModernBertForMaskedLM
 
 from core.config_io import load_config
-from core.errors import ConfigError
-from model.encoder import EncoderConfig, model_config
+from core.errors import CheckpointError, ConfigError
+from model.backbones.base import relative_positions_available, transformers_major
+from model.encoder import EncoderConfig, model_config, trained_keys
 from model.objectives import build_objective
 from pretrain.config import RunConfig
 
@@ -113,7 +114,7 @@ def test_a_shape_set_to_another_value_than_the_folders_is_refused_naming_each_ke
     assert str(err.value) == (
         f"model.init_from '{modern}' holds a modernbert model with hidden_size 32, intermediate_size 64, but the config "
         "sets model.hidden_size=128, model.intermediate_size=512: the folder decides the shape; leave these keys unset "
-        "(model=pretrained is a model group that sets none) or set them to the folder's values")
+        "(model.KEY=null, or model=pretrained over a model group) or set them to the folder's values")
     agreed = load_config(RunConfig, DEMO, [f"model.init_from={modern}", "model.hidden_size=32",
                                            "model.intermediate_size=64"])
     assert (agreed.model.hidden_size, agreed.model.num_layers) == (32, 2)
@@ -134,8 +135,10 @@ def test_a_dropout_set_is_applied_over_the_folders_in_the_model_trained(tmp_path
     cases = [  # (folder, overrides, the transformers config's dropouts, the built model's dropout modules' p)
         (bert, [], {"hidden_dropout_prob": 0.2, "attention_probs_dropout_prob": 0.3}, 0.2),
         (bert, ["model.dropout=0"], {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.3}, 0.0),
+        (bert, ["model.attention_dropout=0.25"], {"hidden_dropout_prob": 0.2, "attention_probs_dropout_prob": 0.25}, 0.2),
         (modern, [], {"embedding_dropout": 0.0, "mlp_dropout": 0.1}, 0.1),
         (modern, ["model.dropout=0.05"], {"embedding_dropout": 0.05, "mlp_dropout": 0.05}, 0.05),
+        (modern, ["model.attention_dropout=0.15"], {"attention_dropout": 0.15, "mlp_dropout": 0.1}, 0.1),
     ]
     for folder, overrides, expected, mlp_p in cases:
         cfg = load_config(RunConfig, DEMO, [f"model.init_from={folder}", "model=pretrained", *overrides])
@@ -144,3 +147,59 @@ def test_a_dropout_set_is_applied_over_the_folders_in_the_model_trained(tmp_path
         model = build_objective(cfg.objective, config, str(folder)).model
         layer = model.base_model.encoder.layer[0].output if folder == bert else model.base_model.layers[0].mlp
         assert (layer.drop.p if folder == modern else layer.dropout.p) == mlp_p, (folder.name, overrides)
+
+
+def test_modernberts_attention_pattern_is_read_from_its_layer_kinds(tmp_path):
+    """transformers 5 saves ModernBERT's pattern as `layer_types` only: `global_attn_every_n_layers` is read from it."""
+    every_other = tmp_path / "every_other"
+    ModernBertConfig(**{**SMALL, "num_hidden_layers": 4}, global_attn_every_n_layers=2).save_pretrained(every_other)
+    assert EncoderConfig(init_from=str(every_other)).global_attn_every_n_layers == 2
+    with pytest.raises(ConfigError, match=r"with global_attn_every_n_layers 2, but the config sets "
+                                          r"model.global_attn_every_n_layers=4:"):
+        EncoderConfig(init_from=str(every_other), global_attn_every_n_layers=4).validate()
+    if transformers_major() >= 5:  # 4.x has no per-layer kinds to save
+        all_global = tmp_path / "all_global"
+        ModernBertConfig(**{**SMALL, "num_hidden_layers": 3}, layer_types=["full_attention"] * 3
+                         ).save_pretrained(all_global)
+        assert "global_attn_every_n_layers" not in json.loads((all_global / "config.json").read_text())
+        assert EncoderConfig(init_from=str(all_global)).global_attn_every_n_layers == 1
+
+
+def test_a_relative_position_folder_is_refused_on_5_as_the_folders_and_read_on_4(tmp_path):
+    relative = tmp_path / "relative"
+    relative.mkdir()
+    (relative / "config.json").write_text(json.dumps({**BertConfig(**SMALL).to_dict(),
+                                                      "position_embedding_type": "relative_key"}))
+    if relative_positions_available():
+        assert EncoderConfig(init_from=str(relative)).position_embedding == "relative_key"
+    else:  # the folder is named, not a key the user never set
+        with pytest.raises(ConfigError, match=r"^config key 'model.init_from': '.*relative' has "
+                                              r"position_embedding_type=relative_key: transformers 5"):
+            EncoderConfig(init_from=str(relative)).validate()
+
+
+def test_a_folder_whose_config_has_wrong_values_is_refused_in_one_line_where_it_is_read(tmp_path):
+    bad = tmp_path / "bad"
+    BertForMaskedLM(BertConfig(**SMALL)).save_pretrained(bad)
+    (bad / "config.json").write_text(json.dumps({**BertConfig(**SMALL).to_dict(), "hidden_size": "wide"}))
+    cfg = EncoderConfig(init_from=str(bad))  # the config loads; the folder is read (and refused) to train
+    cfg.validate()
+    # Never the folder's value of the wrong type: 5.x reads no config from the folder (the fresh size), 4.x reads the
+    # others (no single value for this one).
+    assert (cfg.architecture, cfg.hidden_size) == ("bert", 256 if transformers_major() >= 5 else None)
+    if transformers_major() >= 5:  # 4.x checks no config value when it reads one
+        with pytest.raises(CheckpointError, match=r"^model '.*bad': its config.json is not a valid bert config: "):
+            model_config(cfg, {"vocab_size": 100}, 64)
+
+
+def test_an_export_names_the_model_its_model_config_recorded_whatever_the_run_config_says():
+    """`trained_keys`: a run config of one family and shape (the demo's ModernBERT group, ALBERT's embedding size)
+    over a BERT model config loads as that BERT, every other family's key unset."""
+    saved = BertConfig(**SMALL, max_position_embeddings=96, hidden_dropout_prob=0.2).to_dict()
+    with pytest.raises(ConfigError, match="model.embedding_size"):
+        load_config(RunConfig, DEMO, ["model.architecture=bert", "model.embedding_size=16"])
+    cfg = load_config(RunConfig, DEMO, ["model.embedding_size=16", "model.local_attention=32", *trained_keys(saved)])
+    assert (cfg.model.architecture, cfg.model.hidden_size, cfg.model.num_layers, cfg.model.num_heads,
+            cfg.model.intermediate_size, cfg.model.max_position_embeddings, cfg.model.vocab_size, cfg.model.dropout,
+            cfg.model.attention_dropout, cfg.model.embedding_size, cfg.model.local_attention) == (
+        "bert", 32, 2, 2, 64, 96, 100, 0.2, 0.1, None, 128)
