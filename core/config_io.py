@@ -274,6 +274,18 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 
 
+def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """'key OLD -> NEW' (values as JSON) for every value that differs between two config dicts, section by section."""
+    out = []
+    for key in [*new, *(k for k in old if k not in new)]:
+        was, now = old.get(key), new.get(key)
+        if isinstance(was, dict) and isinstance(now, dict):
+            out += config_changes(was, now, f"{prefix}{key}.")
+        elif was != now:
+            out.append(f"{prefix}{key} {json.dumps(was)} -> {json.dumps(now)}")
+    return out
+
+
 def config_hash(cfg: Any) -> str:
     """Stable short hash of a config's contents."""
     blob = json.dumps(config_to_dict(cfg), sort_keys=True).encode()

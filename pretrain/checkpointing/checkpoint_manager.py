@@ -11,9 +11,11 @@ import json
 import time
 from typing import Any
 
+import yaml
+
 from core import distributed as dist
 from core.atomic_files import write_text_atomic
-from core.config_io import config_hash
+from core.config_io import config_changes, config_hash, config_to_dict
 from core.errors import UserError
 from core.seeding import RunRng
 from data_pipeline.shards import data_fingerprint
@@ -23,7 +25,10 @@ from pretrain.engine.deepspeed_engine import Engine
 from pretrain.observe.logger import RunLogger
 from pretrain.observe.progress import Progress
 from pretrain.checkpointing.resume_choice import ResumeChoice
-from pretrain.run_dir import DATA_MANIFEST_FILE, RunDir
+from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, RunDir
+
+# A resume's note names at most this many changed config keys.
+MAX_CHANGES_SHOWN = 12
 
 
 class CheckpointManager:
@@ -121,7 +126,8 @@ class CheckpointManager:
         state = self.engine.load_checkpoint(self.folder.root, choice.load_tag)
         choice.discard_universal()
         if state.get("config_hash") != config_hash(self.cfg):
-            self.log.info("note: the config differs from the one the checkpoint was saved with; the current one applies")
+            self.log.info(f"note: the config differs from the one checkpoint {tag} was saved with{self._changes(tag)}; "
+                          "the current one applies")
         self.progress.load_state_dict(state)
         if choice.previous_data is None:
             self.loader.load_state_dict(state["loader"])
@@ -129,6 +135,16 @@ class CheckpointManager:
             self._record_new_data(self.progress.step)
         self.rng.load_state_dict(state["rng"], self.progress.step)  # one per saved rank
         self._report(tag)
+
+    def _changes(self, tag: str) -> str:
+        """' (KEY OLD -> NEW, ...)' against the config saved in the checkpoint, or '' where it has none."""
+        saved = self.folder.tag(tag) / CONFIG_FILE
+        if not saved.is_file():
+            return ""
+        changes = config_changes(yaml.safe_load(saved.read_text(encoding="utf-8")) or {}, config_to_dict(self.cfg))
+        shown = ", ".join(changes[:MAX_CHANGES_SHOWN]) + (f", and {len(changes) - MAX_CHANGES_SHOWN} more"
+                                                          if len(changes) > MAX_CHANGES_SHOWN else "")
+        return f" ({shown})" if changes else ""
 
     def _report(self, tag: str) -> None:
         """Log what the resume found and did: branch notes, damaged checkpoints set aside, a download."""

@@ -207,12 +207,18 @@ def test_resume_from_branches_once_and_keeps_the_later_checkpoints(prepared, tra
     branch = _args(prepared, run, "train.resume_from=3", "train.stop_after=1")
     first = run_cli("pretrain", branch)
     assert "at step 3" in first.stdout and "moved aside" in first.stdout
+    # What differs from the checkpoint's config is named, each key with both values (the run was copied: its folder).
+    moved = f'train.output_dir "{trained}" -> "{run}"'
+    assert (f'note: the config differs from the one checkpoint step_00000003 was saved with ({moved}, '
+            'train.stop_after 0 -> 1, train.resume_from "" -> "3"); the current one applies') in first.stdout, \
+        first.stdout[-3000:]
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000003", "step_00000004"]
     (aside,) = ckpts.glob("aside-after-step_00000003-*")
     assert sorted(p.name for p in aside.iterdir()) == ["step_00000006", "step_00000009"]
     assert all((aside / name / "COMPLETE").is_file() for name in ("step_00000006", "step_00000009"))
     requeued = run_cli("pretrain", branch)  # SLURM requeues with the same overrides
     assert "at step 4" in requeued.stdout and "was applied by an earlier attempt" in requeued.stdout
+    assert "note: the config differs" not in requeued.stdout  # step 4 was saved by this same config
     assert sorted(p.name for p in ckpts.glob("step_*"))[-1] == "step_00000005"
     assert [json.loads(line)["from"] for line in RunDir(run).branches.read_text().splitlines()] == ["step_00000003"]
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.config_io import load_config
+from core.config_io import config_changes, load_config
 from core.errors import ConfigError
 from data_pipeline.config import PrepareConfig
 from pretrain.config import RunConfig
@@ -261,3 +261,12 @@ def test_every_evaluation_key_is_a_flag_and_a_flag_is_its_key():
     assert keys | {f"data.{f.name}" for f in dataclasses.fields(FinetuneConfig().data)} <= flags
     with pytest.raises(SystemExit):  # a Literal's choices are the flag's
         parser.parse_args(["finetune", "--loss", "nope"])
+
+
+def test_config_changes_name_each_key_that_differs_with_both_values():
+    """What a resume's note lists: nested keys dotted, values as JSON, keys only one side has against null."""
+    old = {"model": {"dropout": 0.1, "init_from": None}, "train": {"max_steps": 10, "tags": ["a"]}, "gone": 1}
+    new = {"model": {"dropout": 0.0, "init_from": "dir"}, "train": {"max_steps": 10, "tags": ["a", "b"]}, "added": True}
+    assert config_changes(old, new) == ['model.dropout 0.1 -> 0.0', 'model.init_from null -> "dir"',
+                                        'train.tags ["a"] -> ["a", "b"]', "added null -> true", "gone 1 -> null"]
+    assert config_changes(new, new) == []
