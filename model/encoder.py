@@ -55,8 +55,8 @@ class EncoderShape:
         if self.architecture is None:
             self.architecture = folder.model_type if folder is not None else "bert"
         from_folder = folder_values(folder) if folder is not None and folder.model_type == self.architecture else {}
-        unset = family_keys()  # a family's own key at its default counts as unset
-        types_ = field_types(type(self))
+        unset = family_keys() if from_folder else {}  # a family's own key at its default counts as unset
+        types_ = field_types(type(self)) if from_folder else {}
         for key, value in from_folder.items():
             current = getattr(self, key, None)
             if value is not None and (current is None or (key in unset and current == unset[key])):
@@ -103,12 +103,6 @@ def folder_config(init_from: Optional[str]) -> Optional[PretrainedConfig]:
         return backbone_for(data["model_type"]).config_class.from_dict(data)
     except CONFIG_VALUE_ERRORS:
         return None
-
-
-def folder_family(init_from: Optional[str]) -> Optional[str]:
-    """The registered family (`model_type`) of a model folder's config; None as `folder_config` is."""
-    folder = folder_config(init_from)
-    return folder.model_type if folder is not None else None
 
 
 def folder_values(config: PretrainedConfig) -> dict[str, object]:
