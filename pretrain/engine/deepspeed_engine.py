@@ -24,6 +24,7 @@ from torch import nn
 
 from pretrain.checkpointing import checkpoint as ckpt
 from pretrain.engine.grad_buckets import GradientBuckets
+from pretrain.engine.optim import replay_step_products
 
 if TYPE_CHECKING:  # annotations only: deepspeed is imported where an engine is built
     from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
@@ -104,6 +105,7 @@ class Engine:
     def load_checkpoint(self, folder: Path, tag: str) -> dict[str, Any]:
         """Load the weights, optimizer and schedule of `tag`; its client state."""
         state = ckpt.load(self.ds, folder, tag)
+        replay_step_products(self.ds.basic_optimizer or self.ds.optimizer)
         if self.reschedule is not None:
             self.reschedule(self.ds.lr_scheduler)
         return state

@@ -71,9 +71,7 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, offload: bool = Fals
 
             raise ConfigError("optimizer.impl=deepspeed with name=lamb needs a GPU without optimizer offload "
                               "(FusedLamb is a CUDA kernel); use optimizer.impl=torch")
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-        return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+        return cpu_adam(groups, kwargs)
     if cfg.name == "adamw":
         from deepspeed.ops.adam import FusedAdam
 
@@ -81,6 +79,53 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, offload: bool = Fals
     from deepspeed.ops.lamb import FusedLamb
 
     return FusedLamb(groups, **kwargs)
+
+
+def cpu_adam(groups: list[dict], kwargs: dict) -> torch.optim.Optimizer:
+    """DeepSpeedCPUAdam over `groups`; a C++ op that did not build (no compiler, no headers) is named in one line."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    try:
+        return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+    except RuntimeError as err:
+        if "cpu_adam" not in str(err):
+            raise
+        from core.errors import ConfigError
+
+        cause = err  # DeepSpeed's message says only that the op failed; the build's own error says why
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        why = (str(cause).strip().splitlines() or [""])[0]
+        raise ConfigError("optimizer.impl=deepspeed on a CPU or with optimizer offload needs DeepSpeed's CPU Adam op, "
+                          f"which did not build here ({type(cause).__name__}: {why}): use optimizer.impl=torch "
+                          "(torch's fused AdamW, as fast on a CPU)") from err
+
+
+def optimizer_note(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig) -> str:
+    """The log's line naming the optimizer class that steps the weights."""
+    kind = type(optimizer).__name__
+    if kind == "AdamW" and optimizer.defaults.get("fused"):
+        kind = "torch's fused AdamW"
+    return f"optimizer {kind} (optimizer.name={cfg.name}, optimizer.impl={cfg.impl})"
+
+
+def replay_step_products(optimizer: torch.optim.Optimizer) -> int:
+    """DeepSpeedCPUAdam restored from a checkpoint: its native beta powers rebuilt as an unbroken run made them; the step.
+
+    Its C++ side keeps beta1**t and beta2**t as float products, multiplied in once per step; a new process at step t
+    computes them with pow(beta, t) instead, which rounds differently, so a resumed run drifted from the uninterrupted
+    one by a few ulps a step. Its update over empty tensors at steps 1..t multiplies them in as that run did."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    steps = [int(s["step"]) for s in optimizer.state.values() if "step" in s]
+    if not isinstance(optimizer, DeepSpeedCPUAdam) or not steps:
+        return 0
+    group, empty = optimizer.param_groups[0], torch.empty(0)
+    beta1, beta2 = group["betas"]
+    for step in range(1, max(steps) + 1):
+        optimizer.ds_opt_adam.adam_update(optimizer.opt_id, step, group["lr"], beta1, beta2, group["eps"],
+                                          group["weight_decay"], group["bias_correction"], empty, empty, empty, empty)
+    return max(steps)
 
 
 def lr_factor(step: int, max_steps: int, cfg: ScheduleConfig) -> float:

@@ -20,7 +20,7 @@ from pretrain.checkpointing.resume_choice import ResumePlan
 from pretrain.config import RunConfig
 from pretrain.engine.ds_config import bf16_weights_for, build_ds_config, overlaps_grad_reduce, redacted
 from pretrain.engine.deepspeed_engine import Engine, build_engine, compiles_whole_step
-from pretrain.engine.optim import build_optimizer, build_scheduler, reset_schedule
+from pretrain.engine.optim import build_optimizer, build_scheduler, optimizer_note, reset_schedule
 from pretrain.engine.zero_stage import choose_stage, device_memory_bytes
 
 
@@ -78,7 +78,7 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
         if value and stage == 3:
             raise ConfigError(f"train.{key}={str(value).lower()} needs ZeRO stage 0-2, and {stage_note}: set "
                               f"train.zero_stage or train.{key}={off}")
-    notes = [stage_note]
+    notes = [stage_note, optimizer_note(optimizer, cfg.optimizer)]
     if cfg.train.fused_qkv:
         notes.append(f"Q, K and V as one matmul in {fuse_qkv(objective)} attention layer(s) (train.fused_qkv)")
     tabulated = tabulate_rotary(objective, dist.local_device()) if cfg.train.rotary_tables else 0

@@ -1,11 +1,12 @@
 """The DeepSpeed config matrix on 2 CPU ranks (ZeRO stage x bf16 x offload, written into one template; fp16 needs a
-GPU), a DeepSpeed JSON of one's own, LAMB, and exact resume under ZeRO-3 with offload."""
+GPU), a DeepSpeed JSON of one's own, LAMB, DeepSpeed's CPU Adam, and exact resume under ZeRO-3 with offload."""
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_MODEL, run_cli
+from conftest import PROCESS_ENV, REPO, TINY_MODEL, run_cli, run_python
 from pretrain.run_dir import RunDir
 
 
@@ -157,6 +158,45 @@ def test_zero3_offloaded_resume_is_exact(prepared, tmp_path):
     a = fp32_weights(RunDir(straight).checkpoints, "step_00000012")
     b = fp32_weights(RunDir(out).checkpoints, "step_00000012")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_deepspeed_cpu_adam_steps_as_torch_adamw_and_resumes_exactly(prepared, tmp_path):
+    """optimizer.impl=deepspeed on a CPU (DeepSpeedCPUAdam, stepping ZeRO-2's offloaded optimizer on 2 ranks): its
+    losses are torch's AdamW's to 1e-5, and a run stopped and resumed ends with the same weights, bit for bit (its C++
+    beta powers are rebuilt at the resume, pretrain/engine/optim.py: replay_step_products)."""
+    common = ["train.zero_stage=2", "train.offload_optimizer=true", "train.max_steps=10", "train.save_every=5",
+              "model.dropout=0.1", "model.attention_dropout=0.1", "train.record_samples=true"]
+    logs = {impl: run_cli("pretrain", _args(prepared, tmp_path / impl, *common, f"optimizer.impl={impl}"), nproc=2).stdout
+            for impl in ("deepspeed", "torch")}
+    assert "optimizer DeepSpeedCPUAdam (optimizer.name=adamw, optimizer.impl=deepspeed)" in logs["deepspeed"]
+    assert "optimizer torch's fused AdamW (optimizer.name=adamw, optimizer.impl=torch)" in logs["torch"]
+    got, ref = _losses(tmp_path / "deepspeed"), _losses(tmp_path / "torch")
+    assert sorted(got) == sorted(ref) == list(range(1, 11))
+    assert all(abs(got[s] - ref[s]) <= 1e-5 * abs(ref[s]) for s in ref), (got, ref)
+    assert got != ref  # two implementations, not one run twice
+    out, ds = tmp_path / "resumed", [*common, "optimizer.impl=deepspeed"]
+    run_cli("pretrain", _args(prepared, out, *ds, "train.stop_after=3"), nproc=2)
+    assert "resumed from" in run_cli("pretrain", _args(prepared, out, *ds), nproc=2).stdout
+    assert _losses(out) == got
+    samples = lambda run: (run / "samples" / "rank1.jsonl").read_text()  # noqa: E731
+    assert samples(out) == samples(tmp_path / "deepspeed")
+    from pretrain.checkpointing.checkpoint import fp32_weights
+
+    a = fp32_weights(RunDir(tmp_path / "deepspeed").checkpoints, "step_00000010")
+    b = fp32_weights(RunDir(out).checkpoints, "step_00000010")
+    assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+def test_a_cpu_adam_op_that_does_not_build_is_named_in_one_line(prepared, tmp_path):
+    """No working compiler for DeepSpeed's C++ op (an empty extensions folder, CXX a program that fails): exit 2, one
+    line that names the op and optimizer.impl=torch, no traceback."""
+    env = {**os.environ, **PROCESS_ENV, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), "CXX": "/bin/false"}
+    proc = run_python(["-m", "pretrain", *_args(prepared, tmp_path / "run", "train.max_steps=1", "optimizer.impl=deepspeed")],
+                      env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "optimizer.impl=deepspeed on a CPU or with optimizer offload needs DeepSpeed's CPU Adam op" in proc.stderr
+    assert "(CalledProcessError: Command '['/bin/false'" in proc.stderr  # why: the build's own error
+    assert "use optimizer.impl=torch" in proc.stderr and not RunDir(tmp_path / "run").checkpoints.exists()
 
 
 def test_secret_looking_keys_are_redacted_in_what_a_run_folder_keeps():
