@@ -124,6 +124,10 @@ class CheckpointManager:
             return
         choice.commit()
         state = self.engine.load_checkpoint(self.folder.root, choice.load_tag)
+        if choice.load_tag != tag:
+            loaded = self.engine.load_untrained_state(self.folder.root, tag)
+            self.log.info(f"loaded {loaded} buffer(s) and frozen parameter(s) from {tag} itself (the universal copy "
+                          "holds the trained parameters only)")
         choice.discard_universal()
         if state.get("config_hash") != config_hash(self.cfg):
             self.log.info(f"note: the config differs from the one checkpoint {tag} was saved with{self._changes(tag)}; "

@@ -16,6 +16,7 @@ does every step without a use for this run is configured around, here and in dee
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
@@ -109,6 +110,27 @@ class Engine:
         if self.reschedule is not None:
             self.reschedule(self.ds.lr_scheduler)
         return state
+
+    def load_untrained_state(self, folder: Path, tag: str) -> int:
+        """The module's buffers and frozen parameters from `tag`'s own files; how many were loaded.
+
+        DeepSpeed's universal load (a resume on another number of ranks) restores the trained parameters only: the
+        rest kept its freshly built values, so ELECTRA's two-stage generator, frozen at the switch, and its stage flag
+        came back as built and the switch ran again over the discriminator's encoder."""
+        weights = ckpt.fp32_weights(folder, tag)
+        module = self.ds.module
+        frozen = [(n, p) for n, p in module.named_parameters() if not p.requires_grad and n in weights]
+        targets = frozen + [(n, b) for n, b in module.named_buffers() if n in weights]
+        partitioned = [p for _, p in frozen if hasattr(p, "ds_id")]  # ZeRO-3: gathered, written on rank 0, re-split
+        gathered = contextlib.nullcontext()
+        if partitioned:
+            import deepspeed
+
+            gathered = deepspeed.zero.GatheredParameters(partitioned, modifier_rank=0)
+        with gathered, torch.no_grad():
+            for name, tensor in targets:
+                tensor.copy_(weights[name])
+        return len(targets)
 
     def lr(self) -> float:
         """The learning rate of the step about to run."""
