@@ -90,15 +90,25 @@ def cpu_adam(groups: list[dict], kwargs: dict) -> torch.optim.Optimizer:
     except RuntimeError as err:
         if "cpu_adam" not in str(err):
             raise
-        from core.errors import ConfigError
+        from core.errors import SetupError
 
-        cause = err  # DeepSpeed's message says only that the op failed; the build's own error says why
-        while cause.__cause__ is not None:
-            cause = cause.__cause__
-        why = (str(cause).strip().splitlines() or [""])[0]
-        raise ConfigError("optimizer.impl=deepspeed on a CPU or with optimizer offload needs DeepSpeed's CPU Adam op, "
-                          f"which did not build here ({type(cause).__name__}: {why}): use optimizer.impl=torch "
-                          "(torch's fused AdamW, as fast on a CPU)") from err
+        raise SetupError("optimizer.impl=deepspeed on a CPU or with optimizer offload needs DeepSpeed's CPU Adam op, "
+                         f"which did not build here ({build_error(err)}): use optimizer.impl=torch (torch's fused "
+                         "AdamW, as fast on a CPU)") from err
+
+
+def build_error(err: BaseException) -> str:
+    """The line that says why a C++ op's build failed: the compiler's first 'error:' line anywhere in the chain of
+    causes (DeepSpeed's own message says only that the op failed), else the innermost cause's first line."""
+    chain = [err]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    for exc in chain:
+        for line in str(exc).splitlines():
+            if "error:" in line.lower():
+                return line.strip()
+    first = (str(chain[-1]).strip().splitlines() or [""])[0]
+    return f"{type(chain[-1]).__name__}: {first}"
 
 
 def optimizer_note(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig) -> str:
@@ -117,15 +127,20 @@ def replay_step_products(optimizer: torch.optim.Optimizer) -> int:
     one by a few ulps a step. Its update over empty tensors at steps 1..t multiplies them in as that run did."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-    steps = [int(s["step"]) for s in optimizer.state.values() if "step" in s]
-    if not isinstance(optimizer, DeepSpeedCPUAdam) or not steps:
+    if not isinstance(optimizer, DeepSpeedCPUAdam):
+        return 0
+    # One count for every state: always at ZeRO 1-3 (flat partitions). At stage 0 a parameter with no gradient in
+    # some steps lags; the uninterrupted run's products then came from pow as well, in an order not replayed here.
+    steps = {int(s["step"]) for s in optimizer.state.values() if "step" in s}
+    if len(steps) != 1:
         return 0
     group, empty = optimizer.param_groups[0], torch.empty(0)
     beta1, beta2 = group["betas"]
-    for step in range(1, max(steps) + 1):
+    (last,) = steps
+    for step in range(1, last + 1):
         optimizer.ds_opt_adam.adam_update(optimizer.opt_id, step, group["lr"], beta1, beta2, group["eps"],
                                           group["weight_decay"], group["bias_correction"], empty, empty, empty, empty)
-    return max(steps)
+    return last
 
 
 def lr_factor(step: int, max_steps: int, cfg: ScheduleConfig) -> float:

@@ -137,13 +137,14 @@ def test_fp16_follows_what_the_accelerator_supports(monkeypatch):
                 build_ds_config(cfg, 1)
 
 
-def test_zero3_offloaded_resume_is_exact(prepared, tmp_path):
+@pytest.mark.parametrize("impl", ["torch", "deepspeed"])
+def test_zero3_offloaded_resume_is_exact(prepared, tmp_path, impl):
     """ZeRO-3 in fp32 with parameters and optimizer state offloaded to the host (train.offload_params,
-    train.offload_optimizer). (ZeRO-2 in bf16 on 2 ranks: test_family_objectives' xlnet-bf16-zero2; on one rank,
-    killed at random: test_train_resume's kill -9 test.)"""
+    train.offload_optimizer), stepped by torch's AdamW or DeepSpeedCPUAdam. (ZeRO-2 in bf16 on 2 ranks:
+    test_family_objectives' xlnet-bf16-zero2; on one rank, killed at random: test_train_resume's kill -9 test.)"""
     z3 = ["train.zero_stage=3", "train.precision=fp32", "train.offload_params=true", "train.offload_optimizer=true",
           "train.max_steps=12", "train.save_every=4", "model.dropout=0.1", "model.attention_dropout=0.1",
-          "train.record_samples=true"]
+          "train.record_samples=true", f"optimizer.impl={impl}"]
     straight, out = tmp_path / "straight", tmp_path / "resumed"
     run_cli("pretrain", _args(prepared, straight, *z3), nproc=2)
     run_cli("pretrain", _args(prepared, out, *z3, "train.stop_after=6"), nproc=2)
@@ -188,15 +189,21 @@ def test_deepspeed_cpu_adam_steps_as_torch_adamw_and_resumes_exactly(prepared, t
 
 
 def test_a_cpu_adam_op_that_does_not_build_is_named_in_one_line(prepared, tmp_path):
-    """No working compiler for DeepSpeed's C++ op (an empty extensions folder, CXX a program that fails): exit 2, one
-    line that names the op and optimizer.impl=torch, no traceback."""
-    env = {**os.environ, **PROCESS_ENV, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), "CXX": "/bin/false"}
+    """DeepSpeed's C++ op does not compile (an empty extensions folder; CXX a compiler that answers torch's version
+    checks, then fails every compile with the error a missing Python.h gives): exit 2, one line that names the
+    op, the compiler's error and optimizer.impl=torch, no traceback."""
+    cxx = tmp_path / "cxx"
+    cxx.write_text('#!/bin/sh\ncase "$*" in *-dumpversion*|*--version*|-v|-E*) exec c++ "$@" ;; esac\n'
+                   'echo "cpu_adam.cpp:1:10: fatal error: Python.h: No such file or directory" >&2\nexit 1\n')
+    cxx.chmod(0o755)
+    env = {**os.environ, **PROCESS_ENV, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), "CXX": str(cxx)}
     proc = run_python(["-m", "pretrain", *_args(prepared, tmp_path / "run", "train.max_steps=1", "optimizer.impl=deepspeed")],
                       env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "optimizer.impl=deepspeed on a CPU or with optimizer offload needs DeepSpeed's CPU Adam op" in proc.stderr
-    assert "(CalledProcessError: Command '['/bin/false'" in proc.stderr  # why: the build's own error
-    assert "use optimizer.impl=torch" in proc.stderr and not RunDir(tmp_path / "run").checkpoints.exists()
+    assert ("error: optimizer.impl=deepspeed on a CPU or with optimizer offload needs DeepSpeed's CPU Adam op, which "
+            "did not build here (cpu_adam.cpp:1:10: fatal error: Python.h: No such file or directory): use "
+            "optimizer.impl=torch") in proc.stderr
+    assert not RunDir(tmp_path / "run").checkpoints.exists()
 
 
 def test_secret_looking_keys_are_redacted_in_what_a_run_folder_keeps():
