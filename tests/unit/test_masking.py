@@ -53,6 +53,32 @@ def test_rates():
     assert torch.equal(new[~picked], orig[~picked])
 
 
+@pytest.mark.parametrize("mask_frac,random_frac", [(0.85, 0.0), (0.5, 0.3)])
+def test_other_replacement_fractions(mask_frac, random_frac):
+    """masking.mask_token_fraction / random_token_fraction other than 80/10 (ELECTRA's 85/0/15): the picked tokens
+    become [MASK], a random token or stay, at those rates; the picks themselves do not change."""
+    batch = _batch()
+    cfg = MaskingConfig(mask_token_fraction=mask_frac, random_token_fraction=random_frac)
+    cfg.validate()
+    out = TokenMasking(cfg, VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK])(batch, torch.Generator().manual_seed(2))
+    default = _masker()(batch, torch.Generator().manual_seed(2))
+    orig, new, picked = batch["input_ids"], out["input_ids"], out["labels"] != IGNORE_INDEX
+    assert torch.equal(out["labels"], default["labels"])
+    as_mask = (new[picked] == MASK).float().mean().item()
+    as_random = ((new[picked] != MASK) & (new[picked] != orig[picked])).float().mean().item()
+    assert abs(as_mask - mask_frac) < 0.01 and abs(as_random - random_frac * (1 - 1 / 995)) < 0.01
+    assert torch.equal(new[~picked], orig[~picked])
+
+
+@pytest.mark.parametrize("mask_frac,random_frac", [(0.9, 0.2), (-0.1, 0.5), (0.5, -0.1)])
+def test_replacement_fractions_outside_a_distribution_are_refused(mask_frac, random_frac):
+    from core.errors import ConfigError
+
+    cfg = MaskingConfig(mask_token_fraction=mask_frac, random_token_fraction=random_frac)
+    with pytest.raises(ConfigError, match="'masking.mask_token_fraction' \\+ 'masking.random_token_fraction'"):
+        cfg.validate()
+
+
 def test_same_generator_same_masks():
     batch = _batch(rows=8, width=64)
     m = _masker()
