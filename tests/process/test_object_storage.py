@@ -132,6 +132,16 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, c
     assert list(work.iterdir()) == []
     assert _keys(s3, "corpus", "y/") == _keys(s3, "corpus", "z/") == []
 
+    # overwrite=true replaces what the prefix holds (an object of no dataset's included) and nothing beside it: not
+    # a prefix that merely starts with the same letters.
+    s3.put_object(Bucket="corpus", Key="direct/stale.txt", Body=b"from before")
+    s3.put_object(Bucket="corpus", Key="direct2/keep.txt", Body=b"another dataset's")
+    assert main(["prepare", "--config", str(config), "output_dir=s3://corpus/direct", "overwrite=true"]) == 0
+    after = [k.removeprefix("direct/") for k in _keys(s3, "corpus", "direct/")]
+    assert "stale.txt" not in after and MANIFEST in after and _keys(s3, "corpus", "direct2/") == ["direct2/keep.txt"]
+    index = json.loads(s3.get_object(Bucket="corpus", Key=f"direct/train/{INDEX}")["Body"].read())
+    assert {f"train/{s['zip_data']['basename']}" for s in index["shards"]} <= set(after)
+
 
 def test_a_job_array_uploads_each_task_s_parts_as_it_writes_them(s3, corpus_file, tmp_path):
     """Two array tasks share a staging folder on their way to a bucket: each uploads its parts' shards as it writes
@@ -295,6 +305,24 @@ def test_a_missing_bucket_or_an_unreachable_endpoint_is_one_line(s3, tmp_path):
         os.environ["S3_ENDPOINT_URL"] = live
     line = _one_line_error(unreachable)
     assert "cannot reach" in line and dead in line
+
+
+def test_a_failed_checkpoint_upload_is_logged_and_the_run_goes_on(s3, prepared, tmp_path):
+    """The bucket cannot take the upload (it does not exist; a run branched with train.resume_from reaches the bucket
+    only at its first save): a warning and a `checkpoint_upload_failed` row, and the run trains on to its end with
+    whole local checkpoints."""
+    run = tmp_path / "run"
+    run_cli("pretrain", _train_args(prepared, run, "train.max_steps=4"))
+    proc = run_cli("pretrain", _train_args(prepared, run, "train.resume_from=4",
+                                           "train.checkpoint_remote=s3://no-such-bucket/run"))
+    assert re.search(r"warning: checkpoint step_00000008 was not uploaded to s3://no-such-bucket/run: .*no-such-bucket",
+                     proc.stdout), proc.stdout[-3000:]
+    assert "warning: checkpoint step_00000010 was not uploaded" in proc.stdout and "finished at step 10" in proc.stdout
+    failed = [row for row in RunDir(run).metric_rows("checkpoint") if "checkpoint_upload_failed" in row]
+    assert [(row["step"], row["checkpoint_upload_failed"]) for row in failed] == [(8, 1.0), (10, 1.0)]
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE
+
+    assert all((RunDir(run).checkpoint(tag) / COMPLETE).is_file() for tag in ("step_00000008", "step_00000010"))
 
 
 def test_a_cache_holding_another_dataset_is_replaced_not_read(s3, prepared, tmp_path):
