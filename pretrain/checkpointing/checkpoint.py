@@ -99,6 +99,23 @@ def fp32_weights(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
     return state
 
 
+def untrained_state(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
+    """A checkpoint's module entries, for what DeepSpeed's universal load leaves out (buffers, frozen parameters).
+
+    Stages 0-2 keep the whole module in one file, read memory-mapped (only the entries copied are read); ZeRO-3
+    spreads frozen parameters over every rank's files, consolidated as the export does, without its progress lines.
+    """
+    folder = Path(ckpt_dir) / tag
+    if (folder / MODULE_STATES).is_file():
+        # With pickle, as DeepSpeed's own load of the same files: a resume checks the tag first (checkpoint_data).
+        return torch.load(folder / MODULE_STATES, map_location="cpu", weights_only=False, mmap=True)["module"]
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return fp32_weights(ckpt_dir, tag)
+
+
 def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
     """Convert a tag with DeepSpeed's ds_to_universal (once; rank 0 only); return the universal tag."""
     import contextlib

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 import torch
 from torch import nn
 
+from core.errors import CheckpointError
 from pretrain.checkpointing import checkpoint as ckpt
 from pretrain.engine.grad_buckets import GradientBuckets
 from pretrain.engine.optim import replay_step_products
@@ -117,14 +118,20 @@ class Engine:
         DeepSpeed's universal load (a resume on another number of ranks) restores the trained parameters only: the
         rest kept its freshly built values, so ELECTRA's two-stage generator, frozen at the switch, and its stage flag
         came back as built and the switch ran again over the discriminator's encoder."""
-        weights = ckpt.fp32_weights(folder, tag)
+        weights = ckpt.untrained_state(folder, tag)
         module = self.ds.module
-        frozen = [(n, p) for n, p in module.named_parameters() if not p.requires_grad and n in weights]
-        targets = frozen + [(n, b) for n, b in module.named_buffers() if n in weights]
-        partitioned = [p for _, p in frozen if hasattr(p, "ds_id")]  # ZeRO-3: gathered, written on rank 0, re-split
+        kept = set(module.state_dict(keep_vars=True))  # persistent buffers only: the others are rebuilt, never saved
+        targets = [(n, p) for n, p in module.named_parameters() if not p.requires_grad]
+        targets += [(n, b) for n, b in module.named_buffers() if n in kept]
+        missing = [n for n, _ in targets if n not in weights]
+        if missing:
+            raise CheckpointError(f"checkpoint '{Path(folder) / tag}' lacks {len(missing)} of the model's buffers and "
+                                  f"frozen parameters ({', '.join(missing[:3])}): it was not saved by this model; "
+                                  "resume it with the config it was saved with")
+        partitioned = [p for n, p in targets if hasattr(p, "ds_id")]
         gathered = contextlib.nullcontext()
-        if partitioned:
-            import deepspeed
+        if partitioned:  # ZeRO-3: every rank holds a slice; rank 0 writes the whole and DeepSpeed splits it again
+            import deepspeed  # not at the top: importing this module must not import DeepSpeed (TYPE_CHECKING above)
 
             gathered = deepspeed.zero.GatheredParameters(partitioned, modifier_rank=0)
         with gathered, torch.no_grad():
