@@ -206,6 +206,26 @@ def test_a_cpu_adam_op_that_does_not_build_is_named_in_one_line(prepared, tmp_pa
     assert not RunDir(tmp_path / "run").checkpoints.exists()
 
 
+def test_a_run_saved_with_deepspeeds_bf16_weights_resumes_with_them_exactly(prepared, tmp_path):
+    """Checkpoints saved with DeepSpeed's bf16 weights (a JSON of one's own) resume in that mode when the relaunch
+    gives no JSON (plain train.precision=bf16 would be autocast over fp32 weights), and end as an uninterrupted run."""
+    own = tmp_path / "bf16_weights.json"
+    own.write_text(json.dumps({"bf16": {"enabled": True}}))
+    common = ["train.precision=bf16", "train.zero_stage=1", "train.max_steps=8", "train.save_every=4"]
+    straight, out = tmp_path / "straight", tmp_path / "resumed"
+    run_cli("pretrain", _args(prepared, straight, *common, f"train.deepspeed_config={own}"))
+    run_cli("pretrain", _args(prepared, out, *common, f"train.deepspeed_config={own}", "train.stop_after=3"))
+    run_cli("pretrain", _args(prepared, out, *common))
+    written = json.loads((out / "deepspeed_config.json").read_text())
+    assert written["bf16"]["enabled"] is True and written["torch_autocast"]["enabled"] is False
+    assert _losses(out) == _losses(straight) and len(_losses(out)) == 8
+    from pretrain.checkpointing.checkpoint import fp32_weights
+
+    a = fp32_weights(RunDir(straight).checkpoints, "step_00000008")
+    b = fp32_weights(RunDir(out).checkpoints, "step_00000008")
+    assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
 def test_secret_looking_keys_are_redacted_in_what_a_run_folder_keeps():
     """Credentials in a DeepSpeed JSON of one's own (a monitor's api_key) are not copied; everything else is."""
     from pretrain.engine.ds_config import REDACTED, redacted
