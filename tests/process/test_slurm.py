@@ -68,7 +68,7 @@ class Cluster:
         self.env = {**inherited, "SLURM_LOCAL_DIR": str(base), "SLURM_LOCAL_PORT": str(free_port()),
                     "SLURM_CONF": str(base / "slurm.conf"), "PATH": os.environ["PATH"] + ":/usr/sbin",
                     "REPO_DIR": str(REPO), "VENV": sys.prefix, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                    "SLURM_LOCAL_CPUS": "6"}  # every job of the fixture at once (11 CPUs at most)
+                    "SLURM_LOCAL_CPUS": "6"}  # every job of the fixture at once (12 CPUs at most)
 
     def script(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(REPO / "slurm" / "local_cluster.sh"), *args], env=self.env,
@@ -106,6 +106,10 @@ class Cluster:
         """`scontrol update` the job's time limit (root may raise it, running or pending)."""
         subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"], env=self.env, check=True,
                        timeout=60)
+
+    def requeue(self, job_id: int) -> None:
+        """`scontrol requeue` from outside: SLURM ends the running job and queues it again, as after a node failure."""
+        subprocess.run(["scontrol", "requeue", str(job_id)], env=self.env, check=True, timeout=60)
 
     def signal_batch(self, job_id: int, sig: str = "USR1") -> None:
         """What SLURM's --signal=B:USR1 does, on demand: signal the batch shell."""
@@ -206,8 +210,14 @@ def jobs(cluster, prepared, tmp_path_factory):
         "--signal=B:USR1@5", cwd=work, MAX_RESTARTS="0",
         OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={deadline_run}", *TRAIN_OVERRIDES,
                             "train.max_steps=100000", "train.use_slurm_deadline=true", "train.deadline_margin_s=200"]))
+    # Requeued by SLURM itself while it trains (`scontrol requeue`, what slurmctld does when a node fails): the batch
+    # script is ended with it and cannot decide; the next attempt counts a crash and, at MAX_CRASHES=1, stops there.
+    outside = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
+        MAX_CRASHES="1", OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'outside'}",
+                                             *TRAIN_OVERRIDES, "train.max_steps=100000"]))
     ids = {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited, "lost": lost,
-           "doomed": doomed, "deadline": deadline_job}
+           "doomed": doomed, "deadline": deadline_job, "outside": outside}
     kills: dict[str, list[float]] = {"lost": [], "doomed": []}
 
     def kill_rank1(job: int, attempt: int) -> bool:
@@ -221,7 +231,7 @@ def jobs(cluster, prepared, tmp_path_factory):
 
     markers: list[dict] = []
     limit_signals = 0
-    raised = False
+    raised = requeued = False
     deadline = time.time() + 720
     while time.time() < deadline:
         # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
@@ -234,6 +244,10 @@ def jobs(cluster, prepared, tmp_path_factory):
             attempt = int(known[str(doomed)][-1].get("Restarts", "0"))
             if attempt == len(kills["doomed"]) and kill_rank1(doomed, attempt):
                 kills["doomed"].append(time.time())
+        if not requeued and states[outside] == "RUNNING" and \
+                (work / ".pretrain-status" / str(outside) / "attempt-0" / "rank0.json").is_file():
+            cluster.requeue(outside)  # once its trainer has started
+            requeued = True
         states.update({f"prepare {i}": t.get("JobState") for i, t in enumerate(known.get(str(prepare), []))})
         marker = run / "PREEMPTED"
         try:
@@ -430,6 +444,18 @@ def test_a_killed_rank_ends_the_step_requeues_and_resumes_exactly(jobs):
     assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
     for rank in (0, 1):
         assert _samples(jobs["lost_run"], rank) == _samples(jobs["reference"], rank)[:375]
+
+
+def test_an_attempt_ended_by_slurm_itself_counts_as_a_crash(jobs):
+    """A job that SLURM ended and requeued (a node failure, an outside requeue) never reached its script's decision:
+    the next attempt finds no end mark from the last one, counts a crash, and at MAX_CRASHES stops before srun."""
+    info, log = jobs["info"]["outside"], _log(jobs, "outside")
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "1" and info["ExitCode"] == "76:0", (info, log[-3000:])
+    assert ("attempt 1 was ended by SLURM, not by the training (a node failure or an outside requeue): crash 1 of at "
+            "most 1") in log, log[-3000:]
+    assert "crash 1 reached MAX_CRASHES=1: not starting" in log
+    second = log.split(f"job {jobs['ids']['outside']} attempt 2 ")[1]
+    assert "| ETA" not in second and "training failed" not in second  # stopped before srun started a trainer
 
 
 def test_a_rank_lost_in_every_attempt_stops_at_the_crash_cap_away_from_the_bad_node(jobs):
