@@ -68,7 +68,7 @@ class Cluster:
         self.env = {**inherited, "SLURM_LOCAL_DIR": str(base), "SLURM_LOCAL_PORT": str(free_port()),
                     "SLURM_CONF": str(base / "slurm.conf"), "PATH": os.environ["PATH"] + ":/usr/sbin",
                     "REPO_DIR": str(REPO), "VENV": sys.prefix, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                    "SLURM_LOCAL_CPUS": "6"}  # every job of the fixture at once (12 CPUs at most)
+                    "SLURM_LOCAL_CPUS": "7"}  # every job of the fixture at once (14 CPUs at most)
 
     def script(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(REPO / "slurm" / "local_cluster.sh"), *args], env=self.env,
@@ -200,6 +200,11 @@ def jobs(cluster, prepared, tmp_path_factory):
     doomed = cluster.sbatch(
         "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
         OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'doomed'}", *TRAIN_OVERRIDES]))
+    # The same with EXCLUDE_FAILED_HOSTS=0: requeued as it is, wherever SLURM puts it.
+    kept = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
+        EXCLUDE_FAILED_HOSTS="0",
+        OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'kept'}", *TRAIN_OVERRIDES]))
     # No signal before the end of a 4-minute allocation (it would come 5-35 s before): the trainer's own deadline, the
     # job's end time from SLURM less two steps, a save and the margin, comes first: with a 200 s margin, 40 s after the
     # job's start, or at the trainer's first step when its start-up took longer (the job keeps a core for no longer
@@ -217,8 +222,8 @@ def jobs(cluster, prepared, tmp_path_factory):
         MAX_CRASHES="1", OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'outside'}",
                                              *TRAIN_OVERRIDES, "train.max_steps=100000"]))
     ids = {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited, "lost": lost,
-           "doomed": doomed, "deadline": deadline_job, "outside": outside}
-    kills: dict[str, list[float]] = {"lost": [], "doomed": []}
+           "doomed": doomed, "deadline": deadline_job, "outside": outside, "kept": kept}
+    kills: dict[str, list[float]] = {"lost": [], "doomed": [], "kept": []}
 
     def kill_rank1(job: int, attempt: int) -> bool:
         """SIGKILL rank 1 of an attempt once it has written its status (its pid); True when done."""
@@ -240,10 +245,11 @@ def jobs(cluster, prepared, tmp_path_factory):
         if not kills["lost"] and (RunDir(lost_run).checkpoints / "step_00000125" / "COMPLETE").is_file() \
                 and kill_rank1(lost, 0):
             kills["lost"].append(time.time())
-        if states[doomed] == "RUNNING" and len(kills["doomed"]) < 2:
-            attempt = int(known[str(doomed)][-1].get("Restarts", "0"))
-            if attempt == len(kills["doomed"]) and kill_rank1(doomed, attempt):
-                kills["doomed"].append(time.time())
+        for name in ("doomed", "kept"):
+            if states[ids[name]] == "RUNNING" and len(kills[name]) < 2:
+                attempt = int(known[str(ids[name])][-1].get("Restarts", "0"))
+                if attempt == len(kills[name]) and kill_rank1(ids[name], attempt):
+                    kills[name].append(time.time())
         if not requeued and states[outside] == "RUNNING" and \
                 (work / ".pretrain-status" / str(outside) / "attempt-0" / "rank0.json").is_file():
             cluster.requeue(outside)  # once its trainer has started
@@ -444,6 +450,17 @@ def test_a_killed_rank_ends_the_step_requeues_and_resumes_exactly(jobs):
     assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
     for rank in (0, 1):
         assert _samples(jobs["lost_run"], rank) == _samples(jobs["reference"], rank)[:375]
+
+
+def test_without_host_exclusion_a_lost_rank_requeues_the_job_as_it_is(jobs):
+    """EXCLUDE_FAILED_HOSTS=0: the crash is counted and the job requeued at once, with no held requeue, no helper
+    job and no ExcNodeList; at the cap it fails as with exclusion."""
+    info, log = jobs["info"]["kept"], _log(jobs, "kept")
+    assert len(jobs["kills"]["kept"]) == 2, log[-3000:]
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "1" and info["ExitCode"] == "76:0", (info, log[-3000:])
+    assert f"requeueing job {jobs['ids']['kept']} after the lost rank (restart 1)" in log, log[-3000:]
+    assert "held" not in log and "exclud" not in log and info["ExcNodeList"] == "(null)"
+    assert "crash 2 reached MAX_CRASHES=2" in log
 
 
 def test_an_attempt_ended_by_slurm_itself_counts_as_a_crash(jobs):
