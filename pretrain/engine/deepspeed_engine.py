@@ -107,7 +107,7 @@ class Engine:
     def load_checkpoint(self, folder: Path, tag: str) -> dict[str, Any]:
         """Load the weights, optimizer and schedule of `tag`; its client state."""
         state = ckpt.load(self.ds, folder, tag)
-        replay_step_products(self.ds.basic_optimizer or self.ds.optimizer)
+        replay_step_products(self.ds.basic_optimizer)  # the optimizer handed to DeepSpeed, under any ZeRO wrapper
         if self.reschedule is not None:
             self.reschedule(self.ds.lr_scheduler)
         return state
@@ -128,7 +128,7 @@ class Engine:
             raise CheckpointError(f"checkpoint '{Path(folder) / tag}' lacks {len(missing)} of the model's buffers and "
                                   f"frozen parameters ({', '.join(missing[:3])}): it was not saved by this model; "
                                   "resume it with the config it was saved with")
-        partitioned = [p for n, p in targets if hasattr(p, "ds_id")]
+        partitioned = [p for _, p in targets if hasattr(p, "ds_id")]
         gathered = contextlib.nullcontext()
         if partitioned:  # ZeRO-3: every rank holds a slice; rank 0 writes the whole and DeepSpeed splits it again
             import deepspeed  # not at the top: importing this module must not import DeepSpeed (TYPE_CHECKING above)

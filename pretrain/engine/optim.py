@@ -119,7 +119,7 @@ def optimizer_note(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig) -> st
     return f"optimizer {kind} (optimizer.name={cfg.name}, optimizer.impl={cfg.impl})"
 
 
-def replay_step_products(optimizer: torch.optim.Optimizer) -> int:
+def replay_step_products(optimizer: Optional[torch.optim.Optimizer]) -> int:
     """DeepSpeedCPUAdam restored from a checkpoint: its native beta powers rebuilt as an unbroken run made them; the step.
 
     Its C++ side keeps beta1**t and beta2**t as float products, multiplied in once per step; a new process at step t
