@@ -225,9 +225,13 @@ def jobs(cluster, prepared, tmp_path_factory):
            "doomed": doomed, "deadline": deadline_job, "outside": outside, "kept": kept}
     kills: dict[str, list[float]] = {"lost": [], "doomed": [], "kept": []}
 
+    def rank_status(job: int, attempt: int, rank: int) -> Path:
+        """The status file a rank of an attempt writes once its signal handlers are in (pretrain.sbatch's STATUS_DIR)."""
+        return work / ".pretrain-status" / str(job) / f"attempt-{attempt}" / f"rank{rank}.json"
+
     def kill_rank1(job: int, attempt: int) -> bool:
         """SIGKILL rank 1 of an attempt once it has written its status (its pid); True when done."""
-        status = work / ".pretrain-status" / str(job) / f"attempt-{attempt}" / "rank1.json"
+        status = rank_status(job, attempt, 1)
         try:
             os.kill(json.loads(status.read_text())["pid"], signal.SIGKILL)
         except (OSError, ValueError, KeyError):
@@ -250,8 +254,7 @@ def jobs(cluster, prepared, tmp_path_factory):
                 attempt = int(known[str(ids[name])][-1].get("Restarts", "0"))
                 if attempt == len(kills[name]) and kill_rank1(ids[name], attempt):
                     kills[name].append(time.time())
-        if not requeued and states[outside] == "RUNNING" and \
-                (work / ".pretrain-status" / str(outside) / "attempt-0" / "rank0.json").is_file():
+        if not requeued and states[outside] == "RUNNING" and rank_status(outside, 0, 0).is_file():
             cluster.requeue(outside)  # once its trainer has started
             requeued = True
         states.update({f"prepare {i}": t.get("JobState") for i, t in enumerate(known.get(str(prepare), []))})
