@@ -1,6 +1,6 @@
 """Eager against compiled training, for a GPU node in a few minutes: the plain eager run (transformers' modules as
-they are) against the fast path the gpu_base group trains with (`train.compile` by `--mode`: layers, as that group
-runs, or the whole step; with `train.fused_qkv` unless `--no-fused-qkv`; `--compiled-set` adds more, such as
+they are) against the fast path the gpu_base group trains with (`train.compile` by `--mode`: auto, as that group
+runs, layers or the whole step; with `train.fused_qkv` unless `--no-fused-qkv`; `--compiled-set` adds more, such as
 `train.vocab_loss_chunk=1024`), dropout 0, the same seed and data: both must log the same losses within `--tolerance`
 (relative) at every step; the compiled run's export must load with transformers' own classes; tokens/s and MFU of
 both are printed.
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.arguments import REPO, add_shared, repo_pythonpath, results_file
+from benchmarks.arguments import REPO, add_shared, parse_checked, repo_pythonpath, results_file
 from benchmarks.gpu_throughput import BACKBONES, OBJECTIVES, SHAPES, measure, point_overrides, teacher_folder
 from pretrain.run_dir import RunDir
 
@@ -87,8 +87,8 @@ def check(backbone: str, objective: str, args: argparse.Namespace, work: Path) -
     return row
 
 
-def main() -> None:
-    """Run every (backbone, objective); print a line each; exit 1 when any check fails."""
+def build_parser() -> argparse.ArgumentParser:
+    """This check's arguments."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shared(parser, choices={"backbones": list(BACKBONES), "objectives": list(OBJECTIVES)},
                backbones=list(BACKBONES), objectives=list(OBJECTIVES), steps=100, warmup=20, batch=64,
@@ -96,14 +96,28 @@ def main() -> None:
                out=results_file("compile_check"))
     parser.add_argument("--size", choices=list(SHAPES), default="base", help="model shape (tiny: the path on a CPU)")
     parser.add_argument("--tolerance", type=float, default=1e-2, help="largest relative loss difference allowed")
-    parser.add_argument("--mode", choices=["layers", "step"], default="layers",
-                        help="train.compile of the compiled run (layers: what the gpu_base group runs)")
+    parser.add_argument("--mode", choices=["auto", "layers", "step"], default="auto",
+                        help="train.compile of the compiled run (auto: what the gpu_base group runs)")
     parser.add_argument("--fused-qkv", action=argparse.BooleanOptionalAction, default=True,
                         help="train.fused_qkv in the compiled run (on in the gpu_base group)")
     parser.add_argument("--compiled-set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more overrides for the compiled run only, e.g. train.vocab_loss_chunk=1024")
     add_shared(parser, set=[])  # both runs; the check's own settings (dropout, seed, logging) stay
-    args = parser.parse_args()
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> str:
+    """What is wrong with parsed arguments that the parser alone cannot see ("" for nothing)."""
+    if args.steps < 1:
+        return "--steps must be at least 1"
+    if not args.tolerance > 0:
+        return "--tolerance must be above 0"
+    return ""
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Run every (backbone, objective); print a line each; exit 1 when any check fails."""
+    args = parse_checked(build_parser(), check_args, argv)
     args.zero_stage, args.loader_workers = "auto", "auto"  # what point_overrides reads besides the shape
     rows = []
     for backbone in args.backbones:

@@ -96,8 +96,10 @@ class TrainConfig:
     # torch.compile (ZeRO 0-2; checkpoints and exports unchanged; compile time at every start). true / step: the
     # objective's whole step (encoders, heads, losses) as one graph of fixed shapes; layers: each encoder layer on
     # its own, and the objective's `compile_regions` (a head and its loss), which measured faster on an H200
-    # (BENCHMARKS.md, "The trainer's step against the compiled bare loop, kernel by kind").
-    compile: Union[bool, Literal["step", "layers"]] = False
+    # (BENCHMARKS.md, "The trainer's step against the compiled bare loop, kernel by kind"); auto: the mode the run's
+    # backbone measured fastest in on an H200 (its `compile_mode`: ModernBERT's whole step, the others' layers;
+    # BENCHMARKS.md, "The second run of the GPU queue").
+    compile: Union[bool, Literal["step", "layers", "auto"]] = False
     # One matmul for Q, K and V in every BERT-layout attention (BERT; ELECTRA's and COCO-LM's networks; ModernBERT has
     # its own), over the three weights concatenated at each call: checkpoints and exports keep transformers' layout.
     # ZeRO 0-2 (ZeRO-3 gathers each projection's weight when its own module runs). BENCHMARKS.md, "Kernel levers".
@@ -117,8 +119,8 @@ class TrainConfig:
     # An attention-mask column the loader padded nothing in (with `packing: full`, all batches but those holding a
     # prepared part's last, shorter row) reaches the encoders as no mask: the same attention, without transformers
     # reading the mask back from the device to find it all ones (on a GPU a host wait per forward). auto: drop, except
-    # where the step is compiled whole (train.compile true or step), where the step with the mask measured faster
-    # (drop there compiles a second graph for padded batches); keep: always hand the mask over.
+    # where the step is compiled whole (train.compile true or step, or auto taking it), where the step with the mask
+    # measured faster (drop there compiles a second graph for padded batches); keep: always hand the mask over.
     # BENCHMARKS.md, "Unpadded batches without an attention mask".
     unpadded_mask: Literal["auto", "drop", "keep"] = "auto"
     # glibc keeps the host memory a step frees for the next step instead of returning it to the kernel, which

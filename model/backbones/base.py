@@ -224,6 +224,11 @@ class Backbone:
         """The family's transformers config for this shape, vocabulary and special ids (a manifest's tokenizer entry)."""
         raise NotImplementedError
 
+    def compile_mode(self, rotary_tables: bool) -> str:
+        """What `train.compile: auto` compiles ("layers" or "step"): the mode this family's step measured fastest in
+        on a GPU (BENCHMARKS.md, "The second run of the GPU queue")."""
+        return "layers"
+
     def check(self, cfg: "EncoderConfig") -> None:
         """Refuse `model.*` keys and values this family does not read (ConfigError); families add their own checks."""
         for key, unset in family_keys().items():

@@ -68,6 +68,11 @@ class ModernBertBackbone(Backbone):
     config_keys = {**Backbone.config_keys, "dropout": ("embedding_dropout", "mlp_dropout"),
                    "attention_dropout": ("attention_dropout",), "local_attention": ("local_attention",)}
 
+    def compile_mode(self, rotary_tables: bool) -> str:
+        """The whole step where cos and sin come from tables: compiled whole it ran faster than per layer, with
+        the cos/sin computed in the graph slower (BENCHMARKS.md, "The second run of the GPU queue")."""
+        return "step" if rotary_tables else "layers"
+
     def hf_config(self, cfg: EncoderConfig, tokenizer: dict) -> PretrainedConfig:
         """A ModernBertConfig for this shape, vocabulary, special ids and local/global attention pattern."""
         return ModernBertConfig(

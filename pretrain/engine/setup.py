@@ -14,6 +14,7 @@ from torch import nn
 
 from core import distributed as dist
 from core.errors import ConfigError
+from model.backbones import backbone_for
 from model.fused_qkv import fuse_qkv
 from model.rotary_tables import tabulate_rotary
 from pretrain.checkpointing.resume_choice import ResumePlan
@@ -58,6 +59,33 @@ def drops_unpadded_mask(setting: str, compile: Union[bool, str]) -> bool:
     return setting == "drop"
 
 
+def compile_mode_for(cfg: RunConfig) -> tuple[Union[bool, str], str]:
+    """`train.compile` as the run applies it (auto: the backbone's own `compile_mode`), and a log line for auto ("")."""
+    if cfg.train.compile != "auto":
+        return cfg.train.compile, ""
+    mode = backbone_for(cfg.model.architecture).compile_mode(cfg.train.rotary_tables)
+    return mode, f"train.compile=auto: {mode} (what {cfg.model.architecture} measured fastest in on a GPU)"
+
+
+def apply_model_levers(cfg: RunConfig, objective: nn.Module, compile_mode: Union[bool, str]) -> list[str]:
+    """Apply the `train.*` keys that change how the objective's modules compute (not what): a log line for each."""
+    notes = []
+    if cfg.train.fused_qkv:
+        notes.append(f"Q, K and V as one matmul in {fuse_qkv(objective)} attention layer(s) (train.fused_qkv)")
+    tabulated = tabulate_rotary(objective, dist.local_device()) if cfg.train.rotary_tables else 0
+    if tabulated:
+        notes.append(f"rotary cos/sin read from tables in {tabulated} ModernBERT encoder(s) (train.rotary_tables)")
+    objective.drop_unpadded_mask = drops_unpadded_mask(cfg.train.unpadded_mask, compile_mode)
+    if not objective.drop_unpadded_mask:
+        notes.append(f"unpadded batches keep their attention mask (train.unpadded_mask={cfg.train.unpadded_mask}, "
+                     f"train.compile={str(compile_mode).lower()})")
+    if cfg.train.vocab_loss_chunk:
+        objective.vocab_loss_chunk = cfg.train.vocab_loss_chunk
+        notes.append(f"the MLM heads' vocabulary projection fused with the loss, {cfg.train.vocab_loss_chunk} rows at a "
+                     "time (train.vocab_loss_chunk)")
+    return notes
+
+
 def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> tuple[Engine, list[str], str]:
     """The engine around `objective` for this run (resuming what `resume` chose), notes for the log, and the DeepSpeed
     config it was given as the run folder keeps it (JSON, secrets redacted)."""
@@ -78,20 +106,9 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
         if value and stage == 3:
             raise ConfigError(f"train.{key}={str(value).lower()} needs ZeRO stage 0-2, and {stage_note}: set "
                               f"train.zero_stage or train.{key}={off}")
-    notes = [stage_note, optimizer_note(optimizer, cfg.optimizer)]
-    if cfg.train.fused_qkv:
-        notes.append(f"Q, K and V as one matmul in {fuse_qkv(objective)} attention layer(s) (train.fused_qkv)")
-    tabulated = tabulate_rotary(objective, dist.local_device()) if cfg.train.rotary_tables else 0
-    if tabulated:
-        notes.append(f"rotary cos/sin read from tables in {tabulated} ModernBERT encoder(s) (train.rotary_tables)")
-    objective.drop_unpadded_mask = drops_unpadded_mask(cfg.train.unpadded_mask, cfg.train.compile)
-    if not objective.drop_unpadded_mask:
-        notes.append(f"unpadded batches keep their attention mask (train.unpadded_mask={cfg.train.unpadded_mask}, "
-                     f"train.compile={str(cfg.train.compile).lower()})")
-    if cfg.train.vocab_loss_chunk:
-        objective.vocab_loss_chunk = cfg.train.vocab_loss_chunk
-        notes.append(f"the MLM heads' vocabulary projection fused with the loss, {cfg.train.vocab_loss_chunk} rows at a "
-                     "time (train.vocab_loss_chunk)")
+    compile_mode, compile_note = compile_mode_for(cfg)
+    notes = [stage_note, optimizer_note(optimizer, cfg.optimizer), *([compile_note] if compile_note else []),
+             *apply_model_levers(cfg, objective, compile_mode)]
     buckets = stage == 0 and overlaps_grad_reduce(cfg.train.overlap_grad_reduce, world, stage)
     if buckets:
         unsupported = bucket_blockers(ds_config)
@@ -101,7 +118,7 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
         buckets = not unsupported
         notes.append("gradients all-reduced in buckets during backward (train.overlap_grad_reduce)" if buckets else
                      f"gradients all-reduced after backward, by DeepSpeed ({unsupported})")
-    engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=cfg.train.compile,
+    engine = build_engine(objective, optimizer, scheduler, ds_config, world, compile=compile_mode,
                           reschedule=reschedule,
                           grad_buckets_bytes=int(cfg.train.grad_bucket_mb * 2**20) if buckets else 0)
     if engine.compiled:

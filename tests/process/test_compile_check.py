@@ -29,7 +29,8 @@ def test_the_compile_check_compares_eager_and_compiled_runs_and_loads_the_export
     assert (teacher["model_type"], teacher["hidden_size"], teacher["hidden_dropout_prob"]) == ("bert", 64, 0.0)
     eager_log = (tmp_path / "work" / "bert_tacl_eager" / "train.log").read_text()
     compiled_log = (tmp_path / "work" / "bert_tacl_compiled" / "train.log").read_text()
-    # --mode layers: the student's 2 layers and the teacher's 2
+    # --mode auto, as the gpu_base group: BERT's layers, the student's 2 and the teacher's 2
+    assert "train.compile=auto: layers (what bert measured fastest in on a GPU)" in compiled_log
     assert "compiled 4 encoder layer(s), each on its own, and predict with torch.compile" in compiled_log
     assert "Q, K and V as one matmul in 4 attention layer(s)" in compiled_log  # the gpu_base group's fused_qkv
     assert "vocabulary projection fused with the loss, 16 rows at a time" in compiled_log  # --compiled-set

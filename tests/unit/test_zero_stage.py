@@ -72,8 +72,26 @@ def test_compile_is_refused_at_zero_3_by_name():
         load_config(RunConfig, None, ["train.compile=layers", "train.zero_stage=3"])
     assert load_config(RunConfig, None, ["train.compile=true"]).train.compile is True
     assert load_config(RunConfig, None, ["train.compile=layers"]).train.compile == "layers"
+    with pytest.raises(ConfigError, match="train.compile=auto needs ZeRO stage 0-2"):
+        load_config(RunConfig, None, ["train.compile=auto", "train.zero_stage=3"])
     with pytest.raises(ConfigError, match="train.compile"):
         load_config(RunConfig, None, ["train.compile=fast"])
+
+
+@pytest.mark.parametrize("overrides, mode", [
+    (["model.architecture=bert"], "layers"), (["model.architecture=albert"], "layers"),
+    (["model.architecture=xlnet"], "layers"), (["model.architecture=modernbert"], "step"),
+    # ModernBERT's whole step computing cos and sin in the graph measured slower than its layers.
+    (["model.architecture=modernbert", "train.rotary_tables=false"], "layers")])
+def test_compile_auto_takes_the_mode_the_backbone_measured_fastest_in(overrides, mode):
+    from pretrain.engine.setup import compile_mode_for
+
+    cfg = load_config(RunConfig, None, ["train.compile=auto", *overrides])
+    family = overrides[0].split("=")[1]
+    assert compile_mode_for(cfg) == (mode, f"train.compile=auto: {mode} (what {family} measured fastest in on a GPU)")
+    for given in (True, "layers", "step", False):  # any other value is applied as it is, without a note
+        cfg.train.compile = given
+        assert compile_mode_for(cfg) == (given, "")
 
 
 def test_repeated_layers_are_the_encoder_layers_of_every_backbone():
