@@ -74,44 +74,48 @@ def _point(backbone: str, *sets: str, objectives: tuple[str, ...] = ("mlm",), ba
             *(("--profile", "--profile-steps", "5") if profile else ()), "--set", *sets)
 
 
-# In the order a lent GPU should run them: ModernBERT-base per layer (the 33% target) and the steps compared with it,
-# one group within the first call's nine minutes, then BERT-base's mask A/B. Estimates from the H200 run of
-# 2026-11-28 (BENCHMARKS.md); a point compiled whole compiles longer than a profiled point per layer. An id names an entry; it
-# is not its rank. Measured and taken out (BENCHMARKS.md, "The first run of the GPU queue"): 1d, ModernBERT's rotary
-# tables at base width.
+# In the order a lent GPU should run them: whether ModernBERT-base's `train.compile: auto` (its whole step) beats
+# `layers` again, alternated, within the first call's nine minutes; then BERT-base's whole step against its layers,
+# the objectives on ModernBERT, and the GPU check. Estimates from the H200 runs of 2026-11-29 (BENCHMARKS.md, "The
+# second run of the GPU queue": a profiled point took 64-87 s). An id names an entry; it is not its rank. Measured
+# and taken out: 1d (the first run of the queue); 1b-modernbert, 1d-step, 1d-step-computed, 1b-modernbert-keep,
+# 1b-bert, 1b-bert-keep, 3, 4-seq512 and 2 (the second run); 1 and 1-chunk, since 2 showed the vocabulary loss in
+# chunks slower and larger than the compiled head whole.
 QUEUE: tuple[Entry, ...] = (
-    Entry("1b-modernbert", "ModernBERT-base under compile: layers (the 33% target), the mask dropped on unpadded batches (the "
-          "default), profiled", "gpu_throughput", _point("modernbert", "train.compile=layers", profile=True), 1.6, (128,), "modernbert"),
-    Entry("1d-step", "the trainer's ModernBERT-base step compiled whole, with the rotary tables (the default), against "
-          "1b-modernbert (compile: layers, the line before it in the queue)",
-          "gpu_throughput", _point("modernbert", "train.compile=true", profile=True), 2.0, (128,), "modernbert"),
-    Entry("1d-step-computed", "as 1d-step, without the tables (train.rotary_tables=false)", "gpu_throughput",
-          _point("modernbert", "train.compile=true", "train.rotary_tables=false", profile=True), 2.0, (128,), "modernbert"),
-    Entry("1b-modernbert-keep", "ModernBERT-base as 1b-modernbert, with the mask handed over", "gpu_throughput",
-          _point("modernbert", "train.compile=layers", "train.unpadded_mask=keep", profile=True), 1.6, (128,), "modernbert"),
-    Entry("1b-bert", "BERT-base, the attention mask dropped on unpadded batches (the default), profiled "
-          "(Unpadded batches without an attention mask)", "gpu_throughput",
-          _point("bert", *_BERT_LAYERS, profile=True), 1.6, (128,), "bert-mask"),
-    Entry("1b-bert-keep", "BERT-base as 1b-bert, with the mask handed over (train.unpadded_mask=keep)", "gpu_throughput",
-          _point("bert", *_BERT_LAYERS, "train.unpadded_mask=keep", profile=True), 1.6, (128,), "bert-mask"),
-    Entry("3", "COCO-LM and TaCL with their compile regions: the 0.9x-of-MLM target", "gpu_throughput",
-          _point("bert", *_BERT_LAYERS, objectives=("coco_lm", "tacl"), bare=True), 3.0, (128,)),
-    Entry("4-seq512", "BERT-base at seq 512 (the 36% target)", "gpu_throughput",
-          ("--steps", "20", "--warmup", "10", "--seqs", "512", "--batches-512", "64", "--objectives", "mlm",
-           "--backbones", "bert", "--compile", "on", "--set", *_BERT_LAYERS), 2.0, (512,)),
+    Entry("auto-modernbert", "ModernBERT-base as the gpu_base group trains it (train.compile=auto: the whole step, "
+          "with the rotary tables and the mask), profiled: the 33% target", "gpu_throughput",
+          _point("modernbert", "train.compile=auto", profile=True), 1.5, (128,), "modernbert-auto"),
+    Entry("layers-modernbert", "ModernBERT-base per layer (the mask dropped), profiled, against auto-modernbert",
+          "gpu_throughput", _point("modernbert", "train.compile=layers", profile=True), 1.5, (128,), "modernbert-auto"),
+    Entry("layers-modernbert-2", "layers-modernbert again, after it: the pair alternated", "gpu_throughput",
+          _point("modernbert", "train.compile=layers"), 1.2, (128,), "modernbert-auto"),
+    Entry("auto-modernbert-2", "auto-modernbert again, last: the pair alternated", "gpu_throughput",
+          _point("modernbert", "train.compile=auto"), 1.2, (128,), "modernbert-auto"),
+    Entry("step-drop-modernbert", "ModernBERT-base's whole step without the mask on unpadded batches "
+          "(train.unpadded_mask=drop): its attention took 5.9 ms with the mask, 5.1 without under layers",
+          "gpu_throughput", _point("modernbert", "train.compile=true", "train.unpadded_mask=drop", profile=True), 1.5,
+          (128,)),
+    Entry("layers-bert", "BERT-base per layer with fused Q/K/V (auto's choice), profiled: the baseline of step-bert",
+          "gpu_throughput", _point("bert", *_BERT_LAYERS, profile=True), 1.5, (128,), "bert-step"),
+    Entry("step-bert", "BERT-base's whole step with fused Q/K/V, profiled: whether auto should take it for BERT too "
+          "(32.8% against 32.6% per layer on 2026-11-27, before the accuracy's top-k and the mask's read-back went)",
+          "gpu_throughput", _point("bert", "train.compile=true", "train.fused_qkv=true", profile=True), 1.5, (128,),
+          "bert-step"),
+    Entry("3-modernbert", "MLM, COCO-LM and TaCL on ModernBERT-base as gpu_base trains them (auto): TaCL on "
+          "ModernBERT-base has no GPU figure; the 0.9x-of-MLM target", "gpu_throughput",
+          _point("modernbert", "train.compile=auto", objectives=("mlm", "coco_lm", "tacl")), 3.0, (128,)),
+    Entry("3-coco-step", "COCO-LM on BERT-base compiled whole: 0.88x MLM's MFU per layer on 2026-11-29, 1.00x whole "
+          "on 2026-11-27", "gpu_throughput",
+          _point("bert", "train.compile=true", "train.fused_qkv=true", objectives=("coco_lm",)), 1.5, (128,)),
     Entry("4-dropout", "BERT-base with BERT's own dropout 0.1", "gpu_throughput",
-          _point("bert", *_BERT_LAYERS, "model.dropout=0.1", "model.attention_dropout=0.1"), 1.5, (128,)),
-    Entry("1", "the baseline of 1-chunk in its call: the trainer with fused Q/K/V under compile: layers, BERT-base MLM, "
-          "micro-batch 256 and 512 (Kernel levers)",
-          "gpu_throughput", _point("bert", *_BERT_LAYERS, batches=("256", "512")), 2.0, (128,), "chunk"),
-    Entry("1-chunk", "BERT-base as entry 1, with the vocabulary loss in chunks of 1,024 rows (The vocabulary loss in chunks)",
-          "gpu_throughput", _point("bert", *_BERT_LAYERS, "train.vocab_loss_chunk=1024", batches=("256", "512")),
-          2.0, (128,), "chunk"),
+          _point("bert", *_BERT_LAYERS, "model.dropout=0.1", "model.attention_dropout=0.1"), 1.3, (128,)),
+    Entry("5-check", "item 5's GPU check: eager against compiled (auto) losses over 100 steps within 1e-2, MLM on "
+          "BERT-base and ModernBERT-base, and the compiled runs' exports loading with transformers' own classes",
+          "compile_check", ("--backbones", "bert", "modernbert", "--objectives", "mlm",
+                            "--data", str(WORK.relative_to(REPO) / "data128")), 5.0, (128,)),
     Entry("1c", "why the compiled step without a mask was slower than with one: SDPA held to cuDNN without a mask (Kernel levers)",
           "kernel_levers", ("--steps", "30", "--warmup", "10", "--levers", "baseline", "no_mask",
-                            "no_mask+cudnn_attention"), 1.5),
-    Entry("2", "the MLM head alone, whole against in chunks, compiled (The vocabulary loss in chunks)", "vocabulary_loss",
-          ("--device", "cuda", "--compile", "--chunks", "0", "1024", "2048", "4096"), 1.0),
+                            "no_mask+cudnn_attention"), 1.3),
 )
 
 

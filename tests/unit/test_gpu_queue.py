@@ -20,16 +20,19 @@ def test_every_queued_entry_parses_and_its_overrides_load(entry):
 def test_the_queue_holds_the_open_measurements_once_each():
     ids = [e.id for e in QUEUE]
     assert len(ids) == len(set(ids))
-    # What issue 48's targets need: the trainer's levers, the objectives, seq 512 (1d, measured, is out).
-    assert {"1b-modernbert", "1d-step", "1d-step-computed", "3", "4-seq512", "1-chunk"} <= set(ids) and "1d" not in ids
+    # What issue 48's targets need: the compile modes on both backbones, the objectives, the GPU check. Measured
+    # entries are out (BENCHMARKS.md, "The first run of the GPU queue", "The second run of the GPU queue").
+    assert {"auto-modernbert", "step-bert", "3-modernbert", "5-check"} <= set(ids)
+    assert not {"1d", "1d-step", "3", "4-seq512", "1-chunk", "2"} & set(ids)
     # Each comparison is one group, so that one call measures both sides.
     group = {e.id: e.group for e in QUEUE}
-    for baseline, compared in (("1b-modernbert", "1d-step"), ("1d-step", "1d-step-computed"),
-                               ("1b-modernbert", "1b-modernbert-keep"), ("1b-bert", "1b-bert-keep"), ("1", "1-chunk")):
+    for baseline, compared in (("auto-modernbert", "layers-modernbert"), ("layers-modernbert-2", "auto-modernbert-2"),
+                               ("layers-bert", "step-bert")):
         assert group[baseline] and group[compared] == group[baseline]
-    # ModernBERT-base's group first, within the first call's nine minutes (the documented --budget-s 540).
+    # ModernBERT-base's pair first, alternated, within the first call's nine minutes (the documented --budget-s 540).
     first = [e for e in QUEUE if e.group == QUEUE[0].group]
-    assert QUEUE[0].id == "1b-modernbert" and QUEUE[:len(first)] == tuple(first)
+    assert [e.id for e in first] == ["auto-modernbert", "layers-modernbert", "layers-modernbert-2", "auto-modernbert-2"]
+    assert QUEUE[:len(first)] == tuple(first)
     assert sum(e.minutes for e in first) * 60 <= 540
 
 
@@ -60,7 +63,7 @@ def test_check_names_a_repeated_id_and_missing_data(tmp_path):
 
 
 def test_select_keeps_the_queue_order():
-    assert [e.id for e in select(QUEUE, ["3", "1b-bert"], None)] == ["1b-bert", "3"]
+    assert [e.id for e in select(QUEUE, ["step-bert", "auto-modernbert"], None)] == ["auto-modernbert", "step-bert"]
     ids = [e.id for e in QUEUE]
     assert [e.id for e in select(QUEUE, None, "4-dropout")] == ids[ids.index("4-dropout"):]
     assert select(QUEUE, None, None) == QUEUE
@@ -137,7 +140,7 @@ def test_an_archive_that_cannot_be_written_is_said_and_the_record_kept(tmp_path,
 @pytest.mark.parametrize("where", ["inside", "missing"])
 def test_an_archive_inside_out_or_in_no_folder_is_refused_before_any_entry(tmp_path, capsys, where):
     archive = tmp_path / "out" / "q.tar.gz" if where == "inside" else tmp_path / "gone" / "q.tar.gz"
-    assert main(["--only", "2", "--out", str(tmp_path / "out"), "--archive", str(archive)]) == 2
+    assert main(["--only", "1c", "--out", str(tmp_path / "out"), "--archive", str(archive)]) == 2
     assert "must be in a folder that exists, outside --out" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -146,6 +149,6 @@ def test_two_entries_profiling_one_point_keep_two_traces(tmp_path):
     from benchmarks.gpu_throughput import trace_path
 
     point = {"objective": "mlm", "backbone": "modernbert", "seq": 128, "batch": 256}
-    first, second = (trace_path(tmp_path / f"{name}.json", point) for name in ("1b-modernbert", "1d-step"))
+    first, second = (trace_path(tmp_path / f"{name}.json", point) for name in ("auto-modernbert", "layers-modernbert"))
     assert first != second and first.parent == second.parent == tmp_path
     assert trace_path(tmp_path / "x.json", {**point, "batch": 512}) != trace_path(tmp_path / "x.json", point)
