@@ -225,8 +225,9 @@ class Backbone:
         raise NotImplementedError
 
     def compile_mode(self, rotary_tables: bool) -> str:
-        """What `train.compile: auto` compiles ("layers" or "step"): the mode this family's step measured fastest in
-        on a GPU (BENCHMARKS.md, "The second run of the GPU queue")."""
+        """What `train.compile: auto` compiles ("layers" or "step"), given whether the model reads its rotary cos/sin
+        from tables: the mode this family's step measured fastest in on a GPU (BENCHMARKS.md, "The second run of
+        the GPU queue")."""
         return "layers"
 
     def check(self, cfg: "EncoderConfig") -> None:

@@ -221,6 +221,8 @@ def compile_objective(model: nn.Module, mode: Union[bool, str]) -> str:
     if mode == "layers":
         layers, regions = compile_layers(model), compile_regions(model)
         return f"{layers} encoder layer(s), each on its own" + (f", and {', '.join(regions)}" if regions else "")
+    if mode is not False:  # "auto" is resolved before here (pretrain/engine/setup.py); anything else is a bug
+        raise ValueError(f"compile mode {mode!r} is not one of false, true, 'step', 'layers'")
     return ""
 
 

@@ -59,22 +59,28 @@ def drops_unpadded_mask(setting: str, compile: Union[bool, str]) -> bool:
     return setting == "drop"
 
 
-def compile_mode_for(cfg: RunConfig) -> tuple[Union[bool, str], str]:
-    """`train.compile` as the run applies it (auto: the backbone's own `compile_mode`), and a log line for auto ("")."""
+def compile_mode_for(cfg: RunConfig, tables: bool) -> tuple[Union[bool, str], str]:
+    """`train.compile` as the run applies it (auto: the backbone's `compile_mode`, told whether its rotary tables went
+    in), and a log line for auto ("" otherwise)."""
     if cfg.train.compile != "auto":
         return cfg.train.compile, ""
-    mode = backbone_for(cfg.model.architecture).compile_mode(cfg.train.rotary_tables)
+    mode = backbone_for(cfg.model.architecture).compile_mode(tables)
     return mode, f"train.compile=auto: {mode} (what {cfg.model.architecture} measured fastest in on a GPU)"
 
 
-def apply_model_levers(cfg: RunConfig, objective: nn.Module, compile_mode: Union[bool, str]) -> list[str]:
-    """Apply the `train.*` keys that change how the objective's modules compute (not what): a log line for each."""
+def apply_model_levers(cfg: RunConfig, objective: nn.Module) -> tuple[Union[bool, str], list[str]]:
+    """Apply the `train.*` keys that change how the objective's modules compute (not what): the compile mode the run
+    applies, and a log line for each."""
     notes = []
     if cfg.train.fused_qkv:
         notes.append(f"Q, K and V as one matmul in {fuse_qkv(objective)} attention layer(s) (train.fused_qkv)")
     tabulated = tabulate_rotary(objective, dist.local_device()) if cfg.train.rotary_tables else 0
     if tabulated:
         notes.append(f"rotary cos/sin read from tables in {tabulated} ModernBERT encoder(s) (train.rotary_tables)")
+    # After the tables: a ModernBERT whose tables could not go in (a rope type whose frequencies change) is not the
+    # one whose whole step measured fastest.
+    compile_mode, compile_note = compile_mode_for(cfg, tabulated > 0)
+    notes += [compile_note] if compile_note else []
     objective.drop_unpadded_mask = drops_unpadded_mask(cfg.train.unpadded_mask, compile_mode)
     if not objective.drop_unpadded_mask:
         notes.append(f"unpadded batches keep their attention mask (train.unpadded_mask={cfg.train.unpadded_mask}, "
@@ -83,7 +89,7 @@ def apply_model_levers(cfg: RunConfig, objective: nn.Module, compile_mode: Union
         objective.vocab_loss_chunk = cfg.train.vocab_loss_chunk
         notes.append(f"the MLM heads' vocabulary projection fused with the loss, {cfg.train.vocab_loss_chunk} rows at a "
                      "time (train.vocab_loss_chunk)")
-    return notes
+    return compile_mode, notes
 
 
 def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> tuple[Engine, list[str], str]:
@@ -106,9 +112,8 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
         if value and stage == 3:
             raise ConfigError(f"train.{key}={str(value).lower()} needs ZeRO stage 0-2, and {stage_note}: set "
                               f"train.zero_stage or train.{key}={off}")
-    compile_mode, compile_note = compile_mode_for(cfg)
-    notes = [stage_note, optimizer_note(optimizer, cfg.optimizer), *([compile_note] if compile_note else []),
-             *apply_model_levers(cfg, objective, compile_mode)]
+    compile_mode, lever_notes = apply_model_levers(cfg, objective)
+    notes = [stage_note, optimizer_note(optimizer, cfg.optimizer), *lever_notes]
     buckets = stage == 0 and overlaps_grad_reduce(cfg.train.overlap_grad_reduce, world, stage)
     if buckets:
         unsupported = bucket_blockers(ds_config)

@@ -68,6 +68,6 @@ def test_a_queue_with_data_missing_stops_before_running(tmp_path, capsys, monkey
     import benchmarks.gpu_queue as queue
 
     monkeypatch.setattr(queue, "WORK", tmp_path / "work")  # nothing prepared there
-    assert main(["--only", "1d-step", "--out", str(tmp_path / "out")]) == 2
+    assert main(["--only", "auto-modernbert", "--out", str(tmp_path / "out")]) == 2
     assert "data128 is not prepared" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

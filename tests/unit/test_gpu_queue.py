@@ -46,6 +46,10 @@ def test_a_bad_flag_and_a_bad_override_are_named():
     # What a benchmark checks after parsing, the queue checks too.
     warmup = Entry("w", "warm-up past the steps", "kernel_levers", ("--steps", "5", "--warmup", "10"), 1.0)
     assert "--warmup must be at least 1 and below --steps" in parse_problem(warmup)
+    steps = Entry("s", "no steps to compare", "compile_check", ("--steps", "0"), 1.0)
+    assert "--steps must be at least 1" in parse_problem(steps)
+    tolerance = Entry("t", "nothing could agree", "compile_check", ("--tolerance", "0"), 1.0)
+    assert "--tolerance must be above 0" in parse_problem(tolerance)
 
 
 def test_only_and_from_do_not_go_together(capsys):

@@ -120,11 +120,13 @@ def _trig_calls(objective, batch: dict) -> tuple[int, list[str]]:
     return len(graphs), calls
 
 
-@pytest.mark.parametrize("name", ["mlm", "coco_lm"])
+@pytest.mark.parametrize("name", [o for _, o in MODERN])
 def test_the_compiled_step_reads_tables_instead_of_evaluating_cos_and_sin(name, prepared, tmp_path):
+    """Every objective on ModernBERT: `train.compile: auto` compiles its whole step there."""
     tok = read_manifest(prepared)["tokenizer"]
     objective = _build("modernbert", name, tok, tmp_path).train()
     batch = _batch(tok, name)
+    objective(batch)  # TACO's first call installs transformers' hidden-state hooks, which break a graph (test_one_graph)
     graphs, calls = _trig_calls(objective, batch)
     assert graphs == 1 and len(calls) >= 4, calls  # transformers' forward: cos and sin per attention kind
     tabulate_rotary(objective)
@@ -140,3 +142,28 @@ def test_the_setting_is_on_by_default_and_takes_a_bool():
 
     with pytest.raises(ConfigError, match="rotary_tables"):
         load_config(RunConfig, None, ["train.rotary_tables=sometimes"])
+
+
+@pytest.mark.parametrize("tabulable", [True, False])
+def test_compile_auto_compiles_modernbert_whole_only_where_its_tables_went_in(tabulable, prepared, tmp_path, monkeypatch):
+    """Where the tables cannot go in (a rope type whose frequencies change, or a transformers without per-kind
+    rotary modules), ModernBERT under `train.compile: auto` compiles its layers: the whole step computing cos and
+    sin measured slowest. The whole step keeps the mask on unpadded batches (train.unpadded_mask=auto)."""
+    from core.config_io import load_config
+    from model import rotary_tables
+    from pretrain.config import RunConfig
+    from pretrain.engine.setup import apply_model_levers
+
+    if not tabulable:
+        monkeypatch.setattr(rotary_tables, "_tabulable", lambda module: False)
+    objective = _build("modernbert", "mlm", read_manifest(prepared)["tokenizer"], tmp_path)
+    cfg = load_config(RunConfig, None, ["train.compile=auto", "model.architecture=modernbert"])
+    mode, notes = apply_model_levers(cfg, objective)
+    if tabulable:
+        assert mode == "step" and not objective.drop_unpadded_mask
+        assert notes == ["rotary cos/sin read from tables in 1 ModernBERT encoder(s) (train.rotary_tables)",
+                         "train.compile=auto: step (what modernbert measured fastest in on a GPU)",
+                         "unpadded batches keep their attention mask (train.unpadded_mask=auto, train.compile=step)"]
+    else:
+        assert mode == "layers" and objective.drop_unpadded_mask
+        assert notes == ["train.compile=auto: layers (what modernbert measured fastest in on a GPU)"]

@@ -78,20 +78,28 @@ def test_compile_is_refused_at_zero_3_by_name():
         load_config(RunConfig, None, ["train.compile=fast"])
 
 
-@pytest.mark.parametrize("overrides, mode", [
-    (["model.architecture=bert"], "layers"), (["model.architecture=albert"], "layers"),
-    (["model.architecture=xlnet"], "layers"), (["model.architecture=modernbert"], "step"),
+@pytest.mark.parametrize("family, tables, mode", [
+    ("bert", False, "layers"), ("albert", False, "layers"), ("xlnet", False, "layers"), ("modernbert", True, "step"),
     # ModernBERT's whole step computing cos and sin in the graph measured slower than its layers.
-    (["model.architecture=modernbert", "train.rotary_tables=false"], "layers")])
-def test_compile_auto_takes_the_mode_the_backbone_measured_fastest_in(overrides, mode):
+    ("modernbert", False, "layers")])
+def test_compile_auto_takes_the_mode_the_backbone_measured_fastest_in(family, tables, mode):
     from pretrain.engine.setup import compile_mode_for
 
-    cfg = load_config(RunConfig, None, ["train.compile=auto", *overrides])
-    family = overrides[0].split("=")[1]
-    assert compile_mode_for(cfg) == (mode, f"train.compile=auto: {mode} (what {family} measured fastest in on a GPU)")
+    cfg = load_config(RunConfig, None, ["train.compile=auto", f"model.architecture={family}"])
+    assert compile_mode_for(cfg, tables) == (mode, f"train.compile=auto: {mode} (what {family} measured fastest in on a GPU)")
     for given in (True, "layers", "step", False):  # any other value is applied as it is, without a note
         cfg.train.compile = given
-        assert compile_mode_for(cfg) == (given, "")
+        assert compile_mode_for(cfg, tables) == (given, "")
+
+
+def test_an_unresolved_compile_mode_is_a_bug_not_a_silent_eager_run():
+    from torch import nn
+
+    from pretrain.engine.deepspeed_engine import compile_objective
+
+    with pytest.raises(ValueError, match="compile mode 'auto'"):
+        compile_objective(nn.Linear(2, 2), "auto")
+    assert compile_objective(nn.Linear(2, 2), False) == ""
 
 
 def test_repeated_layers_are_the_encoder_layers_of_every_backbone():
