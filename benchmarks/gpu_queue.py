@@ -113,6 +113,12 @@ QUEUE: tuple[Entry, ...] = (
           "BERT-base and ModernBERT-base, and the compiled runs' exports loading with transformers' own classes",
           "compile_check", ("--backbones", "bert", "modernbert", "--objectives", "mlm",
                             "--data", str(WORK.relative_to(REPO) / "data128")), 5.0, (128,)),
+    Entry("host-overhead", "the host-overhead benchmark at base shape: the trainer as gpu_base runs it (auto) against "
+          "the plain loop compiled as one graph, alternated in fresh processes, BERT-base and ModernBERT-base",
+          "host_overhead", ("--shape", "base", "--device", "cuda", "--batch", "256", "--threads", "0", "--stages", "auto",
+                            "--pairs", "1", "--backbones", "bert", "modernbert", "--plain-compile", "--steps", "40",
+                            "--window", "5", "--warmup", "15", "--data", str(WORK.relative_to(REPO) / "data128"),
+                            "--set", "train.compile=auto", "train.fused_qkv=true", "masking.count=exact"), 5.0, (128,)),
     Entry("1c", "why the compiled step without a mask was slower than with one: SDPA held to cuDNN without a mask (Kernel levers)",
           "kernel_levers", ("--steps", "30", "--warmup", "10", "--levers", "baseline", "no_mask",
                             "no_mask+cudnn_attention"), 1.3),

@@ -36,7 +36,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 from benchmarks import kernel_profile
-from benchmarks.arguments import add_shared, repo_pythonpath, results_file
+from benchmarks.arguments import add_shared, parse_checked, repo_pythonpath, results_file
 from benchmarks.machine import machine
 from pretrain.run_dir import RunDir
 from data_pipeline.dataset_dir import DatasetDir
@@ -563,8 +563,8 @@ def print_tables(results: list[dict], info: dict, args: argparse.Namespace) -> N
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
-def main() -> None:
-    """Run every case and print the tables."""
+def build_parser() -> argparse.ArgumentParser:
+    """This benchmark's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_shared(parser, choices={"backbones": list(BACKBONES)}, backbones=["modernbert", "bert"])
     parser.add_argument("--stages", nargs="+", default=["2"], choices=["0", "1", "2", "3", "auto"])
@@ -588,7 +588,21 @@ def main() -> None:
     add_shared(parser, data=str(REPO / "runs" / "bench" / "data"), out=results_file("host_overhead"))
     parser.add_argument("--worker", choices=["plain", "plain-phases", "trainer-phases", "interleaved"], help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> str:
+    """What is wrong with parsed arguments that the parser alone cannot see ("" for nothing)."""
+    if not 0 <= args.warmup < args.steps:
+        return "--warmup must be below --steps (each side is timed after its warm-up)"
+    if not 0 < args.window <= args.steps // 2:
+        return "--window must be at least 1 and fit --steps twice (the first window is not counted)"
+    return ""
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Run every case and print the tables."""
+    args = parse_checked(build_parser(), check_args, argv)
     if args.loader_workers == "auto":
         from data_pipeline.loader import cpus_per_rank, loader_workers
 

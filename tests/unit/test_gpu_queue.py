@@ -22,7 +22,7 @@ def test_the_queue_holds_the_open_measurements_once_each():
     assert len(ids) == len(set(ids))
     # What issue 48's targets need: the compile modes on both backbones, the objectives, the GPU check. Measured
     # entries are out (BENCHMARKS.md, "The first run of the GPU queue", "The second run of the GPU queue").
-    assert {"auto-modernbert", "step-bert", "3-modernbert", "5-check"} <= set(ids)
+    assert {"auto-modernbert", "step-bert", "3-modernbert", "5-check", "host-overhead"} <= set(ids)
     assert not {"1d", "1d-step", "3", "4-seq512", "1-chunk", "2"} & set(ids)
     # Each comparison is one group, so that one call measures both sides.
     group = {e.id: e.group for e in QUEUE}
@@ -50,6 +50,8 @@ def test_a_bad_flag_and_a_bad_override_are_named():
     assert "--steps must be at least 1" in parse_problem(steps)
     tolerance = Entry("t", "nothing could agree", "compile_check", ("--tolerance", "0"), 1.0)
     assert "--tolerance must be above 0" in parse_problem(tolerance)
+    window = Entry("v", "one window, which is not counted", "host_overhead", ("--steps", "20", "--window", "11"), 1.0)
+    assert "--window must be at least 1 and fit --steps twice" in parse_problem(window)
 
 
 def test_only_and_from_do_not_go_together(capsys):
