@@ -36,22 +36,17 @@ def test_the_queue_holds_the_open_measurements_once_each():
     assert sum(e.minutes for e in first) * 60 <= 540
 
 
-def test_a_bad_flag_and_a_bad_override_are_named():
-    flag = Entry("x", "a typo", "rotary_tables", ("--shapes", "base"), 1.0)
-    assert "--shapes" in parse_problem(flag)
-    key = Entry("y", "a key typo", "gpu_throughput", ("--set", "train.rotary_table=false"), 1.0)
-    assert "rotary_table" in parse_problem(key)
-    value = Entry("z", "a bad value", "kernel_levers", ("--levers", "no_such_lever"), 1.0)
-    assert "no_such_lever" in parse_problem(value)
+@pytest.mark.parametrize("module, args, said", [
+    ("rotary_tables", ("--shapes", "base"), "--shapes"),  # a flag's typo
+    ("gpu_throughput", ("--set", "train.rotary_table=false"), "rotary_table"),  # a run-config key's
+    ("kernel_levers", ("--levers", "no_such_lever"), "no_such_lever"),  # a value's
     # What a benchmark checks after parsing, the queue checks too.
-    warmup = Entry("w", "warm-up past the steps", "kernel_levers", ("--steps", "5", "--warmup", "10"), 1.0)
-    assert "--warmup must be at least 1 and below --steps" in parse_problem(warmup)
-    steps = Entry("s", "no steps to compare", "compile_check", ("--steps", "0"), 1.0)
-    assert "--steps must be at least 1" in parse_problem(steps)
-    tolerance = Entry("t", "nothing could agree", "compile_check", ("--tolerance", "0"), 1.0)
-    assert "--tolerance must be above 0" in parse_problem(tolerance)
-    window = Entry("v", "one window, which is not counted", "host_overhead", ("--steps", "20", "--window", "11"), 1.0)
-    assert "--window must be at least 1 and fit --steps twice" in parse_problem(window)
+    ("kernel_levers", ("--steps", "5", "--warmup", "10"), "--warmup must be at least 1 and below --steps"),
+    ("compile_check", ("--steps", "0"), "--steps must be at least 1"),
+    ("compile_check", ("--tolerance", "0"), "--tolerance must be above 0"),
+    ("host_overhead", ("--steps", "20", "--window", "11"), "--window must be at least 1 and fit --steps twice")])
+def test_a_bad_flag_and_a_bad_override_are_named(module, args, said):
+    assert said in parse_problem(Entry("x", "a mistake", module, args, 1.0))
 
 
 def test_only_and_from_do_not_go_together(capsys):
