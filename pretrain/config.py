@@ -97,9 +97,8 @@ class TrainConfig:
     # objective's whole step (encoders, heads, losses) as one graph of fixed shapes; layers: each encoder layer on
     # its own, and the objective's `compile_regions` (a head and its loss), which measured faster on an H200
     # (BENCHMARKS.md, "The trainer's step against the compiled bare loop, kernel by kind"); auto: the mode the run's
-    # backbone measured fastest in on an H200 (its `compile_mode`: ModernBERT's whole step with its rotary tables, the
-    # others' layers;
-    # BENCHMARKS.md, "The second run of the GPU queue").
+    # backbone measured fastest in on an H200 (its `compile_mode`: ModernBERT's whole step with its rotary tables,
+    # the others' layers; BENCHMARKS.md, "The second run of the GPU queue").
     compile: Union[bool, Literal["step", "layers", "auto"]] = False
     # One matmul for Q, K and V in every BERT-layout attention (BERT; ELECTRA's and COCO-LM's networks; ModernBERT has
     # its own), over the three weights concatenated at each call: checkpoints and exports keep transformers' layout.

@@ -77,8 +77,8 @@ def apply_model_levers(cfg: RunConfig, objective: nn.Module) -> tuple[Union[bool
     tabulated = tabulate_rotary(objective, dist.local_device()) if cfg.train.rotary_tables else 0
     if tabulated:
         notes.append(f"rotary cos/sin read from tables in {tabulated} ModernBERT encoder(s) (train.rotary_tables)")
-    # After the tables: a ModernBERT whose tables could not go in (a rope type whose frequencies change) is not the
-    # one whose whole step measured fastest.
+    # After the tables: a ModernBERT whose tables could not go in (a rope type whose frequencies change, or a
+    # transformers without per-kind rotary modules) is not the one whose whole step measured fastest.
     compile_mode, compile_note = compile_mode_for(cfg, tabulated > 0)
     notes += [compile_note] if compile_note else []
     objective.drop_unpadded_mask = drops_unpadded_mask(cfg.train.unpadded_mask, compile_mode)
