@@ -59,6 +59,11 @@ def drops_unpadded_mask(setting: str, compile: Union[bool, str]) -> bool:
     return setting == "drop"
 
 
+def compiled_note(what: str) -> str:
+    """The log line that says what `train.compile` compiled (benchmarks read it back)."""
+    return f"compiled {what} with torch.compile (train.compile): the first steps wait for the compiler"
+
+
 def compile_mode_for(cfg: RunConfig, tables: bool) -> tuple[Union[bool, str], str]:
     """`train.compile` as the run applies it (auto: the backbone's `compile_mode`, told whether its rotary tables went
     in), and a log line for auto ("" otherwise)."""
@@ -127,6 +132,5 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
                           reschedule=reschedule,
                           grad_buckets_bytes=int(cfg.train.grad_bucket_mb * 2**20) if buckets else 0)
     if engine.compiled:
-        notes.append(f"compiled {engine.compiled} with torch.compile (train.compile): the first steps wait for the "
-                     "compiler")
+        notes.append(compiled_note(engine.compiled))
     return engine, notes, given

@@ -28,6 +28,7 @@ def test_a_tiny_point_runs_with_its_data_prepared_once(tmp_path):
         "--work", str(work), "--out", str(out)], timeout=600)
     (row,) = json.loads(out.read_text())["rows"]
     assert (row["objective"], row["backbone"], row["seq"], row["batch"], row["compile"]) == ("mlm", "bert", 128, 4, False)
+    assert row["compiled"] == ""  # what the trainer's log says it compiled: nothing, at --compile off
     assert row["tokens_per_s"] > 0 and row["bare_tokens_per_s"] > 0 and row["bare_compiled_tokens_per_s"] > 0
     assert abs(row["vs_bare"] - row["tokens_per_s"] / row["bare_tokens_per_s"]) < 1e-9
     assert "| mlm | bert | 128 | 4 | off |" in proc.stdout
@@ -58,3 +59,24 @@ def test_tacls_teacher_is_the_mlm_points_model_so_the_student_is_the_backbone_na
         cfg = load_config(RunConfig, REPO / "pretrain" / "configs" / "demo_mlm.yaml",
                           point_overrides(point, args, data, teacher, tmp_path))
         assert (cfg.model.init_from, cfg.model.architecture) == (str(teacher), model_type)  # the point's own family
+
+
+def test_a_modernbert_point_under_compile_auto_compiles_its_whole_step_and_says_so(tmp_path):
+    """`train.compile: auto` (the gpu_base group's) through the trainer on ModernBERT, whose rotary tables go in: the
+    whole step compiled, the mask kept on unpadded batches, and the row records what was compiled."""
+    corpora = tmp_path / "corpora"
+    corpora.mkdir()
+    text = "\n\n".join(kjv_chapters(20)) + "\n"
+    for name in ("kjv.txt", "wordnet_glosses.txt"):
+        (corpora / name).write_text(text, encoding="utf-8")
+    out, work = tmp_path / "gpu.json", tmp_path / "work"
+    run_cli("benchmarks.gpu_throughput", [
+        "--tiny", "--steps", "6", "--warmup", "2", "--seqs", "128", "--batches-128", "4", "--objectives", "mlm",
+        "--backbones", "modernbert", "--compile", "on", "--no-bare", "--precision", "fp32", "--corpora", str(corpora),
+        "--work", str(work), "--out", str(out), "--set", "train.compile=auto"], timeout=600)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["compiled"] == "the objective's step (encoders, heads and losses)" and row["tokens_per_s"] > 0
+    log = (work / "mlm_modernbert_seq128_b4_on_tiny" / "train.log").read_text()
+    assert "rotary cos/sin read from tables in 1 ModernBERT encoder(s)" in log
+    assert "train.compile=auto: step (what modernbert measured fastest in on a GPU)" in log
+    assert "unpadded batches keep their attention mask (train.unpadded_mask=auto, train.compile=step)" in log
