@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -274,14 +273,10 @@ def main() -> None:
     print_table(results, info, args)
 
 
-def compiled_from_log(text: str) -> str:
-    """What a trainer's log says `train.compile` compiled ("" for nothing): with `auto`, the mode it took."""
-    found = re.search(r"compiled (.+?) with torch\.compile \(train\.compile\)", text)
-    return found.group(1) if found else ""
-
-
 def run_point(point: dict, args: argparse.Namespace, data: Path, teacher: Optional[Path], work: Path) -> dict:
     """One trainer run at `point`, with the bare loop beside an MLM point and the profile if asked."""
+    from pretrain.engine.setup import compiled_in_log  # not at the top: it imports transformers, 4-5 s here
+
     run_dir = work / f"{point['objective']}_{point['backbone']}_seq{point['seq']}_b{point['batch']}_" \
                      f"{'on' if point['compile'] else 'off'}_{args.size}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -289,7 +284,7 @@ def run_point(point: dict, args: argparse.Namespace, data: Path, teacher: Option
          "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
          *point_overrides(point, args, data, teacher, run_dir)])
     row = {**point, **measure(RunDir(run_dir).metric_rows(), args.warmup),
-           "compiled": compiled_from_log(RunDir(run_dir).text_log.read_text(encoding="utf-8"))}
+           "compiled": compiled_in_log(RunDir(run_dir).text_log.read_text(encoding="utf-8"))}
     if point["objective"] == "mlm" and not args.no_bare:
         # The eager yardstick beside an eager point, the compiled one (one graph per step) beside every point.
         if not point["compile"]:

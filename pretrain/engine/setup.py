@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any, Union
 
 from torch import nn
@@ -59,9 +60,18 @@ def drops_unpadded_mask(setting: str, compile: Union[bool, str]) -> bool:
     return setting == "drop"
 
 
+_COMPILED = ("compiled ", " with torch.compile (train.compile): the first steps wait for the compiler")
+
+
 def compiled_note(what: str) -> str:
-    """The log line that says what `train.compile` compiled (benchmarks read it back)."""
-    return f"compiled {what} with torch.compile (train.compile): the first steps wait for the compiler"
+    """The log line that says what `train.compile` compiled."""
+    return what.join(_COMPILED)
+
+
+def compiled_in_log(text: str) -> str:
+    """What a run's log says `train.compile` compiled ("" for nothing): with `auto`, the mode it took."""
+    found = re.search(re.escape(_COMPILED[0]) + "(.+?)" + re.escape(_COMPILED[1]), text)
+    return found.group(1) if found else ""
 
 
 def compile_mode_for(cfg: RunConfig, tables: bool) -> tuple[Union[bool, str], str]:

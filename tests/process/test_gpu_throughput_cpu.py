@@ -34,14 +34,20 @@ def test_a_tiny_point_runs_with_its_data_prepared_once(tmp_path):
     assert "| mlm | bert | 128 | 4 | off |" in proc.stdout
 
 
-def test_tacls_teacher_is_the_mlm_points_model_so_the_student_is_the_backbone_named(tmp_path):
-    """The teacher folder decides TaCL's model: before, it was BERT for every backbone (the ModernBERT points trained
-    BERT) with transformers' dropout 0.1 where the MLM points have the demo's 0."""
+def _corpora(tmp_path):
+    """Both corpora gpu_throughput prepares from, 20 KJV chapters each."""
     corpora = tmp_path / "corpora"
     corpora.mkdir()
     text = "\n\n".join(kjv_chapters(20)) + "\n"
     for name in ("kjv.txt", "wordnet_glosses.txt"):
         (corpora / name).write_text(text, encoding="utf-8")
+    return corpora
+
+
+def test_tacls_teacher_is_the_mlm_points_model_so_the_student_is_the_backbone_named(tmp_path):
+    """The teacher folder decides TaCL's model: before, it was BERT for every backbone (the ModernBERT points trained
+    BERT) with transformers' dropout 0.1 where the MLM points have the demo's 0."""
+    corpora = _corpora(tmp_path)
     data = ensure_data(128, corpora, tmp_path / "work")
     manifest = json.loads(DatasetDir(data).manifest.read_text())
     args = build_parser().parse_args(["--tiny", "--set", "model.attention_dropout=0.2"])
@@ -64,11 +70,7 @@ def test_tacls_teacher_is_the_mlm_points_model_so_the_student_is_the_backbone_na
 def test_a_modernbert_point_under_compile_auto_compiles_its_whole_step_and_says_so(tmp_path):
     """`train.compile: auto` (the gpu_base group's) through the trainer on ModernBERT, whose rotary tables go in: the
     whole step compiled, the mask kept on unpadded batches, and the row records what was compiled."""
-    corpora = tmp_path / "corpora"
-    corpora.mkdir()
-    text = "\n\n".join(kjv_chapters(20)) + "\n"
-    for name in ("kjv.txt", "wordnet_glosses.txt"):
-        (corpora / name).write_text(text, encoding="utf-8")
+    corpora = _corpora(tmp_path)
     out, work = tmp_path / "gpu.json", tmp_path / "work"
     run_cli("benchmarks.gpu_throughput", [
         "--tiny", "--steps", "6", "--warmup", "2", "--seqs", "128", "--batches-128", "4", "--objectives", "mlm",

@@ -126,9 +126,8 @@ def test_the_compiled_yardstick_s_static_loss_is_the_masked_loss():
                                   "4 encoder layer(s), each on its own, and predict"])
 def test_gpu_throughput_reads_back_what_the_trainer_compiled(what):
     """Each GPU point records what `train.compile` compiled (under auto, the mode it took), from the trainer's log."""
-    from benchmarks.gpu_throughput import compiled_from_log
-    from pretrain.engine.setup import compiled_note
+    from pretrain.engine.setup import compiled_in_log, compiled_note
 
     log = f"2026-11-29 20:00:00 ZeRO stage 0\n2026-11-29 20:00:00 {compiled_note(what)}\n2026-11-29 20:00:01 step 5/30\n"
-    assert compiled_from_log(log) == what
-    assert compiled_from_log(log.replace(compiled_note(what), "optimizer torch's fused AdamW")) == ""
+    assert compiled_in_log(log) == what
+    assert compiled_in_log(log.replace(compiled_note(what), "optimizer torch's fused AdamW")) == ""
