@@ -228,7 +228,6 @@ def compile_objective(model: nn.Module, mode: Union[bool, str]) -> str:
 
 def foreach_zero_grad_norm(optimizer: Optional[Union[torch.optim.Optimizer, DeepSpeedOptimizer]]) -> bool:
     """Give a ZeRO-1/2 optimizer a gradient norm computed by one foreach kernel; False where its own must stay."""
-    from deepspeed.runtime.utils import mask_nan_or_inf_with_val_inplace
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer, pg_utils
     from deepspeed.runtime.zero.utils import get_norm_dtype
     from deepspeed import comm
@@ -249,8 +248,10 @@ def foreach_zero_grad_norm(optimizer: Optional[Union[torch.optim.Optimizer, Deep
             total = torch.zeros((), dtype=torch.float32, device=optimizer.device)
         comm.all_reduce(total, op=comm.ReduceOp.SUM, group=optimizer.dp_process_group)
         total = total.pow(0.5)
-        mask_nan_or_inf_with_val_inplace(total, device=optimizer.device)
-        return total
+        # DeepSpeed's sentinel for an invalid norm, as its mask_nan_or_inf_with_val_inplace sets it, but filled from
+        # a Python number: that helper builds its -1 with torch.tensor(..., device=...), a copy from pageable host
+        # memory that on a GPU waits for the device's queue, twice a step (once per parameter group).
+        return total.masked_fill_(~torch.isfinite(total), -1.0)
 
     optimizer.get_grad_norm_direct = grad_norm
     return True

@@ -37,12 +37,15 @@ class MetricWindow:
 
     def add(self, values: dict[str, torch.Tensor]) -> None:
         """Add one micro-batch's scalars, left on their device."""
-        keys = tuple(values)
+        # In name order from the start: every rank's vectors line up in the flush's all-reduce, and the step's close
+        # needs no reordering (indexing a device tensor by a Python list copies the list from pageable host memory,
+        # which on a GPU waits for the device's queue).
+        keys = tuple(sorted(values))
         if self._vector is not None and keys != self._keys:
             self._fold()  # another set of names than the earlier micro-batches': sum by name from here
         # Stacked in the values' common dtype (exact for fp32 and bf16), then summed in float64: the logged numbers
         # equal what float(value) summed in Python gave.
-        vector = torch.stack([v.detach().reshape(()) for v in values.values()]).to(torch.float64) if keys else None
+        vector = torch.stack([values[k].detach().reshape(()) for k in keys]).to(torch.float64) if keys else None
         if self._vector is None:
             self._keys, self._vector = keys, vector
         elif vector is not None:
@@ -59,10 +62,8 @@ class MetricWindow:
 
     def end_step(self, step: int, host: dict[str, Scalar]) -> None:
         """Close the step: its device sums, its TOTALS counts and its rank-wide values (lr, grad norm)."""
-        if not self._sums and self._vector is not None:  # the usual case: one vector, its keys sorted once
-            order = sorted(range(len(self._keys)), key=self._keys.__getitem__)
-            keys = [self._keys[i] for i in order]
-            stacked = self._vector[order] if order != list(range(len(order))) else self._vector
+        if not self._sums and self._vector is not None:  # the usual case: one vector, already in name order
+            keys, stacked = list(self._keys), self._vector
         else:
             self._fold()
             keys = sorted(self._sums)

@@ -53,7 +53,7 @@ def main() -> None:
         state["trainer"], state["records"] = trainer, []
         train_step = trainer.train_step
 
-        dispatched = []
+        dispatched, made = [], []
 
         def marked_step(train_step=train_step) -> None:
             state["in_step"], step, reads = True, trainer.step, DeviceReads()
@@ -63,6 +63,7 @@ def main() -> None:
             finally:
                 state["in_step"] = False
                 dispatched.extend({"step": step, "where": where} for where in reads.where)
+                made.extend({"step": step, "where": where} for where in reads.made)
 
         padded_steps = set()
         next_batch = trainer._next_batch
@@ -75,7 +76,8 @@ def main() -> None:
 
         trainer.train_step, trainer._next_batch = marked_step, noted_batch
         trainer.fit()
-        results[name] = {"records": state["records"], "dispatched": dispatched, "padded_steps": sorted(padded_steps)}
+        results[name] = {"records": state["records"], "dispatched": dispatched, "made": made,
+                         "padded_steps": sorted(padded_steps)}
         state["trainer"], state["records"] = None, None
         trainer.engine.ds.destroy()
     if torch.distributed.get_rank() == 0:

@@ -29,14 +29,18 @@ def _caller() -> str:
 
 
 class DeviceReads(TorchDispatchMode):
-    """Counts the device -> host reads by op (`ops`) and lists where each was made (`where`)."""
+    """Counts the device -> host reads by op (`ops`) and lists where each was made (`where`); lists where a tensor
+    of one or more elements was made from Python data (`made`: `torch.tensor(...)`, or indexing by a list)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter = Counter()
         self.where: list[str] = []
+        self.made: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is aten.lift_fresh.default:
+            self.made.append(_caller())
         by_mask = func in INDEXING and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
                                            for i in args[1] if i is not None)
         if func in READS or by_mask:
