@@ -66,37 +66,50 @@ _BERT_LAYERS = ("train.compile=layers", "train.fused_qkv=true")  # BERT-base's G
 
 
 def _point(backbone: str, *sets: str, objectives: tuple[str, ...] = ("mlm",), batches: tuple[str, ...] = ("256",),
-           profile: bool = False, bare: bool = False) -> tuple[str, ...]:
+           profile: bool = False, bare: bool = False, host_wait: bool = False) -> tuple[str, ...]:
     """gpu_throughput's arguments for the trainer at seq 128, 30 steps timed after 15, with the run-config overrides
-    `sets`; the bare loop beside it only where `bare`."""
+    `sets`; the bare loop beside it only where `bare`; the trainer as before c94c865 (the host waiting for the device
+    once a step) where `host_wait`."""
     return ("--steps", "30", "--warmup", "15", "--seqs", "128", "--batches-128", *batches, "--objectives", *objectives,
             "--backbones", backbone, "--compile", "on", *(() if bare else ("--no-bare",)),
-            *(("--profile", "--profile-steps", "5") if profile else ()), "--set", *sets)
+            *(("--profile", "--profile-steps", "5") if profile else ()),
+            *(("--host-wait-each-step",) if host_wait else ()), "--set", *sets)
 
 
-# In the order a lent GPU should run them: whether ModernBERT-base's `train.compile: auto` (its whole step) beats
-# `layers` again, alternated, within the first call's nine minutes; then BERT-base's whole step against its layers,
-# the objectives on ModernBERT, and the GPU check. Estimates from the H200 runs of 2026-11-29 (BENCHMARKS.md, "The
-# second run of the GPU queue": a profiled point took 64-87 s). An id names an entry; it is not its rank. Measured
-# and taken out: 1d (the first run of the queue); 1b-modernbert, 1d-step, 1d-step-computed, 1b-modernbert-keep,
-# 1b-bert, 1b-bert-keep, 3, 4-seq512 and 2 (the second run); 1 and 1-chunk, since 2 showed the vocabulary loss in
-# chunks slower and larger than the compiled head whole.
+# In the order a lent GPU should run them: what removing the host's wait for the device once a step (c94c865) gained
+# on both backbones, each side alternated, within the first call's nine minutes; then ModernBERT-base's `auto` (its
+# whole step) against `layers` again, BERT-base's whole step against its layers, the objectives on ModernBERT, and
+# the GPU check. Estimates from the H200 runs of 2026-11-29 (BENCHMARKS.md, "The second run of the GPU queue": a
+# profiled point took 64-87 s). An id names an entry; it is not its rank. Measured and taken out: 1d (the first run
+# of the queue); 1b-modernbert, 1d-step, 1d-step-computed, 1b-modernbert-keep, 1b-bert, 1b-bert-keep, 3, 4-seq512
+# and 2 (the second run); 1 and 1-chunk, since 2 showed the vocabulary loss in chunks slower and larger than the
+# compiled head whole.
 QUEUE: tuple[Entry, ...] = (
     Entry("auto-modernbert", "ModernBERT-base as the gpu_base group trains it (train.compile=auto: the whole step, "
-          "with the rotary tables and the mask), profiled: the 33% target", "gpu_throughput",
-          _point("modernbert", "train.compile=auto", profile=True), 1.5, (128,), "modernbert-auto"),
-    Entry("layers-modernbert", "ModernBERT-base per layer (the mask dropped), profiled, against auto-modernbert",
-          "gpu_throughput", _point("modernbert", "train.compile=layers", profile=True), 1.5, (128,), "modernbert-auto"),
-    Entry("layers-modernbert-2", "layers-modernbert again, after it: the pair alternated", "gpu_throughput",
-          _point("modernbert", "train.compile=layers"), 1.2, (128,), "modernbert-auto"),
+          "with the rotary tables and the mask), profiled (its host waits a step: none expected): the 33% target",
+          "gpu_throughput", _point("modernbert", "train.compile=auto", profile=True), 1.5, (128,), "host-wait-modernbert"),
+    Entry("wait-modernbert", "auto-modernbert with the host waiting for the device once a step, as before c94c865 "
+          "(31.3% on 2026-11-29): what removing the wait gained", "gpu_throughput",
+          _point("modernbert", "train.compile=auto", host_wait=True), 1.2, (128,), "host-wait-modernbert"),
+    Entry("wait-modernbert-2", "wait-modernbert again, after it: the pair alternated", "gpu_throughput",
+          _point("modernbert", "train.compile=auto", host_wait=True), 1.2, (128,), "host-wait-modernbert"),
     Entry("auto-modernbert-2", "auto-modernbert again, last: the pair alternated", "gpu_throughput",
+          _point("modernbert", "train.compile=auto"), 1.2, (128,), "host-wait-modernbert"),
+    Entry("layers-bert", "BERT-base per layer with fused Q/K/V (auto's choice), profiled: the 40% target",
+          "gpu_throughput", _point("bert", *_BERT_LAYERS, profile=True), 1.5, (128,), "host-wait-bert"),
+    Entry("wait-bert", "layers-bert with the host waiting for the device once a step, as before c94c865 (36.4% on "
+          "2026-11-29)", "gpu_throughput", _point("bert", *_BERT_LAYERS, host_wait=True), 1.2, (128,), "host-wait-bert"),
+    Entry("layers-modernbert", "ModernBERT-base per layer (the mask dropped), profiled, against auto-modernbert-3: "
+          "whether auto's whole step still beats layers without the wait (31.3% against 29.7% with it)",
+          "gpu_throughput", _point("modernbert", "train.compile=layers", profile=True), 1.5, (128,), "modernbert-auto"),
+    Entry("auto-modernbert-3", "auto-modernbert after layers-modernbert: the pair in one call", "gpu_throughput",
           _point("modernbert", "train.compile=auto"), 1.2, (128,), "modernbert-auto"),
     Entry("step-drop-modernbert", "ModernBERT-base's whole step without the mask on unpadded batches "
           "(train.unpadded_mask=drop): its attention took 5.9 ms with the mask, 5.1 without under layers",
           "gpu_throughput", _point("modernbert", "train.compile=true", "train.unpadded_mask=drop", profile=True), 1.5,
           (128,)),
-    Entry("layers-bert", "BERT-base per layer with fused Q/K/V (auto's choice), profiled: the baseline of step-bert",
-          "gpu_throughput", _point("bert", *_BERT_LAYERS, profile=True), 1.5, (128,), "bert-step"),
+    Entry("layers-bert-2", "BERT-base per layer with fused Q/K/V (auto's choice): the baseline of step-bert",
+          "gpu_throughput", _point("bert", *_BERT_LAYERS), 1.2, (128,), "bert-step"),
     Entry("step-bert", "BERT-base's whole step with fused Q/K/V, profiled: whether auto should take it for BERT too "
           "(32.8% against 32.6% per layer on 2026-11-27, before the accuracy's top-k and the mask's read-back went)",
           "gpu_throughput", _point("bert", "train.compile=true", "train.fused_qkv=true", profile=True), 1.5, (128,),

@@ -23,7 +23,9 @@ random tokens: the yardstick of what the kernels cost. `bare compiled` is that l
 compiled as one graph (`host_overhead.py --plain-compile`: the masked positions gathered to a fixed count per row,
 masking `count=exact`, as the trainer's points use): the yardstick of what one compiled step gets from the same modules. `--profile` runs each trainer point once more in this process
 under torch.profiler for `--profile-steps` steps after the warm-up: the idle fraction is the share of that wall time
-in which no GPU kernel ran. Writes benchmarks/results/gpu_throughput.json.
+in which no GPU kernel ran, and the host's waits for the device inside an op are counted per step
+(benchmarks/host_waits.py, which also reads the trace written beside the results). Writes
+benchmarks/results/gpu_throughput.json.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-from benchmarks import kernel_profile
+from benchmarks import host_waits, kernel_profile
 from benchmarks.arguments import add_shared, parse_checked, results_file
 from benchmarks.host_overhead import fits_one_epoch
 from benchmarks.machine import machine
@@ -157,6 +159,10 @@ def profile_worker(point: dict, args: argparse.Namespace, data: Path, teacher: O
     from pretrain.cli import main
     from pretrain.trainer import Trainer
 
+    if args.host_wait_each_step:
+        from benchmarks.waiting_trainer import wait_each_step
+
+        wait_each_step()
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     prof = profile(activities=activities)
@@ -177,20 +183,24 @@ def profile_worker(point: dict, args: argparse.Namespace, data: Path, teacher: O
 
     Trainer.train_step = train_step
     with tempfile.TemporaryDirectory(prefix="gpu_profile_") as work:
-        overrides = point_overrides(point, args, data, teacher, Path(work) / "run")
+        # The run ends with the profile: the steps after it measure nothing here (the later override wins).
+        overrides = [*point_overrides(point, args, data, teacher, Path(work) / "run"),
+                     f"train.max_steps={args.warmup + args.profile_steps}"]
         if main(["train", "--config", "pretrain/configs/demo_mlm.yaml", *overrides]) != 0:
             raise RuntimeError("the profiled trainer run failed")
     if "end" not in span:
         return {"idle_fraction": None}
     kernels = kernel_profile.kernel_times(prof, args.profile_steps)
-    if not cuda:
-        return {"idle_fraction": None, "kernels": kernels}
-    busy = kernel_profile.gpu_busy_us(prof)
-    wall_us = 1e6 * (span["end"] - span["start"])
     trace = trace_path(Path(args.out), point)
     prof.export_chrome_trace(str(trace))
+    # Where the host waited for the device in the profiled steps (none on a CPU, which has no queue to wait for).
+    waited = host_waits.summary(host_waits.read_events(trace), args.profile_steps)
+    if not cuda:
+        return {"idle_fraction": None, "kernels": kernels, "trace": str(trace), "host_waits": waited}
+    busy = kernel_profile.gpu_busy_us(prof)
+    wall_us = 1e6 * (span["end"] - span["start"])
     return {"idle_fraction": max(0.0, 1.0 - busy / wall_us), "profiled_steps": args.profile_steps, "trace": str(trace),
-            "kernels": kernels}
+            "kernels": kernels, "host_waits": waited}
 
 
 def ensure_data(seq: int, corpora: Path, work: Path) -> Path:
@@ -224,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "kind of the trainer against the compiled bare loop")
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, hidden-64 model (checks the path on a CPU)")
+    parser.add_argument("--host-wait-each-step", action="store_true",
+                        help="the trainer as before c94c865: the host waits for the device at the end of every step "
+                             "(benchmarks/waiting_trainer.py), the other side of what removing that wait gained")
     add_shared(parser, out=results_file("gpu_throughput"))
     parser.add_argument("--worker", choices=["profile"], help=argparse.SUPPRESS)
     parser.add_argument("--point", help=argparse.SUPPRESS)
@@ -280,11 +293,13 @@ def run_point(point: dict, args: argparse.Namespace, data: Path, teacher: Option
     run_dir = work / f"{point['objective']}_{point['backbone']}_seq{point['seq']}_b{point['batch']}_" \
                      f"{'on' if point['compile'] else 'off'}_{args.size}"
     shutil.rmtree(run_dir, ignore_errors=True)
+    trainer = "benchmarks.waiting_trainer" if args.host_wait_each_step else "pretrain"
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m",
-         "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
+         trainer, "train", "--config", "pretrain/configs/demo_mlm.yaml",
          *point_overrides(point, args, data, teacher, run_dir)])
     row = {**point, **measure(RunDir(run_dir).metric_rows(), args.warmup),
-           "compiled": compiled_in_log(RunDir(run_dir).text_log.read_text(encoding="utf-8"))}
+           "compiled": compiled_in_log(RunDir(run_dir).text_log.read_text(encoding="utf-8")),
+           "host_wait_each_step": args.host_wait_each_step}
     if point["objective"] == "mlm" and not args.no_bare:
         # The eager yardstick beside an eager point, the compiled one (one graph per step) beside every point.
         if not point["compile"]:
@@ -323,7 +338,8 @@ def run_info(args: argparse.Namespace) -> dict:
 def print_table(results: list[dict], info: dict, args: argparse.Namespace) -> None:
     """The results as a markdown table."""
     print(f"\n{info['device']}; {args.size}, {args.precision}, train.zero_stage={args.zero_stage}, 1 rank, "
-          f"steps {args.warmup}..{args.steps}")
+          f"steps {args.warmup}..{args.steps}"
+          + ("; the host waiting for the device once a step (--host-wait-each-step)" if args.host_wait_each_step else ""))
     print("| objective | backbone | seq | micro-batch | compile | tokens/s/GPU | MFU | vs bare loop | vs compiled bare loop "
           "| GPU idle | peak GiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -334,6 +350,13 @@ def print_table(results: list[dict], info: dict, args: argparse.Namespace) -> No
         idle = f"{100 * r['idle_fraction']:.1f}%" if r.get("idle_fraction") is not None else ""
         print(f"| {r['objective']} | {r['backbone']} | {r['seq']} | {r['batch']} | {'on' if r['compile'] else 'off'} | "
               f"{r['tokens_per_s']:,.0f} | {mfu} | {bare} | {compiled} | {idle} | {r['peak_memory_gib']:.1f} |")
+    for r in results:
+        waited = r.get("host_waits")
+        if waited:
+            where = "; ".join(f"{w['count']} in {w['ops']}" for w in waited["in"])
+            print(f"\n{r['objective']} {r['backbone']} seq {r['seq']} x {r['batch']}: the host waited for the device "
+                  f"{waited['per_step']:.1f} time(s) a step inside an op, {waited['ms_per_step']:.2f} ms"
+                  + (f" ({where}; python -m benchmarks.host_waits {r['trace']} says after what)" if where else ""))
     for r in results:
         if r.get("kernels") and r.get("bare_compiled_kernels"):
             print(f"\n{r['objective']} {r['backbone']} seq {r['seq']} x {r['batch']}, compile {'on' if r['compile'] else 'off'}: "

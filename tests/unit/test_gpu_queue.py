@@ -26,14 +26,24 @@ def test_the_queue_holds_the_open_measurements_once_each():
     assert not {"1d", "1d-step", "3", "4-seq512", "1-chunk", "2"} & set(ids)
     # Each comparison is one group, so that one call measures both sides.
     group = {e.id: e.group for e in QUEUE}
-    for baseline, compared in (("auto-modernbert", "layers-modernbert"), ("layers-modernbert-2", "auto-modernbert-2"),
-                               ("layers-bert", "step-bert")):
+    for baseline, compared in (("auto-modernbert", "wait-modernbert"), ("wait-modernbert-2", "auto-modernbert-2"),
+                               ("layers-bert", "wait-bert"), ("layers-modernbert", "auto-modernbert-3"),
+                               ("layers-bert-2", "step-bert")):
         assert group[baseline] and group[compared] == group[baseline]
-    # ModernBERT-base's pair first, alternated, within the first call's nine minutes (the documented --budget-s 540).
-    first = [e for e in QUEUE if e.group == QUEUE[0].group]
-    assert [e.id for e in first] == ["auto-modernbert", "layers-modernbert", "layers-modernbert-2", "auto-modernbert-2"]
+    # The trainer with and without the host's wait a step first, on both backbones, ModernBERT's pair alternated,
+    # within the first call's nine minutes (the documented --budget-s 540).
+    first = [e for e in QUEUE if e.group in (QUEUE[0].group, "host-wait-bert")]
+    assert [e.id for e in first] == ["auto-modernbert", "wait-modernbert", "wait-modernbert-2", "auto-modernbert-2",
+                                     "layers-bert", "wait-bert"]
     assert QUEUE[:len(first)] == tuple(first)
     assert sum(e.minutes for e in first) * 60 <= 540
+    waiting = {e.id for e in QUEUE if "--host-wait-each-step" in e.args}
+    assert waiting == {"wait-modernbert", "wait-modernbert-2", "wait-bert"}
+    # Each waiting side trains what its pair does, but for the wait.
+    args = {e.id: [a for a in e.args if a not in ("--host-wait-each-step", "--profile", "--profile-steps", "5")]
+            for e in QUEUE}
+    for waits, plain in (("wait-modernbert", "auto-modernbert-2"), ("wait-bert", "layers-bert")):
+        assert args[waits] == args[plain], (waits, plain)
 
 
 @pytest.mark.parametrize("module, args, said", [
