@@ -78,8 +78,9 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # DeepSpeed ZeRO stage (0: plain data parallelism, 1: optimizer states sharded, 2: + gradients,
     # 3: + parameters) and CPU offload, written with the precision into deepspeed_configs/base.json.
-    # auto: 0 on one rank, else the lowest stage whose model states fit (pretrain/engine/zero_stage.py), or
-    # the stage of the checkpoints a run resumes; the choice and why are logged at start.
+    # auto: the lowest stage whose model states fit (pretrain/engine/zero_stage.py): 0 on one rank, and over several
+    # ranks where the gradients can be all-reduced in buckets (overlap_grad_reduce); or the stage of the
+    # checkpoints a run resumes. The choice and why are logged at start.
     zero_stage: Union[Literal["auto"], int] = "auto"
     # With several ranks, the gradients all-reduced while backward still runs: at ZeRO stage 0 in buckets filed as
     # autograd finishes each gradient, as torch's DDP does (pretrain/engine/grad_buckets.py; DeepSpeed's own stage 0

@@ -35,8 +35,21 @@ def zero_stage_for(cfg: RunConfig, objective: nn.Module, world: int, resumed: di
     trainable = sum(p.numel() for p in params if p.requires_grad)
     memory, name = device_memory_bytes(dist.local_world_size())
     stage, why = choose_stage(trainable, sum(p.numel() for p in params) - trainable, world, memory, name,
-                              resumed.get("zero_stage"))
+                              resumed.get("zero_stage"), buckets=stage0_buckets(cfg, world, resumed))
     return stage, f"ZeRO stage {stage} (train.zero_stage=auto: {why})"
+
+
+def stage0_buckets(cfg: RunConfig, world: int, resumed: dict[str, Any]) -> bool:
+    """Whether a run over several ranks at ZeRO stage 0 would all-reduce its gradients in buckets during backward:
+    train.overlap_grad_reduce allows it and the stage-0 DeepSpeed config has nothing the buckets do not reproduce. A
+    DeepSpeed JSON of one's own that fixes another stage cannot run stage 0 at all."""
+    if world == 1 or not overlaps_grad_reduce(cfg.train.overlap_grad_reduce, world, 0):
+        return False
+    try:
+        ds_config = build_ds_config(cfg, world, 0, bf16_weights_for(cfg, resumed))
+    except ConfigError:
+        return False  # a JSON that fixes another stage: the chosen stage's config names any problem
+    return not bucket_blockers(ds_config)
 
 
 def bucket_blockers(ds_config: dict[str, Any]) -> str:

@@ -2,9 +2,13 @@
 
 ZeRO partitions what data parallelism replicates: stage 1 the optimizer states, 2 the gradients too,
 3 the weights too. Each costs per-step host work and communication (a hook per parameter, flattening,
-gathering), so a model that fits does best with the least of it. Alone on one rank, no stage
-partitions anything and stage 0 is always the choice. A run that resumes keeps the stage its
-checkpoints were saved with (DeepSpeed cannot change it on resume).
+gathering, and at stages 1-2 a host read of the gradient norm every step, which on a GPU waits for the
+device's queue), so a model that fits does best with the least of it. Alone on one rank, no stage
+partitions anything and stage 0 is always the choice. Over several ranks stage 0 is chosen where its unsharded
+states fit and its gradients can be all-reduced in buckets during backward (pretrain/engine/grad_buckets.py, as
+torch's DDP does); without the buckets DeepSpeed's stage 0 reduces every gradient after backward, and stage 1
+overlaps instead. A run that resumes keeps the stage its checkpoints were saved with (DeepSpeed cannot change it
+on resume).
 """
 from __future__ import annotations
 
@@ -37,8 +41,9 @@ def device_memory_bytes(local_ranks: int) -> tuple[float, str]:
 
 
 def choose_stage(trainable: int, frozen: int, world: int, memory: float, memory_name: str = "memory",
-                 resumed_stage: Optional[int] = None) -> tuple[int, str]:
-    """(stage, reason): the checkpoint's stage on resume; else 0 alone; else the lowest stage whose states fit."""
+                 resumed_stage: Optional[int] = None, buckets: bool = False) -> tuple[int, str]:
+    """(stage, reason): the checkpoint's stage on resume; else 0 alone; else the lowest stage whose states fit, 0
+    over several ranks only where `buckets` (its gradients can be all-reduced in buckets during backward)."""
     if resumed_stage is not None:
         return resumed_stage, f"the run's checkpoints were saved at stage {resumed_stage}"
     gib = 2**30
@@ -46,6 +51,11 @@ def choose_stage(trainable: int, frozen: int, world: int, memory: float, memory_
         need = model_state_bytes(trainable, frozen, 0, 1)
         return 0, (f"one rank: no stage partitions anything ({need / gib:.2f} GiB of weights, gradients and "
                    f"optimizer states against {memory / gib:.1f} GiB of {memory_name})")
+    need = model_state_bytes(trainable, frozen, 0, world)
+    if buckets and need <= STATE_SHARE * memory:
+        return 0, (f"{world} ranks: nothing sharded, the model states take {need / gib:.2f} GiB per rank and fit in "
+                   f"half of {memory / gib:.1f} GiB of {memory_name}; the gradients are all-reduced in buckets during "
+                   "backward, with none of ZeRO's per-parameter work")
     for stage in (1, 2, 3):
         need = model_state_bytes(trainable, frozen, stage, world)
         if need <= STATE_SHARE * memory or stage == 3:

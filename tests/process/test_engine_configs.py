@@ -47,13 +47,15 @@ def test_config_trains_on_two_ranks(prepared, tmp_path, stage, extra):
 
 def test_stage0_gradient_buckets_train_as_deepspeeds_own_reduction(prepared, tmp_path):
     """train.overlap_grad_reduce at ZeRO stage 0 on 2 ranks (several buckets, accumulation 2, dropout, so the ranks'
-    gradients differ): the weights and losses are DeepSpeed's own reduction's, bit for bit."""
+    gradients differ): the weights and losses are DeepSpeed's own reduction's, bit for bit. The buckets' side runs
+    as `train.zero_stage: auto` chooses it on several ranks where the model fits."""
     common = ["train.zero_stage=0", "train.max_steps=6", "train.save_every=6", "model.dropout=0.1",
               "model.attention_dropout=0.1"]
     runs = {"deepspeed": ["train.overlap_grad_reduce=false"],
-            "buckets": ["train.overlap_grad_reduce=true", "train.grad_bucket_mb=0.01"]}
+            "buckets": ["train.zero_stage=auto", "train.overlap_grad_reduce=true", "train.grad_bucket_mb=0.01"]}
     logs = {name: run_cli("pretrain", _args(prepared, tmp_path / name, *common, *extra), nproc=2).stdout
             for name, extra in runs.items()}
+    assert "ZeRO stage 0 (train.zero_stage=auto: 2 ranks: nothing sharded" in logs["buckets"]
     assert "gradients all-reduced in buckets during backward" in logs["buckets"]
     assert "in buckets" not in logs["deepspeed"]
     assert _losses(tmp_path / "buckets") == _losses(tmp_path / "deepspeed") and len(_losses(tmp_path / "buckets")) == 6

@@ -1,5 +1,6 @@
 """`train.zero_stage: auto` and the bf16 mode a resumed run keeps: pure decisions, checked against hand-counted bytes."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,7 @@ from pretrain.engine.ds_config import bf16_weights_for, build_ds_config
 from pretrain.engine.zero_stage import choose_stage, model_state_bytes
 
 GIB = 2**30
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_model_state_bytes_shard_what_each_stage_shards():
@@ -25,16 +27,44 @@ def test_auto_picks_zero_alone_the_lowest_stage_that_fits_else_and_the_checkpoin
     stage, why = choose_stage(bert_base, 0, 1, 80 * GIB, "GPU memory")
     assert stage == 0 and why.startswith("one rank") and "1.64 GiB" in why
     assert choose_stage(bert_base, 0, 1, 1 * GIB)[0] == 0  # alone no stage helps, even when it does not fit
-    assert choose_stage(bert_base, 0, 8, 80 * GIB)[0] == 1  # several ranks: optimizer states sharded
-    # 7B parameters on 8 ranks with 80 GiB each: stage 1 needs 4+4+1 = 9 B/param = 58.7 GiB > 40; stage 2 needs
-    # 4 + 0.5 + 1 = 5.5 B/param = 35.9 GiB <= 40.
+    # Several ranks whose gradients can go in buckets during backward: nothing sharded, where it fits.
+    stage, why = choose_stage(bert_base, 0, 8, 80 * GIB, "GPU memory", buckets=True)
+    assert stage == 0 and why.startswith("8 ranks: nothing sharded") and "1.64 GiB per rank" in why and "buckets" in why
+    assert choose_stage(bert_base, 0, 8, 80 * GIB)[0] == 1  # without the buckets: optimizer states sharded
+    # 7B parameters on 8 ranks with 80 GiB each: stage 0 needs 16 B/param = 104.3 GiB > 40, stage 1 4+4+1 = 9 B/param
+    # = 58.7 GiB > 40; stage 2 needs 4 + 0.5 + 1 = 5.5 B/param = 35.9 GiB <= 40.
     seven_b = 7_000_000_000
     assert choose_stage(seven_b, 0, 8, 80 * GIB)[0] == 2
+    assert choose_stage(seven_b, 0, 8, 80 * GIB, buckets=True)[0] == 2
     # On 2 ranks of 40 GiB nothing but stage 3 comes close, and it is named as not fitting.
     stage, why = choose_stage(seven_b, 0, 2, 40 * GIB)
     assert stage == 3 and "do not fit" in why
     # A run that resumes keeps its checkpoints' stage, whatever fits now.
     assert choose_stage(bert_base, 0, 1, 80 * GIB, resumed_stage=2) == (2, "the run's checkpoints were saved at stage 2")
+
+
+def test_stage_0_over_several_ranks_needs_its_gradient_buckets(tmp_path):
+    """`auto` takes stage 0 over several ranks only where the buckets would run: train.overlap_grad_reduce allows them
+    and the stage-0 DeepSpeed config holds nothing they do not reproduce (DeepSpeed's bf16 weights), or can be built
+    at all (a JSON of one's own that fixes another stage)."""
+    from torch import nn
+
+    from pretrain.engine.setup import stage0_buckets, zero_stage_for
+
+    run_yaml = REPO / "pretrain" / "configs" / "demo_mlm.yaml"
+    cfg = lambda *extra: load_config(RunConfig, run_yaml, ["train.zero_stage=auto", *extra])  # noqa: E731
+    assert stage0_buckets(cfg(), 2, {}) and not stage0_buckets(cfg(), 1, {})
+    assert not stage0_buckets(cfg("train.overlap_grad_reduce=false"), 2, {})
+    bf16_weights, fixed = tmp_path / "bf16_weights.json", tmp_path / "stage1.json"
+    bf16_weights.write_text(json.dumps({"bf16": {"enabled": True}}))
+    fixed.write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    assert not stage0_buckets(cfg("train.precision=bf16", f"train.deepspeed_config={bf16_weights}"), 2, {})
+    assert not stage0_buckets(cfg(f"train.deepspeed_config={fixed}"), 2, {})
+    model = nn.Linear(10, 10)
+    stage, note = zero_stage_for(cfg(), model, 2, {})
+    assert stage == 0 and note.startswith("ZeRO stage 0 (train.zero_stage=auto: 2 ranks: nothing sharded"), note
+    assert zero_stage_for(cfg(f"train.deepspeed_config={fixed}"), model, 2, {})[0] == 1
+    assert zero_stage_for(cfg(), model, 2, {"zero_stage": 2})[0] == 2  # a resumed run keeps its checkpoints' stage
 
 
 def test_a_resumed_bf16_run_keeps_the_mode_its_checkpoints_were_saved_in(tmp_path):
