@@ -77,7 +77,7 @@ def _point(backbone: str, *sets: str, objectives: tuple[str, ...] = ("mlm",), ba
 
 
 # In the order a lent GPU should run them: what removing the host's wait for the device once a step (c94c865) gained
-# on both backbones, each side alternated, within the first call's nine minutes; then ModernBERT-base's `auto` (its
+# on both backbones (ModernBERT's pair alternated), within the first call's nine minutes; then ModernBERT-base's `auto` (its
 # whole step) against `layers` again, BERT-base's whole step against its layers, the objectives on ModernBERT, and
 # the GPU check. Estimates from the H200 runs of 2026-11-29 (BENCHMARKS.md, "The second run of the GPU queue": a
 # profiled point took 64-87 s). An id names an entry; it is not its rank. Measured and taken out: 1d (the first run

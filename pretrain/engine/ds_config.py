@@ -62,6 +62,19 @@ def _fill(node: dict[str, Any], key: str, value: Any, path: Path, config_key: st
                           f"'{key}' to \"auto\" in the file, or change {config_key}")
 
 
+def json_zero_stage(cfg: RunConfig) -> Optional[int]:
+    """The ZeRO stage the run's own DeepSpeed JSON fixes (None: no JSON, "auto", or none given)."""
+    if not cfg.train.deepspeed_config:
+        return None
+    try:
+        ds = json.loads(Path(cfg.train.deepspeed_config).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # build_ds_config names the problem
+    zero = ds.get("zero_optimization") if isinstance(ds, dict) else None
+    stage = zero.get("stage") if isinstance(zero, dict) else None
+    return stage if type(stage) is int and 0 <= stage <= 3 else None
+
+
 def explicit_bf16_weights(cfg: RunConfig) -> bool:
     """Whether the run's DeepSpeed JSON asks for DeepSpeed's bf16 weights (`"bf16": {"enabled": true}`)."""
     if not cfg.train.deepspeed_config:

@@ -20,7 +20,8 @@ from model.fused_qkv import fuse_qkv
 from model.rotary_tables import tabulate_rotary
 from pretrain.checkpointing.resume_choice import ResumePlan
 from pretrain.config import RunConfig
-from pretrain.engine.ds_config import bf16_weights_for, build_ds_config, overlaps_grad_reduce, redacted
+from pretrain.engine.ds_config import (bf16_weights_for, build_ds_config, json_zero_stage, overlaps_grad_reduce,
+                                       redacted)
 from pretrain.engine.deepspeed_engine import Engine, build_engine, compiles_whole_step
 from pretrain.engine.optim import build_optimizer, build_scheduler, optimizer_note, reset_schedule
 from pretrain.engine.zero_stage import choose_stage, device_memory_bytes
@@ -31,6 +32,11 @@ def zero_stage_for(cfg: RunConfig, objective: nn.Module, world: int, resumed: di
     requested = cfg.train.zero_stage
     if requested != "auto":
         return int(requested), f"ZeRO stage {requested} (train.zero_stage)"
+    fixed = json_zero_stage(cfg)
+    if fixed is not None and "zero_stage" not in resumed:
+        return fixed, f"ZeRO stage {fixed} (train.zero_stage=auto: {cfg.train.deepspeed_config} sets it)"
+    if cfg.optimizer.name == "lamb" and "zero_stage" not in resumed:
+        return 0, "ZeRO stage 0 (train.zero_stage=auto: optimizer.name=lamb runs at stage 0 only)"
     params = {id(p): p for p in objective.parameters()}.values()
     trainable = sum(p.numel() for p in params if p.requires_grad)
     memory, name = device_memory_bytes(dist.local_world_size())
@@ -41,14 +47,15 @@ def zero_stage_for(cfg: RunConfig, objective: nn.Module, world: int, resumed: di
 
 def stage0_buckets(cfg: RunConfig, world: int, resumed: dict[str, Any]) -> bool:
     """Whether a run over several ranks at ZeRO stage 0 would all-reduce its gradients in buckets during backward:
-    train.overlap_grad_reduce allows it and the stage-0 DeepSpeed config has nothing the buckets do not reproduce. A
-    DeepSpeed JSON of one's own that fixes another stage cannot run stage 0 at all."""
+    train.overlap_grad_reduce allows it, stage 0 can run at all (no optimizer or parameter offload, which need
+    ZeRO 1-3) and its DeepSpeed config has nothing the buckets do not reproduce (DeepSpeed's bf16 weights, a
+    reduction setting of a JSON of one's own)."""
     if world == 1 or not overlaps_grad_reduce(cfg.train.overlap_grad_reduce, world, 0):
         return False
     try:
         ds_config = build_ds_config(cfg, world, 0, bf16_weights_for(cfg, resumed))
     except ConfigError:
-        return False  # a JSON that fixes another stage: the chosen stage's config names any problem
+        return False  # stage 0 cannot run (offload); the chosen stage's config names any problem
     return not bucket_blockers(ds_config)
 
 

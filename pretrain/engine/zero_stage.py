@@ -20,6 +20,9 @@ from typing import Optional
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 4, 4, 8
 # The share of a device's memory the model states may take; the rest is for activations and buffers.
 STATE_SHARE = 0.5
+# Stage 0's gradient buckets hold a flat copy of each bucket from its launch to the end of backward
+# (pretrain/engine/grad_buckets.py): by then, a second copy of every gradient.
+BUCKET_BYTES = GRAD_BYTES
 
 
 def model_state_bytes(trainable: int, frozen: int, stage: int, world: int) -> float:
@@ -51,9 +54,10 @@ def choose_stage(trainable: int, frozen: int, world: int, memory: float, memory_
         need = model_state_bytes(trainable, frozen, 0, 1)
         return 0, (f"one rank: no stage partitions anything ({need / gib:.2f} GiB of weights, gradients and "
                    f"optimizer states against {memory / gib:.1f} GiB of {memory_name})")
-    need = model_state_bytes(trainable, frozen, 0, world)
+    need = model_state_bytes(trainable, frozen, 0, world) + BUCKET_BYTES * trainable
     if buckets and need <= STATE_SHARE * memory:
-        return 0, (f"{world} ranks: nothing sharded, the model states take {need / gib:.2f} GiB per rank and fit in "
+        return 0, (f"{world} ranks: nothing sharded, the model states and the gradient buckets' copy take "
+                   f"{need / gib:.2f} GiB per rank and fit in "
                    f"half of {memory / gib:.1f} GiB of {memory_name}; the gradients are all-reduced in buckets during "
                    "backward, with none of ZeRO's per-parameter work")
     for stage in (1, 2, 3):

@@ -29,13 +29,17 @@ def test_auto_picks_zero_alone_the_lowest_stage_that_fits_else_and_the_checkpoin
     assert choose_stage(bert_base, 0, 1, 1 * GIB)[0] == 0  # alone no stage helps, even when it does not fit
     # Several ranks whose gradients can go in buckets during backward: nothing sharded, where it fits.
     stage, why = choose_stage(bert_base, 0, 8, 80 * GIB, "GPU memory", buckets=True)
-    assert stage == 0 and why.startswith("8 ranks: nothing sharded") and "1.64 GiB per rank" in why and "buckets" in why
+    # 16 B a parameter of states and 4 B of the buckets' flat copy of the gradients: 2.05 GiB.
+    assert stage == 0 and why.startswith("8 ranks: nothing sharded") and "2.05 GiB per rank" in why and "buckets" in why
     assert choose_stage(bert_base, 0, 8, 80 * GIB)[0] == 1  # without the buckets: optimizer states sharded
     # 7B parameters on 8 ranks with 80 GiB each: stage 0 needs 16 B/param = 104.3 GiB > 40, stage 1 4+4+1 = 9 B/param
     # = 58.7 GiB > 40; stage 2 needs 4 + 0.5 + 1 = 5.5 B/param = 35.9 GiB <= 40.
     seven_b = 7_000_000_000
     assert choose_stage(seven_b, 0, 8, 80 * GIB)[0] == 2
     assert choose_stage(seven_b, 0, 8, 80 * GIB, buckets=True)[0] == 2
+    # 1B parameters in 36 GB (18 GB for states): 16 B/param of states fit, 20 B with the buckets' copy do not; stage 1's
+    # 9 B/param on 8 ranks do.
+    assert choose_stage(1_000_000_000, 0, 8, 36e9, buckets=True)[0] == 1
     # On 2 ranks of 40 GiB nothing but stage 3 comes close, and it is named as not fitting.
     stage, why = choose_stage(seven_b, 0, 2, 40 * GIB)
     assert stage == 3 and "do not fit" in why
@@ -55,15 +59,23 @@ def test_stage_0_over_several_ranks_needs_its_gradient_buckets(tmp_path):
     cfg = lambda *extra: load_config(RunConfig, run_yaml, ["train.zero_stage=auto", *extra])  # noqa: E731
     assert stage0_buckets(cfg(), 2, {}) and not stage0_buckets(cfg(), 1, {})
     assert not stage0_buckets(cfg("train.overlap_grad_reduce=false"), 2, {})
-    bf16_weights, fixed = tmp_path / "bf16_weights.json", tmp_path / "stage1.json"
+    bf16_weights, fixed = tmp_path / "bf16_weights.json", tmp_path / "stage2.json"
     bf16_weights.write_text(json.dumps({"bf16": {"enabled": True}}))
-    fixed.write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    fixed.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     assert not stage0_buckets(cfg("train.precision=bf16", f"train.deepspeed_config={bf16_weights}"), 2, {})
     assert not stage0_buckets(cfg(f"train.deepspeed_config={fixed}"), 2, {})
+    assert not stage0_buckets(cfg("train.offload_optimizer=true"), 2, {})  # optimizer offload needs ZeRO 1-3
     model = nn.Linear(10, 10)
     stage, note = zero_stage_for(cfg(), model, 2, {})
     assert stage == 0 and note.startswith("ZeRO stage 0 (train.zero_stage=auto: 2 ranks: nothing sharded"), note
-    assert zero_stage_for(cfg(f"train.deepspeed_config={fixed}"), model, 2, {})[0] == 1
+    assert zero_stage_for(cfg("train.offload_optimizer=true"), model, 2, {})[0] == 1
+    # A stage the JSON fixes is the one auto takes (before, auto chose another and the config then refused it).
+    assert zero_stage_for(cfg(f"train.deepspeed_config={fixed}"), model, 2, {}) == \
+        (2, f"ZeRO stage 2 (train.zero_stage=auto: {fixed} sets it)")
+    build_ds_config(cfg(f"train.deepspeed_config={fixed}"), 2, 2)  # and its config builds
+    # LAMB runs at stage 0 only: auto takes it even where the buckets are off.
+    lamb = cfg("optimizer.name=lamb", "train.overlap_grad_reduce=false")
+    assert zero_stage_for(lamb, model, 2, {})[0] == 0 and build_ds_config(lamb, 2, 0)["zero_optimization"]["stage"] == 0
     assert zero_stage_for(cfg(), model, 2, {"zero_stage": 2})[0] == 2  # a resumed run keeps its checkpoints' stage
 
 
