@@ -62,28 +62,29 @@ def _fill(node: dict[str, Any], key: str, value: Any, path: Path, config_key: st
                           f"'{key}' to \"auto\" in the file, or change {config_key}")
 
 
-def json_zero_stage(cfg: RunConfig) -> Optional[int]:
-    """The ZeRO stage the run's own DeepSpeed JSON fixes (None: no JSON, "auto", or none given)."""
+def _own_json(cfg: RunConfig) -> Optional[dict[str, Any]]:
+    """The run's own DeepSpeed JSON as an object (None: no such file set, or one that does not read as a JSON
+    object, which build_ds_config names)."""
     if not cfg.train.deepspeed_config:
         return None
     try:
         ds = json.loads(Path(cfg.train.deepspeed_config).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None  # build_ds_config names the problem
-    zero = ds.get("zero_optimization") if isinstance(ds, dict) else None
+        return None
+    return ds if isinstance(ds, dict) else None
+
+
+def json_zero_stage(cfg: RunConfig) -> Optional[int]:
+    """The ZeRO stage the run's own DeepSpeed JSON fixes (None: no JSON, "auto", or none given)."""
+    zero = (_own_json(cfg) or {}).get("zero_optimization")
     stage = zero.get("stage") if isinstance(zero, dict) else None
     return stage if type(stage) is int and 0 <= stage <= 3 else None
 
 
 def explicit_bf16_weights(cfg: RunConfig) -> bool:
     """Whether the run's DeepSpeed JSON asks for DeepSpeed's bf16 weights (`"bf16": {"enabled": true}`)."""
-    if not cfg.train.deepspeed_config:
-        return False
-    try:
-        ds = json.loads(Path(cfg.train.deepspeed_config).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False  # build_ds_config names the problem
-    return isinstance(ds, dict) and isinstance(ds.get("bf16"), dict) and ds["bf16"].get("enabled") is True
+    bf16 = (_own_json(cfg) or {}).get("bf16")
+    return isinstance(bf16, dict) and bf16.get("enabled") is True
 
 
 def bf16_weights_for(cfg: RunConfig, resumed: dict[str, Any]) -> Optional[bool]:
@@ -106,10 +107,7 @@ def bf16_weights_for(cfg: RunConfig, resumed: dict[str, Any]) -> Optional[bool]:
 
 def _sets_bf16(cfg: RunConfig) -> bool:
     """Whether the run's own DeepSpeed JSON gives bf16.enabled an explicit true/false."""
-    try:
-        section = json.loads(Path(cfg.train.deepspeed_config).read_text(encoding="utf-8")).get("bf16", {})
-    except (OSError, ValueError, AttributeError):
-        return False
+    section = (_own_json(cfg) or {}).get("bf16")
     return isinstance(section, dict) and isinstance(section.get("enabled"), bool)
 
 
