@@ -51,15 +51,14 @@ def waits(events: list[dict[str, Any]], context: int = 12) -> list[dict[str, Any
     that ended before it on its thread."""
     by_thread = _host_ops(events)
     outermost = {tid: _outermost(ops) for tid, ops in by_thread.items()}
+    calls = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("name") in SYNC_CALLS]
     out = []
-    for call in sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("name") in SYNC_CALLS),
-                       key=lambda e: e["ts"]):
-        ops = by_thread.get(call.get("tid"), [])
-        end = call["ts"] + call.get("dur", 0)
-        enclosing = sorted((o for o in ops if o["ts"] <= call["ts"] and o["ts"] + o["dur"] >= end), key=lambda o: o["ts"])
-        before = [o["name"] for o in outermost[call.get("tid")] if o["ts"] + o["dur"] <= call["ts"]][-context:] if context and ops else []
-        out.append({"call": call["name"], "ms": call.get("dur", 0) / 1e3, "in": [o["name"] for o in enclosing],
-                    "before": before})
+    for call in sorted(calls, key=lambda e: e["ts"]):
+        start, end, tid = call["ts"], call["ts"] + call.get("dur", 0), call.get("tid")
+        enclosing = [o["name"] for o in by_thread.get(tid, []) if o["ts"] <= start and o["ts"] + o["dur"] >= end]
+        ended = [o["name"] for o in outermost.get(tid, []) if o["ts"] + o["dur"] <= start]
+        out.append({"call": call["name"], "ms": call.get("dur", 0) / 1e3, "in": enclosing,
+                    "before": ended[-context:] if context else []})
     return out
 
 

@@ -32,16 +32,18 @@ def zero_stage_for(cfg: RunConfig, objective: nn.Module, world: int, resumed: di
     requested = cfg.train.zero_stage
     if requested != "auto":
         return int(requested), f"ZeRO stage {requested} (train.zero_stage)"
-    fixed = json_zero_stage(cfg)
-    if fixed is not None and "zero_stage" not in resumed:
-        return fixed, f"ZeRO stage {fixed} (train.zero_stage=auto: {cfg.train.deepspeed_config} sets it)"
-    if cfg.optimizer.name == "lamb" and "zero_stage" not in resumed:
-        return 0, "ZeRO stage 0 (train.zero_stage=auto: optimizer.name=lamb runs at stage 0 only)"
+    resumed_stage = resumed.get("zero_stage")  # a resumed run keeps it (choose_stage), whatever else holds now
+    if resumed_stage is None:
+        fixed = json_zero_stage(cfg)
+        if fixed is not None:
+            return fixed, f"ZeRO stage {fixed} (train.zero_stage=auto: {cfg.train.deepspeed_config} sets it)"
+        if cfg.optimizer.name == "lamb":
+            return 0, "ZeRO stage 0 (train.zero_stage=auto: optimizer.name=lamb runs at stage 0 only)"
     params = {id(p): p for p in objective.parameters()}.values()
     trainable = sum(p.numel() for p in params if p.requires_grad)
     memory, name = device_memory_bytes(dist.local_world_size())
     stage, why = choose_stage(trainable, sum(p.numel() for p in params) - trainable, world, memory, name,
-                              resumed.get("zero_stage"), buckets=stage0_buckets(cfg, world, resumed))
+                              resumed_stage, buckets=resumed_stage is None and stage0_buckets(cfg, world, resumed))
     return stage, f"ZeRO stage {stage} (train.zero_stage=auto: {why})"
 
 
