@@ -54,12 +54,12 @@ def choose_stage(trainable: int, frozen: int, world: int, memory: float, memory_
         need = model_state_bytes(trainable, frozen, 0, 1)
         return 0, (f"one rank: no stage partitions anything ({need / gib:.2f} GiB of weights, gradients and "
                    f"optimizer states against {memory / gib:.1f} GiB of {memory_name})")
-    need = model_state_bytes(trainable, frozen, 0, world) + BUCKET_BYTES * trainable
-    if buckets and need <= STATE_SHARE * memory:
-        return 0, (f"{world} ranks: nothing sharded, the model states and the gradient buckets' copy take "
-                   f"{need / gib:.2f} GiB per rank and fit in "
-                   f"half of {memory / gib:.1f} GiB of {memory_name}; the gradients are all-reduced in buckets during "
-                   "backward, with none of ZeRO's per-parameter work")
+    if buckets:
+        need = model_state_bytes(trainable, frozen, 0, world) + BUCKET_BYTES * trainable
+        if need <= STATE_SHARE * memory:
+            return 0, (f"{world} ranks: nothing sharded, the model states and the gradient buckets' copy take "
+                       f"{need / gib:.2f} GiB per rank and fit in half of {memory / gib:.1f} GiB of {memory_name}; "
+                       "the gradients are all-reduced in buckets during backward, with none of ZeRO's per-parameter work")
     for stage in (1, 2, 3):
         need = model_state_bytes(trainable, frozen, stage, world)
         if need <= STATE_SHARE * memory or stage == 3:

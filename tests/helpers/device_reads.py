@@ -30,7 +30,7 @@ def _caller() -> str:
 
 class DeviceReads(TorchDispatchMode):
     """Counts the device -> host reads by op (`ops`) and lists where each was made (`where`); lists where a tensor
-    of one or more elements was made from Python data (`made`: `torch.tensor(...)`, or indexing by a list)."""
+    was made from Python data (`made`: `torch.tensor(...)`, or indexing by a list)."""
 
     def __init__(self) -> None:
         super().__init__()
