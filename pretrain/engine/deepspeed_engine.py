@@ -13,6 +13,8 @@ does every step without a use for this run is configured around, here and in dee
 - At ZeRO 1 and 2, DeepSpeed's own norm of the partition's gradients stays, with its all-reduce, its fp64
   accumulation and its invalid-norm sentinel, but as one foreach kernel over all the gradients instead of
   a cast, a norm and a copy per parameter (no model or pipeline parallelism here, which that loop is for).
+  Its clipping reads the norm on the host no more: an invalid norm is replaced on the device, as DeepSpeed does it
+  on the host.
 """
 from __future__ import annotations
 
@@ -257,6 +259,34 @@ def foreach_zero_grad_norm(optimizer: Optional[Union[torch.optim.Optimizer, Deep
     return True
 
 
+def device_side_clip(optimizer: Optional[Union[torch.optim.Optimizer, DeepSpeedOptimizer]]) -> bool:
+    """Let a ZeRO-1/2 optimizer clip by its gradient norm without reading the norm on the host; False where its own stays.
+
+    DeepSpeed 0.19.8 tests the norm on the host before clipping, once per parameter group (is_invalid_grad_norm), to
+    clip by an infinite norm where the norm is not finite or is its -1 sentinel. On a GPU each test waits for the
+    backward and its reduction to finish. The same substitution made on the device gives the same factor."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    if not isinstance(optimizer, DeepSpeedZeroOptimizer):
+        return False
+    own = optimizer.unscale_and_clip_grads
+
+    def unscale_and_clip_grads(grad_groups_flat: list, total_norm: Any) -> None:
+        if not optimizer.clip_grad > 0.0 or not torch.is_tensor(total_norm):
+            return own(grad_groups_flat, total_norm)
+        # DeepSpeed's arithmetic, in its order (the norm is of the loss-scaled gradients), so the factor is its own
+        # to the bit; only the invalid norm's substitution moved to the device.
+        norm = total_norm.masked_fill(~torch.isfinite(total_norm) | (total_norm < 0), float("inf"))
+        clip = torch.clamp(((norm / optimizer.loss_scale) + 1e-6) / optimizer.clip_grad, min=1.0)
+        combined_scale = clip * optimizer.loss_scale
+        for grad in grad_groups_flat:
+            for part in grad if isinstance(grad, list) else [grad]:
+                part.data.mul_(1. / combined_scale)
+
+    optimizer.unscale_and_clip_grads = unscale_and_clip_grads
+    return True
+
+
 def build_engine(model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Optional[torch.optim.lr_scheduler.LRScheduler], ds_config: dict[str, Any], world: int,
                  compile: Union[bool, str] = False, reschedule: Optional[Callable[[Any], None]] = None,
@@ -279,6 +309,7 @@ def build_engine(model: nn.Module, optimizer: torch.optim.Optimizer,
     if stage0 and (world == 1 or buckets is not None):
         ds_engine.enable_backward_allreduce = False
     foreach_zero_grad_norm(ds_engine.optimizer)
+    device_side_clip(ds_engine.optimizer)
     engine = Engine(ds_engine, grad_clip, clip_here, int(ds_config["gradient_accumulation_steps"]), reschedule, buckets)
     engine.compiled = compiled
     return engine

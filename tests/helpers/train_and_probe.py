@@ -25,6 +25,7 @@ def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
     """Train one run, then probe the engine's module in eval mode (every rank joins; rank 0 writes)."""
     trainer = build_trainer(load_config(RunConfig, config, overrides))
     norms = _compare_grad_norms(trainer.engine.ds.optimizer)
+    clips = _compare_clips(trainer.engine.ds.optimizer)
     trainer.fit()
     module = trainer.engine.module
     module.eval()
@@ -40,7 +41,7 @@ def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
 
         gather = deepspeed.zero.GatheredParameters(list(module.parameters()))
     probe = {"input_ids": input_ids, "attention_mask": attention_mask, "hidden": {}, "logits": {}, "pair_logits": {},
-             "grad_norms": norms}
+             "grad_norms": norms, "clips": clips}
     with torch.no_grad(), gather:
         for name, model in module.hf_models().items():
             out = model(input_ids=input_ids, attention_mask=attention_mask)
@@ -75,6 +76,32 @@ def _compare_grad_norms(optimizer) -> list[tuple[float, float]]:
         return norm
 
     optimizer.get_grad_norm_direct = both
+    return pairs
+
+
+def _compare_clips(optimizer) -> list[tuple[str, bool]]:
+    """At ZeRO 1-2 the engine clips with the invalid norm replaced on the device: at every call, apply it and
+    DeepSpeed's own to copies of the gradients, with the step's norm and (at the first call) with each invalid norm
+    DeepSpeed replaces, and record (which norm, whether the two gave the same gradients bit for bit)."""
+    pairs: list[tuple[str, bool]] = []
+    ours = optimizer.__dict__.get("unscale_and_clip_grads")  # set on the instance only where the engine replaced it
+    if ours is None:
+        return pairs
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    def both(grad_groups_flat, total_norm):
+        trials = {"step": total_norm}
+        if not pairs and torch.is_tensor(total_norm):
+            trials.update({str(v): torch.full_like(total_norm, v) for v in (-1.0, float("inf"), float("nan"))})
+        flat = [g for grad in grad_groups_flat for g in (grad if isinstance(grad, list) else [grad])]
+        for name, norm in trials.items():
+            a, b = [g.clone() for g in flat], [g.clone() for g in flat]
+            ours(a, norm)
+            DeepSpeedZeroOptimizer.unscale_and_clip_grads(optimizer, b, norm)
+            pairs.append((name, all(torch.equal(x, y) for x, y in zip(a, b))))
+        return ours(grad_groups_flat, total_norm)
+
+    optimizer.unscale_and_clip_grads = both
     return pairs
 
 
