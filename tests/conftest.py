@@ -78,6 +78,18 @@ def _preloaded():
 
 
 _SERVER = None
+
+
+def _inductor_cache_dir() -> None:
+    """Set TORCHINDUCTOR_CACHE_DIR as torch sets it when torch._dynamo is first imported (a test module's import does,
+    after this file): otherwise the server, started with the environment below, lacks the variable every later launch
+    carries, and each launch gets a fresh interpreter (in a run that collects the modules in the pytest process)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    cache_dir()
+
+
+_inductor_cache_dir()
 # The environment before any test ran (a test may set a variable while the server starts; it then differs for later
 # launches, which would all get fresh interpreters).
 _STARTED_WITH = dict(os.environ)
