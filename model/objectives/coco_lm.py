@@ -88,7 +88,9 @@ def scl_logits(z_corrupted: torch.Tensor, z_crop: torch.Tensor, temperature: flo
         z = F.normalize(at_least_fp32(torch.cat([z_corrupted, z_crop])), dim=-1)
         sims = z @ z.T / temperature
     sims = sims.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), float("-inf"))
-    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
+    # Row i's positive is row i + n, and row n + i's is row i: built on the device (a host tensor's copy would wait
+    # for the device's queue, once a step).
+    targets = (torch.arange(2 * n, device=z.device) + n) % (2 * n)
     return sims, targets
 
 

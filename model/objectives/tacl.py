@@ -82,7 +82,7 @@ def supervised_tacl_loss(student: torch.Tensor, teacher: torch.Tensor, token_lab
     rows, cols = anchors.nonzero(as_tuple=True)
     same_class = token_labels[rows] == token_labels[rows, cols][:, None]
     key_mask = attention_mask.bool()[rows] & ~same_class
-    key_mask[torch.arange(len(rows)), cols] = True  # the positive itself stays
+    key_mask[torch.arange(len(rows), device=key_mask.device), cols] = True  # the positive itself stays
     with full_precision(student):
         s = F.normalize(at_least_fp32(student), dim=-1)
         t = F.normalize(at_least_fp32(teacher), dim=-1)

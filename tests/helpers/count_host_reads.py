@@ -6,7 +6,8 @@ train one after the other in this process. Each record says whether it happened 
 step (the hot loop) or outside it (the flushes, evaluation, checkpoints), at which step, and the file
 and line that made it, in the project's own code. On a GPU each such read waits for the device; the test
 holds the hot loop to none. Beside them, per run, every read any code made in a
-step (`dispatched`: a dispatch mode below every library, tests/helpers/device_reads.py), and the steps that trained on
+step (`dispatched`: a dispatch mode below every library, tests/helpers/device_reads.py), the tensors any code built
+from Python data (`made`) or on the host by a factory given no device (`host_built`) in a step, and the steps that trained on
 a batch with a padded attention-mask column (where transformers must look at the mask), numbered as
 the records number the step they are in.
 """
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
-from device_reads import DeviceReads
+from device_reads import DeviceReads, HostFactories
 
 REPO = Path(__file__).resolve().parents[2]
 READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__")
@@ -53,17 +54,18 @@ def main() -> None:
         state["trainer"], state["records"] = trainer, []
         train_step = trainer.train_step
 
-        dispatched, made = [], []
+        dispatched, made, host_built = [], [], []
 
         def marked_step(train_step=train_step) -> None:
-            state["in_step"], step, reads = True, trainer.step, DeviceReads()
+            state["in_step"], step, reads, factories = True, trainer.step, DeviceReads(), HostFactories()
             try:
-                with reads:
+                with reads, factories:
                     train_step()
             finally:
                 state["in_step"] = False
                 dispatched.extend({"step": step, "where": where} for where in reads.where)
                 made.extend({"step": step, "where": where} for where in reads.made)
+                host_built.extend({"step": step, "where": where} for where in factories.where)
 
         padded_steps = set()
         next_batch = trainer._next_batch
@@ -76,7 +78,7 @@ def main() -> None:
 
         trainer.train_step, trainer._next_batch = marked_step, noted_batch
         trainer.fit()
-        results[name] = {"records": state["records"], "dispatched": dispatched, "made": made,
+        results[name] = {"records": state["records"], "dispatched": dispatched, "made": made, "host_built": host_built,
                          "padded_steps": sorted(padded_steps)}
         state["trainer"], state["records"] = None, None
         trainer.engine.ds.destroy()
