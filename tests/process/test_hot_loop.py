@@ -14,11 +14,13 @@ from conftest import TINY_MODEL, run_cli
 
 from model.objectives import REGISTRY, masking_overrides, objective_class, runs_on
 
-# Every registered objective, with the masking it declares, on the first backbone it runs on (TINY_MODEL is BERT).
+# Every registered objective, with the masking it declares, on the first backbone it runs on (TINY_MODEL is BERT);
+# and MLM on ModernBERT, the demo's and the GPU recipe's backbone, whose step runs the project's rotary tables.
 OBJECTIVE_ARGS = {
     name: [*masking_overrides(name), f"model.architecture={runs_on(objective_class(name))[0]}"] for name in REGISTRY
 } | {"electra_two_stage": ["objective.name=electra", "objective.electra.generator_width=1.0",
-                           "objective.electra.two_stage_generator_steps=3"]}
+                          "objective.electra.two_stage_generator_steps=3"],
+     "mlm_modernbert": ["objective.name=mlm", "model.architecture=modernbert"]}
 # What the step still reads back, by objective, and why (TACO's index sampling is data-dependent; two-stage
 # ELECTRA reads its switch buffer once, after any checkpoint load, and copies the generator at the switch).
 KNOWN = {"taco": {"model/objectives/taco.py"}, "electra_two_stage": {"model/objectives/electra.py"}}
