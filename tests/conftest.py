@@ -80,16 +80,6 @@ def _preloaded():
 _SERVER = None
 
 
-def _inductor_cache_dir() -> None:
-    """Set TORCHINDUCTOR_CACHE_DIR as torch sets it when torch._dynamo is first imported (a test module's import does,
-    after this file): otherwise the server, started with the environment below, lacks the variable every later launch
-    carries, and each launch gets a fresh interpreter (in a run that collects the modules in the pytest process)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    cache_dir()
-
-
-_inductor_cache_dir()
 # The environment before any test ran (a test may set a variable while the server starts; it then differs for later
 # launches, which would all get fresh interpreters).
 _STARTED_WITH = dict(os.environ)
@@ -111,6 +101,13 @@ def pytest_configure(config) -> None:
     _SESSION_TMPDIR.append(folder)
     os.environ["TMPDIR"] = folder
     _STARTED_WITH["TMPDIR"] = folder  # the preloaded server's too: a launch differing from it would start fresh
+    # Inductor's cache in the same folder, as torch would put it from TMPDIR, but named now: torch sets the variable
+    # itself when torch._dynamo is first imported (a test module's import, after the server's environment was
+    # taken), and launches differing from the server in it would all start fresh interpreters. Each run compiles
+    # afresh, as CI's clean machine does; a cache the caller names is kept.
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        cache = os.path.join(folder, "torchinductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = _STARTED_WITH["TORCHINDUCTOR_CACHE_DIR"] = cache
 
 
 def pytest_unconfigure(config) -> None:

@@ -260,7 +260,7 @@ def foreach_zero_grad_norm(optimizer: Optional[Union[torch.optim.Optimizer, Deep
 
 
 def device_side_clip(optimizer: Optional[Union[torch.optim.Optimizer, DeepSpeedOptimizer]]) -> bool:
-    """Let a ZeRO-1/2 optimizer clip by its gradient norm without reading the norm on the host; False where its own stays.
+    """Let a ZeRO-1/2 optimizer clip by its gradient norm without reading it on the host; False where its own stays.
 
     DeepSpeed 0.19.8 tests the norm on the host before clipping, once per parameter group (is_invalid_grad_norm), to
     clip by an infinite norm where the norm is not finite or is its -1 sentinel. On a GPU each test waits for the

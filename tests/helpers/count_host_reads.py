@@ -7,7 +7,7 @@ step (the hot loop) or outside it (the flushes, evaluation, checkpoints), at whi
 and line that made it, in the project's own code. On a GPU each such read waits for the device; the test
 holds the hot loop to none. Beside them, per run, every read any code made in a
 step (`dispatched`: a dispatch mode below every library, tests/helpers/device_reads.py), the tensors any code built
-from Python data (`made`) or on the host by a factory given no device (`host_built`) in a step, and the steps that trained on
+in a step from Python data (`made`) or by a factory given no device (`host_built`), and the steps that trained on
 a batch with a padded attention-mask column (where transformers must look at the mask), numbered as
 the records number the step they are in.
 """

@@ -24,8 +24,8 @@ INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
 
 # The factories that build a tensor from sizes or ranges and take a device (torch.tensor(...) shows as lift_fresh).
 FACTORIES = {torch.arange, torch.zeros, torch.ones, torch.full, torch.empty, torch.empty_strided, torch.eye,
-             torch.linspace, torch.logspace, torch.rand, torch.randn, torch.randint, torch.randperm, torch.scalar_tensor,
-             torch.tril_indices, torch.triu_indices}
+             torch.linspace, torch.logspace, torch.rand, torch.randn, torch.randint, torch.randperm,
+             torch.scalar_tensor, torch.tril_indices, torch.triu_indices}
 
 
 def _caller() -> str:

@@ -81,8 +81,9 @@ def _compare_grad_norms(optimizer) -> list[tuple[float, float]]:
 
 def _compare_clips(optimizer) -> list[tuple[str, bool]]:
     """At ZeRO 1-2 the engine clips with the invalid norm replaced on the device: at every call, apply it and
-    DeepSpeed's own to copies of the gradients, with the step's norm and (at the first call) with each invalid norm
-    DeepSpeed replaces, and record (which norm, whether the two gave the same gradients bit for bit)."""
+    DeepSpeed's own to copies of the gradients, with the step's norm and (at the first call) with a norm four times
+    the clipping threshold (the tiny runs' own norms may never clip) and each invalid norm DeepSpeed replaces, and
+    record (which norm, whether the two gave the same gradients bit for bit)."""
     pairs: list[tuple[str, bool]] = []
     ours = optimizer.__dict__.get("unscale_and_clip_grads")  # set on the instance only where the engine replaced it
     if ours is None:
@@ -92,7 +93,9 @@ def _compare_clips(optimizer) -> list[tuple[str, bool]]:
     def both(grad_groups_flat, total_norm):
         trials = {"step": total_norm}
         if not pairs and torch.is_tensor(total_norm):
-            trials.update({str(v): torch.full_like(total_norm, v) for v in (-1.0, float("inf"), float("nan"))})
+            above = 4 * optimizer.clip_grad * optimizer.loss_scale
+            trials.update({name: torch.full_like(total_norm, v) for name, v in
+                           (("clipping", above), ("-1.0", -1.0), ("inf", float("inf")), ("nan", float("nan")))})
         flat = [g for grad in grad_groups_flat for g in (grad if isinstance(grad, list) else [grad])]
         for name, norm in trials.items():
             a, b = [g.clone() for g in flat], [g.clone() for g in flat]

@@ -3,8 +3,8 @@
 tests/helpers/count_host_reads.py patches every tensor -> Python read (item, tolist, float(), int(),
 bool(), ...) and records the project's own reads, inside a training step or outside it; a dispatch mode
 below every library records each step's reads whatever code made them. On a GPU each one would make the
-host wait for the device's queue; so would a tensor built from Python data in the step, which the dispatch
-mode records too.
+host wait for the device's queue; so would a tensor built in the step from Python data (which the dispatch
+mode records too) or by a factory given no device (which a function mode records), by the copy to the device.
 """
 import json
 from collections import Counter
@@ -26,9 +26,9 @@ OBJECTIVE_ARGS = {
 KNOWN = {"taco": {"model/objectives/taco.py"}, "electra_two_stage": {"model/objectives/electra.py"}}
 # What other libraries read in a step, and why. The runs train at the demo's ZeRO-2 (demo_mlm.yaml), where DeepSpeed
 # 0.19.8 checks its gradient norm on the host (is_invalid_grad_norm) once, to skip a step on a non-finite norm (with
-# fp32 weights, as under autocast; DeepSpeed's bf16 weights skip it unless bf16.check_grad_overflow). Its clipping checked
-# it again per parameter group: the engine's device_side_clip does that on the device. At stage 0 (one GPU) nothing
-# reads (BENCHMARKS.md, "Unpadded batches").
+# fp32 weights, as under autocast; DeepSpeed's bf16 weights skip it unless bf16.check_grad_overflow). Its clipping
+# checked it again per parameter group: the engine's device_side_clip does that on the device. At stage 0 (one GPU)
+# nothing reads (BENCHMARKS.md, "Unpadded batches").
 ZERO_NORM_CHECK, ZERO_NORM_READS = "deepspeed/runtime/utils.py", 1
 # A new pass's DataLoader iterator draws its base seed on a host tensor (torch.empty((), dtype=torch.int64).random_()),
 # under streaming's __iter__: no device value.
