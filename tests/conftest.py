@@ -78,8 +78,6 @@ def _preloaded():
 
 
 _SERVER = None
-
-
 # The environment before any test ran (a test may set a variable while the server starts; it then differs for later
 # launches, which would all get fresh interpreters).
 _STARTED_WITH = dict(os.environ)

@@ -89,7 +89,7 @@ def scl_logits(z_corrupted: torch.Tensor, z_crop: torch.Tensor, temperature: flo
         sims = z @ z.T / temperature
     sims = sims.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), float("-inf"))
     # Row i's positive is row i + n, and row n + i's is row i: built on the device (a host tensor's copy would wait
-    # for the device's queue, once a step).
+    # for the device's queue, once a micro-step).
     targets = (torch.arange(2 * n, device=z.device) + n) % (2 * n)
     return sims, targets
 
