@@ -1,5 +1,6 @@
 """2-rank ZeRO-2 training through the real CLI: the loss falls, and stop + resume equals an uninterrupted run."""
 import json
+import math
 import re
 from pathlib import Path
 
@@ -15,7 +16,8 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
         "train", "--config", "pretrain/configs/demo_mlm.yaml",
         f"data.path={data}", f"train.output_dir={out}", *TINY_MODEL,
         "train.micro_batch_size=4", "train.global_batch_size=16",  # 2 ranks x 4 x accumulation 2
-        "train.max_steps=20", "train.save_every=5", "train.log_every=5", "train.eval_every=0",
+        # Validation every 5 steps on 2 batches: what every shipped run config does, inside the resumed runs too.
+        "train.max_steps=20", "train.save_every=5", "train.log_every=5", "train.eval_every=5", "train.eval_batches=2",
         "train.record_samples=true", "schedule.warmup_steps=4", "optimizer.lr=3e-3",
         "model.dropout=0.1", "model.attention_dropout=0.1", *extra,
     ]
@@ -24,6 +26,12 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
 def _train_losses(run: Path) -> dict[int, float]:
     rows = RunDir(run).metric_rows()
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+
+
+def _validation_rows(run: Path) -> list[dict]:
+    """The validation rows, less their wall-clock field."""
+    return [{k: v for k, v in r.items() if k != "train_seconds"}
+            for r in RunDir(run).metric_rows() if r["split"] == "validation"]
 
 
 def _samples(run: Path, rank: int) -> list[dict]:
@@ -57,6 +65,14 @@ def test_two_rank_loss_falls(uninterrupted):
     log = (uninterrupted / "train.log").read_text()
     assert "tok/s" in log and "ETA" in log and "2 rank(s)" in log and "MFU" in log
     assert "precision fp32 (set in the config)" in log
+    # Validation over both ranks' batches, with what the loss is read against: the entropy of the same tokens.
+    rows = _validation_rows(uninterrupted)
+    assert [r["step"] for r in rows] == [5, 10, 15, 20]
+    for row in rows:
+        assert 3.0 < row["unigram_entropy"] < math.log(400)  # the 400-token vocabulary's specials never counted
+        assert row["mlm_loss_below_unigram"] == row["unigram_entropy"] - row["mlm_loss"]
+    assert len({r["unigram_entropy"] for r in rows}) == 1  # the same batches every time
+    assert rows[-1]["mlm_loss"] < rows[0]["mlm_loss"] - 0.3, rows
 
 
 def test_tensorboard_events_hold_the_loss(uninterrupted):
@@ -92,6 +108,7 @@ def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
     assert "resumed from" in second.stdout and "at step 10" in second.stdout
 
     assert _train_losses(out) == _train_losses(uninterrupted)  # every step, exactly
+    assert _validation_rows(out) == _validation_rows(uninterrupted)  # step 10's from the first launch, once
     rows = RunDir(out).metric_rows()
     assert [r["step"] for r in rows if r["split"] == "train"] == list(range(1, 21))  # steps 11-12 not logged twice
     for rank in (0, 1):
@@ -140,6 +157,7 @@ def test_sigusr1_on_one_rank_saves_marks_and_resumes_exactly(prepared, uninterru
     assert f"at step {step}" in resumed.stdout
     assert not (out / "PREEMPTED").exists()
     assert _train_losses(out) == _train_losses(uninterrupted)
+    assert _validation_rows(out) == _validation_rows(uninterrupted)
     wa, wb = _final_weights(uninterrupted), _final_weights(out)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
@@ -195,6 +213,8 @@ def test_kill_9_at_random_moments(prepared, tmp_path, precision):
     run_cli("pretrain", args(out), nproc=1)
     assert mid_save >= 1  # at least one kill landed inside a save
     assert _train_losses(out) == _train_losses(straight)
+    assert [r["step"] for r in _validation_rows(out)] == [5, 10, 15]
+    assert _validation_rows(out) == _validation_rows(straight)
     path = lambda run: RunDir(run).checkpoints / "step_00000016" / "mp_rank_00_model_states.pt"  # noqa: E731
     wa = torch.load(path(straight), map_location="cpu", weights_only=False)["module"]
     wb = torch.load(path(out), map_location="cpu", weights_only=False)["module"]
@@ -219,6 +239,7 @@ def test_modernbert_stop_and_resume_is_exact(prepared, tmp_path):
     resumed = run_cli("pretrain", _args(prepared, out, *modern), nproc=2)
     assert "at step 12" in resumed.stdout
     assert _train_losses(out) == _train_losses(straight)
+    assert _validation_rows(out) == _validation_rows(straight)
     for rank in (0, 1):
         assert _samples(out, rank) == _samples(straight, rank)
     wa, wb = _final_weights(straight), _final_weights(out)
@@ -242,6 +263,8 @@ def test_compiled_step_stop_resume_and_export_exactly(prepared, tmp_path):
     run_cli("pretrain", _args(prepared, out, *compiled, "train.stop_after=3"), nproc=1)
     run_cli("pretrain", _args(prepared, out, *compiled), nproc=1)
     assert _train_losses(out) == _train_losses(straight) and sorted(_train_losses(out)) == list(range(1, 7))
+    # Validation through the compiled step (step 5, after the resume).
+    assert [r["step"] for r in _validation_rows(out)] == [5] and _validation_rows(out) == _validation_rows(straight)
     assert _samples(out, 0) == _samples(straight, 0)
     path = lambda run: RunDir(run).checkpoints / "step_00000006" / "mp_rank_00_model_states.pt"  # noqa: E731
     wa = torch.load(path(straight), map_location="cpu", weights_only=False)["module"]
