@@ -74,9 +74,10 @@ class Cluster:
         return subprocess.run(["bash", str(REPO / "slurm" / "local_cluster.sh"), *args], env=self.env,
                               capture_output=True, text=True, timeout=600)
 
-    def sbatch(self, script: str, *options: str, cwd: Path, **knobs: str) -> int:
-        """Submit slurm/<script> with sbatch options and template knobs (passed by environment)."""
-        out = subprocess.run(["sbatch", "--parsable", *options, str(REPO / "slurm" / script)], cwd=cwd,
+    def sbatch(self, script: str, *options: str, cwd: Path, args: tuple[str, ...] = (), **knobs: str) -> int:
+        """Submit slurm/<script> with sbatch options, the script's own arguments and template knobs (passed by
+        environment)."""
+        out = subprocess.run(["sbatch", "--parsable", *options, str(REPO / "slurm" / script), *args], cwd=cwd,
                              env={**self.env, **knobs}, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         return int(out.stdout.strip().split(";")[0])
@@ -209,12 +210,15 @@ def jobs(cluster, prepared, tmp_path_factory):
     # job's end time from SLURM less two steps, a save and the margin, comes first: with a 200 s margin, 40 s after the
     # job's start, or at the trainer's first step when its start-up took longer (the job keeps a core for no longer
     # than that). Not requeued (MAX_RESTARTS=0).
-    deadline_run = work / "deadline"
+    # Its CONFIG is a file of its own, by absolute path (the demo config resolved, with keep_last 2), and its margin
+    # comes as an argument after the script.
+    deadline_run, deadline_config = work / "deadline", work / "deadline_config.yaml"
+    _write_resolved_config(deadline_config, "train.keep_last=2")
     deadline_job = cluster.sbatch(
         "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=4",
-        "--signal=B:USR1@5", cwd=work, MAX_RESTARTS="0",
+        "--signal=B:USR1@5", cwd=work, MAX_RESTARTS="0", CONFIG=str(deadline_config), args=("train.deadline_margin_s=200",),
         OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={deadline_run}", *TRAIN_OVERRIDES,
-                            "train.max_steps=100000", "train.use_slurm_deadline=true", "train.deadline_margin_s=200"]))
+                            "train.max_steps=100000", "train.use_slurm_deadline=true"]))
     # Requeued by SLURM itself while it trains (`scontrol requeue`, what slurmctld does when a node fails): the batch
     # script is ended with it and cannot decide; the next attempt counts a crash and, at MAX_CRASHES=1, stops there.
     outside = cluster.sbatch(
@@ -287,6 +291,17 @@ def jobs(cluster, prepared, tmp_path_factory):
             "deadline_run": deadline_run,
             "prepare_tasks": cluster.tasks(prepare), "corpus": corpus, "kills": kills, "lost_run": lost_run,
             "info": {name: cluster.job(j) for name, j in ids.items()}}
+
+
+def _write_resolved_config(path: Path, *overrides: str) -> None:
+    """The demo run config with its groups resolved and `overrides` applied, as one YAML file of its own."""
+    import yaml
+
+    from core.config_io import config_to_dict, load_config
+    from pretrain.config import RunConfig
+
+    cfg = load_config(RunConfig, REPO / "pretrain" / "configs" / "demo_mlm.yaml", list(overrides))
+    path.write_text(yaml.safe_dump(config_to_dict(cfg)), encoding="utf-8")
 
 
 def _prepare_once(overrides: list[str]) -> Path:
@@ -422,6 +437,12 @@ def test_the_job_end_time_from_slurm_stops_the_run_before_its_limit(jobs):
     assert abs(marker["deadline"] - limit) <= 1 and marker["time"] < limit - 120, (marker, info["StartTime"])
     assert (RunDir(jobs["deadline_run"]).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()
     assert marker["step"] > 0
+    # The run read CONFIG's file and the argument after the script.
+    import yaml
+
+    saved = yaml.safe_load((jobs["deadline_run"] / "config.yaml").read_text())["train"]
+    assert (saved["keep_last"], saved["deadline_margin_s"]) == (2, 200.0), saved
+    assert f"config {jobs['work'] / 'deadline_config.yaml'} overrides: " in log
 
 
 def _said_at(log: str, text: str) -> float:
