@@ -6,6 +6,7 @@ downloader and boto3 over HTTP, exactly as against AWS S3 or MinIO with `S3_ENDP
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -143,7 +144,7 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, c
     assert {f"train/{s['zip_data']['basename']}" for s in index["shards"]} <= set(after)
 
 
-def test_a_job_array_uploads_each_task_s_parts_as_it_writes_them(s3, corpus_file, tmp_path):
+def test_a_job_array_uploads_each_task_s_parts_as_it_writes_them(s3, corpus_file, tmp_path, caplog):
     """Two array tasks share a staging folder on their way to a bucket: each uploads its parts' shards as it writes
     them, the last one merges and uploads the indexes, the tokenizer and the manifest. The bucket then holds what one
     local prepare writes, byte for byte; the staging folder keeps the metadata, no shard."""
@@ -167,7 +168,17 @@ def test_a_job_array_uploads_each_task_s_parts_as_it_writes_them(s3, corpus_file
     assert keys == expected
     for key in sorted(k for k in keys if ".mds" in k or k.endswith(INDEX)):
         assert s3.get_object(Bucket="corpus", Key=f"array/{key}")["Body"].read() == (single / key).read_bytes(), key
-    assert shard_bytes(tmp_path / "staging") == 0 and (tmp_path / "staging" / "dataset" / MANIFEST).is_file()
+    cache = tmp_path / "staging" / "dataset"
+    assert shard_bytes(tmp_path / "staging") == 0 and (cache / MANIFEST).is_file()
+    # That folder is the bucket's dataset's cache (README): training's fetch finds it current and keeps it.
+    from data_pipeline.remote_dataset import fetch_metadata
+
+    before = {str(p.relative_to(cache)): p.read_bytes() for p in cache.rglob("*") if p.is_file()}
+    with caplog.at_level(logging.WARNING):
+        fetch_metadata("s3://corpus/array", cache)
+    assert "held another dataset" not in caplog.text
+    after = {str(p.relative_to(cache)): p.read_bytes() for p in cache.rglob("*") if p.is_file()}
+    assert after == before and f"train/{INDEX}" in after and f"{TOKENIZER}/tokenizer.json" in after, sorted(after)
 
 
 def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
@@ -305,6 +316,25 @@ def test_a_missing_bucket_or_an_unreachable_endpoint_is_one_line(s3, tmp_path):
         os.environ["S3_ENDPOINT_URL"] = live
     line = _one_line_error(unreachable)
     assert "cannot reach" in line and dead in line
+    # Keys the store does not know: the server checks signatures from now on (moto's own switch, /moto-api/reset-auth)
+    # and answers 403.
+    import urllib.request
+
+    def enforce_auth(after: str) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{os.environ['S3_ENDPOINT_URL']}/moto-api/reset-auth",
+                                                      data=after.encode(), method="POST",
+                                                      headers={"Content-Type": "text/plain"}), timeout=30).read()
+
+    enforce_auth("0")
+    os.environ["AWS_ACCESS_KEY_ID"], key = "AKIAWRONGKEY", os.environ["AWS_ACCESS_KEY_ID"]
+    try:
+        denied = run_cli("pretrain", _train_args(tmp_path / "cache", tmp_path / "run", "data.remote=s3://corpus/d"),
+                         check=False)
+    finally:
+        os.environ["AWS_ACCESS_KEY_ID"] = key
+        enforce_auth("inf")
+    line = _one_line_error(denied)
+    assert "access denied to s3://corpus/d" in line and "credentials" in line, line
 
 
 def test_a_failed_checkpoint_upload_is_logged_and_the_run_goes_on(s3, prepared, tmp_path):
