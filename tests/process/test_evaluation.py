@@ -88,7 +88,8 @@ def _tiny_random_bert_with_minilm_tokenizer(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def _independent_self_similarity(model_dir: Path, sentences: list[str], exclude_special: bool) -> list[float]:
+def _independent_self_similarity(model_dir: Path, sentences: list[str], exclude_special: bool,
+                                 max_length: int = 512) -> list[float]:
     """Written from the definition: per sentence, every pair i<j of tokens, cosine in float64; pooled by pairs.
 
     The last layer is the model's output (`last_hidden_state`), what the heads read: ModernBERT's last
@@ -98,7 +99,7 @@ def _independent_self_similarity(model_dir: Path, sentences: list[str], exclude_
     tok, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
     totals, pairs = None, 0
     for sentence in sentences:
-        ids = tok(sentence)["input_ids"]
+        ids = tok(sentence, truncation=True, max_length=max_length)["input_ids"]
         with torch.no_grad():
             out = model(torch.tensor([ids]), output_hidden_states=True)
         states = [*out.hidden_states[1:-1], out[0]]
@@ -125,14 +126,15 @@ def test_self_similarity_cli_equals_an_independent_computation(tmp_path):
     # Two seeds under one label: one line of the figure, their mean and spread; MiniLM unlabelled is its own line.
     tiny_seed1 = _tiny_random_bert_with_minilm_tokenizer(tmp_path / "tiny_seed1", seed=1)
     proc = run_cli("pretrain", ["evaluate", "self-similarity", "--model", str(minilm_dir()), f"tiny={tiny}",
-                                f"tiny={tiny_seed1}", "--text", str(text), "--out", str(out), "--batch-size", "5"])
+                                f"tiny={tiny_seed1}", "--text", str(text), "--out", str(out), "--batch-size", "5",
+                                "--max-length", "16"])  # the verses run to 20-50 tokens: each is cut
     report = json.loads(out.with_suffix(".json").read_text())
-    assert report["sentences"] == len(lines) and report["special_tokens"] == "include"
+    assert report["sentences"] == len(lines) and report["special_tokens"] == "include" and report["max_length"] == 16
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     independent = {}
     for model in (minilm_dir(), tiny, tiny_seed1):
         got = report["self_similarity"][str(model)]
-        expected = independent[model] = _independent_self_similarity(model, lines, exclude_special=False)
+        expected = independent[model] = _independent_self_similarity(model, lines, exclude_special=False, max_length=16)
         assert len(got) == len(expected)
         assert all(abs(g - e) <= 1e-6 * abs(e) for g, e in zip(got, expected)), (got, expected)
     assert set(report["by_label"]) == {str(minilm_dir()), "tiny"}

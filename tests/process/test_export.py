@@ -45,7 +45,9 @@ def test_fill_mask_pipeline_runs_offline(exported):
     from transformers import AutoTokenizer, pipeline
 
     out = exported
-    fill = pipeline("fill-mask", model=str(out), tokenizer=AutoTokenizer.from_pretrained(str(out), local_files_only=True))
+    # As the README and the demo call it: the pipeline finds the tokenizer in the folder.
+    fill = pipeline("fill-mask", model=str(out))
+    assert fill.tokenizer.get_vocab() == AutoTokenizer.from_pretrained(str(out), local_files_only=True).get_vocab()
     preds = fill("And God said, Let there be [MASK].", top_k=4)
     assert len(preds) == 4 and all(0.0 <= p["score"] <= 1.0 for p in preds)
     assert all("[MASK]" not in p["sequence"] for p in preds)

@@ -1,5 +1,6 @@
-"""A mixture of sources prepared with worker processes records the mixture in the manifest."""
+"""Mixtures of sources prepared with worker processes: the manifest records what each gave, and the shards hold it."""
 import json
+import re
 
 from conftest import kjv_chapters
 from core.config_io import load_config
@@ -23,3 +24,41 @@ def test_prepare_records_the_mixture(tmp_path):
     docs = [s["documents"] for s in manifest["sources"]]
     assert sum(docs) == 240 and abs(docs[0] / 240 - 0.75) < 0.08
     assert [s["weight"] for s in manifest["sources"]] == [3.0, 1.0]
+
+
+def test_all_exhausted_repeats_a_small_source_until_the_large_one_is_read(tmp_path):
+    """mixture_stopping=all_exhausted: the large source is read once, whole, and the small one again and again (whole
+    passes, then part of one); the shards hold each document as often as the manifest says. Uncompressed shards
+    (compression=null) on the way."""
+    from streaming import StreamingDataset
+    from transformers import AutoTokenizer
+
+    from data_pipeline.loader import shared_memory_registration
+
+    chapters = kjv_chapters(66)
+    small, large = chapters[:6], chapters[6:]
+    a, b = tmp_path / "small.txt", tmp_path / "large.jsonl"
+    a.write_text("\n\n".join(small) + "\n", encoding="utf-8")
+    b.write_text("".join(json.dumps({"text": c}) + "\n" for c in large), encoding="utf-8")
+    cfg = load_config(PrepareConfig, None, [
+        f"output_dir={tmp_path / 'out'}", "tokenizer.vocab_size=300", "tokenizer.character_coverage=1.0", "seq_len=64",
+        "mixture_stopping=all_exhausted", "compression=null", "num_workers=2",
+        f"sources=[{{kind: text, path: '{a}'}}, {{kind: json, path: '{b}'}}]"])
+    out = DatasetDir(prepare(cfg))
+    manifest = json.loads(out.manifest.read_text())
+    docs = [s["documents"] for s in manifest["sources"]]
+    assert docs[1] == len(large) and docs[0] >= 2 * len(small), docs  # equal weights: about 60 draws of the small one
+    shards = sorted(p.name for p in out.root.rglob("shard.*"))
+    assert shards and all(name.endswith(".mds") for name in shards), shards  # no .zstd
+
+    tok = AutoTokenizer.from_pretrained(str(out.tokenizer), local_files_only=True)
+    text = ""
+    for split in ("train", "validation"):
+        with shared_memory_registration():
+            ds = StreamingDataset(local=str(out.root / split), shuffle=False, batch_size=1)
+        text += "\x00" + "".join(tok.decode(ds[i]["input_ids"], skip_special_tokens=True) for i in range(ds.num_samples))
+    text = re.sub(r"\s+", "", text)
+    counts = [text.count(re.sub(r"\s+", "", d)) for d in small]
+    passes = docs[0] // len(small)
+    assert sum(counts) == docs[0] and set(counts) <= {passes, passes + 1}, (counts, docs)
+    assert all(text.count(re.sub(r"\s+", "", d)) == 1 for d in large)

@@ -118,6 +118,10 @@ def test_a_shape_set_to_another_value_than_the_folders_is_refused_naming_each_ke
     agreed = load_config(RunConfig, DEMO, [f"model.init_from={modern}", "model.hidden_size=32",
                                            "model.intermediate_size=64"])
     assert (agreed.model.hidden_size, agreed.model.num_layers) == (32, 2)
+    # Unset on the command line over the run config's model group (the refusal's own advice): the folder decides.
+    unset = load_config(RunConfig, DEMO, [f"model.init_from={modern}", "model.hidden_size=null",
+                                          "model.intermediate_size=null"])
+    assert (unset.model.hidden_size, unset.model.intermediate_size) == (32, 64)
     # A family's own key too (a ModernBERT folder's sliding window), and through a config built without the loader.
     with pytest.raises(ConfigError, match=r"with local_attention 128, but the config sets model.local_attention=64:"):
         load_config(RunConfig, DEMO, [f"model.init_from={modern}", "model=pretrained", "model.local_attention=64"])

@@ -42,6 +42,18 @@ def test_byte_fallback_round_trips_unseen_characters(tmp_path):
     assert tok.decode(ids) == text
 
 
+def test_only_the_first_max_training_documents_train_it(tmp_path):
+    """tokenizer.max_training_documents: a character only the document past the bound holds never enters the
+    vocabulary (with character_coverage 1.0 every character seen does)."""
+    import sentencepiece as spm
+
+    docs = [*kjv_chapters(20), "Ω " * 50]
+    for bound, seen in ((20, False), (21, True)):
+        cfg = TokenizerConfig(vocab_size=300, character_coverage=1.0, max_training_documents=bound)
+        sp = spm.SentencePieceProcessor(model_proto=train_sentencepiece(docs, cfg))
+        assert any("Ω" in sp.id_to_piece(i) for i in range(sp.get_piece_size())) is seen, bound
+
+
 def test_lowercase(tmp_path):
     tok = _train(tmp_path, lowercase=True)
     assert tok("AND GOD SAID")["input_ids"] == tok("and god said")["input_ids"]
