@@ -146,12 +146,16 @@ def test_zero3_offloaded_resume_is_exact(prepared, tmp_path, impl):
     test_family_objectives' xlnet-bf16-zero2; on one rank, killed at random: test_train_resume's kill -9 test.)"""
     z3 = ["train.zero_stage=3", "train.precision=fp32", "train.offload_params=true", "train.offload_optimizer=true",
           "train.max_steps=12", "train.save_every=4", "model.dropout=0.1", "model.attention_dropout=0.1",
-          "train.record_samples=true", f"optimizer.impl={impl}"]
+          "train.record_samples=true", f"optimizer.impl={impl}",
+          "train.eval_every=4", "train.eval_batches=2"]  # validation forwards through ZeRO-3's gathered parameters
     straight, out = tmp_path / "straight", tmp_path / "resumed"
     run_cli("pretrain", _args(prepared, straight, *z3), nproc=2)
     run_cli("pretrain", _args(prepared, out, *z3, "train.stop_after=6"), nproc=2)
     run_cli("pretrain", _args(prepared, out, *z3), nproc=2)
     assert _losses(out) == _losses(straight)
+    validation = lambda run: [{k: v for k, v in r.items() if k != "train_seconds"}  # noqa: E731
+                              for r in RunDir(run).metric_rows() if r["split"] == "validation"]
+    assert [r["step"] for r in validation(out)] == [4, 8, 12] and validation(out) == validation(straight)
     zero = json.loads((out / "deepspeed_config.json").read_text())["zero_optimization"]
     assert [zero.get(k, {}).get("device") for k in ("offload_param", "offload_optimizer")] == ["cpu", "cpu"]
     samples = lambda run: (run / "samples" / "rank1.jsonl").read_text()  # noqa: E731

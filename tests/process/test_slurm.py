@@ -440,7 +440,7 @@ def test_the_job_end_time_from_slurm_stops_the_run_before_its_limit(jobs):
     # The run read CONFIG's file and the argument after the script.
     import yaml
 
-    saved = yaml.safe_load((jobs["deadline_run"] / "config.yaml").read_text())["train"]
+    saved = yaml.safe_load(RunDir(jobs["deadline_run"]).config.read_text())["train"]
     assert (saved["keep_last"], saved["deadline_margin_s"]) == (2, 200.0), saved
     assert f"config {jobs['work'] / 'deadline_config.yaml'} overrides: " in log
 
