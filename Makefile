@@ -7,8 +7,9 @@ PYTEST_ARGS ?=
 # Two workers, one module each at a time (module fixtures are built once; conftest lets the tests of a module
 # with no costly fixture go to either worker), conftest orders the modules longest first. The 2-rank tests share the two cores with the other worker.
 PYTEST_WORKERS ?= 2
-# DeepSpeed's CPU Adam op is built into this venv's own folder, not the user's shared ~/.cache/torch_extensions: ninja
-# rebuilt it there (1-2 minutes, inside a test) each time another checkout's venv had built it with its own paths.
+# DeepSpeed's CPU Adam op is built into this venv's own folder, where runs look for it too (pretrain/engine/optim.py),
+# not the user's shared ~/.cache/torch_extensions: ninja rebuilt it there (1-2 minutes, inside a test) each time
+# another checkout's venv had built it with its own paths.
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 .PHONY: demo test clean

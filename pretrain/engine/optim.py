@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 from typing import Callable, Optional
 
 import torch
@@ -65,6 +67,7 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, offload: bool = Fals
         # fused: one kernel over all tensors; on a CPU it steps several times faster than torch's default for-loop
         # and foreach, as fast as DeepSpeedCPUAdam, and as deterministic (BENCHMARKS.md, issue 15; optimizer_step.py).
         return torch.optim.AdamW(groups, fused=True, **kwargs) if cfg.name == "adamw" else Lamb(groups, **kwargs)
+    ops_build_in_this_venv()
     if not torch.cuda.is_available() or offload:
         if cfg.name == "lamb":
             from core.errors import ConfigError
@@ -79,6 +82,17 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, offload: bool = Fals
     from deepspeed.ops.lamb import FusedLamb
 
     return FusedLamb(groups, **kwargs)
+
+
+def ops_build_in_this_venv() -> Optional[str]:
+    """Point torch's JIT op builds at the virtual environment's own `torch_extensions` (what `make` builds into),
+    unless TORCH_EXTENSIONS_DIR is set or this is no venv; the folder used, or None for torch's default.
+
+    torch's default folder is shared by every venv of the user, and ninja rebuilds an op there (a minute or two)
+    whenever another venv built it last with its own paths."""
+    if "TORCH_EXTENSIONS_DIR" not in os.environ and sys.prefix != sys.base_prefix:
+        os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(sys.prefix, "torch_extensions")
+    return os.environ.get("TORCH_EXTENSIONS_DIR")
 
 
 def cpu_adam(groups: list[dict], kwargs: dict) -> torch.optim.Optimizer:
@@ -116,7 +130,9 @@ def optimizer_note(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig) -> st
     kind = type(optimizer).__name__
     if kind == "AdamW" and optimizer.defaults.get("fused"):
         kind = "torch's fused AdamW"
-    return f"optimizer {kind} (optimizer.name={cfg.name}, optimizer.impl={cfg.impl})"
+    built = f", its op in {os.environ['TORCH_EXTENSIONS_DIR']}" if cfg.impl == "deepspeed" and os.environ.get(
+        "TORCH_EXTENSIONS_DIR") else ""
+    return f"optimizer {kind} (optimizer.name={cfg.name}, optimizer.impl={cfg.impl}{built})"
 
 
 def replay_step_products(optimizer: Optional[torch.optim.Optimizer]) -> int:

@@ -119,6 +119,11 @@ def test_self_similarity_cli_equals_an_independent_computation(tmp_path):
     from test_tokenizer import minilm_dir
 
     lines = [line for line in kjv_chapters(2)[1].splitlines() if line.strip()][:12]
+    from transformers import AutoTokenizer
+
+    minilm_tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    lengths = [len(minilm_tokenizer(line)["input_ids"]) for line in lines]
+    assert sum(n > 16 for n in lengths) > len(lines) // 2, lengths  # --max-length 16 below cuts most of them
     text = tmp_path / "sentences.txt"
     text.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
     tiny = _tiny_random_bert_with_minilm_tokenizer(tmp_path / "tiny")
@@ -127,7 +132,7 @@ def test_self_similarity_cli_equals_an_independent_computation(tmp_path):
     tiny_seed1 = _tiny_random_bert_with_minilm_tokenizer(tmp_path / "tiny_seed1", seed=1)
     proc = run_cli("pretrain", ["evaluate", "self-similarity", "--model", str(minilm_dir()), f"tiny={tiny}",
                                 f"tiny={tiny_seed1}", "--text", str(text), "--out", str(out), "--batch-size", "5",
-                                "--max-length", "16"])  # the verses run to 20-50 tokens: each is cut
+                                "--max-length", "16"])
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["sentences"] == len(lines) and report["special_tokens"] == "include" and report["max_length"] == 16
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -173,11 +173,16 @@ def test_a_job_array_uploads_each_task_s_parts_as_it_writes_them(s3, corpus_file
     # That folder is the bucket's dataset's cache (README): training's fetch finds it current and keeps it.
     from data_pipeline.remote_dataset import fetch_metadata
 
-    before = {str(p.relative_to(cache)): p.read_bytes() for p in cache.rglob("*") if p.is_file()}
+    def files() -> dict[str, tuple[bytes, int, int]]:  # content, and the file's identity: rewritten is not kept
+        return {str(p.relative_to(cache)): (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns)
+                for p in cache.rglob("*") if p.is_file() and p.name != MANIFEST}  # the manifest is fetched to compare
+
+    before, manifest = files(), (cache / MANIFEST).read_bytes()
     with caplog.at_level(logging.WARNING):
         fetch_metadata("s3://corpus/array", cache)
     assert "held another dataset" not in caplog.text
-    after = {str(p.relative_to(cache)): p.read_bytes() for p in cache.rglob("*") if p.is_file()}
+    after = files()
+    assert (cache / MANIFEST).read_bytes() == manifest
     assert after == before and f"train/{INDEX}" in after and f"{TOKENIZER}/tokenizer.json" in after, sorted(after)
 
 
@@ -316,23 +321,24 @@ def test_a_missing_bucket_or_an_unreachable_endpoint_is_one_line(s3, tmp_path):
         os.environ["S3_ENDPOINT_URL"] = live
     line = _one_line_error(unreachable)
     assert "cannot reach" in line and dead in line
-    # Keys the store does not know: the server checks signatures from now on (moto's own switch, /moto-api/reset-auth)
-    # and answers 403.
+    # The server checks every request's signature from now on (moto's own switch, /moto-api/reset-auth; its IAM knows
+    # no key at all), as a store does for keys that are wrong or lack permission: a 403.
     import urllib.request
 
-    def enforce_auth(after: str) -> None:
-        urllib.request.urlopen(urllib.request.Request(f"{os.environ['S3_ENDPOINT_URL']}/moto-api/reset-auth",
-                                                      data=after.encode(), method="POST",
-                                                      headers={"Content-Type": "text/plain"}), timeout=30).read()
+    def enforce_auth(after: str) -> str:
+        """Check signatures after `after` more requests ("inf": never); the previous setting."""
+        request = urllib.request.Request(f"{os.environ['S3_ENDPOINT_URL']}/moto-api/reset-auth", data=after.encode(),
+                                         method="POST", headers={"Content-Type": "text/plain"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read())["PREVIOUS_INITIAL_NO_AUTH_ACTION_COUNT"]
 
-    enforce_auth("0")
-    os.environ["AWS_ACCESS_KEY_ID"], key = "AKIAWRONGKEY", os.environ["AWS_ACCESS_KEY_ID"]
+    previous = "inf"  # the fixture's server never checks
     try:
+        previous = enforce_auth("0")
         denied = run_cli("pretrain", _train_args(tmp_path / "cache", tmp_path / "run", "data.remote=s3://corpus/d"),
                          check=False)
     finally:
-        os.environ["AWS_ACCESS_KEY_ID"] = key
-        enforce_auth("inf")
+        enforce_auth(previous)  # the module's other tests share the server
     line = _one_line_error(denied)
     assert "access denied to s3://corpus/d" in line and "credentials" in line, line
 

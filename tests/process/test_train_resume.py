@@ -65,13 +65,12 @@ def test_two_rank_loss_falls(uninterrupted):
     log = (uninterrupted / "train.log").read_text()
     assert "tok/s" in log and "ETA" in log and "2 rank(s)" in log and "MFU" in log
     assert "precision fp32 (set in the config)" in log
-    # Validation over both ranks' batches, with what the loss is read against: the entropy of the same tokens.
+    # Validation over both ranks' batches, beside what the loss is read against (the entropy of the same tokens; its
+    # arithmetic against a float64 reference: tests/unit/test_diagnostics.py), and the loss falls.
     rows = _validation_rows(uninterrupted)
     assert [r["step"] for r in rows] == [5, 10, 15, 20]
-    for row in rows:
-        assert 3.0 < row["unigram_entropy"] < math.log(400)  # the 400-token vocabulary's specials never counted
-        assert row["mlm_loss_below_unigram"] == row["unigram_entropy"] - row["mlm_loss"]
-    assert len({r["unigram_entropy"] for r in rows}) == 1  # the same batches every time
+    assert all({"mlm_loss", "unigram_entropy", "mlm_loss_below_unigram"} <= set(r) for r in rows), rows
+    assert all(3.0 < r["unigram_entropy"] < math.log(400) for r in rows), rows  # no more than uniform over the vocabulary
     assert rows[-1]["mlm_loss"] < rows[0]["mlm_loss"] - 0.3, rows
 
 

@@ -1,8 +1,12 @@
-"""Learning-rate schedule and parameter groups."""
+"""Learning-rate schedule, parameter groups, and where DeepSpeed's ops are built."""
+import os
+import sys
+
 import torch
 
 from pretrain.config import OptimizerConfig, ScheduleConfig
-from pretrain.engine.optim import build_optimizer, build_scheduler, lr_factor, param_groups, reset_schedule
+from pretrain.engine.optim import (build_optimizer, build_scheduler, lr_factor, ops_build_in_this_venv, param_groups,
+                                   reset_schedule)
 
 
 def _model():
@@ -105,3 +109,14 @@ def test_warmup_stable_decay():
     assert lr_factor(0, 100, cfg) == 0.1 and lr_factor(9, 100, cfg) == 1.0
     assert [lr_factor(s, 100, cfg) for s in (10, 50, 79)] == [1.0, 1.0, 1.0]  # stable until the last 20 steps
     assert abs(lr_factor(90, 100, cfg) - 0.5) < 1e-12 and lr_factor(100, 100, cfg) == 0.0
+
+
+def test_ops_build_in_the_venvs_own_folder_unless_told_otherwise(monkeypatch):
+    """torch's default folder is shared by every venv of the user: an op is built and loaded in the venv's own, the
+    folder `make` builds it in, unless TORCH_EXTENSIONS_DIR says where (a test's, a cluster's per-CPU folder)."""
+    assert sys.prefix != sys.base_prefix  # the suite runs in the project's venv
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "")  # the undo then restores the variable, or its absence
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    assert ops_build_in_this_venv() == os.path.join(sys.prefix, "torch_extensions") == os.environ["TORCH_EXTENSIONS_DIR"]
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/scratch/ops-epyc")
+    assert ops_build_in_this_venv() == "/scratch/ops-epyc" == os.environ["TORCH_EXTENSIONS_DIR"]
