@@ -210,7 +210,7 @@ def _group_file(root: Path, group: str, option: str, where: str) -> tuple[dict[s
 
 def _defaults(data: dict[str, Any], path: Path) -> list[str]:
     """The `defaults:` list taken out of a config file's data: group/option names."""
-    defaults = data.pop("defaults", [])
+    defaults = data.pop("defaults", None) or []  # `defaults:` with every entry commented out: none
     if not isinstance(defaults, list) or not all(isinstance(d, str) and d.count("/") == 1 for d in defaults):
         raise ConfigError(f"config file {path}: 'defaults' must be a list of group/option names, got {defaults!r}")
     return defaults
@@ -256,7 +256,8 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | No
         # `group=name` (a section of the config, or a group such as `recipe` that only the defaults name, given a
         # plain name rather than a mapping) picks a group option.
         sections = {name for name, tp in field_types(cls).items() if dataclasses.is_dataclass(tp)}
-        groups = sections | {d.split("/")[0] for d in _read_yaml(Path(path)).get("defaults", []) if isinstance(d, str)}
+        listed = _read_yaml(Path(path)).get("defaults") or []  # a malformed list is refused by compose, below
+        groups = sections | {d.split("/")[0] for d in (listed if isinstance(listed, list) else []) if isinstance(d, str)}
         picks = {}
         for item in overrides:
             key, _, value = (part.strip() for part in item.partition("="))

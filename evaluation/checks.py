@@ -2,11 +2,12 @@
 output path can be written. Each refusal is one line naming the folder or path (core/errors.py)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.atomic_files import check_folder_path
-from core.errors import CheckpointError, OutputExistsError
+from core.errors import CheckpointError, ConfigError, OutputExistsError
 from data_pipeline.tokenizer import check_tokenizer_folder
 from model.backbones.base import check_model_folder
 
@@ -29,6 +30,14 @@ def export_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
         raise CheckpointError(f"model '{model_dir}': its tokenizer has {len(tokenizer)} tokens but the model's vocab_size "
                               f"is {vocab_size}; the folder's tokenizer is not the one the model was trained with")
     return tokenizer
+
+
+def check_report_stem(out: str | Path, flag: str = "--out") -> Path:
+    """An output path the report's files take their suffixes from (OUT.json, ...): it must end in a file name."""
+    if not Path(out).name or str(out).endswith(("/", os.sep)):
+        raise ConfigError(f"{flag} '{out}' names a folder; give a path in it without a suffix (e.g. "
+                          f"'{Path(out) / 'report'}', which writes report.json beside report.png or report.md)")
+    return Path(out)
 
 
 def check_output(path: str | Path, flag: str = "--out") -> None:

@@ -23,7 +23,7 @@ def _eval_config(cls, args: argparse.Namespace):
 
 
 def _self_similarity(args: argparse.Namespace) -> int:
-    from evaluation.checks import check_output, export_tokenizer
+    from evaluation.checks import check_output, check_report_stem, export_tokenizer
     from evaluation.config import SelfSimilarityConfig
     from evaluation.self_similarity import model_spec, read_sentences, self_similarity, write_report
 
@@ -31,7 +31,7 @@ def _self_similarity(args: argparse.Namespace) -> int:
     sentences = read_sentences(cfg.text)
     labels = dict(model_spec(spec)[::-1] for spec in cfg.model)  # path -> label
     for suffix in (".json", ".png"):
-        check_output(Path(cfg.out).with_suffix(suffix))
+        check_output(check_report_stem(cfg.out).with_suffix(suffix))
     for model in labels:
         export_tokenizer(model)  # every folder checked before the first model's work
     results = {model: self_similarity(model, sentences, cfg.special_tokens, cfg.max_length, cfg.batch_size)

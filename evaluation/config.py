@@ -66,6 +66,7 @@ class FinetuneConfig:
         for key in ("lr", "batch_size", "epochs", "max_length"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be > 0, got {getattr(self, key)}")
+        check_sample_caps(self)
 
     def recipe_overrides(self) -> dict:
         """The recipe fields this config replaces."""
@@ -123,6 +124,14 @@ class LinearProbeConfig:
             raise ConfigError(f"config key 'folds' must be >= 2, got {self.folds}")
         if self.max_length < 2 or self.batch_size < 1:
             raise ConfigError("config keys 'max_length' must be >= 2 and 'batch_size' >= 1")
+        check_sample_caps(self)
+
+
+def check_sample_caps(cfg: FinetuneConfig | LinearProbeConfig) -> None:
+    """`max_train_samples` and `max_eval_samples` are counts, 0 for all (-1 selected no row: fine-tuning never ended)."""
+    for key in ("max_train_samples", "max_eval_samples"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"config key '{key}' must be >= 0 (0: all rows), got {getattr(cfg, key)}")
 
 
 @dataclass

@@ -23,7 +23,7 @@ import torch
 from core.errors import ConfigError
 from evaluation.checks import check_output, export_tokenizer
 from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
-from model.backbones.base import LOAD_DTYPE, forward_input_names, layer_states
+from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states
 
 log = logging.getLogger("pretrain.linear_probe")
 
@@ -38,6 +38,18 @@ def _load(model_dir: str):
     return tokenizer, AutoModel.from_pretrained(model_dir, dtype=LOAD_DTYPE).eval()
 
 
+def check_layer(model_dir: str, layer: int) -> None:
+    """Refuse a hidden-state index the model does not have (0, the embeddings, to its depth, or counted back from -1),
+    from its config, before its weights load."""
+    from transformers import AutoConfig
+
+    check_model_folder(model_dir)  # a damaged config.json is named as such
+    depth = AutoConfig.from_pretrained(model_dir).num_hidden_layers
+    if not -(depth + 1) <= layer <= depth:
+        raise ConfigError(f"config key 'layer' is {layer}, but '{model_dir}' has {depth} layers: give 0 (the "
+                          f"embeddings) to {depth}, or -1 (the last) to {-(depth + 1)}")
+
+
 def _hidden(model, enc: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
     """Hidden states of `layer` (-1 or L: the last, `last_hidden_state`; 0: embeddings) in float32."""
     accepted = forward_input_names(model)
@@ -49,6 +61,7 @@ def _hidden(model, enc: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
 def sequence_features(model_dir: str, texts: Sequence[str], pairs: Optional[Sequence[str]] = None, layer: int = -1,
                       max_length: int = 128, batch_size: int = 64) -> dict[str, np.ndarray]:
     """Mean-pooled (over real tokens) and first-token features of every text (or text pair)."""
+    check_layer(model_dir, layer)
     tokenizer, model = _load(model_dir)
     mean, first = [], []
     for start in range(0, len(texts), batch_size):
@@ -66,6 +79,7 @@ def sequence_features(model_dir: str, texts: Sequence[str], pairs: Optional[Sequ
 def word_features(model_dir: str, sentences: Sequence[Sequence[str]], layer: int = -1, max_length: int = 128,
                   batch_size: int = 64) -> list[np.ndarray]:
     """Per sentence, a (words, hidden) array: each word's vector is the mean of its sub-tokens (NaN if truncated away)."""
+    check_layer(model_dir, layer)
     tokenizer, model = _load(model_dir)
     out = []
     for start in range(0, len(sentences), batch_size):
@@ -113,6 +127,8 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, c_gr
 
 
 def _labels(spec: TaskSpec, values: list) -> np.ndarray:
+    if not spec.label_names:  # GLUE: already integers
+        return np.array([int(v) for v in values])
     index = {name: i for i, name in enumerate(spec.label_names)}
     return np.array([index[str(v)] for v in values])
 

@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from core.errors import ConfigError, InputDataError, MissingFileError
-from evaluation.checks import check_output, export_tokenizer
+from evaluation.checks import check_output, check_report_stem, export_tokenizer
 
 log = logging.getLogger("pretrain.sentence_embeddings")
 
@@ -204,7 +204,7 @@ def evaluate_suite(models: Sequence[str], suite: str | Path, task_names: Sequenc
         raise ConfigError(f"sentence-embedding features must be some of {list(FEATURES)}, got {list(features)}")
     if out:
         for suffix in (".json", ".md"):
-            check_output(Path(out).with_suffix(suffix))
+            check_output(check_report_stem(out).with_suffix(suffix))
     for model in models:
         export_tokenizer(model)  # every folder checked before the first task's work
     tasks = read_suite(suite, task_names)

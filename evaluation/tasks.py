@@ -134,9 +134,11 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
     # One load per file: a file datasets cannot read is then named in the message.
     data = {split: _read_task_file(kind, file, split, local.encoding) for split, file in files.items()}
     train = data["train"]
-    for column in filter(None, (local.text_column, local.pair_column, local.label_column)):
-        if column not in train.column_names:
-            raise InputDataError(f"task file '{path}' has no column '{column}' (columns: {train.column_names})")
+    for split, table in data.items():
+        for column in filter(None, (local.text_column, local.pair_column, local.label_column)):
+            if column not in table.column_names:
+                raise InputDataError(f"task file '{files[split]}' has no column '{column}' (columns: "
+                                     f"{table.column_names})")
     if "validation" in data:
         evaluation = data["validation"]
     else:

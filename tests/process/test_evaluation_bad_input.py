@@ -164,6 +164,39 @@ def test_a_bad_task_file_exits_2_with_one_line(tiny, tmp_path, capsys):
     assert not [r for r in records if r.levelno >= logging.WARNING], [r.getMessage() for r in records]
 
 
+def test_settings_the_model_or_data_cannot_meet_are_one_line(tiny, tmp_path, capsys):
+    """A layer past the model's depth, a negative sample cap (-1 once selected no row, and fine-tuning never ended), a
+    validation file without the columns the train file has, an --out that names no file: exit 2 and one line, before
+    the work."""
+    from evaluation.linear_probe import _labels, check_layer
+    from evaluation.tasks import GLUE
+    from pretrain.cli import main
+
+    train, dev = tmp_path / "train.csv", tmp_path / "dev.csv"
+    train.write_text("text,label\n" + "".join(f"word {i},{i % 2}\n" for i in range(20)), encoding="utf-8")
+    dev.write_text("text,topic\nword,0\nother,1\n", encoding="utf-8")
+    text = tmp_path / "sentences.txt"
+    text.write_text("in the beginning\n", encoding="utf-8")
+    probe = ["evaluate", "linear-probe", "--model", str(tiny), "--task", f"csv:{train}"]
+    cases = [([*probe, "layer=4"], f"config key 'layer' is 4, but '{tiny}' has 3 layers"),
+             ([*probe, "layer=-5"], "config key 'layer' is -5, but"),
+             ([*probe, "max_train_samples=-1"], "config key 'max_train_samples' must be >= 0 (0: all rows), got -1"),
+             (["finetune", "--model", str(tiny), "--task", f"csv:{train}", "max_eval_samples=-1"],
+              "config key 'max_eval_samples' must be >= 0"),
+             ([*probe, f"data.validation_file={dev}"], f"task file '{dev}' has no column 'label'"),
+             (["evaluate", "self-similarity", "--model", str(tiny), "--text", str(text), "--out", "."],
+              "--out '.' names a folder")]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, (argv, err)
+    for layer in (0, 3, -1, -4):  # the embeddings, the last layer counted from either end, the embeddings again
+        check_layer(str(tiny), layer)
+    # A GLUE task's labels are integers already (its spec names none): they were looked up by name and raised.
+    assert not GLUE["sst2"].label_names
+    assert _labels(GLUE["sst2"], [1, 0, 1]).tolist() == [1, 0, 1]
+
+
 # ---- output paths -------------------------------------------------------------------------------------------
 
 
@@ -195,4 +228,6 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(tiny, tmp_pa
         finetune(str(tiny), "csv:x.csv", [1], out=str(a_folder))
     with pytest.raises(OutputExistsError, match="is a file, not a folder"):
         evaluate_suite([str(tiny)], tmp_path / "no_suite", out=a_file / "report")
+    with pytest.raises(ConfigError, match="names a folder"):
+        evaluate_suite([str(tiny)], tmp_path / "no_suite", out=f"{a_folder}/")
     check_output(tmp_path / "new" / "folders" / "results.json")  # folders still to be made are fine

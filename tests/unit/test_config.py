@@ -270,3 +270,16 @@ def test_config_changes_name_each_key_that_differs_with_both_values():
     assert config_changes(old, new) == ['model.dropout 0.1 -> 0.0', 'model.init_from null -> "dir"',
                                         'train.tags ["a"] -> ["a", "b"]', "added null -> true", "gone 1 -> null"]
     assert config_changes(new, new) == []
+
+
+def test_a_defaults_list_left_empty_is_no_defaults_and_a_non_list_is_refused(tmp_path):
+    """`defaults:` with every entry commented out reads as null: no groups (it raised a TypeError); a number is refused
+    in one line naming the file."""
+    empty = tmp_path / "empty_defaults.yaml"
+    empty.write_text("defaults:\n#  - model/bert_small\ntrain:\n  max_steps: 3\n", encoding="utf-8")
+    assert load_config(RunConfig, empty, []).train.max_steps == 3
+    assert load_config(RunConfig, empty, ["train.max_steps=4"]).train.max_steps == 4
+    number = tmp_path / "number_defaults.yaml"
+    number.write_text("defaults: 3\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=f"config file {number}: 'defaults' must be a list of group/option names"):
+        load_config(RunConfig, number, [])
