@@ -256,7 +256,7 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | No
         # `group=name` (a section of the config, or a group such as `recipe` that only the defaults name, given a
         # plain name rather than a mapping) picks a group option.
         sections = {name for name, tp in field_types(cls).items() if dataclasses.is_dataclass(tp)}
-        listed = _read_yaml(Path(path)).get("defaults") or []  # a malformed list is refused by compose, below
+        listed = _read_yaml(Path(path)).get("defaults")  # none, or a malformed list that compose refuses, below
         groups = sections | {d.split("/")[0] for d in (listed if isinstance(listed, list) else []) if isinstance(d, str)}
         picks = {}
         for item in overrides:
