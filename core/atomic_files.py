@@ -80,6 +80,7 @@ def check_overwrite(final_dir: Path, overwrite: bool, kind: Optional[str] = None
     """Refuse to clobber an existing output unless asked; asked, replace only a `kind` folder this tool wrote (its
     marker, or `legacy(folder)` for one written before markers), never one that holds or lies inside what is read."""
     final_dir = Path(final_dir)
+    check_folder_path(final_dir, "the output")  # a file there: --overwrite would not be the answer
     if not final_dir.exists():
         return
     if not overwrite:
@@ -113,8 +114,7 @@ def _remove_debris(final_dir: Path) -> None:
 def prepare_output(final_dir: Path, overwrite: bool, kind: Optional[str] = None, reads: Sequence[Path] = (),
                    legacy: Optional[Callable[[Path], bool]] = None) -> Path:
     """Refuse to clobber an existing output unless asked (check_overwrite); return a fresh temporary folder beside it."""
-    check_overwrite(final_dir, overwrite, kind, reads, legacy)
-    check_folder_path(final_dir, "the output")
+    check_overwrite(final_dir, overwrite, kind, reads, legacy)  # and a file in the output's place or above it
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_debris(final_dir)
     tmp = final_dir.with_name(f".{final_dir.name}.tmp-{socket.gethostname()}-{os.getpid()}-{int(time.time())}")

@@ -173,6 +173,8 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; give a YAML file in it")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:

@@ -61,4 +61,8 @@ def test_an_output_inside_a_file_is_refused_in_one_line_before_anything_is_made(
     for out in (notes / "export", notes / "deeper" / "export"):
         with pytest.raises(OutputExistsError, match=f"the output '{out}': '{notes}' is a file, not a folder"):
             prepare_output(out, overwrite=False)
+    # The output itself a file: said so, not "already exists; pass --overwrite" (which would not help).
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match=f"the output '{notes}': '{notes}' is a file, not a folder"):
+            prepare_output(notes, overwrite=overwrite, kind="export")
     assert notes.read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

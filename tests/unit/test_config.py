@@ -283,3 +283,11 @@ def test_a_defaults_list_left_empty_is_no_defaults_and_a_non_list_is_refused(tmp
     number.write_text("defaults: 3\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=f"config file {number}: 'defaults' must be a list of group/option names"):
         load_config(RunConfig, number, [])
+
+
+def test_a_config_path_that_is_a_folder_is_named_as_one(tmp_path):
+    """`--config DIR` is a folder, not a missing file."""
+    with pytest.raises(ConfigError, match=f"config file {tmp_path} is a folder; give a YAML file in it"):
+        load_config(RunConfig, tmp_path, [])
+    with pytest.raises(ConfigError, match=f"config file not found: {tmp_path / 'absent.yaml'}"):
+        load_config(RunConfig, tmp_path / "absent.yaml", [])
