@@ -7,10 +7,6 @@ PYTEST_ARGS ?=
 # Two workers, one module each at a time (module fixtures are built once; conftest lets the tests of a module
 # with no costly fixture go to either worker), conftest orders the modules longest first. The 2-rank tests share the two cores with the other worker.
 PYTEST_WORKERS ?= 2
-# DeepSpeed's CPU Adam op is built into this venv's own folder, where runs look for it too (pretrain/engine/optim.py),
-# not the user's shared ~/.cache/torch_extensions: ninja rebuilt it there (1-2 minutes, inside a test) each time
-# another checkout's venv had built it with its own paths.
-export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 .PHONY: demo test clean
 
@@ -32,7 +28,9 @@ $(STAMP): pyproject.toml Makefile
 	# DeepSpeed's CPU Adam (optimizer.impl=deepspeed on a CPU, or with optimizer offload) is a C++ op built on first
 	# use, about a minute here: built once now, not in the first run or test that asks for it. Not fatal: only that
 	# optimizer needs it, and a run that asks for it builds it again and names what fails.
-	$(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" >/dev/null 2>&1 || \
+	# Built where runs look for it, the venv's own torch_extensions (pretrain/engine/optim.py: ops_build_in_this_venv).
+	$(PY) -c "from pretrain.engine.optim import ops_build_in_this_venv; ops_build_in_this_venv(); \
+		from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" >/dev/null 2>&1 || \
 		echo "note: DeepSpeed's CPU Adam op did not build here; optimizer.impl=torch (the default) does not need it"
 	touch $(STAMP)
 
