@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterator
 from urllib.parse import urlparse
 
 from core.errors import InputDataError, SetupError
+from core.input_paths import check_input_file
 from data_pipeline.config import SourceConfig
 
 if TYPE_CHECKING:  # input_parts imports this module
@@ -36,12 +37,14 @@ def resolve_files(spec: str) -> list[str]:
             continue
         if any(ch in part for ch in "*?["):
             matched = sorted(glob.glob(part, recursive=True))
-            if not matched:
-                raise InputDataError(f"no file matches the pattern '{part}'")
-            files.extend(matched)
-        elif not Path(part).is_file():
-            raise InputDataError(f"input file not found: '{part}'")
+            # A recursive pattern matches folders too; only files are read.
+            matched_files = [m for m in matched if Path(m).is_file()]
+            if not matched_files:
+                folders = f" (only the folder(s) {matched[:3]}; add a file pattern such as '/*.txt')" if matched else ""
+                raise InputDataError(f"no file matches the pattern '{part}'{folders}")
+            files.extend(matched_files)
         else:
+            check_input_file(part, "input file", example="*.txt")
             files.append(part)
     return files
 

@@ -23,7 +23,8 @@ from typing import Literal, Sequence
 
 import torch
 
-from core.errors import ConfigError, InputDataError, MissingFileError
+from core.errors import ConfigError, InputDataError
+from core.input_paths import check_input_file
 from evaluation.checks import export_tokenizer
 from model.backbones.base import LOAD_DTYPE, forward_input_names, layer_states
 
@@ -32,9 +33,7 @@ log = logging.getLogger("pretrain.evaluate")
 
 def read_sentences(path: str | Path) -> list[str]:
     """Non-empty lines of a UTF-8 text file (one sentence per line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"--text '{path}' does not exist")
+    path = check_input_file(path, "--text", example="sentences.txt")
     try:
         lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     except UnicodeDecodeError as exc:

@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from core.errors import ConfigError, InputDataError, MissingFileError
+from core.input_paths import check_input_file
 from evaluation.checks import check_output, check_report_stem, export_tokenizer
 
 log = logging.getLogger("pretrain.sentence_embeddings")
@@ -77,8 +78,7 @@ def read_suite(folder: str | Path, names: Sequence[str] = ()) -> list[SuiteTask]
         raise ConfigError(f"task(s) {missing} are not in the suite '{folder}' (it has {sorted(known)})")
     chosen = [t for t in tasks if not names or t.name in names]
     for task in chosen:
-        if not task.file.is_file():
-            raise MissingFileError(f"task '{task.name}': file '{task.file}' does not exist")
+        check_input_file(task.file, f"task '{task.name}': file")
     return chosen
 
 

@@ -9,7 +9,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from core.errors import ConfigError, InputDataError, MissingFileError, SetupError
+from core.errors import ConfigError, InputDataError, SetupError
+from core.input_paths import check_input_file
 from evaluation.config import LocalTaskOptions
 
 
@@ -123,8 +124,7 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
     if kind not in ("csv", "json") or not path:
         raise ConfigError(f"unknown task '{task}': use a GLUE name ({', '.join(sorted(GLUE))}) or csv:PATH / json:PATH")
     for p in filter(None, (path, local.validation_file)):
-        if not Path(p).is_file():
-            raise MissingFileError(f"task file '{p}' does not exist")
+        check_input_file(p, "task file", example=f"train.{kind}")
     if kind == "csv":
         try:
             codecs.lookup(local.encoding)
@@ -139,6 +139,7 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
             if column not in table.column_names:
                 raise InputDataError(f"task file '{files[split]}' has no column '{column}' (columns: "
                                      f"{table.column_names})")
+        _check_rows(files[split], table, local)
     if "validation" in data:
         evaluation = data["validation"]
     else:
@@ -151,6 +152,48 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
     if len(train) == 0 or len(evaluation) == 0:
         raise InputDataError(f"task '{task}' has an empty train or evaluation split")
     return _local_spec(task, path, local, train, evaluation), train, evaluation
+
+
+def _check_rows(file: str, table: Any, local: LocalTaskOptions) -> None:
+    """Refuse the first row a task cannot use, by its number (1 = the first row after a csv header): a missing or
+    blank text, a missing label, a regression label that is not a number, a token row that is not a list of words
+    with one tag each. Otherwise a missing cell would train on the string 'None' and a string would be split into
+    characters."""
+    def refuse(row: int, problem: str) -> None:
+        raise InputDataError(f"task file '{file}' row {row + 1}: {problem}")
+
+    for column in filter(None, (local.text_column, local.pair_column)):
+        for row, value in enumerate(list(table[column])):
+            if local.token_task:
+                if not isinstance(value, list):
+                    refuse(row, f"column '{column}' holds a {type(value).__name__}, not a list of words "
+                                "(data.token_task=true)")
+                if not value or any(w is None or not str(w).strip() for w in value):
+                    refuse(row, f"column '{column}' has no words or an empty word")
+            elif value is None or (isinstance(value, str) and not value.strip()):
+                refuse(row, f"column '{column}' has no text")
+    words = list(table[local.text_column]) if local.token_task else None
+    for row, value in enumerate(list(table[local.label_column])):
+        if value is None:
+            refuse(row, f"column '{local.label_column}' has no label")
+        if local.token_task:
+            if not isinstance(value, list) or len(value) != len(words[row]) or any(t is None for t in value):
+                count = f"{len(value)} tags" if isinstance(value, list) else f"a {type(value).__name__}"
+                refuse(row, f"column '{local.label_column}' holds {count} for {len(words[row])} words "
+                            "(a token task needs one tag per word)")
+        elif isinstance(value, (list, dict)):
+            refuse(row, f"column '{local.label_column}' holds a {type(value).__name__}; a sequence task needs one label "
+                        "per row (data.token_task=true for tags per word)")
+        elif local.regression and (isinstance(value, bool) or not _is_finite_number(value)):
+            refuse(row, f"label {value!r} in column '{local.label_column}' is not a finite number "
+                        "(data.regression=true)")
+
+
+def _is_finite_number(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def _read_task_file(kind: str, file: str, split: str, encoding: str) -> Any:

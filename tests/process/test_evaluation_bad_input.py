@@ -4,6 +4,7 @@ cannot be written. All in-process: the function that refuses, or the command's `
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -140,6 +141,54 @@ def test_unreadable_task_files_are_one_line_naming_the_file(tmp_path):
         load_task(f"csv:{good}", LocalTaskOptions(encoding="utf-99"))
     spec, train, evaluation = load_task(f"csv:{tmp_path / 'latin.csv'}", LocalTaskOptions(encoding="latin-1", val_fraction=0.5))
     assert sorted([*train["text"], *evaluation["text"]]) == ["b", "caf\u00e9"]
+
+
+def test_rows_a_task_cannot_use_are_refused_by_their_number(tiny, tmp_path, capsys):
+    """A blank or missing text or pair, a missing label, a regression label that is not a finite number, a list where
+    a sequence task wants one label, a token row that is a string (it was split into characters) or has a tag count
+    unlike its word count: one line naming the file, the row and the column, before any model is loaded."""
+    from evaluation.tasks import LocalTaskOptions, load_task
+    from pretrain.cli import main
+
+    rows = "".join(f"word {i},other {i},{i % 2}\n" for i in range(12))
+    csv = {"blank_text.csv": ("text,pair,label\n" + rows + '"  ",b,1\n', {"pair_column": "pair"},
+                              "row 13: column 'text' has no text"),
+           "no_pair.csv": ("text,pair,label\n" + rows + "a,,1\n", {"pair_column": "pair"},
+                           "row 13: column 'pair' has no text"),
+           "no_label.csv": ("text,pair,label\n" + rows + "a,b,\n", {}, "row 13: column 'label' has no label"),
+           "word_label.csv": ("text,pair,label\n" + rows + "a,b,high\n", {"regression": True},
+                              "row 13: label 'high' in column 'label' is not a finite number (data.regression=true)"),
+           "inf_label.csv": ("text,pair,label\n" + rows + "a,b,inf\n", {"regression": True},
+                             "row 13: label inf in column 'label' is not a finite number")}
+    tokens = [{"tokens": ["in", "the", "beginning"], "tags": ["O", "O", "N"]}] * 12
+    jsonl = {"string_words.jsonl": ([*tokens, {"tokens": "in the beginning", "tags": ["O", "O", "N"]}],
+                                   {"token_task": True}, "row 13: column 'tokens' holds a str, not a list of words"),
+            "short_tags.jsonl": ([*tokens, {"tokens": ["in", "the"], "tags": ["O"]}], {"token_task": True},
+                                 "row 13: column 'tags' holds 1 tags for 2 words (a token task needs one tag per word)"),
+            "empty_word.jsonl": ([*tokens, {"tokens": ["in", ""], "tags": ["O", "N"]}], {"token_task": True},
+                                 "row 13: column 'tokens' has no words or an empty word"),
+            "tag_list.jsonl": ([*tokens, {"tokens": ["in"], "tags": ["O"]}], {}, "row 1: column 'tags' holds a list; "
+                               "a sequence task needs one label per row (data.token_task=true for tags per word)")}
+    cases = [(name, text.encode(), opts, message) for name, (text, opts, message) in csv.items()]
+    cases += [(name, "".join(json.dumps(r) + "\n" for r in data).encode(), opts, message)
+              for name, (data, opts, message) in jsonl.items()]
+    for name, data, opts, message in cases:
+        (tmp_path / name).write_bytes(data)
+        kind = "csv" if name.endswith(".csv") else "json"
+        if kind == "json":
+            opts = {"text_column": "tokens", "label_column": "tags", **opts}
+        with pytest.raises(InputDataError, match=re.escape(f"task file '{tmp_path / name}' {message}")) as err:
+            load_task(f"{kind}:{tmp_path / name}", LocalTaskOptions(**opts))
+        assert "\n" not in str(err.value)
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps(r) + "\n" for r in tokens), encoding="utf-8")
+    spec, train, evaluation = load_task(f"json:{good}", LocalTaskOptions(text_column="tokens", label_column="tags",
+                                                                         token_task=True))
+    assert spec.kind == "token" and spec.label_names == ("N", "O") and len(train) + len(evaluation) == 12
+    assert main(["finetune", "--model", str(tiny), "--task", f"csv:{tmp_path / 'word_label.csv'}",
+                 "data.regression=true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "row 13: label 'high'" in err, err
 
 
 def test_a_bad_task_file_exits_2_with_one_line(tiny, tmp_path, capsys):

@@ -104,6 +104,24 @@ def test_missing_file_is_named(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no temporary folder left behind
 
 
+def test_a_folder_as_a_source_is_named_as_a_folder(tmp_path):
+    """A folder where a file belongs is not 'not found'; a pattern that matches only folders says so; a recursive
+    pattern reads the files under the folders it matches and not the folders themselves."""
+    from data_pipeline.raw_text import resolve_files
+
+    corpus = tmp_path / "corpus"
+    (corpus / "part").mkdir(parents=True)
+    with pytest.raises(InputDataError, match=re.escape(f"input file '{corpus}' is a folder; name a file in it "
+                                                       f"(e.g. '{corpus / '*.txt'}')")):
+        prepare(_cfg(tmp_path / "out", corpus))
+    with pytest.raises(InputDataError, match=r"no file matches the pattern '.*/corpus/\*' \(only the folder\(s\)"):
+        resolve_files(f"{corpus}/*")
+    (corpus / "part" / "a.txt").write_text("in the beginning\n")
+    (corpus / "b.txt").write_text("and the earth\n")
+    assert resolve_files(f"{corpus}/**") == [str(corpus / "b.txt"), str(corpus / "part" / "a.txt")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+
+
 def test_empty_corpus(tmp_path):
     src = tmp_path / "empty.txt"
     src.write_text("\n\n   \n\n")
