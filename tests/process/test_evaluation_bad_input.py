@@ -234,7 +234,11 @@ def test_settings_the_model_or_data_cannot_meet_are_one_line(tiny, tmp_path, cap
               "config key 'max_eval_samples' must be >= 0"),
              ([*probe, f"data.validation_file={dev}"], f"task file '{dev}' has no column 'label'"),
              (["evaluate", "self-similarity", "--model", str(tiny), "--text", str(text), "--out", "."],
-              "--out '.' names a folder")]
+              "--out '.' names a folder"),
+             (["evaluate", "self-similarity", "--model", str(tiny), "--text", str(tmp_path), "--out",
+               str(tmp_path / "s.json")],
+              f"--text '{tmp_path}' is a folder; name a file in it"),
+             (["finetune", "--model", str(tiny), "--task", f"csv:{tmp_path}"], f"task file '{tmp_path}' is a folder")]
     for argv, message in cases:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
