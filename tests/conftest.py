@@ -187,7 +187,7 @@ def _run_ranks(module: str, args: list[str], n: int, timeout: int, check: bool) 
 def train_runs_in_one_process(runs: list[dict], spec: Path, timeout: int = 900) -> None:
     """Train (and probe) several runs one after the other in one pair of ranks (tests/helpers/train_and_probe.py
     --runs): a process group start-up and a DeepSpeed set-up per run, not a launch.
-    `runs`: [{"probe_out": FILE, "args": [...]}, ...]."""
+    `runs`: [{"probe_out": FILE, "args": [...]}, ...] (no probe_out: train only)."""
     spec.write_text(json.dumps(runs))
     proc = _run_ranks("tests/helpers/train_and_probe.py", ["--runs", str(spec)], 2, timeout, check=False)
     assert proc.returncode == 0, proc.stderr[-8000:]
@@ -293,13 +293,14 @@ def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> None:
 # Longest modules first, so that `pytest -n 2 --dist loadfile` (the Makefile's test command) starts the long, mostly
 # waiting SLURM module at once and packs the short ones around the long ones (measured durations on the 2-core machine;
 # a module not listed runs after these, in collection order, and the SPREAD modules' tests come last).
-LONGEST_FIRST = ["test_slurm", "test_transformers_versions", "test_family_objectives", "test_train_resume",
-                 "test_objective_training", "test_object_storage", "test_export_stages", "test_evaluation",
-                 "test_parallel_and_integrity", "test_launch", "test_engine_configs", "test_preloaded", "test_tracking",
-                 "test_wheel", "test_compile_check", "test_diagnostics", "test_launch_checks", "test_errors",
-                 "test_hot_loop", "test_peer_loss", "test_preemption", "test_elastic", "test_objective_behaviour",
-                 "test_config_errors", "test_layering_at_run_time", "test_linear_probe", "test_sentence_embeddings",
-                 "test_host_memory", "test_compile_regions", "test_export"]
+LONGEST_FIRST = ["test_slurm", "test_transformers_versions", "test_train_resume", "test_gpu_throughput_cpu",
+                 "test_engine_configs", "test_family_objectives", "test_compile_regions", "test_objective_training",
+                 "test_compile_check", "test_object_storage", "test_preloaded", "test_evaluation",
+                 "test_rotary_tables_benchmark", "test_rotary_tables", "test_export_stages", "test_tracking",
+                 "test_gpu_queue_run", "test_elastic", "test_launch", "test_launch_checks", "test_hot_loop",
+                 "test_parallel_and_integrity", "test_peer_loss", "test_wheel", "test_diagnostics", "test_errors",
+                 "test_preemption", "test_objective_behaviour", "test_config_errors", "test_layering_at_run_time",
+                 "test_linear_probe", "test_sentence_embeddings", "test_host_memory", "test_export"]
 # Modules whose tests share no fixture of their own that costs anything to build: under `--dist loadfile` their tests go
 # to whichever worker is free, one by one. Every other module runs whole on one worker (its module fixtures, such as a
 # module's 2-rank training runs, built once).

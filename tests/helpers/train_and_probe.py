@@ -13,6 +13,7 @@ import contextlib
 import gc
 import json
 import sys
+from typing import Optional
 
 import torch
 
@@ -21,12 +22,18 @@ from pretrain.config import RunConfig
 from pretrain.run import build_trainer
 
 
-def train_and_probe(config: str, overrides: list[str], probe_out: str) -> None:
-    """Train one run, then probe the engine's module in eval mode (every rank joins; rank 0 writes)."""
+def train_and_probe(config: str, overrides: list[str], probe_out: Optional[str]) -> None:
+    """Train one run, then probe the engine's module in eval mode (every rank joins; rank 0 writes); no probe_out:
+    train only."""
     trainer = build_trainer(load_config(RunConfig, config, overrides))
     norms = _compare_grad_norms(trainer.engine.ds.optimizer)
     clips = _compare_clips(trainer.engine.ds.optimizer)
     trainer.fit()
+    if probe_out is None:
+        trainer.engine.ds.destroy()
+        del trainer
+        gc.collect()
+        return
     module = trainer.engine.module
     module.eval()
     g = torch.Generator().manual_seed(0)
@@ -119,7 +126,7 @@ def main() -> None:
     if args.runs:
         for run in json.loads(open(args.runs).read()):
             config, overrides = run["args"][1], run["args"][2:]
-            train_and_probe(config, overrides, run["probe_out"])
+            train_and_probe(config, overrides, run.get("probe_out"))
     else:
         train_and_probe(args.config, args.overrides, args.probe_out)
 

@@ -127,8 +127,9 @@ def test_the_compiled_step_reads_tables_instead_of_evaluating_cos_and_sin(name, 
     objective = _build("modernbert", name, tok, tmp_path).train()
     batch = _batch(tok, name)
     objective(batch)  # TACO's first call installs transformers' hidden-state hooks, which break a graph (test_one_graph)
-    graphs, calls = _trig_calls(objective, batch)
-    assert graphs == 1 and len(calls) >= 4, calls  # transformers' forward: cos and sin per attention kind
+    if name == "mlm":  # the capture sees cos and sin where they are (test_one_graph traces every untabled step whole)
+        graphs, calls = _trig_calls(objective, batch)
+        assert graphs == 1 and len(calls) >= 4, calls  # transformers' forward: cos and sin per attention kind
     tabulate_rotary(objective)
     graphs, calls = _trig_calls(objective, batch)
     assert graphs == 1 and calls == []
