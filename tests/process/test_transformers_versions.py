@@ -32,6 +32,8 @@ ACROSS_PROCESSES = {"test_the_compatibility_subset_passes_on_transformers_4",
 RELKQ = "model.position_embedding=relative_key_query"
 EXPECTED_STACK = "CONTRASTIVE_PRETRAIN_EXPECTED_STACK"
 ROUNDTRIP = REPO / "tests" / "helpers" / "export_roundtrip.py"
+ON_4X = REPO / "tests" / "helpers" / "on_transformers4.py"
+TRAIN_MARK = "---- training with relative positions ----"  # on_transformers4.py's line before the run
 
 
 def _on_4x(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
@@ -193,19 +195,53 @@ def test_a_folder_saved_in_bfloat16_is_read_in_float32(tmp_path):
 
 
 # ---- across processes and majors ----------------------------------------------------------------------------
-def test_the_compatibility_subset_passes_on_transformers_4():
-    """The subset's tests pass on the overlay's transformers 4.57 (its first test checks the versions it runs on)."""
+RELATIVE_RUN = ["train", "--config", "pretrain/configs/demo_mlm.yaml", *TINY_MODEL, RELKQ, "train.micro_batch_size=4",
+                "train.global_batch_size=4", "train.max_steps=2", "train.eval_every=0", "train.save_every=2"]
+
+
+@pytest.fixture(scope="module")
+def on_4x(prepared, tmp_path_factory) -> dict:
+    """The three parts that run under 4.57, in one process (tests/helpers/on_transformers4.py): the compatibility
+    subset, the exports written here read there and its own written, a run with relative positions trained and
+    exported. {"stdout", "report": each part's {"result"} or {"error"}, "base": the folder}."""
+    sys.path.insert(0, str(ROUNDTRIP.parent))
+    try:
+        import export_roundtrip
+    finally:
+        sys.path.remove(str(ROUNDTRIP.parent))
+    base = tmp_path_factory.mktemp("on_4x")
+    written = export_roundtrip.write(base / "from5", prepared)
     both = [name for name in globals() if name.startswith("test_") and name not in ACROSS_PROCESSES]
+    spec = {"subset": ["-v", "-p", "no:cacheprovider", *COMPAT_UNITS,
+                       *(f"{Path(__file__).relative_to(REPO)}::{name}" for name in both)],
+            "read": str(base / "from5"), "write": str(base / "from4"), "prepared": str(prepared),
+            "train": [*RELATIVE_RUN, f"data.path={prepared}", f"train.output_dir={base / 'run4'}"],
+            "export": ["export", "--checkpoint", str(base / "run4"), "--out", str(base / "export4")]}
+    (base / "spec.json").write_text(json.dumps(spec))
+    proc = _on_4x([sys.executable, str(ON_4X), str(base / "spec.json")], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {"stdout": proc.stdout, "report": json.loads(proc.stdout.strip().splitlines()[-1]), "base": base,
+            "written_5": written, "both": both}
+
+
+def _part(on_4x: dict, name: str):
+    """A part's result; its traceback (and the process's last output) as the failure when it raised."""
+    part = on_4x["report"][name]
+    assert "error" not in part, part.get("error", "") + on_4x["stdout"][-3000:]
+    return part["result"]
+
+
+def test_the_compatibility_subset_passes_on_transformers_4(on_4x):
+    """The subset's tests pass on the overlay's transformers 4.57 (its first test checks the versions it runs on)."""
+    both = on_4x["both"]
     assert ACROSS_PROCESSES < set(globals()) and "test_the_stack_is_the_one_this_run_expects" in both
-    proc = _on_4x([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *COMPAT_UNITS,
-                   *(f"{Path(__file__).relative_to(REPO)}::{name}" for name in both)], timeout=900)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    assert " failed" not in proc.stdout and " skipped" not in proc.stdout and " deselected" not in proc.stdout, \
-        proc.stdout[-500:]
-    assert all(f"::{name} PASSED" in proc.stdout for name in both), proc.stdout[-6000:]
+    out = on_4x["stdout"].split(TRAIN_MARK)[0]
+    assert _part(on_4x, "subset") == 0, out[-6000:]
+    assert " failed" not in out and " skipped" not in out and " deselected" not in out, out[-500:]
+    assert all(f"::{name} PASSED" in out for name in both), out[-6000:]
 
 
-def test_exports_written_on_one_major_load_the_same_on_the_other(prepared, tmp_path):
+def test_exports_written_on_one_major_load_the_same_on_the_other(on_4x):
     """Every exported class family saved under 5.x gives the same outputs (1e-5) in 4.57, and the reverse; BERT
     with relative positions, saved under 4.x, does not under 5.x (the limit is real) and is refused there."""
     sys.path.insert(0, str(ROUNDTRIP.parent))
@@ -213,47 +249,41 @@ def test_exports_written_on_one_major_load_the_same_on_the_other(prepared, tmp_p
         import export_roundtrip
     finally:
         sys.path.remove(str(ROUNDTRIP.parent))
-    written_5 = export_roundtrip.write(tmp_path / "from5", prepared)
-    on_4 = _on_4x([sys.executable, str(ROUNDTRIP), str(tmp_path / "from5"), str(tmp_path / "from4"), str(prepared)])
-    assert on_4.returncode == 0, on_4.stderr[-3000:]
-    report = json.loads(on_4.stdout.strip().splitlines()[-1])
+    report, base = _part(on_4x, "roundtrip"), on_4x["base"]
     gaps = report["read"]
-    assert sorted(gaps) == sorted(written_5) and len(gaps) == 8
+    assert sorted(gaps) == sorted(on_4x["written_5"]) and len(gaps) == 8
     assert all(gap <= 1e-5 for gap in gaps.values()), gaps
 
-    gaps = export_roundtrip.read(tmp_path / "from4")
+    gaps = export_roundtrip.read(base / "from4")
     assert sorted(gaps) == sorted(report["written"]) and "bert-relkq-mlm-root" in gaps
     relative = gaps.pop("bert-relkq-mlm-root")
     assert all(gap <= 1e-5 for gap in gaps.values()), gaps
     assert relative > 1e-2  # 5.x reads the folder with no error and computes something else
     with pytest.raises(ConfigError, match="position_embedding_type=relative_key_query"):
-        check_model_folder(tmp_path / "from4" / "bert-relkq-mlm-root")
+        check_model_folder(base / "from4" / "bert-relkq-mlm-root")
 
 
-def test_relative_position_runs_train_and_export_on_4_and_are_refused_on_5(prepared, tmp_path, capsys):
+def test_relative_position_runs_train_and_export_on_4_and_are_refused_on_5(on_4x, prepared, tmp_path, capsys):
     """Under 5.x training with relative positions exits 2 with one line; under 4.x it trains and exports, its model
     card and config.json naming the limit; that run's export under 5.x exits 2 with one line."""
-    train = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", *TINY_MODEL, RELKQ,
-             "train.micro_batch_size=4", "train.global_batch_size=4", "train.max_steps=2", "train.eval_every=0",
-             "train.save_every=2"]
+    train = [*RELATIVE_RUN, f"data.path={prepared}"]
     refused = _refused([*train, f"train.output_dir={tmp_path / 'run5'}"], capsys)
     assert "model.position_embedding=relative_key_query" in refused and "model.architecture=modernbert" in refused
     assert not (tmp_path / "run5").exists()
 
-    export = ["export", "--checkpoint", str(tmp_path / "run4"), "--out", str(tmp_path / "export4")]
-    train_4 = [*train, f"train.output_dir={tmp_path / 'run4'}"]
-    code = f"from pretrain.cli import main\nassert main({train_4!r}) == 0, 'train'\nraise SystemExit(main({export!r}))\n"
-    run = _on_4x([sys.executable, "-c", code])
-    assert run.returncode == 0 and "finished at step 2" in run.stdout, run.stdout[-2000:] + run.stderr[-3000:]
-    assert json.loads((tmp_path / "export4" / "config.json").read_text())["requires_transformers"] == "<5"
-    assert "loads correctly only in transformers<5" in (tmp_path / "export4" / "README.md").read_text()
+    run4 = on_4x["base"] / "run4"  # trained in the fixture's process
+    log = on_4x["stdout"].split(TRAIN_MARK)[-1]
+    assert _part(on_4x, "relative") == {"train": 0, "export": 0} and "finished at step 2" in log, log[-3000:]
+    export4 = on_4x["base"] / "export4"
+    assert json.loads((export4 / "config.json").read_text())["requires_transformers"] == "<5"
+    assert "loads correctly only in transformers<5" in (export4 / "README.md").read_text()
 
-    line = _refused(["export", "--checkpoint", str(tmp_path / "run4"), "--out", str(tmp_path / "export5")], capsys)
+    line = _refused(["export", "--checkpoint", str(run4), "--out", str(tmp_path / "export5")], capsys)
     assert "relative_key_query" in line and "transformers<5" in line and "modernbert" in line
     assert not (tmp_path / "export5").exists()
     # Resuming it under 5.x, with the only position setting 5.x accepts, is refused by the checkpoint's own config.
-    before = sorted(p.name for p in (tmp_path / "run4").iterdir())
-    absolute = [a for a in train if a != RELKQ] + ["train.max_steps=4", f"train.output_dir={tmp_path / 'run4'}"]
+    before = sorted(p.name for p in run4.iterdir())
+    absolute = [a for a in train if a != RELKQ] + ["train.max_steps=4", f"train.output_dir={run4}"]
     line = _refused(absolute, capsys)
     assert "checkpoint" in line and "position_embedding_type=relative_key_query" in line and "modernbert" in line
-    assert sorted(p.name for p in (tmp_path / "run4").iterdir()) == before
+    assert sorted(p.name for p in run4.iterdir()) == before
