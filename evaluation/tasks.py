@@ -156,37 +156,50 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
 
 def _check_rows(file: str, table: Any, local: LocalTaskOptions) -> None:
     """Refuse the first row a task cannot use, by its number (1 = the first row after a csv header): a missing or
-    blank text, a missing label, a regression label that is not a number, a token row that is not a list of words
-    with one tag each. Otherwise a missing cell would train on the string 'None' and a string would be split into
-    characters."""
+    blank text, a missing label, a regression label that is not a number, a list where a sequence task wants one
+    value, a token row that is not a list of words with one tag each. Otherwise a missing cell would train on the
+    string 'None', a list on its printed form, and a string of words would be split into characters."""
     def refuse(row: int, problem: str) -> None:
         raise InputDataError(f"task file '{file}' row {row + 1}: {problem}")
 
+    # The columns read at once, as Python values (a Dataset's column object decodes row by row; its arrow form holds
+    # a column of mixed types as JSON text).
+    columns = table.select_columns(list(dict.fromkeys(filter(None, (local.text_column, local.pair_column,
+                                                                     local.label_column)))))[:]
+    token_hint = "(data.token_task=true for a list per row)"
     for column in filter(None, (local.text_column, local.pair_column)):
-        for row, value in enumerate(list(table[column])):
+        for row, value in enumerate(columns[column]):
             if local.token_task:
                 if not isinstance(value, list):
                     refuse(row, f"column '{column}' holds a {type(value).__name__}, not a list of words "
                                 "(data.token_task=true)")
-                if not value or any(w is None or not str(w).strip() for w in value):
+                if not value or any(_blank(w) for w in value):
                     refuse(row, f"column '{column}' has no words or an empty word")
-            elif value is None or (isinstance(value, str) and not value.strip()):
+            elif isinstance(value, (list, dict)):
+                refuse(row, f"column '{column}' holds a {type(value).__name__}; a sequence task reads one text {token_hint}")
+            elif _blank(value):
                 refuse(row, f"column '{column}' has no text")
-    words = list(table[local.text_column]) if local.token_task else None
-    for row, value in enumerate(list(table[local.label_column])):
-        if value is None:
-            refuse(row, f"column '{local.label_column}' has no label")
+    label = local.label_column
+    for row, value in enumerate(columns[label]):
+        if _blank(value):
+            refuse(row, f"column '{label}' has no label")
         if local.token_task:
-            if not isinstance(value, list) or len(value) != len(words[row]) or any(t is None for t in value):
+            words = len(columns[local.text_column][row])
+            if not isinstance(value, list) or len(value) != words:
                 count = f"{len(value)} tags" if isinstance(value, list) else f"a {type(value).__name__}"
-                refuse(row, f"column '{local.label_column}' holds {count} for {len(words[row])} words "
-                            "(a token task needs one tag per word)")
+                refuse(row, f"column '{label}' holds {count} for {words} words (a token task needs one tag per word)")
+            missing = [i for i, tag in enumerate(value) if _blank(tag)]
+            if missing:
+                refuse(row, f"column '{label}' has no tag for word {missing[0] + 1}")
         elif isinstance(value, (list, dict)):
-            refuse(row, f"column '{local.label_column}' holds a {type(value).__name__}; a sequence task needs one label "
-                        "per row (data.token_task=true for tags per word)")
+            refuse(row, f"column '{label}' holds a {type(value).__name__}; a sequence task needs one label per row "
+                        f"{token_hint}")
         elif local.regression and (isinstance(value, bool) or not _is_finite_number(value)):
-            refuse(row, f"label {value!r} in column '{local.label_column}' is not a finite number "
-                        "(data.regression=true)")
+            refuse(row, f"label {value!r} in column '{label}' is not a finite number (data.regression=true)")
+
+
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
 
 
 def _is_finite_number(value: Any) -> bool:
@@ -206,7 +219,9 @@ def _read_task_file(kind: str, file: str, split: str, encoding: str) -> Any:
         raise InputDataError(f"task file '{file}' is empty")
     if kind == "json":
         _check_utf8(file)
-    kwargs = {"encoding": encoding} if kind == "csv" else {}
+    # csv: a cell is its text. pandas' default would read 'NA', 'N/A', 'null' or 'None' as a missing value, and a
+    # class named NA (common in relation classification) as no label at all; a blank cell stays blank and is refused.
+    kwargs = {"encoding": encoding, "keep_default_na": False} if kind == "csv" else {}
     # datasets logs its own "Failed to read file" line before raising; the one line below replaces it.
     verbosity = datasets_logging.get_verbosity()
     datasets_logging.set_verbosity(datasets_logging.CRITICAL)

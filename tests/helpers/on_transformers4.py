@@ -13,10 +13,13 @@ SPEC: {"subset": [pytest args], "read": DIR, "write": DIR, "prepared": DIR, "tra
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
+SUBSET_END = "---- end of the compatibility subset ----"
 TRAIN_MARK = "---- training with relative positions ----"
 
 
@@ -31,7 +34,16 @@ def _part(run) -> dict:
 def _subset(args: list[str]) -> int:
     import pytest
 
-    return int(pytest.main(args))
+    # The suite's conftest may point TMPDIR (and inductor's cache) at a folder of its own and remove it at the end:
+    # the parts after it run in this process's own environment, as their separate processes did.
+    environ, tempdir = dict(os.environ), tempfile.tempdir
+    try:
+        return int(pytest.main(args))
+    finally:
+        print(SUBSET_END, flush=True)
+        os.environ.clear()
+        os.environ.update(environ)
+        tempfile.tempdir = tempdir
 
 
 def _roundtrip(read: str, write: str, prepared: str) -> dict:

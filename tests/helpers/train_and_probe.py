@@ -26,14 +26,15 @@ def train_and_probe(config: str, overrides: list[str], probe_out: Optional[str])
     """Train one run, then probe the engine's module in eval mode (every rank joins; rank 0 writes); no probe_out:
     train only."""
     trainer = build_trainer(load_config(RunConfig, config, overrides))
-    norms = _compare_grad_norms(trainer.engine.ds.optimizer)
-    clips = _compare_clips(trainer.engine.ds.optimizer)
-    trainer.fit()
-    if probe_out is None:
+    if probe_out is None:  # no probe to hold the comparisons: the step as it is
+        trainer.fit()
         trainer.engine.ds.destroy()
         del trainer
         gc.collect()
         return
+    norms = _compare_grad_norms(trainer.engine.ds.optimizer)
+    clips = _compare_clips(trainer.engine.ds.optimizer)
+    trainer.fit()
     module = trainer.engine.module
     module.eval()
     g = torch.Generator().manual_seed(0)

@@ -145,8 +145,9 @@ def test_unreadable_task_files_are_one_line_naming_the_file(tmp_path):
 
 def test_rows_a_task_cannot_use_are_refused_by_their_number(tiny, tmp_path, capsys):
     """A blank or missing text or pair, a missing label, a regression label that is not a finite number, a list where
-    a sequence task wants one label, a token row that is a string (it was split into characters) or has a tag count
-    unlike its word count: one line naming the file, the row and the column, before any model is loaded."""
+    a sequence task wants one text or label, a token row that is a string (it was split into characters), has a tag
+    count unlike its word count or a missing tag: one line naming the file, the row and the column, before any model
+    is loaded. A csv's 'NA' is a class, not a missing label."""
     from evaluation.tasks import LocalTaskOptions, load_task
     from pretrain.cli import main
 
@@ -156,6 +157,8 @@ def test_rows_a_task_cannot_use_are_refused_by_their_number(tiny, tmp_path, caps
            "no_pair.csv": ("text,pair,label\n" + rows + "a,,1\n", {"pair_column": "pair"},
                            "row 13: column 'pair' has no text"),
            "no_label.csv": ("text,pair,label\n" + rows + "a,b,\n", {}, "row 13: column 'label' has no label"),
+           "no_score.csv": ("text,pair,label\n" + rows + "a,b, \n", {"regression": True},
+                            "row 13: column 'label' has no label"),
            "word_label.csv": ("text,pair,label\n" + rows + "a,b,high\n", {"regression": True},
                               "row 13: label 'high' in column 'label' is not a finite number (data.regression=true)"),
            "inf_label.csv": ("text,pair,label\n" + rows + "a,b,inf\n", {"regression": True},
@@ -167,8 +170,12 @@ def test_rows_a_task_cannot_use_are_refused_by_their_number(tiny, tmp_path, caps
                                  "row 13: column 'tags' holds 1 tags for 2 words (a token task needs one tag per word)"),
             "empty_word.jsonl": ([*tokens, {"tokens": ["in", ""], "tags": ["O", "N"]}], {"token_task": True},
                                  "row 13: column 'tokens' has no words or an empty word"),
-            "tag_list.jsonl": ([*tokens, {"tokens": ["in"], "tags": ["O"]}], {}, "row 1: column 'tags' holds a list; "
-                               "a sequence task needs one label per row (data.token_task=true for tags per word)")}
+            "null_tag.jsonl": ([*tokens, {"tokens": ["in", "the"], "tags": ["O", None]}], {"token_task": True},
+                               "row 13: column 'tags' has no tag for word 2"),
+            "word_list.jsonl": ([*tokens, {"tokens": ["in"], "tags": ["O"]}], {}, "row 1: column 'tokens' holds a "
+                                "list; a sequence task reads one text (data.token_task=true for a list per row)"),
+            "tag_list.jsonl": ([{"tokens": "in the beginning", "tags": ["O"]}] * 13, {}, "row 1: column 'tags' holds "
+                               "a list; a sequence task needs one label per row (data.token_task=true for a list per row)")}
     cases = [(name, text.encode(), opts, message) for name, (text, opts, message) in csv.items()]
     cases += [(name, "".join(json.dumps(r) + "\n" for r in data).encode(), opts, message)
               for name, (data, opts, message) in jsonl.items()]
@@ -180,6 +187,14 @@ def test_rows_a_task_cannot_use_are_refused_by_their_number(tiny, tmp_path, caps
         with pytest.raises(InputDataError, match=re.escape(f"task file '{tmp_path / name}' {message}")) as err:
             load_task(f"{kind}:{tmp_path / name}", LocalTaskOptions(**opts))
         assert "\n" not in str(err.value)
+    # A csv cell is its text: 'NA' is a class, 'N/A' and '3' are texts (pandas' default reads the first two as
+    # missing), and a label 0 is a label.
+    named = tmp_path / "named.csv"
+    named.write_text("text,label\n" + "".join(f"word {i},{['NA', 'yes', 0][i % 3]}\n" for i in range(12))
+                     + "N/A,NA\n3,yes\n", encoding="utf-8")
+    spec, train, evaluation = load_task(f"csv:{named}", LocalTaskOptions(val_fraction=0.5))
+    assert spec.label_names == ("0", "NA", "yes")
+    assert {"N/A", "3"} <= {*train["text"], *evaluation["text"]}
     good = tmp_path / "good.jsonl"
     good.write_text("".join(json.dumps(r) + "\n" for r in tokens), encoding="utf-8")
     spec, train, evaluation = load_task(f"json:{good}", LocalTaskOptions(text_column="tokens", label_column="tags",

@@ -72,7 +72,7 @@ def runs(prepared, sop_data, document_data, tmp_path_factory):
         data_dir = {"sop": sop_data, "documents": document_data}.get(data, prepared)
         straight, resumed = base / f"{name}-straight", base / f"{name}-resumed"
         todo = by_stage.setdefault(stage, [])
-        # A stop saves whatever save_every says: only ELECTRA's straight run keeps the steps around its switch.
+        # A stop and the last step always save; only ELECTRA's tests read tags between them (4 and 6).
         save_every = 2 if name.startswith("electra_two_stage") else STEPS
         todo.append({"probe_out": str(base / f"{name}.probe.pt"),
                      "args": _args(data_dir, straight, extra, stage, save_every=save_every)})

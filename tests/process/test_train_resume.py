@@ -266,6 +266,7 @@ def test_compiled_step_stop_resume_and_export_exactly(prepared, tmp_path):
     shutil.rmtree(RunDir(out).checkpoints / "step_00000006")
     resumed = run_cli("pretrain", _args(prepared, out, *compiled), nproc=1)
     assert re.search(r"resumed from \S+step_00000003 at step 3", resumed.stdout), resumed.stdout[-2000:]
+    assert "compiled the objective's step (encoders, heads and losses) with torch.compile" in resumed.stdout
     assert _train_losses(out) == _train_losses(straight) and sorted(_train_losses(out)) == list(range(1, 7))
     # Validation through the compiled step (step 5, after the resume).
     assert [r["step"] for r in _validation_rows(out)] == [5] and _validation_rows(out) == _validation_rows(straight)

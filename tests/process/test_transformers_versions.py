@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY_MODEL, restored_environ
+from helpers.on_transformers4 import SUBSET_END, TRAIN_MARK
 
 from core.errors import ConfigError, SetupError
 from model.backbones.base import check_model_folder, relative_positions_available, transformers_major
@@ -33,7 +34,6 @@ RELKQ = "model.position_embedding=relative_key_query"
 EXPECTED_STACK = "CONTRASTIVE_PRETRAIN_EXPECTED_STACK"
 ROUNDTRIP = REPO / "tests" / "helpers" / "export_roundtrip.py"
 ON_4X = REPO / "tests" / "helpers" / "on_transformers4.py"
-TRAIN_MARK = "---- training with relative positions ----"  # on_transformers4.py's line before the run
 
 
 def _on_4x(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
@@ -218,7 +218,10 @@ def on_4x(prepared, tmp_path_factory) -> dict:
             "train": [*RELATIVE_RUN, f"data.path={prepared}", f"train.output_dir={base / 'run4'}"],
             "export": ["export", "--checkpoint", str(base / "run4"), "--out", str(base / "export4")]}
     (base / "spec.json").write_text(json.dumps(spec))
-    proc = _on_4x([sys.executable, str(ON_4X), str(base / "spec.json")], timeout=900)
+    try:
+        proc = _on_4x([sys.executable, str(ON_4X), str(base / "spec.json")], timeout=1800)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the 4.57 process ran past {exc.timeout} s:\n{(exc.stdout or b'')[-3000:]!r}") from None
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {"stdout": proc.stdout, "report": json.loads(proc.stdout.strip().splitlines()[-1]), "base": base,
             "written_5": written, "both": both}
@@ -235,7 +238,7 @@ def test_the_compatibility_subset_passes_on_transformers_4(on_4x):
     """The subset's tests pass on the overlay's transformers 4.57 (its first test checks the versions it runs on)."""
     both = on_4x["both"]
     assert ACROSS_PROCESSES < set(globals()) and "test_the_stack_is_the_one_this_run_expects" in both
-    out = on_4x["stdout"].split(TRAIN_MARK)[0]
+    out = on_4x["stdout"].split(SUBSET_END)[0]
     assert _part(on_4x, "subset") == 0, out[-6000:]
     assert " failed" not in out and " skipped" not in out and " deselected" not in out, out[-500:]
     assert all(f"::{name} PASSED" in out for name in both), out[-6000:]
