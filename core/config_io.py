@@ -5,10 +5,11 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 import yaml
 
@@ -101,10 +102,28 @@ def _coerce_scalar(value: Any, tp: type, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+        # No key means anything by nan or inf, and nan passes every range check written as a comparison.
+        if not math.isfinite(value):
+            raise ConfigError(f"config key '{key}': expected a finite number, got {value!r}")
         return float(value)
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
     return str(value)
+
+
+def check_range(prefix: str, obj: Any, keys: tuple[str, ...], above: Optional[float] = None,
+                at_least: Optional[float] = None, at_most: Optional[float] = None) -> None:
+    """ConfigError naming the first of `keys` (fields of `obj`, unset ones skipped; `prefix` the section, "" for the
+    top level) outside > above, >= at_least and <= at_most."""
+    rule = " and ".join(f"{op} {bound:g}" for op, bound in ((">", above), (">=", at_least), ("<=", at_most))
+                        if bound is not None)
+    for key in keys:
+        value = getattr(obj, key)
+        if value is None:
+            continue
+        if ((above is not None and not value > above) or (at_least is not None and not value >= at_least)
+                or (at_most is not None and not value <= at_most)):
+            raise ConfigError(f"config key '{prefix + '.' if prefix else ''}{key}' must be {rule}, got {value}")
 
 
 def coerce_value(value: Any, tp: Any, key: str) -> Any:

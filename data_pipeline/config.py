@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from core.config_io import check_range
 from core.errors import ConfigError
 
 
@@ -51,6 +52,8 @@ class TokenizerConfig:
         if self.max_training_documents < 1:
             raise ConfigError("config key 'tokenizer.max_training_documents' must be >= 1, got "
                               f"{self.max_training_documents}")
+        # sentencepiece's own bounds, which it checks only after the corpus has been read and sampled.
+        check_range("tokenizer", self, ("character_coverage",), at_least=0.98, at_most=1)
 
 
 @dataclass
@@ -121,3 +124,5 @@ class PrepareConfig:
             raise ConfigError(f"config key 'short_seq_prob' must be in [0, 1], got {self.short_seq_prob}")
         if not 0.0 <= self.val_fraction < 0.5:
             raise ConfigError(f"config key 'val_fraction' must be in [0, 0.5), got {self.val_fraction}")
+        if self.seed < 0:  # the tokenizer's sampling, the split's hash and the mixture's generator take no sign
+            raise ConfigError(f"config key 'seed' must be >= 0, got {self.seed}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import importlib
 import os
 import random
 import re
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Opt
 import torch
 
 from core import distributed as dist
+from core.config_io import check_range
 from core.errors import ConfigError, MissingFileError
 from core.shared_memory import SHM_DIR, machine_lock, remove_unheld_segments
 from core.streaming_import import require_streaming
@@ -68,9 +70,17 @@ class LoaderConfig:
     clean_stale_shared_memory: bool = True
 
     def validate(self) -> None:
-        """Refuse a worker count no loader can have before anything starts."""
+        """Refuse a worker count, a shuffle or a canonical node count no loader can have, before anything starts."""
         if self.num_workers != "auto" and self.num_workers < 0:
             raise ConfigError(f"config key 'data.num_workers' must be auto or >= 0, got {self.num_workers}")
+        # 0 would let streaming take the physical node count: the order would then depend on the cluster.
+        check_range("data", self, ("num_canonical_nodes",), at_least=1)
+        check_range("data", self, ("shuffle_seed",), at_least=0)
+        if self.shuffle_algo != LoaderConfig.shuffle_algo:  # the default is streaming's own; others are looked up
+            algos = sorted(importlib.import_module(require_streaming().__name__ + ".base.shuffle").algos)
+            if self.shuffle_algo not in algos:
+                raise ConfigError(f"config key 'data.shuffle_algo' must be one of streaming's {', '.join(algos)}, got "
+                                  f"{self.shuffle_algo!r}")
 
 
 @functools.cache

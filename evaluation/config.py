@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from core.config_io import check_range
 from core.errors import ConfigError
 
 
@@ -25,6 +26,11 @@ class LocalTaskOptions:
     regression: bool = False
     token_task: bool = False  # text column holds word lists, label column tag lists
     ignore_tag: Optional[str] = None  # token tasks: the tag of words that carry no label (sparse annotation)
+
+    def validate(self) -> None:
+        """A held-out share that leaves rows on both sides."""
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"config key 'data.val_fraction' must be in (0, 1), got {self.val_fraction}")
 
 
 @dataclass
@@ -66,6 +72,11 @@ class FinetuneConfig:
         for key in ("lr", "batch_size", "epochs", "max_length"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be > 0, got {getattr(self, key)}")
+        check_range("", self, ("weight_decay", "tacl_weight"), at_least=0)
+        check_range("", self, ("warmup_ratio",), at_least=0, at_most=1)
+        check_range("", self, ("tacl_temperature",), above=0)
+        if any(seed < 0 for seed in self.seeds):  # numpy's seed takes no sign
+            raise ConfigError(f"config key 'seeds' must hold seeds >= 0, got {self.seeds}")
         check_sample_caps(self)
 
     def recipe_overrides(self) -> dict:
@@ -124,6 +135,7 @@ class LinearProbeConfig:
             raise ConfigError(f"config key 'folds' must be >= 2, got {self.folds}")
         if self.max_length < 2 or self.batch_size < 1:
             raise ConfigError("config keys 'max_length' must be >= 2 and 'batch_size' >= 1")
+        check_range("", self, ("seed",), at_least=0)
         check_sample_caps(self)
 
 
@@ -162,3 +174,4 @@ class SentenceEmbeddingConfig:
             raise ConfigError(f"config key 'c_grid' needs positive values, got {self.c_grid}")
         if self.max_length < 2 or self.batch_size < 1 or self.max_examples < 0:
             raise ConfigError("config keys 'max_length' must be >= 2, 'batch_size' >= 1 and 'max_examples' >= 0")
+        check_range("", self, ("seed",), at_least=0)

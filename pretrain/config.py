@@ -188,6 +188,9 @@ class TrainConfig:
         if wall < 0 or (self.max_wall_time.strip() and wall == 0):
             raise ConfigError(f"config key 'train.max_wall_time' must be a duration such as 90m, 3600, 23:30:00 or "
                               f"1-00:00:00 (\"\": none), got {self.max_wall_time!r}")
+        if wall > 0 and self.deadline_margin_s >= wall:  # every launch would stop, save and requeue at once
+            raise ConfigError(f"config key 'train.deadline_margin_s' ({self.deadline_margin_s:g} s) must be less than "
+                              f"train.max_wall_time ({self.max_wall_time} = {wall:g} s)")
         if self.zero_stage not in ("auto", 0, 1, 2, 3):
             raise ConfigError(f"config key 'train.zero_stage' must be auto, 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.overlap_grad_reduce not in ("auto", True, False):

@@ -68,7 +68,7 @@ class AlbertBackbone(BertBackbone):
         if cfg.embedding_size is not None and not 0 < cfg.embedding_size <= cfg.hidden_size:
             raise ConfigError(f"config key 'model.embedding_size' ({cfg.embedding_size}) must be in "
                               f"[1, model.hidden_size={cfg.hidden_size}]")
-        groups = cfg.num_hidden_groups or 1
+        groups = 1 if cfg.num_hidden_groups is None else cfg.num_hidden_groups
         if groups < 1 or cfg.num_layers % groups:
             raise ConfigError(f"config key 'model.num_hidden_groups' ({groups}) must divide model.num_layers "
                               f"({cfg.num_layers})")

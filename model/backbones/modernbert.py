@@ -20,6 +20,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from core.config_io import check_range
 from core.errors import ConfigError
 from model.backbones.base import LOAD_DTYPE, Backbone
 from model.backbones.bert import scaled_shape
@@ -67,6 +68,13 @@ class ModernBertBackbone(Backbone):
     attention_kernels = ("sdpa", "eager", "flash_attention_2")
     config_keys = {**Backbone.config_keys, "dropout": ("embedding_dropout", "mlp_dropout"),
                    "attention_dropout": ("attention_dropout",), "local_attention": ("local_attention",)}
+
+    def check(self, cfg: EncoderConfig) -> None:
+        """The base's refusals, and a local window of at least 2 tokens (transformers' window is half of it each
+        side: 1 or less leaves a token only itself) and a global layer every n >= 1 layers."""
+        super().check(cfg)
+        check_range("model", cfg, ("local_attention",), at_least=2)
+        check_range("model", cfg, ("global_attn_every_n_layers",), at_least=1)
 
     def compile_mode(self, rotary_tables: bool) -> str:
         """The whole step where cos and sin come from tables: compiled whole it ran faster than per layer, with

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from core.config_io import check_range
 from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig
 from model import flops
@@ -115,6 +116,15 @@ class CocoLMOptions:
     scl_weight: float = 1.0
     # mlm: replacements sampled from the generator; uniform: drawn uniformly (a plumbing check).
     generator: Literal["mlm", "uniform"] = "mlm"
+
+    def validate(self) -> None:
+        """A generator of at least one layer and at most the main model's width; a positive temperature; weights
+        that do not turn a loss into one maximised."""
+        prefix = "objective.coco_lm"
+        check_range(prefix, self, ("generator_layers",), at_least=1)
+        check_range(prefix, self, ("generator_width",), above=0, at_most=1)
+        check_range(prefix, self, ("scl_temperature",), above=0)
+        check_range(prefix, self, ("copy_weight", "scl_weight"), at_least=0)
 
 
 class CocoLM(Objective):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
+from core.config_io import check_range
 from core.errors import ConfigError
 from data_pipeline.span_views import SpanViewOptions, SpanViews
 from model import flops
@@ -65,6 +66,10 @@ class DeclutrOptions:
     temperature: float = 0.05
     mlm_weight: float = 1.0
     spans: SpanViewOptions = field(default_factory=SpanViewOptions)
+
+    def validate(self) -> None:
+        """A non-negative MLM weight (a negative one maximises its loss)."""
+        check_range("objective.declutr", self, ("mlm_weight",), at_least=0)
 
 
 class Declutr(Objective):

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from core.config_io import check_range
 from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig
 from model import flops
@@ -86,6 +87,11 @@ class ElectraOptions:
     # > 0: two-stage training, the generator alone with MLM for this many steps, then the discriminator
     # (initialised from it) with RTD against the frozen generator. Needs generator_width = generator_depth = 1.
     two_stage_generator_steps: int = 0
+
+    def validate(self) -> None:
+        """Generator fractions in (0, 1] of the discriminator (a larger one was read as 1); a non-negative weight."""
+        check_range("objective.electra", self, ("generator_width", "generator_depth"), above=0, at_most=1)
+        check_range("objective.electra", self, ("rtd_weight",), at_least=0)
 
 
 def copy_weights(source: nn.Module, target: nn.Module) -> None:

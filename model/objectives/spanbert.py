@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from core.config_io import check_range
 from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig
 from model import flops
@@ -60,6 +61,10 @@ class SpanBertOptions:
 
     max_span_tokens: int = 32
     sbo_weight: float = 1.0
+
+    def validate(self) -> None:
+        """A non-negative SBO weight (a negative one maximises its loss)."""
+        check_range("objective.spanbert", self, ("sbo_weight",), at_least=0)
 
 
 class SpanBert(Objective):

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
+from core.config_io import check_range
 from core.errors import ConfigError
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig
 from model import flops
@@ -101,6 +102,11 @@ class TaCLOptions:
     cross_sequence_negatives: bool = False
     pair_head: Literal["none", "nsp"] = "none"
     weight: float = 1.0
+
+    def validate(self) -> None:
+        """A positive temperature (a negative one pushes the teacher's token away); a non-negative weight."""
+        check_range("objective.tacl", self, ("temperature",), above=0)
+        check_range("objective.tacl", self, ("weight",), at_least=0)
 
 
 class TaCL(Objective):

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
+from core.config_io import check_range
 from data_pipeline.masking import IGNORE_INDEX
 from model import flops
 from model.backbones import backbone_for
@@ -99,6 +100,12 @@ class TACOOptions:
     negatives: int = 50
     masked_only: bool = False
     weight: float = 1.0
+
+    def validate(self) -> None:
+        """A positive temperature, at least one negative, a non-negative weight."""
+        check_range("objective.taco", self, ("temperature",), above=0)
+        check_range("objective.taco", self, ("negatives",), at_least=1)
+        check_range("objective.taco", self, ("weight",), at_least=0)
 
 
 class TACO(Objective):

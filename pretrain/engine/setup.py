@@ -23,7 +23,7 @@ from pretrain.config import RunConfig
 from pretrain.engine.ds_config import (bf16_weights_for, build_ds_config, json_zero_stage, overlaps_grad_reduce,
                                        redacted)
 from pretrain.engine.deepspeed_engine import Engine, build_engine, compiles_whole_step
-from pretrain.engine.optim import build_optimizer, build_scheduler, optimizer_note, reset_schedule
+from pretrain.engine.optim import build_optimizer, build_scheduler, optimizer_note, reset_schedule, schedule_warning
 from pretrain.engine.zero_stage import choose_stage, device_memory_bytes
 
 
@@ -150,7 +150,8 @@ def set_up_engine(cfg: RunConfig, objective: nn.Module, resume: ResumePlan) -> t
             raise ConfigError(f"train.{key}={str(value).lower()} needs ZeRO stage 0-2, and {stage_note}: set "
                               f"train.zero_stage or train.{key}={off}")
     compile_mode, lever_notes = apply_model_levers(cfg, objective)
-    notes = [stage_note, optimizer_note(optimizer, cfg.optimizer), *lever_notes]
+    warmup = schedule_warning(cfg.train.max_steps, cfg.schedule)
+    notes = [stage_note, optimizer_note(optimizer, cfg.optimizer), *([warmup] if warmup else []), *lever_notes]
     buckets = stage == 0 and overlaps_grad_reduce(cfg.train.overlap_grad_reduce, world, stage)
     if buckets:
         unsupported = bucket_blockers(ds_config)

@@ -69,6 +69,91 @@ def test_values_torch_or_the_loop_would_refuse_late_are_named_at_load(override, 
         load_config(RunConfig, None, [override])
 
 
+@pytest.mark.parametrize("overrides, said", [
+    # nan passed every range check written as a comparison; inf means nothing for any key
+    (["optimizer.lr=nan"], "'optimizer.lr': expected a finite number, got nan"),
+    (["masking.mask_token_fraction=.nan"], "'masking.mask_token_fraction': expected a finite number, got nan"),
+    (["train.deadline_margin_s=inf"], "'train.deadline_margin_s': expected a finite number, got inf"),
+    (["train.max_wall_time=10m", "train.deadline_margin_s=600"],
+     r"'train.deadline_margin_s' \(600 s\) must be less than train.max_wall_time \(10m = 600 s\)"),
+    (["data.num_canonical_nodes=0"], "'data.num_canonical_nodes' must be >= 1, got 0"),
+    (["data.shuffle_seed=-1"], "'data.shuffle_seed' must be >= 0, got -1"),
+    (["data.shuffle_algo=bogus"], "'data.shuffle_algo' must be one of streaming's naive, py1br, py1e, py1s, py2s, got "
+                                  "'bogus'"),
+    (["objective.coco_lm.generator_width=0"], r"'objective.coco_lm.generator_width' must be > 0 and <= 1, got 0.0"),
+    (["objective.coco_lm.generator_layers=0"], "'objective.coco_lm.generator_layers' must be >= 1, got 0"),
+    (["objective.coco_lm.scl_temperature=0"], "'objective.coco_lm.scl_temperature' must be > 0"),
+    (["objective.coco_lm.copy_weight=-50"], "'objective.coco_lm.copy_weight' must be >= 0, got -50"),
+    (["objective.electra.generator_depth=1.5"], "'objective.electra.generator_depth' must be > 0 and <= 1, got 1.5"),
+    (["objective.electra.rtd_weight=-1"], "'objective.electra.rtd_weight' must be >= 0"),
+    (["objective.tacl.temperature=-0.01"], "'objective.tacl.temperature' must be > 0, got -0.01"),
+    (["objective.tacl.weight=-1"], "'objective.tacl.weight' must be >= 0"),
+    (["objective.taco.negatives=0"], "'objective.taco.negatives' must be >= 1, got 0"),
+    (["objective.taco.temperature=0"], "'objective.taco.temperature' must be > 0"),
+    (["objective.spanbert.sbo_weight=-1"], "'objective.spanbert.sbo_weight' must be >= 0"),
+    (["objective.declutr.mlm_weight=-1"], "'objective.declutr.mlm_weight' must be >= 0"),
+])
+def test_values_that_trained_something_else_or_failed_late_are_named_at_load(overrides, said):
+    """Found by an audit: each of these loaded, then trained another objective than asked (a maximised loss, a
+    generator clamped to one unit, an order that depends on the cluster), never saved before the deadline, or failed
+    with a traceback after the set-up."""
+    with pytest.raises(ConfigError, match=said):
+        load_config(RunConfig, None, overrides)
+
+
+def test_checks_against_the_model_and_masking_sections_name_what_to_set():
+    """plm masks nothing (XLNet's permutation reads the input whole): MLM on it learned to copy its input. A
+    ModernBERT window under 2 tokens leaves each token only itself; ALBERT's 0 groups were read as 1."""
+    from model.backbones import backbone_for
+    from model.objectives import resolve_objective
+
+    def checked(*overrides: str) -> None:
+        cfg = load_config(RunConfig, None, list(overrides))
+        resolve_objective(cfg.objective, cfg.model, cfg.masking)
+        backbone_for(cfg.model.architecture).check(cfg.model)
+
+    for name, masking in (("mlm", "masking.strategy=bert"), ("spanbert", "masking.strategy=span"),
+                          ("coco_lm", "masking.strategy=coco masking.crop_ratio=0.9")):
+        with pytest.raises(ConfigError, match=f"masking.strategy=plm is XLNet's \\(objective.name=xlnet\\); "
+                                              f"objective.name={name} needs masking that hides tokens \\({masking}\\)"):
+            checked(f"objective.name={name}", "masking.strategy=plm")
+    checked("objective.name=xlnet", "model.architecture=xlnet", "masking.strategy=plm")
+    modern = "model.architecture=modernbert"
+    with pytest.raises(ConfigError, match="'model.local_attention' must be >= 2, got 1"):
+        checked(modern, "model.local_attention=1")
+    with pytest.raises(ConfigError, match="'model.global_attn_every_n_layers' must be >= 1, got 0"):
+        checked(modern, "model.global_attn_every_n_layers=0")
+    checked(modern, "model.local_attention=2", "model.global_attn_every_n_layers=1")
+    with pytest.raises(ConfigError, match=r"'model.num_hidden_groups' \(0\) must divide"):
+        checked("model.architecture=albert", "model.num_hidden_groups=0")
+
+
+def test_prepare_and_evaluation_values_their_libraries_refuse_late_are_named_at_load():
+    """sentencepiece's coverage bounds (checked after the corpus is read and sampled), seeds numpy and xxhash take no
+    sign of, a held-out share that leaves nothing, a warmup past the run or a negative decay in fine-tuning."""
+    from evaluation.config import FinetuneConfig, LinearProbeConfig, SentenceEmbeddingConfig
+
+    source = ["sources=[{kind: text, path: corpus.txt}]", "output_dir=out"]
+    for override, said in (("tokenizer.character_coverage=0.9", "'tokenizer.character_coverage' must be >= 0.98 and "
+                                                                "<= 1, got 0.9"),
+                           ("seed=-1", "'seed' must be >= 0, got -1")):
+        with pytest.raises(ConfigError, match=said):
+            load_config(PrepareConfig, None, [*source, override])
+    load_config(PrepareConfig, None, [*source, "tokenizer.character_coverage=0.98"])
+    task = ["model=m", "task=csv:t.csv"]
+    for override, said in (("warmup_ratio=1.5", "'warmup_ratio' must be >= 0 and <= 1, got 1.5"),
+                           ("weight_decay=-0.01", "'weight_decay' must be >= 0"),
+                           ("tacl_temperature=0", "'tacl_temperature' must be > 0"),
+                           ("seeds=[1, -2]", r"'seeds' must hold seeds >= 0, got \[1, -2\]"),
+                           ("data.val_fraction=0", r"'data.val_fraction' must be in \(0, 1\), got 0")):
+        with pytest.raises(ConfigError, match=said):
+            load_config(FinetuneConfig, None, [*task, override])
+    for cls in (LinearProbeConfig, SentenceEmbeddingConfig):
+        with pytest.raises(ConfigError, match="'seed' must be >= 0, got -3"):
+            load_config(cls, None, ["model=[m]", "task=csv:t.csv", "seed=-3"] if cls is LinearProbeConfig
+                        else ["model=[m]", "seed=-3"])
+
+
 def test_a_config_file_that_is_not_yaml_or_not_utf8_is_named_in_one_line(tmp_path):
     from core.errors import one_line
 

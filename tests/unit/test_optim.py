@@ -6,7 +6,7 @@ import torch
 
 from pretrain.config import OptimizerConfig, ScheduleConfig
 from pretrain.engine.optim import (build_optimizer, build_scheduler, lr_factor, ops_build_in_this_venv, param_groups,
-                                   reset_schedule)
+                                   reset_schedule, schedule_warning)
 
 
 def _model():
@@ -57,6 +57,15 @@ def test_resume_follows_the_current_schedule():
 def test_constant_holds_the_peak_after_warmup():
     cfg = ScheduleConfig(warmup_steps=4, decay="constant", min_lr_ratio=0.1)
     assert [lr_factor(s, 100, cfg) for s in (0, 1, 3, 4, 50, 99, 100)] == [0.25, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_a_warmup_longer_than_the_run_is_said_in_the_log():
+    """Warmup 56 (the demo's) over an 8-step run: the lr ends at 8/56 of its peak and never decays."""
+    cfg = ScheduleConfig(warmup_steps=56)
+    assert schedule_warning(8, cfg) == ("warning: schedule.warmup_steps (56) >= train.max_steps (8): the lr stays in "
+                                        "its warmup, at most 0.143 of optimizer.lr, and never decays")
+    assert schedule_warning(56, cfg) is not None and schedule_warning(57, cfg) is None
+    assert schedule_warning(8, ScheduleConfig(warmup_steps=0)) is None
 
 
 def test_polynomial_decay():
