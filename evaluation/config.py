@@ -28,8 +28,8 @@ class LocalTaskOptions:
     ignore_tag: Optional[str] = None  # token tasks: the tag of words that carry no label (sparse annotation)
 
     def validate(self) -> None:
-        """A held-out share that leaves rows on both sides."""
-        if not 0 < self.val_fraction < 1:
+        """A held-out share that leaves rows on both sides, where one is held out (no validation file)."""
+        if self.validation_file is None and not 0 < self.val_fraction < 1:
             raise ConfigError(f"config key 'data.val_fraction' must be in (0, 1), got {self.val_fraction}")
 
 

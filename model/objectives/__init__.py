@@ -84,7 +84,7 @@ def resolve_objective(cfg: ObjectiveConfig, model: EncoderConfig, masking: Maski
     cls, options = objective_class(cfg.name), getattr(cfg, cfg.name)
     if not model.init_from:  # an init_from folder's family is checked when the objective is built
         _check_architecture(cls, cfg.name, model.architecture)
-    if masking.strategy == "plm" and cls.masking.get("strategy") != "plm":
+    if masking is not None and masking.strategy == "plm" and cls.masking.get("strategy") != "plm":
         # plm masks nothing: it leaves the input whole for XLNet's permutation, and any other objective would learn
         # to copy its input.
         raise ConfigError(f"masking.strategy=plm is XLNet's (objective.name=xlnet); objective.name={cfg.name} needs "

@@ -89,8 +89,10 @@ class ElectraOptions:
     two_stage_generator_steps: int = 0
 
     def validate(self) -> None:
-        """Generator fractions in (0, 1] of the discriminator (a larger one was read as 1); a non-negative weight."""
-        check_range("objective.electra", self, ("generator_width", "generator_depth"), above=0, at_most=1)
+        """A generator width in (0, 1] of the discriminator's (a wider one was built at its width), a depth above 0
+        (0 was built as one layer); a non-negative weight."""
+        check_range("objective.electra", self, ("generator_width",), above=0, at_most=1)
+        check_range("objective.electra", self, ("generator_depth",), above=0)
         check_range("objective.electra", self, ("rtd_weight",), at_least=0)
 
 

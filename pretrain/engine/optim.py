@@ -160,11 +160,13 @@ def replay_step_products(optimizer: Optional[torch.optim.Optimizer]) -> int:
 
 
 def schedule_warning(max_steps: int, cfg: ScheduleConfig) -> Optional[str]:
-    """A line for the log when the warmup does not end before the run does (the lr never reaches its peak), else None."""
+    """A line for the log when the warmup lasts the whole run (no decay; a longer one never reaches the peak lr),
+    else None."""
     if cfg.warmup_steps < max_steps:
         return None
-    return (f"warning: schedule.warmup_steps ({cfg.warmup_steps}) >= train.max_steps ({max_steps}): the lr stays in "
-            f"its warmup, at most {lr_factor(max_steps - 1, max_steps, cfg):.3g} of optimizer.lr, and never decays")
+    return (f"warning: schedule.warmup_steps ({cfg.warmup_steps}) >= train.max_steps ({max_steps}): the lr warms up "
+            f"for the whole run, to {lr_factor(max_steps - 1, max_steps, cfg):.3g} of optimizer.lr at its last step, "
+            "and never decays")
 
 
 def lr_factor(step: int, max_steps: int, cfg: ScheduleConfig) -> float:

@@ -277,7 +277,7 @@ def test_relative_position_runs_train_and_export_on_4_and_are_refused_on_5(on_4x
     run4 = on_4x["base"] / "run4"  # trained in the fixture's process
     log = on_4x["stdout"].split(TRAIN_MARK)[-1]
     assert _part(on_4x, "relative") == {"train": 0, "export": 0} and "finished at step 2" in log, log[-3000:]
-    assert "warning: schedule.warmup_steps (56) >= train.max_steps (2): the lr stays in its warmup" in log  # the demo's
+    assert "warning: schedule.warmup_steps (56) >= train.max_steps (2): the lr warms up for the whole run" in log
     export4 = on_4x["base"] / "export4"
     assert json.loads((export4 / "config.json").read_text())["requires_transformers"] == "<5"
     assert "loads correctly only in transformers<5" in (export4 / "README.md").read_text()

@@ -62,8 +62,9 @@ def test_constant_holds_the_peak_after_warmup():
 def test_a_warmup_longer_than_the_run_is_said_in_the_log():
     """Warmup 56 (the demo's) over an 8-step run: the lr ends at 8/56 of its peak and never decays."""
     cfg = ScheduleConfig(warmup_steps=56)
-    assert schedule_warning(8, cfg) == ("warning: schedule.warmup_steps (56) >= train.max_steps (8): the lr stays in "
-                                        "its warmup, at most 0.143 of optimizer.lr, and never decays")
+    assert schedule_warning(8, cfg) == ("warning: schedule.warmup_steps (56) >= train.max_steps (8): the lr warms up "
+                                        "for the whole run, to 0.143 of optimizer.lr at its last step, and never decays")
+    assert "to 1 of optimizer.lr" in schedule_warning(56, cfg)  # the peak at the last step, and no decay
     assert schedule_warning(56, cfg) is not None and schedule_warning(57, cfg) is None
     assert schedule_warning(8, ScheduleConfig(warmup_steps=0)) is None
 
