@@ -129,3 +129,21 @@ def test_the_pretrained_model_group_trains_the_folders_shape_with_the_dropout_se
     trained = json.loads((out / "model_config.json").read_text())
     assert (trained["hidden_size"], trained["num_hidden_layers"], trained["hidden_dropout_prob"],
             trained["attention_probs_dropout_prob"]) == (48, 3, 0.05, 0.3)
+
+
+def test_a_validation_split_smaller_than_a_batch_is_a_warning_not_a_silent_skip(prepared, tmp_path):
+    """train.eval_every set, and fewer held-out sequences than one batch: the run trains, says in its log that it does
+    not validate and why, and writes no validation row (it used to skip validation without a word)."""
+    from data_pipeline.shards import read_manifest
+    from pretrain.run_dir import RunDir
+
+    splits = read_manifest(prepared)["splits"]
+    batch = splits["validation"]["sequences"] + 1
+    assert batch <= splits["train"]["sequences"]
+    out = tmp_path / "run"
+    proc = run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+                                f"train.output_dir={out}", *TINY_MODEL, "train.max_steps=1", f"train.micro_batch_size={batch}",
+                                f"train.global_batch_size={batch}", "train.save_every=1", "train.eval_every=1"])
+    assert (f"warning: no validation (train.eval_every is set): the validation split has {batch - 1} sequence(s), "
+            f"fewer than one batch (micro_batch_size {batch} x 1 ranks)") in proc.stdout, proc.stdout[-3000:]
+    assert "finished at step 1" in proc.stdout and RunDir(out).metric_rows("validation") == []
