@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import importlib
 import os
 import random
 import re
@@ -77,10 +76,12 @@ class LoaderConfig:
         check_range("data", self, ("num_canonical_nodes",), at_least=1)
         check_range("data", self, ("shuffle_seed",), at_least=0)
         if self.shuffle_algo != LoaderConfig.shuffle_algo:  # the default is streaming's own; others are looked up
-            algos = sorted(importlib.import_module(require_streaming().__name__ + ".base.shuffle").algos)
+            require_streaming()
+            from streaming.base.shuffle import algos
+
             if self.shuffle_algo not in algos:
-                raise ConfigError(f"config key 'data.shuffle_algo' must be one of streaming's {', '.join(algos)}, got "
-                                  f"{self.shuffle_algo!r}")
+                raise ConfigError(f"config key 'data.shuffle_algo' must be one of streaming's {', '.join(sorted(algos))}, "
+                                  f"got {self.shuffle_algo!r}")
 
 
 @functools.cache

@@ -81,11 +81,12 @@ def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: i
     if stale:
         notes += (f"removed {len(stale)} streaming shared-memory segment(s) no process held (a killed run's): "
                   f"{', '.join(sorted(stale)[:4])}{', ...' if len(stale) > 4 else ''}",)
+    if not validation:
+        return RunData(manifest, train, None, notes)
     held_out = manifest["splits"]["validation"]["sequences"]
-    if validation and held_out < per_step:
+    if held_out < per_step:
         notes += (f"warning: no validation (train.eval_every is set): the validation split has {held_out} sequence(s), "
                   f"fewer than one batch (micro_batch_size {micro_batch_size} x {dist.world_size()} ranks)",)
-    if not validation or held_out < per_step:
         return RunData(manifest, train, None, notes)
     validation = build_loader(cfg, "validation", micro_batch_size, shuffle=False, pin_memory=pin_memory,
                               collate_fn=MaskingCollate(eval_transform, tok["pad_id"], seed, stream=EVAL_STREAM,

@@ -69,12 +69,9 @@ class FinetuneConfig:
 
         if self.recipe not in recipe_names():
             raise ConfigError(f"config key 'recipe': unknown recipe '{self.recipe}'; options: {', '.join(recipe_names())}")
-        for key in ("lr", "batch_size", "epochs", "max_length"):
-            if getattr(self, key) is not None and getattr(self, key) <= 0:
-                raise ConfigError(f"config key '{key}' must be > 0, got {getattr(self, key)}")
+        check_range("", self, ("lr", "batch_size", "epochs", "max_length", "tacl_temperature"), above=0)
         check_range("", self, ("weight_decay", "tacl_weight"), at_least=0)
         check_range("", self, ("warmup_ratio",), at_least=0, at_most=1)
-        check_range("", self, ("tacl_temperature",), above=0)
         if any(seed < 0 for seed in self.seeds):  # numpy's seed takes no sign
             raise ConfigError(f"config key 'seeds' must hold seeds >= 0, got {self.seeds}")
         check_sample_caps(self)
