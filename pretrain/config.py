@@ -170,17 +170,8 @@ class TrainConfig:
     # checkpoint from a source you trust (pickle can run code).
     trust_checkpoint: bool = False
 
-    def validate(self) -> None:
-        """Check values that the type alone cannot."""
-        if not self.output_dir.strip():
-            raise ConfigError("config key 'train.output_dir' is empty: name the run's folder")
-        for key in ("max_steps", "micro_batch_size", "global_batch_size", "log_every", "save_every", "keep_last",
-                    "eval_batches"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"config key 'train.{key}' must be >= 1, got {getattr(self, key)}")
-        for key in ("seed", "eval_every", "stop_after", "save_every_minutes", "deadline_margin_s", "peak_tflops"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"config key 'train.{key}' must be >= 0, got {getattr(self, key)}")
+    def _check_wall_time(self) -> None:
+        """A duration or nothing, and a deadline margin that leaves time to train."""
         try:
             wall = parse_duration(self.max_wall_time)
         except ValueError:
@@ -191,6 +182,22 @@ class TrainConfig:
         if wall > 0 and self.deadline_margin_s >= wall:  # every launch would stop, save and requeue at once
             raise ConfigError(f"config key 'train.deadline_margin_s' ({self.deadline_margin_s:g} s) must be less than "
                               f"train.max_wall_time ({self.max_wall_time} = {wall:g} s)")
+
+    def validate(self) -> None:
+        """Check values that the type alone cannot."""
+        if not self.output_dir.strip():
+            raise ConfigError("config key 'train.output_dir' is empty: name the run's folder")
+        for key in ("max_steps", "micro_batch_size", "global_batch_size", "log_every", "save_every", "keep_last",
+                    "eval_batches"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"config key 'train.{key}' must be >= 1, got {getattr(self, key)}")
+        if self.global_batch_size % self.micro_batch_size:  # whatever the world size (checked again once it is known)
+            raise ConfigError(f"train.global_batch_size={self.global_batch_size} is not divisible by "
+                              f"train.micro_batch_size ({self.micro_batch_size})")
+        for key in ("seed", "eval_every", "stop_after", "save_every_minutes", "deadline_margin_s", "peak_tflops"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"config key 'train.{key}' must be >= 0, got {getattr(self, key)}")
+        self._check_wall_time()
         if self.zero_stage not in ("auto", 0, 1, 2, 3):
             raise ConfigError(f"config key 'train.zero_stage' must be auto, 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.overlap_grad_reduce not in ("auto", True, False):

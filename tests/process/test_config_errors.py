@@ -38,7 +38,7 @@ CASES = [
     ("model.architecture=modernbert objective.mlm.pair_head=nsp", "needs model.architecture=bert"),
 ]
 # Checked after the process group starts: these run in a separate process (all in one, see the helper).
-NEEDS_PROCESS_GROUP = {"model.vocab_size", "400", "model.init_from", "/nonexistent/data", "optimizer.impl=torch", "global_batch_size=30",
+NEEDS_PROCESS_GROUP = {"model.vocab_size", "400", "model.init_from", "/nonexistent/data", "optimizer.impl=torch",
                        "train.zero_stage=0", "train.offload_params=false",
                        "train.offload_optimizer=false", "masking.strategy=coco", "nope.json", "fewer than one batch",
                        "needs model.architecture=bert"}

@@ -76,6 +76,8 @@ def test_values_torch_or_the_loop_would_refuse_late_are_named_at_load(override, 
     (["train.deadline_margin_s=inf"], "'train.deadline_margin_s': expected a finite number, got inf"),
     (["train.max_wall_time=10m", "train.deadline_margin_s=600"],
      r"'train.deadline_margin_s' \(600 s\) must be less than train.max_wall_time \(10m = 600 s\)"),
+    (["train.micro_batch_size=4", "train.global_batch_size=30"],
+     r"train.global_batch_size=30 is not divisible by train.micro_batch_size \(4\)"),  # was refused after set-up
     (["data.num_canonical_nodes=0"], "'data.num_canonical_nodes' must be >= 1, got 0"),
     (["data.shuffle_seed=-1"], "'data.shuffle_seed' must be >= 0, got -1"),
     (["data.shuffle_algo=bogus"], "'data.shuffle_algo' must be one of streaming's .*py1e.*, got 'bogus'"),
