@@ -68,7 +68,8 @@ class DeclutrOptions:
     spans: SpanViewOptions = field(default_factory=SpanViewOptions)
 
     def validate(self) -> None:
-        """A non-negative MLM weight (a negative one maximises its loss)."""
+        """A positive temperature; a non-negative MLM weight (a negative one maximises its loss)."""
+        check_range("objective.declutr", self, ("temperature",), above=0)
         check_range("objective.declutr", self, ("mlm_weight",), at_least=0)
 
 
@@ -98,8 +99,6 @@ class Declutr(Objective):
             shape = getattr(spans, key)
             if len(shape) != 2 or any(int(v) != v or v < 1 for v in shape):
                 raise ConfigError(f"config key 'objective.declutr.spans.{key}' must be two positive integers, got {shape}")
-        if options.temperature <= 0:
-            raise ConfigError("config key 'objective.declutr.temperature' must be > 0")
         if masking.crop_ratio is not None:
             raise ConfigError("objective.name=declutr samples its own views: leave masking.crop_ratio unset")
 

@@ -94,6 +94,7 @@ def test_values_torch_or_the_loop_would_refuse_late_are_named_at_load(override, 
     (["objective.taco.temperature=0"], "'objective.taco.temperature' must be > 0"),
     (["objective.spanbert.sbo_weight=-1"], "'objective.spanbert.sbo_weight' must be >= 0"),
     (["objective.declutr.mlm_weight=-1"], "'objective.declutr.mlm_weight' must be >= 0"),
+    (["objective.declutr.temperature=0"], "'objective.declutr.temperature' must be > 0, got 0.0"),
 ])
 def test_values_that_trained_something_else_or_failed_late_are_named_at_load(overrides, said):
     """Found by an audit: each of these loaded, then trained another objective than asked (a maximised loss, a
