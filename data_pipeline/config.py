@@ -13,7 +13,8 @@ class SourceConfig:
     """One raw-text source: local files (text/json/parquet) or a hub dataset."""
 
     kind: Literal["text", "json", "parquet", "hub"] = "text"
-    # Local kinds: a file, a glob, or a comma-separated list of them. Hub: the dataset name.
+    # Local kinds: a file, a glob, or a comma-separated list of them. Hub: the dataset id, or the folder it was
+    # downloaded to (`hf download ID --repo-type dataset --local-dir DIR`), read offline.
     path: str = ""
     # Hub only: the dataset config name (e.g. "20231101.en") and split.
     name: Optional[str] = None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from core.errors import InputDataError
 from data_pipeline.config import PrepareConfig, SourceConfig
-from data_pipeline.raw_text import resolve_files
+from data_pipeline.raw_text import hub_source_location, resolve_files
 
 MIN_PART_BYTES = 4 << 20
 MAX_PART_BYTES = 64 << 20  # a worker holds a part's text in memory (about 4x its bytes)
@@ -120,8 +120,8 @@ def plan_parts(cfg: PrepareConfig) -> tuple[list[Part], int]:
     step = part_size(cfg, total)
     parts: list[Part] = []
     for index, (source, group) in enumerate(zip(cfg.sources, files)):
-        if source.kind == "hub":
-            parts.append(Part(index, source.path, "datasets"))
+        if source.kind == "hub":  # read whole; a missing folder or an unreachable hub is named before any work
+            parts.append(Part(index, hub_source_location(source), "datasets"))
             continue
         for path in group:
             try:

@@ -226,7 +226,11 @@ def _reads(cfg: PrepareConfig) -> list[Path]:
     """The local files and folders preparing reads (sources, a pretrained tokenizer): overwrite never replaces them."""
     paths = [Path(cfg.tokenizer.pretrained)] if cfg.tokenizer.pretrained and Path(cfg.tokenizer.pretrained).exists() else []
     for source in cfg.sources:
-        if source.kind == "hub" or is_remote(source.path):
+        if is_remote(source.path):
+            continue
+        if source.kind == "hub":  # a hub id, or the folder it was downloaded to
+            if Path(source.path).expanduser().is_dir():
+                paths.append(Path(source.path).expanduser())
             continue
         for pattern in source.path.split(","):
             parts = Path(pattern.strip()).parts

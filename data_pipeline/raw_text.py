@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterator
 from urllib.parse import urlparse
 
 from core.errors import InputDataError, SetupError
-from core.input_paths import check_input_file
+from core.input_paths import check_input_file, hub_download_folder
 from data_pipeline.config import SourceConfig
 
 if TYPE_CHECKING:  # input_parts imports this module
@@ -61,6 +61,20 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def hub_source_location(source: SourceConfig) -> str:
+    """Where a hub source is read from: the folder it was downloaded to, or its hub id when the hub answers."""
+    folder = hub_download_folder(source.path, "hub dataset")
+    if folder is not None:
+        return str(folder)
+    if not hub_reachable():
+        raise SetupError(
+            f"hub dataset '{source.path}' cannot be reached (offline?). Download it where the network is "
+            f"(hf download {source.path} --repo-type dataset --local-dir DIR) and set its path to DIR, or pass "
+            "local files instead: sources: [{kind: json|parquet|text, path: 'dir/*.parquet'}]"
+        )
+    return source.path
+
+
 def _decompression_errors() -> tuple[type[BaseException], ...]:
     """What the standard library's decompressors raise for a truncated or damaged file (gzip's BadGzipFile is an
     OSError; the others are not)."""
@@ -78,23 +92,20 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     return (OSError, ValueError, datasets.exceptions.DatasetsError, pyarrow.ArrowException, *_decompression_errors())
 
 
-def _load(source: SourceConfig, data_files: str | None, encoding_errors: str):
+def _load(source: SourceConfig, location: str, encoding_errors: str):
+    """`location` (a file, or a hub source's folder or id, as `hub_source_location` gave it) as a streamed dataset."""
     import datasets
 
     if source.kind == "hub":
-        if not hub_reachable():
-            raise SetupError(
-                f"hub dataset '{source.path}' cannot be reached (offline?). Download it elsewhere and pass "
-                "local files instead: sources: [{kind: json|parquet|text, path: 'dir/*.parquet'}]"
-            )
         try:
-            return datasets.load_dataset(source.path, source.name, split=source.split, streaming=True)
+            return datasets.load_dataset(location, source.name, split=source.split, streaming=True)
         except _read_errors() as exc:  # datasets raises many types here; all mean the same to the user
-            raise InputDataError(f"hub dataset '{source.path}' ({source.name}) could not be loaded: {exc}") from exc
+            named = f" ({source.name})" if source.name else ""
+            raise InputDataError(f"hub dataset '{source.path}'{named} could not be loaded: {exc}") from exc
     kwargs = {}
     if source.kind == "text":
         kwargs = {"sample_by": source.text_documents, "encoding_errors": encoding_errors}
-    return datasets.load_dataset(source.kind, data_files=[data_files], split="train", streaming=True, **kwargs)
+    return datasets.load_dataset(source.kind, data_files=[location], split="train", streaming=True, **kwargs)
 
 
 def _not_utf8(path: str, kind: str, exc: UnicodeDecodeError | None = None, where: str | None = None) -> InputDataError:
@@ -173,7 +184,7 @@ def _raw_documents(source: SourceConfig, part, encoding_errors: str) -> Iterator
             for value in column.to_pylist():
                 yield _check_text(part.path, {source.text_column: value}, source.text_column)
     else:
-        dataset = _load(source, None if source.kind == "hub" else part.path, encoding_errors)
+        dataset = _load(source, part.path, encoding_errors)
         for row in dataset:
             yield _check_text(part.path, row, source.text_column)
 

@@ -102,7 +102,8 @@ def _finetune(args: argparse.Namespace) -> int:
 # Help of the generated flags (every config key is a flag: core/config_flags.py), by key.
 FLAG_HELP = {
     "model": "HF model folder(s): exports (self-similarity: PATH or LABEL=PATH; one label over seeds is one line)",
-    "task": "GLUE name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte) or csv:PATH / json:PATH",
+    "task": "GLUE name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte) from the hub, NAME:FOLDER for GLUE "
+            "downloaded to FOLDER, or csv:PATH / json:PATH",
     "text": "UTF-8 text, one sentence per line",
     "out": "output: the results JSON (self-similarity, sentence-embeddings: a path without suffix)",
     "special_tokens": "keep [CLS]/[SEP] in the pairs (include, the default, as TaCL's analysis) or drop them",

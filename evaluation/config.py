@@ -38,7 +38,8 @@ class FinetuneConfig:
     """Which model, which task, which recipe (docs/finetuning.md) and what to change in it."""
 
     model: str = ""  # an exported Hugging Face folder
-    task: str = ""  # a GLUE name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte) or csv:PATH / json:PATH
+    # A GLUE name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte), NAME:FOLDER (GLUE downloaded), csv:PATH / json:PATH.
+    task: str = ""
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     recipe: str = "taco"  # a YAML of evaluation/configs/finetune/recipe/ (hf, tacl_squad, taco, coco_lm)
     # Set to replace the recipe's value; unset (null) keeps it.

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import codecs
 import math
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -10,7 +11,7 @@ from typing import Any, Optional
 import numpy as np
 
 from core.errors import ConfigError, InputDataError, SetupError
-from core.input_paths import check_input_file
+from core.input_paths import check_input_file, check_input_folder
 from evaluation.config import LocalTaskOptions
 
 
@@ -113,16 +114,18 @@ def score(spec: TaskSpec, pred: np.ndarray, gold: np.ndarray) -> dict[str, float
 
 
 def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSpec, Any, Any]:
-    """(spec, train rows, eval rows) for a GLUE name or `csv:PATH` / `json:PATH`; rows are `datasets.Dataset`s."""
+    """(spec, train rows, eval rows) for a GLUE name (from the hub, or `NAME:FOLDER`) or `csv:PATH` / `json:PATH`;
+    rows are `datasets.Dataset`s."""
     import datasets
 
     datasets.disable_progress_bars()
-    name = glue_name(task)
-    if name is not None:
-        return _load_glue(task, name)
     kind, _, path = task.partition(":")
+    name = glue_name(kind)
+    if name is not None:
+        return _load_glue(task, name) if not path else _load_glue_folder(name, path)
     if kind not in ("csv", "json") or not path:
-        raise ConfigError(f"unknown task '{task}': use a GLUE name ({', '.join(sorted(GLUE))}) or csv:PATH / json:PATH")
+        raise ConfigError(f"unknown task '{task}': use a GLUE name ({', '.join(sorted(GLUE))}), NAME:FOLDER for GLUE "
+                          "downloaded to a folder, or csv:PATH / json:PATH")
     for p in filter(None, (path, local.validation_file)):
         check_input_file(p, "task file", example=f"train.{kind}")
     if kind == "csv":
@@ -290,6 +293,32 @@ def _load_glue(task: str, name: str) -> tuple[TaskSpec, Any, Any]:
         data = datasets.load_dataset("nyu-mll/glue", name)
     except Exception as exc:  # datasets raises many types; all mean the same here
         raise SetupError(f"GLUE task '{task}' could not be loaded from the hub: {exc}") from exc
+    return spec, data["train"], data[spec.eval_split]
+
+
+def _load_glue_folder(name: str, folder: str) -> tuple[TaskSpec, Any, Any]:
+    """A GLUE task from the folder nyu-mll/glue was downloaded to (`hf download nyu-mll/glue --repo-type dataset
+    --local-dir DIR`), read offline."""
+    import datasets.exceptions
+
+    spec = GLUE[name]
+    check_input_folder(folder, "GLUE folder", example="hf download nyu-mll/glue --repo-type dataset --local-dir DIR")
+    try:
+        # Its own cache, read into memory: datasets keys a folder's cache by the folder's name and the task alone, so
+        # a shared cache would hand back the rows of another folder called the same (an older download, a copy).
+        with tempfile.TemporaryDirectory(prefix="glue-") as cache:
+            data = datasets.load_dataset(folder, name, cache_dir=cache, keep_in_memory=True)
+    except (OSError, ValueError, datasets.exceptions.DatasetsError) as exc:  # a missing config is a ValueError
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputDataError(f"GLUE folder '{folder}' has no readable task '{name}': {reason}") from exc
+    for split in ("train", spec.eval_split):
+        if split not in data:
+            raise InputDataError(f"GLUE folder '{folder}': task '{name}' has no '{split}' split (splits: {sorted(data)})")
+        columns = data[split].column_names
+        missing = [c for c in filter(None, (spec.text, spec.pair, spec.label)) if c not in columns]
+        if missing:
+            raise InputDataError(f"GLUE folder '{folder}': task '{name}' split '{split}' has no column(s) {missing} "
+                                 f"(columns: {columns}); is it a copy of nyu-mll/glue?")
     return spec, data["train"], data[spec.eval_split]
 
 

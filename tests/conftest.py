@@ -31,6 +31,23 @@ TINY_MODEL = [
 ]
 
 
+def write_hub_download(folder: Path, configs: dict[str, dict[str, dict[str, list]]]) -> Path:
+    """A folder laid out as `hf download ID --repo-type dataset --local-dir` leaves a hub dataset: a README whose YAML
+    names each config's splits and their parquet files ({config: {split: {column: values}}})."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = ["---", "configs:"]
+    for name, splits in configs.items():
+        lines += [f"- config_name: {name}", "  data_files:"]
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        for split, columns in splits.items():
+            pq.write_table(pa.table(columns), folder / name / f"{split}-00000-of-00001.parquet")
+            lines += [f"  - split: {split}", f"    path: {name}/{split}-*"]
+    (folder / "README.md").write_text("\n".join(lines + ["---", "# a hub dataset, downloaded"]) + "\n")
+    return folder
+
+
 def kjv_chapters(n: int) -> list[str]:
     """The first n chapters of the bundled corpus (real English text)."""
     with gzip.open(REPO / "data" / "kjv.txt.gz", "rt", encoding="utf-8") as fh:

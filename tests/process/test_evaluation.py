@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import TINY_MODEL, kjv_chapters, run_cli
+from conftest import TINY_MODEL, kjv_chapters, run_cli, write_hub_download
 
 from core.errors import SetupError
 
@@ -244,6 +244,66 @@ def test_finetune_on_bbc_news_beats_the_majority_class(exported, tmp_path):
     assert hp["epochs"] == 4  # key=value over the YAML, and the --lr flag over both
     assert hp["max_length"] == 64
     assert "accuracy:" in proc.stdout and "ETA" in proc.stdout
+
+
+def _glue_download(folder: Path) -> Path:
+    """A copy of nyu-mll/glue as `hf download` leaves it, with MNLI (premise, hypothesis, three labels, evaluated on
+    validation_matched) and STS-B (a regression): each hypothesis says yes to its premise (0), no (2), or perhaps to
+    another verse (1), so the labels can be learned from the second text."""
+    verses = [v for c in kjv_chapters(40) for v in c.splitlines() if 6 < len(v.split()) < 16][:150]
+    rng = random.Random(0)
+    premise, hypothesis, label = [], [], []
+    for i, verse in enumerate(verses):
+        kind = i % 3
+        other = verses[(i * 7 + 11) % len(verses)]
+        hypothesis.append({0: "yes, " + verse, 1: "perhaps " + other, 2: "no, it is not so that " + verse}[kind])
+        premise.append(verse)
+        label.append(kind)
+    order = list(range(len(verses)))
+    rng.shuffle(order)
+    mnli = {k: [v[i] for i in order] for k, v in (("premise", premise), ("hypothesis", hypothesis), ("label", label))}
+    mnli["idx"] = list(range(len(verses)))
+    split = lambda cols, a, b: {k: v[a:b] for k, v in cols.items()}  # noqa: E731
+    stsb = {"sentence1": verses[:40], "sentence2": verses[1:41], "label": [float(i % 6) for i in range(40)],
+            "idx": list(range(40))}
+    return write_hub_download(folder, {
+        "mnli": {"train": split(mnli, 0, 120), "validation_matched": split(mnli, 120, 150),
+                 "validation_mismatched": split(mnli, 120, 150)},
+        "stsb": {"train": split(stsb, 0, 30), "validation": split(stsb, 30, 40)}})
+
+
+def test_glue_from_the_folder_it_was_downloaded_to(exported, tmp_path, monkeypatch):
+    """`--task mnli:FOLDER` offline: MNLI's columns and its validation_matched split, three labels, learned; STS-B
+    read as a regression; a folder that is missing, a file, or lacks the task is refused as bad input."""
+    from core.errors import InputDataError
+    from evaluation.tasks import LocalTaskOptions, load_task
+
+    glue = _glue_download(tmp_path / "glue")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out = tmp_path / "mnli.json"
+    run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"MNLI:{glue}", "--seeds", "1",
+                         "--lr", "3e-3", "--epochs", "10", "--batch-size", "16", "--max-length", "64", "--out", str(out)],
+            timeout=600)
+    result = json.loads(out.read_text())
+    assert (result["train_examples"], result["eval_examples"]) == (120, 30), result
+    print("MNLI from the folder:", result["seeds"][0]["metrics"], "majority", result["majority_baseline"])
+    assert result["seeds"][0]["metrics"]["accuracy"] > result["majority_baseline"]["accuracy"] + 0.2, result
+
+    spec, train, evaluation = load_task(f"sts-b:{glue}", LocalTaskOptions())
+    assert (spec.num_labels, spec.metrics, len(train), len(evaluation)) == (1, ("pearson", "spearman"), 30, 10)
+    assert list(evaluation["label"]) == [float(i % 6) for i in range(30, 40)]  # the validation split, as written
+    # Another download, also called glue, with other rows: its own rows (datasets' shared cache would give the first's).
+    other = tmp_path / "other" / "glue"
+    write_hub_download(other, {"stsb": {"train": {"sentence1": ["a b c"] * 3, "sentence2": ["c d"] * 3,
+                                                  "label": [1.0, 2.0, 3.0]},
+                                        "validation": {"sentence1": ["e f"] * 2, "sentence2": ["g"] * 2,
+                                                       "label": [4.5, 0.5]}}})
+    assert list(load_task(f"stsb:{other}", LocalTaskOptions())[2]["label"]) == [4.5, 0.5]
+    for task, error, text in [(f"rte:{glue}", InputDataError, "has no readable task 'rte'"),
+                              (f"rte:{tmp_path / 'none'}", FileNotFoundError, "does not exist"),
+                              (f"rte:{glue / 'README.md'}", InputDataError, "is a file; name a folder")]:
+        with pytest.raises(error, match=text):
+            load_task(task, LocalTaskOptions())
 
 
 FUNCTION_WORDS = {"the", "and", "of", "to", "that", "in", "he", "shall", "unto", "for", "i", "his", "a", "they", "be", "is",

@@ -2,7 +2,7 @@
 import json
 import re
 
-from conftest import kjv_chapters
+from conftest import kjv_chapters, write_hub_download
 from core.config_io import load_config
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
@@ -64,3 +64,42 @@ def test_all_exhausted_repeats_a_small_source_until_the_large_one_is_read(tmp_pa
     assert sum(counts) == docs[0] and set(counts) <= {passes, passes + 1} and counts == sorted(counts, reverse=True), (
         counts, docs)
     assert all(text.count(re.sub(r"\s+", "", d)) == 1 for d in large)
+
+
+def test_a_hub_source_is_read_offline_from_the_folder_it_was_downloaded_to(tmp_path, monkeypatch):
+    """`kind: hub` with `path` a downloaded copy: the named config and split, read with the hub's own layout and no
+    network (HF_DATASETS_OFFLINE=1), alone and mixed with a file; a path that is no such folder is one line."""
+    import pytest
+
+    from core.errors import InputDataError, MissingFileError
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    chapters = kjv_chapters(60)
+    snap = write_hub_download(tmp_path / "snap", {"en": {"train": {"text": chapters[:10]}},
+                                                  "kjv": {"train": {"text": chapters[10:50]},
+                                                          "validation": {"text": chapters[50:60]}}})
+    base = ["tokenizer.vocab_size=300", "tokenizer.character_coverage=1.0", "seq_len=64", "num_workers=1"]
+    out = DatasetDir(prepare(load_config(PrepareConfig, None, [
+        f"output_dir={tmp_path / 'alone'}", *base, f"sources=[{{kind: hub, path: '{snap}', name: kjv, split: train}}]"])))
+    manifest = json.loads(out.manifest.read_text())
+    assert [s["documents"] for s in manifest["sources"]] == [40]  # kjv's train split: not en, not validation
+
+    small = tmp_path / "small.txt"
+    small.write_text("\n\n".join(chapters[:3]) + "\n", encoding="utf-8")
+    mixed = load_config(PrepareConfig, None, [
+        f"output_dir={tmp_path / 'mixed'}", *base, "mixture_stopping=all_exhausted",
+        f"sources=[{{kind: hub, path: '{snap}', name: kjv}}, {{kind: text, path: '{small}'}}]"])
+    docs = [s["documents"] for s in json.loads(DatasetDir(prepare(mixed)).manifest.read_text())["sources"]]
+    assert docs[0] == 40 and docs[1] >= 2 * 3, docs  # the hub source read whole (after its counting pass)
+
+    for path, error, text in [(tmp_path / "none", MissingFileError, "does not exist"),
+                              (small, InputDataError, "is a file")]:
+        cfg = load_config(PrepareConfig, None, [f"output_dir={tmp_path / 'bad'}", *base,
+                                                f"sources=[{{kind: hub, path: '{path}'}}]"])
+        with pytest.raises(error, match=f"hub dataset.*'{path}'.*{text}"):
+            prepare(cfg)
+    cfg = load_config(PrepareConfig, None, [f"output_dir={tmp_path / 'bad'}", *base,
+                                            f"sources=[{{kind: hub, path: '{snap}', name: fr}}]"])
+    with pytest.raises(InputDataError, match=f"hub dataset '{snap}' \\(fr\\) could not be loaded: .*fr"):
+        prepare(cfg)
+    assert not (tmp_path / "bad").exists()
