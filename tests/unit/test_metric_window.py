@@ -1,4 +1,5 @@
 """The per-step metric sums: averaged over micro-batches, exact in float64, whatever the dtypes and names."""
+import pytest
 import torch
 
 from pretrain.observe.metrics import MetricWindow
@@ -28,3 +29,42 @@ def test_sums_are_float64_and_the_values_are_not_rounded():
         window.add({"loss": x})
     means = window.take_means(world=1)
     assert means == {"loss": float(x) * 3 / 3}  # float64 arithmetic on the fp32 value, as Python floats would do
+
+
+class _Log:
+    """What the reporter writes to, kept (the run's logger writes TensorBoard and metrics.jsonl rows)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def scalars(self, step, values, group):
+        self.rows.append((step, group, dict(values)))
+
+    def progress(self, step, metrics, sec_per_step):
+        pass
+
+
+@pytest.mark.parametrize("precision,stops", [("fp16", False), ("bf16", True), ("fp32", True)])
+def test_an_overflowing_gradient_stops_bf16_and_fp32_but_not_fp16_which_skips_the_step(precision, stops):
+    """fp16 skips an overflowing step and lowers its loss scale (the norm is inf by design); bf16 and fp32 would apply
+    it, so an infinite norm stops them. A NaN loss stops every precision; either way the step is logged first."""
+    from core.errors import DivergedError
+    from pretrain.observe.metrics import MetricsReporter
+
+    def step(loss, grad_norm):
+        log = _Log()
+        reporter = MetricsReporter(log, world=1, flops_per_token=None, peak_tflops=1.0, precision=precision)
+        reporter.window.add({"loss": torch.tensor(loss)})
+        reporter.window.end_step(7, {"lr": 1e-3, "grad_norm": grad_norm, "tokens": 64.0, "samples": 2.0,
+                                     "data_wait_s": 0.0})
+        try:
+            reporter.drain(7, seq_len=32, sec_per_step=None)
+        except DivergedError as exc:
+            return log.rows, str(exc)
+        return log.rows, None
+
+    rows, error = step(2.0, float("inf"))
+    assert rows[0][0] == 7 and rows[0][2]["grad_norm"] == float("inf")
+    assert (error is not None) == stops and (not stops or "training diverged at step 7: grad_norm inf" in error)
+    rows, error = step(float("nan"), 1.0)
+    assert error is not None and "loss nan" in error and rows[0][0] == 7
