@@ -16,10 +16,11 @@ import yaml
 from core import distributed as dist
 from core.atomic_files import write_text_atomic
 from core.config_io import config_changes, config_hash, config_to_dict
-from core.errors import UserError
+from core.errors import ConfigError, UserError
 from core.seeding import RunRng
 from data_pipeline.shards import data_fingerprint
 from pretrain.checkpointing.checkpoint_dir import META
+from pretrain.checkpointing.parameter_layout import built_layout, layout_differences, saved_layout
 from pretrain.config import RunConfig
 from pretrain.engine.deepspeed_engine import Engine
 from pretrain.observe.logger import RunLogger
@@ -122,6 +123,7 @@ class CheckpointManager:
         tag = choice.resume_tag
         if tag is None:  # nothing to resume, or train.resume=never over an empty folder
             return
+        self._check_layout(tag)  # before commit: a refused resume branches and converts nothing
         choice.commit()
         state = self.engine.load_checkpoint(self.folder.root, choice.load_tag)
         if choice.load_tag != tag:
@@ -139,6 +141,15 @@ class CheckpointManager:
             self._record_new_data(self.progress.step)
         self.rng.load_state_dict(state["rng"], self.progress.step)  # one per saved rank
         self._report(tag)
+
+    def _check_layout(self, tag: str) -> None:
+        """Refuse a checkpoint whose parameters are not the built model's (an option that changes the model)."""
+        differences = layout_differences(saved_layout(self.folder.tag(tag)), built_layout(self.engine.module))
+        if differences:
+            raise ConfigError(f"checkpoint {self.folder.tag(tag)} holds other parameters than this launch builds: "
+                              f"{'; '.join(differences)}. An option that shapes the model differs from the one it was "
+                              f"saved with{self._changes(tag) or ''}: resume with that config, or start a new run from "
+                              "its export (model.init_from)")
 
     def _changes(self, tag: str) -> str:
         """' (KEY OLD -> NEW, ...)' against the config saved in the checkpoint, or '' where it has none."""

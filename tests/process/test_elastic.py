@@ -129,3 +129,17 @@ def test_a_frozen_generator_and_its_stage_survive_a_resume_on_another_rank_count
     assert discriminator and any(not torch.equal(at_resume[k], end[k]) for k in discriminator)  # it trained on
     stages = {row["step"]: row["electra_stage"] for row in RunDir(out).metric_rows("train")}
     assert stages == {step: 1.0 if step <= 3 else 2.0 for step in range(1, 10)}
+    if stage == 1:
+        # The same run resumed as joint ELECTRA (no stage-one generator, the generator trained): refused in one line
+        # before anything is converted or moved (DeepSpeed's load raised a state-dict error, or on another number
+        # of ranks a missing file inside its universal load).
+        joint = [a for a in two_stage if "two_stage" not in a] + ["train.max_steps=12"]
+        refused = run_cli("pretrain", _args(prepared, out, *joint), nproc=after, check=False)
+        errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+        assert refused.returncode == 2 and len(errors) == 1, refused.stderr[-3000:]
+        assert re.search(r"step_00000009 holds other parameters than this launch builds: \d+ in the checkpoint but not "
+                         r"built here \(stage_one\..*\d+ trained here but frozen in the checkpoint \(generator\..*"
+                         r"objective\.electra\.two_stage_generator_steps 3 -> 0", errors[0]), errors[0]
+        assert "Traceback" not in refused.stderr
+        assert sorted(p.name for p in RunDir(out).checkpoints.glob("step_*")) == [
+            "step_00000003", "step_00000006", "step_00000009"]

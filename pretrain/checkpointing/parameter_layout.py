@@ -1,0 +1,69 @@
+"""A checkpoint's parameters against the model this launch built, compared before DeepSpeed loads anything.
+
+An option that changes the parameters without changing the backbone's shape (ELECTRA's two stages, a pair head, a
+generator's size) passes the checks on the run files (resume_checks.py). DeepSpeed's load would then stop with a
+state-dict error, or, on another number of ranks, with a missing file deep inside its universal load, after
+converting the checkpoint. Compared here, it is one line naming what differs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from pretrain.checkpointing.checkpoint import MODULE_STATES
+
+ZERO3_MODULE_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"  # ZeRO-3: one per rank, each with every name
+SHOWN = 3
+
+# (trained parameter -> shape, or None where the checkpoint does not list them; state-dict entry -> shape, or None
+# where ZeRO-3 kept only an empty placeholder)
+Layout = tuple[Optional[dict[str, tuple[int, ...]]], dict[str, Optional[tuple[int, ...]]]]
+
+
+def saved_layout(tag_dir: Path) -> Layout:
+    """What a saved tag holds, from its module-states file (memory-mapped: the tensors' bytes stay unread)."""
+    path = tag_dir / MODULE_STATES
+    if not path.is_file():
+        path = tag_dir / ZERO3_MODULE_STATES
+    # With pickle, as DeepSpeed's own load of the same file: a resume checks the tag first (checkpoint_data).
+    states = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    groups = states.get("param_shapes")  # ZeRO 1-3 list what their optimizer trains; stage 0 does not
+    trained = None if groups is None else {n: tuple(s) for group in groups for n, s in group.items()}
+    entries = {n: tuple(t.shape) if t.numel() else None for n, t in states["module"].items()}
+    entries.update({n: tuple(s) for n, s in (states.get("frozen_param_shapes") or {}).items()})
+    return trained, entries
+
+
+def built_layout(module: nn.Module) -> Layout:
+    """The same for a built model (ZeRO-3's full shapes, not its slices)."""
+    def shape(t: torch.Tensor) -> tuple[int, ...]:
+        return tuple(getattr(t, "ds_shape", t.shape))
+
+    trained = {n: shape(p) for n, p in module.named_parameters() if p.requires_grad}
+    return trained, {n: shape(t) for n, t in module.state_dict(keep_vars=True).items()}
+
+
+def _names(what: str, names: set[str]) -> list[str]:
+    shown = ", ".join(sorted(names)[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
+    return [f"{len(names)} {what} ({shown})"] if names else []
+
+
+def layout_differences(saved: Layout, built: Layout) -> list[str]:
+    """What differs between a checkpoint and a built model, one phrase per kind; empty when they match."""
+    (saved_trained, saved_entries), (built_trained, built_entries) = saved, built
+    out = _names("built here but not in the checkpoint", built_entries.keys() - saved_entries.keys())
+    out += _names("in the checkpoint but not built here", saved_entries.keys() - built_entries.keys())
+    if saved_trained is not None:
+        out += _names("trained here but frozen in the checkpoint", (built_trained.keys() - saved_trained.keys())
+                      & saved_entries.keys())
+        out += _names("frozen here but trained in the checkpoint", (saved_trained.keys() - built_trained.keys())
+                      & built_entries.keys())
+        saved_entries = {**saved_entries, **saved_trained}
+    reshaped = sorted(n for n in saved_entries.keys() & built_entries.keys()
+                      if saved_entries[n] is not None and saved_entries[n] != built_entries[n])
+    out += [f"{len(reshaped)} of another shape (" + ", ".join(
+        f"{n} {list(saved_entries[n])} -> {list(built_entries[n])}" for n in reshaped[:SHOWN]) + ")"] if reshaped else []
+    return out
