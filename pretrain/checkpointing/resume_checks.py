@@ -7,7 +7,7 @@
 | other data, same tokenizer                | refused, unless train.allow_new_data=true (sample order    |
 |                                           | starts afresh; data_history.jsonl records both datasets)    |
 | another objective or model shape          | refused: start from an export (model.init_from)             |
-| an option that changes the parameters      | refused once the model is built (parameter_layout.py)       |
+| an option that changes the parameters     | refused once the model is built (parameter_layout.py)       |
 | another ZeRO stage                        | refused (resume_choice.py); another world size: resume      |
 
 A checkpoint folder carries the run files it was saved with (config.yaml, model_config.json,
