@@ -19,26 +19,30 @@ def check_input_file(path: str | Path, what: str, example: str = "") -> Path:
 
 
 def check_input_folder(path: str | Path, what: str, example: str = "") -> Path:
-    """`path` as a Path when it names a folder; MissingFileError when nothing is there, InputDataError for a file."""
+    """`path` as an absolute Path when it names a folder; MissingFileError when nothing is there, InputDataError for
+    a file."""
     path = Path(path).expanduser()
     if path.is_file():
         hint = f" (e.g. one made by `{example}`)" if example else ""
         raise InputDataError(f"{what} '{path}' is a file; name a folder{hint}")
     if not path.is_dir():
         raise MissingFileError(f"{what} '{path}' does not exist")
-    return path
+    return path.resolve()
 
 
 def hub_download_folder(path: str, what: str) -> Path | None:
-    """The folder a hub dataset was downloaded to, when `path` names one; None when `path` is a hub id.
+    """The folder a hub dataset was downloaded to (absolute), when `path` names one; None for a hub id or URL.
 
-    As in `datasets.load_dataset`, an existing folder wins over a hub id of the same name. A path that can only be a
-    path (absolute, ./, ../, ~, or more than one '/') and is not a folder is refused rather than asked of the hub."""
+    As in `datasets.load_dataset`, an existing folder wins over a hub id of the same name; the absolute path keeps a
+    folder called like one of datasets' own loaders (`parquet`, `json`) from being read as that loader. A path that
+    can only be a path (absolute, ./, ../, ~) and is not a folder is refused rather than asked of the hub."""
+    if "://" in path:  # hf://datasets/..., s3://...: datasets reads these itself
+        return None
     folder = Path(path).expanduser()
     if folder.is_dir():
-        return folder
+        return folder.resolve()
     if folder.exists():
         raise InputDataError(f"{what} '{path}' is a file; name a hub dataset id or the folder it was downloaded to")
-    if folder.is_absolute() or path.startswith((".", "~")) or path.count("/") > 1:
+    if folder.is_absolute() or path.startswith((".", "~")):
         raise MissingFileError(f"{what} folder '{path}' does not exist")
     return None

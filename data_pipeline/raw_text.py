@@ -68,7 +68,8 @@ def hub_source_location(source: SourceConfig) -> str:
         return str(folder)
     if not hub_reachable():
         raise SetupError(
-            f"hub dataset '{source.path}' cannot be reached (offline?). Download it where the network is "
+            f"hub dataset '{source.path}' cannot be reached (offline?), and no folder '{source.path}' is here. Download "
+            "it where the network is "
             f"(hf download {source.path} --repo-type dataset --local-dir DIR) and set its path to DIR, or pass "
             "local files instead: sources: [{kind: json|parquet|text, path: 'dir/*.parquet'}]"
         )

@@ -109,7 +109,7 @@ class LinearProbeConfig:
     """Frozen-encoder logistic-regression probes of one or more exports on one task (evaluation/linear_probe.py)."""
 
     model: list[str] = field(default_factory=list)  # HF model folders (exports)
-    task: str = ""  # a GLUE name or csv:PATH / json:PATH, as fine-tuning
+    task: str = ""  # a GLUE name, NAME:FOLDER, or csv:PATH / json:PATH, as fine-tuning
     data: LocalTaskOptions = field(default_factory=LocalTaskOptions)
     layer: int = -1  # hidden-state index: -1 the last layer, 0 the embeddings
     features: list[str] = field(default_factory=lambda: ["mean", "cls"])  # sequence tasks; token tasks use the word vector

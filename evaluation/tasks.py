@@ -302,12 +302,13 @@ def _load_glue_folder(name: str, folder: str) -> tuple[TaskSpec, Any, Any]:
     import datasets.exceptions
 
     spec = GLUE[name]
-    check_input_folder(folder, "GLUE folder", example="hf download nyu-mll/glue --repo-type dataset --local-dir DIR")
+    where = check_input_folder(folder, "GLUE folder",
+                               example="hf download nyu-mll/glue --repo-type dataset --local-dir DIR")
     try:
         # Its own cache, read into memory: datasets keys a folder's cache by the folder's name and the task alone, so
         # a shared cache would hand back the rows of another folder called the same (an older download, a copy).
         with tempfile.TemporaryDirectory(prefix="glue-") as cache:
-            data = datasets.load_dataset(folder, name, cache_dir=cache, keep_in_memory=True)
+            data = datasets.load_dataset(str(where), name, cache_dir=cache, keep_in_memory=True)
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as exc:  # a missing config is a ValueError
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputDataError(f"GLUE folder '{folder}' has no readable task '{name}': {reason}") from exc

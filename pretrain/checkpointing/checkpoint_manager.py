@@ -143,13 +143,30 @@ class CheckpointManager:
         self._report(tag)
 
     def _check_layout(self, tag: str) -> None:
-        """Refuse a checkpoint whose parameters are not the built model's (an option that changes the model)."""
-        differences = layout_differences(saved_layout(self.folder.tag(tag)), built_layout(self.engine.module))
-        if differences:
-            raise ConfigError(f"checkpoint {self.folder.tag(tag)} holds other parameters than this launch builds: "
-                              f"{'; '.join(differences)}. An option that shapes the model differs from the one it was "
-                              f"saved with{self._changes(tag) or ''}: resume with that config, or start a new run from "
-                              "its export (model.init_from)")
+        """Refuse a checkpoint whose parameters are not the built model's (an option, or the code, that builds the
+        model changed). Rank 0 reads the checkpoint; every rank learns the outcome, or the others would wait on."""
+        problem = error = ""
+        if self.rank == 0:
+            try:
+                differences = layout_differences(saved_layout(self.folder.tag(tag)), built_layout(self.engine.module))
+            except Exception as exc:  # every rank must learn of it
+                error = f"reading the parameters of checkpoint {tag}: {type(exc).__name__}: {exc}"
+            else:
+                problem = self._layout_problem(tag, differences) if differences else ""
+        problem, error = dist.broadcast_object(problem, error)
+        if error:
+            raise RuntimeError(error)
+        if problem:
+            raise ConfigError(problem)
+
+    def _layout_problem(self, tag: str, differences: list[str]) -> str:
+        """The one line that refuses `tag`: what differs, and the config keys that may explain it."""
+        changes = self._changes(tag)
+        cause = (f"An option that shapes the model differs from the one it was saved with{changes}: resume with that "
+                 "config" if changes else "The config is the one it was saved with, so the code that builds the model "
+                 "differs (another version of this project or of transformers): resume with the code that saved it")
+        return (f"checkpoint {self.folder.tag(tag)} holds other parameters than this launch builds: "
+                f"{'; '.join(differences)}. {cause}, or start a new run from its export (model.init_from)")
 
     def _changes(self, tag: str) -> str:
         """' (KEY OLD -> NEW, ...)' against the config saved in the checkpoint, or '' where it has none."""

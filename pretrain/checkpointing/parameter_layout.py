@@ -42,7 +42,9 @@ def built_layout(module: nn.Module) -> Layout:
     def shape(t: torch.Tensor) -> tuple[int, ...]:
         return tuple(getattr(t, "ds_shape", t.shape))
 
-    trained = {n: shape(p) for n, p in module.named_parameters() if p.requires_grad}
+    # DeepSpeed leaves a parameter without elements out of its optimizer and lists it with the frozen ones.
+    trained = {n: shape(p) for n, p in module.named_parameters()
+               if p.requires_grad and getattr(p, "ds_numel", p.numel())}
     return trained, {n: shape(t) for n, t in module.state_dict(keep_vars=True).items()}
 
 

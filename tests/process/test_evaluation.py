@@ -292,13 +292,17 @@ def test_glue_from_the_folder_it_was_downloaded_to(exported, tmp_path, monkeypat
     spec, train, evaluation = load_task(f"sts-b:{glue}", LocalTaskOptions())
     assert (spec.num_labels, spec.metrics, len(train), len(evaluation)) == (1, ("pearson", "spearman"), 30, 10)
     assert list(evaluation["label"]) == [float(i % 6) for i in range(30, 40)]  # the validation split, as written
-    # Another download, also called glue, with other rows: its own rows (datasets' shared cache would give the first's).
+    # Another download, also called glue, with other rows: its own rows (datasets' shared cache would give the first's);
+    # then the same named relatively, and like one of datasets' own loaders.
     other = tmp_path / "other" / "glue"
     write_hub_download(other, {"stsb": {"train": {"sentence1": ["a b c"] * 3, "sentence2": ["c d"] * 3,
                                                   "label": [1.0, 2.0, 3.0]},
                                         "validation": {"sentence1": ["e f"] * 2, "sentence2": ["g"] * 2,
                                                        "label": [4.5, 0.5]}}})
     assert list(load_task(f"stsb:{other}", LocalTaskOptions())[2]["label"]) == [4.5, 0.5]
+    other.rename(other.parent / "json")
+    monkeypatch.chdir(other.parent)
+    assert list(load_task("stsb:json", LocalTaskOptions())[2]["label"]) == [4.5, 0.5]
     for task, error, text in [(f"rte:{glue}", InputDataError, "has no readable task 'rte'"),
                               (f"rte:{tmp_path / 'none'}", FileNotFoundError, "does not exist"),
                               (f"rte:{glue / 'README.md'}", InputDataError, "is a file; name a folder")]:

@@ -74,10 +74,13 @@ def test_a_hub_source_is_read_offline_from_the_folder_it_was_downloaded_to(tmp_p
     from core.errors import InputDataError, MissingFileError
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
     chapters = kjv_chapters(60)
-    snap = write_hub_download(tmp_path / "snap", {"en": {"train": {"text": chapters[:10]}},
-                                                  "kjv": {"train": {"text": chapters[10:50]},
-                                                          "validation": {"text": chapters[50:60]}}})
+    # Named relatively, and like one of datasets' own loaders (hf download ... --local-dir parquet).
+    snap = "parquet"
+    write_hub_download(tmp_path / snap, {"en": {"train": {"text": chapters[:10]}},
+                                         "kjv": {"train": {"text": chapters[10:50]},
+                                                 "validation": {"text": chapters[50:60]}}})
     base = ["tokenizer.vocab_size=300", "tokenizer.character_coverage=1.0", "seq_len=64", "num_workers=1"]
     out = DatasetDir(prepare(load_config(PrepareConfig, None, [
         f"output_dir={tmp_path / 'alone'}", *base, f"sources=[{{kind: hub, path: '{snap}', name: kjv, split: train}}]"])))

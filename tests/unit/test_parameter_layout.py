@@ -1,7 +1,9 @@
 """A checkpoint's parameters against a built model: names, what is trained and what is frozen, shapes."""
+import torch
 from transformers import BertConfig, BertForPreTraining
 
-from pretrain.checkpointing.parameter_layout import built_layout, layout_differences
+from pretrain.checkpointing.checkpoint import MODULE_STATES
+from pretrain.checkpointing.parameter_layout import ZERO3_MODULE_STATES, built_layout, layout_differences, saved_layout
 
 
 def _bert(hidden=32, frozen_pooler=False):
@@ -37,3 +39,37 @@ def test_a_stage_0_checkpoint_lists_no_trained_set_and_is_compared_by_entries_an
     assert "of another shape" in layout_differences((None, entries), built_layout(_bert(hidden=48)))[0]
     placeholders = {n: None for n in entries}  # ZeRO-3's empty slices: names only
     assert layout_differences((None, placeholders), built_layout(_bert(hidden=48))) == []
+
+
+def _deepspeed_files(folder, model, zero3=False):
+    """A tag's module-states file as DeepSpeed 0.19 writes it: the state dict (ZeRO-3: empty placeholders, one file
+    per rank), the trained parameters' full shapes per optimizer group, the frozen ones' (ZeRO-3) apart."""
+    trained = [(n, p.shape) for n, p in model.named_parameters() if p.requires_grad]
+    states = {"module": {n: torch.empty(0) if zero3 else t for n, t in model.state_dict().items()},
+              "param_shapes": [dict(trained[::2]), dict(trained[1::2])], "buffer_names": [],
+              "frozen_param_shapes": {n: p.shape for n, p in model.named_parameters() if not p.requires_grad}
+              if zero3 else None}
+    folder.mkdir()
+    torch.save(states, folder / (ZERO3_MODULE_STATES if zero3 else MODULE_STATES))
+    return folder
+
+
+def test_the_checkpoint_files_of_every_stage_are_read_as_deepspeed_writes_them(tmp_path):
+    """Stages 1-2 (one file, whole tensors) and 3 (per-rank files of placeholders; shapes in param_shapes and
+    frozen_param_shapes); the MLM decoder tied to the embeddings is two entries but one trained parameter."""
+    for zero3 in (False, True):
+        saved = saved_layout(_deepspeed_files(tmp_path / f"zero3_{zero3}", _bert(frozen_pooler=True), zero3))
+        assert layout_differences(saved, built_layout(_bert(frozen_pooler=True))) == [], zero3
+        assert "cls.predictions.decoder.weight" in saved[1] and "cls.predictions.decoder.weight" not in saved[0]
+        wider = layout_differences(saved, built_layout(_bert(hidden=48, frozen_pooler=True)))
+        assert len(wider) == 1 and "bert.embeddings.LayerNorm.bias [32] -> [48]" in wider[0], wider
+        assert layout_differences(saved, built_layout(_bert())) == [
+            "2 trained here but frozen in the checkpoint (bert.pooler.dense.bias, bert.pooler.dense.weight)"]
+
+
+def test_a_parameter_without_elements_is_counted_as_deepspeed_counts_it():
+    """DeepSpeed lists an empty trainable parameter with the frozen ones: so does the built side."""
+    model = _bert()
+    model.register_parameter("empty", torch.nn.Parameter(torch.empty(0)))
+    trained, entries = built_layout(model)
+    assert "empty" not in trained and entries["empty"] == (0,)

@@ -3,6 +3,7 @@ rank's own (a bug keeps its traceback). The texts are the ones gloo and torch's 
 import pytest
 import torch
 
+from core import distributed
 from core.distributed import is_peer_failure
 
 NCCL_TIMEOUT = ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, "
@@ -23,16 +24,21 @@ def _raised_inside(outer: Exception, inner: Exception) -> Exception:
         return exc
 
 
+def _ranks(monkeypatch, n: int) -> None:
+    """A launch of `n` ranks (another test of this process may have started a one-rank group, which would win)."""
+    monkeypatch.setattr(distributed, "launched_world_size", lambda: n)
+
+
 @pytest.mark.parametrize("text", [NCCL_TIMEOUT, NCCL_ABORTED, GLOO_CLOSED, GLOO_TIMEOUT])
 def test_a_peer_that_died_or_hung_is_recognised_directly_wrapped_or_as_a_backend_error(text, monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks(monkeypatch, 2)
     assert is_peer_failure(RuntimeError(text))
     assert is_peer_failure(_raised_inside(ValueError("the step failed"), RuntimeError(text)))
     assert is_peer_failure(torch.distributed.DistBackendError(text))
 
 
 def test_this_ranks_own_errors_and_a_single_rank_are_not_peer_failures(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks(monkeypatch, 2)
     assert not is_peer_failure(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not is_peer_failure(ValueError(GLOO_CLOSED))  # the texts count in the runtime errors collectives raise
     assert not is_peer_failure(_raised_inside(RuntimeError("shape mismatch"), KeyError("x")))
@@ -40,6 +46,6 @@ def test_this_ranks_own_errors_and_a_single_rank_are_not_peer_failures(monkeypat
     looped.__context__ = RuntimeError("b")
     looped.__context__.__context__ = looped  # a cycle of causes ends the walk
     assert not is_peer_failure(looped)
-    monkeypatch.setenv("WORLD_SIZE", "1")  # alone, nothing is a peer's fault
+    _ranks(monkeypatch, 1)  # alone, nothing is a peer's fault
     assert not is_peer_failure(RuntimeError(NCCL_ABORTED))
     assert not is_peer_failure(torch.distributed.DistBackendError(NCCL_TIMEOUT))
