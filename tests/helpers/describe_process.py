@@ -1,6 +1,7 @@
 """Print what a started Python process looks like from inside, as JSON (tests/process/test_preloaded.py compares a
 process forked from the preloaded server with a fresh one). argv[1]: an exit mode, `ok` (with what the preloaded server
-imports imported, as a training process has it), `code`, `message`, `raise`, `interrupt`, `term` (wait for SIGTERM) or `atexit-thread`."""
+imports imported, as a training process has it, and what its random generators draw), `code`, `message`, `raise`,
+`interrupt`, `term` (wait for SIGTERM) or `atexit-thread`."""
 import atexit
 import json
 import os
@@ -10,13 +11,14 @@ import sys
 import threading
 import time
 
-import numpy
-import torch
-
 mode = sys.argv[1]
 path0 = sys.path[0]
+drawn = {}
 if mode == "ok":  # what the server imports, as a training process imports it (and what those imports set)
     import importlib
+
+    import numpy
+    import torch
 
     from core.distributed import import_deepspeed
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
@@ -25,11 +27,12 @@ if mode == "ok":  # what the server imports, as a training process imports it (a
     for name in PRELOAD:
         importlib.import_module(name)
     import_deepspeed()
+    # Each generator seeded from the OS, as in a fresh interpreter (the other modes need no imports: they start fast).
+    drawn = {"random": random.random(), "numpy": float(numpy.random.random()), "torch_seed": torch.initial_seed(),
+             "torch_first": torch.rand(1).item()}
 print(json.dumps({
     "argv": sys.argv, "path0": path0, "cwd": os.getcwd(), "main_file": sys.modules["__main__"].__file__,
-    "name": __name__, "marker": os.environ.get("DESCRIBE_MARKER"), "rank": os.environ.get("RANK"),
-    "random": random.random(), "numpy": float(numpy.random.random()), "torch_seed": torch.initial_seed(),
-    "torch_first": torch.rand(1).item(),
+    "name": __name__, "marker": os.environ.get("DESCRIBE_MARKER"), "rank": os.environ.get("RANK"), **drawn,
     "handlers": {name: str(signal.getsignal(getattr(signal, name))) for name in ("SIGTERM", "SIGUSR1", "SIGCHLD", "SIGINT")},
     "pid": os.getpid(), "ppid": os.getppid(), "environ": dict(os.environ), "orig_argv": sys.orig_argv[1:],
     "dispositions": {int(s): str(signal.getsignal(s)) for s in signal.valid_signals() if signal.getsignal(s) is not None},

@@ -4,7 +4,6 @@ apart from its logs; new data is allowed on purpose (train.allow_new_data) and r
 that is not the checkpoint's."""
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -41,9 +40,9 @@ def _snapshot(run: Path) -> dict[str, str]:
             if p.is_file() and p.relative_to(run).parts[0] not in LOGS}
 
 
-def _refused(args: list[str], run: Path, *expected: str) -> None:
+def _refused(args: list[str], run: Path, *expected: str, shadow: Path | None = None) -> None:
     before = _snapshot(run)
-    proc = run_cli("pretrain", args, check=False)
+    proc = _launch(args, shadow)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("error: ") and all(e in line for e in expected), line
@@ -78,20 +77,26 @@ def test_a_launch_that_cannot_resume_writes_nothing(prepared, datasets, trained,
     assert (RunDir(run).checkpoints / "step_00000012" / "COMPLETE").is_file()
 
 
-def test_a_launch_refused_after_its_engine_is_built_writes_no_run_file(prepared, trained, tmp_path, monkeypatch):
+def _launch(args: list[str], shadow: Path | None):
+    """`python -m pretrain ARGS`, with the packages in `shadow` (if any) hiding the installed ones."""
+    if shadow is None:
+        return run_cli("pretrain", args, check=False)
+    return run_cli("tests/helpers/shadowed.py", [str(shadow), "pretrain", *args], check=False)
+
+
+def test_a_launch_refused_after_its_engine_is_built_writes_no_run_file(prepared, trained, tmp_path):
     """What a launch changes in the run folder happens when training starts: a launch refused once its engine is
     built (here a tracker whose library cannot be imported) neither branches (train.resume_from moves later checkpoints
     aside) nor writes the run files and the DeepSpeed config; a new folder gets none of them."""
     hidden = tmp_path / "no_wandb" / "wandb"
     hidden.mkdir(parents=True)
     (hidden / "__init__.py").write_text('raise ImportError("no module named wandb here")\n')
-    monkeypatch.setenv("PYTHONPATH", f"{hidden.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     tracked = "train.report_to=[tensorboard,wandb]"
     run = _copy(trained, tmp_path)
     _refused(_args(prepared, run, tracked, "train.resume_from=3"), run,
-             "train.report_to has wandb, but its library is not installed")
+             "train.report_to has wandb, but its library is not installed", shadow=hidden.parent)
     fresh = RunDir(tmp_path / "fresh")
-    proc = run_cli("pretrain", _args(prepared, fresh.root, tracked), check=False)
+    proc = _launch(_args(prepared, fresh.root, tracked), hidden.parent)
     assert proc.returncode == 2 and "its library is not installed" in proc.stderr.strip().splitlines()[-1], \
         proc.stderr[-3000:]
     assert not any(path.exists() for path in (fresh.file(CONFIG_FILE), fresh.file(MODEL_CONFIG_FILE),

@@ -74,10 +74,10 @@ def test_a_signal_ends_a_forked_process_as_it_ends_a_fresh_one(tmp_path):
 
 def test_an_environment_a_library_may_have_read_at_import_starts_a_fresh_process():
     env = _env(PYTHONHASHSEED="7", DESCRIBE_MARKER="x")
-    proc = python_process([DESCRIBE, "ok"], env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = python_process([DESCRIBE, "code"], env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert isinstance(proc, subprocess.Popen)  # not forked: the server's interpreter has another hash seed
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and _described(subprocess.CompletedProcess([], 0, out.decode()))["marker"] == "x"
+    assert proc.returncode == 3 and _described(subprocess.CompletedProcess([], 0, out.decode()))["marker"] == "x"
     forked = python_process([DESCRIBE, "ok"], _env(RANK="0"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert not isinstance(forked, subprocess.Popen) and forked.wait(timeout=120) == 0
 
