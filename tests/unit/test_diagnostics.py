@@ -136,4 +136,6 @@ def test_uniform_replacements_are_detected(name, monkeypatch):
         loss.backward()
         optimizer.step()
         aucs.append(float(metrics[key]))
+        if len(aucs) >= 20 and sum(aucs[-20:]) / 20 >= 0.95:  # separated (a broken pipeline stays near 0.5)
+            break
     assert sum(aucs[-20:]) / 20 >= 0.95, aucs[-20:]

@@ -125,6 +125,8 @@ def test_overfits_a_tiny_batch(name):
         loss.backward()
         opt.step()
         first = first if first is not None else loss.item()
+        if loss.item() < 0.5 * first:  # fitted; an objective that cannot learn the batch runs all 120 steps and fails
+            break
     assert loss.item() < 0.5 * first, (first, loss.item())
 
 
