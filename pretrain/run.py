@@ -18,6 +18,7 @@ from model.encoder import model_config
 from model.objectives import resolve_objective
 from pretrain.checkpointing.checkpoint_manager import CheckpointManager
 from pretrain.config import RunConfig
+from pretrain.engine.ds_config import gradient_accumulation
 from pretrain.engine.setup import set_up_engine
 from pretrain.engine.hardware import resolve_hardware
 from pretrain.observe.logger import RunLogger
@@ -51,6 +52,9 @@ def build_trainer(cfg: RunConfig) -> Trainer:
         os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(run_dir.flight_recorder / "rank_"))
     spec = resolve_objective(cfg.objective, cfg.model, cfg.masking)  # the cheapest mistakes first
     dist.init_distributed(cfg.train.init_timeout_s)
+    # The first moment the world size is known: a global batch it does not divide is refused before the data and
+    # the model are built (minutes, for a large model).
+    gradient_accumulation(cfg.train.global_batch_size, cfg.train.micro_batch_size, dist.world_size())
     hardware = resolve_hardware(cfg.train.precision, cfg.train.peak_tflops)
     # The run's config from here on names the precision `auto` resolved to: config.yaml records what it trained in.
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=hardware.precision))

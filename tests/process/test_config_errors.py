@@ -147,3 +147,15 @@ def test_a_validation_split_smaller_than_a_batch_is_a_warning_not_a_silent_skip(
     assert (f"warning: no validation (train.eval_every is set): the validation split has {batch - 1} sequence(s), "
             f"fewer than one batch (micro_batch_size {batch} x 1 ranks)") in proc.stdout, proc.stdout[-3000:]
     assert "finished at step 1" in proc.stdout and RunDir(out).metric_rows("validation") == []
+
+
+def test_a_global_batch_the_launched_ranks_do_not_divide_is_refused_before_the_data_is_opened(prepared, tmp_path):
+    """16 = 4 x 2 ranks x 2 accumulation steps works; 4 on 2 ranks of 4 does not. The data path here is missing too:
+    the batch comes first, since the world size is known as soon as the process group starts."""
+    args = _args(prepared, tmp_path / "run", "train.global_batch_size=4 data.path=/nonexistent/data")
+    proc = run_cli("pretrain", args, nproc=2, check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and errors, proc.stderr[-3000:]
+    assert all(line == "error: train.global_batch_size=4 is not divisible by micro_batch_size (4) x world size (2) = 8"
+               for line in errors), errors
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
