@@ -39,6 +39,13 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def start_ranks(cfg: RunConfig) -> None:
+    """Start the process group; then, the world size known, refuse a global batch it does not divide before the data
+    and the model are built (minutes, for a large model)."""
+    dist.init_distributed(cfg.train.init_timeout_s)
+    gradient_accumulation(cfg.train.global_batch_size, cfg.train.micro_batch_size, dist.world_size())
+
+
 def build_trainer(cfg: RunConfig) -> Trainer:
     """Build every part of a run from its config and hand them to the trainer: the process group, the device's
     precision and peak, the data, the objective, the resume choice, the engine and the stateful parts around it."""
@@ -51,10 +58,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
         run_dir.flight_recorder.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(run_dir.flight_recorder / "rank_"))
     spec = resolve_objective(cfg.objective, cfg.model, cfg.masking)  # the cheapest mistakes first
-    dist.init_distributed(cfg.train.init_timeout_s)
-    # The first moment the world size is known: a global batch it does not divide is refused before the data and
-    # the model are built (minutes, for a large model).
-    gradient_accumulation(cfg.train.global_batch_size, cfg.train.micro_batch_size, dist.world_size())
+    start_ranks(cfg)
     hardware = resolve_hardware(cfg.train.precision, cfg.train.peak_tflops)
     # The run's config from here on names the precision `auto` resolved to: config.yaml records what it trained in.
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=hardware.precision))

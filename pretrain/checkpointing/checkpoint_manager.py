@@ -146,14 +146,16 @@ class CheckpointManager:
         """Refuse a checkpoint whose parameters are not the built model's (an option, or the code, that builds the
         model changed). Rank 0 reads the checkpoint; every rank learns the outcome, or the others would wait on."""
         problem = error = ""
+        failure = None
         if self.rank == 0:
             try:
                 differences = layout_differences(saved_layout(self.folder.tag(tag)), built_layout(self.engine.module))
-            except Exception as exc:  # every rank must learn of it
-                error = f"reading the parameters of checkpoint {tag}: {type(exc).__name__}: {exc}"
-            else:
                 problem = self._layout_problem(tag, differences) if differences else ""
+            except Exception as exc:  # every rank must learn of it, or the others would wait in the broadcast
+                failure, error = exc, f"rank 0 failed comparing checkpoint {tag}: {type(exc).__name__}: {exc}"
         problem, error = dist.broadcast_object(problem, error)
+        if failure is not None:
+            raise failure  # rank 0 keeps its own traceback
         if error:
             raise RuntimeError(error)
         if problem:

@@ -1,7 +1,7 @@
 """Print what a started Python process looks like from inside, as JSON (tests/process/test_preloaded.py compares a
 process forked from the preloaded server with a fresh one). argv[1]: an exit mode, `ok` (with what the preloaded server
 imports imported, as a training process has it, and what its random generators draw), `code`, `message`, `raise`,
-`interrupt`, `term` (wait for SIGTERM) or `atexit-thread`."""
+`interrupt`, `term` (wait for SIGTERM) or `atexit-thread`; `preloaded` after the mode imports the same for any mode."""
 import atexit
 import json
 import os
@@ -14,7 +14,7 @@ import time
 mode = sys.argv[1]
 path0 = sys.path[0]
 drawn = {}
-if mode == "ok":  # what the server imports, as a training process imports it (and what those imports set)
+if mode == "ok" or "preloaded" in sys.argv[2:]:  # what the server imports, as a training process imports it
     import importlib
 
     import numpy

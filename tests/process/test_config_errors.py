@@ -158,4 +158,5 @@ def test_a_global_batch_the_launched_ranks_do_not_divide_is_refused_before_the_d
     assert proc.returncode == 2 and errors, proc.stderr[-3000:]
     assert all(line == "error: train.global_batch_size=4 is not divisible by micro_batch_size (4) x world size (2) = 8"
                for line in errors), errors
-    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+    run = tmp_path / "run"  # on a GPU machine the flight recorder's folder is made first; nothing else
+    assert "Traceback" not in proc.stderr and not [p for p in run.glob("*") if p.name != "flight_recorder"]

@@ -122,7 +122,7 @@ def test_uniform_replacements_are_detected(name, monkeypatch):
         return real_loss(logits, target, valid)
 
     monkeypatch.setattr(module, loss_name, spy_loss)
-    aucs = []
+    aucs, separated = [], 0
     for step in range(300):
         ids = torch.randint(10, 30, (16, 32), generator=g)
         ids[:, 0], ids[:, -1] = cls, sep
@@ -136,6 +136,7 @@ def test_uniform_replacements_are_detected(name, monkeypatch):
         loss.backward()
         optimizer.step()
         aucs.append(float(metrics[key]))
-        if len(aucs) >= 20 and sum(aucs[-20:]) / 20 >= 0.95:  # separated (a broken pipeline stays near 0.5)
+        separated = separated + 1 if len(aucs) >= 20 and sum(aucs[-20:]) / 20 >= 0.95 else 0
+        if separated == 10:  # separated, and staying so (a broken pipeline stays near 0.5 for all 300 steps)
             break
     assert sum(aucs[-20:]) / 20 >= 0.95, aucs[-20:]
