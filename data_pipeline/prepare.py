@@ -31,6 +31,7 @@ from typing import Any, Iterator
 from core.atomic_files import check_overwrite, mark_output, prepare_output, publish, write_text_atomic
 from core.config_io import config_to_dict
 from core.errors import ConfigError, InputDataError
+from core.input_paths import hub_download_folder
 from core.object_store import ObjectStore, is_remote
 from data_pipeline.dataset_dir import TOKENIZER, DatasetDir
 from data_pipeline.config import PrepareConfig
@@ -229,8 +230,7 @@ def _reads(cfg: PrepareConfig) -> list[Path]:
         if is_remote(source.path):
             continue
         if source.kind == "hub":  # a hub id, or the folder it was downloaded to
-            if Path(source.path).expanduser().is_dir():
-                paths.append(Path(source.path).expanduser())
+            paths += filter(None, [hub_download_folder(source.path, "hub dataset")])
             continue
         for pattern in source.path.split(","):
             parts = Path(pattern.strip()).parts

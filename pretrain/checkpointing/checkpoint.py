@@ -72,6 +72,16 @@ def load(engine: DeepSpeedEngine, ckpt_dir: Path, tag: str) -> dict[str, Any]:
 
 # DeepSpeed's file of the module's whole state at stages 0-2 (at stage 3 each rank writes a placeholder instead).
 MODULE_STATES = "mp_rank_00_model_states.pt"
+# ZeRO-3: rank 0's module-states file (every name, empty placeholders; the trainer's client state is in it too).
+ZERO3_MODULE_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+
+
+def rank0_module_states(tag_dir: Path) -> Optional[Path]:
+    """The module-states file rank 0 wrote for a tag, whatever its ZeRO stage; None when there is none."""
+    for name in (MODULE_STATES, ZERO3_MODULE_STATES):
+        if (tag_dir / name).is_file():
+            return tag_dir / name
+    return None
 
 
 def fp32_weights(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:

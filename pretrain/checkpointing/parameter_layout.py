@@ -13,9 +13,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from pretrain.checkpointing.checkpoint import MODULE_STATES
+from pretrain.checkpointing.checkpoint import rank0_module_states
 
-ZERO3_MODULE_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"  # ZeRO-3: one per rank, each with every name
 SHOWN = 3
 
 # (trained parameter -> shape, or None where the checkpoint does not list them; state-dict entry -> shape, or None
@@ -25,9 +24,9 @@ Layout = tuple[Optional[dict[str, tuple[int, ...]]], dict[str, Optional[tuple[in
 
 def saved_layout(tag_dir: Path) -> Layout:
     """What a saved tag holds, from its module-states file (memory-mapped: the tensors' bytes stay unread)."""
-    path = tag_dir / MODULE_STATES
-    if not path.is_file():
-        path = tag_dir / ZERO3_MODULE_STATES
+    path = rank0_module_states(tag_dir)
+    if path is None:
+        raise FileNotFoundError(f"checkpoint {tag_dir} has no module-states file")
     # With pickle, as DeepSpeed's own load of the same file: a resume checks the tag first (checkpoint_data).
     states = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     groups = states.get("param_shapes")  # ZeRO 1-3 list what their optimizer trains; stage 0 does not

@@ -64,12 +64,10 @@ def _manifest(config_dir: Path, run_dir: RunDir, cfg: RunConfig) -> Optional[dic
 
 def _client_state(tag_dir: Path, trust: bool) -> dict:
     """Step, samples, tokens and time of a checkpoint (the trainer's client state in the rank-0 model file)."""
-
-    # mp_rank_00_model_states.pt, or zero_pp_rank_0_mp_rank_00_model_states.pt under ZeRO-3
-    files = sorted(tag_dir.glob("*mp_rank_00_model_states.pt"))
-    if not files:
+    path = ckpt.rank0_module_states(tag_dir)
+    if path is None:
         return {}
-    state = torch.load(files[0], map_location="cpu", weights_only=False) if trust else read_as_data(files[0])
+    state = torch.load(path, map_location="cpu", weights_only=False) if trust else read_as_data(path)
     return {k: state[k] for k in ("step", "samples_seen", "tokens_seen", "elapsed_s") if k in state}
 
 

@@ -2,8 +2,8 @@
 import torch
 from transformers import BertConfig, BertForPreTraining
 
-from pretrain.checkpointing.checkpoint import MODULE_STATES
-from pretrain.checkpointing.parameter_layout import ZERO3_MODULE_STATES, built_layout, layout_differences, saved_layout
+from pretrain.checkpointing.checkpoint import MODULE_STATES, ZERO3_MODULE_STATES
+from pretrain.checkpointing.parameter_layout import built_layout, layout_differences, saved_layout
 
 
 def _bert(hidden=32, frozen_pooler=False):
