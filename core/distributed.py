@@ -9,11 +9,13 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import torch
 
-from core.errors import SetupError
+from core.errors import SetupError, UserError, one_line
+
+T = TypeVar("T")
 
 
 def _free_port() -> int:
@@ -346,6 +348,30 @@ def broadcast_object(*objs: Any) -> list[Any]:
     if torch.distributed.is_initialized():
         torch.distributed.broadcast_object_list(items, src=0)
     return items
+
+
+def from_rank0(compute: Callable[[], T], doing: str) -> T:
+    """`compute()` run on rank 0 alone, its result on every rank; if it raises, every rank raises.
+
+    Rank 0 re-raises its own exception (a bug keeps its traceback); the others raise the same user-error class with
+    its message, or a RuntimeError naming a bug's type and message. Without this, a rank-0 failure leaves the other
+    ranks waiting in a collective that rank 0 never joins. `doing` completes "rank 0 failed ..." in that message.
+    """
+    result, failure, kind, message = None, None, None, ""
+    if rank() == 0:
+        try:
+            result = compute()
+        except Exception as exc:  # every rank must learn of it, or the others would wait in the broadcast
+            failure = exc
+            kind = type(exc) if isinstance(exc, UserError) else RuntimeError
+            message = one_line(exc) if isinstance(exc, UserError) else \
+                f"rank 0 failed {doing}: {type(exc).__name__}: {exc}"
+    result, kind, message = broadcast_object(result, kind, message)
+    if failure is not None:
+        raise failure
+    if kind is not None:
+        raise kind(message)
+    return result
 
 
 _CONTROL_GROUP = None

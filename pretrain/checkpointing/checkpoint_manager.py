@@ -99,9 +99,8 @@ class CheckpointManager:
         self.last_save_time = time.time()
         self.log.info(f"saved checkpoint {self.folder.tag(tag)} in {seconds:.1f}s")
         if self.choice.remote is not None:
-            if self.rank == 0:
-                self._upload(tag)
-            dist.barrier()  # the others wait here, under the save's long timeout, not in the next step's short one
+            # The others wait here, under the save's long timeout, not in the next step's short one.
+            dist.from_rank0(lambda: self._upload(tag), f"uploading checkpoint {tag}")
 
     def _upload(self, tag: str) -> None:
         """Mirror a saved checkpoint to the bucket. A failure is logged, not fatal: the local copy is whole, and the
@@ -145,21 +144,12 @@ class CheckpointManager:
     def _check_layout(self, tag: str) -> None:
         """Refuse a checkpoint whose parameters are not the built model's (an option, or the code, that builds the
         model changed). Rank 0 reads the checkpoint; every rank learns the outcome, or the others would wait on."""
-        problem = error = ""
-        failure = None
-        if self.rank == 0:
-            try:
-                differences = layout_differences(saved_layout(self.folder.tag(tag)), built_layout(self.engine.module))
-                problem = self._layout_problem(tag, differences) if differences else ""
-            except Exception as exc:  # every rank must learn of it, or the others would wait in the broadcast
-                failure, error = exc, f"rank 0 failed comparing checkpoint {tag}: {type(exc).__name__}: {exc}"
-        problem, error = dist.broadcast_object(problem, error)
-        if failure is not None:
-            raise failure  # rank 0 keeps its own traceback
-        if error:
-            raise RuntimeError(error)
-        if problem:
-            raise ConfigError(problem)
+        def compare() -> None:
+            differences = layout_differences(saved_layout(self.folder.tag(tag)), built_layout(self.engine.module))
+            if differences:
+                raise ConfigError(self._layout_problem(tag, differences))
+
+        dist.from_rank0(compare, f"comparing checkpoint {tag}")
 
     def _layout_problem(self, tag: str, differences: list[str]) -> str:
         """The one line that refuses `tag`: what differs, and the config keys that may explain it."""

@@ -12,7 +12,6 @@ import time
 from typing import Optional
 
 from core import distributed as dist
-from core.errors import StorageError, UserError
 from core.object_store import ObjectStore
 from pretrain.checkpointing.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
 
@@ -60,18 +59,12 @@ class RemoteCheckpoints:
 
     def fetch_for_resume(self) -> Optional[str]:
         """Rank 0 fetches the newest remote checkpoint when no local one is as new (`fetch_newest`); every rank gets
-        its tag (None when nothing was fetched), or the StorageError that stopped it."""
-        fetched, error = None, None
-        if dist.rank() == 0:
-            try:
-                self.local.root.mkdir(parents=True, exist_ok=True)
-                fetched = self.fetch_newest()
-            except UserError as exc:  # every rank must learn of it, or the others wait forever
-                error = str(exc)
-        fetched, error = dist.broadcast_object(fetched, error)
-        if error:
-            raise StorageError(error)
-        return fetched
+        its tag (None when nothing was fetched), or the user error that stopped it."""
+        def fetch() -> Optional[str]:
+            self.local.root.mkdir(parents=True, exist_ok=True)
+            return self.fetch_newest()
+
+        return dist.from_rank0(fetch, f"fetching the newest checkpoint from {self.url}")
 
     def fetch_newest(self) -> Optional[str]:
         """Download the newest complete remote checkpoint when it is newer than every local one; its tag, or None."""

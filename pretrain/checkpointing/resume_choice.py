@@ -74,10 +74,7 @@ class ResumeChoice:
             as_tag(train.resume_from)  # a malformed value is refused on every rank, not on rank 0 while the rest wait
             if self.run_dir.branches.is_file():
                 branched_from = {row["from"] for row in read_jsonl(self.run_dir.branches)}
-        picked = self._pick(branched_from) if self.rank == 0 else (None, [], "", "")
-        tag, damaged, error, note = dist.broadcast_object(*picked)
-        if error:
-            raise CheckpointError(error)
+        tag, damaged, note = dist.from_rank0(lambda: self._pick(branched_from), "choosing the checkpoint to resume")
         self.damaged, self.notes = damaged, [note] if note else []  # logged at the restore, by the checkpoint manager
         self.following_branch = bool(note)
         self.resume_tag = self.load_tag = tag
@@ -96,17 +93,17 @@ class ResumeChoice:
         self.plan = ResumePlan(meta, load_universal=universal)
         return self.plan
 
-    def _pick(self, branched_from: set[str]) -> tuple:
-        """Rank 0's choice (`CheckpointDir.pick`), its files read as data first unless train.trust_checkpoint: DeepSpeed
-        and the universal conversion unpickle them, and pickle runs what a file asks it to."""
+    def _pick(self, branched_from: set[str]) -> tuple[Optional[str], list[str], str]:
+        """Rank 0's choice (`CheckpointDir.pick`: tag, damaged tags, branch note), its files read as data first unless
+        train.trust_checkpoint: DeepSpeed and the universal conversion unpickle them, and pickle runs what a file asks
+        it to."""
         tag, damaged, error, note = self.folder.pick(self.cfg.train.resume_from, branched_from)
-        if tag is not None and not error and not self.cfg.train.trust_checkpoint:
-            try:
-                check_tag_is_data(self.folder.tag(tag), "Resume from it with train.trust_checkpoint=true only if you "
-                                                        "trust where it came from")
-            except CheckpointError as exc:
-                error = str(exc)
-        return tag, damaged, error, note
+        if error:
+            raise CheckpointError(error)
+        if tag is not None and not self.cfg.train.trust_checkpoint:
+            check_tag_is_data(self.folder.tag(tag), "Resume from it with train.trust_checkpoint=true only if you "
+                                                    "trust where it came from")
+        return tag, damaged, note
 
     def commit(self) -> None:
         """Go ahead with the chosen checkpoint, everything built: branch for train.resume_from, and make the universal
@@ -116,19 +113,14 @@ class ResumeChoice:
             self._branch(tag)
         if not self.plan.load_universal:
             return
-        meta = self.plan.meta
-        error = ""
-        if self.rank == 0:
-            print(f"checkpoint {tag} was saved on {meta['world_size']} rank(s); converting it to a universal "
-                  f"checkpoint to resume on {self.world}", flush=True)
-            try:
-                ckpt.convert_to_universal(self.folder.root, tag)
-            except Exception as exc:  # every rank must learn of it, or the others wait forever
-                error = str(exc) or type(exc).__name__
-        (error,) = dist.broadcast_object(error)
-        if error:
-            raise RuntimeError(error)
+        dist.from_rank0(lambda: self._convert(tag), f"converting checkpoint {tag} to a universal one")
         self.load_tag = universal_tag(tag)
+
+    def _convert(self, tag: str) -> None:
+        """Rank 0 writes the universal copy of `tag`."""
+        print(f"checkpoint {tag} was saved on {self.plan.meta['world_size']} rank(s); converting it to a universal "
+              f"checkpoint to resume on {self.world}", flush=True)
+        ckpt.convert_to_universal(self.folder.root, tag)
 
     def discard_universal(self) -> None:
         """Remove the universal copy once every rank has loaded it."""
@@ -140,11 +132,12 @@ class ResumeChoice:
     def _branch(self, tag: str) -> None:
         """Rank 0 moves the checkpoints after train.resume_from aside (kept, not deleted) and records the branch, so
         that an automatic resume (a requeue) follows the branch."""
-        if self.rank == 0:
+        def set_aside() -> None:
             later, aside = self.folder.set_aside_after(tag)
             if later:
                 self.notes.append(f"branching from {tag} (train.resume_from): {', '.join(later)} moved aside to {aside}")
             # Recorded even when nothing moved: once the branch has saved, a requeue resumes the branch, not the tag.
             row = {"from": tag, "moved_aside": later, "to": aside.name if later else None, "time": time.time()}
             append_jsonl(self.run_dir.branches, row)
-        dist.barrier()
+
+        dist.from_rank0(set_aside, f"branching from checkpoint {tag}")
