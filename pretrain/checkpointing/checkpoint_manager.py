@@ -20,7 +20,7 @@ from core.errors import ConfigError, UserError
 from core.seeding import RunRng
 from data_pipeline.shards import data_fingerprint
 from pretrain.checkpointing.checkpoint_dir import META
-from pretrain.checkpointing.parameter_layout import built_layout, layout_differences, saved_layout
+from pretrain.checkpointing.parameter_layout import built_layout, layout_differences, layout_refusal, saved_layout
 from pretrain.config import RunConfig
 from pretrain.engine.deepspeed_engine import Engine
 from pretrain.observe.logger import RunLogger
@@ -147,18 +147,9 @@ class CheckpointManager:
         def compare() -> None:
             differences = layout_differences(saved_layout(self.folder.tag(tag)), built_layout(self.engine.module))
             if differences:
-                raise ConfigError(self._layout_problem(tag, differences))
+                raise ConfigError(layout_refusal(self.folder.tag(tag), differences, self._changes(tag)))
 
         dist.from_rank0(compare, f"comparing checkpoint {tag}")
-
-    def _layout_problem(self, tag: str, differences: list[str]) -> str:
-        """The one line that refuses `tag`: what differs, and the config keys that may explain it."""
-        changes = self._changes(tag)
-        cause = (f"An option that shapes the model differs from the one it was saved with{changes}: resume with that "
-                 "config" if changes else "The config is the one it was saved with, so the code that builds the model "
-                 "differs (another version of this project or of transformers): resume with the code that saved it")
-        return (f"checkpoint {self.folder.tag(tag)} holds other parameters than this launch builds: "
-                f"{'; '.join(differences)}. {cause}, or start a new run from its export (model.init_from)")
 
     def _changes(self, tag: str) -> str:
         """' (KEY OLD -> NEW, ...)' against the config saved in the checkpoint, or '' where it has none."""

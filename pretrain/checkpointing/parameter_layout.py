@@ -68,3 +68,13 @@ def layout_differences(saved: Layout, built: Layout) -> list[str]:
     out += [f"{len(reshaped)} of another shape (" + ", ".join(
         f"{n} {list(saved_entries[n])} -> {list(built_entries[n])}" for n in reshaped[:SHOWN]) + ")"] if reshaped else []
     return out
+
+
+def layout_refusal(tag_dir: Path, differences: list[str], changes: str) -> str:
+    """The one line that refuses a resume from `tag_dir`: what differs, and the config changes that may explain it
+    (' (KEY OLD -> NEW, ...)', or '' when the config is the one it was saved with: then the code changed)."""
+    cause = (f"An option that shapes the model differs from the one it was saved with{changes}: resume with that "
+             "config" if changes else "The config is the one it was saved with, so the code that builds the model "
+             "differs (another version of this project or of transformers): resume with the code that saved it")
+    return (f"checkpoint {tag_dir} holds other parameters than this launch builds: {'; '.join(differences)}. {cause}, "
+            "or start a new run from its export (model.init_from)")

@@ -3,7 +3,7 @@ import torch
 from transformers import BertConfig, BertForPreTraining
 
 from pretrain.checkpointing.checkpoint import MODULE_STATES, ZERO3_MODULE_STATES
-from pretrain.checkpointing.parameter_layout import built_layout, layout_differences, saved_layout
+from pretrain.checkpointing.parameter_layout import built_layout, layout_differences, layout_refusal, saved_layout
 
 
 def _bert(hidden=32, frozen_pooler=False):
@@ -73,3 +73,16 @@ def test_a_parameter_without_elements_is_counted_as_deepspeed_counts_it():
     model.register_parameter("empty", torch.nn.Parameter(torch.empty(0)))
     trained, entries = built_layout(model)
     assert "empty" not in trained and entries["empty"] == (0,)
+
+
+def test_the_refusal_blames_the_changed_options_or_else_the_code(tmp_path):
+    differences = ["2 in the checkpoint but not built here (gen.a, gen.b)", "1 of another shape (w [4] -> [8])"]
+    head = (f"checkpoint {tmp_path} holds other parameters than this launch builds: 2 in the checkpoint but not built "
+            "here (gen.a, gen.b); 1 of another shape (w [4] -> [8]). ")
+    tail = ", or start a new run from its export (model.init_from)"
+    changed = layout_refusal(tmp_path, differences, " (objective.generator_layers 2 -> 4)")
+    assert changed == head + ("An option that shapes the model differs from the one it was saved with "
+                              "(objective.generator_layers 2 -> 4): resume with that config") + tail
+    same = layout_refusal(tmp_path, differences, "")
+    assert same == head + ("The config is the one it was saved with, so the code that builds the model differs "
+                           "(another version of this project or of transformers): resume with the code that saved it") + tail
