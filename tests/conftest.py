@@ -151,10 +151,33 @@ def python_process(argv: list[str], env: dict[str, str] | None = None, cwd: Path
     return _preloaded().launch(argv, {**os.environ, **PROCESS_ENV} if env is None else env, cwd, stdout, stderr)
 
 
-def run_python(argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO,
-               timeout: float = 300) -> subprocess.CompletedProcess:
-    """`subprocess.run([python, *argv], capture_output=True, text=True)` through `python_process`'s server."""
-    return _preloaded().run(argv, {**os.environ, **PROCESS_ENV} if env is None else env, cwd, timeout)
+def run_python(argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO, timeout: float = 300,
+               read_later: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`subprocess.run([python, *argv], capture_output=True, text=True)` through `python_process`'s server (forked
+    also where `read_later`'s variables differ: the caller knows they are read after the start, see `forkable`)."""
+    return _preloaded().run(argv, {**os.environ, **PROCESS_ENV} if env is None else env, cwd, timeout, read_later)
+
+
+class ForkedModuleRuns:
+    """Stands in for the `subprocess` module of a benchmark whose `main` a test calls in its own process: a captured run
+    of `python -m MODULE` (what the benchmark measures or checks) is forked from the preloaded server, as `run_cli`
+    forks a test's own commands; anything else, torchrun's agent among them, goes to `subprocess` itself."""
+
+    def __getattr__(self, name: str):
+        return getattr(subprocess, name)
+
+    def run(self, cmd: list, *, cwd=None, env=None, capture_output: bool = False, text: bool = False, **kwargs):
+        """`subprocess.run`, forked where it can be."""
+        if (list(cmd[:2]) != [sys.executable, "-m"] or cmd[2] == "torch.distributed.run" or kwargs
+                or not (capture_output and text)):
+            return subprocess.run(cmd, cwd=cwd, env=env, capture_output=capture_output, text=text, **kwargs)
+        from benchmarks.arguments import repo_pythonpath
+
+        env = dict(os.environ if env is None else env)
+        if env.get("PYTHONPATH") == repo_pythonpath():  # the checkout first: a forked `-m` from REPO has it there too
+            env.pop("PYTHONPATH")
+            env.update({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})
+        return run_python([os.fspath(c) for c in cmd[1:]], {**env, **PROCESS_ENV}, Path(cwd or os.getcwd()), timeout=900)
 
 
 def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, check: bool = True,

@@ -54,12 +54,15 @@ ENVIRON = "environ.json"  # beside the socket: the server's environment before i
 REQUEST_SECONDS = 30  # for a request to arrive whole, and for the server to answer one with the child's pid
 
 
-def forkable(env: dict[str, str], base: dict[str, str], set_by_imports: dict[str, str]) -> list[str]:
+def forkable(env: dict[str, str], base: dict[str, str], set_by_imports: dict[str, str],
+             read_later: tuple[str, ...] = ()) -> list[str]:
     """The variables that keep a process with environment `env` from being forked from a server started with `base`
     whose imports then set `set_by_imports` (none: it may be). A variable may hold the server's value from before its
-    imports or from after them (the pytest process may have imported what sets it, too)."""
+    imports or from after them (the pytest process may have imported what sets it, too). `read_later`: variables the
+    caller knows this process reads only after its start (what it runs, not an import), unless the imports set them."""
     def runtime(key: str) -> bool:
-        return key in RUNTIME_VARIABLES or key.startswith(RUNTIME_PREFIXES)
+        return key in RUNTIME_VARIABLES or key.startswith(RUNTIME_PREFIXES) or (
+            key in read_later and key not in set_by_imports)
 
     after = {**base, **set_by_imports}
     return sorted(k for k in set(env) | set(after) if env.get(k) not in (base.get(k), after.get(k)) and not runtime(k))
@@ -326,14 +329,14 @@ class Server:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def launch(self, argv: list, env: dict[str, str], cwd: Path, stdout=None, stderr=None,
-               stdin=subprocess.DEVNULL) -> "subprocess.Popen | ForkedProcess":
-        """`python *argv` with `env` in `cwd`: forked when the environment allows (`forkable`), else a new process
-        (said on stderr, with the variables that decided it). stdout/stderr: an open file or descriptor,
-        subprocess.DEVNULL, subprocess.STDOUT (stderr only), or None (inherit); not PIPE."""
+               stdin=subprocess.DEVNULL, read_later: tuple[str, ...] = ()) -> "subprocess.Popen | ForkedProcess":
+        """`python *argv` with `env` in `cwd`: forked when the environment allows (`forkable`, with `read_later`),
+        else a new process (said on stderr, with the variables that decided it). stdout/stderr: an open file or
+        descriptor, subprocess.DEVNULL, subprocess.STDOUT (stderr only), or None (inherit); not PIPE."""
         argv = [os.fspath(a) for a in argv]
         body = json.dumps({"argv": argv, "env": env, "cwd": os.fspath(cwd)}).encode()
         self._start()
-        differ = forkable(env, self.env, self.set_by_imports)
+        differ = forkable(env, self.env, self.set_by_imports, read_later)
         if differ:
             print(f"preloaded server: a fresh interpreter for {' '.join(argv[:3])} ...: {', '.join(differ)} differ "
                   "from the server's environment", file=sys.stderr)
@@ -346,12 +349,13 @@ class Server:
             socket.send_fds(conn, [_HEADER.pack(len(body)) + body], fds)
             return ForkedProcess(conn.detach(), [sys.executable, *argv])
 
-    def run(self, argv: list, env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, argv: list, env: dict[str, str], cwd: Path, timeout: float,
+            read_later: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
         """`subprocess.run(..., capture_output=True, text=True, timeout=timeout)` through `launch`."""
         import tempfile
 
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-            proc = self.launch(argv, env, cwd, stdout=out, stderr=err)
+            proc = self.launch(argv, env, cwd, stdout=out, stderr=err, read_later=read_later)
             try:
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -7,24 +7,30 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_cli
+from conftest import ForkedModuleRuns
+
+from benchmarks import compile_check
 from pretrain.run_dir import RunDir
 
 
 
-def test_the_compile_check_compares_eager_and_compiled_runs_and_loads_the_export(prepared, tmp_path):
+def test_the_compile_check_compares_eager_and_compiled_runs_and_loads_the_export(prepared, tmp_path, monkeypatch,
+                                                                                 capsys):
     out = tmp_path / "check.json"
-    proc = run_cli("benchmarks.compile_check", [
+    # In this process, its three runs forked (each a fresh interpreter's start-up otherwise).
+    monkeypatch.setattr(compile_check, "subprocess", ForkedModuleRuns())
+    compile_check.main([
         "--size", "tiny", "--steps", "3", "--warmup", "1", "--batch", "4", "--precision", "fp32", "--backbones", "bert",
         "--objectives", "tacl", "--data", str(prepared), "--work", str(tmp_path / "work"), "--out", str(out),
         "--tolerance", "1e-5", "--compiled-set", "train.vocab_loss_chunk=16",
         # lr: one that moves the weights, so steps 2-3 test the backward too; dropout: the check's own 0 must win
-        "--set", "optimizer.lr=3e-3", "model.dropout=0.1"], timeout=600)
+        "--set", "optimizer.lr=3e-3", "model.dropout=0.1"])
+    stdout = capsys.readouterr().out
     (row,) = json.loads(out.read_text())["rows"]
     # fp32, dropout 0: the fused, chunked, compiled run gives the plain eager run's losses to 1e-5 at every step.
     assert row["steps"] == 3 and row["losses_agree"] and row["max_relative_loss_difference"] <= 1e-5, row
     assert row["export_class"] == "BertModel" and row["compiled_tokens_per_s"] > 0
-    assert "bert tacl: losses agree" in proc.stdout
+    assert "bert tacl: losses agree" in stdout
     teacher = json.loads((tmp_path / "work" / "bert_teacher" / "config.json").read_text())
     assert (teacher["model_type"], teacher["hidden_size"], teacher["hidden_dropout_prob"]) == ("bert", 64, 0.0)
     eager_log = (tmp_path / "work" / "bert_tacl_eager" / "train.log").read_text()

@@ -206,8 +206,9 @@ def test_a_cpu_adam_op_that_does_not_build_is_named_in_one_line(prepared, tmp_pa
                    'echo "cpu_adam.cpp:1:10: fatal error: Python.h: No such file or directory" >&2\nexit 1\n')
     cxx.chmod(0o755)
     env = {**os.environ, **PROCESS_ENV, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), "CXX": str(cxx)}
+    # Forked: both are read when the op builds (torch.utils.cpp_extension), not when torch or DeepSpeed is imported.
     proc = run_python(["-m", "pretrain", *_args(prepared, tmp_path / "run", "train.max_steps=1", "optimizer.impl=deepspeed")],
-                      env=env)
+                      env=env, read_later=("CXX", "TORCH_EXTENSIONS_DIR"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert ("error: optimizer.impl=deepspeed on a CPU or with optimizer offload needs DeepSpeed's CPU Adam op, which "
             "did not build here (cpu_adam.cpp:1:10: fatal error: Python.h: No such file or directory): use "

@@ -8,6 +8,7 @@ import sys
 import time
 
 from conftest import PROCESS_ENV, REPO, python_process, run_python
+from helpers.preloaded import forkable
 
 DESCRIBE = "tests/helpers/describe_process.py"
 SAME = ("argv", "path0", "cwd", "main_file", "name", "marker", "rank", "handlers", "environ", "orig_argv", "dispositions")
@@ -104,3 +105,13 @@ def test_a_client_that_fails_mid_request_leaves_the_server_serving(tmp_path):
         raise AssertionError("a forked process took stdout=PIPE")
     again = run_python([DESCRIBE, "code"], _env(), timeout=60)
     assert again.returncode == 3 and server.proc.poll() is None
+
+
+def test_a_variable_read_only_after_the_start_may_differ_where_the_caller_says_so():
+    base, set_by_imports = {"PATH": "/bin", "CXX": "c++"}, {"TORCH_EXTENSIONS_DIR": "/server/ext"}
+    env = {"PATH": "/bin", "CXX": "/tmp/fake-cxx", "TORCH_EXTENSIONS_DIR": "/tmp/ext"}
+    assert forkable(env, base, set_by_imports) == ["CXX", "TORCH_EXTENSIONS_DIR"]
+    # CXX only: what the server's imports set is theirs, whatever the caller says.
+    assert forkable(env, base, set_by_imports, read_later=("CXX", "TORCH_EXTENSIONS_DIR")) == ["TORCH_EXTENSIONS_DIR"]
+    assert forkable({**env, "PATH": "/usr/bin"}, base, set_by_imports, read_later=("CXX",)) == ["PATH",
+                                                                                                  "TORCH_EXTENSIONS_DIR"]
