@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from core.atomic_files import check_folder_path
 from core.errors import CheckpointError, ConfigError, OutputExistsError
 from data_pipeline.tokenizer import check_tokenizer_folder
+from evaluation.results_files import written_here
 from model.backbones.base import check_model_folder
 
 if TYPE_CHECKING:
@@ -40,10 +41,27 @@ def check_report_stem(out: str | Path, flag: str = "--out") -> Path:
     return Path(out)
 
 
-def check_output(path: str | Path, flag: str = "--out") -> None:
-    """Refuse an output file that cannot be written, before the work: a folder in its place, or a file where one of
-    its parent folders would be."""
+def check_report(out: str | Path, suffixes: tuple[str, ...], overwrite: bool = False) -> None:
+    """`check_output` for each of a report's files (OUT.json and its siblings), judged by OUT.json."""
+    stem = check_report_stem(out)
+    for suffix in suffixes:
+        check_output(stem.with_suffix(suffix), overwrite, results_json=stem.with_suffix(".json"))
+
+
+def check_output(path: str | Path, overwrite: bool = False, results_json: str | Path | None = None,
+                 flag: str = "--out") -> None:
+    """Refuse an output file that cannot be written, before the work: a folder in its place, a file where one of its
+    parent folders would be, or an existing file, unless `overwrite` and it belongs to results this tool wrote
+    (`results_json`, the JSON of the same report; the file itself by default)."""
     path = Path(path)
     if path.is_dir():
         raise OutputExistsError(f"{flag} '{path}' is a folder; give a file path in it (e.g. '{path / 'results.json'}')")
     check_folder_path(path.parent, flag)
+    if not path.exists():
+        return
+    if not overwrite:
+        raise OutputExistsError(f"{flag} '{path}' already exists; pass --overwrite to replace it")
+    owner = Path(results_json) if results_json is not None else path
+    if not written_here(owner):
+        raise OutputExistsError(f"--overwrite replaces only results an evaluation command wrote, and '{path}' is not "
+                                f"one ({owner} names no such writer): remove it yourself, or write to another path")

@@ -5,7 +5,6 @@ They read Hugging Face folders only, never a run folder or a checkpoint: evaluat
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,15 +22,14 @@ def _eval_config(cls, args: argparse.Namespace):
 
 
 def _self_similarity(args: argparse.Namespace) -> int:
-    from evaluation.checks import check_output, check_report_stem, export_tokenizer
+    from evaluation.checks import check_report, export_tokenizer
     from evaluation.config import SelfSimilarityConfig
     from evaluation.self_similarity import model_spec, read_sentences, self_similarity, write_report
 
     cfg = _eval_config(SelfSimilarityConfig, args)
     sentences = read_sentences(cfg.text)
     labels = dict(model_spec(spec)[::-1] for spec in cfg.model)  # path -> label
-    for suffix in (".json", ".png"):
-        check_output(check_report_stem(cfg.out).with_suffix(suffix))
+    check_report(cfg.out, (".json", ".png"), cfg.overwrite)
     for model in labels:
         export_tokenizer(model)  # every folder checked before the first model's work
     results = {model: self_similarity(model, sentences, cfg.special_tokens, cfg.max_length, cfg.batch_size)
@@ -53,7 +51,7 @@ def _linear_probe(args: argparse.Namespace) -> int:
 
     cfg = _eval_config(LinearProbeConfig, args)
     if cfg.out:
-        check_output(cfg.out)
+        check_output(cfg.out, cfg.overwrite)
     results = [linear_probe(model, cfg.task, cfg.data, cfg.layer, cfg.features, cfg.c_grid, cfg.folds, cfg.max_train_samples,
                             cfg.max_eval_samples, cfg.max_length, cfg.batch_size, cfg.seed) for model in cfg.model]
     for result in results:
@@ -61,10 +59,9 @@ def _linear_probe(args: argparse.Namespace) -> int:
         print(f"{result['model']}: " + ", ".join(f"{name} accuracy {r['accuracy']:.4f}" for name, r in result["probes"].items())
               + f" (majority class {base:.4f}; {result['train_examples']} train / {result['eval_examples']} eval)")
     if cfg.out:
-        from core.atomic_files import write_text_atomic
+        from evaluation.results_files import write_results_json
 
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(Path(cfg.out), json.dumps({"config": asdict(cfg), "results": results}, indent=2) + "\n")
+        write_results_json(cfg.out, {"config": asdict(cfg), "results": results})
         print(f"results: {cfg.out}")
     return 0
 
@@ -76,7 +73,8 @@ def _sentence_embeddings(args: argparse.Namespace) -> int:
     cfg = _eval_config(SentenceEmbeddingConfig, args)
     report = evaluate_suite(cfg.model, cfg.suite, cfg.tasks, cfg.features, cfg.out, layer=cfg.layer, folds=cfg.folds,
                             c_grid=tuple(cfg.c_grid), inner_folds=cfg.inner_folds, max_examples=cfg.max_examples,
-                            max_length=cfg.max_length, batch_size=cfg.batch_size, seed=cfg.seed)
+                            max_length=cfg.max_length, batch_size=cfg.batch_size, seed=cfg.seed,
+                            overwrite=cfg.overwrite)
     print(report["table"], end="")
     if cfg.out:
         print(f"results: {Path(cfg.out).with_suffix('.json')} {Path(cfg.out).with_suffix('.md')}")
@@ -89,7 +87,8 @@ def _finetune(args: argparse.Namespace) -> int:
 
     cfg = _eval_config(FinetuneConfig, args)
     result = finetune(cfg.model, cfg.task, cfg.seeds, cfg.recipe, cfg.recipe_overrides(), cfg.data, cfg.loss,
-                      cfg.tacl_weight, cfg.tacl_temperature, cfg.max_train_samples, cfg.max_eval_samples, cfg.out)
+                      cfg.tacl_weight, cfg.tacl_temperature, cfg.max_train_samples, cfg.max_eval_samples, cfg.out,
+                      cfg.overwrite)
     for metric, value in result["summary"].items():
         base = (result["majority_baseline"] or {}).get(metric)
         print(f"{metric}: {value['mean']:.4f} ± {value['std']:.4f} over {len(cfg.seeds)} seed(s)"
@@ -106,6 +105,7 @@ FLAG_HELP = {
             "downloaded to FOLDER, or csv:PATH / json:PATH",
     "text": "UTF-8 text, one sentence per line",
     "out": "output: the results JSON (self-similarity, sentence-embeddings: a path without suffix)",
+    "overwrite": "replace an earlier result at --out (only one an evaluation command wrote)",
     "special_tokens": "keep [CLS]/[SEP] in the pairs (include, the default, as TaCL's analysis) or drop them",
     "layer": "hidden-state index (default -1, the last layer; 0 the embeddings)",
     "suite": "task suite folder with tasks.json (default runs/senteval)",

@@ -58,6 +58,7 @@ class FinetuneConfig:
     max_train_samples: int = 0  # 0: all
     max_eval_samples: int = 0
     out: Optional[str] = None  # the results JSON
+    overwrite: bool = False  # replace an earlier result at `out` (only results an evaluation command wrote)
 
     def validate(self) -> None:
         """A model, a task and at least one seed; the recipe overrides in range."""
@@ -90,6 +91,7 @@ class SelfSimilarityConfig:
     model: list[str] = field(default_factory=list)  # HF model folders, PATH or LABEL=PATH (seeds share a label)
     text: str = ""  # UTF-8, one sentence per line
     out: str = ""  # output path without suffix: writes OUT.json and OUT.png
+    overwrite: bool = False  # replace an earlier report at `out` (only one an evaluation command wrote)
     # include: keep [CLS]/[SEP] in the pairs (as TaCL's analysis); exclude: drop them.
     special_tokens: Literal["include", "exclude"] = "include"
     max_length: int = 512
@@ -121,6 +123,7 @@ class LinearProbeConfig:
     batch_size: int = 64
     seed: int = 0
     out: Optional[str] = None  # the results JSON (one entry per model)
+    overwrite: bool = False  # replace an earlier result at `out` (only results an evaluation command wrote)
 
     def validate(self) -> None:
         """Models and a task named; the grid and folds usable."""
@@ -161,6 +164,7 @@ class SentenceEmbeddingConfig:
     batch_size: int = 64
     seed: int = 0
     out: Optional[str] = None  # writes OUT.json and OUT.md
+    overwrite: bool = False  # replace an earlier report at `out` (only one an evaluation command wrote)
 
     def validate(self) -> None:
         """Models named; folds, grid and lengths usable."""

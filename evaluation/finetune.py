@@ -6,7 +6,6 @@ majority-class baseline of the evaluation split.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -230,12 +229,13 @@ def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, 
 def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "taco", overrides: Optional[dict] = None,
              local: Optional[LocalTaskOptions] = None, loss: Literal["ce", "supervised-tacl"] = "ce", tacl_weight: float = 1.0,
              tacl_temperature: float = 0.01, max_train_samples: int = 0, max_eval_samples: int = 0,
-             out: Optional[str] = None) -> dict[str, Any]:
-    """Fine-tune once per seed and return (and write to `out`) every seed's metrics with mean and std."""
+             out: Optional[str] = None, overwrite: bool = False) -> dict[str, Any]:
+    """Fine-tune once per seed and return (and write to `out`, replacing an earlier result there if `overwrite`)
+    every seed's metrics with mean and std."""
     from transformers import AutoConfig
 
     if out:
-        check_output(out)
+        check_output(out, overwrite)
     tokenizer = export_tokenizer(model_dir)
     spec, train_rows, eval_rows = load_task(task, local or LocalTaskOptions(), seed=seeds[0])
     if loss == "supervised-tacl" and spec.kind != "token":
@@ -265,9 +265,8 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
               "recipe": recipe_name, "hyperparameters": asdict(hp), "loss": loss, "seeds": runs, "summary": summary,
               "majority_baseline": majority_baseline(spec, train_enc, eval_enc)}
     if out:
-        from core.atomic_files import write_text_atomic
+        from evaluation.results_files import write_results_json
 
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(Path(out), json.dumps(result, indent=2) + "\n")
+        write_results_json(out, result)
     log.info("%s on %s: %s", model_dir, task, ", ".join(f"{m} {v['mean']:.4f} ± {v['std']:.4f}" for m, v in summary.items()))
     return result

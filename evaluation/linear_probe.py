@@ -10,11 +10,9 @@ the probe is refit on the whole training split and scored on the evaluation spli
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 import warnings
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -153,14 +151,15 @@ def _token_examples(model_dir: str, spec: TaskSpec, rows, layer: int, max_length
 def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = None, layer: int = -1,
                  features: Sequence[str] = SEQUENCE_FEATURES, c_grid: Sequence[float] = (0.01, 0.1, 1.0, 10.0), folds: int = 5,
                  max_train_samples: int = 0, max_eval_samples: int = 0, max_length: int = 128, batch_size: int = 64,
-                 seed: int = 0, out: Optional[str] = None) -> dict[str, Any]:
-    """Probe one export on one task; return (and write to `out`) each feature's metrics beside the majority class."""
+                 seed: int = 0, out: Optional[str] = None, overwrite: bool = False) -> dict[str, Any]:
+    """Probe one export on one task; return (and write to `out`, replacing an earlier result there if `overwrite`)
+    each feature's metrics beside the majority class."""
     local = local or LocalTaskOptions()
     unknown = set(features) - set(SEQUENCE_FEATURES)
     if unknown:
         raise ConfigError(f"unknown probe feature(s) {sorted(unknown)}: choose from {list(SEQUENCE_FEATURES)}")
     if out:
-        check_output(out)
+        check_output(out, overwrite)
     spec, train_rows, eval_rows = load_task(task, local, seed=seed)
     if spec.num_labels == 1:
         raise ConfigError(f"task '{task}' is a regression; a linear probe here is a classifier")
@@ -189,10 +188,9 @@ def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = 
               "train_examples": int(len(ytr)), "eval_examples": int(len(yev)), "probes": results,
               "majority_baseline": majority, "seconds": time.time() - start}
     if out:
-        from core.atomic_files import write_text_atomic
+        from evaluation.results_files import write_results_json
 
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(Path(out), json.dumps(result, indent=2) + "\n")
+        write_results_json(out, result)
     log.info("%s on %s: %s", model_dir, task, ", ".join(f"{n} accuracy {r['accuracy']:.4f}" for n, r in results.items()))
     return result
 

@@ -15,7 +15,6 @@ fewer than 2 counted tokens add nothing. Lines longer than `max_length` tokens a
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -131,7 +130,8 @@ def write_report(results: dict[str, list[float]], out: str | Path, meta: dict, l
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from core.atomic_files import save_figure_atomic, write_text_atomic
+    from core.atomic_files import save_figure_atomic
+    from evaluation.results_files import write_results_json
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +140,7 @@ def write_report(results: dict[str, list[float]], out: str | Path, meta: dict, l
     payload = {**meta, "self_similarity": results, "by_label": groups}
     if reference:
         payload["reference"] = {name: {str(k): v for k, v in values.items()} for name, values in reference.items()}
-    write_text_atomic(json_path, json.dumps(payload, indent=2) + "\n")
+    write_results_json(json_path, payload)
     fig, axes = plt.subplots(1, 2 if reference else 1, figsize=(11 if reference else 6, 4), squeeze=False)
     ax = axes[0][0]
     for label, g in groups.items():

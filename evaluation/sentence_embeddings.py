@@ -29,7 +29,8 @@ import numpy as np
 
 from core.errors import ConfigError, InputDataError, MissingFileError
 from core.input_paths import check_input_file
-from evaluation.checks import check_output, check_report_stem, export_tokenizer
+from evaluation.checks import check_report, export_tokenizer
+from evaluation.results_files import write_results_json
 
 log = logging.getLogger("pretrain.sentence_embeddings")
 
@@ -197,14 +198,15 @@ def table(results: dict[str, dict[str, dict[str, Any]]], tasks: list[SuiteTask],
 
 
 def evaluate_suite(models: Sequence[str], suite: str | Path, task_names: Sequence[str] = (),
-                   features: Sequence[str] = FEATURES, out: Optional[str | Path] = None, **options: Any) -> dict[str, Any]:
-    """Every model on every task of the suite; writes OUT.json and OUT.md when `out` is given."""
+                   features: Sequence[str] = FEATURES, out: Optional[str | Path] = None, overwrite: bool = False,
+                   **options: Any) -> dict[str, Any]:
+    """Every model on every task of the suite; writes OUT.json and OUT.md when `out` is given (`overwrite`: replacing
+    an earlier report there)."""
     unknown = set(features) - set(FEATURES)
     if unknown or not features:
         raise ConfigError(f"sentence-embedding features must be some of {list(FEATURES)}, got {list(features)}")
     if out:
-        for suffix in (".json", ".md"):
-            check_output(check_report_stem(out).with_suffix(suffix))
+        check_report(out, (".json", ".md"), overwrite)
     for model in models:
         export_tokenizer(model)  # every folder checked before the first task's work
     tasks = read_suite(suite, task_names)
@@ -223,8 +225,6 @@ def evaluate_suite(models: Sequence[str], suite: str | Path, task_names: Sequenc
     if out:
         from core.atomic_files import write_text_atomic
 
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
-        write_text_atomic(out.with_suffix(".md"), report["table"])
+        write_results_json(Path(out).with_suffix(".json"), report)
+        write_text_atomic(Path(out).with_suffix(".md"), report["table"])
     return report

@@ -299,3 +299,46 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(tiny, tmp_pa
     with pytest.raises(ConfigError, match="names a folder"):
         evaluate_suite([str(tiny)], tmp_path / "no_suite", out=f"{a_folder}/")
     check_output(tmp_path / "new" / "folders" / "results.json")  # folders still to be made are fine
+
+
+def test_an_existing_output_is_replaced_only_with_overwrite_and_only_if_an_evaluation_wrote_it(tiny, tmp_path, capsys):
+    """Without --overwrite an existing result is refused; with it, a report an evaluation command wrote is replaced,
+    and a file of another kind (the model's config.json, the task file, a dataset's manifest) never is."""
+    from pretrain.cli import main
+
+    model = _copy(tiny, tmp_path / "model")
+    text = tmp_path / "sentences.txt"
+    text.write_text("in the beginning\nand the earth was without form\n", encoding="utf-8")
+    task = tmp_path / "task.csv"
+    task.write_text("text,label\nkept,0\n", encoding="utf-8")
+    manifest = tmp_path / "data" / "manifest.json"
+    manifest.parent.mkdir()
+    manifest.write_text('{"format": "mds"}\n', encoding="utf-8")
+    originals = {path: path.read_bytes() for path in (model / "config.json", task, manifest)}
+
+    def refused(argv: list[str], message: str) -> None:
+        capsys.readouterr()  # what the runs before it printed
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, (argv, err)
+
+    similarity = ["evaluate", "self-similarity", "--model", str(model), "--text", str(text)]
+    report = tmp_path / "report"
+    assert main([*similarity, "--out", str(report)]) == 0
+    first = json.loads(report.with_suffix(".json").read_text())
+    assert first["written_by"] == "contrastive-pretrain evaluation" and report.with_suffix(".png").is_file()
+    report.with_suffix(".json").write_text(json.dumps({**first, "sentences": -1}))  # to see it replaced
+    refused([*similarity, "--out", str(report)], f"--out '{report}.json' already exists; pass --overwrite")
+    assert json.loads(report.with_suffix(".json").read_text())["sentences"] == -1
+    assert main([*similarity, "--out", str(report), "--overwrite"]) == 0
+    assert json.loads(report.with_suffix(".json").read_text())["sentences"] == 2
+
+    not_ours = "--overwrite replaces only results an evaluation command wrote"
+    refused([*similarity, "--out", str(model / "config"), "--overwrite"], f"'{model / 'config.json'}' is not one")
+    probe = ["evaluate", "linear-probe", "--model", str(model), "--task", f"csv:{task}"]
+    refused([*probe, "--out", str(task), "--overwrite"], not_ours)
+    refused([*probe, "--out", str(task)], "already exists; pass --overwrite")
+    refused(["finetune", "--model", str(model), "--task", f"csv:{task}", "--out", str(manifest), "--overwrite"], not_ours)
+    refused(["evaluate", "sentence-embeddings", "--model", str(model), "--suite", str(tmp_path / "no_suite"),
+             "--out", str(manifest.with_suffix("")), "--overwrite"], not_ours)
+    assert {path: path.read_bytes() for path in originals} == originals
