@@ -176,7 +176,7 @@ def _check_manifest(manifest: Any, path: Path) -> None:
 def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     """Read a prepared dataset's manifest, with one clear line when the folder is not one, the manifest is damaged or
     the tokenizer files it lists are missing or damaged."""
-    from data_pipeline.tokenizer import check_tokenizer_folder
+    from data_pipeline.tokenizer import check_tokenizer_folder, tokenizer_hash
 
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
@@ -185,9 +185,14 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
         )
     manifest = read_json(path, "dataset manifest", "prepare the dataset again")
     _check_manifest(manifest, path)
-    files = manifest.get("tokenizer", {}).get("files")
+    files, recorded = manifest.get("tokenizer", {}).get("files"), manifest.get("tokenizer", {}).get("hash")
+    advice = f"the dataset '{data_dir}' is incomplete or damaged: copy its tokenizer folder back whole, or prepare the " \
+             "dataset again"
     if files:  # here, before a run writes anything, rather than when it copies the tokenizer or is exported
-        check_tokenizer_folder(DatasetDir(data_dir).tokenizer, files,
-                               f"the dataset '{data_dir}' is incomplete or damaged: copy its tokenizer folder back "
-                               "whole, or prepare the dataset again")
+        check_tokenizer_folder(DatasetDir(data_dir).tokenizer, files, advice)
+    # A damaged model file passes the check above, trains, and leaves a run whose export is refused (its tokenizer is
+    # not the one the checkpoint was trained with).
+    if files and recorded and (found := tokenizer_hash(DatasetDir(data_dir).tokenizer)) != recorded:
+        raise InputDataError(f"tokenizer folder '{DatasetDir(data_dir).tokenizer}' holds tokenizer {found}, not the "
+                             f"{recorded} its dataset's manifest recorded; {advice}")
     return manifest

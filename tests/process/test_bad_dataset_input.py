@@ -67,10 +67,24 @@ def test_damaged_dataset_metadata_is_refused_in_one_line_naming_the_file(copy, c
     _one_error_line(capsys.readouterr().err, f"'{path}'", says)
 
 
-def test_a_dataset_whose_tokenizer_is_gone_or_truncated_is_refused_naming_it(copy):
+def test_a_dataset_whose_tokenizer_is_gone_or_truncated_is_refused_naming_it(copy, capsys):
     """Checked where the manifest is read, so a launch refuses it before it writes anything (it used to fail copying the
-    folder into the run, or, with tokenizer.json truncated, train and leave the run's export to fail)."""
+    folder into the run, or, with tokenizer.json or the sentencepiece model truncated, train and leave the run's export
+    to fail)."""
     from data_pipeline.shards import read_manifest
+
+    folder = DatasetDir(copy).tokenizer
+    binary = next(p for p in sorted(folder.iterdir()) if p.suffix != ".json")  # what no JSON parse can check
+    kept = binary.read_bytes()
+    recorded = json.loads(DatasetDir(copy).manifest.read_text())["tokenizer"]["hash"]
+    binary.write_bytes(kept[:100])
+    says = f"tokenizer folder '{folder}' holds tokenizer "
+    with pytest.raises(InputDataError, match=re.escape(says) + f"[0-9a-f]{{16}}, not the {recorded} its dataset's"):
+        read_manifest(copy)
+    assert data_main(["verify", str(copy)]) == 2
+    _one_error_line(capsys.readouterr().err, says, f"the dataset '{copy}' is incomplete or damaged")
+    binary.write_bytes(kept)
+    read_manifest(copy)
 
     tokenizer_json = DatasetDir(copy).tokenizer / "tokenizer.json"
     tokenizer_json.write_bytes(tokenizer_json.read_bytes()[:1000])
