@@ -21,7 +21,7 @@ import torch
 from core.errors import ConfigError
 from evaluation.checks import check_output, export_tokenizer
 from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
-from model.backbones.base import LOAD_DTYPE, last_hidden_state_of
+from model.backbones.base import LOAD_DTYPE, last_hidden_state_of, load_pretrained
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -122,11 +122,12 @@ def _build_model(model_dir: str, spec: TaskSpec):
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
     cls = AutoModelForTokenClassification if spec.kind == "token" else AutoModelForSequenceClassification
-    # A task head of its own size: a ModernBERT ELECTRA export carries a 1-label RTD classifier.
-    kwargs = {"num_labels": spec.num_labels, "ignore_mismatched_sizes": True}
+    # A task head of its own size (load_pretrained makes it fresh): a ModernBERT ELECTRA export carries a 1-label RTD
+    # classifier.
+    kwargs = {"num_labels": spec.num_labels}
     if spec.num_labels == 1:
         kwargs["problem_type"] = "regression"
-    return cls.from_pretrained(model_dir, dtype=LOAD_DTYPE, **kwargs)
+    return load_pretrained(cls, model_dir, dtype=LOAD_DTYPE, **kwargs)
 
 
 @torch.no_grad()
@@ -190,7 +191,7 @@ def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, 
 
         from model.objectives.tacl import supervised_tacl_loss
 
-        teacher = AutoModel.from_pretrained(model_dir, dtype=LOAD_DTYPE).to(device).eval().requires_grad_(False)
+        teacher = load_pretrained(AutoModel, model_dir, dtype=LOAD_DTYPE).to(device).eval().requires_grad_(False)
     n = len(train_enc["labels"])
     total = max(1, math.ceil(math.ceil(n / hp.batch_size) * hp.epochs))
     optimizer, schedule = _optimizer(model, hp, total)

@@ -21,7 +21,7 @@ import torch
 from core.errors import ConfigError
 from evaluation.checks import check_output, export_tokenizer
 from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
-from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states
+from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states, load_pretrained
 
 log = logging.getLogger("pretrain.linear_probe")
 
@@ -33,7 +33,7 @@ def _load(model_dir: str):
     from transformers import AutoModel
 
     tokenizer = export_tokenizer(model_dir)
-    return tokenizer, AutoModel.from_pretrained(model_dir, dtype=LOAD_DTYPE).eval()
+    return tokenizer, load_pretrained(AutoModel, model_dir, dtype=LOAD_DTYPE).eval()
 
 
 def check_layer(model_dir: str, layer: int) -> None:

@@ -119,8 +119,46 @@ def read_model_folder(path: str | Path, need_weights: bool = False) -> dict:
                      "again", CheckpointError)
     if not isinstance(data, dict):
         raise CheckpointError(f"model '{path}': '{config}' holds a {type(data).__name__}, not a model config")
+    check_model_type(data, path)
     _check_weights(folder, need_weights)
     return data
+
+
+def check_model_type(data: dict, path: str | Path) -> None:
+    """Refuse a config.json that names no model type, or one the installed transformers does not know: transformers
+    would stop with a traceback that asks for a newer version."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise CheckpointError(f"model '{path}': its config.json names no model_type, so no model class reads it; "
+                              "export or copy the folder again")
+    if model_type not in CONFIG_MAPPING:
+        raise CheckpointError(f"model '{path}': its config.json's model_type '{model_type}' is not one transformers "
+                              f"{transformers.__version__} knows")
+
+
+def load_pretrained(cls: Any, path: str | Path, **kwargs: Any) -> PreTrainedModel:
+    """`cls.from_pretrained(path, **kwargs)`, refused in one line when the folder's weights do not fill the encoder its
+    config.json describes: an encoder weight missing or of another shape, which transformers would initialise at
+    random and go on (a pooler or a task head the folder lacks, or holds at another size, is made fresh, as
+    transformers does)."""
+    model, info = cls.from_pretrained(str(path), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    prefix = f"{model.base_model_prefix}."
+    in_encoder = lambda key: ((model.base_model is model or key.startswith(prefix))  # noqa: E731
+                              and "pooler" not in key.split("."))
+    missing = sorted(k for k in info["missing_keys"] if in_encoder(k))
+    reshaped = sorted(f"{k} {list(saved)} (config.json: {list(built)})" for k, saved, built in info["mismatched_keys"]
+                      if in_encoder(k))
+    if missing or reshaped:
+        what = [f"{len(missing)} weight(s) missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+                ] if missing else []
+        what += [f"{len(reshaped)} of another shape ({', '.join(reshaped[:2])}{', ...' if len(reshaped) > 2 else ''})"
+                 ] if reshaped else []
+        raise CheckpointError(f"model '{path}': its weights do not fit its config.json: {'; '.join(what)}; the "
+                              "config.json is not the one the weights were saved with: export or copy the folder again")
+    return model
 
 
 # The weights files transformers reads for PyTorch, safetensors first as it prefers them.

@@ -13,6 +13,7 @@ import torch
 from test_evaluation import _tiny_random_bert_with_minilm_tokenizer
 
 from core.errors import CheckpointError, ConfigError, InputDataError, MissingFileError, OutputExistsError
+from data_pipeline.dataset_dir import DatasetDir
 
 
 @pytest.fixture(scope="module")
@@ -311,7 +312,7 @@ def test_an_existing_output_is_replaced_only_with_overwrite_and_only_if_an_evalu
     text.write_text("in the beginning\nand the earth was without form\n", encoding="utf-8")
     task = tmp_path / "task.csv"
     task.write_text("text,label\nkept,0\n", encoding="utf-8")
-    manifest = tmp_path / "data" / "manifest.json"
+    manifest = DatasetDir(tmp_path / "data").manifest
     manifest.parent.mkdir()
     manifest.write_text('{"format": "mds"}\n', encoding="utf-8")
     originals = {path: path.read_bytes() for path in (model / "config.json", task, manifest)}
@@ -342,3 +343,40 @@ def test_an_existing_output_is_replaced_only_with_overwrite_and_only_if_an_evalu
     refused(["evaluate", "sentence-embeddings", "--model", str(model), "--suite", str(tmp_path / "no_suite"),
              "--out", str(manifest.with_suffix("")), "--overwrite"], not_ours)
     assert {path: path.read_bytes() for path in originals} == originals
+
+
+def test_a_config_json_that_the_weights_do_not_fit_is_refused_not_run_on_random_weights(tiny, tmp_path, capsys):
+    """No model_type, one transformers does not know, or a config.json whose layers or width the weights do not fill
+    (transformers initialises the rest at random, or stops with a traceback): one line naming the folder, exit 2, from
+    each evaluation command's loader. A task head the export lacks is still made fresh."""
+    from evaluation.finetune import finetune
+    from evaluation.linear_probe import sequence_features
+    from pretrain.cli import main
+
+    text = tmp_path / "sentences.txt"
+    text.write_text("in the beginning\nand the earth was without form\n", encoding="utf-8")
+    task = tmp_path / "task.csv"
+    task.write_text("text,label\n" + "".join(f"{w} day,{i % 2}\n" for i, w in enumerate(["first", "second"] * 10)),
+                    encoding="utf-8")
+    config = json.loads((tiny / "config.json").read_text())
+    cases = {"no_type": ({k: v for k, v in config.items() if k != "model_type"}, "its config.json names no model_type"),
+             "unknown": ({**config, "model_type": "nonsense"}, "model_type 'nonsense' is not one transformers"),
+             "deeper": ({**config, "num_hidden_layers": 5},
+                        "its weights do not fit its config.json: 32 weight(s) missing (encoder.layer.3."),
+             "wider": ({**config, "hidden_size": 64, "intermediate_size": 128},
+                       # 16 tensors in each of 3 layers and 5 in the embeddings (the pooler is made fresh)
+                       "its weights do not fit its config.json: 53 of another shape (embeddings.LayerNorm.bias [32] "
+                       "(config.json: [64])")}
+    for name, (edited, says) in cases.items():
+        model = _copy(tiny, tmp_path / name)
+        (model / "config.json").write_text(json.dumps(edited))
+        assert main(["evaluate", "self-similarity", "--model", str(model), "--text", str(text),
+                     "--out", str(tmp_path / f"{name}_report")]) == 2, name
+        err = capsys.readouterr().err.splitlines()[-1]
+        assert err.startswith(f"error: model '{model}'") and says in err and "Traceback" not in err, (name, err)
+        assert not (tmp_path / f"{name}_report.json").exists()
+    for load in (lambda m: sequence_features(str(m), ["in the beginning"]), lambda m: finetune(str(m), f"csv:{task}", [1])):
+        with pytest.raises(CheckpointError, match="32 weight\\(s\\) missing"):
+            load(tmp_path / "deeper")
+    result = finetune(str(tiny), f"csv:{task}", [1], overrides={"epochs": 1})  # the classifier: made fresh, no refusal
+    assert result["num_labels"] == 2
