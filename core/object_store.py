@@ -73,6 +73,9 @@ def describe(exc: BaseException, url: str) -> Optional[str]:
         return f"not found in the object store: {where}"
     if isinstance(exc, ImportError):
         return f"the client library for {urllib.parse.urlparse(url).scheme}:// is not installed ({exc})"
+    if isinstance(exc, ValueError) and str(exc).startswith("Invalid endpoint") and url.startswith("s3://"):
+        return (f"S3_ENDPOINT_URL '{os.environ.get('S3_ENDPOINT_URL', '')}' is not an endpoint URL (for {url}): give "
+                "http(s)://HOST[:PORT], or unset it for AWS S3")
     if isinstance(exc, ValueError) and ("Unsupported remote path" in str(exc) or "Invalid Cloud provider" in str(exc)):
         return f"unsupported object store URL '{url}': {exc}"
     return None

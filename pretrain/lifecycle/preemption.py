@@ -3,6 +3,7 @@ with EXIT_PREEMPTED (pretrain/lifecycle/exit_status.py, the table of exit codes)
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import shutil
 import subprocess
@@ -30,7 +31,10 @@ def parse_duration(text: str) -> float:
     while len(parts) < 3:
         parts.insert(0, 0.0)
     hours, minutes, seconds = parts
-    return days * 86400 + hours * 3600 + minutes * 60 + seconds
+    total = days * 86400 + hours * 3600 + minutes * 60 + seconds
+    if not math.isfinite(total):  # float() reads "nan" and "inf": a deadline that never comes
+        raise ValueError(f"not a finite duration: {text!r}")
+    return total
 
 
 def run_deadline(start_time: float, max_wall_time: str, use_slurm_deadline: bool) -> Optional[float]:
@@ -43,8 +47,12 @@ def run_deadline(start_time: float, max_wall_time: str, use_slurm_deadline: bool
 
 def slurm_end_time() -> Optional[float]:
     """The current SLURM job's end time (epoch seconds), or None outside SLURM or when unknown."""
-    if "SLURM_JOB_END_TIME" in os.environ:  # set by newer SLURM releases
-        return float(os.environ["SLURM_JOB_END_TIME"])
+    try:  # set by newer SLURM releases; a value that is no time is asked of squeue instead
+        end = float(os.environ.get("SLURM_JOB_END_TIME", "nan"))
+        if math.isfinite(end):
+            return end
+    except ValueError:
+        pass
     job = os.environ.get("SLURM_JOB_ID")
     if not job or shutil.which("squeue") is None:
         return None

@@ -321,6 +321,14 @@ def test_a_missing_bucket_or_an_unreachable_endpoint_is_one_line(s3, tmp_path):
         os.environ["S3_ENDPOINT_URL"] = live
     line = _one_line_error(unreachable)
     assert "cannot reach" in line and dead in line
+    os.environ["S3_ENDPOINT_URL"] = "storage.example:9000"  # no scheme: botocore refuses it when the client is made
+    try:
+        malformed = run_cli("pretrain", _train_args(tmp_path / "cache", tmp_path / "run", "data.remote=s3://corpus/d"),
+                            check=False)
+    finally:
+        os.environ["S3_ENDPOINT_URL"] = live
+    assert ("S3_ENDPOINT_URL 'storage.example:9000' is not an endpoint URL (for s3://corpus/d/manifest.json)"
+            in _one_line_error(malformed))
     # The server checks every request's signature from now on (moto's own switch, /moto-api/reset-auth; its IAM knows
     # no key at all), as a store does for keys that are wrong or lack permission: a 403.
     import urllib.request

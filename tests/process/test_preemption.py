@@ -1,7 +1,10 @@
 """Deadlines, repeated signals and time-based saves (single process: real DeepSpeed, real signals)."""
 import json
+import re
 import signal
 import time
+
+import pytest
 
 from conftest import TINY_MODEL, launch_ranks, run_cli, wait_for_step
 
@@ -20,6 +23,27 @@ def _args(data, out, *extra):
 def test_parse_duration():
     assert parse_duration("90") == 90 and parse_duration("90m") == 5400 and parse_duration("1.5h") == 5400
     assert parse_duration("23:30:00") == 84600 and parse_duration("1-00:00:30") == 86430 and parse_duration("05:00") == 300
+    for never in ("nan", "inf", "1:inf", "-inf"):  # float() reads them: a deadline that never comes
+        with pytest.raises(ValueError):
+            parse_duration(never)
+
+
+def test_a_wall_time_that_is_no_duration_is_refused():
+    from core.errors import ConfigError
+    from pretrain.config import TrainConfig
+
+    for value in ("nan", "inf", "abc", "1:2:3:4"):
+        with pytest.raises(ConfigError, match=f"'train.max_wall_time' must be a duration .*got '{re.escape(value)}'"):
+            TrainConfig(max_wall_time=value).validate()
+
+
+def test_the_job_end_time_from_the_environment_is_used_when_it_is_a_time(monkeypatch):
+    from pretrain.lifecycle.preemption import slurm_end_time
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)  # nothing to ask squeue: a bad value is then unknown
+    for value, expected in (("1790000000", 1790000000.0), ("abc", None), ("nan", None), ("", None)):
+        monkeypatch.setenv("SLURM_JOB_END_TIME", value)
+        assert slurm_end_time() == expected, value
 
 
 def test_deadline_saves_and_exits_before_the_limit(prepared, tmp_path):
