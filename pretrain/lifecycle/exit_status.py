@@ -62,8 +62,9 @@ def write_status(status: str, **fields: Any) -> None:
     path = status_file()
     if path is None:
         return
-    from core.atomic_files import write_text_atomic
+    from core.atomic_files import check_folder_path, write_text_atomic
 
+    check_folder_path(path.parent, "PRETRAIN_STATUS_DIR (the sbatch's STATUS_DIR)")
     path.parent.mkdir(parents=True, exist_ok=True)
     # SLURM's node name (what ExcNodeList takes), else the host's.
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()

@@ -84,6 +84,16 @@ def test_a_run_folder_that_is_a_file_or_inside_the_dataset_is_named_and_nothing_
     assert notes.read_text() == "kept" and sorted(p.relative_to(prepared) for p in prepared.rglob("*")) == before
 
 
+def test_a_status_folder_that_is_a_file_is_named_before_anything_is_written(prepared, tmp_path, capsys, monkeypatch):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("kept")
+    monkeypatch.setenv("PRETRAIN_STATUS_DIR", str(notes))
+    code, err = pretrain_main(_args(prepared, tmp_path / "run", "")), capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err[-2000:]
+    assert f"PRETRAIN_STATUS_DIR (the sbatch's STATUS_DIR) '{notes}': '{notes}' is a file, not a folder" in err
+    assert notes.read_text() == "kept" and not (tmp_path / "run").exists()
+
+
 def test_missing_config_file(capsys):
     assert pretrain_main(["train", "--config", "/nonexistent/run.yaml"]) == 2
     assert "/nonexistent/run.yaml" in capsys.readouterr().err
