@@ -78,12 +78,17 @@ def _build_tokenizer(cfg: PrepareConfig, parts: list[Part], tok_dir: Path) -> di
 
     if cfg.tokenizer.pretrained:
         copy_pretrained_tokenizer(cfg.tokenizer.pretrained, tok_dir)
-    else:
-        t0 = time.time()
-        model = train_sentencepiece(_tokenizer_documents(cfg, parts), cfg.tokenizer, cfg.seed)
-        log.info("trained a %s tokenizer (vocab %d) in %.1fs", cfg.tokenizer.model_type, cfg.tokenizer.vocab_size, time.time() - t0)
-        save_tokenizer(model, tok_dir, model_max_length=cfg.seq_len)
-    return tokenizer_ids(tok_dir)
+        return tokenizer_ids(tok_dir)
+    t0 = time.time()
+    model = train_sentencepiece(_tokenizer_documents(cfg, parts), cfg.tokenizer, cfg.seed)
+    save_tokenizer(model, tok_dir, model_max_length=cfg.seq_len)
+    ids = tokenizer_ids(tok_dir)
+    log.info("trained a %s tokenizer (vocab %d) in %.1fs", cfg.tokenizer.model_type, ids["vocab_size"], time.time() - t0)
+    if ids["vocab_size"] < cfg.tokenizer.vocab_size:  # sentencepiece stops where the corpus has no more pieces
+        log.info("warning: tokenizer.vocab_size asked for %d tokens, but the corpus gave %d (every piece it has): "
+                 "more text, or a smaller vocab_size, gives the size asked for", cfg.tokenizer.vocab_size,
+                 ids["vocab_size"])
+    return ids
 
 
 def _jobs(cfg: PrepareConfig, parts: list[Part], shared: Shared, workers: int) -> tuple[list[PartJob], list[int] | None]:

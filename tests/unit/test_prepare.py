@@ -1,5 +1,6 @@
 """prepare: tokenizer folder, MDS shards a plain StreamingDataset reads, manifest, and bad input."""
 import json
+import logging
 import re
 
 import numpy as np
@@ -268,3 +269,14 @@ def test_an_array_id_that_is_not_a_plain_name_is_refused_in_one_line(tmp_path, c
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: --array-id '../../x' is not a plain name") and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_vocabulary_the_corpus_cannot_fill_is_logged_at_its_real_size(tmp_path, caplog):
+    src = tmp_path / "small.txt"
+    src.write_text("\n\n".join(kjv_chapters(3)) + "\n", encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="data_pipeline"):
+        out = prepare(_cfg(tmp_path / "out", src, "tokenizer.vocab_size=20000"))
+    size = json.loads(DatasetDir(out).manifest.read_text())["tokenizer"]["vocab_size"]
+    assert 100 < size < 20000
+    assert f"trained a unigram tokenizer (vocab {size}) in " in caplog.text
+    assert f"warning: tokenizer.vocab_size asked for 20000 tokens, but the corpus gave {size}" in caplog.text
