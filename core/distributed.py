@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import pickle
 import re
 import socket
 import sys
@@ -361,11 +362,17 @@ def from_rank0(compute: Callable[[], T], doing: str) -> T:
     if rank() == 0:
         try:
             result = compute()
+            if world_size() > 1:
+                pickle.dumps(result)  # what broadcast_object would fail on outside this guard, the others waiting
         except Exception as exc:  # every rank must learn of it, or the others would wait in the broadcast
-            failure = exc
+            failure, result = exc, None
             kind = type(exc) if isinstance(exc, UserError) else RuntimeError
             message = one_line(exc) if isinstance(exc, UserError) else \
                 f"rank 0 failed {doing}: {type(exc).__name__}: {exc}"
+            try:
+                pickle.dumps(kind)
+            except Exception:  # a class defined where the others cannot import it
+                kind, message = RuntimeError, f"rank 0 failed {doing}: {type(exc).__name__}: {message}"
     result, kind, message = broadcast_object(result, kind, message)
     if failure is not None:
         raise failure

@@ -192,7 +192,11 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
         check_tokenizer_folder(DatasetDir(data_dir).tokenizer, files, advice)
     # A damaged model file passes the check above, trains, and leaves a run whose export is refused (its tokenizer is
     # not the one the checkpoint was trained with).
-    if files and recorded and (found := tokenizer_hash(DatasetDir(data_dir).tokenizer)) != recorded:
+    folder = DatasetDir(data_dir).tokenizer
+    if files and (extra := sorted({p.name for p in folder.iterdir() if p.is_file()} - set(files))):
+        raise InputDataError(f"tokenizer folder '{folder}' holds {', '.join(extra)}, which prepare did not write (its "
+                             f"manifest lists {', '.join(files)}): remove it, or prepare the dataset again")
+    if files and recorded and (found := tokenizer_hash(folder)) != recorded:
         raise InputDataError(f"tokenizer folder '{DatasetDir(data_dir).tokenizer}' holds tokenizer {found}, not the "
                              f"{recorded} its dataset's manifest recorded; {advice}")
     return manifest

@@ -19,10 +19,22 @@ def write_results_json(path: str | Path, payload: dict[str, Any]) -> Path:
     return path
 
 
+# What each command's results JSON held before it said who wrote it (linear-probe, fine-tuning, self-similarity,
+# sentence embeddings, a linear probe's per-model file): --overwrite replaces these too.
+EARLIER_SHAPES = ({"config", "results"}, {"seeds", "summary", "majority_baseline"}, {"self_similarity", "by_label"},
+                  {"results", "table", "tasks"}, {"probes", "majority_baseline"})
+# Larger than any results JSON: not read to find out (`--out` may name a model's weights by mistake).
+LARGEST_RESULTS_BYTES = 64 << 20
+
+
 def written_here(json_path: Path) -> bool:
-    """Whether `json_path` is a results JSON an evaluation command wrote."""
+    """Whether `json_path` is a results JSON an evaluation command wrote (now, or before it said so)."""
     try:
+        if json_path.stat().st_size > LARGEST_RESULTS_BYTES:
+            return False
         data = json.loads(json_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False
-    return isinstance(data, dict) and data.get("written_by") == WRITTEN_BY
+    if not isinstance(data, dict):
+        return False
+    return data.get("written_by") == WRITTEN_BY or any(shape <= data.keys() for shape in EARLIER_SHAPES)

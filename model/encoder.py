@@ -11,7 +11,7 @@ from typing import Literal, Optional
 from transformers import PretrainedConfig
 
 from core.config_io import coerce_value, field_types
-from core.errors import ConfigError
+from core.errors import CheckpointError, ConfigError
 from model.backbones import REGISTRY, backbone_for
 from model.backbones.base import CONFIG_VALUE_ERRORS, check_saved_config, family_keys, read_model_folder
 
@@ -206,7 +206,10 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
     path = Path(cfg.init_from)
     if not (path / "config.json").is_file():
         raise ConfigError(f"config key 'model.init_from': '{path}' is not a Hugging Face model folder (no config.json)")
-    model_type = read_model_folder(path).get("model_type")  # the family first; from_folder reads the weights
+    try:
+        model_type = read_model_folder(path).get("model_type")  # the family first; from_folder reads the weights
+    except CheckpointError as exc:
+        raise CheckpointError(f"config key 'model.init_from': {exc}") from None
     if not isinstance(model_type, str) or model_type not in REGISTRY:
         raise ConfigError(f"config key 'model.init_from': '{path}' is a {model_type} model; supported: {', '.join(REGISTRY)}")
     check_against_folder(cfg)

@@ -17,7 +17,7 @@ from transformers import AlbertConfig, AlbertForPreTraining, AlbertModel, Pretra
 
 from core.errors import ConfigError
 
-from model.backbones.base import LOAD_DTYPE
+from model.backbones.base import LOAD_DTYPE, load_pretrained
 from model.backbones.bert import BertBackbone, BertOptions, _positions
 from model.vocabulary_loss import VocabularyHead
 
@@ -76,7 +76,7 @@ class AlbertBackbone(BertBackbone):
     def masked_lm(self, config: PretrainedConfig, init_from: Optional[str] = None,
                   pair_head: bool = False) -> PreTrainedModel:
         """An AlbertForPreTraining (MLM + SOP head), its pooler and SOP head frozen without a pair task."""
-        model = (AlbertForPreTraining.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from
+        model = (load_pretrained(AlbertForPreTraining, init_from, config=config, dtype=LOAD_DTYPE) if init_from
                  else AlbertForPreTraining(config))
         if not pair_head:
             model.albert.pooler.requires_grad_(False)
@@ -85,7 +85,8 @@ class AlbertBackbone(BertBackbone):
 
     def encoder(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
         """The bare AlbertModel, its (unused) pooler frozen."""
-        model = AlbertModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else AlbertModel(config)
+        model = (load_pretrained(AlbertModel, init_from, config=config, dtype=LOAD_DTYPE) if init_from
+                 else AlbertModel(config))
         model.pooler.requires_grad_(False)
         return model
 

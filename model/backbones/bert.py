@@ -28,6 +28,7 @@ from model.backbones.base import (
     LOAD_DTYPE,
     RELATIVE_POSITIONS,
     Backbone,
+    load_pretrained,
     relative_positions_available,
     relative_refusal,
     transformers_major,
@@ -74,7 +75,7 @@ def electra_config(config: BertConfig, **shape: Any) -> ElectraConfig:
 
 def warm_start_from_bert(target: PreTrainedModel, init_from: str) -> None:
     """Load a BERT folder's encoder into an ELECTRA model's encoder (same layout and names); heads stay fresh."""
-    bert = BertModel.from_pretrained(init_from, add_pooling_layer=False, dtype=LOAD_DTYPE)
+    bert = load_pretrained(BertModel, init_from, add_pooling_layer=False, dtype=LOAD_DTYPE)
     missing, unexpected = Backbone.base(target).load_state_dict(bert.state_dict(), strict=False)
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
@@ -132,7 +133,7 @@ class BertBackbone(Backbone):
         # Always BertForPreTraining, the layout of Google's BERT checkpoints: AutoModel then finds
         # every weight it builds (the pooler too) and AutoModelForMaskedLM loads the same folder.
         # Without a pair task the pooler and NSP head stay frozen at their initial values.
-        model = (BertForPreTraining.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from
+        model = (load_pretrained(BertForPreTraining, init_from, config=config, dtype=LOAD_DTYPE) if init_from
                  else BertForPreTraining(config))
         if not pair_head:
             model.bert.pooler.requires_grad_(False)
@@ -142,7 +143,8 @@ class BertBackbone(Backbone):
     def encoder(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
         """The bare BertModel, its (unused) pooler frozen."""
         # With its (frozen, unused) pooler, so that AutoModel reports no newly initialised weights.
-        model = BertModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else BertModel(config)
+        model = (load_pretrained(BertModel, init_from, config=config, dtype=LOAD_DTYPE) if init_from
+                 else BertModel(config))
         model.pooler.requires_grad_(False)
         return model
 

@@ -22,7 +22,7 @@ from transformers import (
 
 from core.config_io import check_range
 from core.errors import ConfigError
-from model.backbones.base import LOAD_DTYPE, Backbone
+from model.backbones.base import LOAD_DTYPE, Backbone, load_pretrained
 from model.backbones.bert import scaled_shape
 from model.vocabulary_loss import VocabularyHead
 
@@ -134,18 +134,19 @@ class ModernBertBackbone(Backbone):
         """A ModernBertForMaskedLM, fresh or from a folder; a pair head is refused (ConfigError)."""
         if pair_head:
             raise ConfigError("ModernBERT has no sentence-pair head: use model.architecture=bert for NSP/SOP")
-        return (ModernBertForMaskedLM.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from
+        return (load_pretrained(ModernBertForMaskedLM, init_from, config=config, dtype=LOAD_DTYPE) if init_from
                 else ModernBertForMaskedLM(config))
 
     def encoder(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
         """The bare ModernBertModel, fresh or from a folder."""
-        return ModernBertModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else ModernBertModel(config)
+        return (load_pretrained(ModernBertModel, init_from, config=config, dtype=LOAD_DTYPE) if init_from
+                else ModernBertModel(config))
 
     def discriminator(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
         """A one-label ModernBertForTokenClassification (the RTD discriminator), fresh or from a folder."""
         config = self.resized(config, num_labels=1)
         if init_from:
-            return ModernBertForTokenClassification.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE)
+            return load_pretrained(ModernBertForTokenClassification, init_from, config=config, dtype=LOAD_DTYPE)
         return ModernBertForTokenClassification(config)
 
     def generator(self, config: PretrainedConfig, width: float, layers: int, owner: PreTrainedModel) -> PreTrainedModel:

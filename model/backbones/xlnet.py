@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional
 
 from transformers import PretrainedConfig, PreTrainedModel, XLNetConfig, XLNetLMHeadModel, XLNetModel
 
-from model.backbones.base import LOAD_DTYPE, Backbone
+from model.backbones.base import LOAD_DTYPE, Backbone, load_pretrained
 from model.vocabulary_loss import VocabularyHead
 
 if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
@@ -48,11 +48,13 @@ class XLNetBackbone(Backbone):
     def masked_lm(self, config: PretrainedConfig, init_from: Optional[str] = None,
                   pair_head: bool = False) -> PreTrainedModel:
         """An XLNetLMHeadModel, fresh or from a folder (no pair head: `pair_head` is not read)."""
-        return XLNetLMHeadModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else XLNetLMHeadModel(config)
+        return (load_pretrained(XLNetLMHeadModel, init_from, config=config, dtype=LOAD_DTYPE) if init_from
+                else XLNetLMHeadModel(config))
 
     def encoder(self, config: PretrainedConfig, init_from: Optional[str] = None) -> PreTrainedModel:
         """The bare XLNetModel, fresh or from a folder."""
-        return XLNetModel.from_pretrained(init_from, config=config, dtype=LOAD_DTYPE) if init_from else XLNetModel(config)
+        return (load_pretrained(XLNetModel, init_from, config=config, dtype=LOAD_DTYPE) if init_from
+                else XLNetModel(config))
 
     def mlm_head(self, model: PreTrainedModel) -> VocabularyHead:
         """XLNet's LM head: no transform, the `lm_loss` projection tied to the word embeddings."""

@@ -93,7 +93,7 @@ class ResumeChoice:
         self.plan = ResumePlan(meta, load_universal=universal)
         return self.plan
 
-    def _pick(self, branched_from: set[str]) -> tuple[Optional[str], list[str], str]:
+    def _pick(self, branched_from: set[str]) -> tuple[Optional[str], list[tuple[str, str]], str]:
         """Rank 0's choice (`CheckpointDir.pick`: tag, damaged tags, branch note), its files read as data first unless
         train.trust_checkpoint: DeepSpeed and the universal conversion unpickle them, and pickle runs what a file asks
         it to."""

@@ -1,6 +1,7 @@
 """The ranks of tests/process/test_from_rank0.py (`python rank0_ranks.py OUT`; RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT from the launch): each calls `core.distributed.from_rank0` in turn with a result, a user error, a user
-error defined outside core, a message of several lines and a bug, and writes what it saw to OUT/rank<rank>.json."""
+error defined outside core, a message of several lines, a bug, a result and an error class that cannot be sent, and
+writes what it saw to OUT/rank<rank>.json."""
 import json
 import os
 import sys
@@ -37,11 +38,22 @@ def _bug() -> None:
     return {}["missing"]
 
 
+def _unpicklable() -> object:
+    return lambda: None  # no other rank could receive it
+
+
+def _local_error_class() -> None:
+    class LocalError(ConfigError):  # defined where the other ranks cannot import it
+        pass
+
+    raise LocalError("a key only this function knows")
+
+
 def _outcome(compute) -> dict:
     """What from_rank0 gave this rank: its result, or the exception's type, message and whether the traceback
     reaches into `compute` (rank 0's own exception) or not."""
     try:
-        return {"result": dist.from_rank0(compute, "doing the test's work")}
+        return {"result": repr(dist.from_rank0(compute, "doing the test's work"))}
     except Exception as exc:
         frames = [frame.name for frame in traceback.extract_tb(exc.__traceback__)]
         return {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": str(exc),
@@ -52,7 +64,8 @@ def main(out: Path) -> None:
     torch.distributed.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=2)
     seen = {name: _outcome(fn) for name, fn in [("result", _result), ("config_error", _config_error),
                                                  ("corrupt_shard", _corrupt_shard), ("several_lines", _several_lines),
-                                                 ("bug", _bug)]}
+                                                 ("bug", _bug), ("unpicklable", _unpicklable),
+                                                 ("local_error_class", _local_error_class)]}
     seen["calls"] = CALLS["value"]
     # The ranks are still in step after every failure: one more collective meets its partner.
     seen["after"] = dist.broadcast_object(f"from rank {dist.rank()}")[0]

@@ -85,6 +85,12 @@ def test_a_dataset_whose_tokenizer_is_gone_or_truncated_is_refused_naming_it(cop
     _one_error_line(capsys.readouterr().err, says, f"the dataset '{copy}' is incomplete or damaged")
     binary.write_bytes(kept)
     read_manifest(copy)
+    stray = folder / ".DS_Store"  # a file the dataset's copy picked up on the way: named, not blamed on the others
+    stray.write_bytes(b"\0\0\0\1Bud1")
+    with pytest.raises(InputDataError, match=re.escape(f"tokenizer folder '{folder}' holds .DS_Store, which prepare did "
+                                                       "not write (its manifest lists ")):
+        read_manifest(copy)
+    stray.unlink()
 
     tokenizer_json = DatasetDir(copy).tokenizer / "tokenizer.json"
     tokenizer_json.write_bytes(tokenizer_json.read_bytes()[:1000])

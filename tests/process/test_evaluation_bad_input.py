@@ -305,6 +305,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(tiny, tmp_pa
 def test_an_existing_output_is_replaced_only_with_overwrite_and_only_if_an_evaluation_wrote_it(tiny, tmp_path, capsys):
     """Without --overwrite an existing result is refused; with it, a report an evaluation command wrote is replaced,
     and a file of another kind (the model's config.json, the task file, a dataset's manifest) never is."""
+    from evaluation.results_files import LARGEST_RESULTS_BYTES, written_here
     from pretrain.cli import main
 
     model = _copy(tiny, tmp_path / "model")
@@ -333,6 +334,15 @@ def test_an_existing_output_is_replaced_only_with_overwrite_and_only_if_an_evalu
     assert json.loads(report.with_suffix(".json").read_text())["sentences"] == -1
     assert main([*similarity, "--out", str(report), "--overwrite"]) == 0
     assert json.loads(report.with_suffix(".json").read_text())["sentences"] == 2
+
+    # A result written before the JSONs named their writer (a fine-tuning result's keys) is replaced too.
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"model": "m", "seeds": [], "summary": {}, "majority_baseline": None}))
+    assert written_here(earlier) and not written_here(model / "config.json")
+    # One larger than any result is not read to find out (a model's weights named by mistake).
+    padded = tmp_path / "padded.json"
+    padded.write_text(json.dumps(first) + " " * LARGEST_RESULTS_BYTES)
+    assert not written_here(padded)
 
     not_ours = "--overwrite replaces only results an evaluation command wrote"
     refused([*similarity, "--out", str(model / "config"), "--overwrite"], f"'{model / 'config.json'}' is not one")

@@ -15,7 +15,7 @@ RANKS = "tests/helpers/rank0_ranks.py"
 def test_rank0s_result_and_failures_reach_every_rank(tmp_path):
     run_cli(RANKS, [str(tmp_path)], nproc=2)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    result = {"result": {"tag": "step_00000010", "damaged": ["step_00000020"]}}
+    result = {"result": repr({"tag": "step_00000010", "damaged": ["step_00000020"]})}
     assert r0["result"] == r1["result"] == result
     assert (r0["calls"], r1["calls"]) == (1, 0)  # computed once, on rank 0
 
@@ -34,6 +34,14 @@ def test_rank0s_result_and_failures_reach_every_rank(tmp_path):
     assert r0["bug"] == {"type": "builtins.KeyError", "message": "'missing'", "raised_in_compute": True}
     assert r1["bug"] == {"type": "builtins.RuntimeError", "raised_in_compute": False,
                          "message": "rank 0 failed doing the test's work: KeyError: 'missing'"}
+    # What cannot be sent fails on rank 0, inside the guard, rather than in the broadcast with the others waiting.
+    assert r0["unpicklable"]["raised_in_compute"] is False and "pickle" in r0["unpicklable"]["message"].lower()
+    assert r1["unpicklable"]["type"] == "builtins.RuntimeError"
+    assert r1["unpicklable"]["message"].startswith("rank 0 failed doing the test's work: ")
+    assert r0["local_error_class"]["type"].endswith("_local_error_class.<locals>.LocalError")
+    assert r0["local_error_class"]["raised_in_compute"] is True
+    assert r1["local_error_class"] == {"type": "builtins.RuntimeError", "raised_in_compute": False, "message":
+                                       "rank 0 failed doing the test's work: LocalError: a key only this function knows"}
     assert r0["after"] == r1["after"] == "from rank 0"
 
 

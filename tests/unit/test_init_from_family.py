@@ -4,6 +4,7 @@ ModernBERT run config with a BERT folder trained BERT, and every shape and dropo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,28 @@ def test_an_export_names_the_model_its_model_config_recorded_whatever_the_run_co
             cfg.model.intermediate_size, cfg.model.max_position_embeddings, cfg.model.vocab_size, cfg.model.dropout,
             cfg.model.attention_dropout, cfg.model.embedding_size, cfg.model.local_attention) == (
         "bert", 32, 2, 2, 64, 96, 100, 0.2, 0.1, None, 128)
+
+
+def test_a_folder_whose_weights_do_not_fill_its_config_is_refused_not_trained_from_random_layers(tmp_path):
+    """A config.json that names more layers than the weights hold (transformers starts the rest at random and trains
+    on), or no model_type at all: one line naming model.init_from or the folder, for BERT and ModernBERT."""
+    bert = tmp_path / "bert"
+    BertForMaskedLM(BertConfig(**SMALL)).save_pretrained(bert)
+    modern = tmp_path / "modern"
+    ModernBertForMaskedLM(ModernBertConfig(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                           sep_token_id=2)).save_pretrained(modern)
+    for path, first_missing in ((bert, "bert.encoder.layer.2."), (modern, "model.layers.2.")):
+        saved = json.loads((path / "config.json").read_text())
+        deeper = {**saved, "num_hidden_layers": 3}
+        if "layer_types" in saved:  # ModernBERT's config lists each layer's attention
+            deeper["layer_types"] = saved["layer_types"] + saved["layer_types"][:1]
+        (path / "config.json").write_text(json.dumps(deeper))
+        cfg = load_config(RunConfig, DEMO, [f"model.init_from={path}", "model=pretrained"])
+        config = model_config(cfg.model, {"vocab_size": 100}, 64)
+        with pytest.raises(CheckpointError, match=rf"^model '{path}': its weights do not fit its config.json: \d+ "
+                                                  rf"weight\(s\) missing \({re.escape(first_missing)}"):
+            build_objective(cfg.objective, config, str(path))
+    untyped = folder(tmp_path, "untyped", json.dumps({"hidden_size": 32}))
+    with pytest.raises(CheckpointError, match=rf"^config key 'model.init_from': model '{untyped}': its config.json "
+                                              "names no model_type"):
+        model_config(EncoderConfig(init_from=untyped), {"vocab_size": 100}, 64)

@@ -276,7 +276,10 @@ def test_a_vocabulary_the_corpus_cannot_fill_is_logged_at_its_real_size(tmp_path
     src.write_text("\n\n".join(kjv_chapters(3)) + "\n", encoding="utf-8")
     with caplog.at_level(logging.INFO, logger="data_pipeline"):
         out = prepare(_cfg(tmp_path / "out", src, "tokenizer.vocab_size=20000"))
-    size = json.loads(DatasetDir(out).manifest.read_text())["tokenizer"]["vocab_size"]
-    assert 100 < size < 20000
+    import sentencepiece
+
+    # What sentencepiece itself says the trained model holds, read from the model file prepare saved.
+    size = sentencepiece.SentencePieceProcessor(model_file=str(DatasetDir(out).tokenizer / "spm.model")).get_piece_size()
+    assert 100 < size < 20000 and json.loads(DatasetDir(out).manifest.read_text())["tokenizer"]["vocab_size"] == size
     assert f"trained a unigram tokenizer (vocab {size}) in " in caplog.text
     assert f"warning: tokenizer.vocab_size asked for 20000 tokens, but the corpus gave {size}" in caplog.text
