@@ -2,10 +2,12 @@
 prepared from the corpora when missing and reused when there, one trainer point measured beside the eager and the
 compiled bare loop, and the row and the table written; TaCL's teacher, the model of each backbone's MLM point."""
 import json
+import sys
 from pathlib import Path
 
-from conftest import kjv_chapters, run_cli
+from conftest import ForkedModuleRuns, kjv_chapters, run_cli
 
+from benchmarks import gpu_throughput
 from benchmarks.gpu_throughput import build_parser, ensure_data, point_overrides, teacher_folder
 from benchmarks.repro_common import REPO
 from core.config_io import load_config
@@ -13,7 +15,8 @@ from data_pipeline.dataset_dir import DatasetDir
 from pretrain.config import RunConfig
 
 
-def test_a_tiny_point_runs_with_its_data_prepared_once_profiled_and_through_the_waiting_trainer(tmp_path):
+def test_a_tiny_point_runs_with_its_data_prepared_once_profiled_and_through_the_waiting_trainer(tmp_path, monkeypatch,
+                                                                                               capfd):
     corpora, work = tmp_path / "corpora", tmp_path / "work"
     corpora.mkdir()
     text = "\n\n".join(kjv_chapters(40)) + "\n"
@@ -23,24 +26,29 @@ def test_a_tiny_point_runs_with_its_data_prepared_once_profiled_and_through_the_
     manifest = DatasetDir(data).manifest.stat().st_mtime_ns
     assert ensure_data(128, corpora, work) == data and DatasetDir(data).manifest.stat().st_mtime_ns == manifest
     out = tmp_path / "gpu.json"
-    proc = run_cli("benchmarks.gpu_throughput", [
+    # Its main in this process (it reads sys.argv, and relaunches it for the profile), its bare loops and profile
+    # worker forked (each a fresh interpreter's start-up otherwise); the trainer under torchrun stays a new process.
+    monkeypatch.setattr(gpu_throughput, "subprocess", ForkedModuleRuns())
+    monkeypatch.setattr(sys, "argv", [gpu_throughput.__file__, *[
         "--tiny", "--steps", "12", "--warmup", "2", "--seqs", "128", "--batches-128", "4", "--objectives", "mlm",
         "--backbones", "bert", "--compile", "off", "--precision", "fp32", "--corpora", str(corpora),
-        "--work", str(work), "--out", str(out), "--profile", "--profile-steps", "2", "--host-wait-each-step"],
-        timeout=600)
+        "--work", str(work), "--out", str(out), "--profile", "--profile-steps", "2", "--host-wait-each-step"]])
+    capfd.readouterr()
+    gpu_throughput.main()
+    proc = capfd.readouterr()  # what the command printed, its trainer's output included (stdout, stderr)
     (row,) = json.loads(out.read_text())["rows"]
     assert (row["objective"], row["backbone"], row["seq"], row["batch"], row["compile"]) == ("mlm", "bert", 128, 4, False)
     # The profile: its trace beside the results, and the host's waits for a device read from it (a CPU has none).
     assert Path(row["trace"]).parent == tmp_path and row["kernels"]["by_kind"]
     assert row["host_waits"] == {"per_step": 0.0, "ms_per_step": 0.0, "pageable_copies_per_step": 0.0, "in": []}
-    assert "the host waited for the device 0.0 time(s) a step inside an op, 0.00 ms" in proc.stdout
+    assert "the host waited for the device 0.0 time(s) a step inside an op, 0.00 ms" in proc.out
     # Trained by benchmarks/waiting_trainer.py, the other side of the host-wait pair (its wait a no-op on a CPU).
-    assert row["host_wait_each_step"] is True and "(--host-wait-each-step)" in proc.stdout
-    assert "benchmarks.waiting_trainer: every training step ends with the host waiting for the device" in proc.stderr
+    assert row["host_wait_each_step"] is True and "(--host-wait-each-step)" in proc.out
+    assert "benchmarks.waiting_trainer: every training step ends with the host waiting for the device" in proc.err
     assert row["compiled"] == ""  # what the trainer's log says it compiled: nothing, at --compile off
     assert row["tokens_per_s"] > 0 and row["bare_tokens_per_s"] > 0 and row["bare_compiled_tokens_per_s"] > 0
     assert abs(row["vs_bare"] - row["tokens_per_s"] / row["bare_tokens_per_s"]) < 1e-9
-    assert "| mlm | bert | 128 | 4 | off |" in proc.stdout
+    assert "| mlm | bert | 128 | 4 | off |" in proc.out
 
 
 def _corpora(tmp_path):
