@@ -145,6 +145,8 @@ def build_ds_config(cfg: RunConfig, world: int, zero_stage: Optional[int] = None
 def _read_template(cfg: RunConfig) -> tuple[Path, dict[str, Any]]:
     """The DeepSpeed JSON the run starts from (train.deepspeed_config, else the template), parsed."""
     path = Path(cfg.train.deepspeed_config) if cfg.train.deepspeed_config else TEMPLATE
+    if path.is_dir():
+        raise ConfigError(f"config key 'train.deepspeed_config': '{path}' is a folder; name the JSON file in it")
     if not path.is_file():
         raise ConfigError(f"config key 'train.deepspeed_config': file not found: {path}")
     ds = read_json(path, "deepspeed config", "fix it or set train.deepspeed_config to another file", ConfigError)

@@ -11,6 +11,7 @@ CASES = [
     ("train.max_steps=lots", "train.max_steps"),
     ("train.precision=fp8", "train.precision"),
     ("train.deepspeed_config=deepspeed_configs/nope.json", "nope.json"),
+    ("train.deepspeed_config=deepspeed_configs", "'deepspeed_configs' is a folder; name the JSON file in it"),
     ("train.global_batch_size=30", "global_batch_size=30"),
     ("masking.strategy=random", "masking.strategy"),
     ("objective.name=bert", "objective.name"),
@@ -40,7 +41,8 @@ CASES = [
 # Checked after the process group starts: these run in a separate process (all in one, see the helper).
 NEEDS_PROCESS_GROUP = {"model.vocab_size", "400", "model.init_from", "/nonexistent/data", "optimizer.impl=torch",
                        "train.zero_stage=0", "train.offload_params=false",
-                       "train.offload_optimizer=false", "masking.strategy=coco", "nope.json", "fewer than one batch",
+                       "train.offload_optimizer=false", "masking.strategy=coco", "nope.json",
+                       "'deepspeed_configs' is a folder; name the JSON file in it", "fewer than one batch",
                        "needs model.architecture=bert"}
 
 
