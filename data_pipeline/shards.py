@@ -188,15 +188,17 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     files, recorded = manifest.get("tokenizer", {}).get("files"), manifest.get("tokenizer", {}).get("hash")
     advice = f"the dataset '{data_dir}' is incomplete or damaged: copy its tokenizer folder back whole, or prepare the " \
              "dataset again"
-    if files:  # here, before a run writes anything, rather than when it copies the tokenizer or is exported
-        check_tokenizer_folder(DatasetDir(data_dir).tokenizer, files, advice)
-    # A damaged model file passes the check above, trains, and leaves a run whose export is refused (its tokenizer is
-    # not the one the checkpoint was trained with).
+    if not files:  # a manifest from before the tokenizer's files were listed
+        return manifest
     folder = DatasetDir(data_dir).tokenizer
-    if files and (extra := sorted({p.name for p in folder.iterdir() if p.is_file()} - set(files))):
+    # Here, before a run writes anything, rather than when it copies the tokenizer or is exported.
+    check_tokenizer_folder(folder, files, advice)
+    if extra := sorted({p.name for p in folder.iterdir() if p.is_file()} - set(files)):
         raise InputDataError(f"tokenizer folder '{folder}' holds {', '.join(extra)}, which prepare did not write (its "
                              f"manifest lists {', '.join(files)}): remove it, or prepare the dataset again")
-    if files and recorded and (found := tokenizer_hash(folder)) != recorded:
-        raise InputDataError(f"tokenizer folder '{DatasetDir(data_dir).tokenizer}' holds tokenizer {found}, not the "
-                             f"{recorded} its dataset's manifest recorded; {advice}")
+    # A damaged model file passes the checks above, trains, and leaves a run whose export is refused (its tokenizer is
+    # not the one the checkpoint was trained with).
+    if recorded and (found := tokenizer_hash(folder)) != recorded:
+        raise InputDataError(f"tokenizer folder '{folder}' holds tokenizer {found}, not the {recorded} its dataset's "
+                             f"manifest recorded; {advice}")
     return manifest
