@@ -210,7 +210,7 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
         model_type = read_model_folder(path).get("model_type")  # the family first; from_folder reads the weights
     except CheckpointError as exc:
         raise CheckpointError(f"config key 'model.init_from': {exc}") from None
-    if not isinstance(model_type, str) or model_type not in REGISTRY:
+    if model_type not in REGISTRY:  # read_model_folder refused a config.json without one
         raise ConfigError(f"config key 'model.init_from': '{path}' is a {model_type} model; supported: {', '.join(REGISTRY)}")
     check_against_folder(cfg)
     backbone = backbone_for(model_type)

@@ -152,13 +152,15 @@ def load_pretrained(cls: Any, path: str | Path, **kwargs: Any) -> PreTrainedMode
     reshaped = sorted(f"{k} {list(saved)} (config.json: {list(built)})" for k, saved, built in info["mismatched_keys"]
                       if in_encoder(k))
     if missing or reshaped:
-        what = [f"{len(missing)} weight(s) missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
-                ] if missing else []
-        what += [f"{len(reshaped)} of another shape ({', '.join(reshaped[:2])}{', ...' if len(reshaped) > 2 else ''})"
-                 ] if reshaped else []
+        what = _counted("weight(s) missing", missing, 3) + _counted("of another shape", reshaped, 2)
         raise CheckpointError(f"model '{path}': its weights do not fit its config.json: {'; '.join(what)}; the "
                               "config.json is not the one the weights were saved with: export or copy the folder again")
     return model
+
+
+def _counted(what: str, items: list[str], shown: int) -> list[str]:
+    """["N WHAT (first, second, ...)"], or [] for no items."""
+    return [f"{len(items)} {what} ({', '.join(items[:shown])}{', ...' if len(items) > shown else ''})"] if items else []
 
 
 # The weights files transformers reads for PyTorch, safetensors first as it prefers them.
