@@ -281,10 +281,11 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> Path | str:
     """Build the dataset described by `cfg` in this process and its workers (then upload it); return its folder,
     or its URL when `output_dir` is a bucket."""
     final_dir, temporary = _local_output(cfg)
-    if is_remote(cfg.output_dir):
-        # Before hours of tokenizing, not after; with overwrite the old objects go now, before the first part goes up.
-        claim_remote_output(cfg.output_dir, cfg.overwrite)
     try:
+        if is_remote(cfg.output_dir):
+            # Before hours of tokenizing, not after; with overwrite the old objects go now, before the first part goes
+            # up. Inside the try: a refused bucket leaves no staging folder behind.
+            claim_remote_output(cfg.output_dir, cfg.overwrite)
         # Bound for a bucket, the bucket's prefix is what must be new (checked above); the staging copy is replaced.
         tmp_dir = prepare_output(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg),
                                  _legacy_dataset)

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,7 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, c
 
     monkeypatch.chdir(work)
     monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # tempfile read TMPDIR once, before this test set it
     assert "already holds" in refused("s3://corpus/direct")
     s3.put_object(Bucket="corpus", Key="partial/train/part-00000/shard.00000.mds.zstd", Body=b"from a killed prepare")
     assert "no manifest.json: the parts of a prepare that did not finish?" in refused("s3://corpus/partial")
@@ -131,6 +133,7 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, c
         m.setenv("AWS_EC2_METADATA_DISABLED", "true")
         assert "no credentials" in refused("s3://corpus/z")
     assert list(work.iterdir()) == []
+    assert list(tmp.iterdir()) == []  # no staging folder from a refused bucket either
     assert _keys(s3, "corpus", "y/") == _keys(s3, "corpus", "z/") == []
 
     # overwrite=true replaces what the prefix holds (an object of no dataset's included) and nothing beside it: not
