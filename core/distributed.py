@@ -27,7 +27,17 @@ def _free_port() -> int:
 
 def _tasks_per_node(spec: str) -> int:
     """First node's task count from SLURM_TASKS_PER_NODE ("2(x3),1" -> 2)."""
-    return int(spec.split(",")[0].split("(")[0])
+    first = spec.split(",")[0].split("(")[0]
+    if not first.isdigit():
+        raise SetupError(f"SLURM_TASKS_PER_NODE={spec!r} is not SLURM's form (e.g. '4' or '2(x3),1')")
+    return int(first)
+
+
+def _job_number(job_id: str) -> int:
+    """SLURM_JOB_ID as the number every task derives the rendezvous port from."""
+    if not job_id.isdigit():
+        raise SetupError(f"SLURM_JOB_ID={job_id!r} is not a job number: set MASTER_PORT to choose the rendezvous port")
+    return int(job_id)
 
 
 def first_host(nodelist: str) -> str:
@@ -58,7 +68,7 @@ def slurm_env(environ: dict[str, str]) -> dict[str, str]:
         "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
         "LOCAL_WORLD_SIZE": str(_tasks_per_node(environ.get("SLURM_TASKS_PER_NODE", environ.get("SLURM_NTASKS", "1")))),
         "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(environ.get("SLURM_JOB_NODELIST", "127.0.0.1")),
-        "MASTER_PORT": environ.get("MASTER_PORT") or str(15000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000),
+        "MASTER_PORT": environ.get("MASTER_PORT") or str(15000 + _job_number(environ.get("SLURM_JOB_ID", "0")) % 20000),
     }
     return out
 
@@ -86,8 +96,34 @@ def setup_env() -> None:
     # torchrun sets LOCAL_WORLD_SIZE; the deepspeed launcher sets LOCAL_SIZE. Streaming needs it to
     # know which ranks share a node.
     os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", os.environ["WORLD_SIZE"]))
+    check_launcher_env(os.environ)
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT")
+
+
+def check_launcher_env(environ: Mapping[str, str]) -> None:
+    """The rank layout a launcher (or a user's export) gave is whole numbers that fit together: a SetupError naming
+    the variable otherwise, not a ValueError from deep inside DeepSpeed's set-up."""
+    values = {}
+    launchers = (f"{', '.join(LAUNCHER_VARIABLES)} and MASTER_ADDR come from torchrun, srun or the deepspeed "
+                 "launcher (set all of them, or none for one process)")
+    for name in LAUNCHER_VARIABLES:
+        text = environ.get(name)
+        if text is None:
+            raise SetupError(f"RANK is set but {name} is not: {launchers}")
+        if not re.fullmatch(r"[0-9]+", text.strip()):
+            raise SetupError(f"{name}={text!r} is not a whole number: {launchers}")
+        values[name] = int(text)
+    if not environ.get("MASTER_ADDR", "").strip():
+        raise SetupError(f"RANK is set but MASTER_ADDR is not: {launchers}")
+    for rank, size in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
+        if not values[rank] < values[size]:
+            raise SetupError(f"{rank}={values[rank]} with {size}={values[size]}: a rank counts from 0 to {size} - 1")
+    if not 0 < values["MASTER_PORT"] < 65536:
+        raise SetupError(f"MASTER_PORT={values['MASTER_PORT']} is not a TCP port (1-65535)")
 
 
 @contextlib.contextmanager

@@ -96,6 +96,32 @@ def test_a_status_folder_that_is_a_file_is_named_before_anything_is_written(prep
     assert notes.read_text() == "kept" and not (tmp_path / "run").exists()
 
 
+def test_a_launcher_layout_that_does_not_add_up_is_named_in_one_line(prepared, tmp_path, capsys, monkeypatch):
+    """RANK and its siblings come from a launcher or a user's export; DeepSpeed would fail on them with a traceback."""
+    good = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500"}
+    for change, said in [({"RANK": "abc"}, "RANK='abc' is not a whole number"),
+                         ({"LOCAL_RANK": None}, "RANK is set but LOCAL_RANK is not"),
+                         ({"MASTER_ADDR": None}, "RANK is set but MASTER_ADDR is not"),
+                         ({"RANK": "1"}, "RANK=1 with WORLD_SIZE=1: a rank counts from 0 to WORLD_SIZE - 1"),
+                         ({"LOCAL_RANK": "2", "WORLD_SIZE": "4", "RANK": "2"},
+                          "LOCAL_RANK=2 with LOCAL_WORLD_SIZE=1"),
+                         ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a TCP port")]:
+        with monkeypatch.context() as m:
+            for name, value in {**good, **change}.items():
+                m.delenv(name, raising=False) if value is None else m.setenv(name, value)
+            code, err = pretrain_main(_args(prepared, tmp_path / "run", "")), capsys.readouterr().err
+        assert code == 2 and said in err and "Traceback" not in err, (change, err[-2000:])
+    assert not (tmp_path / "run").exists()
+    # srun's variables, read when no launcher set RANK.
+    with monkeypatch.context() as m:
+        for name in good:
+            m.delenv(name, raising=False)
+        m.setenv("SLURM_PROCID", "0"), m.setenv("SLURM_NTASKS", "1"), m.setenv("SLURM_JOB_ID", "12a")
+        code, err = pretrain_main(_args(prepared, tmp_path / "run", "")), capsys.readouterr().err
+    assert code == 2 and "SLURM_JOB_ID='12a' is not a job number" in err and "Traceback" not in err, err[-2000:]
+
+
 def test_missing_config_file(capsys):
     assert pretrain_main(["train", "--config", "/nonexistent/run.yaml"]) == 2
     assert "/nonexistent/run.yaml" in capsys.readouterr().err
