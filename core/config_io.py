@@ -6,6 +6,7 @@ import difflib
 import hashlib
 import json
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -16,6 +17,25 @@ import yaml
 from core.errors import ConfigError
 
 T = TypeVar("T")
+
+# YAML 1.1 reads 1:2:3:4 as a base-60 number (223384), so a duration of the wrong form loads as some other number of
+# seconds; YAML 1.2 dropped the form. Such a scalar stays text here, for the key's own check to read as written.
+_SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, without YAML 1.1's base-60 numbers."""
+
+    def resolve(self, kind: type, value: Any, implicit: tuple[bool, bool]) -> str:
+        """The tag of a node: text for an unquoted base-60 scalar, PyYAML's choice for anything else."""
+        if kind is yaml.ScalarNode and implicit[0] and _SEXAGESIMAL.fullmatch(value):
+            return "tag:yaml.org,2002:str"
+        return super().resolve(kind, value, implicit)
+
+
+def read_config_yaml(text: str) -> Any:
+    """YAML text as configs read it (ConfigLoader)."""
+    return yaml.load(text, Loader=ConfigLoader)
 
 
 def field_types(cls: type) -> dict[str, Any]:
@@ -159,7 +179,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     if not key:
         raise ConfigError(f"override {item!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = read_config_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -197,7 +217,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loaded = read_config_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
     except yaml.YAMLError as exc:

@@ -37,6 +37,24 @@ def test_a_wall_time_that_is_no_duration_is_refused():
             TrainConfig(max_wall_time=value).validate()
 
 
+def test_a_wall_time_in_yaml_is_read_as_written_not_as_a_base_60_number(tmp_path):
+    """YAML 1.1 reads an unquoted 1:2:3:4 as 223384: the config loader keeps such scalars text, for the check."""
+    from core.config_io import load_config
+    from core.errors import ConfigError
+    from pretrain.config import RunConfig
+
+    config = tmp_path / "run.yaml"
+    config.write_text("train:\n  max_wall_time: 23:30:00\n")
+    assert load_config(RunConfig, config).train.max_wall_time == "23:30:00"
+    assert load_config(RunConfig, None, ["train.max_wall_time=1:30"]).train.max_wall_time == "1:30"
+    for bad in ("1:2:3:4", "1:30:00.5:1"):
+        config.write_text(f"train:\n  max_wall_time: {bad}\n")
+        with pytest.raises(ConfigError, match=f"'train.max_wall_time' must be a duration .*got '{re.escape(bad)}'"):
+            load_config(RunConfig, config)
+        with pytest.raises(ConfigError, match=f"got '{re.escape(bad)}'"):
+            load_config(RunConfig, None, [f"train.max_wall_time={bad}"])
+
+
 def test_the_job_end_time_from_the_environment_is_used_when_it_is_a_time(monkeypatch):
     from pretrain.lifecycle.preemption import slurm_end_time
 
