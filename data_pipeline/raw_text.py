@@ -1,6 +1,7 @@
 """Raw text in, documents out: local text/json/parquet files or hub datasets, read with `datasets` streaming."""
 from __future__ import annotations
 
+import codecs
 import glob
 import json
 import os
@@ -119,6 +120,41 @@ def _not_utf8(path: str, kind: str, exc: UnicodeDecodeError | None = None, where
     return InputDataError(f"'{path}' is not valid UTF-8{detail}; {advice}")
 
 
+# What `datasets` reads from a downloaded folder without decoding it as text, or decompresses first.
+_NOT_TEXT = {".parquet", ".arrow", ".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip", ".tar", ".7z"}
+
+
+def _first_non_utf8(folder: Path) -> tuple[Path, int, UnicodeDecodeError] | None:
+    """The first file of a downloaded hub folder (sorted, hidden ones skipped) that is not UTF-8: the file, the
+    offset of the first bad byte and the error; None when every text file decodes (the bad bytes were elsewhere)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() not in _NOT_TEXT
+                   and not any(n.startswith(".") for n in p.relative_to(folder).parts))
+    for path in files:
+        decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                held = len(decoder.getstate()[0])  # bytes of a character the previous chunk ended inside
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as exc:
+                    return path, offset - held + exc.start, exc
+                offset += len(chunk)
+            try:
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError as exc:
+                return path, offset - len(exc.object) + exc.start, exc
+    return None
+
+
+def _not_utf8_in(part, kind: str, exc: UnicodeDecodeError | None = None) -> InputDataError:
+    """`_not_utf8` for a part; for a hub source read from a folder, the file in it that holds the bad bytes."""
+    folder = Path(part.path)
+    if kind == "hub" and folder.is_dir() and (found := _first_non_utf8(folder)) is not None:
+        path, offset, first = found
+        return _not_utf8(str(path), kind, first, f"byte {offset}")
+    return _not_utf8(part.path, kind, exc)
+
+
 def _check_text(where: str, row: dict, column: str) -> str:
     if column not in row:
         raise InputDataError(f"'{where}' has no column '{column}' (columns: {sorted(row)}); set sources[].text_column")
@@ -202,7 +238,7 @@ def iter_part(source: SourceConfig, part: Part, encoding_errors: str, stats: Rea
             stats.replaced_characters += text.count(REPLACEMENT_CHAR)
             yield text
     except UnicodeDecodeError as exc:  # raised inside `datasets`
-        raise _not_utf8(part.path, source.kind, exc) from exc
+        raise _not_utf8_in(part, source.kind, exc) from exc
     except InputDataError:
         raise
     except _decompression_errors() as exc:  # read here or inside `datasets`: either way the file is damaged
@@ -210,5 +246,5 @@ def iter_part(source: SourceConfig, part: Part, encoding_errors: str, stats: Rea
                              "replace it with a complete copy") from exc
     except _read_errors() as exc:  # anything else is a bug and keeps its traceback
         if isinstance(exc.__cause__, UnicodeDecodeError) or "codec can't decode" in str(exc):
-            raise _not_utf8(part.path, source.kind) from exc
+            raise _not_utf8_in(part, source.kind) from exc
         raise InputDataError(f"could not read '{part.path}' as {source.kind}: {exc}") from exc

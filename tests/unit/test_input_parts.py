@@ -1,6 +1,7 @@
 """Reading a source in parts gives exactly the documents of reading it whole with `datasets`."""
 import gzip
 import json
+import re
 
 import numpy as np
 import pytest
@@ -100,3 +101,20 @@ def test_bad_utf8_names_the_file_and_byte(tmp_path):
     path.write_bytes(good + b"caf\xe9\n")
     with pytest.raises(InputDataError, match=rf"bad.txt' is not valid UTF-8 \(byte {len(good) + 3}"):
         _read_in_parts(_cfg(f"{{kind: text, path: '{path}'}}", 500))
+
+
+def test_a_hub_folder_s_bad_utf8_names_the_file_in_it_and_the_byte(tmp_path):
+    """`datasets` reads a downloaded folder's files without saying which one failed: the folder is searched."""
+    folder = tmp_path / "download"
+    (folder / "data").mkdir(parents=True)
+    (folder / ".cache").mkdir()
+    (folder / ".cache" / "x.lock").write_bytes(b"\xff")  # hidden: the hub client's, not data
+    good = "\n\n".join(kjv_chapters(5)) + "\n\ncaf\u00e9\n"
+    (folder / "data" / "a.txt").write_text(good, encoding="utf-8")
+    # A two-byte character across the 1 MiB chunk the search reads, then the bad byte.
+    head = b"x" * ((1 << 20) - 1) + "\u00e9".encode()
+    (folder / "data" / "b.txt").write_bytes(head + b" au lait\ncaf\xe9\n")
+    bad = folder / "data" / "b.txt"
+    with pytest.raises(InputDataError, match=rf"'{re.escape(str(bad))}' is not valid UTF-8 \(byte {len(head) + 12}: "
+                                             r"b'\\xe9\\n'\)"):
+        _read_in_parts(_cfg(f"{{kind: hub, path: '{folder}'}}", 500))
