@@ -60,9 +60,9 @@ def _batch(tok: dict, name: str, seed: int = 0, padded: bool = True) -> dict:
     return mark_unpadded(transform(batch, g))
 
 
-def _build(backbone: str, name: str, tok: dict, tmp_path, num_layers: int = 2):
+def _build(backbone: str, name: str, tok: dict, tmp_path, num_layers: int = 2, options: ObjectiveConfig | None = None):
     config = _config(backbone, tok, num_layers)
-    options = ObjectiveConfig(name=name)
+    options = options or ObjectiveConfig(name=name)
     options.coco_lm.generator_layers = 1
     options.taco.negatives = 8
     torch.manual_seed(0)
@@ -143,6 +143,37 @@ def test_export_loads_natively(backbone, name, prepared, tmp_path):
         offsets = torch.tensor([1, 2, 3, 40, 1])
         with torch.no_grad():
             assert torch.equal(loaded(x, x.flip(0), offsets), head.eval()(x, x.flip(0), offsets))
+
+
+# Each objective's loss as the README writes it: its terms, and the option that weights each one (None: weight 1).
+WEIGHTED = {
+    "electra": {"generator_mlm_loss": None, "rtd_loss": "rtd_weight"},
+    "coco_lm": {"generator_mlm_loss": None, "copy_loss": "copy_weight", "clm_loss": None, "scl_loss": "scl_weight"},
+    "tacl": {"mlm_loss": None, "tacl_loss": "weight"},
+    "taco": {"mlm_loss": None, "tc_loss": "weight"},
+    "spanbert": {"mlm_loss": None, "sbo_loss": "sbo_weight"},
+    "declutr": {"declutr_loss": None, "mlm_loss": "mlm_weight"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTED))
+def test_each_loss_weight_option_weights_its_own_term(name, prepared, tmp_path):
+    """A weight whose name stopped matching its term would weight it 1 with no error: ELECTRA would train RTD at 1, not
+    50. The total must be the README's sum of the terms the objective logged, each at the weight set here."""
+    tok = read_manifest(prepared)["tokenizer"]
+    options = ObjectiveConfig(name=name)
+    weights = {term: 1.0 for term in WEIGHTED[name]}
+    for number, (term, key) in enumerate(t for t in WEIGHTED[name].items() if t[1]):
+        weights[term] = 3.0 + 4.0 * number
+        setattr(getattr(options, name), key, weights[term])
+    objective = _build("bert", name, tok, tmp_path, options=options)
+    objective.eval()
+    total, logged = objective(_batch(tok, name))
+    expected = sum(w * logged[term].double() for term, w in weights.items())
+    assert abs(total.item() - expected.item()) <= 1e-5 * abs(expected.item()), (total.item(), expected.item(), logged)
+    assert all(logged[term] != 0 for term in weights)  # a zero term would pass with any weight
+    defaults = ObjectiveConfig()
+    assert defaults.electra.rtd_weight == 50 and defaults.coco_lm.copy_weight == 50  # "50 · RTD", "50 · copy"
 
 
 def test_generator_shares_the_main_embeddings_where_widths_match():
