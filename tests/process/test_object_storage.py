@@ -70,7 +70,8 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, c
     that keeps the bucket consistent; the error cases are one line each and change nothing."""
     config = tmp_path / "prepare.yaml"
     config.write_text(f"sources: [{{kind: text, path: '{corpus_file}'}}]\ntokenizer: {{vocab_size: 400, "
-                      "character_coverage: 1.0}\nseq_len: 64\nval_fraction: 0.1\npart_bytes: 8000\nnum_workers: 2\n")
+                      "character_coverage: 1.0}\nseq_len: 64\nval_fraction: 0.1\npart_bytes: 8000\nshard_size_limit: 3000\n"
+                      "num_workers: 2\n")  # several shards to a part: each goes up with its part
     work, tmp = tmp_path / "cwd", tmp_path / "tmp"
     work.mkdir(), tmp.mkdir()
     env = {"TMPDIR": str(tmp)}
@@ -99,6 +100,7 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, c
         index = json.loads(s3.get_object(Bucket="corpus", Key=f"direct/{split}/{INDEX}")["Body"].read())
         shards = [f"{split}/{s['zip_data']['basename']}" for s in index["shards"]]
         assert shards and set(shards) <= set(keys), (shards, keys)
+        assert split == "validation" or len(shards) >= 2 * parts, (len(shards), parts)
         assert sum(s["samples"] for s in index["shards"]) == manifest["splits"][split]["sequences"]
 
     # The error cases through the command line's own entry point, in this process (each subprocess costs its imports).

@@ -39,15 +39,19 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 def test_any_number_of_workers_writes_the_same_dataset(tmp_path, corpus_file):
-    """Parts depend on the input only: 1 or 3 workers write the same files, byte for byte."""
+    """Parts depend on the input only: 1 or 3 workers write the same files, byte for byte; a part larger than
+    `shard_size_limit` is written as several shards, which the merged index lists in order and a reader reads whole."""
     outs = {}
     for workers in (1, 3):
         cfg = load_config(PrepareConfig, None, [
             f"output_dir={tmp_path / f'w{workers}'}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]",
-            "tokenizer.vocab_size=400", "seq_len=64", "val_fraction=0.1", f"num_workers={workers}", "part_bytes=20000"])
+            "tokenizer.vocab_size=400", "seq_len=64", "val_fraction=0.1", f"num_workers={workers}", "part_bytes=20000",
+            "shard_size_limit=3000"])
         outs[workers] = prepare(cfg)
     m1, m3 = (json.loads((DatasetDir(outs[w]).manifest).read_text()) for w in (1, 3))
     assert m1["parts"] == m3["parts"] >= 6 and (m1["num_workers"], m3["num_workers"]) == (1, 3)
+    shards = json.loads((outs[3] / "train" / "index.json").read_text())["shards"]
+    assert len(shards) >= 2 * m1["parts"], (len(shards), m1["parts"])
     assert _files(outs[1]) == _files(outs[3])
     assert m1["splits"] == m3["splits"]
     # Every document once across the parts: the tokens are those of encoding each document alone.
