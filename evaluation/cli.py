@@ -100,7 +100,9 @@ def _finetune(args: argparse.Namespace) -> int:
 
 # Help of the generated flags (every config key is a flag: core/config_flags.py), by key.
 FLAG_HELP = {
-    "model": "HF model folder(s): exports (self-similarity: PATH or LABEL=PATH; one label over seeds is one line)",
+    "model": "HF model folder(s): exports",
+    "max_length": "tokens per text; longer texts are cut",
+    "batch_size": "texts per forward pass",
     "task": "GLUE name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte) from the hub, NAME:FOLDER for GLUE "
             "downloaded to FOLDER, or csv:PATH / json:PATH",
     "text": "UTF-8 text, one sentence per line",
@@ -113,7 +115,6 @@ FLAG_HELP = {
     "max_examples": "a seeded sample of this many rows per task",
     "seeds": "default 1 2 3",
     "recipe": "hyper-parameter recipe (docs/finetuning.md; default taco)",
-    **{key: "override the recipe" for key in ("lr", "batch_size", "epochs", "weight_decay", "warmup_ratio")},
     "loss": "supervised-tacl adds TaCL's supervised token contrastive loss (token tasks)",
     "encoding": "of a csv: file (e.g. latin-1)",
     "regression": "the label is a float score",
@@ -122,12 +123,21 @@ FLAG_HELP = {
 }
 
 
+# Where a command's key means something else than FLAG_HELP says.
+COMMAND_FLAG_HELP = {
+    "self-similarity": {"model": "HF model folder(s): exports, as PATH or LABEL=PATH (one label over seeds is one line)"},
+    "finetune": {"model": "an HF model folder: an export",
+                 **{key: "override the recipe" for key in ("lr", "batch_size", "epochs", "max_length", "weight_decay",
+                                                           "warmup_ratio")}},
+}
+
+
 def _command(sub: argparse._SubParsersAction, name: str, cls: type, func, help: str, example: str) -> None:
     """A command that reads config `cls`: --config, key=value overrides, and one flag per key."""
     parser = sub.add_parser(name, help=help)
     parser.add_argument("--config", default=None, help=f"YAML file (keys of {cls.__name__})")
     parser.add_argument("overrides", nargs="*", default=[], help=f"key=value overrides, e.g. {example}")
-    add_config_flags(parser, cls, FLAG_HELP)
+    add_config_flags(parser, cls, {**FLAG_HELP, **COMMAND_FLAG_HELP.get(name, {})})
     parser.set_defaults(func=func)
 
 

@@ -151,7 +151,8 @@ class TrainConfig:
     # from the newest complete one there. keep_last applies to the bucket too (s3:// only).
     checkpoint_remote: Optional[str] = None
     # Where metrics go besides metrics.jsonl and train.log: any of tensorboard, wandb, mlflow (rank 0 only).
-    # wandb: WANDB_PROJECT / WANDB_MODE as usual; mlflow: MLFLOW_TRACKING_URI (default ./mlruns), MLFLOW_EXPERIMENT_NAME.
+    # wandb: WANDB_PROJECT / WANDB_MODE as usual; mlflow: MLFLOW_TRACKING_URI (default: RUN/mlflow.db, SQLite),
+    # MLFLOW_EXPERIMENT_NAME.
     report_to: list[str] = field(default_factory=lambda: [TENSORBOARD])
     eval_every: int = 0
     eval_batches: int = 20

@@ -85,3 +85,25 @@ def test_the_recipes_differ_where_their_papers_do():
     assert (coco.betas, coco.eps, coco.weight_decay, coco.warmup_ratio, coco.lr) == ((0.9, 0.98), 1e-6, 0.01, 0.0625, 5e-5)
     assert (hf.betas, hf.eps, hf.weight_decay, hf.warmup_ratio, hf.batch_size) == ((0.9, 0.999), 1e-8, 0.0, 0.0, 8)
     assert (squad.max_length, squad.epochs, squad.batch_size) == (384, 2, 12)
+
+
+def test_each_command_s_help_says_what_its_flags_do_there(capsys):
+    """finetune's --lr/--batch-size/--max-length override a recipe; the evaluations have none to override."""
+    import re
+
+    from pretrain.cli import main
+
+    def helps(*command: str) -> dict[str, str]:
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        text = re.sub(r"\s+", " ", capsys.readouterr().out.split("options:", 1)[1])
+        return {flag: re.search(rf"--{flag} [A-Z_]+(?: \[[A-Z_]+ \.\.\.\])? (.*?)(?= --|$)", text).group(1)
+                for flag in ("model", "batch-size", "max-length")}
+
+    finetune = helps("finetune")
+    assert finetune["batch-size"] == finetune["max-length"] == "override the recipe"
+    assert "LABEL=PATH" not in finetune["model"]
+    for command in (("evaluate", "self-similarity"), ("evaluate", "linear-probe"), ("evaluate", "sentence-embeddings")):
+        said = helps(*command)
+        assert "recipe" not in said["batch-size"] + said["max-length"], (command, said)
+        assert ("LABEL=PATH" in said["model"]) == (command[1] == "self-similarity"), (command, said)
