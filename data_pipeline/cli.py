@@ -27,8 +27,8 @@ def _verify(dataset: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse arguments and run a subcommand; a user's mistake exits 2 with a one-line message, a bug 1 with its traceback."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `python -m data_pipeline` and its subcommands."""
     parser = argparse.ArgumentParser(prog="python -m data_pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="raw text -> tokenizer -> packed MDS shards")
@@ -42,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("overrides", nargs="*", help="key=value overrides, e.g. seq_len=256 tokenizer.vocab_size=16000")
     ver = sub.add_parser("verify", help="check a prepared dataset's shards against their recorded hashes")
     ver.add_argument("dataset", help="a folder written by prepare")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and run a subcommand; a user's mistake exits 2 with a one-line message, a bug 1 with its traceback."""
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     for noisy in ("datasets", "streaming", "fsspec", "urllib3", "huggingface_hub", "botocore", "boto3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -101,8 +101,8 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse arguments and run a subcommand; a user's mistake exits 2 with a one-line message, a bug 1 with its traceback."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `python -m pretrain` and its subcommands."""
     parser = argparse.ArgumentParser(prog="python -m pretrain")
     # torchrun passes nothing extra, but the deepspeed launcher adds --local_rank=N.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -120,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
                           "(that can run code: only for a checkpoint from a source you trust)")
     exp.set_defaults(func=_export)
     add_evaluation_commands(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and run a subcommand; a user's mistake exits 2 with a one-line message, a bug 1 with its traceback."""
+    args = build_parser().parse_args(argv)
     if args.command != "train":
         from core.host_memory import resume_garbage_collector
 
