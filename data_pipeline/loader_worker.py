@@ -20,6 +20,18 @@ def start_worker(parent_pid: int, worker_id: int) -> None:
     """A DataLoader `worker_init_fn` (bound to its rank's pid with functools.partial)."""
     die_with_parent(parent_pid)
     close_network_sockets()
+    leave_stopping_to_the_rank()
+
+
+def leave_stopping_to_the_rank() -> None:
+    """Ignore SIGTERM and SIGUSR1: they are the rank's to act on.
+
+    SLURM's preemption, scancel and time limit signal every process of the job step, torchrun the process group
+    of each rank. torch's worker dies of a SIGTERM that its rank did not send, so the rank's next batch failed
+    before the rank reached the step boundary where it saves. The worker still ends: through the loader's
+    shutdown when the rank is done with it, or by the SIGKILL `die_with_parent` arranged when the rank dies."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def die_with_parent(parent_pid: int) -> None:
