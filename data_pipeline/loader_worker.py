@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -20,18 +21,27 @@ def start_worker(parent_pid: int, worker_id: int) -> None:
     """A DataLoader `worker_init_fn` (bound to its rank's pid with functools.partial)."""
     die_with_parent(parent_pid)
     close_network_sockets()
-    leave_stopping_to_the_rank()
+    leave_stopping_to_the_rank(parent_pid)
 
 
-def leave_stopping_to_the_rank() -> None:
-    """Ignore SIGTERM and SIGUSR1: they are the rank's to act on.
+def leave_stopping_to_the_rank(parent_pid: int) -> None:
+    """End on a SIGTERM from the rank only; ignore SIGUSR1 and anyone else's SIGTERM: they are the rank's to act on.
 
     SLURM's preemption, scancel and time limit signal every process of the job step, torchrun the process group
-    of each rank. torch's worker dies of a SIGTERM that its rank did not send, so the rank's next batch failed
-    before the rank reached the step boundary where it saves. The worker still ends: through the loader's
-    shutdown when the rank is done with it, or by the SIGKILL `die_with_parent` arranged when the rank dies."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    of each rank. torch's worker dies of a SIGTERM its rank did not send, so the rank's next batch failed before
+    the rank reached the step boundary where it saves. The rank's own SIGTERM (the loader's shutdown, and
+    multiprocessing's at exit, which then waits for the worker) still ends it at once, as torch's handler did; and
+    the rank's death ends it through `die_with_parent`. SIGTERM is blocked here, before the worker starts any
+    thread, and a thread of its own takes each one with its sender."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_end_on_sigterm_from, args=(parent_pid,), name="sigterm-from-rank", daemon=True).start()
+
+
+def _end_on_sigterm_from(parent_pid: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent_pid:
+            os._exit(0)
 
 
 def die_with_parent(parent_pid: int) -> None:
