@@ -19,7 +19,9 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
         "train.micro_batch_size=4", "train.global_batch_size=16",  # 2 ranks x 4 x accumulation 2
         # Validation every 5 steps on 2 batches: what every shipped run config does, inside the resumed runs too.
         "train.max_steps=20", "train.save_every=5", "train.log_every=5", "train.eval_every=5", "train.eval_batches=2",
-        "train.record_samples=true", "schedule.warmup_steps=4", "optimizer.lr=3e-3",
+        # A cosine decay to a floor: the schedule a resume must rebuild is not the default's straight line.
+        "train.record_samples=true", "schedule.warmup_steps=4", "optimizer.lr=3e-3", "schedule.decay=cosine",
+        "schedule.min_lr_ratio=0.1",
         "model.dropout=0.1", "model.attention_dropout=0.1", *extra,
     ]
 
@@ -108,6 +110,11 @@ def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
     assert "resumed from" in second.stdout and "at step 10" in second.stdout
 
     assert _train_losses(out) == _train_losses(uninterrupted)  # every step, exactly
+    # Step s runs at 3e-3 * s/4 in the warmup, then on cosine from 3e-3 down to its floor 3e-4 at step 21.
+    lrs = {r["step"]: r["lr"] for r in RunDir(out).metric_rows() if r["split"] == "train"}
+    expected = {s: 3e-3 * (s / 4 if s <= 4 else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 5) / 16)))
+                for s in range(1, 21)}
+    assert all(abs(lrs[s] - expected[s]) <= 1e-9 for s in expected), (lrs, expected)
     assert _validation_rows(out) == _validation_rows(uninterrupted)  # step 10's from the first launch, once
     rows = RunDir(out).metric_rows()
     assert [r["step"] for r in rows if r["split"] == "train"] == list(range(1, 21))  # steps 11-12 not logged twice

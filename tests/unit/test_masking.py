@@ -201,6 +201,24 @@ def test_span_boundaries_describe_each_span():
     assert spans and sum(int((offset[r] >= 1).sum()) for r in range(picked.shape[0])) == int(picked.sum())
 
 
+def test_span_p_and_max_span_reach_the_spans_masked():
+    """masking.span_p and masking.max_span shape the spans a batch gets (every token a word here: lengths in
+    tokens are lengths in words), not only the sampler: Geometric(0.2) truncated at 10 has mean 3.79, (0.7) 1.43;
+    the 15% budget, which skips a span that would overshoot it, shortens the spans kept."""
+    every_token_a_word = torch.ones(VOCAB, dtype=torch.bool)
+
+    def span_lengths(**options) -> list[int]:
+        m = build_masking(MaskingConfig(strategy="span", **options), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK],
+                          word_starts=every_token_a_word)
+        out = m(_batch(rows=128), torch.Generator().manual_seed(13))
+        starts = (out["span_offset"] == 1).nonzero().tolist()
+        return [int(out["span_right"][r, c]) - c for r, c in starts]
+
+    long, short, capped = span_lengths(), span_lengths(span_p=0.7), span_lengths(max_span=2)
+    assert 2.5 < sum(long) / len(long) and sum(short) / len(short) < 1.7, (sum(long) / len(long), sum(short) / len(short))
+    assert max(long) > 4 and max(capped) == 2
+
+
 def test_ngram_lengths_follow_albert():
     """ALBERT's n-gram masking: P(n) ∝ 1/n for n = 1..3, whole words, the same budget."""
     from data_pipeline.masking import ngram_length_pmf

@@ -86,3 +86,35 @@ def test_collated_views_repeat_for_a_sample_and_pad_per_column():
         assert ids.shape == mask.shape and torch.equal(ids != PAD, mask.bool())
         assert int(mask.sum(1).max()) == ids.shape[1]  # padded to its own longest row
         assert a[f"{prefix}attention_mask_unpadded"] is False  # so its encoder is handed the mask
+
+
+def test_the_beta_shapes_of_the_run_config_reach_the_loader_s_views():
+    """objective.declutr.spans.* (YAML lists) through resolve_objective to the loader's transform: Beta(1, 50)
+    anchors are near the shortest span, Beta(50, 1) positives near the anchor's length; the defaults lie between."""
+    from pathlib import Path
+
+    from core.config_io import load_config
+    from model.objectives import resolve_objective
+    from pretrain.config import RunConfig
+
+    config = Path(__file__).resolve().parents[2] / "pretrain" / "configs" / "declutr.yaml"
+    body = torch.arange(10, 90)
+    ids = torch.cat([torch.tensor([CLS]), body, torch.tensor([SEP])])[None]
+
+    def lengths(*overrides: str) -> tuple[float, float]:
+        """Mean anchor length and mean positive/anchor length ratio over 200 draws, in tokens."""
+        cfg = load_config(RunConfig, config, ["objective.declutr.spans.min_span_tokens=4",
+                                              "objective.declutr.spans.max_span_tokens=64", *overrides])
+        masking = build_masking(MaskingConfig(), 100, MASK, [PAD, UNK, CLS, SEP, MASK])
+        views = resolve_objective(cfg.objective, cfg.model, cfg.masking).data_transform(masking, PAD, CLS, SEP)
+        g = torch.Generator().manual_seed(0)
+        outs = [views({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, g) for _ in range(200)]
+        anchors = [o["input_ids"].shape[1] - 2 for o in outs]
+        ratios = [(o["positive0_input_ids"].shape[1] - 2) / (o["input_ids"].shape[1] - 2) for o in outs]
+        return float(np.mean(anchors)), float(np.mean(ratios))
+
+    short_anchor, long_positive = lengths("objective.declutr.spans.anchor_beta=[1, 50]",
+                                          "objective.declutr.spans.positive_beta=[50, 1]")
+    default_anchor, default_positive = lengths()
+    assert short_anchor < 6 < 30 < default_anchor, (short_anchor, default_anchor)
+    assert default_positive < 0.7 < 0.9 < long_positive, (default_positive, long_positive)
