@@ -155,6 +155,7 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
         raise RuntimeError(f"converting {ckpt_dir / tag} to a universal checkpoint failed: {exc}\n{output.getvalue()[-3000:]}") from exc
     finally:
         sys.argv = argv
+        (ckpt_dir / "latest_universal").unlink(missing_ok=True)  # ds_to_universal's pointer to the .tmp name
     write_text_atomic(tmp / COMPLETE, json.dumps({"from": tag}) + "\n")
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)

@@ -6,6 +6,7 @@ complete, which are intact, what each was saved with, and its world-size-indepen
       step_NNNNNNNN.damaged/    a complete tag whose files no longer match their hashes, set aside on resume
       step_NNNNNNNN_universal/  DeepSpeed's universal copy of a tag, made to resume on another world size
       latest                    DeepSpeed's pointer to the newest tag, for its own tools
+      .step_NNNNNNNN_universal.tmp, .step_NNNNNNNN.download   a conversion's or a download's copy being written
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ COMPLETE = "COMPLETE"
 META = "meta.json"
 LATEST = "latest"
 TAG_RE = re.compile(r"^step_(\d{8})$")
+# What a conversion or a download killed midway leaves (finished ones are renamed, or removed once loaded), and the
+# pointer DeepSpeed's ds_to_universal writes beside them: none is read again, and each holds a checkpoint's size.
+LEFTOVER_RE = re.compile(r"^(\.step_\d{8}(_universal\.tmp|\.download)|step_\d{8}_universal|latest_universal)$")
 
 
 def tag_for(step: int) -> str:
@@ -166,12 +170,18 @@ class CheckpointDir:
         return later, aside
 
     def remove_stale(self, newest: str, keep_last: int) -> None:
-        """Keep the `keep_last` newest complete tags; remove older ones and the unmarked debris of killed saves."""
+        """Keep the `keep_last` newest complete tags; remove older ones, the unmarked debris of killed saves, and what
+        killed conversions and downloads left (a save comes after the load that used any of it)."""
         for old in self.complete_tags()[:-keep_last]:
             shutil.rmtree(self.root / old, ignore_errors=True)
         for debris in self.root.iterdir():
             if TAG_RE.match(debris.name) and debris.name < newest and not (debris / COMPLETE).is_file():
                 shutil.rmtree(debris, ignore_errors=True)
+            elif LEFTOVER_RE.match(debris.name):
+                if debris.is_dir():
+                    shutil.rmtree(debris, ignore_errors=True)
+                else:
+                    debris.unlink(missing_ok=True)
 
 
 def universal_tag(tag: str) -> str:

@@ -1,0 +1,43 @@
+"""What a save leaves in `checkpoints/`: the newest complete tags, and nothing a killed save, conversion or download
+left behind (each of those holds up to a checkpoint's size, on a disk a month-long run fills)."""
+from pretrain.checkpointing.checkpoint_dir import COMPLETE, LATEST, CheckpointDir
+
+
+def _tag(root, name: str, complete: bool = True) -> None:
+    (root / name).mkdir()
+    (root / name / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+    if complete:
+        (root / name / COMPLETE).write_text("{}\n")
+
+
+def test_a_save_keeps_the_newest_tags_and_removes_what_killed_work_left(tmp_path):
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    for step in (10, 20, 30, 40):
+        _tag(root, f"step_{step:08d}")
+    _tag(root, "step_00000035", complete=False)  # a save killed midway
+    _tag(root, ".step_00000020_universal.tmp", complete=False)  # a conversion killed midway
+    _tag(root, "step_00000030_universal")  # converted, then killed while the engine loaded it
+    _tag(root, ".step_00000040.download", complete=False)  # a download from the bucket killed midway
+    (root / "latest_universal").write_text(".step_00000020_universal.tmp")  # ds_to_universal's pointer
+    (root / LATEST).write_text("step_00000040")
+    _tag(root, "aside-after-step_00000010-20261130T120000")  # train.resume_from set these aside: the user's
+    _tag(root, "step_00000040.damaged")  # set aside by a resume, for the user to look at
+    (root / "notes.txt").write_text("mine")
+
+    CheckpointDir(root).remove_stale("step_00000040", keep_last=2)
+
+    assert sorted(p.name for p in root.iterdir()) == sorted([
+        LATEST, "aside-after-step_00000010-20261130T120000", "notes.txt", "step_00000030", "step_00000040",
+        "step_00000040.damaged"])
+    assert (root / "step_00000040" / COMPLETE).is_file()
+
+
+def test_a_save_does_not_take_a_newer_unmarked_tag_for_debris(tmp_path):
+    """Another writer's tag past the one just saved (a branch's) is not this save's to judge."""
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    _tag(root, "step_00000010")
+    _tag(root, "step_00000050", complete=False)
+    CheckpointDir(root).remove_stale("step_00000010", keep_last=3)
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000010", "step_00000050"]
