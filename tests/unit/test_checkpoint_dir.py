@@ -1,6 +1,7 @@
 """What a save leaves in `checkpoints/`: the newest complete tags, and nothing a killed save, conversion or download
 left behind (each of those holds up to a checkpoint's size, on a disk a month-long run fills)."""
 from pretrain.checkpointing.checkpoint_dir import COMPLETE, LATEST, CheckpointDir
+from pretrain.run_dir import RunDir
 
 
 def _tag(root, name: str, complete: bool = True) -> None:
@@ -11,7 +12,7 @@ def _tag(root, name: str, complete: bool = True) -> None:
 
 
 def test_a_save_keeps_the_newest_tags_and_removes_what_killed_work_left(tmp_path):
-    root = tmp_path / "checkpoints"
+    root = RunDir(tmp_path).checkpoints
     root.mkdir()
     for step in (10, 20, 30, 40):
         _tag(root, f"step_{step:08d}")
@@ -35,7 +36,7 @@ def test_a_save_keeps_the_newest_tags_and_removes_what_killed_work_left(tmp_path
 
 def test_a_save_does_not_take_a_newer_unmarked_tag_for_debris(tmp_path):
     """Another writer's tag past the one just saved (a branch's) is not this save's to judge."""
-    root = tmp_path / "checkpoints"
+    root = RunDir(tmp_path).checkpoints
     root.mkdir()
     _tag(root, "step_00000010")
     _tag(root, "step_00000050", complete=False)
