@@ -7,14 +7,12 @@ was full blocked in its feeder thread forever, holding its memory and the rank's
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
-import sys
 import threading
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+from core.process_life import die_with_parent
 
 
 def start_worker(parent_pid: int, worker_id: int) -> None:
@@ -42,18 +40,6 @@ def _end_on_sigterm_from(parent_pid: int) -> None:
     while True:
         if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent_pid:
             os._exit(0)
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this process when the thread that forked it ends; if the parent is already gone,
-    end now."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
-    if os.getppid() != parent_pid:  # it died before the kernel was told
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def close_network_sockets() -> int:

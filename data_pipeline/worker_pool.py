@@ -15,6 +15,7 @@ import traceback
 from typing import Any, Callable, Iterable
 
 from core.errors import UserError
+from core.process_life import die_with_parent
 
 Task = Callable[[Any, Any], Any]  # (shared, item) -> result; a module-level function, so it pickles
 
@@ -27,7 +28,9 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _worker(shared: Any, inbox, outbox) -> None:
+def _worker(parent_pid: int, shared: Any, inbox, outbox) -> None:
+    # Killed, the parent would leave its workers waiting for work forever (each holds its inbox's pipe open).
+    die_with_parent(parent_pid)
     while (job := inbox.get()) is not None:
         fn, key, item = job
         try:
@@ -50,8 +53,8 @@ class WorkerPool:
         if workers > 1:
             ctx = mp.get_context("spawn")  # fork after datasets/fsspec threads started can deadlock
             self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
-            self._procs = [ctx.Process(target=_worker, args=(shared, self._inbox, self._outbox), daemon=True)
-                           for _ in range(workers)]
+            self._procs = [ctx.Process(target=_worker, args=(os.getpid(), shared, self._inbox, self._outbox),
+                                       daemon=True) for _ in range(workers)]
             for p in self._procs:
                 p.start()
 

@@ -35,6 +35,10 @@ if __name__ == "__main__":
         from pretrain.lifecycle import signals
 
         signals.catch(end_on_sigterm_until_training=True)  # before the slow imports below: a signal may come at any time
+    else:
+        from core.process_life import exit_on_sigterm
+
+        exit_on_sigterm()  # a stopped export or evaluation removes its temporary folder, as on Ctrl-C
     from pretrain.cli import main
 
     _exit_without_teardown(main())

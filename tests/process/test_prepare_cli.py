@@ -28,3 +28,61 @@ def test_a_manifest_name_that_climbs_out_of_the_dataset_is_refused(prepared, tmp
                                     f"train.output_dir={tmp_path}-run"], check=False)
         assert proc.returncode == 2 and "not a plain file name" in proc.stderr and "Traceback" not in proc.stderr
         assert not Path(f"{tmp_path}-run").exists()
+
+
+def _children(pid: int) -> list[int]:
+    from pathlib import Path as _Path
+
+    kids = []
+    for children in _Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids += [int(c) for c in children.read_text().split()]
+        except OSError:
+            continue
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_prepare_stopped_midway_leaves_no_worker_and_on_sigterm_no_temporary_folder(prepared, tmp_path, sig):
+    """SLURM's time limit and scancel send SIGTERM (then SIGKILL): the temporary dataset goes, and the spawned
+    workers, which would wait for work forever, end with their parent either way."""
+    import gzip
+    import signal
+    import subprocess
+    import time
+
+    from conftest import REPO, python_process
+
+    corpus = tmp_path / "kjv.txt"
+    kjv = gzip.open(REPO / "data" / "kjv.txt.gz", "rt", encoding="utf-8").read().rstrip() + "\n\n"
+    corpus.write_text(kjv * 6, encoding="utf-8")  # long enough to stop midway (the bible alone takes about 1 s)
+    out = tmp_path / "out"
+    log = tmp_path / "prepare.log"
+    with open(log, "w") as fh:
+        proc = python_process(["-m", "data_pipeline", "prepare", "--config", "data_pipeline/configs/demo.yaml",
+                               f"output_dir={out}", f"sources=[{{kind: text, path: '{corpus}'}}]",
+                               f"tokenizer.pretrained={DatasetDir(prepared).tokenizer}", "num_workers=2",
+                               "part_bytes=20000", "seq_len=64"], stdout=fh, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(".out.tmp-*/*/part-*")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)  # until the workers write parts
+    workers = [pid for pid in _children(proc.pid) if "_worker" in Path(f"/proc/{pid}/cmdline").read_text()
+               or "multiprocessing" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert proc.poll() is None and len(workers) >= 2, log.read_text()[-3000:]
+    proc.send_signal(getattr(signal, sig))
+    code = proc.wait(timeout=60)
+    time.sleep(1)  # the kernel's parent-death signal
+    assert not [pid for pid in workers if _alive(pid)], (workers, log.read_text()[-2000:])
+    assert not out.exists()
+    if sig == "SIGTERM":
+        assert code == 128 + signal.SIGTERM, log.read_text()[-3000:]
+        assert "Traceback" not in log.read_text()
+        assert not list(tmp_path.glob(".out.tmp-*"))  # the temporary dataset went with it

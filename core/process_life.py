@@ -1,0 +1,32 @@
+"""How a process ends with the one that started it, and how a command ends on SIGTERM: so that neither a killed
+parent's workers nor a stopped command's temporary files outlive them."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when the thread that started it ends; if the parent is already gone,
+    end now."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
+    if os.getppid() != parent_pid:  # it died before the kernel was told
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (SLURM's time limit and scancel, a plain `kill`) raise SystemExit(143) in the main thread, so a
+    command's clean-up (`finally`, `except BaseException`: temporary folders, worker pools) runs as it does for
+    Ctrl-C; by default the signal ends the process where it stands."""
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
