@@ -71,6 +71,26 @@ def test_features_equal_an_independent_per_sentence_computation(tiny):
     assert len(tok.tokenize("unbelievable tokenisation")) > 2  # the word means above did average sub-tokens
 
 
+def test_features_of_a_model_with_few_positions_read_the_text_it_can_hold(tmp_path):
+    """An export of 16 positions, texts longer than that: the features of their first 16 tokens (max_length 128
+    would have handed the model positions it has no embedding for)."""
+    from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
+
+    from evaluation.linear_probe import sequence_features, word_features
+
+    short = _tiny_random_bert_with_minilm_tokenizer(tmp_path / "short")
+    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=16)).save_pretrained(str(short))
+    texts = ["a considerably longer sentence about unbelievable tokenisation than sixteen tokens could ever hold"]
+    tok, model = AutoTokenizer.from_pretrained(short), AutoModel.from_pretrained(short).eval()
+    assert len(tok(texts[0])["input_ids"]) > 16
+    with torch.no_grad():
+        h = model(**tok(texts[0], truncation=True, max_length=16, return_tensors="pt")).last_hidden_state[0].double()
+    np.testing.assert_allclose(sequence_features(str(short), texts)["mean"][0], h.mean(0).numpy(), rtol=1e-5, atol=1e-5)
+    words = word_features(str(short), [texts[0].split()])[0]
+    assert np.isfinite(words[0]).all() and np.isnan(words[-1]).all()  # the words past the limit were cut away
+
+
 ANIMALS, TOOLS, FILLER = ["cat", "dog", "horse", "sheep"], ["hammer", "saw", "drill", "spade"], ["the", "a", "big", "old", "red"]
 
 
