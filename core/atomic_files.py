@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from core.errors import OutputExistsError
+from core.errors import OutputExistsError, refused_for_room
 
 if TYPE_CHECKING:  # annotations only: matplotlib is the plotting callers' import
     from matplotlib.figure import Figure
@@ -39,6 +39,23 @@ def write_text_atomic(path: Path, text: str, fsync: bool = False) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def room_refusal(folder: Path, size: int = 1 << 20) -> OSError | None:
+    """Why `size` bytes cannot be written in `folder` now, when it is for want of room (a full disk, a quota, a file
+    size limit), else None. torch's writer reports such a failure without its errno ("iostream error"): a write
+    of our own asks the file system again."""
+    probe = Path(folder) / f".room-probe-{socket.gethostname()}-{os.getpid()}.tmp"
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(bytes(size))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        return refused_for_room(exc)
+    finally:
+        probe.unlink(missing_ok=True)
+    return None
 
 
 def save_figure_atomic(fig: Figure, path: Path, dpi: int = 120) -> None:

@@ -7,6 +7,8 @@ those keeps working.
 """
 from __future__ import annotations
 
+import errno
+
 
 class UserError(Exception):
     """A mistake in the user's config, data, checkpoint or environment, with a message that says which."""
@@ -38,6 +40,38 @@ class SetupError(UserError, RuntimeError):
 
 class StorageError(UserError, OSError):
     """Object storage cannot be used: no credentials, a missing bucket or object, an unreachable endpoint."""
+
+
+class NoSpaceError(UserError, OSError):
+    """A file system refused a write for want of room: no space left on it, a quota, or a file size limit."""
+
+
+# A write refused for want of room: the file system is full, the user's quota is, or the file hit a size limit.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def refused_for_room(exc: BaseException) -> OSError | None:
+    """The OSError in `exc`'s chain (itself, then its causes and contexts) that says a write was refused for want of
+    room (NO_ROOM); None when there is none."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in NO_ROOM:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def no_room_error(exc: BaseException) -> NoSpaceError | None:
+    """A write refused for want of room anywhere in `exc`'s chain, as the user's error it is (one line naming the
+    file); None when there is none."""
+    room = refused_for_room(exc)
+    if room is None:
+        return None
+    files = " -> ".join(str(name) for name in (room.filename, room.filename2) if name)
+    return NoSpaceError(f"a write was refused: {room.strerror}{f' ({files})' if files else ''}. Free space (or raise "
+                        "the quota or file size limit), then run the same command again")
 
 
 class DivergedError(RuntimeError):

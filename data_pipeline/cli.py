@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from core.config_io import load_config
-from core.errors import ConfigError, UserError, one_line
+from core.errors import ConfigError, UserError, no_room_error, one_line
 from data_pipeline.config import PrepareConfig
 
 
@@ -63,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         if any(a is not None for a in array) and any(a is None for a in array):
             raise ConfigError("--task, --tasks and --array-id go together")
         out = prepare(cfg, command=command) if args.tasks is None else prepare_task(cfg, args.task, args.tasks, args.array_id, command)
-    except UserError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
+    except Exception as exc:
+        shown = exc if isinstance(exc, UserError) else no_room_error(exc)
+        if shown is None:  # a bug: its traceback
+            raise
+        print(f"error: {one_line(shown)}", file=sys.stderr)
         return 2
     print(f"dataset: {out}" if out else "this task's parts are written; another task publishes the dataset")
     return 0

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from core.config_io import load_config
-from core.errors import DivergedError, UserError, one_line
+from core.errors import DivergedError, UserError, no_room_error, one_line
 from evaluation.cli import add_commands as add_evaluation_commands
 from pretrain.lifecycle.exit_status import exit_code_for
 
@@ -52,7 +52,10 @@ def _train(args: argparse.Namespace) -> int:
             # termination, not a bug of this rank, and its traceback would bury the line of the rank that stopped.
             signals.terminated(trainer.step if trainer is not None else -1, type(exc).__name__)
         else:
-            write_status("failed", error=type(exc).__name__, code=exit_code_for(exc))
+            try:
+                write_status("failed", error=type(exc).__name__, code=exit_code_for(exc))
+            except OSError as status_error:  # on the disk that stopped the run: the run's own error goes on
+                print(f"warning: the rank's status could not be recorded ({status_error})", file=sys.stderr)
         raise
     # The decision is made and the checkpoint written: a late SIGTERM (SLURM sends more than one)
     # must not turn "preempted, requeue me" into "killed by a signal" during shutdown.
@@ -133,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     try:
         return args.func(args)
-    except (UserError, DivergedError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return exit_code_for(exc)
+    except Exception as exc:
+        shown = exc if isinstance(exc, (UserError, DivergedError)) else no_room_error(exc)
+        if shown is None:  # a bug: its traceback
+            raise
+        print(f"error: {one_line(shown)}", file=sys.stderr)
+        return exit_code_for(shown)

@@ -197,9 +197,13 @@ class Trainer:
         return "preempted"
 
     def mark_failed(self, exc: BaseException) -> None:
-        """Record that the run stopped on an error (its type, message and step) before the error propagates."""
-        self._mark(FAILED, f"failed at step {self.step}: {type(exc).__name__}: {exc}", error=type(exc).__name__,
-                   message=str(exc)[:2000])
+        """Record that the run stopped on an error (its type, message and step) before the error propagates; a marker
+        that cannot be written (the disk that stopped the run is full) is logged, and the error goes on."""
+        try:
+            self._mark(FAILED, f"failed at step {self.step}: {type(exc).__name__}: {exc}", error=type(exc).__name__,
+                       message=str(exc)[:2000])
+        except OSError as marker_error:
+            self.log.info(f"warning: the {FAILED} marker could not be written ({marker_error})")
 
     def _mark(self, marker: str, line: str, **fields: Any) -> None:
         """Rank 0 writes a run-folder marker (PREEMPTED, FAILED) with the step and time; the log gets `line`."""

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from core import distributed as dist
-from core.atomic_files import write_text_atomic
-from core.errors import CheckpointError
+from core.atomic_files import room_refusal, write_text_atomic
+from core.errors import CheckpointError, NoSpaceError, refused_for_room
 from pretrain.checkpointing.checkpoint_dir import COMPLETE, LATEST, CheckpointDir, file_manifest, tag_for, universal_tag
 
 if TYPE_CHECKING:  # annotations only: deepspeed is imported where an engine is built
@@ -47,19 +47,48 @@ def save(engine: DeepSpeedEngine, ckpt_dir: Path, step: int, client_state: dict[
         # A folder of this tag without a marker is the debris of a killed save: start clean.
         shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
     dist.barrier()
-    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
+    try:
+        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
+    except Exception as exc:
+        full = no_room_to_save(exc, ckpt_dir, tag)
+        if full is None:
+            raise
+        raise full from exc
+
     # save_checkpoint ends with a barrier, so every rank's files are written here.
-    if dist.rank() == 0:
-        for name, text in (run_files or {}).items():
-            write_text_atomic(ckpt_dir / tag / name, text)
-        _fsync_tree(ckpt_dir / tag)  # a marked checkpoint must survive a crash of the machine
-        # Sizes and hashes let a resume tell a damaged copy (a full disk, a bad transfer) from a good one.
-        marker = {"step": step, "time": time.time(), "files": file_manifest(ckpt_dir / tag)}
-        write_text_atomic(ckpt_dir / tag / COMPLETE, json.dumps(marker) + "\n", fsync=True)
+    def mark_complete() -> None:
+        try:
+            for name, text in (run_files or {}).items():
+                write_text_atomic(ckpt_dir / tag / name, text)
+            _fsync_tree(ckpt_dir / tag)  # a marked checkpoint must survive a crash of the machine
+            # Sizes and hashes let a resume tell a damaged copy (a full disk, a bad transfer) from a good one.
+            marker = {"step": step, "time": time.time(), "files": file_manifest(ckpt_dir / tag)}
+            write_text_atomic(ckpt_dir / tag / COMPLETE, json.dumps(marker) + "\n", fsync=True)
+        except OSError as exc:
+            full = no_room_to_save(exc, ckpt_dir, tag)
+            if full is None:
+                raise
+            raise full from exc
         write_text_atomic(ckpt_dir / LATEST, tag)  # DeepSpeed's own pointer, for its tools
         CheckpointDir(ckpt_dir).remove_stale(tag, keep_last)
-    dist.barrier()
+
+    # The others learn of a failure here at once, not at their next collective's timeout.
+    dist.from_rank0(mark_complete, f"marking checkpoint {tag} complete")
     return tag
+
+
+def no_room_to_save(exc: BaseException, ckpt_dir: Path, tag: str) -> Optional[NoSpaceError]:
+    """The error to stop with when a save failed for want of room (a full disk, a quota, a file size limit), which
+    the user must fix before any attempt can save; None when the failure was something else."""
+    room = refused_for_room(exc) or room_refusal(ckpt_dir)
+    if room is None:
+        return None
+    newest = CheckpointDir(ckpt_dir).latest()
+    return NoSpaceError(
+        f"checkpoint {tag} could not be written in {ckpt_dir}: {room.strerror or room}. It does not count (no "
+        f"{COMPLETE} marker), and the next save removes what it wrote; the newest complete checkpoint is "
+        f"{newest or 'none'}. Free space (or lower train.keep_last, or choose another train.output_dir), then run "
+        "the same command again")
 
 
 def load(engine: DeepSpeedEngine, ckpt_dir: Path, tag: str) -> dict[str, Any]:

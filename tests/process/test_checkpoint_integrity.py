@@ -59,3 +59,34 @@ def test_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path):
     assert "Traceback" not in proc.stderr
     missing = run_cli("pretrain", _args(prepared, tmp_path / "other", "train.resume_from=step_00000042"), check=False)
     assert missing.returncode == 2 and "train.resume_from=step_00000042" in missing.stderr
+
+
+def test_a_save_the_disk_has_no_room_for_stops_in_one_line_and_the_next_launch_goes_on(prepared, tmp_path):
+    """A full disk, a quota or a file size limit (emulated by RLIMIT_FSIZE: torch's writer then reports only an
+    "iostream error") stops the run with exit 2 and one line naming the checkpoint, which does not count; the
+    FAILED marker says why; once there is room, the same command trains again."""
+    from conftest import run_python
+
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE
+
+    out = tmp_path / "run"
+    wider = ["model.hidden_size=64", "model.intermediate_size=128"]  # an optimizer file of about 1 MB
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={out}",
+            *TINY_MODEL, *wider, "train.micro_batch_size=4", "train.global_batch_size=8", "train.eval_every=0",
+            "train.save_every=2", "train.max_steps=4"]
+    limited = run_python(["tests/helpers/file_size_limit.py", "600000", "pretrain", *args])
+    assert limited.returncode == 2 and "Traceback" not in limited.stderr, limited.stderr[-3000:]
+    (line,) = [line for line in limited.stderr.splitlines() if line.startswith("error:")]
+    assert f"checkpoint step_00000002 could not be written in {RunDir(out).checkpoints}: File too large" in line
+    assert "the newest complete checkpoint is none" in line
+    assert not (RunDir(out).checkpoints / "step_00000002" / COMPLETE).exists()
+    assert json.loads((out / "FAILED").read_text())["error"] == "NoSpaceError"
+    # Any other write refused so (here the tokenizer's copy into the run folder) is one line too.
+    other = run_python(["tests/helpers/file_size_limit.py", "250000", "pretrain",
+                        *[a.replace(str(out), str(tmp_path / "other")) for a in args]])
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr[-3000:]
+    assert "error: a write was refused: File too large (" in other.stderr and "tokenizer.json" in other.stderr
+    again = run_cli("pretrain", args)
+    assert "finished at step 4" in again.stdout
+    assert sorted(p.name for p in RunDir(out).checkpoints.glob("step_*")) == ["step_00000002", "step_00000004"]
+    assert all((RunDir(out).checkpoints / tag / COMPLETE).is_file() for tag in ("step_00000002", "step_00000004"))
