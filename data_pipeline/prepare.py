@@ -40,7 +40,7 @@ from data_pipeline.mds import merge_indexes
 from data_pipeline.mixture import mix, plan_takes
 from data_pipeline.shard_record import record_dataset
 from data_pipeline.part_writer import SPLITS, PartJob, Shared, count_part, done_marker, part_name, write_part
-from data_pipeline.remote_dataset import claim_remote_output, upload_part, upload_rest
+from data_pipeline.remote_dataset import claim_remote_output, release_remote_output, upload_part, upload_rest
 from data_pipeline.raw_text import ReadStats, iter_part
 from data_pipeline.shards import token_dtype, write_manifest
 from data_pipeline.worker_pool import WorkerPool, available_cpus
@@ -281,11 +281,13 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> Path | str:
     """Build the dataset described by `cfg` in this process and its workers (then upload it); return its folder,
     or its URL when `output_dir` is a bucket."""
     final_dir, temporary = _local_output(cfg)
+    claimed = False
     try:
         if is_remote(cfg.output_dir):
             # Before hours of tokenizing, not after; with overwrite the old objects go now, before the first part goes
             # up. Inside the try: a refused bucket leaves no staging folder behind.
             claim_remote_output(cfg.output_dir, cfg.overwrite)
+            claimed = True
         # Bound for a bucket, the bucket's prefix is what must be new (checked above); the staging copy is replaced.
         tmp_dir = prepare_output(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg),
                                  _legacy_dataset)
@@ -306,6 +308,8 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> Path | str:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
+        if claimed:  # the parts already uploaded: a failed run leaves nothing behind there either
+            release_remote_output(cfg.output_dir)
         raise
 
 

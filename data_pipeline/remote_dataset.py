@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from core.atomic_files import is_temporary
-from core.errors import OutputExistsError, StorageError
+from core.errors import OutputExistsError, StorageError, UserError
 from core.object_store import ObjectStore
 from data_pipeline.dataset_dir import INDEX, MANIFEST, SPLITS, TOKENIZER
 from data_pipeline.shard_record import RECORD
@@ -39,6 +39,21 @@ def claim_remote_output(url: str, overwrite: bool) -> ObjectStore:
                                     "remove them with your store's tools")
         log.info("deleted the %d object(s) %s held (overwrite)", len(existing), url)
     return store
+
+
+def release_remote_output(url: str) -> None:
+    """Delete what a failed prepare uploaded under `url`, the prefix it claimed empty, so that the fixed rerun needs
+    no --overwrite; where that fails too (the store may be what failed), say so."""
+    try:
+        store = ObjectStore(url)
+        keys = store.list()
+        if keys and store.delete(keys):
+            log.info("removed the %d object(s) this prepare had uploaded to %s", len(keys), url)
+        elif keys:
+            log.info("warning: %s keeps the %d object(s) this prepare uploaded: remove them with your store's tools",
+                     url, len(keys))
+    except (UserError, OSError) as exc:
+        log.info("warning: what this prepare uploaded to %s could not be removed (%s)", url, exc)
 
 
 def upload_part(store: ObjectStore, local: Path, part: str) -> int:

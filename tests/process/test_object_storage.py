@@ -65,7 +65,7 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, caplog, capsys, monkeypatch):
+def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, prepared, tmp_path, caplog, capsys, monkeypatch):
     """Shards go up part by part as each is written (the staging disk never holds the dataset whole), in an order
     that keeps the bucket consistent; the error cases are one line each and change nothing."""
     config = tmp_path / "prepare.yaml"
@@ -134,6 +134,20 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, tmp_path, c
         m.setenv("AWS_CONFIG_FILE", str(tmp / "none"))
         m.setenv("AWS_EC2_METADATA_DISABLED", "true")
         assert "no credentials" in refused("s3://corpus/z")
+    # Bad input found late, after parts went up: what went up goes too, so the fixed rerun needs no --overwrite.
+    late = tmp / "late.txt"
+    late.write_text(corpus_file.read_text() + "\n\nbad bytes at the end\n", encoding="utf-8")
+    with open(late, "ab") as fh:
+        fh.write(b"caf\xe9\n")
+    late_config = tmp_path / "late.yaml"
+    late_config.write_text(f"sources: [{{kind: text, path: '{late}'}}]\ntokenizer: {{pretrained: '{DatasetDir(prepared).tokenizer}'}}\n"
+                           "seq_len: 64\nval_fraction: 0.1\npart_bytes: 8000\nnum_workers: 1\n")  # no training pass
+    code = main(["prepare", "--config", str(late_config), "output_dir=s3://corpus/late"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not valid UTF-8" in err, err[-3000:]
+    assert any("PUT /corpus/late/train/" in m for m in caplog.messages)  # parts had gone up before the bad one
+    assert _keys(s3, "corpus", "late/") == []
+    late.unlink()
     assert list(work.iterdir()) == []
     assert list(tmp.iterdir()) == []  # no staging folder from a refused bucket either
     assert _keys(s3, "corpus", "y/") == _keys(s3, "corpus", "z/") == []
