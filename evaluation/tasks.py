@@ -229,7 +229,11 @@ def _read_task_file(kind: str, file: str, split: str, encoding: str) -> Any:
     verbosity = datasets_logging.get_verbosity()
     datasets_logging.set_verbosity(datasets_logging.CRITICAL)
     try:
-        return datasets.load_dataset(kind, data_files={split: file}, split=split, **kwargs)
+        # A cache of its own, read into memory: datasets' shared one (~/.cache/huggingface) kept a copy of every task
+        # file ever read, outside any folder the user named.
+        with tempfile.TemporaryDirectory(prefix="task-") as cache:
+            return datasets.load_dataset(kind, data_files={split: file}, split=split, cache_dir=cache,
+                                         keep_in_memory=True, **kwargs)
     except (DatasetGenerationError, UnicodeDecodeError) as exc:
         problem = _unreadable(exc, kind, encoding)
         if problem is None:

@@ -72,6 +72,23 @@ def test_glue_offline_fails_at_once_with_a_clear_message(tmp_path, monkeypatch):
         load_task(f"csv:{tmp_path / 'none.csv'}", LocalTaskOptions())
 
 
+def test_a_task_file_is_read_without_a_copy_in_datasets_shared_cache(tmp_path, monkeypatch):
+    """csv: and json: task files are read as GLUE folders are, through a cache of their own that goes with the call."""
+    import datasets
+
+    from evaluation.tasks import LocalTaskOptions, load_task
+
+    shared = tmp_path / "hf-datasets"
+    shared.mkdir()
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", shared)  # read when a load names no cache_dir
+    (tmp_path / "t.csv").write_text("text,label\n" + "".join(f"row {i},{i % 2}\n" for i in range(20)))
+    (tmp_path / "t.jsonl").write_text("".join(f'{{"text": "row {i}", "label": {i % 2}}}\n' for i in range(20)))
+    for task in (f"csv:{tmp_path / 't.csv'}", f"json:{tmp_path / 't.jsonl'}"):
+        _, train, evaluation = load_task(task, LocalTaskOptions())
+        assert len(train) + len(evaluation) == 20 and sorted(set(train["label"])) == [0, 1]
+    assert list(shared.iterdir()) == []
+
+
 # ---- self-similarity -------------------------------------------------------------------------------
 
 
