@@ -48,7 +48,7 @@ def room_refusal(folder: Path, size: int = 1 << 20) -> OSError | None:
     probe = Path(folder) / f".room-probe-{socket.gethostname()}-{os.getpid()}.tmp"
     try:
         with open(probe, "wb") as fh:
-            fh.write(bytes(size))
+            fh.write(os.urandom(size))  # zeros a compressing file system (ZFS, btrfs) might not store
             fh.flush()
             os.fsync(fh.fileno())
     except OSError as exc:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import torch
 
-from core.errors import SetupError, UserError, one_line
+from core.errors import SetupError, UserError, no_room_error, one_line
 
 T = TypeVar("T")
 
@@ -85,18 +85,19 @@ def setup_env() -> None:
 
     torchrun and the deepspeed launcher set these themselves; then nothing is changed.
     """
-    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and ("SLURM_NTASKS" in os.environ or "SLURM_NPROCS" in os.environ
-                                                                      or "SLURM_STEP_NUM_TASKS" in os.environ):
-        os.environ.update(slurm_env(dict(os.environ)))
-    if "RANK" not in os.environ:
-        os.environ.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(_free_port()),
-        )
+    env = dict(os.environ)  # checked whole before any of it is set
+    if "RANK" not in env and "SLURM_PROCID" in env and ("SLURM_NTASKS" in env or "SLURM_NPROCS" in env
+                                                        or "SLURM_STEP_NUM_TASKS" in env):
+        env.update(slurm_env(env))
+    if "RANK" not in env:
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(_free_port()))
     # torchrun sets LOCAL_WORLD_SIZE; the deepspeed launcher sets LOCAL_SIZE. Streaming needs it to
     # know which ranks share a node.
-    os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", os.environ["WORLD_SIZE"]))
-    check_launcher_env(os.environ)
+    if "LOCAL_WORLD_SIZE" not in env and ("LOCAL_SIZE" in env or "WORLD_SIZE" in env):
+        env["LOCAL_WORLD_SIZE"] = env.get("LOCAL_SIZE", env.get("WORLD_SIZE"))
+    check_launcher_env(env)
+    os.environ.update({key: value for key, value in env.items() if os.environ.get(key) != value})
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -113,7 +114,7 @@ def check_launcher_env(environ: Mapping[str, str]) -> None:
     for name in LAUNCHER_VARIABLES:
         text = environ.get(name)
         if text is None:
-            raise SetupError(f"RANK is set but {name} is not: {launchers}")
+            raise SetupError(f"{'RANK is set but ' if name != 'RANK' else ''}{name} is not: {launchers}")
         if not re.fullmatch(r"[0-9]+", text.strip()):
             raise SetupError(f"{name}={text!r} is not a whole number: {launchers}")
         values[name] = int(text)
@@ -121,7 +122,12 @@ def check_launcher_env(environ: Mapping[str, str]) -> None:
         raise SetupError(f"RANK is set but MASTER_ADDR is not: {launchers}")
     for rank, size in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
         if not values[rank] < values[size]:
-            raise SetupError(f"{rank}={values[rank]} with {size}={values[size]}: a rank counts from 0 to {size} - 1")
+            uneven = ""
+            if rank == "LOCAL_RANK" and "SLURM_TASKS_PER_NODE" in environ:
+                uneven = (f" (SLURM_TASKS_PER_NODE={environ['SLURM_TASKS_PER_NODE']}: give every machine the same "
+                          "number of tasks, with --ntasks-per-node)")
+            raise SetupError(f"{rank}={values[rank]} with {size}={values[size]}: a rank counts from 0 to {size} - 1"
+                             + uneven)
     if not 0 < values["MASTER_PORT"] < 65536:
         raise SetupError(f"MASTER_PORT={values['MASTER_PORT']} is not a TCP port (1-65535)")
 
@@ -402,9 +408,9 @@ def from_rank0(compute: Callable[[], T], doing: str) -> T:
                 pickle.dumps(result)  # what broadcast_object would fail on outside this guard, the others waiting
         except Exception as exc:  # every rank must learn of it, or the others would wait in the broadcast
             failure, result = exc, None
-            kind = type(exc) if isinstance(exc, UserError) else RuntimeError
-            message = one_line(exc) if isinstance(exc, UserError) else \
-                f"rank 0 failed {doing}: {type(exc).__name__}: {exc}"
+            shown = exc if isinstance(exc, UserError) else no_room_error(exc)  # a full disk is the user's too
+            kind = type(shown) if shown is not None else RuntimeError
+            message = one_line(shown) if shown is not None else f"rank 0 failed {doing}: {type(exc).__name__}: {exc}"
             try:
                 pickle.dumps(kind)
             except Exception:  # a class defined where the others cannot import it

@@ -27,6 +27,7 @@ def exit_on_sigterm() -> None:
     command's clean-up (`finally`, `except BaseException`: temporary folders, worker pools) runs as it does for
     Ctrl-C; by default the signal ends the process where it stands."""
     def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # SLURM repeats it: the clean-up it starts must finish
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)

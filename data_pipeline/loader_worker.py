@@ -30,7 +30,8 @@ def leave_stopping_to_the_rank(parent_pid: int) -> None:
     the rank reached the step boundary where it saves. The rank's own SIGTERM (the loader's shutdown, and
     multiprocessing's at exit, which then waits for the worker) still ends it at once, as torch's handler did; and
     the rank's death ends it through `die_with_parent`. SIGTERM is blocked here, before the worker starts any
-    thread, and a thread of its own takes each one with its sender."""
+    thread, and a thread of its own takes each one with its sender. This needs forked workers (the loader's, and
+    Python 3.11's default), whose parent is the rank."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     threading.Thread(target=_end_on_sigterm_from, args=(parent_pid,), name="sigterm-from-rank", daemon=True).start()

@@ -120,14 +120,14 @@ def _not_utf8(path: str, kind: str, exc: UnicodeDecodeError | None = None, where
     return InputDataError(f"'{path}' is not valid UTF-8{detail}; {advice}")
 
 
-# What `datasets` reads from a downloaded folder without decoding it as text, or decompresses first.
-_NOT_TEXT = {".parquet", ".arrow", ".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip", ".tar", ".7z"}
+# The files of a downloaded folder `datasets` decodes as text (a README, an image or a parquet file it does not).
+_TEXT_DATA = {".txt", ".text", ".json", ".jsonl", ".csv", ".tsv"}
 
 
 def _first_non_utf8(folder: Path) -> tuple[Path, int, UnicodeDecodeError] | None:
     """The first file of a downloaded hub folder (sorted, hidden ones skipped) that is not UTF-8: the file, the
     offset of the first bad byte and the error; None when every text file decodes (the bad bytes were elsewhere)."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() not in _NOT_TEXT
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in _TEXT_DATA
                    and not any(n.startswith(".") for n in p.relative_to(folder).parts))
     for path in files:
         decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0

@@ -14,7 +14,7 @@ import queue
 import traceback
 from typing import Any, Callable, Iterable
 
-from core.errors import UserError
+from core.errors import UserError, no_room_error
 from core.process_life import die_with_parent
 
 Task = Callable[[Any, Any], Any]  # (shared, item) -> result; a module-level function, so it pickles
@@ -39,8 +39,9 @@ def _worker(parent_pid: int, shared: Any, inbox, outbox) -> None:
             outbox.put(("ok", key, result))
         except UserError as exc:
             outbox.put(("user_error", key, exc))
-        except BaseException:
-            outbox.put(("error", key, traceback.format_exc()))
+        except BaseException as exc:  # a full disk is the user's to fix; anything else is a bug, sent as its traceback
+            full = no_room_error(exc)
+            outbox.put(("user_error", key, full) if full is not None else ("error", key, traceback.format_exc()))
 
 
 class WorkerPool:

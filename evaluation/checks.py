@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.atomic_files import check_folder_path
 from core.errors import CheckpointError, ConfigError, OutputExistsError
@@ -31,6 +31,13 @@ def export_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
         raise CheckpointError(f"model '{model_dir}': its tokenizer has {len(tokenizer)} tokens but the model's vocab_size "
                               f"is {vocab_size}; the folder's tokenizer is not the one the model was trained with")
     return tokenizer
+
+
+def usable_length(config: Any, max_length: int) -> int:
+    """`max_length` cut to the positions the model has: a longer input has no position embedding to read. A model
+    without a limit (XLNet: -1) takes it as it is."""
+    positions = getattr(config, "max_position_embeddings", None)
+    return min(max_length, positions) if isinstance(positions, int) and positions > 0 else max_length
 
 
 def check_report_stem(out: str | Path, flag: str = "--out") -> Path:

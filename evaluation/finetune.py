@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from core.errors import ConfigError
-from evaluation.checks import check_output, export_tokenizer
+from evaluation.checks import check_output, export_tokenizer, usable_length
 from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
 from model.backbones.base import LOAD_DTYPE, last_hidden_state_of, load_pretrained
 
@@ -247,10 +247,10 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
         eval_rows = eval_rows.select(range(min(max_eval_samples, len(eval_rows))))
     model_config = AutoConfig.from_pretrained(model_dir)
     hp = replace(recipe(recipe_name, model_config.hidden_size), **(overrides or {}))
-    if hp.max_length > model_config.max_position_embeddings:  # longer inputs have no position embedding
+    if usable_length(model_config, hp.max_length) < hp.max_length:
         log.info("max_length %d > the model's %d positions: using %d", hp.max_length, model_config.max_position_embeddings,
                  model_config.max_position_embeddings)
-        hp = replace(hp, max_length=model_config.max_position_embeddings)
+        hp = replace(hp, max_length=usable_length(model_config, hp.max_length))
     train_enc = encode(spec, train_rows, tokenizer, hp.max_length)
     eval_enc = encode(spec, eval_rows, tokenizer, hp.max_length)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from core.errors import ConfigError
-from evaluation.checks import check_output, export_tokenizer
+from evaluation.checks import check_output, export_tokenizer, usable_length
 from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
 from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states, load_pretrained
 
@@ -34,12 +34,6 @@ def _load(model_dir: str):
 
     tokenizer = export_tokenizer(model_dir)
     return tokenizer, load_pretrained(AutoModel, model_dir, dtype=LOAD_DTYPE).eval()
-
-
-def usable_length(model, max_length: int) -> int:
-    """`max_length` cut to the positions the model has (a longer input has no position embedding to read)."""
-    positions = getattr(model.config, "max_position_embeddings", None)
-    return min(max_length, positions) if positions else max_length
 
 
 def check_layer(model_dir: str, layer: int) -> None:
@@ -67,7 +61,7 @@ def sequence_features(model_dir: str, texts: Sequence[str], pairs: Optional[Sequ
     """Mean-pooled (over real tokens) and first-token features of every text (or text pair)."""
     check_layer(model_dir, layer)
     tokenizer, model = _load(model_dir)
-    max_length = usable_length(model, max_length)
+    max_length = usable_length(model.config, max_length)
     mean, first = [], []
     for start in range(0, len(texts), batch_size):
         batch = list(texts[start:start + batch_size])
@@ -86,7 +80,7 @@ def word_features(model_dir: str, sentences: Sequence[Sequence[str]], layer: int
     """Per sentence, a (words, hidden) array: each word's vector is the mean of its sub-tokens (NaN if truncated away)."""
     check_layer(model_dir, layer)
     tokenizer, model = _load(model_dir)
-    max_length = usable_length(model, max_length)
+    max_length = usable_length(model.config, max_length)
     out = []
     for start in range(0, len(sentences), batch_size):
         batch = [[str(w) for w in words] for words in sentences[start:start + batch_size]]

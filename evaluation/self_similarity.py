@@ -24,7 +24,7 @@ import torch
 
 from core.errors import ConfigError, InputDataError
 from core.input_paths import check_input_file
-from evaluation.checks import export_tokenizer
+from evaluation.checks import export_tokenizer, usable_length
 from model.backbones.base import LOAD_DTYPE, forward_input_names, layer_states, load_pretrained
 
 log = logging.getLogger("pretrain.evaluate")
@@ -61,7 +61,7 @@ def self_similarity(model_dir: str | Path, sentences: Sequence[str], special_tok
 
     tokenizer = export_tokenizer(model_dir)
     model = load_pretrained(AutoModel, model_dir, dtype=LOAD_DTYPE).eval()
-    max_length = min(max_length, model.config.max_position_embeddings)
+    max_length = usable_length(model.config, max_length)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
     accepted = forward_input_names(model)

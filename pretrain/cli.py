@@ -84,10 +84,13 @@ def _peer_lost(exc: BaseException, trainer) -> None:
         who = "a rank that did not join within train.init_timeout_s (its own log, or its node, says why)"
     line = (f"peer lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}, backend {backend}: lost {who}: "
             f"{first[:300]} (exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
-    if trainer is not None and dist.rank() == 0:
-        trainer.log.info(line)
     print(line, file=sys.stderr, flush=True)
-    write_status("peer_lost", step=step, error=first[:500])
+    try:  # the records go on the run's disks, which may be what failed: the exit below must happen whatever they do
+        if trainer is not None and dist.rank() == 0:
+            trainer.log.info(line)
+        write_status("peer_lost", step=step, error=first[:500])
+    except OSError as record_error:
+        print(f"warning: the lost peer could not be recorded ({record_error})", file=sys.stderr, flush=True)
     from data_pipeline.loader import release_shared_memory
 
     release_shared_memory()  # os._exit skips streaming's exit handler, which would do it

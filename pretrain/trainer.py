@@ -8,6 +8,7 @@ counters, the sample audit, the logger and the metrics reporter.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Iterator, Optional
 
@@ -202,8 +203,8 @@ class Trainer:
         try:
             self._mark(FAILED, f"failed at step {self.step}: {type(exc).__name__}: {exc}", error=type(exc).__name__,
                        message=str(exc)[:2000])
-        except OSError as marker_error:
-            self.log.info(f"warning: the {FAILED} marker could not be written ({marker_error})")
+        except OSError as marker_error:  # not to the run folder's log either: it is on the same disk
+            print(f"warning: the {FAILED} marker could not be written ({marker_error})", file=sys.stderr, flush=True)
 
     def _mark(self, marker: str, line: str, **fields: Any) -> None:
         """Rank 0 writes a run-folder marker (PREEMPTED, FAILED) with the step and time; the log gets `line`."""

@@ -80,7 +80,9 @@ def save(engine: DeepSpeedEngine, ckpt_dir: Path, step: int, client_state: dict[
 def no_room_to_save(exc: BaseException, ckpt_dir: Path, tag: str) -> Optional[NoSpaceError]:
     """The error to stop with when a save failed for want of room (a full disk, a quota, a file size limit), which
     the user must fix before any attempt can save; None when the failure was something else."""
-    room = refused_for_room(exc) or room_refusal(ckpt_dir)
+    room = refused_for_room(exc)
+    if room is None and not dist.is_peer_failure(exc):
+        room = room_refusal(ckpt_dir / tag if (ckpt_dir / tag).is_dir() else ckpt_dir)
     if room is None:
         return None
     newest = CheckpointDir(ckpt_dir).latest()

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from core.errors import refused_for_room
 from core.jsonl import rewind_jsonl
 from pretrain.run_dir import TENSORBOARD, RunDir
 
@@ -62,7 +63,11 @@ class RunLogger:
             return
         line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
         print(line, flush=True)
-        self._text.write(line + "\n")
+        try:
+            self._text.write(line + "\n")
+        except OSError as exc:  # the run folder's disk is full: stdout has the line, and the save says so in its own
+            if refused_for_room(exc) is None:
+                raise
 
     def scalars(self, step: int, values: dict[str, float], prefix: str) -> None:
         """Scalars to TensorBoard and metrics.jsonl."""

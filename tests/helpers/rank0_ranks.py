@@ -1,7 +1,7 @@
 """The ranks of tests/process/test_from_rank0.py (`python rank0_ranks.py OUT`; RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT from the launch): each calls `core.distributed.from_rank0` in turn with a result, a user error, a user
 error defined outside core, a message of several lines, a bug, a result and an error class that cannot be sent, and
-writes what it saw to OUT/rank<rank>.json."""
+writes what it saw to OUT/rank<rank>.json. A full disk is the user's error on every rank, as on rank 0."""
 import json
 import os
 import sys
@@ -49,6 +49,12 @@ def _local_error_class() -> None:
     raise LocalError("a key only this function knows")
 
 
+def _disk_full() -> None:
+    import errno
+
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/runs/a/checkpoints/latest")  # as open() raises it
+
+
 def _outcome(compute) -> dict:
     """What from_rank0 gave this rank: its result, or the exception's type, message and whether the traceback
     reaches into `compute` (rank 0's own exception) or not."""
@@ -65,7 +71,8 @@ def main(out: Path) -> None:
     seen = {name: _outcome(fn) for name, fn in [("result", _result), ("config_error", _config_error),
                                                  ("corrupt_shard", _corrupt_shard), ("several_lines", _several_lines),
                                                  ("bug", _bug), ("unpicklable", _unpicklable),
-                                                 ("local_error_class", _local_error_class)]}
+                                                 ("local_error_class", _local_error_class),
+                                                 ("disk_full", _disk_full)]}
     seen["calls"] = CALLS["value"]
     # The ranks are still in step after every failure: one more collective meets its partner.
     seen["after"] = dist.broadcast_object(f"from rank {dist.rank()}")[0]

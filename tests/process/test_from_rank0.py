@@ -42,6 +42,11 @@ def test_rank0s_result_and_failures_reach_every_rank(tmp_path):
     assert r0["local_error_class"]["raised_in_compute"] is True
     assert r1["local_error_class"] == {"type": "builtins.RuntimeError", "raised_in_compute": False, "message":
                                        "rank 0 failed doing the test's work: LocalError: a key only this function knows"}
+    assert r0["disk_full"] == {"type": "builtins.OSError", "raised_in_compute": True,
+                               "message": "[Errno 28] No space left on device: '/runs/a/checkpoints/latest'"}
+    assert r1["disk_full"] == {"type": "core.errors.NoSpaceError", "raised_in_compute": False, "message":
+                               "a write was refused: No space left on device (/runs/a/checkpoints/latest). Free space "
+                               "(or raise the quota or file size limit), then run the same command again"}
     assert r0["after"] == r1["after"] == "from rank 0"
 
 

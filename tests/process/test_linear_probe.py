@@ -89,6 +89,13 @@ def test_features_of_a_model_with_few_positions_read_the_text_it_can_hold(tmp_pa
     np.testing.assert_allclose(sequence_features(str(short), texts)["mean"][0], h.mean(0).numpy(), rtol=1e-5, atol=1e-5)
     words = word_features(str(short), [texts[0].split()])[0]
     assert np.isfinite(words[0]).all() and np.isnan(words[-1]).all()  # the words past the limit were cut away
+    # XLNet has no limit (its config says -1): the text is read whole.
+    from transformers import XLNetConfig, XLNetModel
+
+    XLNetModel(XLNetConfig(vocab_size=30522, d_model=32, n_layer=1, n_head=2, d_inner=64)).save_pretrained(str(short))
+    assert AutoModel.from_pretrained(short).config.max_position_embeddings == -1
+    words = word_features(str(short), [texts[0].split()])[0]
+    assert np.isfinite(words).all() and sequence_features(str(short), texts)["mean"].shape == (1, 32)
 
 
 ANIMALS, TOOLS, FILLER = ["cat", "dog", "horse", "sheep"], ["hammer", "saw", "drill", "spade"], ["the", "a", "big", "old", "red"]

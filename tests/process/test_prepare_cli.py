@@ -74,15 +74,36 @@ def test_a_prepare_stopped_midway_leaves_no_worker_and_on_sigterm_no_temporary_f
     deadline = time.time() + 120
     while not list(tmp_path.glob(".out.tmp-*/*/part-*")) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)  # until the workers write parts
-    workers = [pid for pid in _children(proc.pid) if "_worker" in Path(f"/proc/{pid}/cmdline").read_text()
-               or "multiprocessing" in Path(f"/proc/{pid}/cmdline").read_text()]
-    assert proc.poll() is None and len(workers) >= 2, log.read_text()[-3000:]
+    workers = [pid for pid in _children(proc.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert proc.poll() is None and len(workers) == 2, log.read_text()[-3000:]
     proc.send_signal(getattr(signal, sig))
     code = proc.wait(timeout=60)
-    time.sleep(1)  # the kernel's parent-death signal
+    deadline = time.time() + 10  # the kernel's parent-death signal, or the pool's own stop
+    while [pid for pid in workers if _alive(pid)] and time.time() < deadline:
+        time.sleep(0.05)
     assert not [pid for pid in workers if _alive(pid)], (workers, log.read_text()[-2000:])
     assert not out.exists()
     if sig == "SIGTERM":
         assert code == 128 + signal.SIGTERM, log.read_text()[-3000:]
         assert "Traceback" not in log.read_text()
         assert not list(tmp_path.glob(".out.tmp-*"))  # the temporary dataset went with it
+
+
+def test_a_worker_s_write_the_disk_refuses_is_one_line(prepared, tmp_path):
+    """A full disk, a quota or a file size limit (RLIMIT_FSIZE here) met by a prepare worker writing its shards:
+    the worker's error reaches the command as the user's, not as a bug's traceback."""
+    import gzip
+
+    from conftest import REPO, run_python
+
+    corpus = tmp_path / "kjv.txt"
+    corpus.write_text(gzip.open(REPO / "data" / "kjv.txt.gz", "rt", encoding="utf-8").read(), encoding="utf-8")
+    proc = run_python(["tests/helpers/file_size_limit.py", "500000", "data_pipeline", "prepare", "--config",
+                       "data_pipeline/configs/demo.yaml", f"output_dir={tmp_path / 'out'}",
+                       f"sources=[{{kind: text, path: '{corpus}'}}]",
+                       f"tokenizer.pretrained={DatasetDir(prepared).tokenizer}",
+                       "num_workers=2", "part_bytes=2000000", "compression=null", "seq_len=64"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "a write was refused: File too large" in line, line
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
