@@ -48,6 +48,23 @@ def write_hub_download(folder: Path, configs: dict[str, dict[str, dict[str, list
     return folder
 
 
+def write_token_dataset(root: Path, sequences: list, size_limit: int = 1000) -> Path:
+    """`sequences` (token id arrays) as a train split of MDS shards of about `size_limit` bytes, written with
+    streaming's own writer, and a manifest naming the pad id (0): a dataset the loader opens. Returns `root`."""
+    import numpy as np
+    from streaming import MDSWriter
+
+    from data_pipeline.dataset_dir import DatasetDir
+    from data_pipeline.loader import shared_memory_registration
+
+    with shared_memory_registration(), MDSWriter(out=str(Path(root) / "train"), columns={"input_ids": "ndarray:uint16"},
+                                                 size_limit=size_limit) as writer:
+        for ids in sequences:
+            writer.write({"input_ids": np.asarray(ids).astype(np.uint16)})
+    DatasetDir(root).manifest.write_text(json.dumps({"tokenizer": {"pad_id": 0}}))
+    return Path(root)
+
+
 def kjv_chapters(n: int) -> list[str]:
     """The first n chapters of the bundled corpus (real English text)."""
     with gzip.open(REPO / "data" / "kjv.txt.gz", "rt", encoding="utf-8") as fh:

@@ -7,12 +7,10 @@ one plan of the epoch (`generate_work`, computed by each node's leader from the 
 another world is checked here directly: the README's "1, 2 or 4 ranks see the same global batches", on one node or
 several, and a resume on another node count.
 """
-import json
 
 import numpy as np
 import pytest
 
-from data_pipeline.dataset_dir import DatasetDir
 from data_pipeline.loader import LoaderConfig, build_dataset, release_shared_memory
 
 NUM_SAMPLES, GLOBAL_BATCH = 240, 16
@@ -21,18 +19,11 @@ NUM_SAMPLES, GLOBAL_BATCH = 240, 16
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     """240 short sequences in a dozen MDS shards, with a manifest."""
-    from streaming import MDSWriter
+    from conftest import write_token_dataset
 
-    from data_pipeline.loader import shared_memory_registration
-
-    root = tmp_path_factory.mktemp("order") / "data"
     rng = np.random.default_rng(0)
-    with shared_memory_registration(), MDSWriter(out=str(root / "train"), columns={"input_ids": "ndarray:uint16"},
-                                                 size_limit=1000) as w:
-        for _ in range(NUM_SAMPLES):
-            w.write({"input_ids": rng.integers(5, 100, size=rng.integers(8, 24)).astype(np.uint16)})
-    (DatasetDir(root).manifest).write_text(json.dumps({"tokenizer": {"pad_id": 0}}))
-    return root
+    return write_token_dataset(tmp_path_factory.mktemp("order") / "data",
+                               [rng.integers(5, 100, size=rng.integers(8, 24)) for _ in range(NUM_SAMPLES)])
 
 
 def _global_batches(dataset, nodes: int, ranks_per_node: int, workers: int,

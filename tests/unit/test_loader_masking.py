@@ -1,5 +1,4 @@
 """Masking in the loader: per-sample seeds, made in the loader's worker processes, new masks each epoch."""
-import json
 import os
 
 import numpy as np
@@ -9,7 +8,6 @@ import torch
 from data_pipeline.batches import EVAL_STREAM, INLINE_BATCH_BYTES, MaskingCollate, PackedBatch, unpadded_key
 from data_pipeline.loader import LoaderConfig, build_loader
 from data_pipeline.masking import IGNORE_INDEX, MaskingConfig, build_masking
-from data_pipeline.dataset_dir import DatasetDir
 
 SPECIAL = [0, 1, 2, 3, 4]  # pad, unk, cls, sep, mask
 NUM_SAMPLES = 24
@@ -34,19 +32,12 @@ class RecordingPid:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     """24 sequences of 10-40 ordinary tokens wrapped in [CLS] ... [SEP], in MDS shards with a manifest."""
-    from streaming import MDSWriter
+    from conftest import write_token_dataset
 
-    from data_pipeline.loader import shared_memory_registration
-
-    root = tmp_path_factory.mktemp("masking") / "data"
     rng = np.random.default_rng(0)
-    with shared_memory_registration(), MDSWriter(out=str(root / "train"), columns={"input_ids": "ndarray:uint16"},
-                                                 size_limit=1000) as w:
-        for _ in range(NUM_SAMPLES):
-            body = rng.integers(5, 100, size=rng.integers(10, 40))
-            w.write({"input_ids": np.concatenate([[2], body, [3]]).astype(np.uint16)})
-    (DatasetDir(root).manifest).write_text(json.dumps({"tokenizer": {"pad_id": 0}}))
-    return root
+    return write_token_dataset(tmp_path_factory.mktemp("masking") / "data",
+                               [np.concatenate([[2], rng.integers(5, 100, size=rng.integers(10, 40)), [3]])
+                                for _ in range(NUM_SAMPLES)])
 
 
 def _samples(lengths, seed=0):
