@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import torch
 
-from core.errors import SetupError, UserError, no_room_error, one_line
+from core.errors import SetupError, one_line, user_error
 
 T = TypeVar("T")
 
@@ -408,7 +408,7 @@ def from_rank0(compute: Callable[[], T], doing: str) -> T:
                 pickle.dumps(result)  # what broadcast_object would fail on outside this guard, the others waiting
         except Exception as exc:  # every rank must learn of it, or the others would wait in the broadcast
             failure, result = exc, None
-            shown = exc if isinstance(exc, UserError) else no_room_error(exc)  # a full disk is the user's too
+            shown = user_error(exc)
             kind = type(shown) if shown is not None else RuntimeError
             message = one_line(shown) if shown is not None else f"rank 0 failed {doing}: {type(exc).__name__}: {exc}"
             try:

@@ -74,6 +74,12 @@ def no_room_error(exc: BaseException) -> NoSpaceError | None:
                         "the quota or file size limit), then run the same command again")
 
 
+def user_error(exc: BaseException) -> UserError | None:
+    """`exc` as the user's error it is: itself, or the NoSpaceError of a write refused for want of room anywhere in
+    its chain; None for a bug."""
+    return exc if isinstance(exc, UserError) else no_room_error(exc)
+
+
 class DivergedError(RuntimeError):
     """Training diverged: a step's loss or gradient norm was inf or NaN. Neither a bug nor bad input: the CLI prints
     the message in one line and exits with its own code, and a batch script must not requeue it (it would diverge

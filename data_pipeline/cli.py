@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from core.config_io import load_config
-from core.errors import ConfigError, UserError, no_room_error, one_line
+from core.errors import ConfigError, UserError, one_line, user_error
 from data_pipeline.config import PrepareConfig
 
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--task, --tasks and --array-id go together")
         out = prepare(cfg, command=command) if args.tasks is None else prepare_task(cfg, args.task, args.tasks, args.array_id, command)
     except Exception as exc:
-        shown = exc if isinstance(exc, UserError) else no_room_error(exc)
+        shown = user_error(exc)
         if shown is None:  # a bug: its traceback
             raise
         print(f"error: {one_line(shown)}", file=sys.stderr)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from core.config_io import load_config
-from core.errors import DivergedError, UserError, no_room_error, one_line
+from core.errors import DivergedError, one_line, user_error
 from evaluation.cli import add_commands as add_evaluation_commands
 from pretrain.lifecycle.exit_status import exit_code_for
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except Exception as exc:
-        shown = exc if isinstance(exc, (UserError, DivergedError)) else no_room_error(exc)
+        shown = exc if isinstance(exc, DivergedError) else user_error(exc)
         if shown is None:  # a bug: its traceback
             raise
         print(f"error: {one_line(shown)}", file=sys.stderr)

@@ -65,6 +65,27 @@ def write_token_dataset(root: Path, sequences: list, size_limit: int = 1000) -> 
     return Path(root)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every living process below `pid` (loader or prepare workers, their resource tracker), from /proc."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids = [int(c) for c in children.read_text().split()]
+        except OSError:  # the thread ended
+            continue
+        for kid in kids:
+            found += [kid, *descendants(kid)]
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs: not gone, and not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def kjv_chapters(n: int) -> list[str]:
     """The first n chapters of the bundled corpus (real English text)."""
     with gzip.open(REPO / "data" / "kjv.txt.gz", "rt", encoding="utf-8") as fh:

@@ -4,12 +4,13 @@ written last with every file's size and hash; the fp32 weights of any stage; the
 Which tags exist, are complete and intact is the folder's own knowledge (checkpoint_dir.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
@@ -47,34 +48,36 @@ def save(engine: DeepSpeedEngine, ckpt_dir: Path, step: int, client_state: dict[
         # A folder of this tag without a marker is the debris of a killed save: start clean.
         shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
     dist.barrier()
-    try:
+    with _named_if_no_room(ckpt_dir, tag):
         engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
-    except Exception as exc:
-        full = no_room_to_save(exc, ckpt_dir, tag)
-        if full is None:
-            raise
-        raise full from exc
 
     # save_checkpoint ends with a barrier, so every rank's files are written here.
     def mark_complete() -> None:
-        try:
+        with _named_if_no_room(ckpt_dir, tag):
             for name, text in (run_files or {}).items():
                 write_text_atomic(ckpt_dir / tag / name, text)
             _fsync_tree(ckpt_dir / tag)  # a marked checkpoint must survive a crash of the machine
             # Sizes and hashes let a resume tell a damaged copy (a full disk, a bad transfer) from a good one.
             marker = {"step": step, "time": time.time(), "files": file_manifest(ckpt_dir / tag)}
             write_text_atomic(ckpt_dir / tag / COMPLETE, json.dumps(marker) + "\n", fsync=True)
-        except OSError as exc:
-            full = no_room_to_save(exc, ckpt_dir, tag)
-            if full is None:
-                raise
-            raise full from exc
         write_text_atomic(ckpt_dir / LATEST, tag)  # DeepSpeed's own pointer, for its tools
         CheckpointDir(ckpt_dir).remove_stale(tag, keep_last)
 
     # The others learn of a failure here at once, not at their next collective's timeout.
     dist.from_rank0(mark_complete, f"marking checkpoint {tag} complete")
     return tag
+
+
+@contextlib.contextmanager
+def _named_if_no_room(ckpt_dir: Path, tag: str) -> Iterator[None]:
+    """A failure of the block for want of room becomes the NoSpaceError that names the checkpoint; any other goes on."""
+    try:
+        yield
+    except Exception as exc:
+        full = no_room_to_save(exc, ckpt_dir, tag)
+        if full is None:
+            raise
+        raise full from exc
 
 
 def no_room_to_save(exc: BaseException, ckpt_dir: Path, tag: str) -> Optional[NoSpaceError]:
@@ -150,7 +153,6 @@ def untrained_state(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
     if (folder / MODULE_STATES).is_file():
         # With pickle, as DeepSpeed's own load of the same files: a resume checks the tag first (checkpoint_data).
         return torch.load(folder / MODULE_STATES, map_location="cpu", weights_only=False, mmap=True)["module"]
-    import contextlib
     import io
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -159,7 +161,6 @@ def untrained_state(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
 
 def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
     """Convert a tag with DeepSpeed's ds_to_universal (once; rank 0 only); return the universal tag."""
-    import contextlib
     import io
     import sys
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.errors import DivergedError, UserError, refused_for_room
+from core.errors import DivergedError, user_error
 
 EXIT_FINISHED = 0
 EXIT_BUG = 1  # Python's own code for an exception that escapes: its traceback is printed
@@ -43,7 +43,7 @@ EXIT_CODES = {
 
 def exit_code_for(exc: BaseException) -> int:
     """The exit code of a run that ended with `exc`: bad input (a full disk among it), a divergence, or else a bug."""
-    if isinstance(exc, UserError) or refused_for_room(exc) is not None:
+    if user_error(exc) is not None:
         return EXIT_USER_ERROR
     return EXIT_DIVERGED if isinstance(exc, DivergedError) else EXIT_BUG
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import TINY_MODEL, launch_ranks, run_cli, wait_for_step
+from conftest import TINY_MODEL, descendants, launch_ranks, run_cli, wait_for_step
 
 from pretrain.lifecycle.exit_status import EXIT_PREEMPTED
 from pretrain.lifecycle.preemption import parse_duration
@@ -80,21 +80,6 @@ def test_deadline_saves_and_exits_before_the_limit(prepared, tmp_path):
     assert marker["time"] < marker["deadline"]
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every living process below `pid` (its loader workers), from /proc."""
-    from pathlib import Path
-
-    found = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            kids = [int(c) for c in children.read_text().split()]
-        except OSError:  # the thread ended
-            continue
-        for kid in kids:
-            found += [kid, *_descendants(kid)]
-    return found
-
-
 def test_repeated_signals_during_a_save_leave_a_good_checkpoint(prepared, tmp_path):
     """SLURM's preemption, scancel and time limit signal every process of the job step: the loader workers too
     (torch's worker dies of a SIGTERM not from its rank, and the rank's next batch then failed before its save)."""
@@ -103,7 +88,7 @@ def test_repeated_signals_during_a_save_leave_a_good_checkpoint(prepared, tmp_pa
     out = tmp_path / "run"
     (proc,) = launch_ranks(_args(prepared, out), 1, tmp_path / "logs")
     wait_for_step(out, 3, [proc])
-    workers = _descendants(proc.pid)
+    workers = descendants(proc.pid)
     assert workers, "data.num_workers=auto starts a loader worker on a CPU"
     for _ in range(6):  # the first starts the save; the rest arrive while it runs
         for pid in [proc.pid, *workers]:

@@ -30,26 +30,6 @@ def test_a_manifest_name_that_climbs_out_of_the_dataset_is_refused(prepared, tmp
         assert not Path(f"{tmp_path}-run").exists()
 
 
-def _children(pid: int) -> list[int]:
-    from pathlib import Path as _Path
-
-    kids = []
-    for children in _Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            kids += [int(c) for c in children.read_text().split()]
-        except OSError:
-            continue
-    return kids
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie waiting for its parent."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
 def test_a_prepare_stopped_midway_leaves_no_worker_and_on_sigterm_no_temporary_folder(prepared, tmp_path, sig):
     """SLURM's time limit and scancel send SIGTERM (then SIGKILL): the temporary dataset goes, and the spawned
@@ -59,7 +39,7 @@ def test_a_prepare_stopped_midway_leaves_no_worker_and_on_sigterm_no_temporary_f
     import subprocess
     import time
 
-    from conftest import REPO, python_process
+    from conftest import REPO, descendants, python_process, running
 
     corpus = tmp_path / "kjv.txt"
     kjv = gzip.open(REPO / "data" / "kjv.txt.gz", "rt", encoding="utf-8").read().rstrip() + "\n\n"
@@ -74,14 +54,14 @@ def test_a_prepare_stopped_midway_leaves_no_worker_and_on_sigterm_no_temporary_f
     deadline = time.time() + 120
     while not list(tmp_path.glob(".out.tmp-*/*/part-*")) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)  # until the workers write parts
-    workers = [pid for pid in _children(proc.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+    workers = [pid for pid in descendants(proc.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
     assert proc.poll() is None and len(workers) == 2, log.read_text()[-3000:]
     proc.send_signal(getattr(signal, sig))
     code = proc.wait(timeout=60)
     deadline = time.time() + 10  # the kernel's parent-death signal, or the pool's own stop
-    while [pid for pid in workers if _alive(pid)] and time.time() < deadline:
+    while [pid for pid in workers if running(pid)] and time.time() < deadline:
         time.sleep(0.05)
-    assert not [pid for pid in workers if _alive(pid)], (workers, log.read_text()[-2000:])
+    assert not [pid for pid in workers if running(pid)], (workers, log.read_text()[-2000:])
     assert not out.exists()
     if sig == "SIGTERM":
         assert code == 128 + signal.SIGTERM, log.read_text()[-3000:]
