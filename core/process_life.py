@@ -6,20 +6,27 @@ import ctypes
 import os
 import signal
 import sys
+from typing import Mapping
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this process when the thread that started it ends; if the parent is already gone,
-    end now."""
+def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
+    """Have the kernel send `sig` (SIGKILL unless named) to this process when the thread that started it ends; if the
+    parent is already gone, send it now."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
     if os.getppid() != parent_pid:  # it died before the kernel was told
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), sig)
+
+
+def started_by_launcher(environ: Mapping[str, str]) -> bool:
+    """Whether torchrun, the deepspeed launcher or a launcher like them started this process: they set LOCAL_RANK,
+    and nothing but them outlives a rank they started."""
+    return "LOCAL_RANK" in environ or "TORCHELASTIC_RUN_ID" in environ
 
 
 def exit_on_sigterm() -> None:

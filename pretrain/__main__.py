@@ -1,6 +1,7 @@
 """`python -m pretrain ...`."""
 import atexit
 import os
+import signal
 import sys
 import threading
 
@@ -28,6 +29,7 @@ def command(argv: list[str]) -> str | None:
 
 
 if __name__ == "__main__":
+    launcher = os.getppid()  # first: the launcher may die while this process starts
     if command(sys.argv[1:]) == "train":
         from core.host_memory import pause_garbage_collector
 
@@ -35,6 +37,13 @@ if __name__ == "__main__":
         from pretrain.lifecycle import signals
 
         signals.catch(end_on_sigterm_until_training=True)  # before the slow imports below: a signal may come at any time
+        from core.process_life import die_with_parent, started_by_launcher
+
+        if started_by_launcher(os.environ):
+            # A SIGKILLed torchrun or deepspeed launcher (the OOM killer, a closed ssh session) forwards nothing: its
+            # ranks would train on as orphans to max_steps, holding their ports, memory and the run folder a
+            # relaunch resumes in. Its death is a SIGTERM instead: they save, write PREEMPTED and exit 75.
+            die_with_parent(launcher, signal.SIGTERM)
     else:
         from core.process_life import exit_on_sigterm
 

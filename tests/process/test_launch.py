@@ -1,10 +1,12 @@
 """Launchers: SLURM's srun variables become the process-group variables."""
+import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PROCESS_ENV, REPO, TINY_MODEL, free_port, python_process
+from conftest import PROCESS_ENV, REPO, TINY_MODEL, descendants, free_port, python_process, running, wait_for_step
 
 from core.distributed import first_host, slurm_env
 from pretrain.run_dir import RunDir
@@ -46,15 +48,33 @@ def test_two_tasks_started_the_way_srun_starts_them(prepared, tmp_path):
     assert "on 2 rank(s), accumulation 1" in out
 
 
-def test_deepspeed_launcher_starts_the_same_training(prepared, tmp_path):
-    """`deepspeed --num_gpus 2 --module pretrain ...` (it adds --local_rank=N, which the CLI accepts)."""
+def test_deepspeed_launcher_starts_the_same_training_and_its_ranks_stop_with_it(prepared, tmp_path):
+    """`deepspeed --num_gpus 2 --module pretrain ...` (it adds --local_rank=N, which the CLI accepts). A launcher
+    SIGKILLed mid-run (the OOM killer, a closed ssh session) forwards nothing: its ranks must not train on as
+    orphans, but save and stop as on a preemption."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    out = tmp_path / "run"
     launcher = str(Path(sys.executable).parent / "deepspeed")
     cmd = [launcher, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pretrain", "train",
-           "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={tmp_path / 'run'}",
-           *TINY_MODEL, "train.max_steps=3", "train.micro_batch_size=4", "train.global_batch_size=8", "train.eval_every=0"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "on 2 rank(s), accumulation 1" in proc.stdout
-    assert (RunDir(tmp_path / "run").checkpoints / "step_00000003" / "COMPLETE").is_file()
-
+           "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={out}",
+           *TINY_MODEL, "train.max_steps=100000", "train.save_every=100000", "train.micro_batch_size=4",
+           "train.global_batch_size=8", "train.eval_every=0", "train.log_every=1", "train.use_slurm_deadline=false"]
+    runner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks: list[int] = []
+    try:
+        wait_for_step(out, 3, [runner])
+        (launch,) = [pid for pid in descendants(runner.pid)
+                     if b"deepspeed.launcher.launch" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        ranks = [int(pid) for pid in Path(f"/proc/{launch}/task/{launch}/children").read_text().split()]
+        assert len(ranks) == 2, ranks
+        os.kill(launch, signal.SIGKILL)
+        log, _ = runner.communicate(timeout=120)  # the ranks hold the runner's stdout until they end
+    finally:
+        for pid in ranks:  # orphans the test would otherwise leave training
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        runner.kill()
+    assert not [pid for pid in ranks if running(pid)]
+    assert "on 2 rank(s), accumulation 1" in log
+    marker = json.loads((out / "PREEMPTED").read_text())
+    assert marker["step"] >= 3 and (RunDir(out).checkpoints / marker["checkpoint"] / "COMPLETE").is_file(), log[-3000:]
