@@ -61,11 +61,10 @@ class LoaderConfig:
     # Check local shard files against their recorded hashes when training starts: those not checked as they are
     # now (data_pipeline/shard_record.py; a dataset prepared here is recorded as written, so a launch hashes nothing).
     verify_hashes: bool = True
-    # With `remote` set, a killed run's shared memory blocks the next run that reuses its local cache
-    # ("Reused local directory"): remove, at start, the streaming segments no process holds (a killed run's).
-    # Those of live runs on the same machine stay (core/shared_memory.py), except where a run is out of sight: in a
-    # container with a process namespace of its own but this machine's /dev/shm, set this false. Without `remote`,
-    # leftovers block nothing and are never removed.
+    # Remove, at start, the streaming segments no process holds: a killed run's, which would otherwise stay in
+    # /dev/shm for good and, with `remote` set, block the next run that reuses its local cache ("Reused local
+    # directory"). Those of live runs on the same machine stay (core/shared_memory.py), except where a run is out of
+    # sight: in a container with a process namespace of its own but this machine's /dev/shm, set this false.
     clean_stale_shared_memory: bool = True
 
     def validate(self) -> None:
@@ -267,9 +266,9 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
 
 
 def clean_stale_shared_memory(cfg: LoaderConfig) -> list[str]:
-    """Remove the streaming segments killed runs left on this machine, where they would block this run (see
-    LoaderConfig); the names removed (by the local leader; the other ranks wait for it and get none)."""
-    if not (cfg.remote and cfg.clean_stale_shared_memory):
+    """Remove the streaming segments killed runs left on this machine and no process holds (see LoaderConfig); the
+    names removed (by the local leader; the other ranks wait for it and get none)."""
+    if not cfg.clean_stale_shared_memory:
         return []
     require_streaming()
     from streaming.base.constant import SHM_TO_CLEAN

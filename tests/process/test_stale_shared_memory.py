@@ -1,4 +1,5 @@
-"""A run with remote data removes the streaming segments a killed run left, and only those: a live run's beside it,
+"""A run removes the streaming segments a killed run left, and only those (with local data as with remote: a
+killed run's leftovers would otherwise pile up in /dev/shm for good): a live run's beside it,
 mapped or only held open, keeps its names (streaming's own clean-up unlinked every prefix's, a neighbour's too). The lock
 that serialises the runs' registrations is one per machine, for every user."""
 import fcntl
@@ -40,10 +41,6 @@ while not Path(sys.argv[2]).exists():
     time.sleep(0.05)
 print(json.dumps({"rest": sum(1 for _ in samples)}), flush=True)
 """
-
-
-def _remote(tmp_path: Path) -> LoaderConfig:
-    return LoaderConfig(path=str(tmp_path / "cache"), remote="s3://bucket/data")
 
 
 def test_only_the_segments_no_process_holds_are_removed(tmp_path):
@@ -94,12 +91,16 @@ def test_a_live_runs_segments_survive_another_runs_clean_up_and_it_reads_on(prep
         names = sorted(p.name for p in SHM.glob(f"{prefix:06}_*"))
         assert f"{prefix:06}_locals" in names, names
         (SHM / STALE).write_bytes(b"\0" * 64)  # a killed run's, at a prefix far above this one
-        removed = clean_stale_shared_memory(_remote(tmp_path))
+        removed = clean_stale_shared_memory(LoaderConfig(path=str(prepared)))  # local data
         assert not set(names) & set(removed)
         assert sorted(p.name for p in SHM.glob(f"{prefix:06}_*")) == names
         assert not (SHM / STALE).exists()  # (by this clean-up, or by another test worker's run's)
-        assert clean_stale_shared_memory(LoaderConfig(path=str(tmp_path), remote="s3://bucket/data",
-                                                      clean_stale_shared_memory=False)) == []
+        (SHM / STALE).write_bytes(b"\0" * 64)
+        try:
+            assert clean_stale_shared_memory(LoaderConfig(path=str(tmp_path / "cache"), remote="s3://bucket/data",
+                                                          clean_stale_shared_memory=False)) == []
+        finally:
+            (SHM / STALE).unlink(missing_ok=True)
         go.touch()
         assert _line(out, 2, live)["rest"] > 0
         assert live.wait(timeout=60) == 0, err.read_text()[-2000:]
