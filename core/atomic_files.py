@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import glob
 import os
 import secrets
 import shutil
@@ -115,17 +116,20 @@ def check_overwrite(final_dir: Path, overwrite: bool, kind: Optional[str] = None
                                 f"(no {OUTPUT_MARKER} naming a {kind}): remove it yourself, or write to another folder")
 
 
-def _remove_debris(final_dir: Path) -> None:
-    """Temporary folders that killed writers on this host left beside `final_dir` (their pid is gone)."""
+def remove_debris(folder: Path, prefix: str) -> list[Path]:
+    """Remove what killed writers on this host left in `folder` under `{prefix}{host}-{pid}-...` (their pid is
+    gone); the paths removed."""
     host = socket.gethostname()
-    for tmp in final_dir.parent.glob(f".{final_dir.name}.tmp-{host}-*"):
+    removed = []
+    for tmp in Path(folder).glob(f"{glob.escape(prefix + host)}-*"):
         try:
-            pid = int(tmp.name[len(f".{final_dir.name}.tmp-{host}-"):].split("-")[0])
-            os.kill(pid, 0)
+            os.kill(int(tmp.name[len(f"{prefix}{host}-"):].split("-")[0]), 0)
         except ProcessLookupError:
             shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, PermissionError):
+            removed.append(tmp)
+        except (ValueError, PermissionError):  # not a writer's name, or another user's live process
             continue
+    return removed
 
 
 def prepare_output(final_dir: Path, overwrite: bool, kind: Optional[str] = None, reads: Sequence[Path] = (),
@@ -133,7 +137,7 @@ def prepare_output(final_dir: Path, overwrite: bool, kind: Optional[str] = None,
     """Refuse to clobber an existing output unless asked (check_overwrite); return a fresh temporary folder beside it."""
     check_overwrite(final_dir, overwrite, kind, reads, legacy)  # and a file in the output's place or above it
     final_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_debris(final_dir)
+    remove_debris(final_dir.parent, f".{final_dir.name}.tmp-")
     tmp = final_dir.with_name(f".{final_dir.name}.tmp-{socket.gethostname()}-{os.getpid()}-{int(time.time())}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -28,7 +29,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, Iterator
 
-from core.atomic_files import check_overwrite, mark_output, prepare_output, publish, write_text_atomic
+from core.atomic_files import check_overwrite, mark_output, prepare_output, publish, remove_debris, write_text_atomic
 from core.config_io import config_to_dict
 from core.errors import ConfigError, InputDataError
 from core.input_paths import hub_download_folder
@@ -49,6 +50,7 @@ log = logging.getLogger("data_pipeline")
 PLAN = "plan.json"
 FAILED = "FAILED"
 PROGRESS_EVERY_S = 10.0
+STAGING_PREFIX = "prepare-staging-"  # in the temporary folder, for a dataset bound for a bucket
 
 
 def _source_name(cfg: PrepareConfig, i: int) -> str:
@@ -262,7 +264,11 @@ def _local_output(cfg: PrepareConfig, array: bool = False) -> tuple[Path, Path |
     if array:
         raise ConfigError(f"output_dir={cfg.output_dir} from a job array needs staging_dir: a folder on a "
                           "filesystem every task of the array shares, where the dataset is built before the upload")
-    tmp = Path(tempfile.mkdtemp(prefix="prepare-staging-"))
+    # Named for this host and process: the next prepare on this host removes what a killed one left (a SIGKILL, an
+    # OOM kill; a SIGTERM or Ctrl-C removes its own).
+    staging = Path(tempfile.gettempdir())
+    remove_debris(staging, STAGING_PREFIX)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{socket.gethostname()}-{os.getpid()}-", dir=staging))
     return tmp / "dataset", tmp
 
 

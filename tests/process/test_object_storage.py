@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -117,7 +118,16 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, prepared, t
     monkeypatch.chdir(work)
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # tempfile read TMPDIR once, before this test set it
+    # The staging folder a SIGKILLed prepare on this host left goes at the next start; a live prepare's (this
+    # process stands in for one) stays.
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    killed, live = (tmp / f"prepare-staging-{socket.gethostname()}-{pid}-x1" for pid in (ended.pid, os.getpid()))
+    for staging in (killed, live):
+        (staging / "dataset").mkdir(parents=True)
     assert "already holds" in refused("s3://corpus/direct")
+    assert not killed.exists() and live.is_dir()
+    shutil.rmtree(live)
     s3.put_object(Bucket="corpus", Key="partial/train/part-00000/shard.00000.mds.zstd", Body=b"from a killed prepare")
     assert "no manifest.json: the parts of a prepare that did not finish?" in refused("s3://corpus/partial")
     assert [k.removeprefix("direct/") for k in _keys(s3, "corpus", "direct/")] == keys  # nothing lost
