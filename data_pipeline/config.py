@@ -97,7 +97,10 @@ class PrepareConfig:
     val_fraction: float = 0.01
     # What to do with bytes that are not UTF-8: stop with an error, or replace them with U+FFFD.
     encoding_errors: Literal["strict", "replace"] = "strict"
-    compression: Optional[str] = "zstd"
+    # The shards' compression: zstd, zstd:<1-22> or null (none). auto: zstd for a bucket (a run downloads less),
+    # none for a local folder, where streaming would unpack every zstd shard beside its packed copy on first read
+    # and keep both, growing the dataset folder (and failing on a read-only one).
+    compression: Optional[str] = "auto"
     shard_size_limit: int = 1 << 26
     overwrite: bool = False
     seed: int = 0
@@ -118,8 +121,11 @@ class PrepareConfig:
             raise ConfigError(f"config key 'shard_size_limit' must be in (0, 2**32) bytes, got {self.shard_size_limit}")
         if self.part_bytes < 0:
             raise ConfigError(f"config key 'part_bytes' must be >= 0 (0: automatic), got {self.part_bytes}")
+        from core.object_store import is_remote
         from data_pipeline.mds import check_compression
 
+        if self.compression == "auto":  # resolved here, so the manifest records what was written
+            self.compression = "zstd" if is_remote(self.output_dir) else None
         check_compression(self.compression)
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise ConfigError(f"config key 'short_seq_prob' must be in [0, 1], got {self.short_seq_prob}")

@@ -31,7 +31,7 @@ def check_compression(compression: str | None) -> tuple[str | None, int]:
         return None, 0
     name, _, level = compression.partition(":")
     if name != "zstd" or (level and not (level.isdigit() and 1 <= int(level) <= 22)):
-        raise ConfigError(f"config key 'compression' must be null, 'zstd' or 'zstd:<1-22>', got '{compression}'")
+        raise ConfigError(f"config key 'compression' must be auto, null, 'zstd' or 'zstd:<1-22>', got '{compression}'")
     return compression, int(level or 3)
 
 

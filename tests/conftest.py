@@ -101,14 +101,16 @@ def corpus_file(tmp_path_factory) -> Path:
 
 
 def prepare_corpus(out: Path, corpus_file: Path, *extra: str) -> Path:
-    """The corpus prepared with a 400-token unigram tokenizer into 64-token sequences (extra: e.g. packing=pairs)."""
+    """The corpus prepared with a 400-token unigram tokenizer into 64-token sequences (extra: e.g. packing=pairs), in
+    zstd shards: what a bucket holds, and streaming's unpacking path under every training test (a local folder's
+    default is none)."""
     from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare
 
     return prepare(load_config(PrepareConfig, None, [
         f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
-        "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1", *extra]))
+        "tokenizer.character_coverage=1.0", "seq_len=64", "val_fraction=0.1", "compression=zstd", *extra]))
 
 
 @pytest.fixture(scope="session")

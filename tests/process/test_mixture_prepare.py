@@ -28,8 +28,8 @@ def test_prepare_records_the_mixture(tmp_path):
 
 def test_all_exhausted_repeats_a_small_source_until_the_large_one_is_read(tmp_path):
     """mixture_stopping=all_exhausted: the large source is read once, whole, and the small one again and again (whole
-    passes, then part of one); the shards hold each document as often as the manifest says. Uncompressed shards
-    (compression=null) on the way."""
+    passes, then part of one); the shards hold each document as often as the manifest says. Uncompressed shards on
+    the way: a local dataset's default (compression: auto), recorded as written."""
     from streaming import StreamingDataset
     from transformers import AutoTokenizer
 
@@ -42,7 +42,7 @@ def test_all_exhausted_repeats_a_small_source_until_the_large_one_is_read(tmp_pa
     b.write_text("".join(json.dumps({"text": c}) + "\n" for c in large), encoding="utf-8")
     cfg = load_config(PrepareConfig, None, [
         f"output_dir={tmp_path / 'out'}", "tokenizer.vocab_size=300", "tokenizer.character_coverage=1.0", "seq_len=64",
-        "mixture_stopping=all_exhausted", "compression=null", "num_workers=2",
+        "mixture_stopping=all_exhausted", "num_workers=2",
         f"sources=[{{kind: text, path: '{a}'}}, {{kind: json, path: '{b}'}}]"])
     out = DatasetDir(prepare(cfg))
     manifest = json.loads(out.manifest.read_text())
@@ -50,6 +50,7 @@ def test_all_exhausted_repeats_a_small_source_until_the_large_one_is_read(tmp_pa
     assert docs[1] == len(large) and docs[0] >= 2 * len(small), docs  # equal weights: about 60 draws of the small one
     shards = sorted(p.name for p in out.root.rglob("shard.*"))
     assert shards and all(name.endswith(".mds") for name in shards), shards  # no .zstd
+    assert manifest["config"]["compression"] is None
 
     tok = AutoTokenizer.from_pretrained(str(out.tokenizer), local_files_only=True)
     text = ""

@@ -176,7 +176,8 @@ def test_prepare_writes_the_dataset_into_the_bucket(s3, corpus_file, prepared, t
 def test_a_job_array_uploads_each_task_s_parts_as_it_writes_them(s3, corpus_file, tmp_path, caplog):
     """Two array tasks share a staging folder on their way to a bucket: each uploads its parts' shards as it writes
     them, the last one merges and uploads the indexes, the tokenizer and the manifest. The bucket then holds what one
-    local prepare writes, byte for byte; the staging folder keeps the metadata, no shard."""
+    local prepare writes with the same compression (a bucket's default, zstd), byte for byte; the staging folder keeps
+    the metadata, no shard."""
     from core.config_io import load_config
     from data_pipeline.config import PrepareConfig
     from data_pipeline.prepare import prepare, prepare_task
@@ -186,7 +187,7 @@ def test_a_job_array_uploads_each_task_s_parts_as_it_writes_them(s3, corpus_file
             f"output_dir={out}", "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400",
             "seq_len=64", "val_fraction=0.1", "num_workers=1", "part_bytes=30000", *extra])
 
-    single = prepare(config(str(tmp_path / "single")))
+    single = prepare(config(str(tmp_path / "single"), "compression=zstd"))
     array = config("s3://corpus/array", f"staging_dir={tmp_path / 'staging'}")
     assert prepare_task(array, 0, 2, "78") is None
     first = _keys(s3, "corpus", "array/")

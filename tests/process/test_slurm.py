@@ -372,11 +372,12 @@ def test_chain_prepare_pretrain_export_with_afterok(jobs):
     # What one process writes from the corpus: the array replaced the dataset of the first chapters (PREPARE_ARGS).
     single = _prepare_once(PREPARE_OVERRIDES + [
         f"output_dir={jobs['work'] / 'data_single'}", f"sources=[{{kind: text, path: '{jobs['corpus']}'}}]", "num_workers=1"])
-    # (Training on it has since unpacked raw .mds files beside the zstd shards: not part of what prepare wrote; the
-    # verification records hold each copy's own file times.)
+    # (The verification records hold each copy's own file times. Training read the array's uncompressed shards, a
+    # local dataset's default, where they are: nothing was unpacked beside them.)
     files = {d: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
-                 if p.is_file() and p.name not in (MANIFEST, RECORD) and p.suffix != ".mds"}
+                 if p.is_file() and p.name not in (MANIFEST, RECORD)}
              for d in (single, jobs["work"] / "data")}
+    assert any(name.endswith(".mds") for name in files[single])
     assert files[single] == files[jobs["work"] / "data"]
     assert "| ETA" in _log(jobs, "limited")  # the dependent job trained on what prepare wrote
     export = jobs["info"]["export"]
