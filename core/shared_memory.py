@@ -4,15 +4,19 @@ A segment is held while a process maps it or keeps a descriptor of it open; a li
 creator opens, then maps, and keeps the mapping until it unlinks), a killed run's are not. Removing only the
 segments nobody holds cleans up after a killed run without taking the names of a live one beside it. Only the
 processes /proc shows can be asked: a container with its own process namespace but this machine's /dev/shm is
-invisible here, so its segments would look unheld (see data.clean_stale_shared_memory).
+invisible here, so its segments would look unheld. A lock file in /dev/shm is seen from every namespace that shares
+it, and the kernel releases a lock when its holder dies, however it dies: so a live owner also holds one
+(`hold_while_alive`), and what it owns is taken for a dead run's only where that lock is free (`owner_gone`).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 SHM_DIR = Path("/dev/shm")
 
@@ -119,3 +123,33 @@ def machine_lock(name: str) -> int:
             continue
         os.fchmod(fd, 0o644)  # whatever this user's umask, the next user's processes can open it
         return fd
+
+
+_HELD: dict[str, int] = {}  # the lock files this process holds until it exits, by name
+
+
+def hold_while_alive(name: str) -> None:
+    """Hold a shared lock on the machine-wide lock file `name` until this process and the children it forks end: a
+    sign of life that every process namespace sharing /dev/shm sees."""
+    if name not in _HELD:
+        fd = machine_lock(name)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _HELD[name] = fd
+
+
+@contextlib.contextmanager
+def owner_gone(name: str) -> Iterator[bool]:
+    """True, holding `name` exclusively until the block ends, when no live process holds it; else False."""
+    fd = machine_lock(name)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

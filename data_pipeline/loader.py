@@ -32,7 +32,7 @@ import torch
 from core import distributed as dist
 from core.config_io import check_range
 from core.errors import ConfigError, MissingFileError
-from core.shared_memory import SHM_DIR, machine_lock, remove_unheld_segments
+from core.shared_memory import SHM_DIR, hold_while_alive, machine_lock, owner_gone, remove_unheld_segments
 from core.streaming_import import require_streaming
 from data_pipeline.batches import PackedBatch, PackingCollate
 from data_pipeline.dataset_dir import INDEX
@@ -61,10 +61,11 @@ class LoaderConfig:
     # Check local shard files against their recorded hashes when training starts: those not checked as they are
     # now (data_pipeline/shard_record.py; a dataset prepared here is recorded as written, so a launch hashes nothing).
     verify_hashes: bool = True
-    # Remove, at start, the streaming segments no process holds: a killed run's, which would otherwise stay in
-    # /dev/shm for good and, with `remote` set, block the next run that reuses its local cache ("Reused local
-    # directory"). Those of live runs on the same machine stay (core/shared_memory.py), except where a run is out of
-    # sight: in a container with a process namespace of its own but this machine's /dev/shm, set this false.
+    # Remove, at start, the streaming segments a killed run left: those no process holds, of a prefix whose lock no
+    # live run holds. They would otherwise stay in /dev/shm for good and, with `remote` set, block the next run that
+    # reuses its local cache ("Reused local directory"). Live runs of this tool on the machine keep theirs, in any
+    # container that shares its /dev/shm (core/shared_memory.py); another program's streaming datasets in another
+    # container are out of sight: where one runs, set this false.
     clean_stale_shared_memory: bool = True
 
     def validate(self) -> None:
@@ -279,7 +280,12 @@ def clean_stale_shared_memory(cfg: LoaderConfig) -> list[str]:
     removed: list[str] = []
     with shared_memory_registration():  # no other run's leader is creating its segments meanwhile
         if is_local_leader():
-            removed = remove_unheld_segments(pattern.fullmatch)
+            with contextlib.ExitStack() as stack:
+                # A live run's prefix lock is held (in any process namespace): its segments stay, even one that no
+                # process maps for a moment while streaming hands it from one process to another.
+                prefixes = {path.name[:6] for path in SHM_DIR.glob("*") if pattern.fullmatch(path.name)}
+                dead = {p for p in prefixes if stack.enter_context(owner_gone(_prefix_lock(int(p))))}
+                removed = remove_unheld_segments(lambda name: bool(pattern.fullmatch(name)) and name[:6] in dead)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()  # no rank scans for its prefix before the leader's clean-up is done
     return removed
@@ -303,8 +309,15 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
             num_canonical_nodes=cfg.num_canonical_nodes,
             validate_hash="xxh64" if cfg.remote and cfg.verify_hashes else None,
         )
+        # Inside the registration: no run's clean-up sees these segments before their owner's lock is held.
+        hold_while_alive(_prefix_lock(dataset._shm_prefix_int))
     _SHARED_MEMORY_PREFIXES.add(dataset._shm_prefix_int)
     return dataset
+
+
+def _prefix_lock(prefix: int) -> str:
+    """The lock file a live run holds for its streaming prefix (core.shared_memory.hold_while_alive)."""
+    return f"contrastive_pretrain_streaming_{prefix:06}.lock"
 
 
 # streaming's shared-memory prefixes of the datasets this process opened (release_shared_memory).

@@ -76,6 +76,36 @@ def _line(out: Path, n: int, proc, timeout: float = 120) -> dict:
     raise AssertionError(f"no line {n} from the live run in {timeout} s")
 
 
+HOLD_PREFIX = """
+import sys, time
+from core.shared_memory import hold_while_alive
+hold_while_alive(sys.argv[1])
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_segment_whose_run_holds_its_prefix_lock_stays_though_no_process_here_holds_it(prepared):
+    """A live run in another container that shares this machine's /dev/shm: /proc here shows none of its processes,
+    so its segments look unheld, but the lock it holds on its prefix is seen. Once its holder is gone, they go."""
+    from data_pipeline.loader import _prefix_lock
+
+    prefix = 999994  # far above any prefix a run picks: no run's own
+    segment = f"{prefix}_next_epoch"
+    (SHM / segment).write_bytes(b"\0" * 64)  # written and closed: no process holds it
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_PREFIX, _prefix_lock(prefix)], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        assert segment not in clean_stale_shared_memory(LoaderConfig(path=str(prepared)))
+        assert (SHM / segment).exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    removed = clean_stale_shared_memory(LoaderConfig(path=str(prepared)))
+    assert not (SHM / segment).exists(), removed  # (by this clean-up, or by another test worker's run's)
+
+
 def test_a_live_runs_segments_survive_another_runs_clean_up_and_it_reads_on(prepared, tmp_path):
     go, out, err = tmp_path / "go", tmp_path / "live.out", tmp_path / "live.err"
     script = tmp_path / "live_run.py"
