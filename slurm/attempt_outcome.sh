@@ -1,0 +1,62 @@
+# Sourced by slurm/pretrain.sbatch (never run on its own).
+#
+# attempt_outcome SRUN_RC STATUS_DIR: what one attempt's step came to, from srun's exit code, the rank status files
+# in STATUS_DIR (pretrain/lifecycle/exit_status.py) and srun's own messages (STATUS_DIR/srun.err). srun's code alone
+# cannot tell a preemption whose last tasks srun ended (143) from a crash, nor a rank's bad input from the lost
+# peer its survivors then report (srun returns the highest of the tasks' codes), nor name the task that died.
+# Sets:
+#   rc           0 finished, 75 preempted (requeue), 76 a rank or node lost (requeue, a crash), else the failure's
+#                own code (do not requeue)
+#   first_death  srun's line for the first task that ended on its own (empty if none)
+#   suspects     the hosts to suspect of a lost rank (comma-separated; empty if none)
+#   n_preempted, n_failed, n_lost   the ranks that said so
+EXIT_PREEMPTED=75  # pretrain/lifecycle/exit_status.py: a complete checkpoint is saved, run the same command again
+EXIT_PEER_LOST=76  # another rank died or hung: nothing saved by this attempt, the last complete checkpoint stands
+
+attempt_outcome() {
+    rc=$1
+    local dir=$2 statuses=()
+    mapfile -t statuses < <(find "$dir" -maxdepth 1 -name 'rank*.json' 2>/dev/null | sort)
+    with_status() {  # the status files that say $1
+        local f
+        for f in "${statuses[@]}"; do grep -q "\"status\": \"$1\"" "$f" 2>/dev/null && echo "$f"; done
+    }
+    count_status() { with_status "$1" | wc -l; }
+    # (A rank "terminated" was ended by srun or SLURM after another task died: it is neither a bug nor a loss.)
+    n_preempted=$(count_status preempted)
+    n_failed=$(count_status failed)
+    n_lost=$(count_status peer_lost)
+    # srun: "srun: error: NODE: task N: Killed" (or Aborted, Segmentation fault, Exited with exit code C). The first
+    # task that ended on its own, neither ended by srun (Terminated) nor a survivor (76) or a preempted rank (75).
+    first_death=$(grep -E '^srun: error: [^:]+: tasks? [0-9,-]+: ' "$dir/srun.err" 2>/dev/null \
+        | grep -v -E ': (Terminated|Exited with exit code (75|76))$' | head -n 1)
+    suspects=""
+    if (( n_failed > 0 )); then
+        # A rank stopped on its own error (bad input, a full disk, a divergence, a bug): the attempt failed with its
+        # code, whatever the survivors then reported; requeueing would fail the same way.
+        local failed
+        failed=$(with_status failed | head -n 1)
+        rc=$(sed -n 's/.*"code": \([0-9]*\).*/\1/p' "$failed" | head -n 1)
+        rc=${rc:-1}
+        return
+    fi
+    if [[ "$first_death" =~ Exited\ with\ exit\ code\ ([0-9]+)$ ]]; then
+        # A task that exited with its own code where its status file could not say so (a full STATUS_DIR disk, an
+        # error before the status was first written): a failure of its own, not a lost node.
+        rc=${BASH_REMATCH[1]}
+        return
+    fi
+    suspects=$(sed -n 's/^srun: error: \([^:]*\): .*/\1/p' <<< "$first_death")
+    if [ -z "$suspects" ] && (( n_lost > 0 )); then
+        # No task ended on its own: one hung (its host lost or stuck) and the survivors timed out. The ranks still
+        # "running" are the hung ones.
+        suspects=$(with_status running | xargs -r sed -n 's/.*"host": "\([^"]*\)".*/\1/p' | sort -u | paste -sd, -)
+    fi
+    if (( rc != 0 && rc != EXIT_PREEMPTED && n_preempted > 0 && n_lost == 0 )) && [ -z "$first_death" ]; then
+        rc=$EXIT_PREEMPTED  # srun ended the last ranks of a preemption (143): they had saved
+        return
+    fi
+    if (( rc != 0 && rc != EXIT_PREEMPTED )) && { [ -n "$first_death" ] || (( n_lost > 0 )); }; then
+        rc=$EXIT_PEER_LOST
+    fi
+}

@@ -1,0 +1,68 @@
+"""slurm/attempt_outcome.sh, which slurm/pretrain.sbatch sources: what an attempt came to, from srun's code, the ranks'
+status files (written here by the trainer's own write_status) and srun's messages. A rank's own failure is never
+requeued, even where the survivors' 76 is srun's code or the failing rank's status file could not be written."""
+import subprocess
+
+import pytest
+from conftest import REPO
+
+from pretrain.lifecycle.exit_status import write_status
+
+SCRIPT = f'set -uo pipefail; source "{REPO}/slurm/attempt_outcome.sh"; attempt_outcome "$1" "$2"; ' \
+         'printf "%s|%s|%s|%s|%s" "$rc" "$suspects" "$n_preempted" "$n_failed" "$n_lost"'
+
+
+def _outcome(folder, monkeypatch, srun_rc: int, ranks: dict, srun_err: list[str]) -> tuple[int, str, int, int, int]:
+    """Each rank's last status as the trainer writes it (rank: (host, status, fields)), srun's messages; the outcome."""
+    monkeypatch.setenv("PRETRAIN_STATUS_DIR", str(folder))
+    for rank, (host, status, fields) in ranks.items():
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("SLURMD_NODENAME", host)
+        write_status(status, **fields)
+    (folder / "srun.err").write_text("".join(f"{line}\n" for line in srun_err))
+    proc = subprocess.run(["bash", "-c", SCRIPT, "outcome", str(srun_rc), str(folder)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rc, suspects, preempted, failed, lost = proc.stdout.split("|")
+    return int(rc), suspects, int(preempted), int(failed), int(lost)
+
+
+KILLED = "srun: error: n2: task 1: Killed"
+CASES = {
+    "finished": (0, {0: ("n1", "finished", {"step": 9}), 1: ("n2", "finished", {"step": 9})}, [],
+                 (0, "", 0, 0, 0)),
+    "preempted": (75, {0: ("n1", "preempted", {"step": 5}), 1: ("n2", "preempted", {"step": 5})},
+                  ["srun: error: n1: tasks 0-1: Exited with exit code 75"], (75, "", 2, 0, 0)),
+    # srun ended the last rank of a preemption: the code is srun's, the ranks had saved.
+    "preempted, the last rank ended by srun": (
+        143, {0: ("n1", "preempted", {"step": 5}), 1: ("n2", "terminated", {"step": 5, "error": "SIGTERM"})},
+        ["srun: error: n2: task 1: Terminated"], (75, "", 1, 0, 0)),
+    "a rank killed": (137, {0: ("n1", "peer_lost", {"step": 3}), 1: ("n2", "running", {})},
+                      [KILLED, "srun: error: n1: task 0: Exited with exit code 76"], (76, "n2", 0, 0, 1)),
+    "a rank hung": (76, {0: ("n1", "peer_lost", {"step": 3}), 1: ("n2", "running", {})},
+                    ["srun: error: n1: task 0: Exited with exit code 76"], (76, "n2", 0, 0, 1)),
+    # The full disk of one node: its rank exits 2, the other loses its peer and exits 76, srun's code is the higher.
+    "a rank's bad input, its peer lost": (
+        76, {0: ("n1", "peer_lost", {"step": 3}), 1: ("n2", "failed", {"error": "NoSpaceError", "code": 2})},
+        ["srun: error: n2: task 1: Exited with exit code 2", "srun: error: n1: task 0: Exited with exit code 76"],
+        (2, "", 0, 1, 1)),
+    # The same where STATUS_DIR's disk is the full one: that rank's file still says running.
+    "a rank's bad input without its status": (
+        76, {0: ("n1", "peer_lost", {"step": 3}), 1: ("n2", "running", {})},
+        ["srun: error: n2: task 1: Exited with exit code 2", "srun: error: n1: task 0: Exited with exit code 76"],
+        (2, "", 0, 0, 1)),
+    "diverged": (4, {0: ("n1", "failed", {"error": "DivergedError", "code": 4}),
+                     1: ("n2", "failed", {"error": "DivergedError", "code": 4})},
+                 ["srun: error: n1: tasks 0-1: Exited with exit code 4"], (4, "", 0, 2, 0)),
+    # A bug on one rank while the other saved on a signal: the bug stops the job.
+    "a bug beside a preemption": (
+        75, {0: ("n1", "preempted", {"step": 5}), 1: ("n2", "failed", {"error": "KeyError", "code": 1})},
+        ["srun: error: n2: task 1: Exited with exit code 1", "srun: error: n1: task 0: Exited with exit code 75"],
+        (1, "", 1, 1, 0)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_attempt_outcome(case, tmp_path, monkeypatch):
+    srun_rc, ranks, srun_err, expected = CASES[case]
+    assert _outcome(tmp_path, monkeypatch, srun_rc, ranks, srun_err) == expected
