@@ -490,7 +490,7 @@ def ensure_data(args: argparse.Namespace) -> None:
     if DatasetDir(args.data).is_complete():
         return
     subprocess.run([sys.executable, "-m", "data_pipeline", "prepare", "--config", "data_pipeline/configs/demo.yaml",
-                    f"output_dir={args.data}"], cwd=REPO, check=True, env=thread_env(args))
+                    f"output_dir={args.data}", "compression=zstd"], cwd=REPO, check=True, env=thread_env(args))  # as recorded
 
 
 def fits_one_epoch(data: Path, batch: int, steps: int) -> None:

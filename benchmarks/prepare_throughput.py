@@ -58,7 +58,7 @@ def run_ours(workdir: Path, corpus: Path, tok_dir: Path, workers: int, seq_len: 
     out = workdir / f"ours_w{workers}"
     cfg = load_config(PrepareConfig, None, [
         f"output_dir={out}", f"sources=[{{kind: text, path: '{corpus}'}}]", f"tokenizer.pretrained={tok_dir}",
-        f"seq_len={seq_len}", "val_fraction=0", f"num_workers={workers}"])
+        f"seq_len={seq_len}", "val_fraction=0", f"num_workers={workers}", "compression=zstd"])  # as recorded
     start = time.perf_counter()
     prepare(cfg)
     elapsed = time.perf_counter() - start
@@ -75,7 +75,7 @@ def run_cli(workdir: Path, corpus: Path, tok_dir: Path, workers: int, seq_len: i
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "data_pipeline", "prepare", "--config", str(REPO / "data_pipeline/configs/demo.yaml"),
                     f"output_dir={out}", f"sources=[{{kind: text, path: '{corpus}'}}]", f"tokenizer.pretrained={tok_dir}",
-                    f"seq_len={seq_len}", "val_fraction=0", f"num_workers={workers}"], cwd=REPO, check=True,
+                    f"seq_len={seq_len}", "val_fraction=0", f"num_workers={workers}", "compression=zstd"], cwd=REPO, check=True,
                    stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
     elapsed = time.perf_counter() - start
     manifest = json.loads(DatasetDir(out).manifest.read_text())

@@ -52,7 +52,7 @@ def prepare_data(work: Path) -> Path:
 
     return prepare(load_config(PrepareConfig, None, [
         f"output_dir={work / 'data'}", "sources=[{kind: text, path: data/kjv.txt.gz}]", f"tokenizer.pretrained={minilm_dir()}",
-        f"seq_len={SEQ}", "val_fraction=0"]))
+        f"seq_len={SEQ}", "val_fraction=0", "compression=zstd"]))  # the shards its recorded figures read
 
 
 def run_ours(data: Path, work: Path, args: argparse.Namespace) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import glob
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -117,17 +118,21 @@ def check_overwrite(final_dir: Path, overwrite: bool, kind: Optional[str] = None
 
 
 def remove_debris(folder: Path, prefix: str) -> list[Path]:
-    """Remove what killed writers on this host left in `folder` under `{prefix}{host}-{pid}-...` (their pid is
-    gone); the paths removed."""
-    host = socket.gethostname()
+    """Remove what killed writers on this host left in `folder` as `{prefix}{host}-{pid}-{tail}` (their pid is gone,
+    the tail has no '-': another host's `{host}-12` is not this one); the paths removed."""
+    name = re.compile(re.escape(prefix + socket.gethostname()) + r"-(\d{1,9})-[^-]+")
     removed = []
-    for tmp in Path(folder).glob(f"{glob.escape(prefix + host)}-*"):
+    for tmp in Path(folder).glob(f"{glob.escape(prefix)}*"):
+        match = name.fullmatch(tmp.name)
+        if match is None:
+            continue
         try:
-            os.kill(int(tmp.name[len(f"{prefix}{host}-"):].split("-")[0]), 0)
+            os.kill(int(match.group(1)), 0)
         except ProcessLookupError:
             shutil.rmtree(tmp, ignore_errors=True)
-            removed.append(tmp)
-        except (ValueError, PermissionError):  # not a writer's name, or another user's live process
+            if not tmp.exists():
+                removed.append(tmp)
+        except PermissionError:  # another user's live process
             continue
     return removed
 

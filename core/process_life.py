@@ -24,9 +24,9 @@ def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGKILL) -> No
 
 
 def started_by_launcher(environ: Mapping[str, str]) -> bool:
-    """Whether torchrun, the deepspeed launcher or a launcher like them started this process: they set LOCAL_RANK,
-    and nothing but them outlives a rank they started."""
-    return "LOCAL_RANK" in environ or "TORCHELASTIC_RUN_ID" in environ
+    """Whether torchrun (TORCHELASTIC_RUN_ID) or the deepspeed launcher's per-node process (CROSS_RANK, LOCAL_SIZE)
+    started this process; not a LOCAL_RANK alone, which a shell profile or an image may set for a plain run."""
+    return "TORCHELASTIC_RUN_ID" in environ or ("CROSS_RANK" in environ and "LOCAL_SIZE" in environ)
 
 
 def exit_on_sigterm() -> None:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from core.config_io import check_range
+from core.object_store import is_remote
 from core.errors import ConfigError
 
 
@@ -105,6 +106,10 @@ class PrepareConfig:
     overwrite: bool = False
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.compression == "auto":  # resolved at once: the manifest and every writer see what is written
+            self.compression = "zstd" if is_remote(self.output_dir) else None
+
     def validate(self) -> None:
         """Check values that the type alone cannot."""
         if not self.sources:
@@ -121,11 +126,8 @@ class PrepareConfig:
             raise ConfigError(f"config key 'shard_size_limit' must be in (0, 2**32) bytes, got {self.shard_size_limit}")
         if self.part_bytes < 0:
             raise ConfigError(f"config key 'part_bytes' must be >= 0 (0: automatic), got {self.part_bytes}")
-        from core.object_store import is_remote
         from data_pipeline.mds import check_compression
 
-        if self.compression == "auto":  # resolved here, so the manifest records what was written
-            self.compression = "zstd" if is_remote(self.output_dir) else None
         check_compression(self.compression)
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise ConfigError(f"config key 'short_seq_prob' must be in [0, 1], got {self.short_seq_prob}")

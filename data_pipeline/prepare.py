@@ -400,7 +400,12 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
         log.info("task %d/%d: the dataset is already published -> %s", task, tasks, final_dir)
         return None
     if not _same_config(plan["config"], config_to_dict(cfg)):
-        raise ConfigError(f"this task's config differs from the one task 0 planned '{staging}' with; give every task the same")
+        mine = config_to_dict(cfg)
+        keys = sorted(k for k in set(plan["config"]) | set(mine)
+                      if k != "num_workers" and plan["config"].get(k) != mine.get(k))
+        differ = ", ".join(f"{k}: planned {plan['config'].get(k)!r}, this task {mine.get(k)!r}" for k in keys)
+        raise ConfigError(f"this task's config differs from the one task 0 planned '{staging}' with ({differ}); give "
+                          "every task the same")
     jobs = _load_jobs(plan)
     mine = [j for k, j in enumerate(jobs) if k % tasks == task and not done_marker(staging, j.index).is_file()]
     log.info("task %d/%d: %d of %d parts to write (the others are done or belong to other tasks)", task, tasks, len(mine), len(jobs))

@@ -20,7 +20,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 class SplitWriter:
-    """Writes one split's samples to MDS shards (zstd, sha1 + xxh64 hashes)."""
+    """Writes one split's samples to MDS shards (zstd or uncompressed, sha1 + xxh64 hashes)."""
 
     def __init__(self, out_dir: Path, columns: dict[str, str], dtype: np.dtype, compression: str | None, size_limit: int) -> None:
         from data_pipeline.mds import MDSShardWriter

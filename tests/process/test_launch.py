@@ -1,4 +1,5 @@
 """Launchers: SLURM's srun variables become the process-group variables."""
+import contextlib
 import json
 import os
 import signal
@@ -52,14 +53,16 @@ def test_deepspeed_launcher_starts_the_same_training_and_its_ranks_stop_with_it(
     """`deepspeed --num_gpus 2 --module pretrain ...` (it adds --local_rank=N, which the CLI accepts). A launcher
     SIGKILLed mid-run (the OOM killer, a closed ssh session) forwards nothing: its ranks must not train on as
     orphans, but save and stop as on a preemption."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PRETRAIN_STATUS_DIR": str(tmp_path / "status")}
     out = tmp_path / "run"
     launcher = str(Path(sys.executable).parent / "deepspeed")
     cmd = [launcher, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pretrain", "train",
            "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={out}",
            *TINY_MODEL, "train.max_steps=100000", "train.save_every=100000", "train.micro_batch_size=4",
            "train.global_batch_size=8", "train.eval_every=0", "train.log_every=1", "train.use_slurm_deadline=false"]
-    runner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A session of its own: whatever fails below, the finally ends the runner, launch.py and the ranks together.
+    runner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
     ranks: list[int] = []
     try:
         wait_for_step(out, 3, [runner])
@@ -70,11 +73,15 @@ def test_deepspeed_launcher_starts_the_same_training_and_its_ranks_stop_with_it(
         os.kill(launch, signal.SIGKILL)
         log, _ = runner.communicate(timeout=120)  # the ranks hold the runner's stdout until they end
     finally:
-        for pid in ranks:  # orphans the test would otherwise leave training
-            if running(pid):
-                os.kill(pid, signal.SIGKILL)
-        runner.kill()
-    assert not [pid for pid in ranks if running(pid)]
+        left = [pid for pid in ranks if running(pid)]  # orphans the test would otherwise leave training
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(runner.pid, signal.SIGKILL)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        runner.wait()
+    assert not left, "the ranks outlived their launcher"
     assert "on 2 rank(s), accumulation 1" in log
+    statuses = [json.loads((tmp_path / "status" / f"rank{rank}.json").read_text())["status"] for rank in range(2)]
+    assert statuses == ["preempted", "preempted"], statuses
     marker = json.loads((out / "PREEMPTED").read_text())
     assert marker["step"] >= 3 and (RunDir(out).checkpoints / marker["checkpoint"] / "COMPLETE").is_file(), log[-3000:]

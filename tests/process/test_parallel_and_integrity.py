@@ -8,6 +8,7 @@ import pytest
 from conftest import PROCESS_ENV, TINY_MODEL, launch_ranks, python_process, run_cli
 
 from core.config_io import load_config
+from core.errors import ConfigError
 from data_pipeline.cli import main as data_main
 from data_pipeline.config import PrepareConfig
 from data_pipeline.prepare import prepare
@@ -86,6 +87,9 @@ def test_array_tasks_write_what_one_process_writes(tmp_path, corpus_file, caplog
     assert prepare_task(cfg, 0, 2, "77") is None  # requeued: its parts are done, nothing to write
     assert "task 0/2: 0 of" in caplog.text
     assert not (tmp_path / "array").exists() and staging_dir(cfg, "77").is_dir()
+    # A task given another config is refused, and told which key differs.
+    with pytest.raises(ConfigError, match=r"\(compression: planned None, this task 'zstd'\)"):
+        prepare_task(_array_cfg(tmp_path / "array", corpus_file, "compression=zstd"), 1, 2, "77")
     assert prepare_task(cfg, 1, 2, "77") == tmp_path / "array"
     assert not staging_dir(cfg, "77").exists()
     assert _files(single) == _files(tmp_path / "array")

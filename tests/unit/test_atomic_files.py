@@ -66,3 +66,23 @@ def test_an_output_inside_a_file_is_refused_in_one_line_before_anything_is_made(
         with pytest.raises(OutputExistsError, match=f"the output '{notes}': '{notes}' is a file, not a folder"):
             prepare_output(notes, overwrite=overwrite, kind="export")
     assert notes.read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_debris_of_a_dead_writer_on_this_host_goes_and_nothing_else(tmp_path):
+    """`{prefix}{host}-{pid}-{tail}`: a dead pid's folder goes; a live writer's, another host's whose name starts with
+    this one's (`{host}-12`), and a name of another form stay."""
+    import os
+    import socket
+
+    from core.atomic_files import remove_debris
+
+    host, dead = socket.gethostname(), 999999999  # above any pid_max: no such process
+    gone = tmp_path / f".out.tmp-{host}-{dead}-1796050000"
+    kept = [tmp_path / f".out.tmp-{host}-{os.getpid()}-1796050000",  # this process: alive
+            tmp_path / f".out.tmp-{host}-12-{dead}-1796050000",  # host '{host}-12', not this one
+            tmp_path / f".out.tmp-{host}-{dead}",  # no tail
+            tmp_path / f".other.tmp-{host}-{dead}-1796050000"]  # another prefix
+    for folder in (gone, *kept):
+        (folder / "part").mkdir(parents=True)
+    assert remove_debris(tmp_path, ".out.tmp-") == [gone]
+    assert not gone.exists() and all(folder.is_dir() for folder in kept)
