@@ -86,6 +86,12 @@ class DivergedError(RuntimeError):
     again from the same checkpoint and config)."""
 
 
+class AttemptLostError(RuntimeError):
+    """This attempt cannot go on through no fault of the input or the code (a loader worker that never started): the
+    CLI ends it as one that lost a peer, one line and exit 76, and a batch script requeues it a bounded number of
+    times, to resume from the last complete checkpoint."""
+
+
 def one_line(exc: BaseException) -> str:
     """The message of a user error in one line, also when a DataLoader worker re-raised it with its traceback."""
     text = str(exc).strip()

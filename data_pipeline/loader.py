@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import math
 import os
 import random
 import re
@@ -31,12 +32,12 @@ import torch
 
 from core import distributed as dist
 from core.config_io import check_range
-from core.errors import ConfigError, MissingFileError
+from core.errors import AttemptLostError, ConfigError, MissingFileError
 from core.shared_memory import SHM_DIR, hold_while_alive, machine_lock, owner_gone, remove_unheld_segments
 from core.streaming_import import require_streaming
 from data_pipeline.batches import PackedBatch, PackingCollate
 from data_pipeline.dataset_dir import INDEX
-from data_pipeline.loader_worker import start_worker
+from data_pipeline.loader_worker import StartWatch, start_worker
 from data_pipeline.worker_pool import available_cpus
 
 if TYPE_CHECKING:  # streaming is imported when a loader is built (require_streaming)
@@ -67,11 +68,17 @@ class LoaderConfig:
     # container that shares its /dev/shm (core/shared_memory.py); another program's streaming datasets in another
     # container are out of sight: where one runs, set this false.
     clean_stale_shared_memory: bool = True
+    # A loader worker that has not started this long after its fork is killed and the attempt ends with exit 76
+    # (data_pipeline/loader_worker.py, StartWatch): a fork can deadlock before the worker runs.
+    worker_start_timeout_s: float = 60.0
 
     def validate(self) -> None:
         """Refuse a worker count, a shuffle or a canonical node count no loader can have, before anything starts."""
         if self.num_workers != "auto" and self.num_workers < 0:
             raise ConfigError(f"config key 'data.num_workers' must be auto or >= 0, got {self.num_workers}")
+        if not (self.worker_start_timeout_s > 0 and math.isfinite(self.worker_start_timeout_s)):
+            raise ConfigError(f"config key 'data.worker_start_timeout_s' must be a finite number > 0, got "
+                              f"{self.worker_start_timeout_s}")
         # 0 would let streaming take the physical node count: the order would then depend on the cluster.
         check_range("data", self, ("num_canonical_nodes",), at_least=1)
         check_range("data", self, ("shuffle_seed",), at_least=0)
@@ -89,14 +96,31 @@ def _unpacking_loader_class():
     StreamingDataLoader = require_streaming().StreamingDataLoader
 
     class UnpackingStreamingDataLoader(StreamingDataLoader):
-        """A StreamingDataLoader that yields the dicts its workers packed (PackingCollate)."""
+        """A StreamingDataLoader that yields the dicts its workers packed (PackingCollate), and whose workers are
+        watched as they start (`start_watch`, set by build_loader when it has workers)."""
+
+        start_watch: Optional[StartWatch] = None
 
         def _get_batch_size(self, batch: Any) -> int:
             return batch.rows if isinstance(batch, PackedBatch) else super()._get_batch_size(batch)
 
+        def _get_iterator(self):
+            iterator = super()._get_iterator()  # forks the workers
+            if self.start_watch is not None and getattr(iterator, "_workers", None):
+                self.start_watch.watch(w.pid for w in iterator._workers)
+            return iterator
+
         def __iter__(self):
-            for batch in super().__iter__():
-                yield batch.unpack() if isinstance(batch, PackedBatch) else batch
+            try:
+                for batch in super().__iter__():
+                    yield batch.unpack() if isinstance(batch, PackedBatch) else batch
+            except RuntimeError as exc:  # torch's "worker exited unexpectedly", after the watch killed it
+                if self.start_watch is None or not self.start_watch.stuck:
+                    raise
+                raise AttemptLostError(
+                    f"loader worker(s) {', '.join(map(str, self.start_watch.stuck))} of this rank did not start within "
+                    f"{self.start_watch.timeout_s:g} s (data.worker_start_timeout_s): the forked process deadlocked "
+                    "before running (CPython gh-112275, fixed in Python 3.12), and was killed") from exc
 
     return UnpackingStreamingDataLoader
 
@@ -377,7 +401,8 @@ def build_loader(cfg: LoaderConfig, split: str, batch_size: int, collate_fn: Cal
     """
     dataset = build_dataset(cfg, split, batch_size, shuffle)
     workers = loader_workers(cfg.num_workers, torch.cuda.is_available(), cpus_per_rank())
-    return _unpacking_loader_class()(
+    watch = StartWatch(cfg.worker_start_timeout_s) if workers > 0 else None
+    loader = _unpacking_loader_class()(
         dataset,
         batch_size=batch_size,
         collate_fn=PackingCollate(collate_fn) if workers > 0 else collate_fn,
@@ -389,8 +414,10 @@ def build_loader(cfg: LoaderConfig, split: str, batch_size: int, collate_fn: Cal
         # Without its own generator, each new iterator draws a seed from the global torch RNG and
         # shifts every dropout mask after it; a resumed run creates its iterator at another point.
         generator=torch.Generator().manual_seed(cfg.shuffle_seed),
-        worker_init_fn=functools.partial(start_worker, os.getpid()),
+        worker_init_fn=functools.partial(start_worker, os.getpid(), watch.started_fd) if watch else None,
     )
+    loader.start_watch = watch
+    return loader
 
 
 def is_local_leader() -> bool:

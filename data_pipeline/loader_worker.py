@@ -8,18 +8,63 @@ was full blocked in its feeder thread forever, holding its memory and the rank's
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
+import struct
 import threading
+import time
+from typing import Iterable
 
 from core.process_life import die_with_parent
 
+_PID = struct.Struct("<i")
 
-def start_worker(parent_pid: int, worker_id: int) -> None:
-    """A DataLoader `worker_init_fn` (bound to its rank's pid with functools.partial)."""
+
+def start_worker(parent_pid: int, started_fd: int, worker_id: int) -> None:
+    """A DataLoader `worker_init_fn` (bound to its rank's pid and its StartWatch's descriptor with functools.partial)."""
     die_with_parent(parent_pid)
     close_network_sockets()
     leave_stopping_to_the_rank(parent_pid)
+    os.write(started_fd, _PID.pack(os.getpid()))  # one write of 4 bytes to a pipe: whole, whatever the others do
+
+
+class StartWatch:
+    """Whether each loader worker a rank forks starts; one that does not is killed, and named by `stuck`.
+
+    A forked child can deadlock before any of its code runs, in the interpreter's own after-fork step, when a thread
+    of the rank held the interpreter's thread-state lock at the fork (CPython gh-112275, fixed in Python 3.12; seen
+    here on 3.11.7 in a SLURM test). The rank then waits for its first batch until the job's time limit. A worker
+    that has not said it started within `timeout_s` is killed instead, so that the loader's wait ends with an error
+    the loader turns into an AttemptLostError (exit 76: requeue, resume from the last checkpoint)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.read_fd, self.started_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        self.stuck: list[int] = []
+        self._started: set[int] = set()
+        self._lock = threading.Lock()
+
+    def watch(self, pids: Iterable[int]) -> None:
+        """Expect these workers, just forked, to start; wait in a thread of its own."""
+        threading.Thread(target=self._wait, args=(set(pids),), name="loader-worker-starts", daemon=True).start()
+
+    def _wait(self, pids: set[int]) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        with self._lock:  # one iterator's workers after another's: never two readers of the pipe
+            while pids - self._started and (left := deadline - time.monotonic()) > 0:
+                if select.select([self.read_fd], [], [], left)[0]:
+                    data = os.read(self.read_fd, 4096)
+                    self._started.update(pid for (pid,) in _PID.iter_unpack(data[:len(data) // 4 * 4]))
+            stuck = sorted(pids - self._started)
+            self._started -= pids
+        for pid in stuck:
+            self.stuck.append(pid)  # before the kill: the loader's error must find it named
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def leave_stopping_to_the_rank(parent_pid: int) -> None:

@@ -40,11 +40,11 @@ def _train(args: argparse.Namespace) -> int:
         try:
             status = trainer.fit()
         except Exception as exc:
-            if not dist.is_peer_failure(exc) and signals.first_received() != "SIGTERM":
+            if not _attempt_lost(exc) and signals.first_received() != "SIGTERM":
                 trainer.mark_failed(exc)  # then the error goes on: one line if it is the user's, a traceback if a bug
             raise
     except Exception as exc:
-        if dist.is_peer_failure(exc):
+        if _attempt_lost(exc):
             _peer_lost(exc, trainer)
         if signals.first_received() == "SIGTERM":
             # srun ends the other tasks when one dies (--kill-on-bad-exit), or SLURM a failed node's job, or torchrun
@@ -66,24 +66,39 @@ def _train(args: argparse.Namespace) -> int:
     return EXIT_PREEMPTED if status == "preempted" else EXIT_FINISHED
 
 
+def _attempt_lost(exc: BaseException) -> bool:
+    """Whether `exc` ends this attempt through no fault of the input or the code: a lost peer, a worker that never
+    started."""
+    from core import distributed as dist
+    from core.errors import AttemptLostError
+
+    return isinstance(exc, AttemptLostError) or dist.is_peer_failure(exc)
+
+
 def _peer_lost(exc: BaseException, trainer) -> None:
-    """Another rank died or hung: one line, no checkpoint (its shards are gone), exit 76 without teardown."""
+    """Another rank died or hung, or this attempt was lost otherwise (AttemptLostError): one line, no checkpoint (a
+    lost rank's shards are gone), exit 76 without teardown."""
     import os
 
     import torch
 
     from core import distributed as dist
+    from core.errors import AttemptLostError
     from pretrain.lifecycle.exit_status import EXIT_PEER_LOST, write_status
 
     step = trainer.step if trainer is not None else -1
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "?"
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    if torch.distributed.is_initialized():
-        who = dist.lost_peers(str(exc)) or "a peer (its own log says which)"
-    else:  # the rendezvous: a rank that never started, or started elsewhere
-        who = "a rank that did not join within train.init_timeout_s (its own log, or its node, says why)"
-    line = (f"peer lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}, backend {backend}: lost {who}: "
-            f"{first[:300]} (exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
+    if isinstance(exc, AttemptLostError):
+        line = (f"attempt lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}: {first[:400]} "
+                f"(exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
+    else:
+        if torch.distributed.is_initialized():
+            who = dist.lost_peers(str(exc)) or "a peer (its own log says which)"
+        else:  # the rendezvous: a rank that never started, or started elsewhere
+            who = "a rank that did not join within train.init_timeout_s (its own log, or its node, says why)"
+        line = (f"peer lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}, backend {backend}: "
+                f"lost {who}: {first[:300]} (exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
     print(line, file=sys.stderr, flush=True)
     try:  # the records go on the run's disks, which may be what failed: the exit below must happen whatever they do
         if trainer is not None and dist.rank() == 0:
