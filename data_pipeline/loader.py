@@ -32,7 +32,7 @@ import torch
 
 from core import distributed as dist
 from core.config_io import check_range
-from core.errors import AttemptLostError, ConfigError, MissingFileError
+from core.errors import ConfigError, MissingFileError
 from core.shared_memory import SHM_DIR, hold_while_alive, machine_lock, owner_gone, remove_unheld_segments
 from core.streaming_import import require_streaming
 from data_pipeline.batches import PackedBatch, PackingCollate
@@ -111,16 +111,8 @@ def _unpacking_loader_class():
             return iterator
 
         def __iter__(self):
-            try:
-                for batch in super().__iter__():
-                    yield batch.unpack() if isinstance(batch, PackedBatch) else batch
-            except RuntimeError as exc:  # torch's "worker exited unexpectedly", after the watch killed it
-                if self.start_watch is None or not self.start_watch.stuck:
-                    raise
-                raise AttemptLostError(
-                    f"loader worker(s) {', '.join(map(str, self.start_watch.stuck))} of this rank did not start within "
-                    f"{self.start_watch.timeout_s:g} s (data.worker_start_timeout_s): the forked process deadlocked "
-                    "before running (CPython gh-112275, fixed in Python 3.12), and was killed") from exc
+            for batch in super().__iter__():
+                yield batch.unpack() if isinstance(batch, PackedBatch) else batch
 
     return UnpackingStreamingDataLoader
 

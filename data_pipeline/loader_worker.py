@@ -8,17 +8,24 @@ was full blocked in its feeder thread forever, holding its memory and the rank's
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import socket
 import struct
 import threading
 import time
-from typing import Iterable
+from typing import Iterable, Optional
 
+from core.errors import AttemptLostError
 from core.process_life import die_with_parent
 
 _PID = struct.Struct("<i")
+# The workers a StartWatch killed, with the timeout they missed: torch then reports them dead, as "DataLoader worker
+# (pid N) is killed by signal" from its SIGCHLD handler, wherever the rank's main thread is, or as "DataLoader worker
+# (pid(s) N) exited unexpectedly" from its wait for a batch.
+_NEVER_STARTED: dict[int, float] = {}
+_TORCH_WORKER_PIDS = re.compile(r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\)")
 
 
 def start_worker(parent_pid: int, started_fd: int, worker_id: int) -> None:
@@ -30,41 +37,82 @@ def start_worker(parent_pid: int, started_fd: int, worker_id: int) -> None:
 
 
 class StartWatch:
-    """Whether each loader worker a rank forks starts; one that does not is killed, and named by `stuck`.
+    """Whether each loader worker a rank forks starts; one that does not is killed (and recorded for `start_failure`).
 
     A forked child can deadlock before any of its code runs, in the interpreter's own after-fork step, when a thread
-    of the rank held the interpreter's thread-state lock at the fork (CPython gh-112275, fixed in Python 3.12; seen
+    of the rank held the interpreter's thread-state lock at the fork (CPython gh-112275, fixed in 3.11.10 and 3.12; seen
     here on 3.11.7 in a SLURM test). The rank then waits for its first batch until the job's time limit. A worker
-    that has not said it started within `timeout_s` is killed instead, so that the loader's wait ends with an error
-    the loader turns into an AttemptLostError (exit 76: requeue, resume from the last checkpoint)."""
+    that has not said it started within `timeout_s` is killed instead, and torch's report of its death, wherever it
+    surfaces, is an attempt lost (`start_failure`: exit 76, requeue, resume from the last checkpoint)."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.read_fd, self.started_fd = os.pipe()
         os.set_blocking(self.read_fd, False)
-        self.stuck: list[int] = []
         self._started: set[int] = set()
         self._lock = threading.Lock()
 
     def watch(self, pids: Iterable[int]) -> None:
-        """Expect these workers, just forked, to start; wait in a thread of its own."""
-        threading.Thread(target=self._wait, args=(set(pids),), name="loader-worker-starts", daemon=True).start()
+        """Expect these workers, just forked (children not yet reaped: their pids are theirs), to start; wait in a
+        thread of its own."""
+        handles = {pid: _pidfd(pid) for pid in pids}  # now, not at the deadline: a pid may be reused by then
+        threading.Thread(target=self._wait, args=(handles,), name="loader-worker-starts", daemon=True).start()
 
-    def _wait(self, pids: set[int]) -> None:
+    def _wait(self, handles: dict[int, Optional[int]]) -> None:
+        pids = set(handles)
         deadline = time.monotonic() + self.timeout_s
-        with self._lock:  # one iterator's workers after another's: never two readers of the pipe
-            while pids - self._started and (left := deadline - time.monotonic()) > 0:
-                if select.select([self.read_fd], [], [], left)[0]:
-                    data = os.read(self.read_fd, 4096)
-                    self._started.update(pid for (pid,) in _PID.iter_unpack(data[:len(data) // 4 * 4]))
-            stuck = sorted(pids - self._started)
-            self._started -= pids
-        for pid in stuck:
-            self.stuck.append(pid)  # before the kill: the loader's error must find it named
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:
+            with self._lock:  # one iterator's workers after another's: never two readers of the pipe
+                while pids - self._started and (left := deadline - time.monotonic()) > 0:
+                    if select.select([self.read_fd], [], [], left)[0]:
+                        data = os.read(self.read_fd, 4096)
+                        self._started.update(pid for (pid,) in _PID.iter_unpack(data[:len(data) // 4 * 4]))
+                stuck = sorted(pids - self._started)
+                self._started -= pids
+            for pid in stuck:
+                _NEVER_STARTED[pid] = self.timeout_s  # before the kill: torch's report of it must find it named
+                _kill(pid, handles[pid])
+        finally:
+            for handle in handles.values():
+                if handle is not None:
+                    os.close(handle)
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    """A descriptor that names this process whatever later reuses its pid (None where the system has none)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (Python or kernel), or already reaped
+        return None
+
+
+def _kill(pid: int, handle: Optional[int]) -> None:
+    try:
+        if handle is not None:
+            signal.pidfd_send_signal(handle, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended meanwhile
+        pass
+
+
+def start_failure(exc: Optional[BaseException]) -> Optional[AttemptLostError]:
+    """The attempt lost that `exc` reports, from anywhere in its chain: an AttemptLostError, or torch's report of the
+    death of a worker a StartWatch killed; None for anything else."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, AttemptLostError):
+            return exc
+        named = _TORCH_WORKER_PIDS.search(str(exc)) if isinstance(exc, RuntimeError) else None
+        killed = [int(p) for p in re.findall(r"\d+", named.group(1)) if int(p) in _NEVER_STARTED] if named else []
+        if killed:
+            return AttemptLostError(
+                f"loader worker(s) {', '.join(map(str, killed))} of this rank did not start within "
+                f"{_NEVER_STARTED[killed[0]]:g} s (data.worker_start_timeout_s): the forked process deadlocked before "
+                "running (CPython gh-112275, fixed in Python 3.11.10 and 3.12), and was killed")
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def leave_stopping_to_the_rank(parent_pid: int) -> None:

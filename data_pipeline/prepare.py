@@ -375,6 +375,12 @@ def _same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return {k: v for k, v in a.items() if k != "num_workers"} == {k: v for k, v in b.items() if k != "num_workers"}
 
 
+def _differences(planned: dict[str, Any], mine: dict[str, Any]) -> str:
+    """The keys `_same_config` compares that differ, each with both values."""
+    keys = sorted(k for k in set(planned) | set(mine) if k != "num_workers" and planned.get(k) != mine.get(k))
+    return ", ".join(f"{k}: planned {planned.get(k)!r}, this task {mine.get(k)!r}" for k in keys)
+
+
 def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, command: str | None = None,
                  plan_timeout_s: float = 24 * 3600.0) -> Path | str | None:
     """One task of a job array: task 0 plans; every task writes parts task, task + tasks, ...; the last one to end
@@ -400,12 +406,8 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
         log.info("task %d/%d: the dataset is already published -> %s", task, tasks, final_dir)
         return None
     if not _same_config(plan["config"], config_to_dict(cfg)):
-        mine = config_to_dict(cfg)
-        keys = sorted(k for k in set(plan["config"]) | set(mine)
-                      if k != "num_workers" and plan["config"].get(k) != mine.get(k))
-        differ = ", ".join(f"{k}: planned {plan['config'].get(k)!r}, this task {mine.get(k)!r}" for k in keys)
-        raise ConfigError(f"this task's config differs from the one task 0 planned '{staging}' with ({differ}); give "
-                          "every task the same")
+        raise ConfigError(f"this task's config differs from the one task 0 planned '{staging}' with "
+                          f"({_differences(plan['config'], config_to_dict(cfg))}); give every task the same")
     jobs = _load_jobs(plan)
     mine = [j for k, j in enumerate(jobs) if k % tasks == task and not done_marker(staging, j.index).is_file()]
     log.info("task %d/%d: %d of %d parts to write (the others are done or belong to other tasks)", task, tasks, len(mine), len(jobs))

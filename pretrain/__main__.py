@@ -1,7 +1,6 @@
 """`python -m pretrain ...`."""
 import atexit
 import os
-import signal
 import sys
 import threading
 
@@ -37,6 +36,8 @@ if __name__ == "__main__":
         from pretrain.lifecycle import signals
 
         signals.catch(end_on_sigterm_until_training=True)  # before the slow imports below: a signal may come at any time
+        import signal
+
         from core.process_life import die_with_parent, started_by_launcher
 
         if started_by_launcher(os.environ):

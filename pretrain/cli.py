@@ -70,9 +70,9 @@ def _attempt_lost(exc: BaseException) -> bool:
     """Whether `exc` ends this attempt through no fault of the input or the code: a lost peer, a worker that never
     started."""
     from core import distributed as dist
-    from core.errors import AttemptLostError
+    from data_pipeline.loader_worker import start_failure
 
-    return isinstance(exc, AttemptLostError) or dist.is_peer_failure(exc)
+    return start_failure(exc) is not None or dist.is_peer_failure(exc)
 
 
 def _peer_lost(exc: BaseException, trainer) -> None:
@@ -83,13 +83,14 @@ def _peer_lost(exc: BaseException, trainer) -> None:
     import torch
 
     from core import distributed as dist
-    from core.errors import AttemptLostError
+    from data_pipeline.loader_worker import start_failure
     from pretrain.lifecycle.exit_status import EXIT_PEER_LOST, write_status
 
     step = trainer.step if trainer is not None else -1
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "?"
-    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    if isinstance(exc, AttemptLostError):
+    lost = start_failure(exc)
+    first = next((line.strip() for line in str(lost or exc).splitlines() if line.strip()), type(exc).__name__)
+    if lost is not None:
         line = (f"attempt lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}: {first[:400]} "
                 f"(exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
     else:
@@ -103,7 +104,8 @@ def _peer_lost(exc: BaseException, trainer) -> None:
     try:  # the records go on the run's disks, which may be what failed: the exit below must happen whatever they do
         if trainer is not None and dist.rank() == 0:
             trainer.log.info(line)
-        write_status("peer_lost", step=step, error=first[:500])
+        # attempt_lost: no host to suspect (slurm/attempt_outcome.sh)
+        write_status("attempt_lost" if lost is not None else "peer_lost", step=step, error=first[:500])
     except OSError as record_error:
         print(f"warning: the lost peer could not be recorded ({record_error})", file=sys.stderr, flush=True)
     from data_pipeline.loader import release_shared_memory

@@ -40,6 +40,12 @@ attempt_outcome() {
         rc=${rc:-1}
         return
     fi
+    if (( $(count_status attempt_lost) > 0 )); then
+        # A rank's loader worker never started (data_pipeline/loader_worker.py): no host to suspect, and what srun
+        # then did to the other ranks (a SIGKILL after its grace period) names none either.
+        rc=$EXIT_PEER_LOST
+        return
+    fi
     if [[ "$first_death" =~ Exited\ with\ exit\ code\ ([0-9]+)$ ]]; then
         # A task that exited with its own code where its status file could not say so (a full STATUS_DIR disk, an
         # error before the status was first written): a failure of its own, not a lost node.

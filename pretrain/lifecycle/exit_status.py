@@ -58,7 +58,8 @@ def status_file() -> Path | None:
 
 
 def write_status(status: str, **fields: Any) -> None:
-    """Record this rank's state (running, finished, stopped, preempted, peer_lost, terminated, failed) with its host."""
+    """Record this rank's state (running, finished, stopped, preempted, peer_lost, attempt_lost, terminated, failed)
+    with its host."""
     path = status_file()
     if path is None:
         return

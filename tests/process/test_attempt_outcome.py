@@ -54,6 +54,10 @@ CASES = {
     "diverged": (4, {0: ("n1", "failed", {"error": "DivergedError", "code": 4}),
                      1: ("n2", "failed", {"error": "DivergedError", "code": 4})},
                  ["srun: error: n1: tasks 0-1: Exited with exit code 4"], (4, "", 0, 2, 0)),
+    # A rank's loader worker never started: requeued, and the rank srun killed after it is no suspect.
+    "an attempt lost": (137, {0: ("n1", "attempt_lost", {"step": 0}), 1: ("n2", "running", {})},
+                        ["srun: error: n2: task 1: Killed", "srun: error: n1: task 0: Exited with exit code 76"],
+                        (76, "", 0, 0, 0)),
     # A bug on one rank while the other saved on a signal: the bug stops the job.
     "a bug beside a preemption": (
         75, {0: ("n1", "preempted", {"step": 5}), 1: ("n2", "failed", {"error": "KeyError", "code": 1})},

@@ -1,11 +1,10 @@
 """A loader worker whose fork deadlocks before it runs (CPython gh-112275 on Python < 3.12) ends the attempt with one
 line and exit 76 after data.worker_start_timeout_s, instead of holding the rank at its first batch until the job's
 time limit."""
-import json
-
 from conftest import TINY_MODEL, run_python
 
 from pretrain.lifecycle.exit_status import EXIT_PEER_LOST
+from pretrain.run_dir import RunDir
 
 # The training command, in a process whose first forked child (the first loader worker) blocks where the deadlocked
 # one does: after the fork, before any of the worker's own code.
@@ -32,4 +31,4 @@ def test_a_loader_worker_that_never_starts_ends_the_attempt_with_exit_76(prepare
     assert len(lines) == 1, proc.stderr[-3000:]
     assert "rank 0 of 1, step 0: loader worker(s) " in lines[0] and "did not start within 3 s" in lines[0]
     assert "gh-112275" in lines[0] and "exit 76" in lines[0]
-    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").glob("step_*"))
+    assert not list(RunDir(out).checkpoints.glob("step_*"))  # nothing saved: the resume is from the last checkpoint
