@@ -1,8 +1,8 @@
 """Outputs are never half-written: files and folders are written under a temporary name, then renamed."""
 from __future__ import annotations
 
-import json
 import glob
+import json
 import os
 import re
 import secrets

@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from core.config_io import check_range
-from core.object_store import is_remote
 from core.errors import ConfigError
+from core.object_store import is_remote
 
 
 @dataclass
@@ -100,7 +100,7 @@ class PrepareConfig:
     encoding_errors: Literal["strict", "replace"] = "strict"
     # The shards' compression: zstd, zstd:<1-22> or null (none). auto: zstd for a bucket (a run downloads less),
     # none for a local folder, where streaming would unpack every zstd shard beside its packed copy on first read
-    # and keep both, growing the dataset folder (and failing on a read-only one).
+    # and keep both, growing the dataset folder (which would have to be writable).
     compression: Optional[str] = "auto"
     shard_size_limit: int = 1 << 26
     overwrite: bool = False

@@ -29,7 +29,7 @@ _TORCH_WORKER_PIDS = re.compile(r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\)"
 
 
 def start_worker(parent_pid: int, started_fd: int, worker_id: int) -> None:
-    """A DataLoader `worker_init_fn` (bound to its rank's pid and its StartWatch's descriptor with functools.partial)."""
+    """A DataLoader `worker_init_fn` (bound to its rank's pid and its StartWatch's descriptor by functools.partial)."""
     die_with_parent(parent_pid)
     close_network_sockets()
     leave_stopping_to_the_rank(parent_pid)

@@ -41,9 +41,9 @@ if __name__ == "__main__":
         from core.process_life import die_with_parent, started_by_launcher
 
         if started_by_launcher(os.environ):
-            # A SIGKILLed torchrun or deepspeed launcher (the OOM killer, a closed ssh session) forwards nothing: its
-            # ranks would train on as orphans to max_steps, holding their ports, memory and the run folder a
-            # relaunch resumes in. Its death is a SIGTERM instead: they save, write PREEMPTED and exit 75.
+            # A torchrun or deepspeed launch.py that is itself killed (kill -9, a crash) forwards nothing: its ranks
+            # would train on as orphans to max_steps, holding their ports, memory and the run folder a relaunch
+            # resumes in. Its death is a SIGTERM instead: they save, write PREEMPTED and exit 75.
             die_with_parent(launcher, signal.SIGTERM)
     else:
         from core.process_life import exit_on_sigterm

@@ -91,15 +91,16 @@ def _peer_lost(exc: BaseException, trainer) -> None:
     lost = start_failure(exc)
     first = next((line.strip() for line in str(lost or exc).splitlines() if line.strip()), type(exc).__name__)
     if lost is not None:
-        line = (f"attempt lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}: {first[:400]} "
-                f"(exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
+        line = (f"attempt lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}: "
+                f"{first[:400]} (exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
     else:
         if torch.distributed.is_initialized():
             who = dist.lost_peers(str(exc)) or "a peer (its own log says which)"
         else:  # the rendezvous: a rank that never started, or started elsewhere
             who = "a rank that did not join within train.init_timeout_s (its own log, or its node, says why)"
-        line = (f"peer lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}, backend {backend}: "
-                f"lost {who}: {first[:300]} (exit {EXIT_PEER_LOST}; resume from the last complete checkpoint)")
+        line = (f"peer lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}, "
+                f"backend {backend}: lost {who}: {first[:300]} (exit {EXIT_PEER_LOST}; resume from the last complete "
+                "checkpoint)")
     print(line, file=sys.stderr, flush=True)
     try:  # the records go on the run's disks, which may be what failed: the exit below must happen whatever they do
         if trainer is not None and dist.rank() == 0:
