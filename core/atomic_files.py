@@ -117,9 +117,15 @@ def check_overwrite(final_dir: Path, overwrite: bool, kind: Optional[str] = None
                                 f"(no {OUTPUT_MARKER} naming a {kind}): remove it yourself, or write to another folder")
 
 
+def writer_prefix(prefix: str) -> str:
+    """The start of a temporary name that `remove_debris` traces to this host and process: `{prefix}{host}-{pid}-`,
+    to be followed by a tail without '-'."""
+    return f"{prefix}{socket.gethostname()}-{os.getpid()}-"
+
+
 def remove_debris(folder: Path, prefix: str) -> list[Path]:
-    """Remove what killed writers on this host left in `folder` as `{prefix}{host}-{pid}-{tail}` (their pid is gone,
-    the tail has no '-': another host's `{host}-12` is not this one); the paths removed."""
+    """Remove what killed writers on this host left in `folder` under `writer_prefix(prefix)` names (their pid is
+    gone; the tail has no '-', so another host's `{host}-12` is not this one); the paths removed."""
     name = re.compile(re.escape(prefix + socket.gethostname()) + r"-(\d{1,9})-[^-]+")
     removed = []
     for tmp in Path(folder).glob(f"{glob.escape(prefix)}*"):
@@ -143,7 +149,7 @@ def prepare_output(final_dir: Path, overwrite: bool, kind: Optional[str] = None,
     check_overwrite(final_dir, overwrite, kind, reads, legacy)  # and a file in the output's place or above it
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_debris(final_dir.parent, f".{final_dir.name}.tmp-")
-    tmp = final_dir.with_name(f".{final_dir.name}.tmp-{socket.gethostname()}-{os.getpid()}-{int(time.time())}")
+    tmp = final_dir.with_name(f"{writer_prefix(f'.{final_dir.name}.tmp-')}{int(time.time())}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     return tmp

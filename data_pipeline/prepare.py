@@ -20,7 +20,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -29,7 +28,8 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, Iterator
 
-from core.atomic_files import check_overwrite, mark_output, prepare_output, publish, remove_debris, write_text_atomic
+from core.atomic_files import (check_overwrite, mark_output, prepare_output, publish, remove_debris, write_text_atomic,
+                                writer_prefix)
 from core.config_io import config_to_dict
 from core.errors import ConfigError, InputDataError
 from core.input_paths import hub_download_folder
@@ -268,7 +268,7 @@ def _local_output(cfg: PrepareConfig, array: bool = False) -> tuple[Path, Path |
     # OOM kill; a SIGTERM or Ctrl-C removes its own).
     staging = Path(tempfile.gettempdir())
     remove_debris(staging, STAGING_PREFIX)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{socket.gethostname()}-{os.getpid()}-", dir=staging))
+    tmp = Path(tempfile.mkdtemp(prefix=writer_prefix(STAGING_PREFIX), dir=staging))  # mkdtemp's tail has no '-'
     return tmp / "dataset", tmp
 
 
