@@ -1,5 +1,6 @@
-"""How a process ends with the one that started it, and how a command ends on SIGTERM: so that neither a killed
-parent's workers nor a stopped command's temporary files outlive them."""
+"""How a process ends with the one that started it, how a command ends on SIGTERM or a hang-up, and what it does
+with a terminal that hung up: so that neither a killed parent's workers nor a stopped command's temporary files
+outlive them, and a closed ssh session does not turn the clean-up into a crash."""
 from __future__ import annotations
 
 import ctypes
@@ -9,6 +10,9 @@ import sys
 from typing import Mapping
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# The standard streams that were a terminal when `note_terminal_outputs` ran: once the terminal hangs up, every write
+# to it fails with EIO and isatty() says False, so they must be known before.
+_terminal_outputs: tuple[int, ...] = ()
 
 
 def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
@@ -29,12 +33,38 @@ def started_by_launcher(environ: Mapping[str, str]) -> bool:
     return "TORCHELASTIC_RUN_ID" in environ or ("CROSS_RANK" in environ and "LOCAL_SIZE" in environ)
 
 
-def exit_on_sigterm() -> None:
-    """Make SIGTERM (SLURM's time limit and scancel, a plain `kill`) raise SystemExit(143) in the main thread, so a
-    command's clean-up (`finally`, `except BaseException`: temporary folders, worker pools) runs as it does for
-    Ctrl-C; by default the signal ends the process where it stands."""
+def note_terminal_outputs() -> None:
+    """Remember which of stdout and stderr are a terminal now, for `leave_terminal` after a hang-up."""
+    global _terminal_outputs
+    _terminal_outputs = tuple(fd for fd in (1, 2) if os.isatty(fd))
+
+
+def leave_terminal() -> None:
+    """Point stdout and stderr, where `note_terminal_outputs` found a terminal, at /dev/null (what nohup does).
+
+    After a hang-up (a closed ssh session, a killed tmux pane) every write to that terminal fails with EIO, so the
+    save or clean-up that the SIGHUP starts would fail at its first progress line."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in _terminal_outputs:
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+def exit_on_termination() -> None:
+    """Make SIGTERM (SLURM's time limit and scancel, a plain `kill`) and SIGHUP (a closed terminal) raise
+    SystemExit(128 + the signal) in the main thread, so a command's clean-up (`finally`, `except BaseException`:
+    temporary folders, worker pools) runs as it does for Ctrl-C; by default either signal ends the process where it
+    stands."""
+    note_terminal_outputs()
+
     def stop(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # SLURM repeats it: the clean-up it starts must finish
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # SLURM repeats SIGTERM: the clean-up it starts must finish
+            signal.signal(sig, signal.SIG_IGN)
+        if signum == signal.SIGHUP:
+            leave_terminal()
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, stop)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)

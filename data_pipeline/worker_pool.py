@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import traceback
 from typing import Any, Callable, Iterable
 
@@ -31,6 +32,9 @@ def available_cpus() -> int:
 def _worker(parent_pid: int, shared: Any, inbox, outbox) -> None:
     # Killed, the parent would leave its workers waiting for work forever (each holds its inbox's pipe open).
     die_with_parent(parent_pid)
+    # A closed terminal's shell hangs up the whole process group: the parent decides (it stops and cleans up), and
+    # its death ends this worker.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     while (job := inbox.get()) is not None:
         fn, key, item = job
         try:

@@ -46,9 +46,9 @@ if __name__ == "__main__":
             # resumes in. Its death is a SIGTERM instead: they save, write PREEMPTED and exit 75.
             die_with_parent(launcher, signal.SIGTERM)
     else:
-        from core.process_life import exit_on_sigterm
+        from core.process_life import exit_on_termination
 
-        exit_on_sigterm()  # a stopped export or evaluation removes its temporary folder, as on Ctrl-C
+        exit_on_termination()  # a stopped or hung-up export or evaluation removes its temporary folder
     from pretrain.cli import main
 
     _exit_without_teardown(main())

@@ -4,6 +4,9 @@ Kept free of heavy imports: importing torch, DeepSpeed and transformers takes se
 SIGUSR1 that SLURM sends in that window would otherwise kill the process (Python's default
 action), which the batch script would read as a crash instead of a preemption.
 
+A SIGHUP (a closed ssh session or terminal, which torchrun forwards to its ranks) is a SIGTERM whose terminal is
+gone: the standard streams are pointed at /dev/null first, or the save's first progress line would fail with EIO.
+
 A SIGTERM is different before training starts: there is nothing to save yet, and whoever sent it
 (srun once another task died, torchrun ending its other workers, scancel) wants the process gone.
 Python runs its handlers only between bytecodes, and a rank waiting at the rendezvous for a peer that
@@ -19,7 +22,11 @@ import sys
 import threading
 from typing import Optional
 
-SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+from core.process_life import leave_terminal, note_terminal_outputs
+
+SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)
+# Those that end the process before training starts, and after it make what breaks the termination (not a bug).
+ENDING = (signal.SIGTERM, signal.SIGHUP)
 _received: list[str] = []
 _wakeup: Optional[tuple[int, int]] = None  # (read, write) ends of the wake-up pipe while a SIGTERM ends the process
 _training = False  # set at the trainer's first poll: from then on a SIGTERM is a request to save and stop
@@ -27,17 +34,20 @@ _training = False  # set at the trainer's first poll: from then on a SIGTERM is 
 
 def _handle(signum, frame) -> None:
     # Only record: a signal during a save (or a second one) must not interrupt it.
+    if signum == signal.SIGHUP:
+        leave_terminal()
     _received.append(signal.Signals(signum).name)
 
 
 def catch(end_on_sigterm_until_training: bool = False) -> None:
-    """From now on SIGUSR1/SIGTERM only set a flag that the trainer polls once per step; with
-    `end_on_sigterm_until_training`, a SIGTERM before the trainer's first poll ends the process at once."""
+    """From now on SIGUSR1/SIGTERM/SIGHUP only set a flag that the trainer polls once per step; with
+    `end_on_sigterm_until_training`, a SIGTERM or SIGHUP before the trainer's first poll ends the process at once."""
     # SLURM signals every process of a task, not only the trainer. A helper that execs (the
     # resource tracker that streaming's shared memory starts) resets handlers to the default,
     # which kills it on SIGUSR1, but keeps "ignored": so start it while the signals are ignored.
     from multiprocessing import resource_tracker
 
+    note_terminal_outputs()
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     resource_tracker.ensure_running()
@@ -48,7 +58,7 @@ def catch(end_on_sigterm_until_training: bool = False) -> None:
 
 
 def _watch_for_sigterm() -> None:
-    """Start the thread that ends the process on a SIGTERM, woken by the C-level handler's write."""
+    """Start the thread that ends the process on a SIGTERM or SIGHUP, woken by the C-level handler's write."""
     global _wakeup
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
@@ -63,31 +73,35 @@ def _end_on_sigterm(read_end: int) -> None:
             woken_by = os.read(read_end, 64)
             if not woken_by:  # training started: the write end was closed
                 return
-            if signal.SIGTERM in woken_by and not _training:
+            ending = [sig for sig in ENDING if sig in woken_by]
+            if ending and not _training:
+                if signal.SIGHUP in ending:  # before the line below, which the hung-up terminal would refuse
+                    leave_terminal()
                 try:
-                    terminated(-1, None)
+                    terminated(-1, None, ending[0])
                 finally:  # even when the status or the line could not be written
-                    _die_of(signal.SIGTERM)
+                    _die_of(ending[0])
     finally:
         os.close(read_end)
 
 
-def terminated(step: int, error: Optional[str]) -> None:
-    """Ended by SIGTERM (`error`: what broke then, or None before the first step): the status file and one line, this
-    node's shared memory released, then die of the signal (srun and torchrun read a task that died of it as ended by
-    them, not as one that failed)."""
+def terminated(step: int, error: Optional[str], sig: Optional[signal.Signals] = None) -> None:
+    """Ended by `sig` (SIGTERM or SIGHUP; unless named, the first of them received) (`error`: what broke then, or None
+    before the first step): the status file and one line, this node's shared memory released, then die of the signal
+    (srun and torchrun read a task that died of it as ended by them, not as one that failed)."""
     from pretrain.lifecycle.exit_status import write_status
 
-    write_status("terminated", error=error or "SIGTERM", step=step)
+    sig = sig or signal.Signals[ended_by() or "SIGTERM"]
+    write_status("terminated", error=error or sig.name, step=step)
     when = f"at step {step}" if step >= 0 else "before its first step"
     after = f"then {error}" if error else "no step was run, nothing to save"
-    print(f"terminated: rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')} {when} by SIGTERM "
+    print(f"terminated: rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')} {when} by {sig.name} "
           f"(the job was ended; a rank that stopped on its own says why in its log); {after}", file=sys.stderr, flush=True)
     loader = sys.modules.get("data_pipeline.loader")  # only once the run got that far; importing it costs seconds
     if loader is not None:
         loader.release_shared_memory()  # dying of the signal skips streaming's exit handler, which would do it
     sys.stdout.flush()
-    _die_of(signal.SIGTERM)
+    _die_of(sig)
 
 
 def _die_of(sig: signal.Signals) -> None:
@@ -137,7 +151,13 @@ def first_received() -> Optional[str]:
     return _received[0] if _received else None
 
 
+def ended_by() -> Optional[str]:
+    """Name of the first signal caught so far that ends the process (SIGTERM, SIGHUP), or None: what breaks after
+    it is the termination's doing."""
+    return next((name for name in _received if name in {sig.name for sig in ENDING}), None)
+
+
 def ignore() -> None:
-    """Ignore SIGUSR1/SIGTERM at the OS level from here to the process's exit."""
+    """Ignore SIGUSR1/SIGTERM/SIGHUP at the OS level from here to the process's exit."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)

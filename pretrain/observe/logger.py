@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import time
 from pathlib import Path
 from typing import Optional
 
 from core.errors import refused_for_room
+from core.process_life import leave_terminal
 from core.jsonl import rewind_jsonl
 from pretrain.run_dir import TENSORBOARD, RunDir
 
@@ -62,7 +64,14 @@ class RunLogger:
         if not self.enabled:
             return
         line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
-        print(line, flush=True)
+        try:
+            print(line, flush=True)
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            # A terminal that hung up (its SIGHUP, which saves and stops the run, may be a moment behind): train.log
+            # keeps the line, and the console goes to /dev/null from here.
+            leave_terminal()
         try:
             self._text.write(line + "\n")
         except OSError as exc:  # the run folder's disk is full: stdout has the line, and the save says so in its own

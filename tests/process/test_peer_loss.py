@@ -136,11 +136,12 @@ def test_a_peer_that_never_joins_ends_the_rank_after_init_timeout_as_a_lost_peer
     assert json.loads((status / "rank0.json").read_text())["status"] == "peer_lost"
 
 
-def test_sigterm_ends_a_rank_waiting_at_start_up_for_a_dead_peer_at_once(prepared, tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_termination_ends_a_rank_waiting_at_start_up_for_a_dead_peer_at_once(prepared, tmp_path, sig):
     """Rank 0 of 2 whose peer never comes (srun's kill-on-bad-exit case: a task died at start-up) waits at the
     rendezvous inside C++, where Python runs no signal handler: a SIGTERM there still ends it within seconds, of
     the signal (what srun reads as ended by it), with one line and its status. Before, it lived until the SIGKILL
-    that SLURM and torchrun send 30 s later."""
+    that SLURM and torchrun send 30 s later. A SIGHUP (a closed terminal, forwarded by torchrun) does the same."""
     port = free_port()
     status = tmp_path / "status"
     env = {**PROCESS_ENV, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
@@ -156,7 +157,7 @@ def test_sigterm_ends_a_rank_waiting_at_start_up_for_a_dead_peer_at_once(prepare
             time.sleep(0.1)
         time.sleep(1)  # well inside the wait for rank 1
         assert proc.poll() is None and _listening(port)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(getattr(signal, sig))
         sent = time.time()
         code = proc.wait(timeout=60)
         seconds = time.time() - sent
@@ -165,13 +166,14 @@ def test_sigterm_ends_a_rank_waiting_at_start_up_for_a_dead_peer_at_once(prepare
             proc.kill()
             proc.wait()
     log = (tmp_path / "rank0.log").read_text()
-    print(f"SIGTERM at the rendezvous: rank 0 ended {seconds:.1f}s later")
-    assert code == -signal.SIGTERM and seconds < 5, (code, seconds, log[-3000:])
+    print(f"{sig} at the rendezvous: rank 0 ended {seconds:.1f}s later")
+    assert code == -getattr(signal, sig) and seconds < 5, (code, seconds, log[-3000:])
     lines = [line for line in log.splitlines() if line.startswith("terminated:")]
-    assert lines == ["terminated: rank 0 of 2 before its first step by SIGTERM (the job was ended; a rank that stopped "
+    assert lines == [f"terminated: rank 0 of 2 before its first step by {sig} (the job was ended; a rank that stopped "
                      "on its own says why in its log); no step was run, nothing to save"], log[-3000:]
     assert "Traceback" not in log
-    assert json.loads((status / "rank0.json").read_text())["status"] == "terminated"
+    recorded = json.loads((status / "rank0.json").read_text())
+    assert (recorded["status"], recorded["error"]) == ("terminated", sig)
     checkpoints = RunDir(tmp_path / "run").checkpoints
     assert not checkpoints.exists() or not any(checkpoints.iterdir())
 

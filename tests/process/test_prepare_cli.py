@@ -30,11 +30,13 @@ def test_a_manifest_name_that_climbs_out_of_the_dataset_is_refused(prepared, tmp
         assert not Path(f"{tmp_path}-run").exists()
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGKILL"])
 def test_a_prepare_stopped_midway_leaves_no_worker_and_on_sigterm_no_temporary_folder(prepared, tmp_path, sig):
     """SLURM's time limit and scancel send SIGTERM (then SIGKILL): the temporary dataset goes, and the spawned
-    workers, which would wait for work forever, end with their parent either way."""
+    workers, which would wait for work forever, end with their parent either way. A closed terminal's shell sends
+    SIGHUP to the whole process group, the workers too: the same clean-up."""
     import gzip
+    import os
     import signal
     import subprocess
     import time
@@ -56,15 +58,16 @@ def test_a_prepare_stopped_midway_leaves_no_worker_and_on_sigterm_no_temporary_f
         time.sleep(0.05)  # until the workers write parts
     workers = [pid for pid in descendants(proc.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
     assert proc.poll() is None and len(workers) == 2, log.read_text()[-3000:]
-    proc.send_signal(getattr(signal, sig))
+    for pid in [proc.pid, *workers] if sig == "SIGHUP" else [proc.pid]:
+        os.kill(pid, getattr(signal, sig))
     code = proc.wait(timeout=60)
     deadline = time.time() + 10  # the kernel's parent-death signal, or the pool's own stop
     while [pid for pid in workers if running(pid)] and time.time() < deadline:
         time.sleep(0.05)
     assert not [pid for pid in workers if running(pid)], (workers, log.read_text()[-2000:])
     assert not out.exists()
-    if sig == "SIGTERM":
-        assert code == 128 + signal.SIGTERM, log.read_text()[-3000:]
+    if sig != "SIGKILL":
+        assert code == 128 + getattr(signal, sig), log.read_text()[-3000:]
         assert "Traceback" not in log.read_text()
         assert not list(tmp_path.glob(".out.tmp-*"))  # the temporary dataset went with it
 
