@@ -523,3 +523,18 @@ def test_a_rank_lost_in_every_attempt_stops_at_the_crash_cap_away_from_the_bad_n
         print(f"attempt {crash}: SIGKILL of rank 1 at start-up -> the sbatch decided {seconds:.0f}s later")
         assert seconds < 20, seconds
     assert "MAX_RESTARTS" not in second  # the crash cap stopped it, not the preemption cap
+
+
+def test_a_host_exclusion_that_does_not_take_cancels_the_job_instead_of_releasing_it(cluster, tmp_path):
+    """slurm/exclude_and_release.sh, which the sbatch submits after a lost rank for the job it requeued held: where
+    SLURM keeps another ExcNodeList than the one asked (a node it does not know, a submit plugin's rewrite), the job
+    is cancelled, not released to run again on the node that failed. (An exclusion that takes is
+    test_a_rank_lost_in_every_attempt_stops_at_the_crash_cap_away_from_the_bad_node's.)"""
+    job = cluster.sbatch("pretrain.sbatch", "--hold", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0",
+                         "--cpus-per-task=1", cwd=tmp_path, OVERRIDES="train.max_steps=1")  # held: it never runs
+    done = subprocess.run(["bash", str(REPO / "slurm" / "exclude_and_release.sh"), str(job), "no-such-node", "1"],
+                          env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"the exclusion of no-such-node from job {job} did not take" in done.stdout, done.stdout + done.stderr
+    assert "cancelling the job rather than run it on that node again" in done.stdout
+    assert cluster.job(job)["JobState"] == "CANCELLED"
