@@ -4,15 +4,16 @@ outlive them, and a closed ssh session does not turn the clean-up into a crash."
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import sys
 from typing import Mapping
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-# The standard streams that were a terminal when `note_terminal_outputs` ran: once the terminal hangs up, every write
-# to it fails with EIO and isatty() says False, so they must be known before.
-_terminal_outputs: tuple[int, ...] = ()
+# The standard streams found to be a terminal: once the terminal hangs up, every write to it fails with EIO and
+# isatty() says False, so they must be known before.
+_terminal_outputs: set[int] = set()
 
 
 def die_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
@@ -34,37 +35,58 @@ def started_by_launcher(environ: Mapping[str, str]) -> bool:
 
 
 def note_terminal_outputs() -> None:
-    """Remember which of stdout and stderr are a terminal now, for `leave_terminal` after a hang-up."""
-    global _terminal_outputs
-    _terminal_outputs = tuple(fd for fd in (1, 2) if os.isatty(fd))
+    """Remember which of stdout and stderr are a terminal now, beside those an earlier call found (one that has hung
+    up since says it is none), for `leave_terminal` and `dead_output`."""
+    _terminal_outputs.update(fd for fd in (1, 2) if os.isatty(fd))
 
 
-def leave_terminal() -> None:
-    """Point stdout and stderr, where `note_terminal_outputs` found a terminal, at /dev/null (what nohup does).
+def hang_up_ignored() -> bool:
+    """Whether SIGHUP is ignored now: started under nohup (or by a parent that ignores it), the hang-up is not meant
+    for this process, and a handler must not be put in the place of that choice."""
+    return signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
 
-    After a hang-up (a closed ssh session, a killed tmux pane) every write to that terminal fails with EIO, so the
-    save or clean-up that the SIGHUP starts would fail at its first progress line."""
+
+def drop_output(fd: int) -> None:
+    """Point `fd` at /dev/null (what nohup does for a terminal): an output whose reader is gone fails every write."""
     null = os.open(os.devnull, os.O_WRONLY)
     try:
-        for fd in _terminal_outputs:
-            os.dup2(null, fd)
+        os.dup2(null, fd)
     finally:
         os.close(null)
 
 
+def leave_terminal() -> None:
+    """Drop stdout and stderr where `note_terminal_outputs` found a terminal; never raises.
+
+    After a hang-up (a closed ssh session, a killed tmux pane) every write to that terminal fails with EIO, so the
+    save or clean-up that the SIGHUP starts would fail at its first progress line."""
+    for fd in sorted(_terminal_outputs):
+        try:
+            drop_output(fd)
+        except OSError:  # no descriptor left to open /dev/null with: the writes fail as they would have
+            pass
+
+
+def dead_output(exc: OSError, fd: int) -> bool:
+    """Whether `exc`, raised writing to `fd`, says that its reader is gone: a pipe's (EPIPE: the `tee` that a hang-up
+    ended with the terminal), or a terminal's that hung up (EIO); not a disk's EIO."""
+    return exc.errno == errno.EPIPE or (exc.errno == errno.EIO and fd in _terminal_outputs)
+
+
 def exit_on_termination() -> None:
-    """Make SIGTERM (SLURM's time limit and scancel, a plain `kill`) and SIGHUP (a closed terminal) raise
-    SystemExit(128 + the signal) in the main thread, so a command's clean-up (`finally`, `except BaseException`:
-    temporary folders, worker pools) runs as it does for Ctrl-C; by default either signal ends the process where it
-    stands."""
+    """Make SIGTERM (SLURM's time limit and scancel, a plain `kill`) and SIGHUP (a closed terminal; unless ignored, as
+    under nohup) raise SystemExit(128 + the signal) in the main thread, so a command's clean-up (`finally`,
+    `except BaseException`: temporary folders, worker pools) runs as it does for Ctrl-C; by default either signal
+    ends the process where it stands."""
     note_terminal_outputs()
+    caught = (signal.SIGTERM,) if hang_up_ignored() else (signal.SIGTERM, signal.SIGHUP)
 
     def stop(signum: int, frame: object) -> None:
-        for sig in (signal.SIGTERM, signal.SIGHUP):  # SLURM repeats SIGTERM: the clean-up it starts must finish
+        for sig in caught:  # SLURM repeats SIGTERM: the clean-up it starts must finish
             signal.signal(sig, signal.SIG_IGN)
         if signum == signal.SIGHUP:
             leave_terminal()
         raise SystemExit(128 + signum)
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in caught:
         signal.signal(sig, stop)

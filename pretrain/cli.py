@@ -40,13 +40,13 @@ def _train(args: argparse.Namespace) -> int:
         try:
             status = trainer.fit()
         except Exception as exc:
-            if not _attempt_lost(exc) and signals.ended_by() is None:
+            if not _attempt_lost(exc) and not signals.sigterm_received():
                 trainer.mark_failed(exc)  # then the error goes on: one line if it is the user's, a traceback if a bug
             raise
     except Exception as exc:
         if _attempt_lost(exc):
             _peer_lost(exc, trainer)
-        if signals.ended_by() is not None:
+        if signals.sigterm_received():
             # srun ends the other tasks when one dies (--kill-on-bad-exit), or SLURM a failed node's job, or torchrun
             # the other ranks when one exits: what breaks then (a loader worker terminated with us) is the
             # termination, not a bug of this rank, and its traceback would bury the line of the rank that stopped.

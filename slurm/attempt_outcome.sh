@@ -27,9 +27,10 @@ attempt_outcome() {
     n_failed=$(count_status failed)
     n_lost=$(count_status peer_lost)
     # srun: "srun: error: NODE: task N: Killed" (or Aborted, Segmentation fault, Exited with exit code C). The first
-    # task that ended on its own, neither ended by srun (Terminated) nor a survivor (76) or a preempted rank (75).
+    # task that ended on its own, neither ended by srun (Terminated) or a hang-up someone sent (Hangup: a rank that
+    # had not started training dies of it), nor a survivor (76) or a preempted rank (75).
     first_death=$(grep -E '^srun: error: [^:]+: tasks? [0-9,-]+: ' "$dir/srun.err" 2>/dev/null \
-        | grep -v -E ': (Terminated|Exited with exit code (75|76))$' | head -n 1)
+        | grep -v -E ': (Terminated|Hangup|Exited with exit code (75|76))$' | head -n 1)
     suspects=""
     if (( n_failed > 0 )); then
         # A rank stopped on its own error (bad input, a full disk, a divergence, a bug): the attempt failed with its

@@ -7,6 +7,8 @@
 #
 #   bash slurm/exclude_and_release.sh JOB_ID HOSTS CRASHES
 set -uo pipefail
+# shellcheck source=slurm/host_lists.sh
+source "$(dirname "${BASH_SOURCE[0]}")/host_lists.sh"
 job=$1 hosts=$2 crashes=${3:-?}
 say() { echo "[exclude_and_release $(date '+%F %T')] $*"; }
 field() { scontrol show job "$job" | sed -n "s/.*$1=\\([^ ]*\\).*/\\1/p" | head -n 1; }
@@ -21,7 +23,7 @@ if [ "$(field JobState)" != PENDING ]; then
 fi
 scontrol update JobId="$job" ExcNodeList="$hosts"
 got=$(field ExcNodeList)
-if [ "$got" != "$hosts" ]; then
+if ! same_hosts "$got" "$hosts"; then  # SLURM may write back "n[1-2]" for "n1,n2"
     say "the exclusion of $hosts from job $job did not take (ExcNodeList=$got) after crash $crashes on $hosts: cancelling the job rather than run it on that node again"
     scancel "$job"
     exit 1

@@ -4,8 +4,9 @@ Kept free of heavy imports: importing torch, DeepSpeed and transformers takes se
 SIGUSR1 that SLURM sends in that window would otherwise kill the process (Python's default
 action), which the batch script would read as a crash instead of a preemption.
 
-A SIGHUP (a closed ssh session or terminal, which torchrun forwards to its ranks) is a SIGTERM whose terminal is
-gone: the standard streams are pointed at /dev/null first, or the save's first progress line would fail with EIO.
+A SIGHUP (a closed ssh session or terminal, which torchrun forwards to its ranks) asks for the same as a SIGTERM,
+from a process whose terminal is gone: the standard streams that were one are pointed at /dev/null first, or the
+save's first progress line would fail with EIO. Under nohup (SIGHUP ignored at the start) it stays ignored.
 
 A SIGTERM is different before training starts: there is nothing to save yet, and whoever sent it
 (srun once another task died, torchrun ending its other workers, scancel) wants the process gone.
@@ -16,17 +17,18 @@ at once) ends the process by SIGTERM itself.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 from typing import Optional
 
-from core.process_life import leave_terminal, note_terminal_outputs
+from core.process_life import hang_up_ignored, leave_terminal, note_terminal_outputs
 
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)
-# Those that end the process before training starts, and after it make what breaks the termination (not a bug).
-ENDING = (signal.SIGTERM, signal.SIGHUP)
+ENDING = (signal.SIGTERM, signal.SIGHUP)  # those that end the process at once before training starts
+_caught: Optional[tuple[signal.Signals, ...]] = None  # SIGNALS, less SIGHUP where it was ignored at the first `catch`
 _received: list[str] = []
 _wakeup: Optional[tuple[int, int]] = None  # (read, write) ends of the wake-up pipe while a SIGTERM ends the process
 _training = False  # set at the trainer's first poll: from then on a SIGTERM is a request to save and stop
@@ -47,11 +49,14 @@ def catch(end_on_sigterm_until_training: bool = False) -> None:
     # which kills it on SIGUSR1, but keeps "ignored": so start it while the signals are ignored.
     from multiprocessing import resource_tracker
 
+    global _caught
+    if _caught is None:
+        _caught = tuple(sig for sig in SIGNALS if sig != signal.SIGHUP or not hang_up_ignored())
     note_terminal_outputs()
-    for sig in SIGNALS:
+    for sig in _caught:
         signal.signal(sig, signal.SIG_IGN)
     resource_tracker.ensure_running()
-    for sig in SIGNALS:
+    for sig in _caught:
         signal.signal(sig, _handle)
     if end_on_sigterm_until_training and _wakeup is None and not _training:
         _watch_for_sigterm()
@@ -85,22 +90,26 @@ def _end_on_sigterm(read_end: int) -> None:
         os.close(read_end)
 
 
-def terminated(step: int, error: Optional[str], sig: Optional[signal.Signals] = None) -> None:
-    """Ended by `sig` (SIGTERM or SIGHUP; unless named, the first of them received) (`error`: what broke then, or None
-    before the first step): the status file and one line, this node's shared memory released, then die of the signal
-    (srun and torchrun read a task that died of it as ended by them, not as one that failed)."""
+def terminated(step: int, error: Optional[str], sig: signal.Signals = signal.SIGTERM) -> None:
+    """Ended by `sig` (`error`: what broke then, or None before the first step): the status file and one line, this
+    node's shared memory released, then die of the signal (srun and torchrun read a task that died of it as ended by
+    them, not as one that failed)."""
     from pretrain.lifecycle.exit_status import write_status
 
-    sig = sig or signal.Signals[ended_by() or "SIGTERM"]
     write_status("terminated", error=error or sig.name, step=step)
     when = f"at step {step}" if step >= 0 else "before its first step"
     after = f"then {error}" if error else "no step was run, nothing to save"
-    print(f"terminated: rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')} {when} by {sig.name} "
-          f"(the job was ended; a rank that stopped on its own says why in its log); {after}", file=sys.stderr, flush=True)
+    try:
+        print(f"terminated: rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')} {when} by "
+              f"{sig.name} (the job was ended; a rank that stopped on its own says why in its log); {after}",
+              file=sys.stderr, flush=True)
+    except OSError:  # an output whose reader is gone (a pipe to a `tee` that a hang-up ended): the status says it
+        pass
     loader = sys.modules.get("data_pipeline.loader")  # only once the run got that far; importing it costs seconds
     if loader is not None:
         loader.release_shared_memory()  # dying of the signal skips streaming's exit handler, which would do it
-    sys.stdout.flush()
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
     _die_of(sig)
 
 
@@ -151,10 +160,11 @@ def first_received() -> Optional[str]:
     return _received[0] if _received else None
 
 
-def ended_by() -> Optional[str]:
-    """Name of the first signal caught so far that ends the process (SIGTERM, SIGHUP), or None: what breaks after
-    it is the termination's doing."""
-    return next((name for name in _received if name in {sig.name for sig in ENDING}), None)
+def sigterm_received() -> bool:
+    """Whether a SIGTERM was caught, whatever came before it: srun, SLURM or torchrun is ending the job, and what
+    breaks after it (a loader worker terminated with the rank) is their doing, not a bug of this rank. (After a
+    SIGHUP, which the loader workers ignore, what breaks is a failure as any other.)"""
+    return "SIGTERM" in _received
 
 
 def ignore() -> None:

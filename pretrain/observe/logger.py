@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import datetime
-import errno
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 from core.errors import refused_for_room
-from core.process_life import leave_terminal
 from core.jsonl import rewind_jsonl
+from core.process_life import dead_output, drop_output
 from pretrain.run_dir import TENSORBOARD, RunDir
 
 
@@ -67,11 +67,11 @@ class RunLogger:
         try:
             print(line, flush=True)
         except OSError as exc:
-            if exc.errno != errno.EIO:
+            if not dead_output(exc, sys.stdout.fileno()):
                 raise
-            # A terminal that hung up (its SIGHUP, which saves and stops the run, may be a moment behind): train.log
-            # keeps the line, and the console goes to /dev/null from here.
-            leave_terminal()
+            # A terminal that hung up, or the pipe to a `tee` that ended with it (the SIGHUP, which saves and stops the
+            # run, may be a moment behind): train.log keeps the line, and stdout goes to /dev/null from here.
+            drop_output(sys.stdout.fileno())
         try:
             self._text.write(line + "\n")
         except OSError as exc:  # the run folder's disk is full: stdout has the line, and the save says so in its own

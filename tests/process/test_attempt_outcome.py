@@ -58,6 +58,12 @@ CASES = {
     "an attempt lost": (137, {0: ("n1", "attempt_lost", {"step": 0}), 1: ("n2", "running", {})},
                         ["srun: error: n2: task 1: Killed", "srun: error: n1: task 0: Exited with exit code 76"],
                         (76, "", 0, 0, 0)),
+    # `scancel --signal=HUP` before the first step: a rank dies of the hang-up, srun ends the other. Neither is a lost
+    # node: the job ends with srun's code, nothing requeued, no host suspected.
+    "a hang-up before the first step": (
+        129, {0: ("n1", "terminated", {"step": -1, "error": "SIGTERM"}),
+              1: ("n2", "terminated", {"step": -1, "error": "SIGHUP"})},
+        ["srun: error: n2: task 1: Hangup", "srun: error: n1: task 0: Terminated"], (129, "", 0, 0, 0)),
     # A bug on one rank while the other saved on a signal: the bug stops the job.
     "a bug beside a preemption": (
         75, {0: ("n1", "preempted", {"step": 5}), 1: ("n2", "failed", {"error": "KeyError", "code": 1})},

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import TINY_MODEL, descendants, python_process, run_cli, wait_for_step
+from conftest import PROCESS_ENV, TINY_MODEL, descendants, python_process, run_cli, wait_for_step
 
 from pretrain.lifecycle.exit_status import EXIT_PREEMPTED
 from pretrain.lifecycle.preemption import parse_duration
@@ -81,58 +81,69 @@ def test_deadline_saves_and_exits_before_the_limit(prepared, tmp_path):
 
 
 def test_a_hang_up_then_repeated_signals_during_the_save_leave_a_good_checkpoint(prepared, tmp_path):
-    """A run whose terminal closes (an ssh session that drops): every write to the terminal fails (EIO), and the
-    shell, or torchrun, sends SIGHUP to the rank and its loader workers. Then, during the save, SLURM-style repeated
-    SIGTERMs to every process (torch's worker dies of a SIGTERM not from its rank, and the rank's next batch then
-    failed before its save). The rank saves, writes PREEMPTED and exits 75, and the run resumes."""
+    """A run started as `python -m pretrain train ... | tee log` in a terminal that closes (an ssh session that
+    drops): every write to the terminal (stderr) fails with EIO, `tee` ends, so every write to its pipe (stdout) fails
+    with EPIPE, and the shell, or torchrun, sends SIGHUP to the rank and its loader workers. Then, during the save,
+    SLURM-style repeated SIGTERMs to every process (torch's worker dies of a SIGTERM not from its rank, and the rank's
+    next batch then failed before its save). The rank saves, writes PREEMPTED and exits 75, and the run resumes."""
     import os
     import select
     import threading
 
-    out = tmp_path / "run"
-    terminal, rank_side = os.openpty()
-    proc = python_process(["-m", "pretrain", *_args(prepared, out)], stdout=rank_side, stderr=rank_side)
-    os.close(rank_side)
+    out, status = tmp_path / "run", tmp_path / "status" / "rank0.json"
+    terminal, rank_terminal = os.openpty()
+    tee, rank_pipe = os.pipe()
+    proc = python_process(["-m", "pretrain", *_args(prepared, out)], {**os.environ, **PROCESS_ENV,
+                          "PRETRAIN_STATUS_DIR": str(status.parent)}, stdout=rank_pipe, stderr=rank_terminal)
+    os.close(rank_terminal)
+    os.close(rank_pipe)
     console, reading = bytearray(), threading.Event()
     reading.set()
 
-    def read_console() -> None:  # a terminal nobody reads fills up and blocks the rank's prints
+    def read_console() -> None:  # a terminal or pipe nobody reads fills up and blocks the rank's prints
         while reading.is_set():
-            if select.select([terminal], [], [], 0.1)[0]:
+            for end in select.select([terminal, tee], [], [], 0.1)[0]:
                 try:
-                    console.extend(os.read(terminal, 65536))
+                    console.extend(os.read(end, 65536))
                 except OSError:  # EIO: the rank side is closed (the rank ended)
                     return
 
     reader = threading.Thread(target=read_console, daemon=True)
     reader.start()
     try:
-        wait_for_step(out, 3, [proc])
-        workers = descendants(proc.pid)
-        assert workers, "data.num_workers=auto starts a loader worker on a CPU"
-    finally:
-        reading.clear()
-        reader.join()
-        os.close(terminal)  # the hang-up: from here the rank's writes to its terminal fail with EIO
-    # The hang-up reaches the whole process group; the workers' share first, and the rank's after many steps' worth
-    # of batches (a worker that died of it would fail the rank's next batch). The hang-up starts the save; the
-    # SIGTERMs arrive while it runs.
-    for pids, sig, pause in [(workers, signal.SIGHUP, 0.5), ([proc.pid], signal.SIGHUP, 0.02),
-                             *[([proc.pid, *workers], signal.SIGTERM, 0.02)] * 6]:
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:  # a worker the rank ended after its save
-                pass
-        time.sleep(pause)
-    code = proc.wait(timeout=120)
+        try:
+            wait_for_step(out, 3, [proc])
+            workers = descendants(proc.pid)
+            assert workers, "data.num_workers=auto starts a loader worker on a CPU"
+        finally:
+            reading.clear()
+            reader.join()
+            os.close(terminal)  # the hang-up: from here the rank's writes to its terminal fail with EIO,
+            os.close(tee)  # and, tee gone, those to its pipe with EPIPE
+        # The hang-up reaches the whole process group; the workers' share first, and the rank's after many steps'
+        # worth of batches (a worker that died of it would fail the rank's next batch). The hang-up starts the save;
+        # the SIGTERMs arrive while it runs.
+        for pids, sig, pause in [(workers, signal.SIGHUP, 0.5), ([proc.pid], signal.SIGHUP, 0.02),
+                                 *[([proc.pid, *workers], signal.SIGTERM, 0.02)] * 6]:
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:  # a worker the rank ended after its save
+                    pass
+            time.sleep(pause)
+        code = proc.wait(timeout=120)
+    finally:  # a rank that did not stop must not train on after the test
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     log = RunDir(out).text_log.read_text()
     assert code == EXIT_PREEMPTED, (code, console.decode(errors="replace")[-2000:], log[-2000:])
-    assert "Traceback" not in console.decode(errors="replace")
+    assert json.loads(status.read_text())["status"] == "preempted"
     marker = json.loads((out / "PREEMPTED").read_text())
     assert marker["reason"] == "SIGHUP"
     tag = RunDir(out).checkpoints / marker["checkpoint"]
     assert (tag / "COMPLETE").is_file()
+    assert b"| ETA" in console  # the progress lines went to the pipe until the hang-up
     # The lines after the hang-up reach train.log, though the console refuses them.
     assert f"preempted (SIGHUP) at step {marker['step']}: checkpoint saved" in log, log[-2000:]
     resumed = run_cli("pretrain", _args(prepared, out, f"train.max_steps={marker['step'] + 2}"))

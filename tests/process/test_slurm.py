@@ -527,14 +527,29 @@ def test_a_rank_lost_in_every_attempt_stops_at_the_crash_cap_away_from_the_bad_n
 
 def test_a_host_exclusion_that_does_not_take_cancels_the_job_instead_of_releasing_it(cluster, tmp_path):
     """slurm/exclude_and_release.sh, which the sbatch submits after a lost rank for the job it requeued held: where
-    SLURM keeps another ExcNodeList than the one asked (a node it does not know, a submit plugin's rewrite), the job
-    is cancelled, not released to run again on the node that failed. (An exclusion that takes is
-    test_a_rank_lost_in_every_attempt_stops_at_the_crash_cap_away_from_the_bad_node's.)"""
+    SLURM keeps another ExcNodeList than the one asked (here it refuses a node it does not know; a submit plugin may
+    rewrite the list), the job is cancelled, not released to run again on the node that failed. (An exclusion that
+    takes is test_a_rank_lost_in_every_attempt_stops_at_the_crash_cap_away_from_the_bad_node's.)"""
     job = cluster.sbatch("pretrain.sbatch", "--hold", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0",
                          "--cpus-per-task=1", cwd=tmp_path, OVERRIDES="train.max_steps=1")  # held: it never runs
-    done = subprocess.run(["bash", str(REPO / "slurm" / "exclude_and_release.sh"), str(job), "no-such-node", "1"],
-                          env=cluster.env, capture_output=True, text=True, timeout=120)
+    try:
+        done = subprocess.run(["bash", str(REPO / "slurm" / "exclude_and_release.sh"), str(job), "no-such-node", "1"],
+                              env=cluster.env, capture_output=True, text=True, timeout=120)
+    finally:  # whatever happened, the job must not run (released) or stay in the queue
+        state = cluster.job(job)["JobState"]
+        subprocess.run(["scancel", str(job)], env=cluster.env, timeout=60)
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"the exclusion of no-such-node from job {job} did not take" in done.stdout, done.stdout + done.stderr
     assert "cancelling the job rather than run it on that node again" in done.stdout
-    assert cluster.job(job)["JobState"] == "CANCELLED"
+    assert state == "CANCELLED"
+
+
+def test_host_lists_are_read_in_slurm_s_compressed_form(cluster):
+    """A job's own --exclude may be "gpu[01,05-06]": the sbatch adds the suspects to it host by host (a split on commas
+    cut it inside the brackets, and the update that followed was refused, so the helper cancelled the job), and the
+    helper compares what SLURM writes back however it writes it."""
+    script = (f'source "{REPO}/slurm/host_lists.sh"; merged_hosts "$1" "$2"; '
+              'for pair in "$3|$4" "$5|$6"; do same_hosts "${pair%|*}" "${pair#*|}" && echo same || echo differ; done')
+    out = subprocess.run(["bash", "-c", script, "lists", "gpu[01,05-06]", "n2,gpu05", "n[1-2]", "n2,n1", "(null)",
+                          "no-such-node"], env=cluster.env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["gpu01,gpu05,gpu06,n2", "same", "differ"], out.stdout + out.stderr

@@ -1,0 +1,31 @@
+"""A hang-up (SIGHUP) is caught where the process was started to receive it, and stays ignored under nohup: the
+trainer's signals (save and stop) and the commands' `exit_on_termination` (clean up, exit 129)."""
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+SETUPS = {
+    # Twice, as `python -m pretrain train` and then the trainer's PreemptionGuard do.
+    "trainer": "from pretrain.lifecycle import signals\nsignals.catch()\nsignals.catch()\n",
+    "command": "from core.process_life import exit_on_termination\nexit_on_termination()\n",
+}
+HANG_UP_AND_SAY = ("import os, signal\nos.kill(os.getpid(), signal.SIGHUP)\n"
+                   "print('alive', signal.getsignal(signal.SIGHUP) == signal.SIG_IGN,"
+                   " signals.first_received() if 'signals' in dir() else None)\n")
+
+
+@pytest.mark.parametrize("nohup", [False, True], ids=["plain", "nohup"])
+@pytest.mark.parametrize("setup", list(SETUPS))
+def test_a_hang_up_is_caught_unless_the_process_was_started_to_ignore_it(setup, nohup):
+    prefix = [shutil.which("nohup")] if nohup else []
+    proc = subprocess.run([*prefix, sys.executable, "-c", SETUPS[setup] + HANG_UP_AND_SAY], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    if nohup:  # ignored, as nohup asked: nothing recorded, nothing stopped
+        assert (proc.returncode, proc.stdout.split()) == (0, ["alive", "True", "None"]), proc.stderr[-2000:]
+    elif setup == "trainer":  # recorded for the trainer's next step boundary, which saves and stops
+        assert (proc.returncode, proc.stdout.split()) == (0, ["alive", "False", "SIGHUP"]), proc.stderr[-2000:]
+    else:  # the command's clean-up runs, then exit 128 + 1
+        assert (proc.returncode, proc.stdout) == (129, ""), proc.stderr[-2000:]
