@@ -86,3 +86,39 @@ def test_deepspeed_launcher_starts_the_same_training_and_its_ranks_stop_with_it(
     assert statuses == ["preempted", "preempted"], statuses
     marker = json.loads((out / "PREEMPTED").read_text())
     assert marker["step"] >= 3 and (RunDir(out).checkpoints / marker["checkpoint"] / "COMPLETE").is_file(), log[-3000:]
+
+
+def test_a_torchrun_rank_stops_with_its_launcher(prepared, tmp_path):
+    """The same for torchrun (one rank: what is tested is the rank's tie to the agent process that started it, which
+    the kernel reports per thread): a SIGKILLed torchrun's rank saves, writes PREEMPTED and exits instead of training
+    on as an orphan."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PRETRAIN_STATUS_DIR": str(tmp_path / "status")}
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(free_port()),
+           "-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+           f"train.output_dir={out}", *TINY_MODEL, "train.max_steps=100000", "train.save_every=100000",
+           "train.micro_batch_size=4", "train.global_batch_size=4", "train.eval_every=0", "train.log_every=1",
+           "train.use_slurm_deadline=false"]
+    runner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    ranks: list[int] = []
+    try:
+        wait_for_step(out, 3, [runner])
+        ranks = [pid for pid in descendants(runner.pid) if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1]
+                 .split()[1] == str(runner.pid) and b"pretrain" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(ranks) == 1, ranks
+        os.kill(runner.pid, signal.SIGKILL)
+        log, _ = runner.communicate(timeout=120)  # the rank holds the agent's stdout until it ends
+    finally:
+        left = [pid for pid in ranks if running(pid)]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(runner.pid, signal.SIGKILL)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        runner.wait()
+    assert not left, "the rank outlived its launcher"
+    assert json.loads((tmp_path / "status" / "rank0.json").read_text())["status"] == "preempted", log[-3000:]
+    marker = json.loads((out / "PREEMPTED").read_text())
+    assert marker["reason"] == "SIGTERM" and marker["step"] >= 3, marker
+    assert (RunDir(out).checkpoints / marker["checkpoint"] / "COMPLETE").is_file(), log[-3000:]
