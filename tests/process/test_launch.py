@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import PROCESS_ENV, REPO, TINY_MODEL, descendants, free_port, python_process, running, wait_for_step
 
 from core.distributed import first_host, slurm_env
@@ -88,10 +89,12 @@ def test_deepspeed_launcher_starts_the_same_training_and_its_ranks_stop_with_it(
     assert marker["step"] >= 3 and (RunDir(out).checkpoints / marker["checkpoint"] / "COMPLETE").is_file(), log[-3000:]
 
 
-def test_a_torchrun_rank_stops_with_its_launcher(prepared, tmp_path):
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGHUP"])
+def test_a_torchrun_rank_stops_with_its_launcher(prepared, tmp_path, sig):
     """The same for torchrun (one rank: what is tested is the rank's tie to the agent process that started it, which
     the kernel reports per thread): a SIGKILLed torchrun's rank saves, writes PREEMPTED and exits instead of training
-    on as an orphan."""
+    on as an orphan. A hung-up torchrun (its terminal closed) forwards the SIGHUP to each rank's process group, the
+    loader workers too: the rank saves and stops the same way."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PRETRAIN_STATUS_DIR": str(tmp_path / "status")}
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(free_port()),
@@ -107,7 +110,7 @@ def test_a_torchrun_rank_stops_with_its_launcher(prepared, tmp_path):
         ranks = [pid for pid in descendants(runner.pid) if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1]
                  .split()[1] == str(runner.pid) and b"pretrain" in Path(f"/proc/{pid}/cmdline").read_bytes()]
         assert len(ranks) == 1, ranks
-        os.kill(runner.pid, signal.SIGKILL)
+        os.kill(runner.pid, getattr(signal, sig))
         log, _ = runner.communicate(timeout=120)  # the rank holds the agent's stdout until it ends
     finally:
         left = [pid for pid in ranks if running(pid)]
@@ -120,5 +123,6 @@ def test_a_torchrun_rank_stops_with_its_launcher(prepared, tmp_path):
     assert not left, "the rank outlived its launcher"
     assert json.loads((tmp_path / "status" / "rank0.json").read_text())["status"] == "preempted", log[-3000:]
     marker = json.loads((out / "PREEMPTED").read_text())
-    assert marker["reason"] == "SIGTERM" and marker["step"] >= 3, marker
+    # The launcher's death reaches the rank as a SIGTERM (its parent-death signal); a hang-up as itself.
+    assert marker["reason"] == {"SIGKILL": "SIGTERM", "SIGHUP": "SIGHUP"}[sig] and marker["step"] >= 3, marker
     assert (RunDir(out).checkpoints / marker["checkpoint"] / "COMPLETE").is_file(), log[-3000:]
