@@ -47,12 +47,22 @@ def hang_up_ignored() -> bool:
 
 
 def drop_output(fd: int) -> None:
-    """Point `fd` at /dev/null (what nohup does for a terminal): an output whose reader is gone fails every write."""
+    """Point `fd` at /dev/null (what nohup does for a terminal), and the other standard stream too where it writes to
+    the same file (`2>&1 | tee`): an output whose reader is gone fails every write."""
+    same = [other for other in (1, 2) if other != fd and _same_file(fd, other)]
     null = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(null, fd)
+        for target in [fd, *same]:
+            os.dup2(null, target)
     finally:
         os.close(null)
+
+
+def _same_file(fd: int, other: int) -> bool:
+    try:
+        return os.path.sameopenfile(fd, other)
+    except OSError:  # `other` is closed
+        return False
 
 
 def leave_terminal() -> None:

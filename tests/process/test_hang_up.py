@@ -29,3 +29,15 @@ def test_a_hang_up_is_caught_unless_the_process_was_started_to_ignore_it(setup, 
         assert (proc.returncode, proc.stdout.split()) == (0, ["alive", "False", "SIGHUP"]), proc.stderr[-2000:]
     else:  # the command's clean-up runs, then exit 128 + 1
         assert (proc.returncode, proc.stdout) == (129, ""), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["2>&1", "apart"])
+def test_a_dead_stdout_takes_stderr_with_it_only_where_both_write_to_one_pipe(shared):
+    """`... 2>&1 | tee log`: once tee is gone, stderr fails as stdout does, so both go to /dev/null; a stderr of its
+    own (a terminal, a file) keeps its lines."""
+    code = ("import os\nfrom core.process_life import drop_output\n"
+            "drop_output(1)\nos.write(1, b'out\\n')\nos.write(2, b'err\\n')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT if shared else subprocess.PIPE, timeout=60)
+    assert proc.returncode == 0
+    assert (proc.stdout, proc.stderr) == ((b"", None) if shared else (b"", b"err\n"))
