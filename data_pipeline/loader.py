@@ -24,6 +24,7 @@ import os
 import random
 import re
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Optional, Union
@@ -409,6 +410,8 @@ def build_loader(cfg: LoaderConfig, split: str, batch_size: int, collate_fn: Cal
         worker_init_fn=functools.partial(start_worker, os.getpid(), watch.started_fd) if watch else None,
     )
     loader.start_watch = watch
+    if watch is not None:  # its pipe goes with the loader: a process may build loaders again and again
+        weakref.finalize(loader, watch.close)
     return loader
 
 

@@ -7,6 +7,8 @@ was full blocked in its feeder thread forever, holding its memory and the rank's
 """
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import re
 import select
@@ -50,21 +52,42 @@ class StartWatch:
         self.read_fd, self.started_fd = os.pipe()
         os.set_blocking(self.read_fd, False)
         self._started: set[int] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one iterator's workers after another's: never two readers of the pipe
+        self._state = threading.Lock()  # guards the two below
+        self._waits = 0
+        self._closed = False
 
     def watch(self, pids: Iterable[int]) -> None:
         """Expect these workers, just forked (children not yet reaped: their pids are theirs), to start; wait in a
         thread of its own."""
         handles = {pid: _pidfd(pid) for pid in pids}  # now, not at the deadline: a pid may be reused by then
+        with self._state:
+            self._waits += 1
         threading.Thread(target=self._wait, args=(handles,), name="loader-worker-starts", daemon=True).start()
+
+    def close(self) -> None:
+        """Give the pipe back (its loader is gone), at once or when the last wait on it ends."""
+        with self._state:
+            idle, self._closed = self._waits == 0 and not self._closed, True
+        if idle:
+            self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        for fd in (self.read_fd, self.started_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _wait(self, handles: dict[int, Optional[int]]) -> None:
         pids = set(handles)
         deadline = time.monotonic() + self.timeout_s
         try:
-            with self._lock:  # one iterator's workers after another's: never two readers of the pipe
+            with self._lock:
+                # poll, not select: a rank with many files open (shards, sockets, a GPU's handles) gets the pipe a
+                # descriptor above 1023, which select() refuses.
+                poller = select.poll()
+                poller.register(self.read_fd, select.POLLIN)
                 while pids - self._started and (left := deadline - time.monotonic()) > 0:
-                    if select.select([self.read_fd], [], [], left)[0]:
+                    if poller.poll(math.ceil(left * 1000)):
                         data = os.read(self.read_fd, 4096)
                         self._started.update(pid for (pid,) in _PID.iter_unpack(data[:len(data) // 4 * 4]))
                 stuck = sorted(pids - self._started)
@@ -76,6 +99,11 @@ class StartWatch:
             for handle in handles.values():
                 if handle is not None:
                     os.close(handle)
+            with self._state:
+                self._waits -= 1
+                last = self._closed and self._waits == 0
+            if last:
+                self._close_pipe()
 
 
 def _pidfd(pid: int) -> Optional[int]:

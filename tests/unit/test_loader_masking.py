@@ -184,3 +184,19 @@ def test_a_dataset_s_shared_memory_is_released_on_request(dataset):
     assert len(names) >= 4 and any(n.endswith("_barrier") for n in names), names
     assert set(names) <= set(release_shared_memory())
     assert not list(SHM_DIR.glob(f"{opened._shm_prefix_int:06}_*"))
+
+
+def test_a_loader_s_start_watch_gives_its_pipe_back_with_the_loader(dataset):
+    """Each loader with workers holds a pipe for its StartWatch: a process that builds loaders again and again (runs
+    in a notebook, the tests' processes) ran out of descriptors below 1024 before."""
+    import gc
+
+    loader = build_loader(LoaderConfig(path=str(dataset), num_workers=1), "train", 4,
+                          collate_fn=MaskingCollate(_masking(), pad_id=0, seed=5))
+    fds = (loader.start_watch.read_fd, loader.start_watch.started_fd)
+    os.fstat(fds[0])
+    del loader
+    gc.collect()
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
