@@ -3,6 +3,7 @@ with a terminal that hung up: so that neither a killed parent's workers nor a st
 outlive them, and a closed ssh session does not turn the clean-up into a crash."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -83,6 +84,13 @@ def dead_output(exc: OSError, fd: int) -> bool:
     return exc.errno == errno.EPIPE or (exc.errno == errno.EIO and fd in _terminal_outputs)
 
 
+def to_stderr(line: str) -> None:
+    """Print `line` on stderr, flushed, where an output whose reader is gone (a hung-up terminal, the pipe to a `tee`
+    that ended with it) cannot fail what the caller does next: an exit code, a status file."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
+
+
 def exit_on_termination() -> None:
     """Make SIGTERM (SLURM's time limit and scancel, a plain `kill`) and SIGHUP (a closed terminal; unless ignored, as
     under nohup) raise SystemExit(128 + the signal) in the main thread, so a command's clean-up (`finally`,
@@ -96,6 +104,14 @@ def exit_on_termination() -> None:
             signal.signal(sig, signal.SIG_IGN)
         if signum == signal.SIGHUP:
             leave_terminal()
+            # A pipe to a `tee` that ended with the terminal: what stdout still holds would fail the interpreter's
+            # last flush, and turn the exit into 120.
+            try:
+                sys.stdout.flush()
+            except OSError as exc:
+                if dead_output(exc, 1):
+                    with contextlib.suppress(OSError):
+                        drop_output(1)
         raise SystemExit(128 + signum)
 
     for sig in caught:

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from pathlib import Path
 
 from core.config_io import load_config
 from core.errors import DivergedError, one_line, user_error
+from core.process_life import to_stderr
 from evaluation.cli import add_commands as add_evaluation_commands
 from pretrain.lifecycle.exit_status import exit_code_for
 
@@ -55,7 +57,7 @@ def _train(args: argparse.Namespace) -> int:
             try:
                 write_status("failed", error=type(exc).__name__, code=exit_code_for(exc))
             except OSError as status_error:  # on the disk that stopped the run: the run's own error goes on
-                print(f"warning: the rank's status could not be recorded ({status_error})", file=sys.stderr)
+                to_stderr(f"warning: the rank's status could not be recorded ({status_error})")
         raise
     # The decision is made and the checkpoint written: a late SIGTERM (SLURM sends more than one)
     # must not turn "preempted, requeue me" into "killed by a signal" during shutdown.
@@ -101,18 +103,19 @@ def _peer_lost(exc: BaseException, trainer) -> None:
         line = (f"peer lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}, "
                 f"backend {backend}: lost {who}: {first[:300]} (exit {EXIT_PEER_LOST}; resume from the last complete "
                 "checkpoint)")
-    print(line, file=sys.stderr, flush=True)
+    to_stderr(line)
     try:  # the records go on the run's disks, which may be what failed: the exit below must happen whatever they do
         if trainer is not None and dist.rank() == 0:
             trainer.log.info(line)
         # attempt_lost: no host to suspect (slurm/attempt_outcome.sh)
         write_status("attempt_lost" if lost is not None else "peer_lost", step=step, error=first[:500])
     except OSError as record_error:
-        print(f"warning: the lost peer could not be recorded ({record_error})", file=sys.stderr, flush=True)
+        to_stderr(f"warning: the lost peer could not be recorded ({record_error})")
     from data_pipeline.loader import release_shared_memory
 
     release_shared_memory()  # os._exit skips streaming's exit handler, which would do it
-    sys.stdout.flush()
+    with contextlib.suppress(OSError):  # a console whose reader is gone must not keep the exit below from happening
+        sys.stdout.flush()
     # Tearing down a group whose peer is gone can hang (and NCCL's can spin): leave now.
     os._exit(EXIT_PEER_LOST)
 
@@ -161,5 +164,5 @@ def main(argv: list[str] | None = None) -> int:
         shown = exc if isinstance(exc, DivergedError) else user_error(exc)
         if shown is None:  # a bug: its traceback
             raise
-        print(f"error: {one_line(shown)}", file=sys.stderr)
+        to_stderr(f"error: {one_line(shown)}")
         return exit_code_for(shown)

@@ -8,7 +8,6 @@ counters, the sample audit, the logger and the metrics reporter.
 """
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Iterator, Optional
 
@@ -16,6 +15,7 @@ import torch
 
 from core import distributed as dist
 from core.errors import InputDataError
+from core.process_life import to_stderr
 from data_pipeline.dataset_dir import DatasetDir
 from pretrain.checkpointing.checkpoint_dir import tag_for
 from pretrain.checkpointing.checkpoint_manager import CheckpointManager
@@ -204,7 +204,7 @@ class Trainer:
             self._mark(FAILED, f"failed at step {self.step}: {type(exc).__name__}: {exc}", error=type(exc).__name__,
                        message=str(exc)[:2000])
         except OSError as marker_error:  # not to the run folder's log either: it is on the same disk
-            print(f"warning: the {FAILED} marker could not be written ({marker_error})", file=sys.stderr, flush=True)
+            to_stderr(f"warning: the {FAILED} marker could not be written ({marker_error})")
 
     def _mark(self, marker: str, line: str, **fields: Any) -> None:
         """Rank 0 writes a run-folder marker (PREEMPTED, FAILED) with the step and time; the log gets `line`."""

@@ -64,7 +64,7 @@ def slurm_end_time() -> Optional[float]:
 
 
 class PreemptionGuard:
-    """Turns SIGUSR1/SIGTERM and the deadline into one decision per step, the same on every rank."""
+    """Turns SIGUSR1/SIGTERM/SIGHUP and the deadline into one decision per step, the same on every rank."""
 
     def __init__(self, deadline: Optional[float], margin_s: float) -> None:
         self.deadline = deadline
@@ -75,7 +75,7 @@ class PreemptionGuard:
     def poll(self, step_seconds: float, save_seconds: float, save_due: bool) -> tuple[bool, bool]:
         """(stop, save) agreed by all ranks: stop if any rank got a signal or the deadline is near;
         save if any rank says a time-based save is due. One small all-reduce per step, on the CPU."""
-        signals.training_started()  # from here a SIGTERM asks for a save and a stop, as SIGUSR1 does
+        signals.training_started()  # from here SIGTERM and SIGHUP ask for a save and a stop, as SIGUSR1 does
         self.reason = self.reason or signals.first_received()
         local = self.reason is not None
         if not local and self.deadline is not None:

@@ -13,7 +13,7 @@ A SIGTERM is different before training starts: there is nothing to save yet, and
 Python runs its handlers only between bytecodes, and a rank waiting at the rendezvous for a peer that
 died sits in C++ for the whole start-up timeout, until SLURM's or torchrun's SIGKILL 30 s later. So until
 the trainer first polls, a thread woken through the signal wake-up fd (which the C-level handler writes
-at once) ends the process by SIGTERM itself.
+at once) ends the process by that signal itself (SIGTERM or SIGHUP).
 """
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ import sys
 import threading
 from typing import Optional
 
-from core.process_life import hang_up_ignored, leave_terminal, note_terminal_outputs
+from core.process_life import hang_up_ignored, leave_terminal, note_terminal_outputs, to_stderr
 
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)
 ENDING = (signal.SIGTERM, signal.SIGHUP)  # those that end the process at once before training starts
 _caught: Optional[tuple[signal.Signals, ...]] = None  # SIGNALS, less SIGHUP where it was ignored at the first `catch`
 _received: list[str] = []
-_wakeup: Optional[tuple[int, int]] = None  # (read, write) ends of the wake-up pipe while a SIGTERM ends the process
-_training = False  # set at the trainer's first poll: from then on a SIGTERM is a request to save and stop
+_wakeup: Optional[tuple[int, int]] = None  # (read, write) ends of the wake-up pipe while SIGTERM/SIGHUP end the process
+_training = False  # set at the trainer's first poll: from then on SIGTERM/SIGHUP ask for a save and a stop
 
 
 def _handle(signum, frame) -> None:
@@ -99,12 +99,8 @@ def terminated(step: int, error: Optional[str], sig: signal.Signals = signal.SIG
     write_status("terminated", error=error or sig.name, step=step)
     when = f"at step {step}" if step >= 0 else "before its first step"
     after = f"then {error}" if error else "no step was run, nothing to save"
-    try:
-        print(f"terminated: rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')} {when} by "
-              f"{sig.name} (the job was ended; a rank that stopped on its own says why in its log); {after}",
-              file=sys.stderr, flush=True)
-    except OSError:  # an output whose reader is gone (a pipe to a `tee` that a hang-up ended): the status says it
-        pass
+    to_stderr(f"terminated: rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')} {when} by "
+              f"{sig.name} (the job was ended; a rank that stopped on its own says why in its log); {after}")
     loader = sys.modules.get("data_pipeline.loader")  # only once the run got that far; importing it costs seconds
     if loader is not None:
         loader.release_shared_memory()  # dying of the signal skips streaming's exit handler, which would do it
@@ -125,7 +121,7 @@ def _die_of(sig: signal.Signals) -> None:
 
 
 def training_started() -> None:
-    """From the trainer's first poll on, a SIGTERM is a request to save and stop at the next step boundary."""
+    """From the trainer's first poll on, a SIGTERM or SIGHUP is a request to save and stop at the next step boundary."""
     global _training, _wakeup
     _training = True
     if _wakeup is None:

@@ -1,6 +1,7 @@
 """Rank-0 run log: a progress line with ETA on stdout, the same in train.log, scalars in TensorBoard and metrics.jsonl."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import sys
@@ -71,7 +72,8 @@ class RunLogger:
                 raise
             # A terminal that hung up, or the pipe to a `tee` that ended with it (the SIGHUP, which saves and stops the
             # run, may be a moment behind): train.log keeps the line, and stdout goes to /dev/null from here.
-            drop_output(sys.stdout.fileno())
+            with contextlib.suppress(OSError):  # no descriptor left for /dev/null: the next line fails the same way
+                drop_output(sys.stdout.fileno())
         try:
             self._text.write(line + "\n")
         except OSError as exc:  # the run folder's disk is full: stdout has the line, and the save says so in its own

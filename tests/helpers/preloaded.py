@@ -77,6 +77,9 @@ def serve(path: str) -> None:
     # What a fresh interpreter started by the pytest worker begins with: this process was one a moment ago.
     dispositions = {sig: signal.getsignal(sig) for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
                     if signal.getsignal(sig) is not None}
+    # Except SIGHUP, which starts at its default as in a terminal's process: a suite run under nohup (or a CI runner that
+    # ignores it) would otherwise start every command with it ignored, and the hang-up tests would test nothing.
+    dispositions[signal.SIGHUP] = signal.SIG_DFL
     started_with = dict(os.environ)
     _end_with_parent()
     sys.path[0] = os.getcwd()  # as `python -m` from the repository root: the repository's packages come first

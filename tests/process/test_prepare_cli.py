@@ -58,8 +58,12 @@ def test_a_prepare_stopped_midway_leaves_no_worker_and_on_sigterm_no_temporary_f
         time.sleep(0.05)  # until the workers write parts
     workers = [pid for pid in descendants(proc.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
     assert proc.poll() is None and len(workers) == 2, log.read_text()[-3000:]
-    for pid in [proc.pid, *workers] if sig == "SIGHUP" else [proc.pid]:
-        os.kill(pid, getattr(signal, sig))
+    if sig == "SIGHUP":  # the workers' share of the group's hang-up first: they leave the decision to the parent
+        for pid in workers:
+            os.kill(pid, signal.SIGHUP)
+        time.sleep(0.5)
+        assert all(running(pid) for pid in workers) and proc.poll() is None, log.read_text()[-3000:]
+    proc.send_signal(getattr(signal, sig))
     code = proc.wait(timeout=60)
     deadline = time.time() + 10  # the kernel's parent-death signal, or the pool's own stop
     while [pid for pid in workers if running(pid)] and time.time() < deadline:

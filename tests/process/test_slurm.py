@@ -544,12 +544,19 @@ def test_a_host_exclusion_that_does_not_take_cancels_the_job_instead_of_releasin
     assert state == "CANCELLED"
 
 
-def test_host_lists_are_read_in_slurm_s_compressed_form(cluster):
+def test_host_lists_are_read_in_slurm_s_compressed_form(cluster, tmp_path):
     """A job's own --exclude may be "gpu[01,05-06]": the sbatch adds the suspects to it host by host (a split on commas
     cut it inside the brackets, and the update that followed was refused, so the helper cancelled the job), and the
-    helper compares what SLURM writes back however it writes it."""
+    helper compares what SLURM writes back however it writes it. Where scontrol cannot read a list (here: a
+    slurm.conf it refuses), no list is taken for the same as another, not even for itself: the helper then cancels
+    rather than release, and the sbatch leaves the job's exclusions as they are."""
     script = (f'source "{REPO}/slurm/host_lists.sh"; merged_hosts "$1" "$2"; '
               'for pair in "$3|$4" "$5|$6"; do same_hosts "${pair%|*}" "${pair#*|}" && echo same || echo differ; done')
     out = subprocess.run(["bash", "-c", script, "lists", "gpu[01,05-06]", "n2,gpu05", "n[1-2]", "n2,n1", "(null)",
                           "no-such-node"], env=cluster.env, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["gpu01,gpu05,gpu06,n2", "same", "differ"], out.stdout + out.stderr
+    (tmp_path / "slurm.conf").write_text("")  # scontrol refuses it at once (no ClusterName)
+    out = subprocess.run(["bash", "-c", script, "lists", "n1", "", "n1", "n1", "(null)", "n1"],
+                         env={**cluster.env, "SLURM_CONF": str(tmp_path / "slurm.conf")}, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.split() == ["differ", "differ"], out.stdout + out.stderr  # and no merged list
