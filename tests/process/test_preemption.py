@@ -86,6 +86,7 @@ def test_a_hang_up_then_repeated_signals_during_the_save_leave_a_good_checkpoint
     with EPIPE, and the shell, or torchrun, sends SIGHUP to the rank and its loader workers. Then, during the save,
     SLURM-style repeated SIGTERMs to every process (torch's worker dies of a SIGTERM not from its rank, and the rank's
     next batch then failed before its save). The rank saves, writes PREEMPTED and exits 75, and the run resumes."""
+    import contextlib
     import os
     import select
     import threading
@@ -118,6 +119,11 @@ def test_a_hang_up_then_repeated_signals_during_the_save_leave_a_good_checkpoint
         finally:
             reading.clear()
             reader.join()
+            for end in (terminal, tee):  # what came after the reader's last look
+                os.set_blocking(end, False)
+                with contextlib.suppress(OSError):  # EAGAIN: nothing more
+                    while chunk := os.read(end, 65536):
+                        console.extend(chunk)
             os.close(terminal)  # the hang-up: from here the rank's writes to its terminal fail with EIO,
             os.close(tee)  # and, tee gone, those to its pipe with EPIPE
         # The hang-up reaches the whole process group; the workers' share first, and the rank's after many steps'
