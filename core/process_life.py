@@ -9,7 +9,7 @@ import errno
 import os
 import signal
 import sys
-from typing import Mapping
+from typing import Mapping, Optional
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # The standard streams found to be a terminal: once the terminal hangs up, every write to it fails with EIO and
@@ -66,29 +66,57 @@ def _same_file(fd: int, other: int) -> bool:
         return False
 
 
+def _drop_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):  # no descriptor left to open /dev/null with: the writes fail as they would have
+        drop_output(fd)
+
+
 def leave_terminal() -> None:
     """Drop stdout and stderr where `note_terminal_outputs` found a terminal; never raises.
 
     After a hang-up (a closed ssh session, a killed tmux pane) every write to that terminal fails with EIO, so the
     save or clean-up that the SIGHUP starts would fail at its first progress line."""
     for fd in sorted(_terminal_outputs):
-        try:
-            drop_output(fd)
-        except OSError:  # no descriptor left to open /dev/null with: the writes fail as they would have
-            pass
+        _drop_quietly(fd)
 
 
-def dead_output(exc: OSError, fd: int) -> bool:
+def _dead_output(exc: OSError, fd: int) -> bool:
     """Whether `exc`, raised writing to `fd`, says that its reader is gone: a pipe's (EPIPE: the `tee` that a hang-up
     ended with the terminal), or a terminal's that hung up (EIO); not a disk's EIO."""
     return exc.errno == errno.EPIPE or (exc.errno == errno.EIO and fd in _terminal_outputs)
 
 
-def to_stderr(line: str) -> None:
-    """Print `line` on stderr, flushed, where an output whose reader is gone (a hung-up terminal, the pipe to a `tee`
-    that ended with it) cannot fail what the caller does next: an exit code, a status file."""
+def _write(stream, line: Optional[str]) -> None:
+    """`line` (None: only the flush) on `stream`, flushed; a stream whose reader is gone goes to /dev/null from here
+    (what it still holds with it: it cannot fail the interpreter's last flush either). Other errors go on."""
+    try:
+        if line is not None:
+            print(line, file=stream)
+        stream.flush()
+    except OSError as exc:
+        fd = stream.fileno()
+        if not _dead_output(exc, fd):
+            raise
+        _drop_quietly(fd)
+
+
+def to_stdout(line: str) -> None:
+    """Print `line` on stdout, flushed, or nowhere once stdout's reader is gone (a hung-up terminal, the pipe to a
+    `tee` that ended with it): train.log and the status files keep what matters."""
+    _write(sys.stdout, line)
+
+
+def flush_stdout() -> None:
+    """Flush stdout before an exit; never raises: what it held is lost where it cannot be written, not the exit."""
     with contextlib.suppress(OSError):
-        print(line, file=sys.stderr, flush=True)
+        _write(sys.stdout, None)
+
+
+def to_stderr(line: str) -> None:
+    """Print `line` on stderr, flushed; never raises: an output that refuses it (its reader gone, its disk full)
+    cannot fail what the caller does next: an exit code, a status file."""
+    with contextlib.suppress(OSError):
+        _write(sys.stderr, line)
 
 
 def exit_on_termination() -> None:
@@ -106,12 +134,7 @@ def exit_on_termination() -> None:
             leave_terminal()
             # A pipe to a `tee` that ended with the terminal: what stdout still holds would fail the interpreter's
             # last flush, and turn the exit into 120.
-            try:
-                sys.stdout.flush()
-            except OSError as exc:
-                if dead_output(exc, 1):
-                    with contextlib.suppress(OSError):
-                        drop_output(1)
+            flush_stdout()
         raise SystemExit(128 + signum)
 
     for sig in caught:

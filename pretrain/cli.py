@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
 from pathlib import Path
 
 from core.config_io import load_config
 from core.errors import DivergedError, one_line, user_error
-from core.process_life import to_stderr
+from core.process_life import flush_stdout, to_stderr
 from evaluation.cli import add_commands as add_evaluation_commands
 from pretrain.lifecycle.exit_status import exit_code_for
 
@@ -114,8 +113,7 @@ def _peer_lost(exc: BaseException, trainer) -> None:
     from data_pipeline.loader import release_shared_memory
 
     release_shared_memory()  # os._exit skips streaming's exit handler, which would do it
-    with contextlib.suppress(OSError):  # a console whose reader is gone must not keep the exit below from happening
-        sys.stdout.flush()
+    flush_stdout()
     # Tearing down a group whose peer is gone can hang (and NCCL's can spin): leave now.
     os._exit(EXIT_PEER_LOST)
 

@@ -17,14 +17,13 @@ at once) ends the process by that signal itself (SIGTERM or SIGHUP).
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 import threading
 from typing import Optional
 
-from core.process_life import hang_up_ignored, leave_terminal, note_terminal_outputs, to_stderr
+from core.process_life import flush_stdout, hang_up_ignored, leave_terminal, note_terminal_outputs, to_stderr
 
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)
 ENDING = (signal.SIGTERM, signal.SIGHUP)  # those that end the process at once before training starts
@@ -104,8 +103,7 @@ def terminated(step: int, error: Optional[str], sig: signal.Signals = signal.SIG
     loader = sys.modules.get("data_pipeline.loader")  # only once the run got that far; importing it costs seconds
     if loader is not None:
         loader.release_shared_memory()  # dying of the signal skips streaming's exit handler, which would do it
-    with contextlib.suppress(OSError):
-        sys.stdout.flush()
+    flush_stdout()
     _die_of(sig)
 
 

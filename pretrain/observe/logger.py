@@ -1,17 +1,15 @@
 """Rank-0 run log: a progress line with ETA on stdout, the same in train.log, scalars in TensorBoard and metrics.jsonl."""
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 from core.errors import refused_for_room
 from core.jsonl import rewind_jsonl
-from core.process_life import dead_output, drop_output
+from core.process_life import to_stdout
 from pretrain.run_dir import TENSORBOARD, RunDir
 
 
@@ -65,15 +63,7 @@ class RunLogger:
         if not self.enabled:
             return
         line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
-        try:
-            print(line, flush=True)
-        except OSError as exc:
-            if not dead_output(exc, sys.stdout.fileno()):
-                raise
-            # A terminal that hung up, or the pipe to a `tee` that ended with it (the SIGHUP, which saves and stops the
-            # run, may be a moment behind): train.log keeps the line, and stdout goes to /dev/null from here.
-            with contextlib.suppress(OSError):  # no descriptor left for /dev/null: the next line fails the same way
-                drop_output(sys.stdout.fileno())
+        to_stdout(line)  # a console that hung up (its SIGHUP may be a moment behind) takes no line: train.log does
         try:
             self._text.write(line + "\n")
         except OSError as exc:  # the run folder's disk is full: stdout has the line, and the save says so in its own
