@@ -39,7 +39,7 @@ def one_setting(chunk: int, args: argparse.Namespace, device: torch.device) -> d
     head = VocabularyHead(lambda rows: rows, projection)
     hidden = (torch.randn(1, args.rows, args.hidden, generator=gen) * 0.5).to(device).requires_grad_()
     labels = torch.randint(0, args.vocab, (1, args.rows), generator=gen).to(device)
-    index = torch.arange(args.rows, device=device)[None]
+    index = torch.arange(args.rows, device=device)  # every row predicted: the flat index sparse_mlm reads
     step = torch.compile(sparse_mlm, dynamic=False) if args.compile else sparse_mlm
     bf16 = args.precision == "bf16"
     if device.type == "cuda":

@@ -13,6 +13,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from data_pipeline.masking import prediction_index
+
 SampleTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
 EVAL_STREAM = 1 << 30  # keeps evaluation masks apart from training masks
 
@@ -48,12 +50,15 @@ class MaskingCollate:
     """The loader's collate_fn: mask each sample at its own length with its own seeded generator, then pad.
 
     `transform=None` pads only. `per_epoch=False` (validation) gives a sample the same mask in every
-    pass, so evaluations compare. Picklable, so it runs in the loader's worker processes.
+    pass, so evaluations compare. A batch whose rows list `masked_positions` also gets `prediction_index`, its
+    picks' flat positions padded to `prediction_slots(rows, seq_len)` (data_pipeline/masking.py
+    `batch_prediction_slots`; every row's slots when None). Picklable, so it runs in the loader's worker processes.
     """
 
     def __init__(self, transform: Optional[SampleTransform], pad_id: int, seed: int = 0, stream: int = 0,
-                 per_epoch: bool = True) -> None:
+                 per_epoch: bool = True, prediction_slots: Optional[Callable[[int, int], int]] = None) -> None:
         self.transform, self.pad_id, self.seed, self.stream, self.per_epoch = transform, pad_id, seed, stream, per_epoch
+        self.prediction_slots = prediction_slots
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         """A padded batch of masked samples (the transform's columns plus sample_id and pair_label), with a flag per
@@ -83,6 +88,10 @@ class MaskingCollate:
         batch["sample_id"] = torch.tensor([int(s["sample_id"]) for s in samples], dtype=torch.long)
         if "pair_label" in samples[0]:
             batch["pair_label"] = torch.tensor([int(s["pair_label"]) for s in samples], dtype=torch.long)
+        if "masked_positions" in batch:
+            rows, most = batch["masked_positions"].shape[0], batch["masked_positions"].numel()
+            slots = self.prediction_slots(rows, batch["labels"].shape[1]) if self.prediction_slots else most
+            batch["prediction_index"] = prediction_index(batch["labels"], min(slots, most), most)
         return mark_unpadded(batch)
 
 

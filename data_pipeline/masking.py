@@ -24,7 +24,10 @@ Strategies (special tokens and padding are never picked):
 independent draws. A row predicts at most `prediction_slots` tokens (as google-research/bert's
 max_predictions_per_seq): the row's picks past that many are left unpicked. Every
 strategy but `plm` emits `masked_positions` [K]: the picked positions in order, then 0 ([CLS], never
-picked) up to K = `prediction_slots`, so the step gathers a fixed count per row and compiles once. Validation uses `evaluation_masking`: the same picks, all shown as [MASK].
+picked) up to K = `prediction_slots`. A batch's collate turns them into `prediction_index` (`prediction_index`
+here): the flat positions of all its picks, padded to a count fixed per batch shape (`batch_prediction_slots`), so
+the step's vocabulary heads run over about as many rows as there are picks and compile once. Validation uses
+`evaluation_masking`: the same picks, all shown as [MASK].
 With `crop_ratio` set, a contiguous crop of the clean sequence (COCO-LM's second view for sequence
 contrastive learning) is added as `crop_input_ids` / `crop_attention_mask`.
 """
@@ -110,6 +113,37 @@ def prediction_slots(cfg: MaskingConfig, seq_len: int) -> int:
     if cfg.count == "exact" or cfg.strategy in ("span", "ngram", "plm"):
         return max(1, min(seq_len, round(expected)))
     return max(1, min(seq_len, math.ceil(expected + 5 * math.sqrt(expected * (1 - cfg.mask_prob)))))
+
+
+def batch_prediction_slots(cfg: MaskingConfig, rows: int, seq_len: int) -> int:
+    """The predictions a batch of `rows` × `seq_len` makes room for: the width of its `prediction_index`.
+
+    Independent draws (bert, whole_word) get five standard deviations of a Binomial(rows · seq_len, mask_prob) above
+    its mean for the whole batch, where each row's own slots (`prediction_slots`) hold five per row: the batch's
+    picks vary far less than its rows'. Exact counts and span budgets fill every row's slots.
+    """
+    every_row = rows * prediction_slots(cfg, seq_len)
+    if cfg.count == "exact" or cfg.strategy in ("span", "ngram", "plm"):
+        return every_row
+    expected = cfg.mask_prob * rows * seq_len
+    return max(1, min(every_row, math.ceil(expected + 5 * math.sqrt(expected * (1 - cfg.mask_prob)))))
+
+
+def prediction_index(labels: torch.Tensor, slots: int, most: int) -> torch.Tensor:
+    """[slots]: the flat positions (into labels.flatten()) of a batch's labelled tokens in order, then an unlabelled
+    position (the first) up to `slots`; [most] for a batch with more than `slots` picks.
+
+    `most` is what the batch can hold (rows × their slots): a batch over its budget takes that wider shape, a shape
+    of its own in a compiled step, instead of losing picks, so a sample's masking never depends on the batch it is in.
+    """
+    flags = (labels != IGNORE_INDEX).numpy().reshape(-1)
+    where = np.flatnonzero(flags)
+    if len(where) > most:
+        raise ValueError(f"a batch holds {len(where)} picks, more than its rows' {most} prediction slots")
+    width = slots if len(where) <= slots else most
+    index = np.full(width, int(np.argmin(flags)) if len(where) < width else 0, dtype=np.int64)
+    index[:len(where)] = where
+    return torch.from_numpy(index)
 
 
 def positions_of(picked: torch.Tensor, slots: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ package knows no objective.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -15,7 +16,8 @@ from core.errors import ConfigError
 from data_pipeline.batches import EVAL_STREAM, MaskingCollate
 from data_pipeline.dataset_dir import SPLITS, DatasetDir
 from data_pipeline.loader import LoaderConfig, build_loader, clean_stale_shared_memory, is_local_leader
-from data_pipeline.masking import MaskingConfig, build_masking, evaluation_masking, needs_word_starts
+from data_pipeline.masking import (MaskingConfig, batch_prediction_slots, build_masking, evaluation_masking,
+                                   needs_word_starts)
 from data_pipeline.shard_record import verify_split_once
 from data_pipeline.shards import read_manifest, shard_files
 from data_pipeline.tokenizer import load_tokenizer, word_start_table
@@ -76,7 +78,8 @@ def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: i
         cls_id=tok["cls_id"], sep_id=tok["sep_id"]), *specials) for m in (masking, evaluation_masking(masking)))
     stale = clean_stale_shared_memory(cfg)
     train = build_loader(cfg, "train", micro_batch_size, pin_memory=pin_memory,
-                         collate_fn=MaskingCollate(train_transform, tok["pad_id"], seed))
+                         collate_fn=MaskingCollate(train_transform, tok["pad_id"], seed,
+                                                   prediction_slots=functools.partial(batch_prediction_slots, masking)))
     notes = (f"{train.num_workers} loader worker(s) per rank (data.num_workers=auto)",) if cfg.num_workers == "auto" else ()
     if stale:
         notes += (f"removed {len(stale)} streaming shared-memory segment(s) no process held (a killed run's): "
@@ -90,6 +93,7 @@ def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: i
         return RunData(manifest, train, None, notes)
     validation = build_loader(cfg, "validation", micro_batch_size, shuffle=False, pin_memory=pin_memory,
                               collate_fn=MaskingCollate(eval_transform, tok["pad_id"], seed, stream=EVAL_STREAM,
-                                                        per_epoch=False))
+                                                        per_epoch=False, prediction_slots=functools.partial(
+                                                            batch_prediction_slots, evaluation_masking(masking))))
     return RunData(manifest, train, validation, notes)
 

@@ -42,8 +42,8 @@ from model.backbones import backbone_for
 from model.diagnostics import detection_metrics, masked_mean, retrieval_accuracy
 from model.objectives.base import Batch, Objective
 from model.objectives.electra import sample_replacements
-from model.objectives.mlm import (at_least_fp32, at_positions, full_precision, prediction_accuracy, prediction_positions,
-                                  sparse_mlm)
+from model.objectives.mlm import (at_index, at_least_fp32, full_precision, prediction_accuracy, prediction_index,
+                                  put_at_index, sparse_mlm)
 
 if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
     from model.encoder import EncoderConfig
@@ -165,46 +165,45 @@ class CocoLM(Objective):
                               "and masking.crop_ratio=0.9")
 
     def _sample(self, masked: torch.Tensor, attention: Optional[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-        """Replacements [B, K] at the positions `index` from the generator's softmax (no-grad pass, dropout off), or
+        """Replacements [N] at the flat positions `index` from the generator's softmax (no-grad pass, dropout off), or
         uniform draws."""
         was_training = self.generator.training
         self.generator.eval()
         with torch.no_grad():
             hidden = self.backbone.encode(self.backbone.base(self.generator), masked, attention).last_hidden_state
-            logits = self.backbone.mlm_head(self.generator)(at_positions(hidden, index).flatten(0, 1))
-            sampled = sample_replacements(logits, self.options.generator).view(index.shape)
+            logits = self.backbone.mlm_head(self.generator)(at_index(hidden, index))
+            sampled = sample_replacements(logits, self.options.generator)
         self.generator.train(was_training)
         return sampled
 
     def generator_predict(self, hidden: torch.Tensor, labels: torch.Tensor,
                           index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The generator's MLM loss and accuracy at the predicted positions `index`."""
+        """The generator's MLM loss and accuracy at the predicted flat positions `index`."""
         return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.generator), index, self.vocab_loss_chunk)
 
     def correct(self, hidden: torch.Tensor, copy_logits: torch.Tensor, corrupted: torch.Tensor, targets: torch.Tensor,
                 index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The corrective LM's loss and accuracy at the predicted positions `index` (`targets` [B, K]: the original
-        token where a slot holds a masked position, IGNORE_INDEX in a row's padding slots)."""
-        logits = at_least_fp32(self.clm_head(at_positions(hidden, index).flatten(0, 1)))  # one upcast for both
-        flat = targets.flatten()
-        loss = corrective_lm_loss(logits, flat, at_positions(copy_logits, index).flatten(),
-                                  at_positions(corrupted, index).flatten(), self.options.clm_form)
-        return loss, prediction_accuracy(logits, flat)
+        """The corrective LM's loss and accuracy at the predicted flat positions `index` (`targets` [N]: the original
+        token where a slot holds a masked position, IGNORE_INDEX in the padding slots)."""
+        logits = at_least_fp32(self.clm_head(at_index(hidden, index)))  # one upcast for both
+        loss = corrective_lm_loss(logits, targets, at_index(copy_logits, index), at_index(corrupted, index),
+                                  self.options.clm_form)
+        return loss, prediction_accuracy(logits, targets)
 
     def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Generator MLM, copy, corrective LM and SCL losses, with copy and SCL retrieval diagnostics."""
         if "crop_input_ids" not in batch:
             raise ConfigError("objective coco_lm needs the crop view: set masking.crop_ratio (0.9 in the paper)")
         masked, attention, original = batch["input_ids"], batch["attention_mask"], batch["original_input_ids"]
-        labels, index = batch["labels"], prediction_positions(batch)
-        picked = at_positions(labels, index) != IGNORE_INDEX  # [B, K]: the slots that hold a masked position
+        labels, index = batch["labels"], prediction_index(batch)
+        picked = at_index(labels, index) != IGNORE_INDEX  # [N]: the slots that hold a masked position
         bb = self.backbone
         given = self.encoder_mask(batch)
         gen_hidden = bb.encode(bb.base(self.generator), masked, given).last_hidden_state
         gen_loss, gen_accuracy = self.generator_predict(gen_hidden, labels, index)
-        # Padding slots write back the original token (they all point at position 0).
-        kept = at_positions(original, index)
-        corrupted = original.scatter(1, index, torch.where(picked, self._sample(masked, given, index), kept))
+        # Padding slots write back the original token (they all point at one unpicked position).
+        kept = at_index(original, index)
+        corrupted = put_at_index(original, index, torch.where(picked, self._sample(masked, given, index), kept))
         unchanged = corrupted == original
         hidden = bb.encode(self.main, corrupted, given).last_hidden_state
         copy_logits = self.copy_head(hidden).squeeze(-1)

@@ -31,7 +31,7 @@ from model.backbones import backbone_for
 from model.diagnostics import retrieval_accuracy
 from model.objectives.base import Batch, Objective
 from model.objectives.coco_lm import scl_logits
-from model.objectives.mlm import prediction_positions, sparse_mlm
+from model.objectives.mlm import prediction_index, sparse_mlm
 
 if TYPE_CHECKING:  # the config sections are read here, never built: no import cycle with model.encoder
     from data_pipeline.batches import SampleTransform
@@ -117,7 +117,7 @@ class Declutr(Objective):
         types = batch.get("token_type_ids")
         anchor = self.backbone.encode(base, batch["input_ids"], self.encoder_mask(batch), types).last_hidden_state
         mlm, mlm_accuracy = sparse_mlm(anchor, batch["labels"], self.backbone.mlm_head(self.model),
-                                      prediction_positions(batch), self.vocab_loss_chunk)
+                                      prediction_index(batch), self.vocab_loss_chunk)
         positives, masks = [], []
         for k in range(self.options.spans.positives):
             ids, mask = batch[f"positive{k}_input_ids"], batch[f"positive{k}_attention_mask"]

@@ -47,7 +47,7 @@ from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import detection_metrics, masked_mean
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import at_least_fp32, at_positions, prediction_positions, sparse_mlm
+from model.objectives.mlm import at_index, at_least_fp32, prediction_index, put_at_index, sparse_mlm
 
 if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
     from model.encoder import EncoderConfig
@@ -177,20 +177,20 @@ class Electra(Objective):
         gen_head = self.backbone.mlm_head(self.generator)
         gen_hidden = self.backbone.encode(gen_base, batch["input_ids"], self.encoder_mask(batch),
                                           types).last_hidden_state
-        index = prediction_positions(batch)
+        index = prediction_index(batch)
         gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], gen_head, index, self.vocab_loss_chunk)
         with torch.no_grad():
-            logits = gen_head(at_positions(gen_hidden, index).flatten(0, 1).detach())
-            sampled = sample_replacements(logits, self.options.generator).view(index.shape)
+            logits = gen_head(at_index(gen_hidden, index).detach())
+            sampled = sample_replacements(logits, self.options.generator)
         rtd, metrics = self._detect(batch, index, sampled)
         return {"generator_mlm_loss": gen_loss, "rtd_loss": rtd}, {"generator_accuracy": gen_accuracy, **metrics}
 
     def _detect(self, batch: Batch, index: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """The discriminator on the input with `sampled` [B, K] at the predicted positions `index` (padding slots,
+        """The discriminator on the input with `sampled` [N] at the predicted flat positions `index` (padding slots,
         whose label is ignored, keep their token): RTD loss and detection metrics."""
         attention, ids = batch["attention_mask"], batch["input_ids"]
-        picked = at_positions(batch["labels"], index) != IGNORE_INDEX
-        corrupted = ids.scatter(1, index, torch.where(picked, sampled, at_positions(ids, index)))
+        picked = at_index(batch["labels"], index) != IGNORE_INDEX
+        corrupted = put_at_index(ids, index, torch.where(picked, sampled, at_index(ids, index)))
         replaced = corrupted != batch["original_input_ids"]
         disc_logits = self.backbone.rtd_logits(self.discriminator, corrupted, self.encoder_mask(batch),
                                                batch.get("token_type_ids"))
@@ -207,19 +207,19 @@ class Electra(Objective):
         hidden = self.backbone.encode(self.backbone.base(self.stage_one), batch["input_ids"], self.encoder_mask(batch),
                                       batch.get("token_type_ids")).last_hidden_state
         loss, accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.stage_one),
-                                    prediction_positions(batch), self.vocab_loss_chunk)
+                                    prediction_index(batch), self.vocab_loss_chunk)
         return {"generator_mlm_loss": loss}, {"generator_accuracy": accuracy, "electra_stage": loss.new_tensor(1.0)}
 
     def _stage_two_terms(self, batch: Batch):
         """Two-stage, after the switch: RTD against the frozen generator's samples (its MLM loss is a metric)."""
         types = batch.get("token_type_ids")
-        index = prediction_positions(batch)
+        index = prediction_index(batch)
         with torch.no_grad():
             gen_hidden = self.backbone.encode(self.backbone.base(self.generator), batch["input_ids"],
                                               self.encoder_mask(batch), types).last_hidden_state
             head = self.backbone.mlm_head(self.generator)
             gen_loss, gen_accuracy = sparse_mlm(gen_hidden, batch["labels"], head, index, self.vocab_loss_chunk)
-            sampled = sample_replacements(head(at_positions(gen_hidden, index).flatten(0, 1)), "mlm").view(index.shape)
+            sampled = sample_replacements(head(at_index(gen_hidden, index)), "mlm")
         rtd, metrics = self._detect(batch, index, sampled)
         # Stage 1's MLM head is unused now, but ZeRO-3 keeps a parameter's last gradient once it stops getting
         # one, and that stale gradient would go on moving the head and counting in the clipping norm: the head

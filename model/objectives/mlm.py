@@ -71,10 +71,37 @@ def prediction_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
 
 
 def prediction_positions(batch: Batch) -> torch.Tensor:
-    """[B, K]: the positions the step predicts, a fixed count per row (the loader's `masked_positions`; 0 pads)."""
+    """[B, K]: the positions the step predicts, a fixed count per row (the loader's `masked_positions`; 0 pads), for
+    a term that works row by row (TaCL's contrast); the vocabulary heads read `prediction_index`."""
     if "masked_positions" in batch:
         return batch["masked_positions"]
     return positions_from_labels(batch["labels"])
+
+
+def prediction_index(batch: Batch) -> torch.Tensor:
+    """[N]: the flat positions (into the batch's B · L tokens) the vocabulary heads predict, a fixed count per batch
+    shape: the loader's `prediction_index` (its picks, then an unpicked position), or every row's slots in turn.
+
+    A row's slots make room for five standard deviations of its picks, a batch's for five of the batch's, which is
+    about half as many rows through a head at 128 tokens under `masking.count: bernoulli`."""
+    if "prediction_index" in batch:
+        return batch["prediction_index"]
+    return flat_positions(prediction_positions(batch), batch["labels"].shape[1])
+
+
+def flat_positions(index: torch.Tensor, length: int) -> torch.Tensor:
+    """index [B, K] of positions within rows of `length` → [B · K] positions into the flattened batch."""
+    return (torch.arange(index.shape[0], device=index.device)[:, None] * length + index).flatten()
+
+
+def at_index(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x [B, L, ...] at flat positions index [N] (`prediction_index`) → [N, ...]."""
+    return x.flatten(0, 1).index_select(0, index)
+
+
+def put_at_index(x: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """A copy of x [B, L] with values [N] at the flat positions index [N] (a padding slot puts back its own value)."""
+    return x.flatten().scatter(0, index, values).view_as(x)
 
 
 def positions_from_labels(labels: torch.Tensor) -> torch.Tensor:
@@ -93,13 +120,13 @@ def at_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def sparse_mlm(hidden: torch.Tensor, labels: torch.Tensor, head: Head, index: Optional[torch.Tensor] = None,
                chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Apply the MLM head only at the predicted positions `index` [B, K] (`prediction_positions(batch)`; found from
-    the labels when None); return (loss, accuracy). Slots labelled IGNORE_INDEX (a row's padding) count in neither.
+    """Apply the MLM head only at the predicted flat positions `index` [N] (`prediction_index(batch)`; found from
+    the labels when None); return (loss, accuracy). Slots labelled IGNORE_INDEX (padding) count in neither.
     `chunk` > 0 (`train.vocab_loss_chunk`, the objective's `vocab_loss_chunk`): the head's projection and loss fused,
     that many rows at a time (model/vocabulary_loss.py); the head must be a VocabularyHead."""
-    index = positions_from_labels(labels) if index is None else index
-    targets = at_positions(labels, index).flatten()
-    rows = at_positions(hidden, index).flatten(0, 1)
+    index = flat_positions(positions_from_labels(labels), labels.shape[1]) if index is None else index
+    targets = at_index(labels, index)
+    rows = at_index(hidden, index)
     if chunk:
         if not isinstance(head, VocabularyHead):
             raise ConfigError(f"train.vocab_loss_chunk={chunk} needs a backbone whose mlm_head is a VocabularyHead "
@@ -144,7 +171,7 @@ class MaskedLM(Objective):
         """MLM loss (+ NSP/SOP loss) and accuracies."""
         out = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], self.encoder_mask(batch),
                                    batch.get("token_type_ids"))
-        loss, accuracy = self.predict(out.last_hidden_state, batch["labels"], prediction_positions(batch))
+        loss, accuracy = self.predict(out.last_hidden_state, batch["labels"], prediction_index(batch))
         terms = {"mlm_loss": loss}
         metrics = {"mlm_accuracy": accuracy}
         if self.pair_head != "none":
@@ -156,7 +183,7 @@ class MaskedLM(Objective):
         return terms, metrics
 
     def predict(self, hidden: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MLM head's loss and accuracy at the predicted positions `index`."""
+        """The MLM head's loss and accuracy at the predicted flat positions `index`."""
         return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.model), index, self.vocab_loss_chunk)
 
     def flops_per_token(self, seq_len: int) -> float:

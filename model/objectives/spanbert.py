@@ -28,8 +28,7 @@ from model import flops
 from model.backbones import backbone_for
 from model.heads import SpanBoundaryHead, SpanBoundaryShape
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import (at_least_fp32, at_positions, mlm_loss, prediction_accuracy, prediction_positions,
-                                  sparse_mlm)
+from model.objectives.mlm import at_index, at_least_fp32, mlm_loss, prediction_accuracy, prediction_index, sparse_mlm
 
 if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
     from model.encoder import EncoderConfig
@@ -43,15 +42,16 @@ def span_boundary_loss(hidden: torch.Tensor, labels: torch.Tensor, left: torch.T
     """Mean cross-entropy of predicting each picked span token from its boundaries; returns (loss, accuracy).
 
     hidden [B, L, H]; labels [B, L] (IGNORE_INDEX where not picked); left/right [B, L] positions of the
-    span's boundary tokens; offset [B, L] 1-based place in the span (0 outside spans); index [B, K] the positions
-    predicted (the step's fixed count per row; every position when None).
+    span's boundary tokens; offset [B, L] 1-based place in the span (0 outside spans); index [N] the flat positions
+    predicted (the step's `prediction_index`; every position when None).
     """
     if index is None:
-        index = torch.arange(labels.shape[1], device=labels.device).expand_as(labels)
-    offset = at_positions(offset, index)
-    targets = torch.where(offset > 0, at_positions(labels, index), IGNORE_INDEX).flatten()
-    at = lambda boundary: at_positions(hidden, at_positions(boundary, index)).flatten(0, 1)  # noqa: E731
-    logits = at_least_fp32(projection(head(at(left), at(right), offset.flatten())))
+        index = torch.arange(labels.numel(), device=labels.device)
+    offset = at_index(offset, index)
+    targets = torch.where(offset > 0, at_index(labels, index), IGNORE_INDEX)
+    row_start = index - index % labels.shape[1]  # a boundary is a position in its row
+    at = lambda boundary: at_index(hidden, row_start + at_index(boundary, index))  # noqa: E731
+    logits = at_least_fp32(projection(head(at(left), at(right), offset)))
     return mlm_loss(logits, targets), prediction_accuracy(logits, targets)
 
 
@@ -99,7 +99,7 @@ class SpanBert(Objective):
         """MLM and SBO losses with their accuracies."""
         hidden = self.backbone.encode(self.backbone.base(self.model), batch["input_ids"], self.encoder_mask(batch),
                                       batch.get("token_type_ids")).last_hidden_state
-        index = prediction_positions(batch)
+        index = prediction_index(batch)
         mlm, mlm_accuracy = sparse_mlm(hidden, batch["labels"], self.backbone.mlm_head(self.model), index,
                                        self.vocab_loss_chunk)
         sbo, sbo_accuracy = span_boundary_loss(hidden, batch["labels"], batch["span_left"], batch["span_right"],

@@ -32,8 +32,8 @@ from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import token_self_similarity
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import (at_least_fp32, at_positions, full_precision, pair_loss, prediction_positions,
-                                  sparse_mlm)
+from model.objectives.mlm import (at_least_fp32, at_positions, full_precision, pair_loss, prediction_index,
+                                  prediction_positions, sparse_mlm)
 
 if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
     from model.encoder import EncoderConfig
@@ -148,7 +148,7 @@ class TaCL(Objective):
         return self
 
     def predict(self, hidden: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The student's MLM loss and accuracy at the predicted positions `index`."""
+        """The student's MLM loss and accuracy at the predicted flat positions `index`."""
         return sparse_mlm(hidden, labels, self.backbone.mlm_head(self.student), index, self.vocab_loss_chunk)
 
     def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -156,14 +156,14 @@ class TaCL(Objective):
         attention, types = batch["attention_mask"], batch.get("token_type_ids")
         bb = self.backbone
         out = bb.encode(bb.base(self.student), batch["input_ids"], self.encoder_mask(batch), types)
-        index = prediction_positions(batch)
-        mlm, accuracy = self.predict(out.last_hidden_state, batch["labels"], index)
+        mlm, accuracy = self.predict(out.last_hidden_state, batch["labels"], prediction_index(batch))
         with torch.no_grad():
             teacher_hidden = bb.encode(self.teacher, batch["original_input_ids"], self.encoder_mask(batch),
                                        types).last_hidden_state
         anchors = batch["labels"] != IGNORE_INDEX
         tacl = tacl_loss(out.last_hidden_state, teacher_hidden, anchors, attention, self.options.temperature,
-                         self.options.include_padding, self.options.cross_sequence_negatives, index)
+                         self.options.include_padding, self.options.cross_sequence_negatives,
+                         prediction_positions(batch))
         terms = {"mlm_loss": mlm, "tacl_loss": tacl}
         metrics = {"mlm_accuracy": accuracy}
         if not self.training:  # an L×L product per sequence: a validation diagnostic, not a training cost

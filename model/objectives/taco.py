@@ -28,7 +28,7 @@ from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import masked_mean
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import at_least_fp32, full_precision, prediction_positions, sparse_mlm
+from model.objectives.mlm import at_least_fp32, full_precision, prediction_index, sparse_mlm
 
 OFFSETS = torch.tensor([-2, -1, 1, 2])
 
@@ -127,7 +127,7 @@ class TACO(Objective):
         bb = self.backbone
         out = bb.encode(bb.base(self.model), batch["input_ids"], self.encoder_mask(batch), batch.get("token_type_ids"),
                         output_hidden_states=True)
-        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.model), prediction_positions(batch),
+        mlm, accuracy = sparse_mlm(out.last_hidden_state, batch["labels"], bb.mlm_head(self.model), prediction_index(batch),
                                    self.vocab_loss_chunk)
         g = out.last_hidden_state - out.hidden_states[0]
         anchors = (batch["labels"] != IGNORE_INDEX) if self.options.masked_only else attention.bool()

@@ -37,8 +37,7 @@ def plm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: Head,
              chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy over real targets of the query stream [B, P, d] through the LM head (labels [B, P], -100
     pads; `chunk`: the head fused with the loss, as sparse_mlm's); and accuracy."""
-    slots = torch.arange(labels.shape[1], device=labels.device).expand_as(labels)
-    return sparse_mlm(hidden, labels, head, slots, chunk)
+    return sparse_mlm(hidden, labels, head, torch.arange(labels.numel(), device=labels.device), chunk)
 
 
 @dataclass

@@ -175,7 +175,7 @@ def clips_here(ds_config: dict[str, Any]) -> bool:
 def compile_step(objective: nn.Module) -> None:
     """torch.compile over the objective's `terms`: its encoders, heads, losses and metrics, in place.
 
-    The objectives gather a fixed count of predicted positions per row and read nothing back, so a train or
+    The objectives gather a fixed count of predicted positions per batch and read nothing back, so a train or
     evaluation step traces as one graph and its backward compiles with it. The weighted sum of the terms and their
     detached copies for the log stay outside: compiled together, a one-term loss and its detached copy left
     inductor as one tensor without grad_fn (torch 2.14). Parameter names (checkpoints, exports) are unchanged.

@@ -1,12 +1,14 @@
 """Every objective on every backbone: trains a step, and its export loads in transformers' own Auto classes with no
 custom code, no newly initialised root weights, and the live model's outputs."""
+import functools
 import json
 
+import numpy as np
 import pytest
 import torch
 
-from data_pipeline.batches import mark_unpadded
-from data_pipeline.masking import MaskingConfig, build_masking
+from data_pipeline.batches import MaskingCollate
+from data_pipeline.masking import MaskingConfig, batch_prediction_slots, build_masking
 from data_pipeline.shards import read_manifest
 from pretrain.exporting.export import write_tokenizer
 from model.backbones import Backbone
@@ -45,19 +47,18 @@ def _batch(tok: dict, name: str, seed: int = 0, padded: bool = True) -> dict:
     ids[:, 0], ids[:, -1] = tok["cls_id"], tok["sep_id"]
     if padded:
         ids[2, 30:], ids[2, 29] = tok["pad_id"], tok["sep_id"]
-    batch = {"input_ids": ids, "attention_mask": (ids != tok["pad_id"]).long(), "token_type_ids": torch.zeros_like(ids)}
     masking = MaskingConfig(**objective_class(name).masking)  # what the objective declares it needs
     starts = torch.rand(tok["vocab_size"], generator=g) < 0.6 if masking.strategy in ("span", "plm") else None
     transform = build_masking(masking, tok["vocab_size"], tok["mask_id"], tok["special_ids"], pad_id=tok["pad_id"],
                               cls_id=tok["cls_id"], sep_id=tok["sep_id"], word_starts=starts)
     if name in ("declutr", "xlnet"):  # views (DeCLUTR) and permutations (XLNet) per sample, as the loader builds them
-        from data_pipeline.batches import MaskingCollate
-
         transform = objective_class(name).wrap_masking(ObjectiveConfig().declutr, transform, tok["pad_id"], tok["cls_id"],
                                                        tok["sep_id"])
-        rows = [{"input_ids": row[row != tok["pad_id"]].numpy(), "sample_id": i} for i, row in enumerate(ids)]
-        return MaskingCollate(transform, tok["pad_id"], seed)(rows)
-    return mark_unpadded(transform(batch, g))
+    rows = [{"input_ids": row[row != tok["pad_id"]].numpy(), "token_type_ids": np.zeros(int((row != tok["pad_id"]).sum())),
+             "sample_id": i} for i, row in enumerate(ids)]
+    # The run's collate: a batch's predictions padded to its own budget (batch_prediction_slots), not every row's.
+    return MaskingCollate(transform, tok["pad_id"], seed,
+                          prediction_slots=functools.partial(batch_prediction_slots, masking))(rows)
 
 
 def _build(backbone: str, name: str, tok: dict, tmp_path, num_layers: int = 2, options: ObjectiveConfig | None = None):

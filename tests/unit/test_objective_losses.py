@@ -188,8 +188,10 @@ def _gelu(x):
     return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
 
-def test_span_boundary_loss():
-    """SpanBERT eq. 1: y = LN(GeLU(W2 · LN(GeLU(W1 [x_{s-1}; x_{e+1}; p_{i-s+1}] + b1)) + b2)), then the MLM projection."""
+@pytest.mark.parametrize("flat_index", [False, True])
+def test_span_boundary_loss(flat_index):
+    """SpanBERT eq. 1: y = LN(GeLU(W2 · LN(GeLU(W1 [x_{s-1}; x_{e+1}; p_{i-s+1}] + b1)) + b2)), then the MLM projection;
+    over every position, or over the step's flat index of the picks padded with an unpicked position."""
     from model.heads import SpanBoundaryHead, SpanBoundaryShape
 
     b, length, h, v, table = 2, 12, 6, 11, 4
@@ -219,8 +221,9 @@ def test_span_boundary_loss():
             z = pw @ y + pb
             terms.append(-log_softmax_at(list(z), labels[i, j]))
             right_count += int(np.argmax(z) == labels[i, j])
+    index = torch.tensor(list(np.flatnonzero(labels != -100)) + [0, 0, 13]) if flat_index else None
     loss, accuracy = span_boundary_loss(t64(hidden), torch.tensor(labels), torch.tensor(left), torch.tensor(right),
-                                        torch.tensor(offset), head, projection)
+                                        torch.tensor(offset), head, projection, index)
     assert len(terms) == 11 and close(loss, float(np.mean(terms)))
     assert abs(float(accuracy) - right_count / len(terms)) < 1e-6
 

@@ -1,5 +1,5 @@
 """train.compile traces each objective's step as one graph: every objective on every backbone it runs on, with the
-batch the loader's masking builds (a fixed count of predicted positions per row), breaks nothing and reads nothing
+batch the loader's collate builds (a fixed count of predicted positions per batch), breaks nothing and reads nothing
 back, in training and (on the first backbone each objective runs on) in evaluation. A break would split the step and
 leave its pieces to the eager dispatcher."""
 import pytest
