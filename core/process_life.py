@@ -9,7 +9,7 @@ import errno
 import os
 import signal
 import sys
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # The standard streams found to be a terminal: once the terminal hangs up, every write to it fails with EIO and
@@ -39,6 +39,24 @@ def note_terminal_outputs() -> None:
     """Remember which of stdout and stderr are a terminal now, beside those an earlier call found (one that has hung
     up since says it is none), for `leave_terminal` and `dead_output`."""
     _terminal_outputs.update(fd for fd in (1, 2) if os.isatty(fd))
+
+
+@contextlib.contextmanager
+def hang_ups_held() -> Iterator[None]:
+    """SIGHUP blocked in this thread while it starts children, which inherit the block through fork and exec: a
+    closed terminal's hang-up reaches a child only once it has said what it does with one (`ignore_hang_ups`), not
+    while it is still importing, and reaches this process, held, when the block ends."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def ignore_hang_ups() -> None:
+    """Ignore SIGHUP from now on, one held since start (`hang_ups_held`) included: the parent decides."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
 
 
 def hang_up_ignored() -> bool:

@@ -11,12 +11,11 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import signal
 import traceback
 from typing import Any, Callable, Iterable
 
 from core.errors import UserError, no_room_error
-from core.process_life import die_with_parent
+from core.process_life import die_with_parent, hang_ups_held, ignore_hang_ups
 
 Task = Callable[[Any, Any], Any]  # (shared, item) -> result; a module-level function, so it pickles
 
@@ -33,8 +32,8 @@ def _worker(parent_pid: int, shared: Any, inbox, outbox) -> None:
     # Killed, the parent would leave its workers waiting for work forever (each holds its inbox's pipe open).
     die_with_parent(parent_pid)
     # A closed terminal's shell hangs up the whole process group: the parent decides (it stops and cleans up), and
-    # its death ends this worker.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # its death ends this worker. Held since the start (the parent's hang_ups_held): a hang-up during the imports too.
+    ignore_hang_ups()
     while (job := inbox.get()) is not None:
         fn, key, item = job
         try:
@@ -57,11 +56,14 @@ class WorkerPool:
         self._procs: list = []
         if workers > 1:
             ctx = mp.get_context("spawn")  # fork after datasets/fsspec threads started can deadlock
-            self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
-            self._procs = [ctx.Process(target=_worker, args=(os.getpid(), shared, self._inbox, self._outbox),
-                                       daemon=True) for _ in range(workers)]
-            for p in self._procs:
-                p.start()
+            # The queues may start multiprocessing's resource tracker, which would die of a hang-up; the workers
+            # take theirs in hand once started.
+            with hang_ups_held():
+                self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
+                self._procs = [ctx.Process(target=_worker, args=(os.getpid(), shared, self._inbox, self._outbox),
+                                           daemon=True) for _ in range(workers)]
+                for p in self._procs:
+                    p.start()
 
     def map(self, fn: Task, items: Iterable[Any], on_result: Callable[[int, Any], None] | None = None,
             ahead: int | None = None) -> list[Any]:

@@ -53,12 +53,23 @@ def test_a_prepare_stopped_midway_leaves_no_worker_and_on_sigterm_no_temporary_f
                                f"output_dir={out}", f"sources=[{{kind: text, path: '{corpus}'}}]",
                                f"tokenizer.pretrained={DatasetDir(prepared).tokenizer}", "num_workers=2",
                                "part_bytes=20000", "seq_len=64"], stdout=fh, stderr=subprocess.STDOUT)
+    def spawned() -> list[int]:
+        return [pid for pid in descendants(proc.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+
     deadline = time.time() + 120
+    if sig == "SIGHUP":  # the workers' share of the group's hang-up first, while they still import: the parent decides
+        while len(spawned()) < 2 and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        early = spawned()
+        for pid in early:
+            os.kill(pid, signal.SIGHUP)
+        time.sleep(0.5)
+        assert len(early) == 2 and all(running(pid) for pid in early), log.read_text()[-3000:]
     while not list(tmp_path.glob(".out.tmp-*/*/part-*")) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)  # until the workers write parts
-    workers = [pid for pid in descendants(proc.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+    workers = spawned()
     assert proc.poll() is None and len(workers) == 2, log.read_text()[-3000:]
-    if sig == "SIGHUP":  # the workers' share of the group's hang-up first: they leave the decision to the parent
+    if sig == "SIGHUP":  # and once they work
         for pid in workers:
             os.kill(pid, signal.SIGHUP)
         time.sleep(0.5)
