@@ -17,6 +17,9 @@ from data_pipeline.masking import prediction_index
 
 SampleTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
 EVAL_STREAM = 1 << 30  # keeps evaluation masks apart from training masks
+# A batch's flag (a Python bool): more picks than its budget, so its `prediction_index` is wider than the run's other
+# batches'. A compiled step runs it eagerly (model/objectives/base.py) rather than compile a graph for it on one rank.
+OVER_BUDGET = "predictions_over_budget"
 
 # What each per-token column is padded with; per-sample columns (sample_id, pair_label) are stacked.
 # Every `*input_ids` column (the input, its clean copy, COCO-LM's crop, DeCLUTR's positives) pads with the pad id.
@@ -51,14 +54,15 @@ class MaskingCollate:
 
     `transform=None` pads only. `per_epoch=False` (validation) gives a sample the same mask in every
     pass, so evaluations compare. A batch whose rows list `masked_positions` also gets `prediction_index`, its
-    picks' flat positions padded to `prediction_slots(rows, seq_len)` (data_pipeline/masking.py
-    `batch_prediction_slots`; every row's slots when None). Picklable, so it runs in the loader's worker processes.
+    picks' flat positions padded to the batch's budget `batch_slots(rows, seq_len)` (data_pipeline/masking.py
+    `batch_prediction_slots`; every row's slots when None), or, with more picks than that, to every row's slots and
+    `OVER_BUDGET` set. Picklable, so it runs in the loader's worker processes.
     """
 
     def __init__(self, transform: Optional[SampleTransform], pad_id: int, seed: int = 0, stream: int = 0,
-                 per_epoch: bool = True, prediction_slots: Optional[Callable[[int, int], int]] = None) -> None:
+                 per_epoch: bool = True, batch_slots: Optional[Callable[[int, int], int]] = None) -> None:
         self.transform, self.pad_id, self.seed, self.stream, self.per_epoch = transform, pad_id, seed, stream, per_epoch
-        self.prediction_slots = prediction_slots
+        self.batch_slots = batch_slots
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         """A padded batch of masked samples (the transform's columns plus sample_id and pair_label), with a flag per
@@ -90,8 +94,9 @@ class MaskingCollate:
             batch["pair_label"] = torch.tensor([int(s["pair_label"]) for s in samples], dtype=torch.long)
         if "masked_positions" in batch:
             rows, most = batch["masked_positions"].shape[0], batch["masked_positions"].numel()
-            slots = self.prediction_slots(rows, batch["labels"].shape[1]) if self.prediction_slots else most
-            batch["prediction_index"] = prediction_index(batch["labels"], min(slots, most), most)
+            slots = min(self.batch_slots(rows, batch["labels"].shape[1]), most) if self.batch_slots else most
+            batch["prediction_index"] = prediction_index(batch["labels"], slots, most)
+            batch[OVER_BUDGET] = len(batch["prediction_index"]) > slots
         return mark_unpadded(batch)
 
 

@@ -106,8 +106,8 @@ def prediction_slots(cfg: MaskingConfig, seq_len: int) -> int:
 
     Exact counts and span budgets never pass round(mask_prob · seq_len). Independent draws (bert, whole_word) get
     five standard deviations of a Binomial(seq_len, mask_prob) above its mean: a row over it is rarer than one in
-    a million for token draws (whole words, drawn in units, reach it more often), and the slots past the mean
-    cost only sparse-head rows whose labels are ignored.
+    a million for token draws (whole words, drawn in units, reach it more often). The vocabulary heads read the
+    batch's own budget (`batch_prediction_slots`); a row's spare slots cost only TaCL's per-row contrast.
     """
     expected = cfg.mask_prob * seq_len
     if cfg.count == "exact" or cfg.strategy in ("span", "ngram", "plm"):
@@ -133,8 +133,8 @@ def prediction_index(labels: torch.Tensor, slots: int, most: int) -> torch.Tenso
     """[slots]: the flat positions (into labels.flatten()) of a batch's labelled tokens in order, then an unlabelled
     position (the first) up to `slots`; [most] for a batch with more than `slots` picks.
 
-    `most` is what the batch can hold (rows × their slots): a batch over its budget takes that wider shape, a shape
-    of its own in a compiled step, instead of losing picks, so a sample's masking never depends on the batch it is in.
+    `most` is what the batch can hold (rows × their slots): a batch over its budget takes that wider shape (a
+    compiled step runs it eagerly) instead of losing picks, so a sample's masking never depends on the batch it is in.
     """
     flags = (labels != IGNORE_INDEX).numpy().reshape(-1)
     where = np.flatnonzero(flags)

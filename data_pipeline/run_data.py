@@ -79,7 +79,7 @@ def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: i
     stale = clean_stale_shared_memory(cfg)
     train = build_loader(cfg, "train", micro_batch_size, pin_memory=pin_memory,
                          collate_fn=MaskingCollate(train_transform, tok["pad_id"], seed,
-                                                   prediction_slots=functools.partial(batch_prediction_slots, masking)))
+                                                   batch_slots=functools.partial(batch_prediction_slots, masking)))
     notes = (f"{train.num_workers} loader worker(s) per rank (data.num_workers=auto)",) if cfg.num_workers == "auto" else ()
     if stale:
         notes += (f"removed {len(stale)} streaming shared-memory segment(s) no process held (a killed run's): "
@@ -93,7 +93,7 @@ def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: i
         return RunData(manifest, train, None, notes)
     validation = build_loader(cfg, "validation", micro_batch_size, shuffle=False, pin_memory=pin_memory,
                               collate_fn=MaskingCollate(eval_transform, tok["pad_id"], seed, stream=EVAL_STREAM,
-                                                        per_epoch=False, prediction_slots=functools.partial(
+                                                        per_epoch=False, batch_slots=functools.partial(
                                                             batch_prediction_slots, evaluation_masking(masking))))
     return RunData(manifest, train, validation, notes)
 

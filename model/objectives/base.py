@@ -1,13 +1,14 @@
 """The one interface every objective implements; the trainer sees nothing else."""
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from data_pipeline.batches import SampleTransform, unpadded_key
+from data_pipeline.batches import OVER_BUDGET, SampleTransform, unpadded_key
 
 if TYPE_CHECKING:  # the config sections are read here, never built: no import cycle with model.encoder
     from data_pipeline.masking import MaskingConfig
@@ -72,7 +73,10 @@ class Objective(nn.Module):
 
     def forward(self, batch: Batch) -> ObjectiveResult:
         """Weighted sum of the terms, and every term and metric detached for logging."""
-        terms, metrics = self.terms(batch)
+        # A batch over its prediction budget (one in 10^5-10^6) runs eagerly: compiling its wider shape on its rank
+        # alone would keep the other ranks waiting in the gradient all-reduce past train.step_timeout_s.
+        with torch.compiler.set_stance("force_eager") if batch.get(OVER_BUDGET) else contextlib.nullcontext():
+            terms, metrics = self.terms(batch)
         total = sum(self.weights.get(name, 1.0) * value for name, value in terms.items())
         return total, {**{name: value.detach() for name, value in terms.items()}, **metrics}
 

@@ -40,8 +40,9 @@ def _config(backbone: str, tok: dict, num_layers: int = 2):
     return model_config(enc, tok, 64)
 
 
-def _batch(tok: dict, name: str, seed: int = 0, padded: bool = True) -> dict:
-    """A batch as the loader's collate builds it (row 2 shorter and padded unless `padded` is false), flags included."""
+def _batch(tok: dict, name: str, seed: int = 0, padded: bool = True, budget=None) -> dict:
+    """A batch as the loader's collate builds it (row 2 shorter and padded unless `padded` is false), flags included;
+    `budget(rows, seq_len)` in place of the run's prediction budget."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(10, tok["vocab_size"], (6, 40), generator=g)
     ids[:, 0], ids[:, -1] = tok["cls_id"], tok["sep_id"]
@@ -58,7 +59,7 @@ def _batch(tok: dict, name: str, seed: int = 0, padded: bool = True) -> dict:
              "sample_id": i} for i, row in enumerate(ids)]
     # The run's collate: a batch's predictions padded to its own budget (batch_prediction_slots), not every row's.
     return MaskingCollate(transform, tok["pad_id"], seed,
-                          prediction_slots=functools.partial(batch_prediction_slots, masking))(rows)
+                          batch_slots=budget or functools.partial(batch_prediction_slots, masking))(rows)
 
 
 def _build(backbone: str, name: str, tok: dict, tmp_path, num_layers: int = 2, options: ObjectiveConfig | None = None):

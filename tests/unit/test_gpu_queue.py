@@ -28,7 +28,7 @@ def test_the_queue_holds_the_open_measurements_once_each():
     group = {e.id: e.group for e in QUEUE}
     for baseline, compared in (("auto-modernbert", "wait-modernbert"), ("wait-modernbert-2", "auto-modernbert-2"),
                                ("layers-bert", "wait-bert"), ("layers-modernbert", "auto-modernbert-3"),
-                               ("layers-bert-2", "step-bert")):
+                               ("layers-bert-2", "step-bert"), ("layers-bert-2", "bernoulli-bert")):
         assert group[baseline] and group[compared] == group[baseline]
     # The trainer with and without the host's wait a step first, on both backbones, ModernBERT's pair alternated,
     # within the first call's nine minutes (the documented --budget-s 540).
@@ -44,6 +44,8 @@ def test_the_queue_holds_the_open_measurements_once_each():
             for e in QUEUE}
     for waits, plain in (("wait-modernbert", "auto-modernbert-2"), ("wait-bert", "layers-bert")):
         assert args[waits] == args[plain], (waits, plain)
+    # The default count's side trains what exact counts' side does, but for the count.
+    assert args["bernoulli-bert"] == [*args["layers-bert-2"], "masking.count=bernoulli"]
 
 
 @pytest.mark.parametrize("module, args, said", [

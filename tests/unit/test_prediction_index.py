@@ -62,7 +62,7 @@ def test_the_collate_pads_a_batch_of_masked_samples_to_its_budget(strategy, coun
     starts = torch.rand(VOCAB, generator=torch.Generator().manual_seed(1)) < 0.6
     masking = build_masking(cfg, VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK], starts, PAD, CLS, SEP)
     samples = _samples(64, 64)
-    batch = MaskingCollate(masking, PAD, seed=5, prediction_slots=functools.partial(batch_prediction_slots, cfg))(samples)
+    batch = MaskingCollate(masking, PAD, seed=5, batch_slots=functools.partial(batch_prediction_slots, cfg))(samples)
     index, labels = batch["prediction_index"], batch["labels"]
     rows_slots = 64 * prediction_slots(cfg, 64)
     assert batch["masked_positions"].numel() == rows_slots
