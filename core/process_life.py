@@ -45,7 +45,7 @@ def note_terminal_outputs() -> None:
 def hang_ups_held() -> Iterator[None]:
     """SIGHUP blocked in this thread while it starts children, which inherit the block through fork and exec: a
     closed terminal's hang-up reaches a child only once it has said what it does with one (`ignore_hang_ups`), not
-    while it is still importing, and reaches this process, held, when the block ends."""
+    while it is still importing. This process gets it when the block ends, or at once through another thread."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     try:
         yield

@@ -73,8 +73,9 @@ class Objective(nn.Module):
 
     def forward(self, batch: Batch) -> ObjectiveResult:
         """Weighted sum of the terms, and every term and metric detached for logging."""
-        # A batch over its prediction budget (one in 10^5-10^6) runs eagerly: compiling its wider shape on its rank
-        # alone would keep the other ranks waiting in the gradient all-reduce past train.step_timeout_s.
+        # A batch over its prediction budget (under one in a million) runs eagerly: compiling its wider shape on its
+        # rank alone would keep the other ranks waiting in the gradient all-reduce past train.step_timeout_s. (A
+        # stance cannot change inside a compiled frame: forward itself stays uncompiled.)
         with torch.compiler.set_stance("force_eager") if batch.get(OVER_BUDGET) else contextlib.nullcontext():
             terms, metrics = self.terms(batch)
         total = sum(self.weights.get(name, 1.0) * value for name, value in terms.items())

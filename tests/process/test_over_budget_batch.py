@@ -4,6 +4,8 @@ import torch
 from test_backbones import _batch, _build
 
 from data_pipeline.shards import read_manifest
+
+
 def test_a_batch_over_its_budget_runs_eagerly_in_a_compiled_step(prepared, tmp_path):
     """Compiling the wider shape of a batch over its budget would take one rank minutes while the others wait in the
     gradient all-reduce: the step runs it eagerly instead, with the loss of the eager objective, and compiles nothing."""
@@ -25,8 +27,10 @@ def test_a_batch_over_its_budget_runs_eagerly_in_a_compiled_step(prepared, tmp_p
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= 1
     loss, _ = objective(wide)
+    loss.backward()  # an eager graph: its backward compiles nothing either
     assert counters["stats"]["unique_graphs"] == graphs
     assert torch.allclose(loss, eager, rtol=1e-5)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in objective.parameters())
     objective(dict(wide, **{OVER_BUDGET: False}))  # the same batch unflagged: a graph of its own
     assert counters["stats"]["unique_graphs"] > graphs
     torch._dynamo.reset()

@@ -54,7 +54,14 @@ def test_a_prepare_stopped_midway_leaves_no_worker_and_on_sigterm_no_temporary_f
                                f"tokenizer.pretrained={DatasetDir(prepared).tokenizer}", "num_workers=2",
                                "part_bytes=20000", "seq_len=64"], stdout=fh, stderr=subprocess.STDOUT)
     def spawned() -> list[int]:
-        return [pid for pid in descendants(proc.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        found = []
+        for pid in descendants(proc.pid):
+            try:
+                if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text():
+                    found.append(pid)
+            except OSError:  # gone between the listing and the read
+                pass
+        return found
 
     deadline = time.time() + 120
     if sig == "SIGHUP":  # the workers' share of the group's hang-up first, while they still import: the parent decides
