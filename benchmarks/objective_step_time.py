@@ -27,15 +27,15 @@ OBJECTIVES = ["mlm", "electra", "coco_lm", "tacl", "taco"]
 def make_batch(name: str, args: argparse.Namespace, vocab: int, device: str, generator: torch.Generator) -> dict:
     """Random full-length sequences, masked as the objective's example config masks them, with the loader's
     `prediction_index` (its picks padded to the batch's budget)."""
-    from data_pipeline.masking import MaskingConfig, batch_prediction_slots, build_masking, prediction_index
+    from data_pipeline.masking import MaskingConfig, batch_prediction_slots, build_masking, build_prediction_index
 
     ids = torch.randint(5, vocab, (args.batch, args.seq), generator=generator)
     ids[:, 0], ids[:, -1] = 2, 3
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
     masking = MaskingConfig(strategy="coco" if name == "coco_lm" else "bert", crop_ratio=0.9 if name == "coco_lm" else None)
     out = build_masking(masking, vocab, 4, [0, 1, 2, 3, 4], pad_id=0, cls_id=2, sep_id=3)(batch, generator)
-    out["prediction_index"] = prediction_index(out["labels"], batch_prediction_slots(masking, args.batch, args.seq),
-                                               out["masked_positions"].numel())
+    slots = batch_prediction_slots(masking, args.batch, args.seq)
+    out["prediction_index"] = build_prediction_index(out["labels"], slots, out["masked_positions"].numel())
     return {k: v.to(device) for k, v in out.items()}
 
 

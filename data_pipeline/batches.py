@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from data_pipeline.masking import prediction_index
+from data_pipeline.masking import build_prediction_index
 
 SampleTransform = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
 EVAL_STREAM = 1 << 30  # keeps evaluation masks apart from training masks
@@ -95,7 +95,7 @@ class MaskingCollate:
         if "masked_positions" in batch:
             rows, most = batch["masked_positions"].shape[0], batch["masked_positions"].numel()
             slots = min(self.batch_slots(rows, batch["labels"].shape[1]), most) if self.batch_slots else most
-            batch["prediction_index"] = prediction_index(batch["labels"], slots, most)
+            batch["prediction_index"] = build_prediction_index(batch["labels"], slots, most)
             batch[OVER_BUDGET] = len(batch["prediction_index"]) > slots
         return mark_unpadded(batch)
 

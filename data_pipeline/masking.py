@@ -24,10 +24,10 @@ Strategies (special tokens and padding are never picked):
 independent draws. A row predicts at most `prediction_slots` tokens (as google-research/bert's
 max_predictions_per_seq): the row's picks past that many are left unpicked. Every
 strategy but `plm` emits `masked_positions` [K]: the picked positions in order, then 0 ([CLS], never
-picked) up to K = `prediction_slots`. A batch's collate turns them into `prediction_index` (`prediction_index`
-here): the flat positions of all its picks, padded to a count fixed per batch shape (`batch_prediction_slots`), so
-the step's vocabulary heads run over about as many rows as there are picks and compile once. Validation uses
-`evaluation_masking`: the same picks, all shown as [MASK].
+picked) up to K = `prediction_slots`. A batch's collate turns them into `prediction_index`
+(`build_prediction_index`): the flat positions of all its picks, padded to a count fixed per batch shape
+(`batch_prediction_slots`), so the step's vocabulary heads run over about as many rows as there are picks and
+compile once. Validation uses `evaluation_masking`: the same picks, all shown as [MASK].
 With `crop_ratio` set, a contiguous crop of the clean sequence (COCO-LM's second view for sequence
 contrastive learning) is added as `crop_input_ids` / `crop_attention_mask`.
 """
@@ -129,7 +129,7 @@ def batch_prediction_slots(cfg: MaskingConfig, rows: int, seq_len: int) -> int:
     return max(1, min(every_row, math.ceil(expected + 5 * math.sqrt(expected * (1 - cfg.mask_prob)))))
 
 
-def prediction_index(labels: torch.Tensor, slots: int, most: int) -> torch.Tensor:
+def build_prediction_index(labels: torch.Tensor, slots: int, most: int) -> torch.Tensor:
     """[slots]: the flat positions (into labels.flatten()) of a batch's labelled tokens in order, then an unlabelled
     position (the first) up to `slots`; [most] for a batch with more than `slots` picks.
 

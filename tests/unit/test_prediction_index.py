@@ -8,8 +8,8 @@ import torch
 from test_backbones import MATRIX, _batch, _build
 
 from data_pipeline.batches import MaskingCollate
-from data_pipeline.masking import (IGNORE_INDEX, MaskingConfig, batch_prediction_slots, build_masking, prediction_index,
-                                   prediction_slots)
+from data_pipeline.masking import (IGNORE_INDEX, MaskingConfig, batch_prediction_slots, build_masking,
+                                   build_prediction_index, prediction_slots)
 from data_pipeline.shards import read_manifest
 from model.objectives import coco_lm, electra
 
@@ -30,18 +30,18 @@ def test_batch_prediction_slots_from_the_formula():
 
 def test_prediction_index_lists_the_picks_then_an_unpicked_position():
     labels = torch.tensor([[IGNORE_INDEX, 5, IGNORE_INDEX, 7], [IGNORE_INDEX, IGNORE_INDEX, 9, IGNORE_INDEX]])
-    assert prediction_index(labels, 5, 8).tolist() == [1, 3, 6, 0, 0]
+    assert build_prediction_index(labels, 5, 8).tolist() == [1, 3, 6, 0, 0]
     # Position 0 picked: the padding points at the first position that is not.
     labels = torch.tensor([[5, IGNORE_INDEX], [IGNORE_INDEX, 6]])
-    assert prediction_index(labels, 3, 4).tolist() == [0, 3, 1]
-    assert prediction_index(labels, 2, 4).tolist() == [0, 3]  # full: no padding
+    assert build_prediction_index(labels, 3, 4).tolist() == [0, 3, 1]
+    assert build_prediction_index(labels, 2, 4).tolist() == [0, 3]  # full: no padding
 
 
 def test_a_batch_over_its_budget_takes_the_rows_slots_and_loses_no_pick():
     labels = torch.tensor([[IGNORE_INDEX, 5, 6], [7, IGNORE_INDEX, IGNORE_INDEX]])
-    assert prediction_index(labels, 2, 4).tolist() == [1, 2, 3, 0]
+    assert build_prediction_index(labels, 2, 4).tolist() == [1, 2, 3, 0]
     with pytest.raises(ValueError, match="3 picks, more than its rows' 2"):
-        prediction_index(labels, 2, 2)
+        build_prediction_index(labels, 2, 2)
 
 
 def _samples(rows: int, width: int) -> list[dict]:
