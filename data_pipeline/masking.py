@@ -110,9 +110,19 @@ def prediction_slots(cfg: MaskingConfig, seq_len: int) -> int:
     batch's own budget (`batch_prediction_slots`); a row's spare slots cost only TaCL's per-row contrast.
     """
     expected = cfg.mask_prob * seq_len
-    if cfg.count == "exact" or cfg.strategy in ("span", "ngram", "plm"):
+    if _fills_its_slots(cfg):
         return max(1, min(seq_len, round(expected)))
-    return max(1, min(seq_len, math.ceil(expected + 5 * math.sqrt(expected * (1 - cfg.mask_prob)))))
+    return max(1, min(seq_len, _five_deviations_above(expected, cfg.mask_prob)))
+
+
+def _fills_its_slots(cfg: MaskingConfig) -> bool:
+    """Exact counts and span budgets pick round(mask_prob · n): no room for a draw's spread is needed."""
+    return cfg.count == "exact" or cfg.strategy in ("span", "ngram", "plm")
+
+
+def _five_deviations_above(expected: float, p: float) -> int:
+    """A Binomial count with mean `expected` and probability `p`, five standard deviations above its mean, rounded up."""
+    return math.ceil(expected + 5 * math.sqrt(expected * (1 - p)))
 
 
 def batch_prediction_slots(cfg: MaskingConfig, rows: int, seq_len: int) -> int:
@@ -123,10 +133,9 @@ def batch_prediction_slots(cfg: MaskingConfig, rows: int, seq_len: int) -> int:
     picks vary far less than its rows'. Exact counts and span budgets fill every row's slots.
     """
     every_row = rows * prediction_slots(cfg, seq_len)
-    if cfg.count == "exact" or cfg.strategy in ("span", "ngram", "plm"):
+    if _fills_its_slots(cfg):
         return every_row
-    expected = cfg.mask_prob * rows * seq_len
-    return max(1, min(every_row, math.ceil(expected + 5 * math.sqrt(expected * (1 - cfg.mask_prob)))))
+    return max(1, min(every_row, _five_deviations_above(cfg.mask_prob * rows * seq_len, cfg.mask_prob)))
 
 
 def build_prediction_index(labels: torch.Tensor, slots: int, most: int) -> torch.Tensor:
