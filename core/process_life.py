@@ -3,13 +3,15 @@ with a terminal that hung up: so that neither a killed parent's workers nor a st
 outlive them, and a closed ssh session does not turn the clean-up into a crash."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import errno
 import os
 import signal
 import sys
-from typing import Iterator, Mapping, Optional
+import threading
+from typing import Iterator, Mapping, NoReturn, Optional
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # The standard streams found to be a terminal: once the terminal hangs up, every write to it fails with EIO and
@@ -41,22 +43,41 @@ def note_terminal_outputs() -> None:
     _terminal_outputs.update(fd for fd in (1, 2) if os.isatty(fd))
 
 
+TERMINAL_SIGNALS = (signal.SIGHUP, signal.SIGINT)  # a closed terminal and Ctrl-C: they reach a whole process group
+
+
 @contextlib.contextmanager
-def hang_ups_held() -> Iterator[None]:
-    """SIGHUP blocked in this thread while it starts children, which inherit the block through fork and exec: a
-    closed terminal's hang-up reaches a child only once it has said what it does with one (`ignore_hang_ups`), not
-    while it is still importing. This process gets it when the block ends, or at once through another thread."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+def terminal_signals_held(spawning: bool = False) -> Iterator[None]:
+    """SIGHUP and SIGINT blocked in this thread while it starts children, which inherit the block through fork and
+    exec: a closed terminal's hang-up or a Ctrl-C reaches a child only once it has said what it does with one
+    (`leave_terminal_signals_to_the_parent`), not while it is still importing. This process gets them when the block
+    ends, or at once through another thread.
+
+    `spawning`: the children exec a new interpreter, whose start-up unblocks SIGINT to install its KeyboardInterrupt
+    handler; SIGINT is also ignored meanwhile (from the main thread), which the new interpreter keeps. A SIGINT for this
+    process that another of its threads takes in that window is lost."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set(TERMINAL_SIGNALS))
+    handler = signal.getsignal(signal.SIGINT)
+    ignoring = spawning and handler is not None and threading.current_thread() is threading.main_thread()
+    if ignoring:
+        came = signal.SIGINT in signal.sigpending()  # ignoring it discards a pending one: raised again below
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
+        if ignoring:
+            signal.signal(signal.SIGINT, handler)
+            if came:
+                signal.raise_signal(signal.SIGINT)  # pending on this thread until the block ends
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def ignore_hang_ups() -> None:
-    """Ignore SIGHUP from now on, one held since start (`hang_ups_held`) included: the parent decides."""
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+def leave_terminal_signals_to_the_parent() -> None:
+    """Ignore SIGHUP and SIGINT from now on, those held since start (`terminal_signals_held`) included: the parent
+    decides (it saves, or stops and cleans up), and its death or its SIGTERM ends this child."""
+    for sig in TERMINAL_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(TERMINAL_SIGNALS))
 
 
 def hang_up_ignored() -> bool:
@@ -135,6 +156,20 @@ def to_stderr(line: str) -> None:
     cannot fail what the caller does next: an exit code, a status file."""
     with contextlib.suppress(OSError):
         _write(sys.stderr, line)
+
+
+def end_interrupted(line: str) -> NoReturn:
+    """The exit handlers, `line` on stderr, then death by SIGINT: how a command ends after a Ctrl-C once its clean-up
+    ran (a shell reads 130 and stops its script or loop there, which it would not for an exit code)."""
+    logging = sys.modules.get("logging")
+    if logging is not None:  # a library interrupted in its imports logs its exit report at the root logger's level
+        logging.disable(logging.CRITICAL)
+    atexit._run_exitfuncs()  # multiprocessing's among them: its queues' semaphores, else reported leaked
+    to_stderr(line)
+    flush_stdout()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(128 + signal.SIGINT)  # not reached: the signal's default action ends the process
 
 
 def exit_on_termination() -> None:

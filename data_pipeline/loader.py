@@ -34,6 +34,7 @@ import torch
 from core import distributed as dist
 from core.config_io import check_range
 from core.errors import ConfigError, MissingFileError
+from core.process_life import terminal_signals_held
 from core.shared_memory import SHM_DIR, hold_while_alive, machine_lock, owner_gone, remove_unheld_segments
 from core.streaming_import import require_streaming
 from data_pipeline.batches import PackedBatch, PackingCollate
@@ -106,8 +107,12 @@ def _unpacking_loader_class():
             return batch.rows if isinstance(batch, PackedBatch) else super()._get_batch_size(batch)
 
         def _get_iterator(self):
-            iterator = super()._get_iterator()  # forks the workers
-            if self.start_watch is not None and getattr(iterator, "_workers", None):
+            if self.start_watch is None:  # no workers
+                return super()._get_iterator()
+            # A Ctrl-C or hang-up reaches the workers too: held until each, in `start_worker`, leaves it to the rank.
+            with terminal_signals_held():
+                iterator = super()._get_iterator()  # forks the workers
+            if getattr(iterator, "_workers", None):
                 self.start_watch.watch(w.pid for w in iterator._workers)
             return iterator
 

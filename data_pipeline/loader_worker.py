@@ -20,7 +20,7 @@ import time
 from typing import Iterable, Optional
 
 from core.errors import AttemptLostError
-from core.process_life import die_with_parent
+from core.process_life import die_with_parent, leave_terminal_signals_to_the_parent
 
 _PID = struct.Struct("<i")
 # The workers a StartWatch killed, with the timeout they missed: torch then reports them dead, as "DataLoader worker
@@ -144,18 +144,19 @@ def start_failure(exc: Optional[BaseException]) -> Optional[AttemptLostError]:
 
 
 def leave_stopping_to_the_rank(parent_pid: int) -> None:
-    """End on a SIGTERM from the rank only; ignore SIGUSR1, SIGHUP and anyone else's SIGTERM: they are the rank's to
-    act on.
+    """End on a SIGTERM from the rank only; ignore SIGUSR1, SIGHUP, SIGINT and anyone else's SIGTERM: they are the
+    rank's to act on.
 
     SLURM's preemption, scancel and time limit signal every process of the job step, torchrun the process group of
-    each rank (SIGHUP too), and a closed terminal's shell its job's process group. torch's worker dies of a SIGTERM
+    each rank (SIGHUP and SIGINT too), and a closed terminal's shell or a Ctrl-C its job's process group (the rank
+    holds both while it forks its workers, `terminal_signals_held`). torch's worker dies of a SIGTERM
     its rank did not send, so the rank's next batch failed before the rank reached the step boundary where it saves.
     The rank's own SIGTERM (the loader's shutdown, and multiprocessing's at exit, which then waits for the worker)
     still ends it at once, as torch's handler did; and the rank's death ends it through `die_with_parent`. SIGTERM
     is blocked here, before the worker starts any thread, and a thread of its own takes each one with its sender.
     This needs forked workers (the loader's, and Python 3.11's default), whose parent is the rank."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    leave_terminal_signals_to_the_parent()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     threading.Thread(target=_end_on_sigterm_from, args=(parent_pid,), name="sigterm-from-rank", daemon=True).start()
 

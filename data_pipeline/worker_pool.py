@@ -15,7 +15,7 @@ import traceback
 from typing import Any, Callable, Iterable
 
 from core.errors import UserError, no_room_error
-from core.process_life import die_with_parent, hang_ups_held, ignore_hang_ups
+from core.process_life import die_with_parent, leave_terminal_signals_to_the_parent, terminal_signals_held
 
 Task = Callable[[Any, Any], Any]  # (shared, item) -> result; a module-level function, so it pickles
 
@@ -31,9 +31,10 @@ def available_cpus() -> int:
 def _worker(parent_pid: int, shared: Any, inbox, outbox) -> None:
     # Killed, the parent would leave its workers waiting for work forever (each holds its inbox's pipe open).
     die_with_parent(parent_pid)
-    # A closed terminal's shell hangs up the whole process group: the parent decides (it stops and cleans up), and
-    # its death ends this worker. Held since the start (the parent's hang_ups_held): a hang-up during the imports too.
-    ignore_hang_ups()
+    # A closed terminal's hang-up and a Ctrl-C reach the whole process group: the parent decides (it stops and cleans
+    # up), and its death ends this worker. Held since the start (the parent's terminal_signals_held): one during the
+    # imports too.
+    leave_terminal_signals_to_the_parent()
     while (job := inbox.get()) is not None:
         fn, key, item = job
         try:
@@ -58,7 +59,7 @@ class WorkerPool:
             ctx = mp.get_context("spawn")  # fork after datasets/fsspec threads started can deadlock
             # The queues may start multiprocessing's resource tracker, which would die of a hang-up; the workers
             # take theirs in hand once started.
-            with hang_ups_held():
+            with terminal_signals_held(spawning=True):
                 self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
                 self._procs = [ctx.Process(target=_worker, args=(os.getpid(), shared, self._inbox, self._outbox),
                                            daemon=True) for _ in range(workers)]

@@ -9,10 +9,17 @@ def _exit_without_teardown(code: int) -> None:
     """Exit once everything is written, skipping the interpreter's teardown of torch, transformers and
     DeepSpeed module state, which every process would pay (every rank, every requeued attempt; BENCHMARKS.md,
     "Process start-up and the test suite")."""
+    import signal
+
+    from pretrain.lifecycle.exit_status import EXIT_INTERRUPTED
+
     threading._shutdown()  # what a normal exit does first: stop executors, join non-daemon threads
     atexit._run_exitfuncs()  # logging's flush and close, and the libraries' own exit handlers
     sys.stdout.flush()
     sys.stderr.flush()
+    if code == EXIT_INTERRUPTED:  # saved after a Ctrl-C: end as an interrupted program does, so a shell's loop stops
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
 
 
@@ -49,6 +56,12 @@ if __name__ == "__main__":
         from core.process_life import exit_on_termination
 
         exit_on_termination()  # a stopped or hung-up export or evaluation removes its temporary folder
-    from pretrain.cli import main
+    try:
+        from pretrain.cli import main
 
-    _exit_without_teardown(main())
+        code = main()
+    except KeyboardInterrupt:  # export, evaluate, finetune (training catches SIGINT): their clean-up ran on the way here
+        from core.process_life import end_interrupted
+
+        end_interrupted("interrupted (Ctrl-C): stopped; what it had not finished writing is removed")
+    _exit_without_teardown(code)

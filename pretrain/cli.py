@@ -28,7 +28,7 @@ def _train(args: argparse.Namespace) -> int:
     from core.host_memory import freeze_imports, resume_garbage_collector
     from pretrain.lifecycle import signals
     from pretrain.config import RunConfig
-    from pretrain.lifecycle.exit_status import EXIT_FINISHED, EXIT_PREEMPTED, exit_code_for
+    from pretrain.lifecycle.exit_status import EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_PREEMPTED, exit_code_for
     from pretrain.run import build_trainer
 
     trainer = None
@@ -64,7 +64,7 @@ def _train(args: argparse.Namespace) -> int:
     write_status(status, step=trainer.step)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    return EXIT_PREEMPTED if status == "preempted" else EXIT_FINISHED
+    return {"preempted": EXIT_PREEMPTED, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FINISHED)
 
 
 def _attempt_lost(exc: BaseException) -> bool:

@@ -100,7 +100,8 @@ class Trainer:
         self.metrics.window.end_step(step, host)
 
     def fit(self) -> str:
-        """Train until max_steps, stop_after steps, or preemption; return 'finished', 'stopped' or 'preempted'."""
+        """Train until max_steps, stop_after steps, preemption or a Ctrl-C; return 'finished', 'stopped', 'preempted' or
+        'interrupted'."""
         max_steps = self.cfg.train.max_steps
         start_step = self._resume()
         if self.step >= max_steps:
@@ -189,13 +190,16 @@ class Trainer:
             self.checkpoints.save(self.step)
 
     def _preempted(self, guard: PreemptionGuard) -> str:
-        """Mark the run preempted (its checkpoint is saved) on every rank before any exits."""
-        self._mark(PREEMPTED, f"preempted ({guard.reason}) at step {self.step}: checkpoint saved, exiting with "
-                   "code 75", reason=guard.reason, deadline=guard.deadline, checkpoint=tag_for(self.step))
+        """Mark the run preempted, or interrupted by a Ctrl-C (its checkpoint is saved either way), on every rank before
+        any exits; the status."""
+        status = "interrupted" if guard.interrupted else "preempted"
+        ending = ("stopping (the same command resumes)" if guard.interrupted else "exiting with code 75")
+        self._mark(PREEMPTED, f"{status} ({guard.reason}) at step {self.step}: checkpoint saved, {ending}",
+                   reason=guard.reason, deadline=guard.deadline, checkpoint=tag_for(self.step))
         # Every rank says so before any exits: srun --kill-on-bad-exit ends the others at the first exit 75.
-        write_status("preempted", step=self.step)
+        write_status(status, step=self.step)
         dist.barrier()
-        return "preempted"
+        return status
 
     def mark_failed(self, exc: BaseException) -> None:
         """Record that the run stopped on an error (its type, message and step) before the error propagates; a marker

@@ -5,13 +5,14 @@
 # cannot tell a preemption whose last tasks srun ended (143) from a crash, nor a rank's bad input from the lost
 # peer its survivors then report (srun returns the highest of the tasks' codes), nor name the task that died.
 # Sets:
-#   rc           0 finished, 75 preempted (requeue), 76 a rank or node lost (requeue, a crash), else the failure's
-#                own code (do not requeue)
+#   rc           0 finished, 75 preempted (requeue), 76 a rank or node lost (requeue, a crash), 130 interrupted by a
+#                SIGINT after its save (do not requeue), else the failure's own code (do not requeue)
 #   first_death  srun's line for the first task that ended on its own (empty if none)
 #   suspects     the hosts to suspect of a lost rank (comma-separated; empty if none)
-#   n_preempted, n_failed, n_lost   the ranks that said so
+#   n_preempted, n_failed, n_lost, n_interrupted   the ranks that said so
 EXIT_PREEMPTED=75  # pretrain/lifecycle/exit_status.py: a complete checkpoint is saved, run the same command again
 EXIT_PEER_LOST=76  # another rank died or hung: nothing saved by this attempt, the last complete checkpoint stands
+EXIT_INTERRUPTED=130  # a SIGINT (scancel --signal=INT, srun's Ctrl-C): saved, then asked to stop, not to be requeued
 
 attempt_outcome() {
     rc=$1
@@ -26,11 +27,13 @@ attempt_outcome() {
     n_preempted=$(count_status preempted)
     n_failed=$(count_status failed)
     n_lost=$(count_status peer_lost)
+    n_interrupted=$(count_status interrupted)
     # srun: "srun: error: NODE: task N: Killed" (or Aborted, Segmentation fault, Exited with exit code C). The first
-    # task that ended on its own, neither ended by srun (Terminated) or a hang-up someone sent (Hangup: a rank that
-    # had not started training dies of it), nor a survivor (76) or a preempted rank (75).
+    # task that ended on its own, neither ended by srun (Terminated) or a hang-up or interrupt someone sent (Hangup,
+    # Interrupt: a rank dies of either before training, and of a SIGINT after its save), nor a survivor (76) or a
+    # preempted rank (75).
     first_death=$(grep -E '^srun: error: [^:]+: tasks? [0-9,-]+: ' "$dir/srun.err" 2>/dev/null \
-        | grep -v -E ': (Terminated|Hangup|Exited with exit code (75|76))$' | head -n 1)
+        | grep -v -E ': (Terminated|Hangup|Interrupt|Exited with exit code (75|76))$' | head -n 1)
     suspects=""
     if (( n_failed > 0 )); then
         # A rank stopped on its own error (bad input, a full disk, a divergence, a bug): the attempt failed with its
@@ -58,6 +61,10 @@ attempt_outcome() {
         # No task ended on its own: one hung (its host lost or stuck) and the survivors timed out. The ranks still
         # "running" are the hung ones.
         suspects=$(with_status running | xargs -r sed -n 's/.*"host": "\([^"]*\)".*/\1/p' | sort -u | paste -sd, -)
+    fi
+    if (( n_interrupted > 0 && n_lost == 0 )) && [ -z "$first_death" ]; then
+        rc=$EXIT_INTERRUPTED  # saved, then ended by the SIGINT as asked (srun ends the last ranks with a SIGTERM)
+        return
     fi
     if (( rc != 0 && rc != EXIT_PREEMPTED && n_preempted > 0 && n_lost == 0 )) && [ -z "$first_death" ]; then
         rc=$EXIT_PREEMPTED  # srun ended the last ranks of a preemption (143): they had saved

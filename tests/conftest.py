@@ -379,7 +379,7 @@ LONGEST_FIRST = ["test_slurm", "test_transformers_versions", "test_train_resume"
                  "test_rotary_tables_benchmark", "test_rotary_tables", "test_export_stages", "test_tracking",
                  "test_gpu_queue_run", "test_elastic", "test_launch", "test_launch_checks", "test_hot_loop",
                  "test_parallel_and_integrity", "test_peer_loss", "test_wheel", "test_diagnostics", "test_errors",
-                 "test_preemption", "test_objective_behaviour", "test_config_errors", "test_layering_at_run_time",
+                 "test_preemption", "test_interrupt", "test_objective_behaviour", "test_config_errors", "test_layering_at_run_time",
                  "test_linear_probe", "test_sentence_embeddings", "test_host_memory", "test_export"]
 # Modules whose tests share no fixture of their own that costs anything to build: under `--dist loadfile` their tests go
 # to whichever worker is free, one by one. Every other module runs whole on one worker (its module fixtures, such as a

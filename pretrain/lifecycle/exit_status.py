@@ -27,6 +27,7 @@ EXIT_USER_ERROR = 2  # core.errors.UserError: one line names the problem (data_p
 EXIT_DIVERGED = 4  # core.errors.DivergedError: one line names the step and the value
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL, "temporary failure, try again"
 EXIT_PEER_LOST = 76
+EXIT_INTERRUPTED = 130  # what a shell reports for a process that died of SIGINT, as this one then does
 EXIT_CODES = {
     EXIT_FINISHED: "finished: max_steps reached, or train.stop_after steps done",
     EXIT_BUG: "a bug: the traceback says where; do not requeue",
@@ -38,6 +39,8 @@ EXIT_CODES = {
                     "written; run the same command again",
     EXIT_PEER_LOST: "another rank died or stopped answering: this attempt saved nothing (the dead rank's ZeRO shards "
                     "are gone); the last complete checkpoint stands",
+    EXIT_INTERRUPTED: "interrupted by a Ctrl-C (SIGINT): a complete checkpoint and the PREEMPTED marker are written, "
+                      "and the process ends by SIGINT; run the same command again to go on",
 }
 
 
@@ -58,8 +61,8 @@ def status_file() -> Path | None:
 
 
 def write_status(status: str, **fields: Any) -> None:
-    """Record this rank's state (running, finished, stopped, preempted, peer_lost, attempt_lost, terminated, failed)
-    with its host."""
+    """Record this rank's state (running, finished, stopped, preempted, interrupted, peer_lost, attempt_lost,
+    terminated, failed) with its host."""
     path = status_file()
     if path is None:
         return

@@ -64,7 +64,7 @@ def slurm_end_time() -> Optional[float]:
 
 
 class PreemptionGuard:
-    """Turns SIGUSR1/SIGTERM/SIGHUP and the deadline into one decision per step, the same on every rank."""
+    """Turns SIGUSR1/SIGTERM/SIGHUP/SIGINT and the deadline into one decision per step, the same on every rank."""
 
     def __init__(self, deadline: Optional[float], margin_s: float) -> None:
         self.deadline = deadline
@@ -90,3 +90,8 @@ class PreemptionGuard:
             rank, reason = next((r, why) for r, why in enumerate(reasons) if why is not None)
             self.reason = reason if rank == 0 else f"{reason} on rank {rank}"
         return stop, save
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the agreed reason is a Ctrl-C (SIGINT): a person asked this run to stop, not a scheduler to pause it."""
+        return self.reason is not None and self.reason.split(" on rank ")[0] == "SIGINT"

@@ -8,15 +8,20 @@ A SIGHUP (a closed ssh session or terminal, which torchrun forwards to its ranks
 from a process whose terminal is gone: the standard streams that were one are pointed at /dev/null first, or the
 save's first progress line would fail with EIO. Under nohup (SIGHUP ignored at the start) it stays ignored.
 
+A SIGINT (Ctrl-C, which torchrun forwards to its ranks too) asks for the same save and stop, and then ends the
+process by SIGINT, as an interrupted program does (a shell's loop stops there); a second one ends it at once, without
+saving. Started with SIGINT ignored (a background job of a script), it stays ignored.
+
 A SIGTERM is different before training starts: there is nothing to save yet, and whoever sent it
 (srun once another task died, torchrun ending its other workers, scancel) wants the process gone.
 Python runs its handlers only between bytecodes, and a rank waiting at the rendezvous for a peer that
 died sits in C++ for the whole start-up timeout, until SLURM's or torchrun's SIGKILL 30 s later. So until
 the trainer first polls, a thread woken through the signal wake-up fd (which the C-level handler writes
-at once) ends the process by that signal itself (SIGTERM or SIGHUP).
+at once) ends the process by that signal itself (SIGTERM, SIGHUP or SIGINT).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -25,24 +30,47 @@ from typing import Optional
 
 from core.process_life import flush_stdout, hang_up_ignored, leave_terminal, note_terminal_outputs, to_stderr
 
-SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)
-ENDING = (signal.SIGTERM, signal.SIGHUP)  # those that end the process at once before training starts
-_caught: Optional[tuple[signal.Signals, ...]] = None  # SIGNALS, less SIGHUP where it was ignored at the first `catch`
+SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+ENDING = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # those that end the process at once before training starts
+_caught: Optional[tuple[signal.Signals, ...]] = None  # SIGNALS, less SIGHUP/SIGINT where ignored at the first `catch`
 _received: list[str] = []
-_wakeup: Optional[tuple[int, int]] = None  # (read, write) ends of the wake-up pipe while SIGTERM/SIGHUP end the process
-_training = False  # set at the trainer's first poll: from then on SIGTERM/SIGHUP ask for a save and a stop
+_wakeup: Optional[tuple[int, int]] = None  # (read, write) ends of the wake-up pipe while ENDING end the process
+_training = False  # set at the trainer's first poll: from then on SIGTERM/SIGHUP/SIGINT ask for a save and a stop
 
 
 def _handle(signum, frame) -> None:
-    # Only record: a signal during a save (or a second one) must not interrupt it.
+    # Only record: a signal during a save (or a second one) must not interrupt it; a person's second Ctrl-C does.
     if signum == signal.SIGHUP:
         leave_terminal()
+    if signum == signal.SIGINT and _training:
+        if "SIGINT" in _received:
+            _end(signal.SIGINT, f"interrupted again: rank {_rank()} of {os.environ.get('WORLD_SIZE', '1')} ends now "
+                 "by SIGINT, without saving; the last complete checkpoint stands", error="SIGINT")
+        if _rank() == "0":
+            # os.write, not print: a handler that prints while the main thread is inside a print to the same stream
+            # fails it with "reentrant call".
+            with contextlib.suppress(OSError):
+                os.write(2, b"Ctrl-C (SIGINT): saving a checkpoint at the end of this step, then stopping; Ctrl-C "
+                            b"again stops at once, without saving\n")
     _received.append(signal.Signals(signum).name)
 
 
+def _rank() -> str:
+    return os.environ.get("RANK", "0")
+
+
+def _ignored_at_start(sig: signal.Signals) -> bool:
+    """Whether `sig` was ignored when this process started (nohup's SIGHUP, a script's background job's SIGINT): then
+    it is not meant for this process, and a handler must not be put in the place of that choice."""
+    if sig == signal.SIGHUP:
+        return hang_up_ignored()
+    return sig == signal.SIGINT and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
 def catch(end_on_sigterm_until_training: bool = False) -> None:
-    """From now on SIGUSR1/SIGTERM/SIGHUP only set a flag that the trainer polls once per step; with
-    `end_on_sigterm_until_training`, a SIGTERM or SIGHUP before the trainer's first poll ends the process at once."""
+    """From now on SIGUSR1/SIGTERM/SIGHUP/SIGINT only set a flag that the trainer polls once per step; with
+    `end_on_sigterm_until_training`, a SIGTERM, SIGHUP or SIGINT before the trainer's first poll ends the process at
+    once."""
     # SLURM signals every process of a task, not only the trainer. A helper that execs (the
     # resource tracker that streaming's shared memory starts) resets handlers to the default,
     # which kills it on SIGUSR1, but keeps "ignored": so start it while the signals are ignored.
@@ -50,7 +78,7 @@ def catch(end_on_sigterm_until_training: bool = False) -> None:
 
     global _caught
     if _caught is None:
-        _caught = tuple(sig for sig in SIGNALS if sig != signal.SIGHUP or not hang_up_ignored())
+        _caught = tuple(sig for sig in SIGNALS if not _ignored_at_start(sig))
     note_terminal_outputs()
     for sig in _caught:
         signal.signal(sig, signal.SIG_IGN)
@@ -62,7 +90,7 @@ def catch(end_on_sigterm_until_training: bool = False) -> None:
 
 
 def _watch_for_sigterm() -> None:
-    """Start the thread that ends the process on a SIGTERM or SIGHUP, woken by the C-level handler's write."""
+    """Start the thread that ends the process on a SIGTERM, SIGHUP or SIGINT, woken by the C-level handler's write."""
     global _wakeup
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
@@ -93,13 +121,22 @@ def terminated(step: int, error: Optional[str], sig: signal.Signals = signal.SIG
     """Ended by `sig` (`error`: what broke then, or None before the first step): the status file and one line, this
     node's shared memory released, then die of the signal (srun and torchrun read a task that died of it as ended by
     them, not as one that failed)."""
-    from pretrain.lifecycle.exit_status import write_status
-
-    write_status("terminated", error=error or sig.name, step=step)
     when = f"at step {step}" if step >= 0 else "before its first step"
     after = f"then {error}" if error else "no step was run, nothing to save"
-    to_stderr(f"terminated: rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')} {when} by "
-              f"{sig.name} (the job was ended; a rank that stopped on its own says why in its log); {after}")
+    who = f"rank {_rank()} of {os.environ.get('WORLD_SIZE', '1')} {when}"
+    if sig == signal.SIGINT:
+        line = f"interrupted: {who} by SIGINT (Ctrl-C); {after}"
+    else:
+        line = f"terminated: {who} by {sig.name} (the job was ended; a rank that stopped on its own says why in its log); {after}"
+    _end(sig, line, error=error or sig.name, step=step)
+
+
+def _end(sig: signal.Signals, line: str, **status: object) -> None:
+    """The status "terminated" with `status`, `line` on stderr, this node's shared memory released, then death by `sig`."""
+    from pretrain.lifecycle.exit_status import write_status
+
+    write_status("terminated", **status)
+    to_stderr(line)
     loader = sys.modules.get("data_pipeline.loader")  # only once the run got that far; importing it costs seconds
     if loader is not None:
         loader.release_shared_memory()  # dying of the signal skips streaming's exit handler, which would do it
@@ -119,7 +156,8 @@ def _die_of(sig: signal.Signals) -> None:
 
 
 def training_started() -> None:
-    """From the trainer's first poll on, a SIGTERM or SIGHUP is a request to save and stop at the next step boundary."""
+    """From the trainer's first poll on, a SIGTERM, SIGHUP or SIGINT is a request to save and stop at the next step
+    boundary."""
     global _training, _wakeup
     _training = True
     if _wakeup is None:
@@ -162,6 +200,6 @@ def sigterm_received() -> bool:
 
 
 def ignore() -> None:
-    """Ignore SIGUSR1/SIGTERM/SIGHUP at the OS level from here to the process's exit."""
+    """Ignore SIGUSR1/SIGTERM/SIGHUP/SIGINT at the OS level from here to the process's exit."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)

@@ -64,6 +64,24 @@ CASES = {
         129, {0: ("n1", "terminated", {"step": -1, "error": "SIGTERM"}),
               1: ("n2", "terminated", {"step": -1, "error": "SIGHUP"})},
         ["srun: error: n2: task 1: Hangup", "srun: error: n1: task 0: Terminated"], (129, "", 0, 0, 0)),
+    # `scancel --signal=INT` (or srun's Ctrl-C) while training: every rank saves, then dies of the SIGINT. Not
+    # requeued, and no host suspected.
+    "interrupted": (
+        130, {0: ("n1", "interrupted", {"step": 5}), 1: ("n2", "interrupted", {"step": 5})},
+        ["srun: error: n1: tasks 0-1: Interrupt"], (130, "", 0, 0, 0)),
+    # The same where srun ended the last rank (with a SIGTERM) once the first had died of the SIGINT.
+    "interrupted, the last rank ended by srun": (
+        143, {0: ("n1", "interrupted", {"step": 5}), 1: ("n2", "terminated", {"step": 5, "error": "SIGTERM"})},
+        ["srun: error: n1: task 0: Interrupt", "srun: error: n2: task 1: Terminated"], (130, "", 0, 0, 0)),
+    # A SIGINT before the first step: the ranks die of it, nothing saved; the job ends with srun's code, no requeue.
+    "an interrupt before the first step": (
+        130, {0: ("n1", "terminated", {"step": -1, "error": "SIGINT"}),
+              1: ("n2", "terminated", {"step": -1, "error": "SIGINT"})},
+        ["srun: error: n1: tasks 0-1: Interrupt"], (130, "", 0, 0, 0)),
+    # A node lost while the others saved on a SIGINT: the loss decides (requeue), not the interrupt.
+    "a rank killed beside an interrupt": (
+        137, {0: ("n1", "interrupted", {"step": 5}), 1: ("n2", "running", {})},
+        [KILLED, "srun: error: n1: task 0: Interrupt"], (76, "n2", 0, 0, 0)),
     # A bug on one rank while the other saved on a signal: the bug stops the job.
     "a bug beside a preemption": (
         75, {0: ("n1", "preempted", {"step": 5}), 1: ("n2", "failed", {"error": "KeyError", "code": 1})},

@@ -154,11 +154,13 @@ def test_nothing_outside_the_engine_reaches_into_deepspeed():
 
 
 def test_the_batch_script_reads_the_one_table_of_exit_codes():
-    """slurm/pretrain.sbatch decides requeues on 75 and 76 (through slurm/attempt_outcome.sh, which it sources): their
-    copies are the table's values."""
-    from pretrain.lifecycle.exit_status import EXIT_CODES, EXIT_PEER_LOST, EXIT_PREEMPTED
+    """slurm/pretrain.sbatch decides requeues on 75, 76 and 130 (through slurm/attempt_outcome.sh, which it sources):
+    their copies are the table's values."""
+    from pretrain.lifecycle.exit_status import EXIT_CODES, EXIT_INTERRUPTED, EXIT_PEER_LOST, EXIT_PREEMPTED
 
     assert 'source "$REPO_DIR/slurm/attempt_outcome.sh"' in (REPO / "slurm" / "pretrain.sbatch").read_text()
     script = (REPO / "slurm" / "attempt_outcome.sh").read_text(encoding="utf-8")
     assert f"EXIT_PREEMPTED={EXIT_PREEMPTED} " in script and f"EXIT_PEER_LOST={EXIT_PEER_LOST} " in script
-    assert (EXIT_PREEMPTED, EXIT_PEER_LOST) == (75, 76) and sorted(EXIT_CODES) == [0, 1, 2, 4, 75, 76]
+    assert f"EXIT_INTERRUPTED={EXIT_INTERRUPTED} " in script
+    assert (EXIT_PREEMPTED, EXIT_PEER_LOST, EXIT_INTERRUPTED) == (75, 76, 130)
+    assert sorted(EXIT_CODES) == [0, 1, 2, 4, 75, 76, 130]

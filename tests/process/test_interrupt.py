@@ -1,0 +1,164 @@
+"""A Ctrl-C (SIGINT) while training saves a checkpoint at the step boundary, then ends the process by SIGINT, as an
+interrupted program does; a second one ends it at once; before the first step it ends it at once. Real torchrun, real
+DeepSpeed, real loader workers, real signals to the process group, as a terminal sends them."""
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PROCESS_ENV, REPO, TINY_MODEL, descendants, free_port, run_cli, wait_for_step
+
+from pretrain.run_dir import RunDir
+
+
+def _from_a_terminal() -> None:
+    # A process started in a terminal's foreground gets Python's KeyboardInterrupt handler; the suite itself may run
+    # where SIGINT is ignored (a background job), which its children would inherit.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _train_args(data, out, *extra) -> list[str]:
+    return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}",
+            *TINY_MODEL, "train.max_steps=100000", "train.save_every=100000", "train.micro_batch_size=4",
+            "train.global_batch_size=8", "train.eval_every=0", "train.log_every=1", "train.use_slurm_deadline=false",
+            *extra]
+
+
+def _ctrl_c(cmd: list[str], env: dict, out: Path, step: int) -> tuple[int, str, list[int]]:
+    """Start `cmd` as a terminal's foreground job (a session of its own), press Ctrl-C (SIGINT to its whole process
+    group) once the run is past `step`; its exit code, its output, the processes that outlived it."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, preexec_fn=_from_a_terminal)
+    family: list[int] = []
+    try:
+        wait_for_step(out, step, [proc])
+        family = descendants(proc.pid)
+        assert family, "a loader worker at least"
+        os.killpg(proc.pid, signal.SIGINT)
+        log, _ = proc.communicate(timeout=120)
+    finally:
+        deadline = time.time() + 15  # the workers die with their rank; the resource tracker once its pipe closes
+        while (left := [pid for pid in family if _alive(pid)]) and time.time() < deadline:
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return proc.returncode, log, left
+
+
+def test_ctrl_c_under_torchrun_saves_on_every_rank_and_the_run_resumes(prepared, tmp_path):
+    """The demo's launch: torchrun gets the terminal's SIGINT and forwards it to each rank's process group, loader
+    workers included. Each rank saves at the step boundary, says "interrupted", and nothing prints a rank's traceback;
+    the checkpoint is complete and the same command resumes from it (here on one rank)."""
+    out, status = tmp_path / "run", tmp_path / "status"
+    env = {**os.environ, **PROCESS_ENV, "PRETRAIN_STATUS_DIR": str(status)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "pretrain", *_train_args(prepared, out)]
+    code, log, left = _ctrl_c(cmd, env, out, 3)
+    assert not left, f"outlived the run: {left}"
+    assert code != 0, log[-3000:]  # torchrun itself ends on the signal it got
+    statuses = [json.loads((status / f"rank{rank}.json").read_text())["status"] for rank in range(2)]
+    assert statuses == ["interrupted", "interrupted"], (statuses, log[-3000:])
+    marker = json.loads((out / "PREEMPTED").read_text())
+    assert marker["reason"] == "SIGINT" and marker["step"] >= 3, marker
+    assert (RunDir(out).checkpoints / marker["checkpoint"] / "COMPLETE").is_file(), log[-3000:]
+    assert f"interrupted (SIGINT) at step {marker['step']}: checkpoint saved" in log, log[-3000:]
+    assert log.count("Ctrl-C (SIGINT): saving a checkpoint") == 1, log[-3000:]  # rank 0 says it, once
+    assert "KeyboardInterrupt" not in log and "[rank0]: Traceback" not in log and "[rank1]: Traceback" not in log
+    resumed = run_cli("pretrain", _train_args(prepared, out, f"train.max_steps={marker['step'] + 2}"))
+    assert f"from step {marker['step']} to {marker['step'] + 2}" in resumed.stdout, resumed.stdout[-2000:]
+
+
+def test_ctrl_c_of_a_plain_run_saves_then_ends_it_by_sigint(prepared, tmp_path):
+    """`python -m pretrain train` in a terminal: the Ctrl-C reaches the rank and its loader worker. The worker leaves
+    it to the rank (else the rank's next batch would fail before its save); the rank saves and dies of SIGINT, which
+    a shell reads as 130 and which stops a shell's loop."""
+    out, status = tmp_path / "run", tmp_path / "status"
+    env = {**os.environ, **PROCESS_ENV, "PRETRAIN_STATUS_DIR": str(status)}
+    # Accumulation 8: the rest of the step needs more batches than the worker had made ahead when the Ctrl-C came.
+    code, log, left = _ctrl_c([sys.executable, "-m", "pretrain", *_train_args(prepared, out),
+                               "train.global_batch_size=32"], env, out, 3)
+    assert not left, f"outlived the run: {left}"
+    assert code == -signal.SIGINT, (code, log[-3000:])
+    assert json.loads((status / "rank0.json").read_text())["status"] == "interrupted"
+    marker = json.loads((out / "PREEMPTED").read_text())
+    assert marker["reason"] == "SIGINT" and (RunDir(out).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
+    # An export of it stopped the same way, while it still imports: one line, death by SIGINT, no folder.
+    export = tmp_path / "export"
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "export", "--checkpoint", str(out), "--out", str(export)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_from_a_terminal)
+    time.sleep(1.0)  # importing torch alone takes longer
+    proc.send_signal(signal.SIGINT)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, log[-3000:])
+    assert log.splitlines() == ["interrupted (Ctrl-C): stopped; what it had not finished writing is removed"], log[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "status"]  # no export, no temporary folder
+
+
+# The process-level rules, in a bare interpreter: the trainer's signals module as `python -m pretrain train` sets it
+# up, then SIGINTs sent to itself.
+_SETUP = "import os, signal, time\nfrom pretrain.lifecycle import signals\nsignals.catch()\nsignals.catch()\n"
+
+
+@pytest.mark.parametrize("ignored", [False, True], ids=["terminal", "background"])
+def test_one_sigint_is_recorded_unless_the_process_was_started_to_ignore_it(ignored, tmp_path):
+    """A script's background job starts with SIGINT ignored (the shell's choice, kept); else a Ctrl-C is recorded for
+    the next step boundary and does not interrupt what runs."""
+    code = _SETUP + ("signals.training_started()\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.2)\n"
+                     "print('alive', signals.first_received())\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RANK": "0"},
+                          preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else _from_a_terminal)
+    assert (proc.returncode, proc.stdout.split()) == (0, ["alive", "None" if ignored else "SIGINT"]), proc.stderr
+    assert ("Ctrl-C (SIGINT): saving a checkpoint" in proc.stderr) != ignored, proc.stderr
+
+
+def test_a_second_sigint_ends_the_process_at_once_without_saving(tmp_path):
+    """The first Ctrl-C asks for a save at the step boundary; a second, before the process is done, is a person who
+    will not wait: it ends now, by SIGINT, with one line and the status "terminated"."""
+    status = tmp_path / "status"
+    code = _SETUP + ("signals.training_started()\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.2)\n"
+                     "print('first', signals.first_received(), flush=True)\nos.kill(os.getpid(), signal.SIGINT)\n"
+                     "time.sleep(5)\nprint('still running')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RANK": "1", "WORLD_SIZE": "2", "PRETRAIN_STATUS_DIR": str(status)},
+                          preexec_fn=_from_a_terminal)
+    assert (proc.returncode, proc.stdout) == (-signal.SIGINT, "first SIGINT\n"), (proc.returncode, proc.stdout,
+                                                                                   proc.stderr)
+    assert proc.stderr.splitlines() == ["interrupted again: rank 1 of 2 ends now by SIGINT, without saving; the last "
+                                        "complete checkpoint stands"], proc.stderr  # rank 1: no "saving" line
+    recorded = json.loads((status / "rank1.json").read_text())
+    assert (recorded["status"], recorded["error"]) == ("terminated", "SIGINT")
+
+
+def test_a_sigint_before_the_first_step_ends_the_rank_at_once(tmp_path):
+    """Before training there is nothing to save: the SIGINT ends the process at once (from the wake-up thread, wherever
+    the main thread is), by SIGINT, with one line."""
+    status = tmp_path / "status"
+    code = ("import os, signal, time\nfrom pretrain.lifecycle import signals\n"
+            "signals.catch(end_on_sigterm_until_training=True)\nprint('caught', flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(10)\nprint('still running')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RANK": "0", "WORLD_SIZE": "1", "PRETRAIN_STATUS_DIR": str(status)},
+                          preexec_fn=_from_a_terminal)
+    assert (proc.returncode, proc.stdout) == (-signal.SIGINT, "caught\n"), (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr.splitlines() == ["interrupted: rank 0 of 1 before its first step by SIGINT (Ctrl-C); no step "
+                                        "was run, nothing to save"], proc.stderr
+    recorded = json.loads((status / "rank0.json").read_text())
+    assert (recorded["status"], recorded["error"]) == ("terminated", "SIGINT")
