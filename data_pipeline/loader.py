@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import gc
 import math
 import os
 import random
 import re
+import sys
 import time
 import weakref
 from dataclasses import dataclass
@@ -361,7 +363,26 @@ def release_shared_memory() -> list[str]:
                 removed.append(path.name)
             except FileNotFoundError:  # another rank of the node was first
                 continue
+    _forget_created(set(removed))
     return removed
+
+
+def _forget_created(removed: set[str]) -> None:
+    """Tell this process's resource tracker that the segments it created, among `removed`, are gone: once the process
+    ends without streaming's exit handler, the tracker would report each as leaked (a warning per name), and fail to
+    unlink it again. Only the creator registers a segment (streaming keeps attaching processes out of the tracker)."""
+    memory = sys.modules.get("streaming.base.shared.memory")
+    if memory is None or not removed:
+        return
+    from multiprocessing import resource_tracker
+
+    gc.unfreeze()  # a training process froze its start-up's objects (core.host_memory), which get_objects leaves out
+    for wrapper in gc.get_objects():  # the live SharedMemory objects: the datasets' and their arrays', held anywhere
+        if type(wrapper) is memory.SharedMemory:  # type(), not isinstance: a deprecated proxy's __class__ warns
+            for segment in wrapper.created_shms:
+                if segment.name in removed:
+                    removed.discard(segment.name)  # once: the tracker refuses a name it no longer has
+                    resource_tracker.unregister(segment._name, "shared_memory")
 
 
 def loader_workers(requested: Union[str, int], gpu: bool, cpus: int) -> int:

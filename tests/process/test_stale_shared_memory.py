@@ -221,3 +221,26 @@ def test_two_runs_that_share_two_machines_do_not_deadlock_on_their_locks(tmp_pat
                 p.wait()
         for lock in locks:
             (SHM / lock).unlink(missing_ok=True)
+
+
+# A rank that dies of a signal, or leaves after a lost peer: it unlinks its datasets' segments itself, then ends with
+# no exit handler run.
+RELEASE_AND_DIE = """
+import gc, os, sys
+from data_pipeline.loader import LoaderConfig, build_dataset, release_shared_memory
+dataset = build_dataset(LoaderConfig(path=sys.argv[1]), "train", 4)
+next(iter(dataset))
+gc.freeze()  # as a training process does with what its start-up built (core.host_memory)
+print(len(release_shared_memory()), flush=True)
+os._exit(0)
+"""
+
+
+def test_a_process_that_released_its_segments_leaves_its_resource_tracker_nothing_to_report(prepared):
+    """The segments it created are told gone to its resource tracker, which otherwise, once the process has ended,
+    warns about each as leaked and fails to unlink it again (a screenful after a Ctrl-C before the first step)."""
+    proc = subprocess.run([sys.executable, "-c", RELEASE_AND_DIE, str(prepared)], cwd=REPO,
+                          env={**os.environ, **PROCESS_ENV}, capture_output=True, text=True, timeout=120)
+    # The tracker holds the same stderr: the run returns once it has ended, and said whatever it had to.
+    assert proc.returncode == 0 and int(proc.stdout) >= 4, (proc.stdout, proc.stderr[-2000:])
+    assert "resource_tracker" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr[-2000:]
