@@ -10,7 +10,6 @@ import errno
 import os
 import signal
 import sys
-import threading
 from typing import Iterator, Mapping, NoReturn, Optional
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -47,28 +46,21 @@ TERMINAL_SIGNALS = (signal.SIGHUP, signal.SIGINT)  # a closed terminal and Ctrl-
 
 
 @contextlib.contextmanager
-def terminal_signals_held(spawning: bool = False) -> Iterator[None]:
+def terminal_signals_held() -> Iterator[None]:
     """SIGHUP and SIGINT blocked in this thread while it starts children, which inherit the block through fork and
     exec: a closed terminal's hang-up or a Ctrl-C reaches a child only once it has said what it does with one
     (`leave_terminal_signals_to_the_parent`), not while it is still importing. This process gets them when the block
-    ends, or at once through another thread.
+    ends, or at once through another thread."""
+    from multiprocessing import resource_tracker
 
-    `spawning`: the children exec a new interpreter, whose start-up unblocks SIGINT to install its KeyboardInterrupt
-    handler; SIGINT is also ignored meanwhile (from the main thread), which the new interpreter keeps. A SIGINT for this
-    process that another of its threads takes in that window is lost."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, set(TERMINAL_SIGNALS))
-    handler = signal.getsignal(signal.SIGINT)
-    ignoring = spawning and handler is not None and threading.current_thread() is threading.main_thread()
-    if ignoring:
-        came = signal.SIGINT in signal.sigpending()  # ignoring it discards a pending one: raised again below
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        # Started here (a queue would start it), the resource tracker inherits the block, so a hang-up spares it; but
+        # starting it unblocks SIGINT behind it (multiprocessing's own choice): block again, for the children.
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, set(TERMINAL_SIGNALS))
         yield
     finally:
-        if ignoring:
-            signal.signal(signal.SIGINT, handler)
-            if came:
-                signal.raise_signal(signal.SIGINT)  # pending on this thread until the block ends
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
@@ -176,7 +168,8 @@ def exit_on_termination() -> None:
     """Make SIGTERM (SLURM's time limit and scancel, a plain `kill`) and SIGHUP (a closed terminal; unless ignored, as
     under nohup) raise SystemExit(128 + the signal) in the main thread, so a command's clean-up (`finally`,
     `except BaseException`: temporary folders, worker pools) runs as it does for Ctrl-C; by default either signal
-    ends the process where it stands."""
+    ends the process where it stands. A Ctrl-C raises KeyboardInterrupt once (`end_interrupted` then ends the
+    command); a second one ends it at once."""
     note_terminal_outputs()
     caught = (signal.SIGTERM,) if hang_up_ignored() else (signal.SIGTERM, signal.SIGHUP)
 
@@ -192,3 +185,12 @@ def exit_on_termination() -> None:
 
     for sig in caught:
         signal.signal(sig, stop)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it was ignored from the start
+        signal.signal(signal.SIGINT, _interrupt_once)
+
+
+def _interrupt_once(signum: int, frame: object) -> None:
+    # The first Ctrl-C starts the clean-up (KeyboardInterrupt); a second one ends the process at once, by SIGINT,
+    # without the line that says the clean-up ran.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    raise KeyboardInterrupt

@@ -363,26 +363,35 @@ def release_shared_memory() -> list[str]:
                 removed.append(path.name)
             except FileNotFoundError:  # another rank of the node was first
                 continue
-    _forget_created(set(removed))
+    _forget_created()
     return removed
 
 
-def _forget_created(removed: set[str]) -> None:
-    """Tell this process's resource tracker that the segments it created, among `removed`, are gone: once the process
-    ends without streaming's exit handler, the tracker would report each as leaked (a warning per name), and fail to
-    unlink it again. Only the creator registers a segment (streaming keeps attaching processes out of the tracker)."""
+def _forget_created() -> None:
+    """Tell this process's resource tracker that the segments it created and that are gone (unlinked here or by
+    another rank of the node, which may come first) are gone: once the process ends without streaming's exit handler,
+    the tracker would report each as leaked (a warning per name) and fail to unlink it again. Only the creator
+    registers a segment (streaming keeps attaching processes out of the tracker)."""
     memory = sys.modules.get("streaming.base.shared.memory")
-    if memory is None or not removed:
+    if memory is None or not _SHARED_MEMORY_PREFIXES:
         return
     from multiprocessing import resource_tracker
 
+    ours = tuple(f"{prefix:06}_" for prefix in _SHARED_MEMORY_PREFIXES)
+    told: set[str] = set()  # the tracker refuses a name it no longer has, with a traceback
+    frozen = gc.get_freeze_count()
     gc.unfreeze()  # a training process froze its start-up's objects (core.host_memory), which get_objects leaves out
-    for wrapper in gc.get_objects():  # the live SharedMemory objects: the datasets' and their arrays', held anywhere
-        if type(wrapper) is memory.SharedMemory:  # type(), not isinstance: a deprecated proxy's __class__ warns
-            for segment in wrapper.created_shms:
-                if segment.name in removed:
-                    removed.discard(segment.name)  # once: the tracker refuses a name it no longer has
-                    resource_tracker.unregister(segment._name, "shared_memory")
+    try:
+        for wrapper in gc.get_objects():  # the live SharedMemory objects: the datasets' and their arrays', anywhere
+            if type(wrapper) is memory.SharedMemory:  # type(), not isinstance: a deprecated proxy's __class__ warns
+                for segment in wrapper.created_shms:
+                    name = segment.name
+                    if name.startswith(ours) and name not in told and not (SHM_DIR / name).exists():
+                        told.add(name)
+                        resource_tracker.unregister(segment._name, "shared_memory")
+    finally:
+        if frozen:  # a process that goes on (a test's) keeps what it had frozen frozen
+            gc.freeze()
 
 
 def loader_workers(requested: Union[str, int], gpu: bool, cpus: int) -> int:

@@ -59,7 +59,7 @@ class WorkerPool:
             ctx = mp.get_context("spawn")  # fork after datasets/fsspec threads started can deadlock
             # The queues may start multiprocessing's resource tracker, which would die of a hang-up; the workers
             # take theirs in hand once started.
-            with terminal_signals_held(spawning=True):
+            with terminal_signals_held():
                 self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
                 self._procs = [ctx.Process(target=_worker, args=(os.getpid(), shared, self._inbox, self._outbox),
                                            daemon=True) for _ in range(workers)]

@@ -42,7 +42,8 @@ if __name__ == "__main__":
         pause_garbage_collector()  # until the trainer is built: full collections over the growing start-up heap
         from pretrain.lifecycle import signals
 
-        signals.catch(end_on_sigterm_until_training=True)  # before the slow imports below: a signal may come at any time
+        # Before the slow imports below: a signal may come at any time.
+        signals.catch(end_on_sigterm_until_training=True, interrupts=True)
         import signal
 
         from core.process_life import die_with_parent, started_by_launcher

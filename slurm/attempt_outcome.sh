@@ -12,7 +12,7 @@
 #   n_preempted, n_failed, n_lost, n_interrupted   the ranks that said so
 EXIT_PREEMPTED=75  # pretrain/lifecycle/exit_status.py: a complete checkpoint is saved, run the same command again
 EXIT_PEER_LOST=76  # another rank died or hung: nothing saved by this attempt, the last complete checkpoint stands
-EXIT_INTERRUPTED=130  # a SIGINT (scancel --signal=INT, srun's Ctrl-C): saved, then asked to stop, not to be requeued
+EXIT_INTERRUPTED=130  # a SIGINT (scancel --signal=INT): saved, then asked to stop, not to be requeued
 
 attempt_outcome() {
     rc=$1

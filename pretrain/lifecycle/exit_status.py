@@ -1,7 +1,7 @@
 """How each rank ended, for the batch script: the one table of exit codes, and one small JSON file per rank.
 
 The exit codes of `python -m pretrain` are EXIT_CODES below (slurm/pretrain.sbatch acts on them; its copies of
-75 and 76 name this file).
+75, 76 and 130 name this file).
 
 With srun's --kill-on-bad-exit the first rank to exit non-zero ends the others, so the step's exit code
 is not always the ranks' own (a rank killed by srun counts as 143). With PRETRAIN_STATUS_DIR set (the

@@ -1,5 +1,5 @@
 """Preemption: signals and deadlines become a flag that all ranks agree on at a step boundary, which ends the run
-with EXIT_PREEMPTED (pretrain/lifecycle/exit_status.py, the table of exit codes)."""
+with EXIT_PREEMPTED, or EXIT_INTERRUPTED after a Ctrl-C (pretrain/lifecycle/exit_status.py, the table of exit codes)."""
 from __future__ import annotations
 
 import datetime
@@ -75,7 +75,7 @@ class PreemptionGuard:
     def poll(self, step_seconds: float, save_seconds: float, save_due: bool) -> tuple[bool, bool]:
         """(stop, save) agreed by all ranks: stop if any rank got a signal or the deadline is near;
         save if any rank says a time-based save is due. One small all-reduce per step, on the CPU."""
-        signals.training_started()  # from here SIGTERM and SIGHUP ask for a save and a stop, as SIGUSR1 does
+        signals.training_started()  # from here SIGTERM, SIGHUP and SIGINT ask for a save and a stop, as SIGUSR1 does
         self.reason = self.reason or signals.first_received()
         local = self.reason is not None
         if not local and self.deadline is not None:
@@ -93,5 +93,6 @@ class PreemptionGuard:
 
     @property
     def interrupted(self) -> bool:
-        """Whether the agreed reason is a Ctrl-C (SIGINT): a person asked this run to stop, not a scheduler to pause it."""
+        """Whether the agreed reason is a Ctrl-C (SIGINT): a person asked this run to stop, not a scheduler to pause
+        it."""
         return self.reason is not None and self.reason.split(" on rank ")[0] == "SIGINT"

@@ -34,8 +34,9 @@ SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 ENDING = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # those that end the process at once before training starts
 _caught: Optional[tuple[signal.Signals, ...]] = None  # SIGNALS, less SIGHUP/SIGINT where ignored at the first `catch`
 _received: list[str] = []
-_wakeup: Optional[tuple[int, int]] = None  # (read, write) ends of the wake-up pipe while ENDING end the process
+_wakeup: Optional[tuple[int, int]] = None  # (read, write) ends of the wake-up pipe its watching thread reads
 _training = False  # set at the trainer's first poll: from then on SIGTERM/SIGHUP/SIGINT ask for a save and a stop
+_ending = threading.Lock()  # held by the one thread that ends the process (`_end`): any other waits for the death
 
 
 def _handle(signum, frame) -> None:
@@ -43,15 +44,14 @@ def _handle(signum, frame) -> None:
     if signum == signal.SIGHUP:
         leave_terminal()
     if signum == signal.SIGINT and _training:
-        if "SIGINT" in _received:
-            _end(signal.SIGINT, f"interrupted again: rank {_rank()} of {os.environ.get('WORLD_SIZE', '1')} ends now "
-                 "by SIGINT, without saving; the last complete checkpoint stands", error="SIGINT")
+        if "SIGINT" in _received:  # the wake-up thread ends the process too, even while this thread sits in C++
+            _interrupted_again()
+            return  # (only where that thread got there first)
         if _rank() == "0":
             # os.write, not print: a handler that prints while the main thread is inside a print to the same stream
             # fails it with "reentrant call".
             with contextlib.suppress(OSError):
-                os.write(2, b"Ctrl-C (SIGINT): saving a checkpoint at the end of this step, then stopping; Ctrl-C "
-                            b"again stops at once, without saving\n")
+                os.write(2, b"Ctrl-C (SIGINT): saving a checkpoint at the end of this step, then stopping\n")
     _received.append(signal.Signals(signum).name)
 
 
@@ -67,10 +67,13 @@ def _ignored_at_start(sig: signal.Signals) -> bool:
     return sig == signal.SIGINT and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
-def catch(end_on_sigterm_until_training: bool = False) -> None:
-    """From now on SIGUSR1/SIGTERM/SIGHUP/SIGINT only set a flag that the trainer polls once per step; with
-    `end_on_sigterm_until_training`, a SIGTERM, SIGHUP or SIGINT before the trainer's first poll ends the process at
-    once."""
+def catch(end_on_sigterm_until_training: bool = False, interrupts: bool = False) -> None:
+    """From now on SIGUSR1/SIGTERM/SIGHUP (and SIGINT with `interrupts`) only set a flag that the trainer polls once
+    per step; with `end_on_sigterm_until_training`, a SIGTERM, SIGHUP or SIGINT before the trainer's first poll ends
+    the process at once, and a second SIGINT after it.
+
+    `interrupts` is for `python -m pretrain train`, whose process ends with its run: a library caller (a notebook)
+    keeps its KeyboardInterrupt. The first call decides which signals are taken."""
     # SLURM signals every process of a task, not only the trainer. A helper that execs (the
     # resource tracker that streaming's shared memory starts) resets handlers to the default,
     # which kills it on SIGUSR1, but keeps "ignored": so start it while the signals are ignored.
@@ -78,7 +81,7 @@ def catch(end_on_sigterm_until_training: bool = False) -> None:
 
     global _caught
     if _caught is None:
-        _caught = tuple(sig for sig in SIGNALS if not _ignored_at_start(sig))
+        _caught = tuple(sig for sig in SIGNALS if not _ignored_at_start(sig) and (interrupts or sig != signal.SIGINT))
     note_terminal_outputs()
     for sig in _caught:
         signal.signal(sig, signal.SIG_IGN)
@@ -86,35 +89,45 @@ def catch(end_on_sigterm_until_training: bool = False) -> None:
     for sig in _caught:
         signal.signal(sig, _handle)
     if end_on_sigterm_until_training and _wakeup is None and not _training:
-        _watch_for_sigterm()
+        _watch_for_endings()
 
 
-def _watch_for_sigterm() -> None:
-    """Start the thread that ends the process on a SIGTERM, SIGHUP or SIGINT, woken by the C-level handler's write."""
+def _watch_for_endings() -> None:
+    """Start the thread that ends the process on a SIGTERM, SIGHUP or SIGINT before training, and on a second SIGINT
+    during it, woken by the C-level handler's write (at once, wherever the main thread is)."""
     global _wakeup
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     _wakeup = (read_end, write_end)
-    threading.Thread(target=_end_on_sigterm, args=(read_end,), name="sigterm-before-training", daemon=True).start()
+    threading.Thread(target=_end_on_wake_up, args=(read_end,), name="signals-that-end", daemon=True).start()
 
 
-def _end_on_sigterm(read_end: int) -> None:
+def _end_on_wake_up(read_end: int) -> None:
+    interrupts = 0  # SIGINTs since training started
     try:
         while True:
             woken_by = os.read(read_end, 64)
-            if not woken_by:  # training started: the write end was closed
+            if not woken_by:  # the write end was closed: training started, and SIGINT is not taken
                 return
+            if _training:
+                interrupts += woken_by.count(signal.SIGINT)
+                if interrupts >= 2:
+                    _interrupted_again()
+                continue
             ending = [sig for sig in ENDING if sig in woken_by]
-            if ending and not _training:
+            if ending:
                 if signal.SIGHUP in ending:  # before the line below, which the hung-up terminal would refuse
                     leave_terminal()
-                try:
-                    terminated(-1, None, ending[0])
-                finally:  # even when the status or the line could not be written
-                    _die_of(ending[0])
+                terminated(-1, None, ending[0])
     finally:
         os.close(read_end)
+
+
+def _interrupted_again() -> None:
+    """A second Ctrl-C during training: a person who will not wait for the save. End now, by SIGINT."""
+    _end(signal.SIGINT, f"interrupted again: rank {_rank()} of {os.environ.get('WORLD_SIZE', '1')} ends now by "
+         "SIGINT, without saving; the last complete checkpoint stands", error="SIGINT")
 
 
 def terminated(step: int, error: Optional[str], sig: signal.Signals = signal.SIGTERM) -> None:
@@ -127,21 +140,30 @@ def terminated(step: int, error: Optional[str], sig: signal.Signals = signal.SIG
     if sig == signal.SIGINT:
         line = f"interrupted: {who} by SIGINT (Ctrl-C); {after}"
     else:
-        line = f"terminated: {who} by {sig.name} (the job was ended; a rank that stopped on its own says why in its log); {after}"
+        line = (f"terminated: {who} by {sig.name} (the job was ended; a rank that stopped on its own says why in its "
+                f"log); {after}")
     _end(sig, line, error=error or sig.name, step=step)
 
 
 def _end(sig: signal.Signals, line: str, **status: object) -> None:
-    """The status "terminated" with `status`, `line` on stderr, this node's shared memory released, then death by `sig`."""
-    from pretrain.lifecycle.exit_status import write_status
+    """The status "terminated" with `status`, `line` on stderr, this node's shared memory released, then death by
+    `sig`, whatever of the rest fails. Once: a second caller waits for that death, except the main thread, which
+    returns (it may hold a stream's lock, inside a print, that the ending thread's line needs)."""
+    if not _ending.acquire(blocking=False):  # never released: the holder ends the process
+        if threading.current_thread() is threading.main_thread():
+            return
+        _ending.acquire()
+    try:
+        from pretrain.lifecycle.exit_status import write_status
 
-    write_status("terminated", **status)
-    to_stderr(line)
-    loader = sys.modules.get("data_pipeline.loader")  # only once the run got that far; importing it costs seconds
-    if loader is not None:
-        loader.release_shared_memory()  # dying of the signal skips streaming's exit handler, which would do it
-    flush_stdout()
-    _die_of(sig)
+        write_status("terminated", **status)
+        to_stderr(line)
+        loader = sys.modules.get("data_pipeline.loader")  # only once the run got that far; importing it costs seconds
+        if loader is not None:
+            loader.release_shared_memory()  # dying of the signal skips streaming's exit handler, which would do it
+        flush_stdout()
+    finally:  # even when the status or the line could not be written
+        _die_of(sig)
 
 
 def _die_of(sig: signal.Signals) -> None:
@@ -157,10 +179,10 @@ def _die_of(sig: signal.Signals) -> None:
 
 def training_started() -> None:
     """From the trainer's first poll on, a SIGTERM, SIGHUP or SIGINT is a request to save and stop at the next step
-    boundary."""
+    boundary; the wake-up thread stays only to end the process on a second SIGINT."""
     global _training, _wakeup
     _training = True
-    if _wakeup is None:
+    if _wakeup is None or signal.SIGINT in (_caught or ()):
         return
     write_end = _wakeup[1]
     _wakeup = None
@@ -195,7 +217,7 @@ def first_received() -> Optional[str]:
 def sigterm_received() -> bool:
     """Whether a SIGTERM was caught, whatever came before it: srun, SLURM or torchrun is ending the job, and what
     breaks after it (a loader worker terminated with the rank) is their doing, not a bug of this rank. (After a
-    SIGHUP, which the loader workers ignore, what breaks is a failure as any other.)"""
+    SIGHUP or SIGINT, which the loader workers ignore, what breaks is a failure as any other.)"""
     return "SIGTERM" in _received
 
 

@@ -36,9 +36,17 @@ def _train_args(data, out, *extra) -> list[str]:
             *extra]
 
 
-def _ctrl_c(cmd: list[str], env: dict, out: Path, step: int) -> tuple[int, str, list[int]]:
+def _ignores_sigint(pid: int) -> bool:
+    """Whether the process ignores SIGINT (its SigIgn mask, from /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return bool(int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), 16)
+                & 1 << (signal.SIGINT - 1))
+
+
+def _ctrl_c(cmd: list[str], env: dict, out: Path, step: int) -> tuple[int, str, list[int], list[bool]]:
     """Start `cmd` as a terminal's foreground job (a session of its own), press Ctrl-C (SIGINT to its whole process
-    group) once the run is past `step`; its exit code, its output, the processes that outlived it."""
+    group) once the run is past `step`; its exit code, its output, the processes that outlived it, and whether each
+    process below it ignored SIGINT then."""
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, preexec_fn=_from_a_terminal)
     family: list[int] = []
@@ -46,6 +54,7 @@ def _ctrl_c(cmd: list[str], env: dict, out: Path, step: int) -> tuple[int, str, 
         wait_for_step(out, step, [proc])
         family = descendants(proc.pid)
         assert family, "a loader worker at least"
+        ignoring = [_ignores_sigint(pid) for pid in family]
         os.killpg(proc.pid, signal.SIGINT)
         log, _ = proc.communicate(timeout=120)
     finally:
@@ -57,7 +66,7 @@ def _ctrl_c(cmd: list[str], env: dict, out: Path, step: int) -> tuple[int, str, 
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-    return proc.returncode, log, left
+    return proc.returncode, log, left, ignoring
 
 
 def test_ctrl_c_under_torchrun_saves_on_every_rank_and_the_run_resumes(prepared, tmp_path):
@@ -68,7 +77,7 @@ def test_ctrl_c_under_torchrun_saves_on_every_rank_and_the_run_resumes(prepared,
     env = {**os.environ, **PROCESS_ENV, "PRETRAIN_STATUS_DIR": str(status)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "pretrain", *_train_args(prepared, out)]
-    code, log, left = _ctrl_c(cmd, env, out, 3)
+    code, log, left, _ = _ctrl_c(cmd, env, out, 3)
     assert not left, f"outlived the run: {left}"
     assert code != 0, log[-3000:]  # torchrun itself ends on the signal it got
     statuses = [json.loads((status / f"rank{rank}.json").read_text())["status"] for rank in range(2)]
@@ -85,14 +94,17 @@ def test_ctrl_c_under_torchrun_saves_on_every_rank_and_the_run_resumes(prepared,
 
 def test_ctrl_c_of_a_plain_run_saves_then_ends_it_by_sigint(prepared, tmp_path):
     """`python -m pretrain train` in a terminal: the Ctrl-C reaches the rank and its loader worker. The worker leaves
-    it to the rank (else the rank's next batch would fail before its save); the rank saves and dies of SIGINT, which
-    a shell reads as 130 and which stops a shell's loop."""
+    it to the rank (ignored); the rank saves and dies of SIGINT, which a shell reads as 130 and which stops a shell's
+    loop."""
     out, status = tmp_path / "run", tmp_path / "status"
     env = {**os.environ, **PROCESS_ENV, "PRETRAIN_STATUS_DIR": str(status)}
-    # Accumulation 8: the rest of the step needs more batches than the worker had made ahead when the Ctrl-C came.
-    code, log, left = _ctrl_c([sys.executable, "-m", "pretrain", *_train_args(prepared, out),
-                               "train.global_batch_size=32"], env, out, 3)
+    # Accumulation 8: the rest of the step needs batches the worker makes after the Ctrl-C.
+    code, log, left, ignoring = _ctrl_c([sys.executable, "-m", "pretrain", *_train_args(prepared, out),
+                                         "train.global_batch_size=32"], env, out, 3)
     assert not left, f"outlived the run: {left}"
+    # The loader worker and the resource tracker ignore it: with the rank's handler (a fork's inheritance) a worker
+    # forked after the first step would act on a Ctrl-C of its own, as a rank.
+    assert ignoring and all(ignoring), ignoring
     assert code == -signal.SIGINT, (code, log[-3000:])
     assert json.loads((status / "rank0.json").read_text())["status"] == "interrupted"
     marker = json.loads((out / "PREEMPTED").read_text())
@@ -111,54 +123,70 @@ def test_ctrl_c_of_a_plain_run_saves_then_ends_it_by_sigint(prepared, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "status"]  # no export, no temporary folder
 
 
-# The process-level rules, in a bare interpreter: the trainer's signals module as `python -m pretrain train` sets it
-# up, then SIGINTs sent to itself.
-_SETUP = "import os, signal, time\nfrom pretrain.lifecycle import signals\nsignals.catch()\nsignals.catch()\n"
+# The process-level rules, in a bare interpreter: the trainer's signals module set up as `python -m pretrain train`
+# sets it (`interrupts`: SIGINT taken too; the wake-up thread with `end_on_sigterm_until_training`), then SIGINTs sent
+# to itself.
+_IMPORTS = "import os, signal, time\nfrom pretrain.lifecycle import signals\n"
+_COMMAND_LINE = _IMPORTS + "signals.catch(end_on_sigterm_until_training=True, interrupts=True)\nsignals.catch()\n"
 
 
-@pytest.mark.parametrize("ignored", [False, True], ids=["terminal", "background"])
-def test_one_sigint_is_recorded_unless_the_process_was_started_to_ignore_it(ignored, tmp_path):
-    """A script's background job starts with SIGINT ignored (the shell's choice, kept); else a Ctrl-C is recorded for
-    the next step boundary and does not interrupt what runs."""
-    code = _SETUP + ("signals.training_started()\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.2)\n"
-                     "print('alive', signals.first_received())\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "RANK": "0"},
+def _run(code: str, tmp_path: Path, rank: int = 0, ignored: bool = False) -> tuple[subprocess.CompletedProcess, float]:
+    """`python -c code` as rank `rank` of 2 started from a terminal (or with SIGINT ignored), its status file in
+    tmp_path/status; the process and its seconds."""
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "PRETRAIN_STATUS_DIR": str(tmp_path / "status")}
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, env=env,
                           preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else _from_a_terminal)
-    assert (proc.returncode, proc.stdout.split()) == (0, ["alive", "None" if ignored else "SIGINT"]), proc.stderr
-    assert ("Ctrl-C (SIGINT): saving a checkpoint" in proc.stderr) != ignored, proc.stderr
+    return proc, time.time() - started
 
 
-def test_a_second_sigint_ends_the_process_at_once_without_saving(tmp_path):
+def _status(tmp_path: Path, rank: int) -> tuple[str, str]:
+    recorded = json.loads((tmp_path / "status" / f"rank{rank}.json").read_text())
+    return recorded["status"], recorded.get("error", "")
+
+
+@pytest.mark.parametrize("setup", ["command line", "background job", "library"])
+def test_one_sigint_is_recorded_by_the_command_line_alone(setup, tmp_path):
+    """`python -m pretrain train` records a Ctrl-C for the next step boundary and goes on; a script's background job,
+    started with SIGINT ignored, keeps ignoring it (the shell's choice); a library caller (a notebook) that uses the
+    trainer keeps its KeyboardInterrupt."""
+    code = ((_IMPORTS + "signals.catch()\n") if setup == "library" else _COMMAND_LINE) + (
+        "signals.training_started()\ntry:\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(0.2)\n"
+        "except KeyboardInterrupt:\n    print('KeyboardInterrupt', end=' ')\n"
+        "print('alive', signals.first_received())\n")
+    proc, _ = _run(code, tmp_path, ignored=setup == "background job")
+    expected = {"command line": ["alive", "SIGINT"], "background job": ["alive", "None"],
+                "library": ["KeyboardInterrupt", "alive", "None"]}[setup]
+    assert (proc.returncode, proc.stdout.split()) == (0, expected), proc.stderr
+    assert ("Ctrl-C (SIGINT): saving a checkpoint" in proc.stderr) == (setup == "command line"), proc.stderr
+
+
+@pytest.mark.parametrize("main_thread", ["in Python", "in C++"])
+def test_a_second_sigint_ends_the_process_at_once_without_saving(main_thread, tmp_path):
     """The first Ctrl-C asks for a save at the step boundary; a second, before the process is done, is a person who
-    will not wait: it ends now, by SIGINT, with one line and the status "terminated"."""
-    status = tmp_path / "status"
-    code = _SETUP + ("signals.training_started()\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.2)\n"
-                     "print('first', signals.first_received(), flush=True)\nos.kill(os.getpid(), signal.SIGINT)\n"
-                     "time.sleep(5)\nprint('still running')\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "RANK": "1", "WORLD_SIZE": "2", "PRETRAIN_STATUS_DIR": str(status)},
-                          preexec_fn=_from_a_terminal)
-    assert (proc.returncode, proc.stdout) == (-signal.SIGINT, "first SIGINT\n"), (proc.returncode, proc.stdout,
-                                                                                   proc.stderr)
+    will not wait: it ends now, by SIGINT, with one line and the status "terminated". Also where the main thread sits
+    in C++ (a collective of the save, a long write), which runs no Python handler until it returns: as a main thread
+    that blocks SIGINT, so that only the other threads see it, the wake-up thread among them."""
+    blocked = "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n" if main_thread == "in C++" else ""
+    code = _COMMAND_LINE + "signals.training_started()\n" + blocked + (
+        "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.3)\nprint('first', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(20)\nprint('still running')\n")
+    proc, seconds = _run(code, tmp_path, rank=1)
+    assert (proc.returncode, proc.stdout) == (-signal.SIGINT, "first\n"), (proc.returncode, proc.stdout, proc.stderr)
+    assert seconds < 15, seconds
     assert proc.stderr.splitlines() == ["interrupted again: rank 1 of 2 ends now by SIGINT, without saving; the last "
                                         "complete checkpoint stands"], proc.stderr  # rank 1: no "saving" line
-    recorded = json.loads((status / "rank1.json").read_text())
-    assert (recorded["status"], recorded["error"]) == ("terminated", "SIGINT")
+    assert _status(tmp_path, 1) == ("terminated", "SIGINT")
 
 
 def test_a_sigint_before_the_first_step_ends_the_rank_at_once(tmp_path):
     """Before training there is nothing to save: the SIGINT ends the process at once (from the wake-up thread, wherever
     the main thread is), by SIGINT, with one line."""
-    status = tmp_path / "status"
-    code = ("import os, signal, time\nfrom pretrain.lifecycle import signals\n"
-            "signals.catch(end_on_sigterm_until_training=True)\nprint('caught', flush=True)\n"
-            "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(10)\nprint('still running')\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "RANK": "0", "WORLD_SIZE": "1", "PRETRAIN_STATUS_DIR": str(status)},
-                          preexec_fn=_from_a_terminal)
+    code = _COMMAND_LINE + ("print('caught', flush=True)\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(20)\n"
+                            "print('still running')\n")
+    proc, seconds = _run(code, tmp_path)
     assert (proc.returncode, proc.stdout) == (-signal.SIGINT, "caught\n"), (proc.returncode, proc.stdout, proc.stderr)
-    assert proc.stderr.splitlines() == ["interrupted: rank 0 of 1 before its first step by SIGINT (Ctrl-C); no step "
+    assert seconds < 15, seconds
+    assert proc.stderr.splitlines() == ["interrupted: rank 0 of 2 before its first step by SIGINT (Ctrl-C); no step "
                                         "was run, nothing to save"], proc.stderr
-    recorded = json.loads((status / "rank0.json").read_text())
-    assert (recorded["status"], recorded["error"]) == ("terminated", "SIGINT")
+    assert _status(tmp_path, 0) == ("terminated", "SIGINT")

@@ -112,6 +112,10 @@ class Cluster:
         """`scontrol requeue` from outside: SLURM ends the running job and queues it again, as after a node failure."""
         subprocess.run(["scontrol", "requeue", str(job_id)], env=self.env, check=True, timeout=60)
 
+    def signal_steps(self, job_id: int, sig: str) -> None:
+        """`scancel --signal=SIG`: every task of the job's steps (not the batch shell) gets it."""
+        subprocess.run(["scancel", f"--signal={sig}", str(job_id)], env=self.env, check=True, timeout=60)
+
     def signal_batch(self, job_id: int, sig: str = "USR1") -> None:
         """What SLURM's --signal=B:USR1 does, on demand: signal the batch shell."""
         subprocess.run(["scancel", "--batch", f"--signal={sig}", str(job_id)], env=self.env, check=True, timeout=60)
@@ -225,8 +229,15 @@ def jobs(cluster, prepared, tmp_path_factory):
         "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
         MAX_CRASHES="1", OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'outside'}",
                                              *TRAIN_OVERRIDES, "train.max_steps=100000"]))
+    # `scancel --signal=INT` (a Ctrl-C, from outside) once it trains: the rank saves and ends by SIGINT, and the job
+    # ends with 130, not requeued.
+    interrupted_run = work / "interrupted"
+    interrupted = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
+        OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={interrupted_run}", *TRAIN_OVERRIDES,
+                            "train.max_steps=100000", "train.log_every=5"]))
     ids = {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited, "lost": lost,
-           "doomed": doomed, "deadline": deadline_job, "outside": outside, "kept": kept}
+           "doomed": doomed, "deadline": deadline_job, "outside": outside, "kept": kept, "interrupted": interrupted}
     kills: dict[str, list[float]] = {"lost": [], "doomed": [], "kept": []}
 
     def rank_status(job: int, attempt: int, rank: int) -> Path:
@@ -244,7 +255,7 @@ def jobs(cluster, prepared, tmp_path_factory):
 
     markers: list[dict] = []
     limit_signals = 0
-    raised = requeued = False
+    raised = requeued = interrupt_sent = False
     deadline = time.time() + 720
     while time.time() < deadline:
         # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
@@ -282,12 +293,16 @@ def jobs(cluster, prepared, tmp_path_factory):
             elif limit_signals == 1 and (work / "limited-setup-1").is_file():
                 cluster.signal_batch(limited)
                 limit_signals = 2
+        log = work / f"pretrain-{interrupted}.out"
+        if not interrupt_sent and states[interrupted] == "RUNNING" and log.is_file() and "| ETA" in log.read_text():
+            cluster.signal_steps(interrupted, "INT")
+            interrupt_sent = True
         if all(s in FINAL for s in states.values()) and all(p.poll() is not None for p in reference_procs):
             break
         time.sleep(0.5)
     assert all(p.poll() == 0 for p in reference_procs), f"reference run failed; see {work / 'reference_logs'}"
     return {"work": work, "run": run, "hf": hf, "reference": reference, "markers": markers, "limit_signals": limit_signals,
-            "ids": ids, "limited_run": limited_run,
+            "ids": ids, "limited_run": limited_run, "interrupted_run": interrupted_run,
             "deadline_run": deadline_run,
             "prepare_tasks": cluster.tasks(prepare), "corpus": corpus, "kills": kills, "lost_run": lost_run,
             "info": {name: cluster.job(j) for name, j in ids.items()}}
@@ -399,6 +414,17 @@ def test_crash_is_not_requeued(jobs):
     info, log = jobs["info"]["crash"], _log(jobs, "crash")
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0" and info["ExitCode"] == "2:0", info
     assert "no_such_key" in log and "training failed with exit code 2: not requeueing" in log
+
+
+def test_an_interrupt_saves_and_ends_the_job_without_requeueing(jobs):
+    """A SIGINT to the tasks (`scancel --signal=INT`): the rank saves and dies of it; the sbatch reads its status and
+    ends the job with 130, where a task that died of a signal would otherwise count as a lost node and requeue."""
+    info, log = jobs["info"]["interrupted"], _log(jobs, "interrupted")
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0" and info["ExitCode"] == "130:0", info
+    assert "interrupted (SIGINT) after saving a checkpoint: not requeueing" in log, log[-3000:]
+    marker = json.loads((jobs["interrupted_run"] / "PREEMPTED").read_text())
+    assert marker["reason"] == "SIGINT", marker
+    assert (RunDir(jobs["interrupted_run"]).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()
 
 
 def test_restart_limit_is_respected(jobs):
