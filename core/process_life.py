@@ -56,9 +56,10 @@ def terminal_signals_held() -> Iterator[None]:
     before = signal.pthread_sigmask(signal.SIG_BLOCK, set(TERMINAL_SIGNALS))
     try:
         # Started here (a queue would start it), the resource tracker inherits the block, so a hang-up spares it; but
-        # starting it unblocks SIGINT behind it (multiprocessing's own choice): block again, for the children.
+        # starting it unblocks SIGINT and SIGTERM behind it (multiprocessing's own choice): the mask again, for the
+        # children.
         resource_tracker.ensure_running()
-        signal.pthread_sigmask(signal.SIG_BLOCK, set(TERMINAL_SIGNALS))
+        signal.pthread_sigmask(signal.SIG_SETMASK, set(before) | set(TERMINAL_SIGNALS))
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)

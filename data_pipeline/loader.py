@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import gc
 import math
 import os
 import random
@@ -336,6 +335,7 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
         # Inside the registration: no run's clean-up sees these segments before their owner's lock is held.
         hold_while_alive(_prefix_lock(dataset._shm_prefix_int))
     _SHARED_MEMORY_PREFIXES.add(dataset._shm_prefix_int)
+    _DATASETS.add(dataset)
     return dataset
 
 
@@ -344,8 +344,9 @@ def _prefix_lock(prefix: int) -> str:
     return f"contrastive_pretrain_streaming_{prefix:06}.lock"
 
 
-# streaming's shared-memory prefixes of the datasets this process opened (release_shared_memory).
+# streaming's shared-memory prefixes of the datasets this process opened, and those datasets (release_shared_memory).
 _SHARED_MEMORY_PREFIXES: set[int] = set()
+_DATASETS: "weakref.WeakSet[StreamingDataset]" = weakref.WeakSet()
 
 
 def release_shared_memory() -> list[str]:
@@ -373,25 +374,35 @@ def _forget_created() -> None:
     the tracker would report each as leaked (a warning per name) and fail to unlink it again. Only the creator
     registers a segment (streaming keeps attaching processes out of the tracker)."""
     memory = sys.modules.get("streaming.base.shared.memory")
-    if memory is None or not _SHARED_MEMORY_PREFIXES:
+    if memory is None:
         return
     from multiprocessing import resource_tracker
 
-    ours = tuple(f"{prefix:06}_" for prefix in _SHARED_MEMORY_PREFIXES)
-    told: set[str] = set()  # the tracker refuses a name it no longer has, with a traceback
-    frozen = gc.get_freeze_count()
-    gc.unfreeze()  # a training process froze its start-up's objects (core.host_memory), which get_objects leaves out
-    try:
-        for wrapper in gc.get_objects():  # the live SharedMemory objects: the datasets' and their arrays', anywhere
-            if type(wrapper) is memory.SharedMemory:  # type(), not isinstance: a deprecated proxy's __class__ warns
-                for segment in wrapper.created_shms:
-                    name = segment.name
-                    if name.startswith(ours) and name not in told and not (SHM_DIR / name).exists():
-                        told.add(name)
-                        resource_tracker.unregister(segment._name, "shared_memory")
-    finally:
-        if frozen:  # a process that goes on (a test's) keeps what it had frozen frozen
-            gc.freeze()
+    for wrapper in _shared_memory_of(list(_DATASETS), memory.SharedMemory):
+        for segment in list(wrapper.created_shms):
+            if not (SHM_DIR / segment.name).exists():
+                wrapper.created_shms.remove(segment)  # once: the tracker refuses a name it no longer has
+                resource_tracker.unregister(segment._name, "shared_memory")
+
+
+def _shared_memory_of(datasets: list, kind: type) -> Iterator[Any]:
+    """streaming's SharedMemory objects that `datasets` hold: in their fields, or in the fields of the shared arrays,
+    scalars and barriers they hold (`_shared_barrier._arr.shm`), three levels at most."""
+    seen: set[int] = set()
+
+    def walk(obj: Any, depth: int) -> Iterator[Any]:
+        if id(obj) in seen or depth > 3:
+            return
+        seen.add(id(obj))
+        if type(obj) is kind:
+            yield obj
+            return
+        for value in getattr(obj, "__dict__", {}).values():
+            if depth == 0 or type(value).__module__.startswith("streaming."):
+                yield from walk(value, depth + 1)
+
+    for dataset in datasets:
+        yield from walk(dataset, 0)
 
 
 def loader_workers(requested: Union[str, int], gpu: bool, cpus: int) -> int:

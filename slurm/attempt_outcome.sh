@@ -10,6 +10,7 @@
 #   first_death  srun's line for the first task that ended on its own (empty if none)
 #   suspects     the hosts to suspect of a lost rank (comma-separated; empty if none)
 #   n_preempted, n_failed, n_lost, n_interrupted   the ranks that said so
+#   n_sigint     the ranks a SIGINT ended without a save
 EXIT_PREEMPTED=75  # pretrain/lifecycle/exit_status.py: a complete checkpoint is saved, run the same command again
 EXIT_PEER_LOST=76  # another rank died or hung: nothing saved by this attempt, the last complete checkpoint stands
 EXIT_INTERRUPTED=130  # a SIGINT (scancel --signal=INT): saved, then asked to stop, not to be requeued
@@ -28,6 +29,8 @@ attempt_outcome() {
     n_failed=$(count_status failed)
     n_lost=$(count_status peer_lost)
     n_interrupted=$(count_status interrupted)
+    # Ended by a SIGINT (before the first step, or a second one): its peers may have lost it first and said peer_lost.
+    n_sigint=$(with_status terminated | xargs -r grep -l '"error": "SIGINT"' | wc -l)
     # srun: "srun: error: NODE: task N: Killed" (or Aborted, Segmentation fault, Exited with exit code C). The first
     # task that ended on its own, neither ended by srun (Terminated) or a hang-up or interrupt someone sent (Hangup,
     # Interrupt: a rank dies of either before training, and of a SIGINT after its save), nor a survivor (76) or a
@@ -62,8 +65,10 @@ attempt_outcome() {
         # "running" are the hung ones.
         suspects=$(with_status running | xargs -r sed -n 's/.*"host": "\([^"]*\)".*/\1/p' | sort -u | paste -sd, -)
     fi
-    if (( n_interrupted > 0 && n_lost == 0 )) && [ -z "$first_death" ]; then
-        rc=$EXIT_INTERRUPTED  # saved, then ended by the SIGINT as asked (srun ends the last ranks with a SIGTERM)
+    if (( n_interrupted + n_sigint > 0 )) && [ -z "$first_death" ]; then
+        # Asked to stop: saved and ended by the SIGINT (srun ends the last ranks with a SIGTERM), or ended by it at
+        # once, a peer that lost such a rank first saying peer_lost. Not a node lost: not requeued.
+        rc=$EXIT_INTERRUPTED
         return
     fi
     if (( rc != 0 && rc != EXIT_PREEMPTED && n_preempted > 0 && n_lost == 0 )) && [ -z "$first_death" ]; then

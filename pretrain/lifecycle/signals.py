@@ -45,7 +45,7 @@ def _handle(signum, frame) -> None:
         leave_terminal()
     if signum == signal.SIGINT and _training:
         if "SIGINT" in _received:  # the wake-up thread ends the process too, even while this thread sits in C++
-            _interrupted_again()
+            _interrupted_again(in_handler=True)
             return  # (only where that thread got there first)
         if _rank() == "0":
             # os.write, not print: a handler that prints while the main thread is inside a print to the same stream
@@ -124,10 +124,10 @@ def _end_on_wake_up(read_end: int) -> None:
         os.close(read_end)
 
 
-def _interrupted_again() -> None:
+def _interrupted_again(in_handler: bool = False) -> None:
     """A second Ctrl-C during training: a person who will not wait for the save. End now, by SIGINT."""
     _end(signal.SIGINT, f"interrupted again: rank {_rank()} of {os.environ.get('WORLD_SIZE', '1')} ends now by "
-         "SIGINT, without saving; the last complete checkpoint stands", error="SIGINT")
+         "SIGINT; the last complete checkpoint stands", in_handler=in_handler, error="SIGINT")
 
 
 def terminated(step: int, error: Optional[str], sig: signal.Signals = signal.SIGTERM) -> None:
@@ -145,12 +145,12 @@ def terminated(step: int, error: Optional[str], sig: signal.Signals = signal.SIG
     _end(sig, line, error=error or sig.name, step=step)
 
 
-def _end(sig: signal.Signals, line: str, **status: object) -> None:
+def _end(sig: signal.Signals, line: str, in_handler: bool = False, **status: object) -> None:
     """The status "terminated" with `status`, `line` on stderr, this node's shared memory released, then death by
-    `sig`, whatever of the rest fails. Once: a second caller waits for that death, except the main thread, which
-    returns (it may hold a stream's lock, inside a print, that the ending thread's line needs)."""
+    `sig`, whatever of the rest fails. Once: a second caller waits for that death, except a signal handler, which
+    returns (it may have interrupted a print, whose stream's lock the ending thread's line needs)."""
     if not _ending.acquire(blocking=False):  # never released: the holder ends the process
-        if threading.current_thread() is threading.main_thread():
+        if in_handler:
             return
         _ending.acquire()
     try:

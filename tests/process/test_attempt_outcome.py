@@ -78,6 +78,12 @@ CASES = {
         130, {0: ("n1", "terminated", {"step": -1, "error": "SIGINT"}),
               1: ("n2", "terminated", {"step": -1, "error": "SIGINT"})},
         ["srun: error: n1: tasks 0-1: Interrupt"], (130, "", 0, 0, 0)),
+    # A second SIGINT ends a rank at once; its peer, still in a collective of the save, loses it first and exits 76.
+    # Still an interrupt, not a lost node: not requeued.
+    "a second interrupt, the peer lost first": (
+        130, {0: ("n1", "terminated", {"error": "SIGINT"}), 1: ("n2", "peer_lost", {"step": 5})},
+        ["srun: error: n1: task 0: Interrupt", "srun: error: n2: task 1: Exited with exit code 76"],
+        (130, "", 0, 0, 1)),
     # A node lost while the others saved on a SIGINT: the loss decides (requeue), not the interrupt.
     "a rank killed beside an interrupt": (
         137, {0: ("n1", "interrupted", {"step": 5}), 1: ("n2", "running", {})},
