@@ -44,9 +44,10 @@ def _handle(signum, frame) -> None:
     if signum == signal.SIGHUP:
         leave_terminal()
     if signum == signal.SIGINT and _training:
-        if "SIGINT" in _received:  # the wake-up thread ends the process too, even while this thread sits in C++
-            _interrupted_again(in_handler=True)
-            return  # (only where that thread got there first)
+        if "SIGINT" in _received:
+            if _wakeup is None:  # else the wake-up thread ends the process, also while this thread sits in C++
+                _interrupted_again(in_handler=True)
+            return
         if _rank() == "0":
             # os.write, not print: a handler that prints while the main thread is inside a print to the same stream
             # fails it with "reentrant call".
