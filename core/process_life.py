@@ -10,6 +10,7 @@ import errno
 import os
 import signal
 import sys
+import threading
 from typing import Iterator, Mapping, NoReturn, Optional
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -160,9 +161,17 @@ def end_interrupted(line: str) -> NoReturn:
     atexit._run_exitfuncs()  # multiprocessing's among them: its queues' semaphores, else reported leaked
     to_stderr(line)
     flush_stdout()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
+    die_of(signal.SIGINT)
     os._exit(128 + signal.SIGINT)  # not reached: the signal's default action ends the process
+
+
+def die_of(sig: signal.Signals) -> None:
+    """Restore the default action of `sig` and send it to this process, from any thread."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(sig, signal.SIG_DFL)
+    else:  # Python lets only the main thread set a handler, and it may be blocked: ask the C library directly
+        ctypes.CDLL(None).signal(int(sig), 0)  # 0 is SIG_DFL
+    os.kill(os.getpid(), sig)
 
 
 def exit_on_termination() -> None:

@@ -9,8 +9,6 @@ def _exit_without_teardown(code: int) -> None:
     """Exit once everything is written, skipping the interpreter's teardown of torch, transformers and
     DeepSpeed module state, which every process would pay (every rank, every requeued attempt; BENCHMARKS.md,
     "Process start-up and the test suite")."""
-    import signal
-
     from pretrain.lifecycle.exit_status import EXIT_INTERRUPTED
 
     threading._shutdown()  # what a normal exit does first: stop executors, join non-daemon threads
@@ -18,8 +16,11 @@ def _exit_without_teardown(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if code == EXIT_INTERRUPTED:  # saved after a Ctrl-C: end as an interrupted program does, so a shell's loop stops
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+        import signal
+
+        from core.process_life import die_of
+
+        die_of(signal.SIGINT)
     os._exit(code)
 
 

@@ -28,7 +28,8 @@ import sys
 import threading
 from typing import Optional
 
-from core.process_life import flush_stdout, hang_up_ignored, leave_terminal, note_terminal_outputs, to_stderr
+from core.process_life import (die_of, flush_stdout, hang_up_ignored, leave_terminal, note_terminal_outputs,
+                               to_stderr)
 
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 ENDING = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # those that end the process at once before training starts
@@ -164,18 +165,7 @@ def _end(sig: signal.Signals, line: str, in_handler: bool = False, **status: obj
             loader.release_shared_memory()  # dying of the signal skips streaming's exit handler, which would do it
         flush_stdout()
     finally:  # even when the status or the line could not be written
-        _die_of(sig)
-
-
-def _die_of(sig: signal.Signals) -> None:
-    """Restore the default action of `sig` and send it to this process, from any thread."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(sig, signal.SIG_DFL)
-    else:  # Python lets only the main thread set a handler, and it is blocked: ask the C library directly
-        import ctypes
-
-        ctypes.CDLL(None).signal(int(sig), 0)  # 0 is SIG_DFL
-    os.kill(os.getpid(), sig)
+        die_of(sig)
 
 
 def training_started() -> None:
