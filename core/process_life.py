@@ -152,14 +152,14 @@ def to_stderr(line: str) -> None:
         _write(sys.stderr, line)
 
 
-def end_interrupted(line: str) -> NoReturn:
-    """The exit handlers, `line` on stderr, then death by SIGINT: how a command ends after a Ctrl-C once its clean-up
+def end_interrupted() -> NoReturn:
+    """The exit handlers, one line on stderr, then death by SIGINT: how a command ends after a Ctrl-C once its clean-up
     ran (a shell reads 130 and stops its script or loop there, which it would not for an exit code)."""
     logging = sys.modules.get("logging")
     if logging is not None:  # a library interrupted in its imports logs its exit report at the root logger's level
         logging.disable(logging.CRITICAL)
     atexit._run_exitfuncs()  # multiprocessing's among them: its queues' semaphores, else reported leaked
-    to_stderr(line)
+    to_stderr("interrupted (Ctrl-C): stopped; what it had not finished writing is removed")
     flush_stdout()
     die_of(signal.SIGINT)
     os._exit(128 + signal.SIGINT)  # not reached: the signal's default action ends the process

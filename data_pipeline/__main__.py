@@ -8,5 +8,5 @@ if __name__ == "__main__":
 
         code = main()
     except KeyboardInterrupt:  # a Ctrl-C: the same clean-up ran on the way here
-        end_interrupted("interrupted (Ctrl-C): stopped; what it had not finished writing is removed")
+        end_interrupted()
     raise SystemExit(code)

@@ -44,7 +44,7 @@ if __name__ == "__main__":
         from pretrain.lifecycle import signals
 
         # Before the slow imports below: a signal may come at any time.
-        signals.catch(end_on_sigterm_until_training=True, interrupts=True)
+        signals.catch(command_line=True)
         import signal
 
         from core.process_life import die_with_parent, started_by_launcher
@@ -65,5 +65,5 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # export, evaluate, finetune (training catches SIGINT): their clean-up ran on the way here
         from core.process_life import end_interrupted
 
-        end_interrupted("interrupted (Ctrl-C): stopped; what it had not finished writing is removed")
+        end_interrupted()
     _exit_without_teardown(code)

@@ -41,13 +41,12 @@ _ending = threading.Lock()  # held by the one thread that ends the process (`_en
 
 
 def _handle(signum, frame) -> None:
-    # Only record: a signal during a save (or a second one) must not interrupt it; a person's second Ctrl-C does.
+    # Only record: a signal during a save (or a second one) must not interrupt it. (A person's second Ctrl-C ends
+    # the process from the wake-up thread.)
     if signum == signal.SIGHUP:
         leave_terminal()
     if signum == signal.SIGINT and _training:
-        if "SIGINT" in _received:
-            if _wakeup is None:  # else the wake-up thread ends the process, also while this thread sits in C++
-                _interrupted_again(in_handler=True)
+        if "SIGINT" in _received:  # the wake-up thread ends the process, also while this thread sits in C++
             return
         if _rank() == "0":
             # os.write, not print: a handler that prints while the main thread is inside a print to the same stream
@@ -69,13 +68,11 @@ def _ignored_at_start(sig: signal.Signals) -> bool:
     return sig == signal.SIGINT and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
-def catch(end_on_sigterm_until_training: bool = False, interrupts: bool = False) -> None:
-    """From now on SIGUSR1/SIGTERM/SIGHUP (and SIGINT with `interrupts`) only set a flag that the trainer polls once
-    per step; with `end_on_sigterm_until_training`, a SIGTERM, SIGHUP or SIGINT before the trainer's first poll ends
-    the process at once, and a second SIGINT after it.
-
-    `interrupts` is for `python -m pretrain train`, whose process ends with its run: a library caller (a notebook)
-    keeps its KeyboardInterrupt. The first call decides which signals are taken."""
+def catch(command_line: bool = False) -> None:
+    """From now on SIGUSR1/SIGTERM/SIGHUP (and SIGINT on the `command_line`) only set a flag that the trainer polls
+    once per step. On the `command_line` (`python -m pretrain train`, whose process ends with its run) a SIGTERM,
+    SIGHUP or SIGINT before the trainer's first poll ends the process at once, and so does a second SIGINT after it; a
+    library caller (a notebook) keeps its KeyboardInterrupt. The first call decides which signals are taken."""
     # SLURM signals every process of a task, not only the trainer. A helper that execs (the
     # resource tracker that streaming's shared memory starts) resets handlers to the default,
     # which kills it on SIGUSR1, but keeps "ignored": so start it while the signals are ignored.
@@ -83,14 +80,14 @@ def catch(end_on_sigterm_until_training: bool = False, interrupts: bool = False)
 
     global _caught
     if _caught is None:
-        _caught = tuple(sig for sig in SIGNALS if not _ignored_at_start(sig) and (interrupts or sig != signal.SIGINT))
+        _caught = tuple(sig for sig in SIGNALS if not _ignored_at_start(sig) and (command_line or sig != signal.SIGINT))
     note_terminal_outputs()
     for sig in _caught:
         signal.signal(sig, signal.SIG_IGN)
     resource_tracker.ensure_running()
     for sig in _caught:
         signal.signal(sig, _handle)
-    if end_on_sigterm_until_training and _wakeup is None and not _training:
+    if command_line and _wakeup is None and not _training:
         _watch_for_endings()
 
 
@@ -126,10 +123,10 @@ def _end_on_wake_up(read_end: int) -> None:
         os.close(read_end)
 
 
-def _interrupted_again(in_handler: bool = False) -> None:
+def _interrupted_again() -> None:
     """A second Ctrl-C during training: a person who will not wait for the save. End now, by SIGINT."""
     _end(signal.SIGINT, f"interrupted again: rank {_rank()} of {os.environ.get('WORLD_SIZE', '1')} ends now by "
-         "SIGINT; the last complete checkpoint stands", in_handler=in_handler, error="SIGINT")
+         "SIGINT; the last complete checkpoint stands", error="SIGINT")
 
 
 def terminated(step: int, error: Optional[str], sig: signal.Signals = signal.SIGTERM) -> None:
@@ -147,14 +144,11 @@ def terminated(step: int, error: Optional[str], sig: signal.Signals = signal.SIG
     _end(sig, line, error=error or sig.name, step=step)
 
 
-def _end(sig: signal.Signals, line: str, in_handler: bool = False, **status: object) -> None:
+def _end(sig: signal.Signals, line: str, **status: object) -> None:
     """The status "terminated" with `status`, `line` on stderr, this node's shared memory released, then death by
-    `sig`, whatever of the rest fails. Once: a second caller waits for that death, except a signal handler, which
-    returns (it may have interrupted a print, whose stream's lock the ending thread's line needs)."""
-    if not _ending.acquire(blocking=False):  # never released: the holder ends the process
-        if in_handler:
-            return
-        _ending.acquire()
+    `sig`, whatever of the rest fails. Once: a second caller (the wake-up thread and the main thread's error path)
+    waits for that death."""
+    _ending.acquire()  # never released: the holder ends the process
     try:
         from pretrain.lifecycle.exit_status import write_status
 

@@ -124,10 +124,10 @@ def test_ctrl_c_of_a_plain_run_saves_then_ends_it_by_sigint(prepared, tmp_path):
 
 
 # The process-level rules, in a bare interpreter: the trainer's signals module set up as `python -m pretrain train`
-# sets it (`interrupts`: SIGINT taken too; the wake-up thread with `end_on_sigterm_until_training`), then SIGINTs sent
+# sets it (`command_line`: SIGINT taken too, and the wake-up thread that ends the process), then SIGINTs sent
 # to itself.
 _IMPORTS = "import os, signal, time\nfrom pretrain.lifecycle import signals\n"
-_COMMAND_LINE = _IMPORTS + "signals.catch(end_on_sigterm_until_training=True, interrupts=True)\nsignals.catch()\n"
+_COMMAND_LINE = _IMPORTS + "signals.catch(command_line=True)\nsignals.catch()\n"
 
 
 def _run(code: str, tmp_path: Path, rank: int = 0, ignored: bool = False) -> tuple[subprocess.CompletedProcess, float]:
