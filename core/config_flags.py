@@ -57,3 +57,18 @@ def _keys(cls: type, prefix: str = "") -> list[str]:
     for name, tp in field_types(cls).items():
         out += _keys(tp, f"{prefix}{name}.") if dataclasses.is_dataclass(tp) else [f"{prefix}{name}"]
     return out
+
+
+def parse_with_overrides(parser: argparse.ArgumentParser, argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, where a command's `key=value` words are its overrides wherever they stand.
+
+    argparse gives a positional list only the words up to the next flag (`--config c a=1 --overwrite b=2` leaves
+    `b=2` unrecognized); those after it are appended here, in order. Any other stray word is still an error."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        takes = isinstance(getattr(args, "overrides", None), list)
+        stray = [w for w in extra if not takes or w.startswith("-") or "=" not in w]
+        if stray:
+            parser.error(f"unrecognized arguments: {' '.join(stray)}")
+        args.overrides = [*args.overrides, *extra]
+    return args

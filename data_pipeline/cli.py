@@ -6,6 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
+from core.config_flags import parse_with_overrides
 from core.config_io import load_config
 from core.errors import ConfigError, UserError, one_line, user_error
 from data_pipeline.config import PrepareConfig
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run a subcommand; a user's mistake exits 2 with a one-line message, a bug 1 with its traceback."""
-    args = build_parser().parse_args(argv)
+    args = parse_with_overrides(build_parser(), argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     for noisy in ("datasets", "streaming", "fsspec", "urllib3", "huggingface_hub", "botocore", "boto3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -6,6 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
+from core.config_flags import parse_with_overrides
 from core.config_io import load_config
 from core.errors import DivergedError, one_line, user_error
 from core.process_life import flush_stdout, to_stderr
@@ -150,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run a subcommand; a user's mistake exits 2 with a one-line message, a bug 1 with its traceback."""
-    args = build_parser().parse_args(argv)
+    args = parse_with_overrides(build_parser(), argv)
     if args.command != "train":
         from core.host_memory import resume_garbage_collector
 

@@ -6,15 +6,19 @@ import csv
 import importlib.util
 import json
 import math
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import TINY_MODEL, kjv_chapters, run_cli, write_hub_download
+from conftest import PROCESS_ENV, REPO, TINY_MODEL, kjv_chapters, run_cli, write_hub_download
 
 from core.errors import SetupError
 
@@ -261,6 +265,42 @@ def test_finetune_on_bbc_news_beats_the_majority_class(exported, tmp_path):
     assert hp["epochs"] == 4  # key=value over the YAML, and the --lr flag over both
     assert hp["max_length"] == 64
     assert "accuracy:" in proc.stdout and "ETA" in proc.stdout
+
+
+def _from_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # the suite may run where SIGINT is ignored (a background job)
+
+
+def test_a_ctrl_c_while_fine_tuning_keeps_the_earlier_results(exported, tmp_path):
+    """A Ctrl-C in the middle of `finetune --overwrite`: one line, death by SIGINT (a shell's loop stops there), and the
+    results file it was to replace is left as it was, with nothing beside it."""
+    from evaluation.results_files import write_results_json
+
+    data = _bbc_csv(tmp_path / "bbc.csv")
+    out = write_results_json(tmp_path / "results" / "bbc.json", {"seeds": [], "summary": {}, "majority_baseline": {}})
+    before = out.read_bytes()
+    cmd = [sys.executable, "-m", "pretrain", "finetune", "--model", str(exported), "--task", f"csv:{data}",
+           "data.label_column=topic", "--seeds", "1", "--epochs", "50", "--batch-size", "16", "--max-length", "64",
+           "max_train_samples=1200", "--out", str(out), "--overwrite"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **PROCESS_ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=_from_a_terminal)
+    lines = []
+    try:
+        for line in proc.stdout:  # until it trains: its first progress line
+            lines.append(line.rstrip("\n"))
+            if "ETA" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert any("ETA" in line for line in lines), "\n".join(lines[-30:])
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, rest[-3000:])
+    assert rest.splitlines()[-1:] == ["interrupted (Ctrl-C): stopped; what it had not finished writing is removed"], rest
+    assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest[-3000:]
+    assert out.read_bytes() == before and [p.name for p in out.parent.iterdir()] == ["bbc.json"]
 
 
 def _glue_download(folder: Path) -> Path:

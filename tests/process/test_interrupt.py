@@ -92,6 +92,28 @@ def test_ctrl_c_under_torchrun_saves_on_every_rank_and_the_run_resumes(prepared,
     assert f"from step {marker['step']} to {marker['step'] + 2}" in resumed.stdout, resumed.stdout[-2000:]
 
 
+def test_ctrl_c_under_the_deepspeed_launcher_saves_on_every_rank(prepared, tmp_path):
+    """`deepspeed --num_gpus 2 --module pretrain train ...` in a terminal: the runner, its per-node launch.py and the
+    ranks share the terminal's process group, so each rank gets the Ctrl-C itself and saves; launch.py's SIGTERM to
+    each rank, which follows, changes nothing for a rank already saving. The runner's own traceback is DeepSpeed's."""
+    out, status = tmp_path / "run", tmp_path / "status"
+    env = {**os.environ, **PROCESS_ENV, "DS_ACCELERATOR": "cpu", "PRETRAIN_STATUS_DIR": str(status)}
+    launcher = str(Path(sys.executable).parent / "deepspeed")
+    cmd = [launcher, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pretrain",
+           *_train_args(prepared, out)]
+    code, log, left, _ = _ctrl_c(cmd, env, out, 3)
+    assert not left, f"outlived the run: {left}"
+    assert code != 0, log[-3000:]
+    statuses = [json.loads((status / f"rank{rank}.json").read_text())["status"] for rank in range(2)]
+    assert statuses == ["interrupted", "interrupted"], (statuses, log[-3000:])
+    marker = json.loads((out / "PREEMPTED").read_text())
+    assert marker["reason"] == "SIGINT" and marker["step"] >= 3, marker
+    assert (RunDir(out).checkpoints / marker["checkpoint"] / "COMPLETE").is_file(), log[-3000:]
+    assert log.count("Ctrl-C (SIGINT): saving a checkpoint") == 1, log[-3000:]
+    resumed = run_cli("pretrain", _train_args(prepared, out, f"train.max_steps={marker['step'] + 2}"))
+    assert f"from step {marker['step']} to {marker['step'] + 2}" in resumed.stdout, resumed.stdout[-2000:]
+
+
 def test_ctrl_c_of_a_plain_run_saves_then_ends_it_by_sigint(prepared, tmp_path):
     """`python -m pretrain train` in a terminal: the Ctrl-C reaches the rank and its loader worker. The worker leaves
     it to the rank (ignored); the rank saves and dies of SIGINT, which a shell reads as 130 and which stops a shell's

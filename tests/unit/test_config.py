@@ -352,6 +352,32 @@ def test_every_evaluation_key_is_a_flag_and_a_flag_is_its_key():
         parser.parse_args(["finetune", "--loss", "nope"])
 
 
+@pytest.mark.parametrize("command", ["pretrain", "data_pipeline"])
+def test_key_value_overrides_count_wherever_they_stand_among_the_flags(command, capsys):
+    """`--config c a=1 --flag b=2`: argparse alone leaves `b=2` unrecognized; every command line takes it as the next
+    override, in order, and still refuses a misspelt flag or a word that is no override."""
+    from core.config_flags import parse_with_overrides
+
+    if command == "pretrain":
+        from pretrain.cli import build_parser
+
+        line = ["finetune", "--model", "m", "lr=1e-4", "--task", "sst2", "seeds=[1]", "--overwrite", "epochs=2"]
+        words = ["lr=1e-4", "seeds=[1]", "epochs=2"]
+        train = parse_with_overrides(build_parser(), ["train", "a=1", "--config", "c.yaml", "b=2", "a=3"])
+        assert (train.config, train.overrides) == ("c.yaml", ["a=1", "b=2", "a=3"])
+    else:
+        from data_pipeline.cli import build_parser
+
+        line = ["prepare", "--config", "d.yaml", "seq_len=64", "--overwrite", "output_dir=out", "seq_len=128"]
+        words = ["seq_len=64", "output_dir=out", "seq_len=128"]
+    args = parse_with_overrides(build_parser(), line)
+    assert args.overrides == words and args.overwrite
+    for stray in (["--overwritten"], ["stray"]):
+        with pytest.raises(SystemExit) as exit_:
+            parse_with_overrides(build_parser(), line + stray)
+        assert exit_.value.code == 2 and f"unrecognized arguments: {stray[0]}" in capsys.readouterr().err
+
+
 def test_config_changes_name_each_key_that_differs_with_both_values():
     """What a resume's note lists: nested keys dotted, values as JSON, keys only one side has against null."""
     old = {"model": {"dropout": 0.1, "init_from": None}, "train": {"max_steps": 10, "tags": ["a"]}, "gone": 1}
