@@ -38,6 +38,9 @@ _received: list[str] = []
 _wakeup: Optional[tuple[int, int]] = None  # (read, write) ends of the wake-up pipe its watching thread reads
 _training = False  # set at the trainer's first poll: from then on SIGTERM/SIGHUP/SIGINT ask for a save and a stop
 _ending = threading.Lock()  # held by the one thread that ends the process (`_end`): any other waits for the death
+# How long `_end` may write before the death comes anyway: a status folder on a hung file system, a stderr pipe that
+# nobody reads, must not keep alive a process that a person or a launcher asked to end now.
+LAST_RESORT_S = 10.0
 
 
 def _handle(signum, frame) -> None:
@@ -146,9 +149,12 @@ def terminated(step: int, error: Optional[str], sig: signal.Signals = signal.SIG
 
 def _end(sig: signal.Signals, line: str, **status: object) -> None:
     """The status "terminated" with `status`, `line` on stderr, this node's shared memory released, then death by
-    `sig`, whatever of the rest fails. Once: a second caller (the wake-up thread and the main thread's error path)
-    waits for that death."""
+    `sig`, whatever of the rest fails or however long it hangs (`LAST_RESORT_S`). Once: a second caller (the wake-up
+    thread and the main thread's error path) waits for that death."""
     _ending.acquire()  # never released: the holder ends the process
+    last_resort = threading.Timer(LAST_RESORT_S, die_of, (sig,))
+    last_resort.daemon = True
+    last_resort.start()
     try:
         from pretrain.lifecycle.exit_status import write_status
 

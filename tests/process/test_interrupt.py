@@ -203,6 +203,19 @@ def test_a_second_sigint_ends_the_process_at_once_without_saving(main_thread, tm
     assert _status(tmp_path, 1) == ("terminated", "SIGINT")
 
 
+def test_a_second_sigint_ends_the_process_even_where_its_status_write_hangs(tmp_path):
+    """A status folder on a hung file system (here: a write that never returns) must not keep alive a process a
+    person asked to end now: the death comes `LAST_RESORT_S` after the ending began, by SIGINT."""
+    code = _COMMAND_LINE + (
+        "from pretrain.lifecycle import exit_status\nexit_status.write_status = lambda *a, **k: time.sleep(60)\n"
+        "signals.LAST_RESORT_S = 1.0\nsignals.training_started()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\nwhile signals.first_received() is None:\n    time.sleep(0.01)\n"
+        "print('first', flush=True)\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\nprint('still running')\n")
+    proc, seconds = _run(code, tmp_path, rank=1)
+    assert (proc.returncode, proc.stdout) == (-signal.SIGINT, "first\n"), (proc.returncode, proc.stdout, proc.stderr)
+    assert seconds < 15, seconds
+
+
 def test_a_sigint_before_the_first_step_ends_the_rank_at_once(tmp_path):
     """Before training there is nothing to save: the SIGINT ends the process at once (from the wake-up thread, wherever
     the main thread is), by SIGINT, with one line."""
