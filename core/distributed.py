@@ -80,15 +80,28 @@ def rank_is_slurm_task(environ: Mapping[str, str]) -> bool:
     return "SLURM_PROCID" in environ and environ.get("RANK") == environ["SLURM_PROCID"] and environ.get("WORLD_SIZE") == ntasks
 
 
+def started_by_srun(environ: Mapping[str, str]) -> bool:
+    """Whether this process is a task of an srun step. A batch script's or salloc's shell has SLURM_PROCID=0 and the
+    allocation's SLURM_NTASKS too, but no step id: a process it starts directly is one process, not task 0 of N."""
+    return ("SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ) and "SLURM_PROCID" in environ and (
+        "SLURM_NTASKS" in environ or "SLURM_NPROCS" in environ or "SLURM_STEP_NUM_TASKS" in environ)
+
+
 def setup_env() -> None:
     """Fill RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from SLURM (srun) or for a plain single process.
 
     torchrun and the deepspeed launcher set these themselves; then nothing is changed.
     """
     env = dict(os.environ)  # checked whole before any of it is set
-    if "RANK" not in env and "SLURM_PROCID" in env and ("SLURM_NTASKS" in env or "SLURM_NPROCS" in env
-                                                        or "SLURM_STEP_NUM_TASKS" in env):
+    if "RANK" not in env and started_by_srun(env):
         env.update(slurm_env(env))
+    tasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or "1"
+    if "RANK" not in env and tasks.isdigit() and int(tasks) > 1:
+        from core.process_life import to_stderr
+
+        # Else it would wait for N - 1 ranks that nothing starts, then blame a node.
+        to_stderr(f"note: this SLURM allocation has {tasks} tasks (SLURM_NTASKS), but this process was not started by "
+                  "srun: it trains as one rank; start it with srun for one rank per task (slurm/pretrain.sbatch does)")
     if "RANK" not in env:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()))

@@ -117,14 +117,15 @@ def test_a_launcher_layout_that_does_not_add_up_is_named_in_one_line(prepared, t
     with monkeypatch.context() as m:
         for name in good:
             m.delenv(name, raising=False)
-        m.setenv("SLURM_PROCID", "0"), m.setenv("SLURM_NTASKS", "1"), m.setenv("SLURM_JOB_ID", "12a")
+        m.setenv("SLURM_STEP_ID", "0"), m.setenv("SLURM_PROCID", "0"), m.setenv("SLURM_NTASKS", "1")
+        m.setenv("SLURM_JOB_ID", "12a")
         code, err = pretrain_main(_args(prepared, tmp_path / "run", "")), capsys.readouterr().err
     assert code == 2 and "SLURM_JOB_ID='12a' is not a job number" in err and "Traceback" not in err, err[-2000:]
     with monkeypatch.context() as m:  # srun with one task on the first machine and two on the second
         for name in good:
             m.delenv(name, raising=False)
-        for name, value in {"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "12",
-                            "SLURM_TASKS_PER_NODE": "1,2"}.items():
+        for name, value in {"SLURM_STEP_ID": "0", "SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_LOCALID": "1",
+                            "SLURM_JOB_ID": "12", "SLURM_TASKS_PER_NODE": "1,2"}.items():
             m.setenv(name, value)
         code, err = pretrain_main(_args(prepared, tmp_path / "run", "")), capsys.readouterr().err
     assert code == 2 and "SLURM_TASKS_PER_NODE=1,2: give every machine the same number of tasks" in err, err[-2000:]

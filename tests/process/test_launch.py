@@ -37,7 +37,7 @@ def test_two_tasks_started_the_way_srun_starts_them(prepared, tmp_path):
     procs, logs = [], [tmp_path / f"task{rank}.log" for rank in range(2)]
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-        env.update(PROCESS_ENV, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
+        env.update(PROCESS_ENV, SLURM_STEP_ID="0", SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
                    SLURM_TASKS_PER_NODE="2", SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_ID="1", MASTER_PORT=str(port))
         cmd = ["-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
                f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.max_steps=3", "train.micro_batch_size=4",
@@ -48,6 +48,26 @@ def test_two_tasks_started_the_way_srun_starts_them(prepared, tmp_path):
     out = logs[0].read_text()
     assert codes == [0, 0], out[-2000:] + logs[1].read_text()[-2000:]
     assert "on 2 rank(s), accumulation 1" in out
+
+
+def test_a_plain_process_in_a_batch_script_of_several_tasks_trains_as_one_rank(prepared, tmp_path):
+    """`python -m pretrain train` run by an sbatch script itself, without srun: the batch shell has SLURM_PROCID=0 and
+    the allocation's SLURM_NTASKS=2 (as a real SLURM's batch step shows them) but no step id. It trains as one rank and
+    says why, instead of waiting for a second rank nothing starts."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+           and not k.startswith("SLURM_")}
+    env.update(PROCESS_ENV, SLURM_JOB_ID="1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS="2", SLURM_NPROCS="2",
+               SLURM_NTASKS_PER_NODE="2", SLURM_TASKS_PER_NODE="2", SLURM_JOB_NODELIST="127.0.0.1")
+    cmd = ["-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+           f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.max_steps=2", "train.micro_batch_size=4",
+           "train.global_batch_size=4", "train.eval_every=0", "train.use_slurm_deadline=false", "train.init_timeout_s=30"]
+    log = tmp_path / "job.log"
+    with open(log, "w") as out:
+        code = python_process(cmd, env, stdout=out, stderr=subprocess.STDOUT).wait(timeout=180)
+    text = log.read_text()
+    assert code == 0 and "on 1 rank(s), accumulation 1" in text, text[-3000:]
+    assert "this SLURM allocation has 2 tasks (SLURM_NTASKS), but this process was not started by srun" in text
 
 
 def test_deepspeed_launcher_starts_the_same_training_and_its_ranks_stop_with_it(prepared, tmp_path):
