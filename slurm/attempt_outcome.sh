@@ -79,3 +79,11 @@ attempt_outcome() {
         rc=$EXIT_PEER_LOST
     fi
 }
+
+# saved_before_slurm_ended_it STATUS_DIR: whether the ranks of an attempt that SLURM itself ended (no `ended` mark: the
+# batch shell died with the job, on SLURM's preemption or an outside `scontrol requeue`) had saved a complete checkpoint
+# on its SIGTERM: what attempt_outcome makes of their status files with srun's code for such an end (143).
+saved_before_slurm_ended_it() {
+    attempt_outcome 143 "$1"
+    (( rc == EXIT_PREEMPTED ))
+}

@@ -100,3 +100,37 @@ CASES = {
 def test_the_attempt_outcome(case, tmp_path, monkeypatch):
     srun_rc, ranks, srun_err, expected = CASES[case]
     assert _outcome(tmp_path, monkeypatch, srun_rc, ranks, srun_err) == expected
+
+
+# Attempts that SLURM itself ended (the batch shell died with them: no `ended` mark), as the next attempt reads them.
+ENDED_BY_SLURM = {
+    # SLURM's preemption (PreemptMode=REQUEUE) or `scontrol requeue` while training: every rank saved on the SIGTERM.
+    "every rank saved": ({0: ("n1", "preempted", {"step": 5}), 1: ("n2", "preempted", {"step": 5})},
+                         ["srun: error: n1: tasks 0-1: Exited with exit code 75"], True),
+    "saved, the last rank ended by srun": (
+        {0: ("n1", "preempted", {"step": 5}), 1: ("n2", "terminated", {"step": 5, "error": "SIGTERM"})},
+        ["srun: error: n2: task 1: Terminated"], True),
+    # A node failure: its rank never said more than "running"; the survivor lost it or was ended before it could.
+    "a node failed": ({0: ("n1", "terminated", {"step": 3, "error": "SIGTERM"}), 1: ("n2", "running", {})},
+                      ["srun: error: n1: task 0: Terminated"], False),
+    "a node failed, its peer lost it": ({0: ("n1", "peer_lost", {"step": 3}), 1: ("n2", "running", {})}, [], False),
+    # Requeued before the first step: nothing saved.
+    "before the first step": ({0: ("n1", "terminated", {"step": -1, "error": "SIGTERM"})}, [], False),
+    "no rank started": ({}, [], False),
+}
+
+
+@pytest.mark.parametrize("case", list(ENDED_BY_SLURM))
+def test_an_attempt_slurm_ended_counts_as_a_preemption_only_where_its_ranks_saved(case, tmp_path, monkeypatch):
+    """pretrain.sbatch counts an attempt SLURM ended as a crash (MAX_CRASHES) unless its ranks had saved on SLURM's
+    SIGTERM: then it was preempted (SLURM's own preemption requeues the job itself), not lost."""
+    ranks, srun_err, saved = ENDED_BY_SLURM[case]
+    monkeypatch.setenv("PRETRAIN_STATUS_DIR", str(tmp_path))
+    for rank, (host, status, fields) in ranks.items():
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("SLURMD_NODENAME", host)
+        write_status(status, **fields)
+    (tmp_path / "srun.err").write_text("".join(f"{line}\n" for line in srun_err))
+    script = f'set -uo pipefail; source "{REPO}/slurm/attempt_outcome.sh"; saved_before_slurm_ended_it "$1"'
+    proc = subprocess.run(["bash", "-c", script, "saved", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == (0 if saved else 1), (proc.returncode, proc.stderr)

@@ -223,12 +223,20 @@ def jobs(cluster, prepared, tmp_path_factory):
         "--signal=B:USR1@5", cwd=work, MAX_RESTARTS="0", CONFIG=str(deadline_config), args=("train.deadline_margin_s=200",),
         OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={deadline_run}", *TRAIN_OVERRIDES,
                             "train.max_steps=100000", "train.use_slurm_deadline=true"]))
-    # Requeued by SLURM itself while it trains (`scontrol requeue`, what slurmctld does when a node fails): the batch
-    # script is ended with it and cannot decide; the next attempt counts a crash and, at MAX_CRASHES=1, stops there.
+    # Requeued by SLURM itself as its trainer starts (`scontrol requeue`, what slurmctld does when a node fails): the
+    # batch script is ended with it and cannot decide, and the rank, before its first step, saves nothing; the next
+    # attempt counts a crash and, at MAX_CRASHES=1, stops there.
     outside = cluster.sbatch(
         "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
         MAX_CRASHES="1", OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'outside'}",
                                              *TRAIN_OVERRIDES, "train.max_steps=100000"]))
+    # Requeued by SLURM itself once it trains (SLURM's own preemption, PreemptMode=REQUEUE, ends and requeues a job
+    # the same way): the rank saves on SLURM's SIGTERM, so the next attempt resumes it without counting a crash.
+    slurm_preempted_run = work / "slurm_preempted"
+    slurm_preempted = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
+        MAX_CRASHES="1", OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={slurm_preempted_run}",
+                                             *TRAIN_OVERRIDES, "train.max_steps=150", "train.log_every=5"]))
     # `scancel --signal=INT` (a Ctrl-C, from outside) once it trains: the rank saves and ends by SIGINT, and the job
     # ends with 130, not requeued.
     interrupted_run = work / "interrupted"
@@ -237,7 +245,8 @@ def jobs(cluster, prepared, tmp_path_factory):
         OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={interrupted_run}", *TRAIN_OVERRIDES,
                             "train.max_steps=100000", "train.log_every=5"]))
     ids = {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited, "lost": lost,
-           "doomed": doomed, "deadline": deadline_job, "outside": outside, "kept": kept, "interrupted": interrupted}
+           "doomed": doomed, "deadline": deadline_job, "outside": outside, "kept": kept, "interrupted": interrupted,
+           "slurm_preempted": slurm_preempted}
     kills: dict[str, list[float]] = {"lost": [], "doomed": [], "kept": []}
 
     def rank_status(job: int, attempt: int, rank: int) -> Path:
@@ -255,7 +264,7 @@ def jobs(cluster, prepared, tmp_path_factory):
 
     markers: list[dict] = []
     limit_signals = 0
-    raised = requeued = interrupt_sent = False
+    raised = requeued = interrupt_sent = preempted_by_slurm = False
     deadline = time.time() + 720
     while time.time() < deadline:
         # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
@@ -293,6 +302,11 @@ def jobs(cluster, prepared, tmp_path_factory):
             elif limit_signals == 1 and (work / "limited-setup-1").is_file():
                 cluster.signal_batch(limited)
                 limit_signals = 2
+        log = work / f"pretrain-{slurm_preempted}.out"
+        if not preempted_by_slurm and states[slurm_preempted] == "RUNNING" and log.is_file() \
+                and "| ETA" in log.read_text():
+            cluster.requeue(slurm_preempted)
+            preempted_by_slurm = True
         log = work / f"pretrain-{interrupted}.out"
         if not interrupt_sent and states[interrupted] == "RUNNING" and log.is_file() and "| ETA" in log.read_text():
             cluster.signal_steps(interrupted, "INT")
@@ -303,6 +317,7 @@ def jobs(cluster, prepared, tmp_path_factory):
     assert all(p.poll() == 0 for p in reference_procs), f"reference run failed; see {work / 'reference_logs'}"
     return {"work": work, "run": run, "hf": hf, "reference": reference, "markers": markers, "limit_signals": limit_signals,
             "ids": ids, "limited_run": limited_run, "interrupted_run": interrupted_run,
+            "slurm_preempted_run": slurm_preempted_run,
             "deadline_run": deadline_run,
             "prepare_tasks": cluster.tasks(prepare), "corpus": corpus, "kills": kills, "lost_run": lost_run,
             "info": {name: cluster.job(j) for name, j in ids.items()}}
@@ -425,6 +440,20 @@ def test_an_interrupt_saves_and_ends_the_job_without_requeueing(jobs):
     marker = json.loads((jobs["interrupted_run"] / "PREEMPTED").read_text())
     assert marker["reason"] == "SIGINT", marker
     assert (RunDir(jobs["interrupted_run"]).checkpoints / marker["checkpoint"] / "COMPLETE").is_file()
+
+
+def test_a_job_slurm_requeued_after_its_ranks_saved_resumes_without_counting_a_crash(jobs):
+    """SLURM's own preemption (or an outside `scontrol requeue`) once the job trains: the batch shell dies with the job
+    and cannot decide, but the rank saved on SLURM's SIGTERM; the next attempt reads its status as a preemption, not a
+    lost node, so even at MAX_CRASHES=1 it resumes from that checkpoint and finishes."""
+    info, log = jobs["info"]["slurm_preempted"], _log(jobs, "slurm_preempted")
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, log[-3000:])
+    assert ("attempt 1 was ended by SLURM after every rank had saved a checkpoint (a preemption by SLURM, or an outside "
+            "requeue): not a crash; resuming") in log, log[-3000:]
+    assert "crash" not in log.split("not a crash; resuming", 1)[1], log[-3000:]
+    first, second = log.split(f"job {jobs['ids']['slurm_preempted']} attempt 2 ")
+    assert "preempted (SIGTERM) at step" in first, first[-3000:]
+    assert "resumed from" in second and "training finished" in second, second[-3000:]
 
 
 def test_restart_limit_is_respected(jobs):
