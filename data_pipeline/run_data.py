@@ -91,7 +91,10 @@ def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: i
         notes += (f"warning: no validation (train.eval_every is set): the validation split has {held_out} sequence(s), "
                   f"fewer than one batch (micro_batch_size {micro_batch_size} x {dist.world_size()} ranks)",)
         return RunData(manifest, train, None, notes)
+    # Unshuffled, over one canonical node whatever the training's: the batches each evaluation reads stay the same
+    # when a resume asks for another num_canonical_nodes (which the training's own order keeps from its checkpoint).
     validation = build_loader(cfg, "validation", micro_batch_size, shuffle=False, pin_memory=pin_memory,
+                              canonical_nodes=1,
                               collate_fn=MaskingCollate(eval_transform, tok["pad_id"], seed, stream=EVAL_STREAM,
                                                         per_epoch=False, batch_slots=functools.partial(
                                                             batch_prediction_slots, evaluation_masking(masking))))

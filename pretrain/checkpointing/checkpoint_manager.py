@@ -30,6 +30,9 @@ from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, RunDir
 
 # A resume's note names at most this many changed config keys.
 MAX_CHANGES_SHOWN = 12
+# Keys whose launch value a resume does not take: the loader's state carries them, and streaming reads the sample order
+# on from where the checkpoint left it only with the values that order was drawn with.
+KEPT_FROM_CHECKPOINT = ("data.num_canonical_nodes", "data.shuffle_seed")
 
 
 class CheckpointManager:
@@ -131,8 +134,16 @@ class CheckpointManager:
                           "holds the trained parameters only)")
         choice.discard_universal()
         if state.get("config_hash") != config_hash(self.cfg):
-            self.log.info(f"note: the config differs from the one checkpoint {tag} was saved with{self._changes(tag)}; "
-                          "the current one applies")
+            changes = self._changes(tag)
+            kept = [c for c in changes if c.split(" ", 1)[0] in KEPT_FROM_CHECKPOINT]
+            applied = [c for c in changes if c not in kept]
+            if applied or not kept:
+                self.log.info(f"note: the config differs from the one checkpoint {tag} was saved with{_listed(applied)}; "
+                              "the current one applies")
+            if kept:
+                self.log.info(f"note: {', '.join(c.split(' ', 1)[0] for c in kept)} differ from checkpoint {tag}'s "
+                              f"({', '.join(kept)}), but the loader's state keeps the checkpoint's: the sample order "
+                              "resumes as it started (a new run takes the new values)")
         self.progress.load_state_dict(state)
         if choice.previous_data is None:
             self.loader.load_state_dict(state["loader"])
@@ -147,19 +158,16 @@ class CheckpointManager:
         def compare() -> None:
             differences = layout_differences(saved_layout(self.folder.tag(tag)), built_layout(self.engine.module))
             if differences:
-                raise ConfigError(layout_refusal(self.folder.tag(tag), differences, self._changes(tag)))
+                raise ConfigError(layout_refusal(self.folder.tag(tag), differences, _listed(self._changes(tag))))
 
         dist.from_rank0(compare, f"comparing checkpoint {tag}")
 
-    def _changes(self, tag: str) -> str:
-        """' (KEY OLD -> NEW, ...)' against the config saved in the checkpoint, or '' where it has none."""
+    def _changes(self, tag: str) -> list[str]:
+        """'KEY OLD -> NEW' for each key that differs from the config saved in the checkpoint (none where it has none)."""
         saved = self.folder.tag(tag) / CONFIG_FILE
         if not saved.is_file():
-            return ""
-        changes = config_changes(yaml.safe_load(saved.read_text(encoding="utf-8")) or {}, config_to_dict(self.cfg))
-        shown = ", ".join(changes[:MAX_CHANGES_SHOWN]) + (f", and {len(changes) - MAX_CHANGES_SHOWN} more"
-                                                          if len(changes) > MAX_CHANGES_SHOWN else "")
-        return f" ({shown})" if changes else ""
+            return []
+        return config_changes(yaml.safe_load(saved.read_text(encoding="utf-8")) or {}, config_to_dict(self.cfg))
 
     def _report(self, tag: str) -> None:
         """Log what the resume found and did: branch notes, damaged checkpoints set aside, a download."""
@@ -172,3 +180,10 @@ class CheckpointManager:
         if choice.fetched == tag:
             log.info(f"downloaded checkpoint {tag} from {choice.remote.url} (no local checkpoint was as new)")
         log.info(f"resumed from {self.folder.tag(tag)} at step {self.progress.step}")
+
+
+def _listed(changes: list[str]) -> str:
+    """' (KEY OLD -> NEW, ...)', at most MAX_CHANGES_SHOWN of them, or ''."""
+    shown = ", ".join(changes[:MAX_CHANGES_SHOWN]) + (f", and {len(changes) - MAX_CHANGES_SHOWN} more"
+                                                      if len(changes) > MAX_CHANGES_SHOWN else "")
+    return f" ({shown})" if changes else ""
