@@ -185,10 +185,24 @@ def init_distributed(timeout_s: float = 600.0) -> None:
         # gloo does the collectives anyway, so skip it.
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     else:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(gpu_of_rank(int(os.environ["LOCAL_RANK"]), torch.cuda.device_count(), os.environ))
     _import_muon_uncompiled()
     deepspeed.init_distributed(auto_mpi_discovery=False, timeout=datetime.timedelta(seconds=timeout_s))
     _local_world_is_this_host()
+
+
+def gpu_of_rank(local_rank: int, visible: int, environ: Mapping[str, str]) -> int:
+    """The GPU a rank uses: the one its LOCAL_RANK numbers, as DeepSpeed assumes too; where the process sees fewer (srun
+    --gpus-per-task=1 or --gpu-bind give each task its own), a SetupError that says how to launch instead of CUDA's
+    "invalid device ordinal" traceback."""
+    if local_rank < visible:
+        return local_rank
+    shown = environ.get("CUDA_VISIBLE_DEVICES")
+    raise SetupError(f"LOCAL_RANK={local_rank}, but this process sees {visible} GPU(s)"
+                     f"{f' (CUDA_VISIBLE_DEVICES={shown})' if shown is not None else ''}: each rank takes the GPU its "
+                     "LOCAL_RANK numbers, as DeepSpeed does, so every rank of a node must see all of the node's GPUs; "
+                     "under SLURM ask for them per node (--gpus-per-node=N, as slurm/pretrain.sbatch does) without "
+                     "--gpus-per-task or --gpu-bind, or start no more ranks per node than it has GPUs")
 
 
 def set_timeout(seconds: float) -> None:
