@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# Where users copy command lines from: the docs' code blocks and the example configs' comments. (The sbatch
-# scripts' own command lines run in tests/process/test_slurm.py.)
+# Where users copy command lines from: the docs' code blocks, the example configs' comments, and the demo script
+# (`make demo`, which the suite does not run whole). (The sbatch scripts' own command lines run in
+# tests/process/test_slurm.py.)
 SOURCES = ["README.md", "docs/*.md", "evaluation/configs/**/*.yaml", "pretrain/configs/**/*.yaml",
-           "data_pipeline/configs/*.yaml"]
+           "data_pipeline/configs/*.yaml", "scripts/*.sh"]
 COMMAND = re.compile(r"^(?:#\s*)?(?:\S+=\S+ )*(?:python3? -m|(?P<launcher>(?:torchrun|deepspeed) .*?)) "
                      r"(?P<program>pretrain|data_pipeline)\b(?P<rest>.*)")
 ELIDED = "ELIDED"
@@ -23,7 +24,7 @@ def _command_lines(path: Path) -> list[tuple[int, str]]:
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if path.suffix == ".md" and line.lstrip().startswith("```"):
             fenced = not fenced
-        elif fenced or (path.suffix == ".yaml" and line.lstrip().startswith("#")):
+        elif fenced or (path.suffix == ".yaml" and line.lstrip().startswith("#")) or path.suffix == ".sh":
             lines.append((number, line.strip()))
     joined = []  # a line ending in a backslash goes on on the next
     for number, line in lines:
@@ -64,6 +65,9 @@ def test_the_docs_show_the_commands_users_run():
     assert {("pretrain", "train"), ("pretrain", "export"), ("pretrain", "finetune"), ("pretrain", "evaluate"),
             ("data_pipeline", "prepare"), ("data_pipeline", "verify")} <= programs, programs
     assert len(DOCUMENTED) >= 30
+    demo = sorted(argv[0] if program == "data_pipeline" else argv[argv.index("pretrain") + 1] if "pretrain" in argv
+                  else argv[0] for where, program, argv in DOCUMENTED if where.startswith("scripts/demo.sh:"))
+    assert demo == ["export", "prepare", "train"], demo  # make demo's three commands, the torchrun one whole
 
 
 def _launched(where: str, argv: list[str], capsys) -> list[str]:
@@ -93,8 +97,10 @@ def test_a_documented_command_parses(where, program, argv, capsys):
         from pretrain.cli import build_parser
     else:
         from data_pipeline.cli import build_parser
+    from core.config_flags import parse_with_overrides
+
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_with_overrides(build_parser(), argv)
     except SystemExit:
         pytest.fail(f"{where}: python -m {program} {shlex.join(argv)}: {capsys.readouterr().err.strip()}")
     overrides = getattr(args, "overrides", None) or []
