@@ -148,8 +148,10 @@ class TrainConfig:
     step_timeout_s: float = 120.0
     # Also keep checkpoints in object storage (s3://bucket/prefix, ...): each complete checkpoint is uploaded
     # with its COMPLETE marker last, and a run whose folder has none (a requeue onto another node) resumes
-    # from the newest complete one there. keep_last applies to the bucket too (s3:// only).
+    # from the newest complete one there. keep_last applies to the bucket too (s3:// only). Rank 0 uploads while
+    # training goes on; the next save, and the end of the attempt, wait for it at most checkpoint_upload_timeout_s.
     checkpoint_remote: Optional[str] = None
+    checkpoint_upload_timeout_s: float = 3600.0
     # Where metrics go besides metrics.jsonl and train.log: any of tensorboard, wandb, mlflow (rank 0 only).
     # wandb: WANDB_PROJECT / WANDB_MODE as usual; mlflow: MLFLOW_TRACKING_URI (default: RUN/mlflow.db, SQLite),
     # MLFLOW_EXPERIMENT_NAME.
@@ -208,7 +210,7 @@ class TrainConfig:
             raise ConfigError(f"config key 'train.grad_bucket_mb' must be > 0 MiB, got {self.grad_bucket_mb}")
         if self.vocab_loss_chunk < 0:
             raise ConfigError(f"config key 'train.vocab_loss_chunk' must be >= 0 rows (0: off), got {self.vocab_loss_chunk}")
-        for key in ("init_timeout_s", "step_timeout_s"):
+        for key in ("init_timeout_s", "step_timeout_s", "checkpoint_upload_timeout_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key 'train.{key}' must be > 0 seconds, got {getattr(self, key)}")
         unknown = sorted(set(self.report_to) - set(TRACKERS))

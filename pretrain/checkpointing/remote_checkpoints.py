@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import threading
 import time
 from typing import Optional
 
@@ -85,3 +86,34 @@ class RemoteCheckpoints:
         shutil.rmtree(target, ignore_errors=True)  # an unmarked local folder of that tag: the debris of a killed save
         tmp.rename(target)
         return newest
+
+
+class BackgroundUpload:
+    """One checkpoint going up to the bucket from a thread of rank 0 while training goes on; `result()` waits for it."""
+
+    def __init__(self, remote: RemoteCheckpoints, tag: str, keep_last: int) -> None:
+        self.tag = tag
+        self._outcome: Optional[tuple[int, float, list[str]]] = None
+        self._error: Optional[BaseException] = None
+        # A daemon: a rank that fails, or loses a peer, ends without waiting for it (the bucket takes no half
+        # checkpoint for one: its marker goes last).
+        self._thread = threading.Thread(target=self._run, args=(remote, keep_last), name=f"upload {tag}", daemon=True)
+        self._thread.start()
+
+    def _run(self, remote: RemoteCheckpoints, keep_last: int) -> None:
+        try:
+            self._outcome = remote.upload(self.tag, keep_last)
+        except BaseException as exc:  # for the main thread: a user's error is logged there, a bug raised there
+            self._error = exc
+
+    def done(self) -> bool:
+        """Whether the upload has ended, well or not."""
+        return not self._thread.is_alive()
+
+    def result(self) -> tuple[int, float, list[str]]:
+        """Wait for the upload: its files, seconds and the tags pruned in the bucket, or its exception raised here."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._outcome is not None
+        return self._outcome

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -246,7 +247,12 @@ def test_two_ranks_from_the_bucket_resume_exactly_after_the_node_is_lost(s3, pre
     args = _train_args(cache, run, "data.remote=s3://corpus/shards", "train.checkpoint_remote=s3://ckpt/run")
     procs = launch_ranks(args, 2, tmp_path / "logs")
     try:
-        wait_for_step(run, 6, procs, timeout=240)  # checkpoint 4 was uploaded before step 5 began
+        wait_for_step(run, 6, procs, timeout=240)
+        # Rank 0 uploads in the background while training goes on: the kill waits for checkpoint 4 in the bucket.
+        deadline = time.time() + 120
+        while "uploaded checkpoint step_00000004" not in (tmp_path / "logs" / "rank0.log").read_text():
+            assert time.time() < deadline and all(p.poll() is None for p in procs), "checkpoint 4 never uploaded"
+            time.sleep(0.2)
     finally:
         for p in procs:
             p.send_signal(signal.SIGKILL)
@@ -397,6 +403,77 @@ def test_a_failed_checkpoint_upload_is_logged_and_the_run_goes_on(s3, prepared, 
     from pretrain.checkpointing.checkpoint_dir import COMPLETE
 
     assert all((RunDir(run).checkpoint(tag) / COMPLETE).is_file() for tag in ("step_00000008", "step_00000010"))
+
+
+class _SlowLink:
+    """A TCP relay to the S3 server whose uploads crawl at `bytes_per_s` (the link of a node to a distant bucket):
+    real HTTP, real boto3, real moto, only slower."""
+
+    def __init__(self, target_port: int, bytes_per_s: float) -> None:
+        import threading
+
+        self.target, self.delay = target_port, 4096 / bytes_per_s
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(client, server, self.delay), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, 0.0), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
+        try:
+            while chunk := src.recv(4096):
+                if delay:
+                    time.sleep(delay * len(chunk) / 4096)
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_the_ranks_train_on_while_rank_0_uploads_a_checkpoint(s3, prepared, tmp_path):
+    """A bucket behind a slow link: rank 0 uploads each checkpoint in the background, so no rank waits for it between
+    saves (before, every rank waited, and an upload longer than train.init_timeout_s ended the others as if a peer
+    were lost); the next save and the end of the run wait for it, so the bucket holds the last checkpoint."""
+    port = int(os.environ["S3_ENDPOINT_URL"].rsplit(":", 1)[1])
+    link = _SlowLink(port, bytes_per_s=300_000)
+    run = tmp_path / "run"
+    try:
+        procs = launch_ranks(_train_args(prepared, run, "train.max_steps=8", "train.save_every=3", "train.log_every=1",
+                                         "train.checkpoint_remote=s3://ckpt/slow"), 2, tmp_path / "logs",
+                             env={"S3_ENDPOINT_URL": f"http://127.0.0.1:{link.port}"})
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:
+        link.close()
+    log = (tmp_path / "logs" / "rank0.log").read_text()
+    assert codes == [0, 0], log[-3000:] + (tmp_path / "logs" / "rank1.log").read_text()[-3000:]
+    uploaded = re.search(r"uploaded checkpoint step_00000003 to s3://ckpt/slow \(\d+ files, ([\d.]+)s\)", log)
+    assert uploaded and float(uploaded[1]) > 1, log[-3000:]  # the slow link made it take seconds
+    # Steps 4 and 5 were trained while it went up; the save of step 6 waited for it, then uploaded its own.
+    saved_6 = re.search(r"saved checkpoint \S*step_00000006", log)
+    assert saved_6 and log.index("step 5/8 |") < uploaded.start() < saved_6.start(), log[-3000:]
+    assert "uploaded checkpoint step_00000008" in log and log.index("uploaded checkpoint step_00000008") < log.index(
+        "finished at step 8"), log[-3000:]
+    tags = {k.split("/")[1] for k in _keys(s3, "ckpt", "slow/") if k.endswith("/COMPLETE")}
+    assert tags == {"step_00000003", "step_00000006", "step_00000008"}, tags
 
 
 def test_a_cache_holding_another_dataset_is_replaced_not_read(s3, prepared, tmp_path):
