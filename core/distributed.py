@@ -64,9 +64,12 @@ def slurm_env(environ: dict[str, str]) -> dict[str, str]:
     """
     out = {
         "RANK": environ["SLURM_PROCID"],
-        "WORLD_SIZE": environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS") or environ["SLURM_STEP_NUM_TASKS"],
+        # The step's own counts first: `srun --preserve-env` leaves the allocation's SLURM_NTASKS in place.
+        "WORLD_SIZE": (environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS")
+                       or environ["SLURM_NPROCS"]),
         "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
-        "LOCAL_WORLD_SIZE": str(_tasks_per_node(environ.get("SLURM_TASKS_PER_NODE", environ.get("SLURM_NTASKS", "1")))),
+        "LOCAL_WORLD_SIZE": str(_tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get(
+            "SLURM_TASKS_PER_NODE", environ.get("SLURM_NTASKS", "1")))),
         "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(environ.get("SLURM_JOB_NODELIST", "127.0.0.1")),
         "MASTER_PORT": environ.get("MASTER_PORT") or str(15000 + _job_number(environ.get("SLURM_JOB_ID", "0")) % 20000),
     }
@@ -80,10 +83,19 @@ def rank_is_slurm_task(environ: Mapping[str, str]) -> bool:
     return "SLURM_PROCID" in environ and environ.get("RANK") == environ["SLURM_PROCID"] and environ.get("WORLD_SIZE") == ntasks
 
 
+# SLURM's own steps, numbered from the top of 32 bits: salloc's interactive step (a shell, its environment the
+# allocation's under --preserve-env), the batch script's and the external one. A process they start directly is one
+# process, not task 0 of the allocation's N.
+_SHELL_STEPS = 0xFFFFFFF0
+
+
 def started_by_srun(environ: Mapping[str, str]) -> bool:
-    """Whether this process is a task of an srun step. A batch script's or salloc's shell has SLURM_PROCID=0 and the
-    allocation's SLURM_NTASKS too, but no step id: a process it starts directly is one process, not task 0 of N."""
-    return ("SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ) and "SLURM_PROCID" in environ and (
+    """Whether this process is a task of an srun step.
+
+    A batch script's shell has SLURM_PROCID=0 and the allocation's SLURM_NTASKS but no step id; salloc's interactive
+    step has a step id of SLURM's own (`_SHELL_STEPS`)."""
+    step = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID", ""))
+    return step.isdigit() and int(step) < _SHELL_STEPS and "SLURM_PROCID" in environ and (
         "SLURM_NTASKS" in environ or "SLURM_NPROCS" in environ or "SLURM_STEP_NUM_TASKS" in environ)
 
 
@@ -101,7 +113,7 @@ def setup_env() -> None:
 
         # Else it would wait for N - 1 ranks that nothing starts, then blame a node.
         to_stderr(f"note: this SLURM allocation has {tasks} tasks (SLURM_NTASKS), but this process was not started by "
-                  "srun: it trains as one rank; start it with srun for one rank per task (slurm/pretrain.sbatch does)")
+                  "srun: it runs as one rank; start it with srun for one rank per task (slurm/pretrain.sbatch does)")
     if "RANK" not in env:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()))
@@ -192,9 +204,10 @@ def init_distributed(timeout_s: float = 600.0) -> None:
 
 
 def gpu_of_rank(local_rank: int, visible: int, environ: Mapping[str, str]) -> int:
-    """The GPU a rank uses: the one its LOCAL_RANK numbers, as DeepSpeed assumes too; where the process sees fewer (srun
-    --gpus-per-task=1 or --gpu-bind give each task its own), a SetupError that says how to launch instead of CUDA's
-    "invalid device ordinal" traceback."""
+    """The GPU a rank uses: the one its LOCAL_RANK numbers, as DeepSpeed assumes too.
+
+    Where the process sees fewer (srun --gpus-per-task=1 or --gpu-bind give each task its own), a SetupError that says
+    how to launch, instead of CUDA's "invalid device ordinal" traceback."""
     if local_rank < visible:
         return local_rank
     shown = environ.get("CUDA_VISIBLE_DEVICES")

@@ -50,6 +50,15 @@ def describe(exc: BaseException, url: str) -> Optional[str]:
     except ImportError:  # pragma: no cover - boto3 comes with the project's dependencies
         bx = None
     where = f"{url} (endpoint {endpoint(url)})"
+    try:
+        from boto3 import exceptions as b3
+    except ImportError:  # pragma: no cover
+        b3 = None
+    if b3 is not None and isinstance(exc, (b3.S3UploadFailedError, b3.RetriesExceededError)):
+        # boto3's transfers wrap the request's own error (AccessDenied, NoSuchBucket, a 5xx after its retries): name
+        # that one where it is known.
+        cause = exc.__cause__ or exc.__context__
+        return (describe(cause, url) if cause is not None else None) or f"a transfer to or from {where} failed: {exc}"
     if bx is not None:
         if isinstance(exc, bx.NoCredentialsError):
             return (f"no credentials for {where}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "

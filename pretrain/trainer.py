@@ -118,7 +118,6 @@ class Trainer:
             preempt, time_save = guard.poll(step_seconds, self.checkpoints.longest_save, self.checkpoints.minutes_due())
             if self.checkpoints.save_due(self.step, stopping or time_save or preempt):
                 self._save()
-            self.checkpoints.report_upload()
             if preempt and self.step < max_steps:  # the last step done: finished, nothing to requeue
                 status = self._preempted(guard)
                 break
@@ -126,9 +125,6 @@ class Trainer:
                 status = "stopped"
                 self.log.info(f"stopping after {self.step - start_step} steps (train.stop_after) at step {self.step}")
                 break
-        # Every rank, before any exits (srun ends the others at the first exit, or SRUN_WAIT after it): the last
-        # checkpoint is in the bucket when the attempt ends, for a requeue onto another node.
-        self.checkpoints.finish_upload(after=self.cfg.train.step_timeout_s)
         self.progress.sync()
         self.log.info(f"{status} at step {self.step}: {self.progress.samples_seen} samples, "
                       f"{self.progress.tokens_seen} tokens, {self.progress.elapsed:.0f}s of training")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -25,7 +25,7 @@ from pretrain.config import RunConfig
 from pretrain.engine.deepspeed_engine import Engine
 from pretrain.observe.logger import RunLogger
 from pretrain.observe.progress import Progress
-from pretrain.checkpointing.remote_checkpoints import BackgroundUpload
+from pretrain.checkpointing.remote_checkpoints import upload_within
 from pretrain.checkpointing.resume_choice import ResumeChoice
 from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, RunDir
 
@@ -47,7 +47,6 @@ class CheckpointManager:
         self.rank, self.world = dist.rank(), dist.world_size()
         self.longest_save = 0.0
         self.last_save_time = time.time()
-        self._uploading: Optional[BackgroundUpload] = None  # rank 0's upload of the last checkpoint, while it runs
 
     # ---- when to save -----------------------------------------------------------------
     def minutes_due(self) -> bool:
@@ -93,10 +92,8 @@ class CheckpointManager:
         }
 
     def save(self, step: int) -> None:
-        """Checkpoint `step` on every rank (the progress counters are at it); rank 0 then uploads it in the background
-        (train.checkpoint_remote)."""
-        # Before this save prunes the local checkpoints: one of them may still be going up.
-        self.finish_upload(after=self.cfg.train.init_timeout_s)
+        """Checkpoint `step` on every rank (the progress counters are at it); rank 0 then uploads it
+        (train.checkpoint_remote) while the others wait."""
         t0 = time.perf_counter()
         meta = {"step": step, "world_size": self.world, "zero_stage": self.engine.zero_stage,
                 "precision": self.cfg.train.precision, "bf16_weights": self.engine.bf16_weights}
@@ -106,37 +103,25 @@ class CheckpointManager:
         self.longest_save = max(self.longest_save, seconds)
         self.last_save_time = time.time()
         self.log.info(f"saved checkpoint {self.folder.tag(tag)} in {seconds:.1f}s")
-        if self.choice.remote is not None and self.rank == 0:
-            # The other ranks train on meanwhile: an upload of minutes (a large model's optimizer state) idles no GPU.
-            self._uploading = BackgroundUpload(self.choice.remote, tag, self.cfg.train.keep_last)
+        if self.choice.remote is not None:
+            # The others wait longer than rank 0 may upload (train.checkpoint_upload_timeout_s): a slow bucket is rank
+            # 0's warning, not a peer lost at train.init_timeout_s.
+            bound = self.cfg.train.checkpoint_upload_timeout_s + self.cfg.train.init_timeout_s
+            with dist.long_wait(bound, after=self.cfg.train.init_timeout_s):
+                dist.from_rank0(lambda: self._upload(tag), f"uploading checkpoint {tag}")
 
-    def report_upload(self) -> None:
-        """Log rank 0's upload once it has ended, without waiting for it (at each step boundary)."""
-        if self._uploading is not None and self._uploading.done():
-            self._log_upload()
-
-    def finish_upload(self, after: float) -> None:
-        """Every rank waits, train.checkpoint_upload_timeout_s at most, for rank 0's upload under way, which is then
-        logged; collectives get the timeout `after` again."""
-        if self.choice.remote is None:
-            return
-        with dist.long_wait(self.cfg.train.checkpoint_upload_timeout_s, after=after):
-            dist.from_rank0(self._log_upload, "uploading a checkpoint")
-
-    def _log_upload(self) -> None:
-        """How the upload went, once it has ended. A failure is logged, not fatal: the local copy is whole, and the
+    def _upload(self, tag: str) -> None:
+        """Mirror a saved checkpoint to the bucket. A failure is logged, not fatal: the local copy is whole, and the
         next save uploads its own checkpoint."""
-        upload, self._uploading = self._uploading, None
-        if upload is None:
-            return
         remote = self.choice.remote
         try:
-            files, seconds, pruned = upload.result()
+            files, seconds, pruned = upload_within(remote, tag, self.cfg.train.keep_last,
+                                                   self.cfg.train.checkpoint_upload_timeout_s)
         except UserError as exc:
-            self.log.info(f"warning: checkpoint {upload.tag} was not uploaded to {remote.url}: {exc}")
-            self.log.scalars(int(upload.tag.removeprefix("step_")), {"checkpoint_upload_failed": 1.0}, "checkpoint")
+            self.log.info(f"warning: checkpoint {tag} was not uploaded to {remote.url}: {exc}")
+            self.log.scalars(int(tag.removeprefix("step_")), {"checkpoint_upload_failed": 1.0}, "checkpoint")
             return
-        self.log.info(f"uploaded checkpoint {upload.tag} to {remote.url} ({files} files, {seconds:.1f}s)"
+        self.log.info(f"uploaded checkpoint {tag} to {remote.url} ({files} files, {seconds:.1f}s)"
                       + (f"; pruned {', '.join(pruned)} there" if pruned else ""))
 
     def restore(self) -> None:
@@ -156,7 +141,8 @@ class CheckpointManager:
         choice.discard_universal()
         if state.get("config_hash") != config_hash(self.cfg):
             changes = self._changes(tag)
-            kept = [c for c in changes if c.split(" ", 1)[0] in KEPT_FROM_CHECKPOINT]
+            # (Not on new data, train.allow_new_data: its order starts afresh, with the launch's values.)
+            kept = [c for c in changes if c.split(" ", 1)[0] in KEPT_FROM_CHECKPOINT and choice.previous_data is None]
             applied = [c for c in changes if c not in kept]
             if applied or not kept:
                 self.log.info(f"note: the config differs from the one checkpoint {tag} was saved with{_listed(applied)}; "
@@ -168,6 +154,11 @@ class CheckpointManager:
         self.progress.load_state_dict(state)
         if choice.previous_data is None:
             self.loader.load_state_dict(state["loader"])
+            # streaming takes these from the state in the process that iterates; the next epoch's loader workers are
+            # made from this process's copy, which would draw that epoch's order with the launch's values instead.
+            for key in ("num_canonical_nodes", "shuffle_seed"):
+                if key in state["loader"]:
+                    setattr(self.loader.dataset, key, state["loader"][key])
         else:  # train.allow_new_data: the new dataset is read from its start
             self._record_new_data(self.progress.step)
         self.rng.load_state_dict(state["rng"], self.progress.step)  # one per saved rank

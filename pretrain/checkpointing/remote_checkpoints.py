@@ -13,6 +13,7 @@ import time
 from typing import Optional
 
 from core import distributed as dist
+from core.errors import StorageError
 from core.object_store import ObjectStore
 from pretrain.checkpointing.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
 
@@ -35,8 +36,10 @@ class RemoteCheckpoints:
         return sorted({k.split("/", 1)[0] for k in keys
                        if k.endswith(f"/{COMPLETE}") and TAG_RE.match(k.split("/", 1)[0])})
 
-    def upload(self, tag: str, keep_last: int) -> tuple[int, float, list[str]]:
-        """Upload one complete local checkpoint (marker last), then prune the bucket to `keep_last`.
+    def upload(self, tag: str, keep_last: int,
+               cancelled: Optional[threading.Event] = None) -> tuple[int, float, list[str]]:
+        """Upload one complete local checkpoint (marker last), then prune the bucket to `keep_last`; stop before the
+        next file once `cancelled` is set.
 
         Returns the number of files, the seconds taken and the tags pruned.
         """
@@ -45,6 +48,8 @@ class RemoteCheckpoints:
         names = sorted(p.relative_to(self.local.root).as_posix() for p in folder.rglob("*") if p.is_file())
         marker = f"{tag}/{COMPLETE}"
         for rel in sorted(names, key=lambda n: n == marker):
+            if cancelled is not None and cancelled.is_set():
+                raise StorageError(f"the upload of {tag} was given up before {rel}")
             self.store.upload(self.local.root, rel)
         pruned = []
         keys = self.store.list()  # one listing serves both the tags and their files
@@ -88,32 +93,29 @@ class RemoteCheckpoints:
         return newest
 
 
-class BackgroundUpload:
-    """One checkpoint going up to the bucket from a thread of rank 0 while training goes on; `result()` waits for it."""
 
-    def __init__(self, remote: RemoteCheckpoints, tag: str, keep_last: int) -> None:
-        self.tag = tag
-        self._outcome: Optional[tuple[int, float, list[str]]] = None
-        self._error: Optional[BaseException] = None
-        # A daemon: a rank that fails, or loses a peer, ends without waiting for it (the bucket takes no half
-        # checkpoint for one: its marker goes last).
-        self._thread = threading.Thread(target=self._run, args=(remote, keep_last), name=f"upload {tag}", daemon=True)
-        self._thread.start()
+def upload_within(remote: RemoteCheckpoints, tag: str, keep_last: int, seconds: float) -> tuple[int, float, list[str]]:
+    """`remote.upload` waited for `seconds` at most: its files, seconds and tags pruned, or a StorageError.
 
-    def _run(self, remote: RemoteCheckpoints, keep_last: int) -> None:
+    It runs in a thread of its own so that a bucket slower than that (a large optimizer state over a slow link) is a
+    warning, not a rank that never answers; given up, it stops before its next file, and its marker, last, never goes.
+    """
+    outcome: dict[str, object] = {}
+    cancelled = threading.Event()
+
+    def run() -> None:
         try:
-            self._outcome = remote.upload(self.tag, keep_last)
-        except BaseException as exc:  # for the main thread: a user's error is logged there, a bug raised there
-            self._error = exc
+            outcome["value"] = remote.upload(tag, keep_last, cancelled)
+        except BaseException as exc:  # for the waiting thread: a user's error is logged there, a bug raised there
+            outcome["error"] = exc
 
-    def done(self) -> bool:
-        """Whether the upload has ended, well or not."""
-        return not self._thread.is_alive()
-
-    def result(self) -> tuple[int, float, list[str]]:
-        """Wait for the upload: its files, seconds and the tags pruned in the bucket, or its exception raised here."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._outcome is not None
-        return self._outcome
+    thread = threading.Thread(target=run, name=f"upload {tag}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        cancelled.set()
+        raise StorageError(f"it did not finish within train.checkpoint_upload_timeout_s ({seconds:g} s), so it was "
+                           "given up (the bucket keeps no part of it as a checkpoint)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

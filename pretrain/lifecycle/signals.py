@@ -152,10 +152,10 @@ def _end(sig: signal.Signals, line: str, **status: object) -> None:
     `sig`, whatever of the rest fails or however long it hangs (`LAST_RESORT_S`). Once: a second caller (the wake-up
     thread and the main thread's error path) waits for that death."""
     _ending.acquire()  # never released: the holder ends the process
-    last_resort = threading.Timer(LAST_RESORT_S, die_of, (sig,))
-    last_resort.daemon = True
-    last_resort.start()
     try:
+        last_resort = threading.Timer(LAST_RESORT_S, die_of, (sig,))
+        last_resort.daemon = True
+        last_resort.start()
         from pretrain.lifecycle.exit_status import write_status
 
         write_status("terminated", **status)

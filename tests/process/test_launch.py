@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import PROCESS_ENV, REPO, TINY_MODEL, descendants, free_port, python_process, running, wait_for_step
 
-from core.distributed import first_host, slurm_env
+from core.distributed import first_host, slurm_env, started_by_srun
 from pretrain.run_dir import RunDir
 
 
@@ -22,6 +22,30 @@ def test_slurm_env_mapping():
     assert out["MASTER_PORT"] == "19242"  # 15000 + the job id modulo 20000: each job its own port
     assert out["MASTER_ADDR"] == "gpu003"
     assert slurm_env({**env, "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "2999"})["MASTER_ADDR"] == "10.1.2.3"
+
+
+# What a real SLURM (22.05, slurm/local_cluster.sh) gives a batch script's shell and an srun task in a job of two
+# tasks on one node, and, per SLURM's env.c, salloc's interactive step and an `srun --preserve-env -n 2` of a
+# four-task allocation (the allocation's SLURM_NTASKS left in place, the step's own counts beside it).
+_JOB = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", "MASTER_ADDR": "n1"}
+BATCH = {**_JOB, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "SLURM_NPROCS": "2",
+         "SLURM_TASKS_PER_NODE": "2"}
+SRUN_TASK = {**BATCH, "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
+             "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2"}
+INTERACTIVE = {**BATCH, "SLURM_NTASKS": "4", "SLURM_STEP_ID": "4294967290", "SLURM_STEP_NUM_TASKS": "1"}
+PRESERVED = {**BATCH, "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "4", "SLURM_STEP_ID": "3",
+             "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2"}
+
+
+def test_only_an_srun_task_takes_its_rank_from_slurm():
+    """A batch script's shell and salloc's interactive step carry SLURM_PROCID=0 and the allocation's task count, but
+    a process they start is one process; an srun task counts its own step's tasks, whatever the allocation's."""
+    assert not started_by_srun(BATCH) and not started_by_srun(INTERACTIVE)
+    assert started_by_srun(SRUN_TASK) and started_by_srun(PRESERVED)
+    task = slurm_env(SRUN_TASK)
+    assert (task["RANK"], task["WORLD_SIZE"], task["LOCAL_RANK"], task["LOCAL_WORLD_SIZE"]) == ("1", "2", "1", "2")
+    preserved = slurm_env(PRESERVED)
+    assert (preserved["WORLD_SIZE"], preserved["LOCAL_WORLD_SIZE"]) == ("2", "2")
 
 
 def test_first_host_without_scontrol(monkeypatch):
