@@ -77,6 +77,29 @@ def test_two_rank_loss_falls(uninterrupted):
     assert rows[-1]["mlm_loss"] < rows[0]["mlm_loss"] - 0.3, rows
 
 
+def _samples_per_step(run: Path) -> dict[int, list[int]]:
+    """Each step's sample ids over both ranks and all micro-batches, sorted: the global batch it trained on."""
+    steps: dict[int, list[int]] = {}
+    for rank in (0, 1):
+        for record in _samples(run, rank):
+            steps.setdefault(record["step"], []).extend(i for micro in record["sample_ids"] for i in micro)
+    return {step: sorted(ids) for step, ids in steps.items()}
+
+
+def test_a_resume_on_smaller_micro_batches_trains_each_step_on_the_same_samples(prepared, uninterrupted, tmp_path):
+    """The usual fix after a run ran out of memory: the same command with a smaller train.micro_batch_size (the
+    accumulation doubles, the global batch stays). Every step after the resume trains on the global batch the
+    uninterrupted run's step did: none repeated, none skipped."""
+    out = tmp_path / "run"
+    run_cli("pretrain", _args(prepared, out, "train.stop_after=10"), nproc=2)
+    second = run_cli("pretrain", _args(prepared, out, "train.micro_batch_size=2"), nproc=2)
+    assert "at step 10" in second.stdout and "accumulation 4, global batch 16" in second.stdout, second.stdout[-3000:]
+    assert "train.micro_batch_size 4 -> 2" in second.stdout
+    resumed, straight = _samples_per_step(out), _samples_per_step(uninterrupted)
+    assert sorted(resumed) == list(range(1, 21)) and all(len(ids) == 16 for ids in resumed.values())
+    assert resumed == straight
+
+
 def test_tensorboard_events_hold_the_loss(uninterrupted):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
