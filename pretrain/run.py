@@ -83,7 +83,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
                  if data.validation is not None else None)
     loader, progress = data.train, Progress()
     log = RunLogger(run_dir, cfg.train.max_steps, enabled=rank == 0, report_to=tuple(cfg.train.report_to),
-                    config=config_to_dict(cfg))
+                    config=config_to_dict(cfg), branch=choice.branching_from)
     # What was decided for the user: the precision and stage `auto` picked, the peak MFU is measured against.
     for note in (*hardware.notes, *data.notes, *([allocator] if allocator else []), *engine_notes):
         log.info(note)

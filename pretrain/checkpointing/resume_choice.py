@@ -105,6 +105,11 @@ class ResumeChoice:
                                                     "trust where it came from")
         return tag, damaged, note
 
+    @property
+    def branching_from(self) -> Optional[str]:
+        """The checkpoint this launch branches from (train.resume_from, not yet followed by a requeue), else None."""
+        return self.resume_tag if self.cfg.train.resume_from and not self.following_branch else None
+
     def commit(self) -> None:
         """Go ahead with the chosen checkpoint, everything built: branch for train.resume_from, and make the universal
         copy to load when the world size changed (`ResumePlan.load_universal`, which the DeepSpeed config carries)."""

@@ -21,7 +21,7 @@ class RunLogger:
     """Writes only on rank 0; every other rank gets a logger that does nothing."""
 
     def __init__(self, run_dir: RunDir, max_steps: int, enabled: bool, report_to: tuple[str, ...] = (TENSORBOARD,),
-                 config: Optional[dict] = None) -> None:
+                 config: Optional[dict] = None, branch: Optional[str] = None) -> None:
         self.enabled = enabled
         self.max_steps = max_steps
         self._writer = None
@@ -39,7 +39,7 @@ class RunLogger:
             if set(report_to) - {TENSORBOARD}:
                 from pretrain.observe.trackers import Trackers
 
-                self.trackers = Trackers(run_dir, list(report_to), config or {})
+                self.trackers = Trackers(run_dir, list(report_to), config or {}, branch)
 
     def rewind(self, step: int) -> None:
         """Forget what a previous attempt logged after `step` (it is redone): metrics.jsonl and TensorBoard."""

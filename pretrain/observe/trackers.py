@@ -4,7 +4,9 @@ Each tracker gets the run's resolved config once and every scalar row the run lo
 metrics.jsonl, keyed `split/name`). The tracker's run id is kept in the run folder (trackers.json),
 so a resumed or requeued run continues the same tracked run instead of starting a new one.
 A step a tracker has already seen (the steps a killed run redoes after its last checkpoint) is not
-sent again: W&B refuses steps that go back, and MLflow would keep both values.
+sent again: W&B refuses steps that go back, and MLflow would keep both values. A train.resume_from branch redoes
+steps with other values (another lr, after a divergence): it starts tracked runs of its own, named for the checkpoint
+it branches from, so that its curve is not dropped for the abandoned one's.
 """
 from __future__ import annotations
 
@@ -51,12 +53,12 @@ class WandbTracker(Tracker):
 
     name = "wandb"
 
-    def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str]) -> None:
+    def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str], run_name: str) -> None:
         import wandb
 
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), id=self.run_id, resume="allow",
-                              dir=str(run_dir.wandb), name=run_dir.root.name, config=config)
+                              dir=str(run_dir.wandb), name=run_name, config=config)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Send one row to the W&B run at this step."""
@@ -72,7 +74,7 @@ class MlflowTracker(Tracker):
 
     name = "mlflow"
 
-    def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str]) -> None:
+    def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str], run_name: str) -> None:
         import mlflow
         from mlflow.entities import Metric, Param
 
@@ -84,7 +86,7 @@ class MlflowTracker(Tracker):
             name = os.environ.get("MLFLOW_EXPERIMENT_NAME", PROJECT)
             experiment = self.client.get_experiment_by_name(name)
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-            run_id = self.client.create_run(experiment_id, run_name=run_dir.root.name).info.run_id
+            run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
             # MLflow caps a parameter's value at 6000 characters; a config's values are far shorter.
             params = [Param(k, (v if isinstance(v, str) else json.dumps(v))[:6000]) for k, v in _flatten(config).items()]
             for i in range(0, len(params), 100):
@@ -109,25 +111,31 @@ BACKENDS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
 class Trackers:
     """The trackers named in train.report_to (besides tensorboard, which the run logger writes itself)."""
 
-    def __init__(self, run_dir: RunDir, report_to: list[str], config: dict[str, Any]) -> None:
+    def __init__(self, run_dir: RunDir, report_to: list[str], config: dict[str, Any],
+                 branch: Optional[str] = None) -> None:
         path = run_dir.tracker_ids
-        saved = json.loads(path.read_text()) if path.is_file() else {}
+        # A branch (the checkpoint tag it starts from) starts new tracked runs; its requeues continue them.
+        saved = json.loads(path.read_text()) if path.is_file() and branch is None else {}
+        run_name = run_dir.root.name if branch is None else f"{run_dir.root.name} (branch from {branch})"
         self.items: list[Tracker] = []
         self.skip_through = -1
-        for name in report_to:
-            if name not in BACKENDS:
+        self.fresh = not saved  # nothing sent to these runs yet: no step of them to skip
+        for backend in report_to:
+            if backend not in BACKENDS:
                 continue
             try:
-                self.items.append(BACKENDS[name](run_dir, config, saved.get(name)))
+                self.items.append(BACKENDS[backend](run_dir, config, saved.get(backend), run_name))
             except ImportError as exc:
-                raise SetupError(f"train.report_to has {name}, but its library is not installed ({exc}); "
-                                 f"pip install {'wandb' if name == 'wandb' else 'mlflow-skinny sqlalchemy alembic'}") from exc
+                raise SetupError(f"train.report_to has {backend}, but its library is not installed ({exc}); pip "
+                                 f"install {'wandb' if backend == 'wandb' else 'mlflow-skinny sqlalchemy alembic'}") from exc
         if self.items:
             write_text_atomic(path, json.dumps({t.name: t.run_id for t in self.items}, indent=2) + "\n")
 
     def resumed(self, last_logged: int) -> None:
-        """Rows up to `last_logged` were sent by an earlier attempt; the steps it redoes are not sent twice."""
-        self.skip_through = last_logged
+        """Rows up to `last_logged` were sent by an earlier attempt; the steps it redoes are not sent twice (to the
+        runs it sent them to: a branch's new runs take every row)."""
+        if not self.fresh:
+            self.skip_through = last_logged
 
     def log(self, step: int, values: dict[str, float], prefix: str) -> None:
         """One row of scalars to every tracker."""

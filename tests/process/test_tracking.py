@@ -39,12 +39,12 @@ def _wandb_records(path: Path) -> list[bytes]:
     return out
 
 
-def _wandb_rows(run: Path) -> tuple[set[str], dict[tuple[int, str], float]]:
-    """Run ids and {(step, key): value} of every history row in the run's offline W&B files."""
+def _wandb_rows(run: Path, run_id: str = "") -> tuple[set[str], dict[tuple[int, str], float]]:
+    """Run ids and {(step, key): value} of every history row in the run's offline W&B files (of one W&B run's)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     ids, rows = set(), {}
-    for path in sorted(run.glob("wandb/offline-run-*/run-*.wandb")):
+    for path in sorted(run.glob(f"wandb/offline-run-*/run-{run_id or '*'}.wandb")):
         for raw in _wandb_records(path):
             record = pb.Record()
             record.ParseFromString(raw)
@@ -107,6 +107,28 @@ def test_wandb_offline_and_mlflow_hold_the_metrics_rows_and_a_resume_continues_t
     params = runs[0].data.params
     assert params["train.max_steps"] == "6" and params["objective.name"] == "mlm"
     assert runs[0].info.status == "FINISHED"
+
+    # A branch from step 3 at another learning rate (what the README advises after a divergence) redoes steps 4-6
+    # with other values: its rows go to tracked runs of its own, named for the branch, and the first runs keep theirs.
+    with restored_environ():
+        os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "tests",
+                           "MLFLOW_EXPERIMENT_NAME": "tests"})
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        branch = run_cli("pretrain", [*args, "train.resume_from=3", "optimizer.lr=1e-4"])
+    assert "branching from step_00000003" in branch.stdout, branch.stdout[-3000:]
+    branch_ids = json.loads((run / "trackers.json").read_text())
+    assert branch_ids.keys() == ids.keys() and all(branch_ids[k] != ids[k] for k in ids), (branch_ids, ids)
+    rewound = _jsonl_rows(run)
+    assert rewound[(4, "train/lr")] != expected[(4, "train/lr")]  # the branch's own values
+    branched = {key: value for key, value in rewound.items() if key[0] > 3}
+    _, wandb_rows = _wandb_rows(run, branch_ids["wandb"])
+    assert _close(wandb_rows, branched)
+    assert _close(_wandb_rows(run, ids["wandb"])[1], expected)  # the first run as it was
+    named = {r.info.run_name: r.info.run_id for r in client.search_runs([experiment.experiment_id])}
+    assert named == {"run": ids["mlflow"], "run (branch from step_00000003)": branch_ids["mlflow"]}, named
+    branch_run = client.get_run(branch_ids["mlflow"])
+    assert _close({(m.step, key): m.value for key in branch_run.data.metrics
+                   for m in client.get_metric_history(branch_ids["mlflow"], key)}, branched)
 
 
 def test_a_run_with_no_tracker_keeps_its_plain_logs(prepared, tmp_path):
