@@ -79,7 +79,7 @@ def slurm_env(environ: dict[str, str]) -> dict[str, str]:
 def rank_is_slurm_task(environ: Mapping[str, str]) -> bool:
     """Whether this rank is a SLURM task of its own (srun started one task per rank), not one of the ranks torchrun
     or the deepspeed launcher started inside one task."""
-    ntasks = environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS")
+    ntasks = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS")
     return "SLURM_PROCID" in environ and environ.get("RANK") == environ["SLURM_PROCID"] and environ.get("WORLD_SIZE") == ntasks
 
 

@@ -57,7 +57,7 @@ def describe(exc: BaseException, url: str) -> Optional[str]:
     if b3 is not None and isinstance(exc, (b3.S3UploadFailedError, b3.RetriesExceededError)):
         # boto3's transfers wrap the request's own error (AccessDenied, NoSuchBucket, a 5xx after its retries): name
         # that one where it is known.
-        cause = exc.__cause__ or exc.__context__
+        cause = getattr(exc, "last_exception", None) or exc.__cause__ or exc.__context__
         return (describe(cause, url) if cause is not None else None) or f"a transfer to or from {where} failed: {exc}"
     if bx is not None:
         if isinstance(exc, bx.NoCredentialsError):

@@ -11,7 +11,11 @@ def _exit_without_teardown(code: int) -> None:
     "Process start-up and the test suite")."""
     from pretrain.lifecycle.exit_status import EXIT_INTERRUPTED
 
-    threading._shutdown()  # what a normal exit does first: stop executors, join non-daemon threads
+    uploads = sys.modules.get("pretrain.checkpointing.remote_checkpoints")
+    if uploads is None or not uploads.upload_given_up_running():
+        # What a normal exit does first: stop executors, join non-daemon threads. Not after a checkpoint upload was
+        # given up: its transfer's executor would hold the exit for the rest of its file (and srun's --wait, a node).
+        threading._shutdown()
     atexit._run_exitfuncs()  # logging's flush and close, and the libraries' own exit handlers
     sys.stdout.flush()
     sys.stderr.flush()

@@ -24,9 +24,9 @@ from pretrain.checkpointing.parameter_layout import built_layout, layout_differe
 from pretrain.config import RunConfig
 from pretrain.engine.deepspeed_engine import Engine
 from pretrain.observe.logger import RunLogger
-from pretrain.observe.progress import Progress
 from pretrain.checkpointing.remote_checkpoints import upload_within
 from pretrain.checkpointing.resume_choice import ResumeChoice
+from pretrain.observe.progress import Progress
 from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, RunDir
 
 # A resume's note names at most this many changed config keys.
@@ -109,6 +109,8 @@ class CheckpointManager:
             bound = self.cfg.train.checkpoint_upload_timeout_s + self.cfg.train.init_timeout_s
             with dist.long_wait(bound, after=self.cfg.train.init_timeout_s):
                 dist.from_rank0(lambda: self._upload(tag), f"uploading checkpoint {tag}")
+            # What the preemption guard budgets for the last save before a deadline: its upload too.
+            self.longest_save = max(self.longest_save, time.perf_counter() - t0)
 
     def _upload(self, tag: str) -> None:
         """Mirror a saved checkpoint to the bucket. A failure is logged, not fatal: the local copy is whole, and the
@@ -156,7 +158,7 @@ class CheckpointManager:
             self.loader.load_state_dict(state["loader"])
             # streaming takes these from the state in the process that iterates; the next epoch's loader workers are
             # made from this process's copy, which would draw that epoch's order with the launch's values instead.
-            for key in ("num_canonical_nodes", "shuffle_seed"):
+            for key in ("num_canonical_nodes", "shuffle_seed", "initial_physical_nodes"):
                 if key in state["loader"]:
                     setattr(self.loader.dataset, key, state["loader"][key])
         else:  # train.allow_new_data: the new dataset is read from its start

@@ -36,10 +36,9 @@ class RemoteCheckpoints:
         return sorted({k.split("/", 1)[0] for k in keys
                        if k.endswith(f"/{COMPLETE}") and TAG_RE.match(k.split("/", 1)[0])})
 
-    def upload(self, tag: str, keep_last: int,
-               cancelled: Optional[threading.Event] = None) -> tuple[int, float, list[str]]:
-        """Upload one complete local checkpoint (marker last), then prune the bucket to `keep_last`; stop before the
-        next file once `cancelled` is set.
+    def upload(self, tag: str, keep_last: int, control: Optional["UploadControl"] = None) -> tuple[int, float, list[str]]:
+        """Upload one complete local checkpoint (marker last), then prune the bucket to `keep_last`; once `control`
+        is cancelled, stop before the next file and remove the files sent.
 
         Returns the number of files, the seconds taken and the tags pruned.
         """
@@ -47,20 +46,27 @@ class RemoteCheckpoints:
         folder = self.local.tag(tag)
         names = sorted(p.relative_to(self.local.root).as_posix() for p in folder.rglob("*") if p.is_file())
         marker = f"{tag}/{COMPLETE}"
+        sent: list[str] = []
         for rel in sorted(names, key=lambda n: n == marker):
-            if cancelled is not None and cancelled.is_set():
+            if control is not None and control.cancelled.is_set():
+                self.store.delete(sent)  # no part of a given-up checkpoint stays behind
                 raise StorageError(f"the upload of {tag} was given up before {rel}")
             self.store.upload(self.local.root, rel)
+            sent.append(rel)
+        if control is not None:
+            control.marker_sent = True
         pruned = []
         keys = self.store.list()  # one listing serves both the tags and their files
-        stale = self.complete_tags(keys)[:-keep_last]
-        if stale:
-            for old in stale:
-                mine = [k for k in keys if k.startswith(f"{old}/")]
-                # The marker first: a prune cut short leaves files no resume takes for a checkpoint.
-                if self.store.delete([f"{old}/{COMPLETE}"]) and self.store.delete(
-                        [k for k in mine if k != f"{old}/{COMPLETE}"]):
-                    pruned.append(old)
+        complete = self.complete_tags(keys)
+        stale = complete[:-keep_last]
+        # Tags older than this one without their marker: uploads given up, or cut short by a killed rank.
+        unfinished = sorted({k.split("/", 1)[0] for k in keys if TAG_RE.match(k.split("/", 1)[0])} - set(complete))
+        for old in stale + [t for t in unfinished if t < tag]:
+            mine = [k for k in keys if k.startswith(f"{old}/")]
+            # The marker first: a prune cut short leaves files no resume takes for a checkpoint.
+            if self.store.delete([f"{old}/{COMPLETE}"] if old in stale else []) and self.store.delete(
+                    [k for k in mine if k != f"{old}/{COMPLETE}"]):
+                pruned.append(old)
         return len(names), time.time() - t0, pruned
 
     def fetch_for_resume(self) -> Optional[str]:
@@ -93,29 +99,51 @@ class RemoteCheckpoints:
         return newest
 
 
+class UploadControl:
+    """What the thread that waits for an upload and the thread that uploads share: a request to give up, and whether
+    the marker went (past it, the checkpoint is in the bucket, whatever follows)."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.marker_sent = False
+
+
+_GIVEN_UP: list[threading.Thread] = []  # uploads given up that may still be sending their current file
+
+
+def upload_given_up_running() -> bool:
+    """Whether an upload given up still sends its current file: the process must not wait for it at its exit."""
+    return any(thread.is_alive() for thread in _GIVEN_UP)
+
 
 def upload_within(remote: RemoteCheckpoints, tag: str, keep_last: int, seconds: float) -> tuple[int, float, list[str]]:
     """`remote.upload` waited for `seconds` at most: its files, seconds and tags pruned, or a StorageError.
 
-    It runs in a thread of its own so that a bucket slower than that (a large optimizer state over a slow link) is a
-    warning, not a rank that never answers; given up, it stops before its next file, and its marker, last, never goes.
+    It runs in a thread of its own, with a client of its own, so that a bucket slower than that (a large optimizer
+    state over a slow link) is a warning, not a rank that never answers; given up, it stops before its next file and
+    removes what it sent (its marker, last, never went).
     """
     outcome: dict[str, object] = {}
-    cancelled = threading.Event()
+    control = UploadControl()
+    own = RemoteCheckpoints(remote.url, remote.local)  # a given-up upload may outlive this call: no client shared
 
     def run() -> None:
         try:
-            outcome["value"] = remote.upload(tag, keep_last, cancelled)
+            outcome["value"] = own.upload(tag, keep_last, control)
         except BaseException as exc:  # for the waiting thread: a user's error is logged there, a bug raised there
             outcome["error"] = exc
 
     thread = threading.Thread(target=run, name=f"upload {tag}", daemon=True)
+    t0 = time.time()
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
-        cancelled.set()
+        if control.marker_sent:  # complete in the bucket; only its prune of older checkpoints goes on
+            return sum(1 for p in remote.local.tag(tag).rglob("*") if p.is_file()), time.time() - t0, []
+        control.cancelled.set()
+        _GIVEN_UP.append(thread)
         raise StorageError(f"it did not finish within train.checkpoint_upload_timeout_s ({seconds:g} s), so it was "
-                           "given up (the bucket keeps no part of it as a checkpoint)")
+                           "given up (what it had sent is removed)")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

@@ -51,8 +51,10 @@ class RunLogger:
         path = self._jsonl.name
         rows = rewind_jsonl(Path(path), step)
         self._jsonl = open(path, "a", buffering=1)
-        if self.trackers is not None and rows:
-            self.trackers.resumed(max(row["step"] for row in rows))
+        if self.trackers is not None:
+            if rows:
+                self.trackers.resumed(max(row["step"] for row in rows))
+            self.trackers.open()
         if self._writer is not None:
             self._writer.close()
             # TensorBoard drops events at or after purge_step that earlier sessions wrote.

@@ -10,6 +10,8 @@ it branches from, so that its curve is not dropped for the abandoned one's.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib
 import json
 import os
 import time
@@ -109,43 +111,67 @@ BACKENDS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
 class Trackers:
-    """The trackers named in train.report_to (besides tensorboard, which the run logger writes itself)."""
+    """The trackers named in train.report_to (besides tensorboard, which the run logger writes itself).
+
+    Their runs open once the launch has committed to what it resumes (`open`, at the rewind): a launch refused before
+    training (a branch whose checkpoint does not fit) opens none and leaves trackers.json as it was. The libraries are
+    imported at once, so that a missing one is refused before the model is built.
+    """
 
     def __init__(self, run_dir: RunDir, report_to: list[str], config: dict[str, Any],
                  branch: Optional[str] = None) -> None:
-        path = run_dir.tracker_ids
-        # A branch (the checkpoint tag it starts from) starts new tracked runs; its requeues continue them.
-        saved = json.loads(path.read_text()) if path.is_file() and branch is None else {}
-        run_name = run_dir.root.name if branch is None else f"{run_dir.root.name} (branch from {branch})"
-        self.items: list[Tracker] = []
-        self.skip_through = -1
-        self.fresh = not saved  # nothing sent to these runs yet: no step of them to skip
-        for backend in report_to:
-            if backend not in BACKENDS:
-                continue
+        self.run_dir, self.config, self.branch = run_dir, config, branch
+        self.backends = [name for name in report_to if name in BACKENDS]
+        for name in self.backends:
             try:
-                self.items.append(BACKENDS[backend](run_dir, config, saved.get(backend), run_name))
+                importlib.import_module(name)
             except ImportError as exc:
-                raise SetupError(f"train.report_to has {backend}, but its library is not installed ({exc}); pip "
-                                 f"install {'wandb' if backend == 'wandb' else 'mlflow-skinny sqlalchemy alembic'}") from exc
-        if self.items:
-            write_text_atomic(path, json.dumps({t.name: t.run_id for t in self.items}, indent=2) + "\n")
+                raise SetupError(f"train.report_to has {name}, but its library is not installed ({exc}); pip "
+                                 f"install {'wandb' if name == 'wandb' else 'mlflow-skinny sqlalchemy alembic'}") from exc
+        self.items: Optional[list[Tracker]] = None
+        self.last_logged = -1  # the last step an earlier attempt sent to the runs this one continues
+        self.skip: dict[str, int] = {}
+
+    def _open(self) -> list[Tracker]:
+        """Continue the runs trackers.json names, or, for a new train.resume_from branch, start runs of its own."""
+        path = self.run_dir.tracker_ids
+        saved = json.loads(path.read_text()) if path.is_file() else {}
+        launch = hashlib.sha256(json.dumps(self.config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        if self.branch is not None and (saved.get("branch"), saved.get("branch_config")) != (self.branch, launch):
+            # A new branch (the same branch launched again with the same config, before it saved, goes on in its own).
+            saved = {"name": f"{self.run_dir.root.name} (branch from {self.branch})", "branch": self.branch,
+                     "branch_config": launch}
+        saved.setdefault("name", self.run_dir.root.name)  # passed again on a resume: W&B would rename the run
+        items = []
+        for name in self.backends:
+            items.append(BACKENDS[name](self.run_dir, self.config, saved.get(name), saved["name"]))
+            # Only a run that got the earlier attempt's rows skips the steps this one redoes.
+            self.skip[name] = self.last_logged if saved.get(name) else -1
+        write_text_atomic(path, json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n")
+        return items
 
     def resumed(self, last_logged: int) -> None:
-        """Rows up to `last_logged` were sent by an earlier attempt; the steps it redoes are not sent twice (to the
-        runs it sent them to: a branch's new runs take every row)."""
-        if not self.fresh:
-            self.skip_through = last_logged
+        """Rows up to `last_logged` were sent by an earlier attempt; the steps it redoes are not sent twice to the
+        runs it sent them to."""
+        self.last_logged = last_logged
+
+    def open(self) -> None:
+        """Open the tracked runs (once), before the first step: a tracker's start-up (W&B's, over the network) is kept
+        out of the steps, whose collectives wait only train.step_timeout_s."""
+        if self.items is None:
+            self.items = self._open()
 
     def log(self, step: int, values: dict[str, float], prefix: str) -> None:
         """One row of scalars to every tracker."""
-        if step <= self.skip_through or not self.items:
+        if not self.backends:
             return
+        self.open()
         row = {f"{prefix}/{k}": v for k, v in values.items()}
         for tracker in self.items:
-            tracker.log(step, row)
+            if step > self.skip[tracker.name]:
+                tracker.log(step, row)
 
     def close(self) -> None:
         """End every tracked run (each stays resumable by its id in trackers.json)."""
-        for tracker in self.items:
+        for tracker in self.items or []:
             tracker.close()

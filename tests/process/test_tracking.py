@@ -58,6 +58,20 @@ def _wandb_rows(run: Path, run_id: str = "") -> tuple[set[str], dict[tuple[int, 
     return ids, rows
 
 
+def _wandb_run_records(run: Path, run_id: str) -> list:
+    """The `run` records of one W&B run's offline files (one per launch that opened it)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    records = []
+    for path in sorted(run.glob(f"wandb/offline-run-*/run-{run_id}.wandb")):
+        for raw in _wandb_records(path):
+            record = pb.Record()
+            record.ParseFromString(raw)
+            if record.WhichOneof("record_type") == "run":
+                records.append(record)
+    return records
+
+
 def _jsonl_rows(run: Path) -> dict[tuple[int, str], float]:
     rows = {}
     for line in RunDir(run).metrics.read_text().splitlines():
@@ -114,15 +128,22 @@ def test_wandb_offline_and_mlflow_hold_the_metrics_rows_and_a_resume_continues_t
         os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "tests",
                            "MLFLOW_EXPERIMENT_NAME": "tests"})
         os.environ.pop("MLFLOW_TRACKING_URI", None)
-        branch = run_cli("pretrain", [*args, "train.resume_from=3", "optimizer.lr=1e-4"])
+        # Stopped after its first step (and saved), then requeued: the requeue goes on in the branch's runs.
+        branch = run_cli("pretrain", [*args, "train.resume_from=3", "optimizer.lr=1e-4", "train.stop_after=1"])
+        branch_ids = json.loads((run / "trackers.json").read_text())
+        requeued = run_cli("pretrain", [*args, "train.resume_from=3", "optimizer.lr=1e-4"])
     assert "branching from step_00000003" in branch.stdout, branch.stdout[-3000:]
-    branch_ids = json.loads((run / "trackers.json").read_text())
-    assert branch_ids.keys() == ids.keys() and all(branch_ids[k] != ids[k] for k in ids), (branch_ids, ids)
+    assert "resumed from" in requeued.stdout and "at step 4" in requeued.stdout, requeued.stdout[-3000:]
+    assert json.loads((run / "trackers.json").read_text()) == branch_ids
+    assert branch_ids["name"] == "run (branch from step_00000003)" and ids["name"] == "run"
+    assert all(branch_ids[k] != ids[k] for k in ("wandb", "mlflow")), (branch_ids, ids)
     rewound = _jsonl_rows(run)
     assert rewound[(4, "train/lr")] != expected[(4, "train/lr")]  # the branch's own values
     branched = {key: value for key, value in rewound.items() if key[0] > 3}
     _, wandb_rows = _wandb_rows(run, branch_ids["wandb"])
     assert _close(wandb_rows, branched)
+    names = {r.run.display_name for r in _wandb_run_records(run, branch_ids["wandb"])}
+    assert names == {"run (branch from step_00000003)"}, names  # the requeue kept the branch's name
     assert _close(_wandb_rows(run, ids["wandb"])[1], expected)  # the first run as it was
     named = {r.info.run_name: r.info.run_id for r in client.search_runs([experiment.experiment_id])}
     assert named == {"run": ids["mlflow"], "run (branch from step_00000003)": branch_ids["mlflow"]}, named
