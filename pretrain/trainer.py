@@ -106,6 +106,7 @@ class Trainer:
         start_step = self._resume()
         if self.step >= max_steps:
             self.log.info(f"nothing to do: step {self.step} >= max_steps {max_steps}")
+            self.log.close()
             return "finished"
         guard = self._begin()
         status, run_start = "finished", time.perf_counter()
@@ -118,8 +119,8 @@ class Trainer:
             preempt, time_save = guard.poll(step_seconds, self.checkpoints.longest_save, self.checkpoints.minutes_due())
             if self.checkpoints.save_due(self.step, stopping or time_save or preempt):
                 self._save()
-                if not preempt:  # a signal, or the deadline, during the save (an upload may take minutes): stop on
-                    # the checkpoint just written, not one step and a second save later
+                if not preempt and not stopping:  # a signal, or the deadline, during the save (an upload may take
+                    # minutes): stop on the checkpoint just written, not one step and a second save later
                     preempt, _ = guard.poll(step_seconds, self.checkpoints.longest_save, False)
             if preempt and self.step < max_steps:  # the last step done: finished, nothing to requeue
                 status = self._preempted(guard)

@@ -111,6 +111,7 @@ class CheckpointManager:
                 dist.from_rank0(lambda: self._upload(tag), f"uploading checkpoint {tag}")
             # What the preemption guard budgets for the last save before a deadline: its upload too.
             self.longest_save = max(self.longest_save, time.perf_counter() - t0)
+            self.last_save_time = time.time()  # train.save_every_minutes from the end of the upload
 
     def _upload(self, tag: str) -> None:
         """Mirror a saved checkpoint to the bucket. A failure is logged, not fatal: the local copy is whole, and the

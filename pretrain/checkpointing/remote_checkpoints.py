@@ -46,6 +46,7 @@ class RemoteCheckpoints:
         folder = self.local.tag(tag)
         names = sorted(p.relative_to(self.local.root).as_posix() for p in folder.rglob("*") if p.is_file())
         marker = f"{tag}/{COMPLETE}"
+        self.store.delete([marker])  # a tag of the same name in the bucket (a branch's): not complete while it is replaced
         sent: list[str] = []
         for rel in sorted(names, key=lambda n: n == marker):
             if control is not None and control.cancelled.is_set():
@@ -54,7 +55,12 @@ class RemoteCheckpoints:
             self.store.upload(self.local.root, rel)
             sent.append(rel)
         if control is not None:
-            control.marker_sent = True
+            with control.lock:  # the waiter gives up before this, or sees the checkpoint whole in the bucket
+                if control.cancelled.is_set():
+                    self.store.delete([marker])
+                    self.store.delete(sent)
+                    raise StorageError(f"the upload of {tag} was given up as its marker went")
+                control.marker_sent = True
         pruned = []
         keys = self.store.list()  # one listing serves both the tags and their files
         complete = self.complete_tags(keys)
@@ -68,6 +74,14 @@ class RemoteCheckpoints:
                     [k for k in mine if k != f"{old}/{COMPLETE}"]):
                 pruned.append(old)
         return len(names), time.time() - t0, pruned
+
+    def forget_after(self, tag: str) -> list[str]:
+        """Delete the markers of the bucket's complete checkpoints after `tag` (a branch from it), so that no resume
+        takes the abandoned line and the prune counts the branch's alone; the tags whose markers went."""
+        later = [t for t in self.complete_tags() if t > tag]
+        if later and not self.store.delete([f"{t}/{COMPLETE}" for t in later]):
+            return []  # a store without deletes here (only s3:// has them)
+        return later
 
     def fetch_for_resume(self) -> Optional[str]:
         """Rank 0 fetches the newest remote checkpoint when no local one is as new (`fetch_newest`); every rank gets
@@ -106,6 +120,7 @@ class UploadControl:
     def __init__(self) -> None:
         self.cancelled = threading.Event()
         self.marker_sent = False
+        self.lock = threading.Lock()
 
 
 _GIVEN_UP: list[threading.Thread] = []  # uploads given up that may still be sending their current file
@@ -138,12 +153,13 @@ def upload_within(remote: RemoteCheckpoints, tag: str, keep_last: int, seconds: 
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
-        if control.marker_sent:  # complete in the bucket; only its prune of older checkpoints goes on
-            return sum(1 for p in remote.local.tag(tag).rglob("*") if p.is_file()), time.time() - t0, []
-        control.cancelled.set()
+        with control.lock:
+            if control.marker_sent:  # complete in the bucket; only its prune of older checkpoints goes on
+                return sum(1 for p in remote.local.tag(tag).rglob("*") if p.is_file()), time.time() - t0, []
+            control.cancelled.set()
         _GIVEN_UP.append(thread)
         raise StorageError(f"it did not finish within train.checkpoint_upload_timeout_s ({seconds:g} s), so it was "
-                           "given up (what it had sent is removed)")
+                           "given up: what it sent goes when its current file ends, or at the next upload")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

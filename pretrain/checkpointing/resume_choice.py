@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from core import distributed as dist
-from core.errors import CheckpointError, ConfigError
+from core.errors import CheckpointError, ConfigError, UserError
 from core.jsonl import append_jsonl, read_jsonl
 from pretrain.checkpointing import checkpoint as ckpt
 from pretrain.checkpointing.checkpoint_data import check_tag_is_data
@@ -141,6 +141,16 @@ class ResumeChoice:
             later, aside = self.folder.set_aside_after(tag)
             if later:
                 self.notes.append(f"branching from {tag} (train.resume_from): {', '.join(later)} moved aside to {aside}")
+            if self.remote is not None:
+                try:
+                    dropped = self.remote.forget_after(tag)
+                except UserError as exc:  # as for an upload: the local branch is whole, the bucket's state is said
+                    dropped = []
+                    self.notes.append(f"warning: the checkpoints after {tag} in {self.remote.url} could not be "
+                                      f"checked or taken out of it ({exc}); a resume from the bucket may take them")
+                if dropped:
+                    self.notes.append(f"branching from {tag}: {', '.join(dropped)} in {self.remote.url} no longer count "
+                                      "as checkpoints (their markers deleted; the local copies are kept aside)")
             # Recorded even when nothing moved: once the branch has saved, a requeue resumes the branch, not the tag.
             row = {"from": tag, "moved_aside": later, "to": aside.name if later else None, "time": time.time()}
             append_jsonl(self.run_dir.branches, row)

@@ -130,7 +130,7 @@ class Trackers:
                                  f"install {'wandb' if name == 'wandb' else 'mlflow-skinny sqlalchemy alembic'}") from exc
         self.items: Optional[list[Tracker]] = None
         self.last_logged = -1  # the last step an earlier attempt sent to the runs this one continues
-        self.skip: dict[str, int] = {}
+        self.continued: dict[str, bool] = {}  # per backend: whether its run got an earlier attempt's rows
 
     def _open(self) -> list[Tracker]:
         """Continue the runs trackers.json names, or, for a new train.resume_from branch, start runs of its own."""
@@ -145,9 +145,9 @@ class Trackers:
         items = []
         for name in self.backends:
             items.append(BACKENDS[name](self.run_dir, self.config, saved.get(name), saved["name"]))
-            # Only a run that got the earlier attempt's rows skips the steps this one redoes.
-            self.skip[name] = self.last_logged if saved.get(name) else -1
-        write_text_atomic(path, json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n")
+            self.continued[name] = bool(saved.get(name))
+        if items:
+            write_text_atomic(path, json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n")
         return items
 
     def resumed(self, last_logged: int) -> None:
@@ -168,7 +168,8 @@ class Trackers:
         self.open()
         row = {f"{prefix}/{k}": v for k, v in values.items()}
         for tracker in self.items:
-            if step > self.skip[tracker.name]:
+            # Only a run that got the earlier attempt's rows skips the steps this one redoes (known once rewound).
+            if step > (self.last_logged if self.continued[tracker.name] else -1):
                 tracker.log(step, row)
 
     def close(self) -> None:

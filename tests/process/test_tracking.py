@@ -152,6 +152,35 @@ def test_wandb_offline_and_mlflow_hold_the_metrics_rows_and_a_resume_continues_t
                    for m in client.get_metric_history(branch_ids["mlflow"], key)}, branched)
 
 
+def test_a_row_logged_before_the_rewind_does_not_resend_the_redone_steps(tmp_path):
+    """A resume that sets a damaged checkpoint aside logs its row before the rewind says what the earlier attempt
+    sent: the continued run still gets each step once (MLflow would keep both values)."""
+    import mlflow
+
+    from pretrain.observe.trackers import Trackers
+
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    with restored_environ():
+        os.environ["MLFLOW_EXPERIMENT_NAME"] = "tests"
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        first = Trackers(run, ["mlflow"], {"seed": 1})
+        first.open()
+        for step in (1, 2, 3, 4):
+            first.log(step, {"loss": float(step)}, "train")
+        first.close()
+        again = Trackers(run, ["mlflow"], {"seed": 1})
+        again.log(2, {"damaged_checkpoint_step": 4.0}, "resume")  # the restore's row, before the rewind
+        again.resumed(4)
+        again.open()
+        for step in (3, 4, 5):
+            again.log(step, {"loss": 10.0 + step}, "train")
+        again.close()
+    run_id = json.loads(run.tracker_ids.read_text())["mlflow"]
+    history = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run.mlflow_db}").get_metric_history(run_id, "train/loss")
+    assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 15.0)]
+
+
 def test_a_run_with_no_tracker_keeps_its_plain_logs(prepared, tmp_path):
     """train.report_to=[] into a new folder: no TensorBoard files, and the text log and metrics.jsonl still hold the run
     (the logger makes the folder: the run files are written only when training starts)."""
