@@ -21,11 +21,11 @@ from core.seeding import RunRng
 from data_pipeline.shards import data_fingerprint
 from pretrain.checkpointing.checkpoint_dir import META
 from pretrain.checkpointing.parameter_layout import built_layout, layout_differences, layout_refusal, saved_layout
+from pretrain.checkpointing.remote_checkpoints import upload_within
+from pretrain.checkpointing.resume_choice import ResumeChoice
 from pretrain.config import RunConfig
 from pretrain.engine.deepspeed_engine import Engine
 from pretrain.observe.logger import RunLogger
-from pretrain.checkpointing.remote_checkpoints import upload_within
-from pretrain.checkpointing.resume_choice import ResumeChoice
 from pretrain.observe.progress import Progress
 from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, RunDir
 

@@ -12,14 +12,19 @@ SCRIPT = f'set -uo pipefail; source "{REPO}/slurm/attempt_outcome.sh"; attempt_o
          'printf "%s|%s|%s|%s|%s" "$rc" "$suspects" "$n_preempted" "$n_failed" "$n_lost"'
 
 
-def _outcome(folder, monkeypatch, srun_rc: int, ranks: dict, srun_err: list[str]) -> tuple[int, str, int, int, int]:
-    """Each rank's last status as the trainer writes it (rank: (host, status, fields)), srun's messages; the outcome."""
+def _attempt(folder, monkeypatch, ranks: dict, srun_err: list[str]) -> None:
+    """Each rank's last status as the trainer writes it (rank: (host, status, fields)), and srun's messages."""
     monkeypatch.setenv("PRETRAIN_STATUS_DIR", str(folder))
     for rank, (host, status, fields) in ranks.items():
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("SLURMD_NODENAME", host)
         write_status(status, **fields)
     (folder / "srun.err").write_text("".join(f"{line}\n" for line in srun_err))
+
+
+def _outcome(folder, monkeypatch, srun_rc: int, ranks: dict, srun_err: list[str]) -> tuple[int, str, int, int, int]:
+    """The outcome of an attempt whose ranks and srun said so (`_attempt`)."""
+    _attempt(folder, monkeypatch, ranks, srun_err)
     proc = subprocess.run(["bash", "-c", SCRIPT, "outcome", str(srun_rc), str(folder)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -125,12 +130,7 @@ def test_an_attempt_slurm_ended_counts_as_a_preemption_only_where_its_ranks_save
     """pretrain.sbatch counts an attempt SLURM ended as a crash (MAX_CRASHES) unless its ranks had saved on SLURM's
     SIGTERM: then it was preempted (SLURM's own preemption requeues the job itself), not lost."""
     ranks, srun_err, saved = ENDED_BY_SLURM[case]
-    monkeypatch.setenv("PRETRAIN_STATUS_DIR", str(tmp_path))
-    for rank, (host, status, fields) in ranks.items():
-        monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setenv("SLURMD_NODENAME", host)
-        write_status(status, **fields)
-    (tmp_path / "srun.err").write_text("".join(f"{line}\n" for line in srun_err))
+    _attempt(tmp_path, monkeypatch, ranks, srun_err)
     script = f'set -uo pipefail; source "{REPO}/slurm/attempt_outcome.sh"; saved_before_slurm_ended_it "$1"'
     proc = subprocess.run(["bash", "-c", script, "saved", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == (0 if saved else 1), (proc.returncode, proc.stderr)
