@@ -314,9 +314,8 @@ def clean_stale_shared_memory(cfg: LoaderConfig) -> list[str]:
     return removed
 
 
-def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None,
-                  canonical_nodes: Optional[int] = None) -> StreamingDataset:
-    """A StreamingDataset over one split of a prepared dataset (`canonical_nodes` in place of the config's)."""
+def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None) -> StreamingDataset:
+    """A StreamingDataset over one split of a prepared dataset."""
     split_dir = Path(cfg.path) / split
     if not cfg.remote and not (split_dir / INDEX).is_file():
         raise MissingFileError(f"no '{split}' split in '{cfg.path}' (missing {split_dir / INDEX})")
@@ -330,7 +329,7 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
             shuffle=cfg.shuffle if shuffle is None else shuffle,
             shuffle_seed=cfg.shuffle_seed,
             shuffle_algo=cfg.shuffle_algo,
-            num_canonical_nodes=canonical_nodes or cfg.num_canonical_nodes,
+            num_canonical_nodes=cfg.num_canonical_nodes,
             validate_hash="xxh64" if cfg.remote and cfg.verify_hashes else None,
         )
         # Inside the registration: no run's clean-up sees these segments before their owner's lock is held.
@@ -433,13 +432,13 @@ def cpus_per_rank(cpus: Optional[int] = None, local_ranks: Optional[int] = None,
 
 
 def build_loader(cfg: LoaderConfig, split: str, batch_size: int, collate_fn: Callable, shuffle: Optional[bool] = None,
-                 pin_memory: bool = False, canonical_nodes: Optional[int] = None) -> StreamingDataLoader:
+                 pin_memory: bool = False) -> StreamingDataLoader:
     """A StreamingDataLoader whose `state_dict()` resumes mid-epoch without replaying batches.
 
     `collate_fn` is the per-batch transform its workers run (a MaskingCollate); `pin_memory` (GPU) lets the training
-    process copy batches to the device with `non_blocking`; `canonical_nodes` replaces `cfg.num_canonical_nodes`.
+    process copy batches to the device with `non_blocking`.
     """
-    dataset = build_dataset(cfg, split, batch_size, shuffle, canonical_nodes)
+    dataset = build_dataset(cfg, split, batch_size, shuffle)
     workers = loader_workers(cfg.num_workers, torch.cuda.is_available(), cpus_per_rank())
     watch = StartWatch(cfg.worker_start_timeout_s) if workers > 0 else None
     loader = _unpacking_loader_class()(

@@ -6,6 +6,7 @@ package knows no objective.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +94,8 @@ def open_run_data(cfg: LoaderConfig, masking: MaskingConfig, micro_batch_size: i
         return RunData(manifest, train, None, notes)
     # Unshuffled, over one canonical node whatever the training's: the batches each evaluation reads stay the same
     # when a resume asks for another num_canonical_nodes (which the training's own order keeps from its checkpoint).
-    validation = build_loader(cfg, "validation", micro_batch_size, shuffle=False, pin_memory=pin_memory,
-                              canonical_nodes=1,
+    validation = build_loader(dataclasses.replace(cfg, num_canonical_nodes=1), "validation", micro_batch_size,
+                              shuffle=False, pin_memory=pin_memory,
                               collate_fn=MaskingCollate(eval_transform, tok["pad_id"], seed, stream=EVAL_STREAM,
                                                         per_epoch=False, batch_slots=functools.partial(
                                                             batch_prediction_slots, evaluation_masking(masking))))
