@@ -99,19 +99,17 @@ class CheckpointManager:
                 "precision": self.cfg.train.precision, "bf16_weights": self.engine.bf16_weights}
         tag = self.engine.save_checkpoint(self.folder.root, step, self._client_state(), self.cfg.train.keep_last,
                                           run_files={**self.run_files, META: json.dumps(meta) + "\n"})
-        seconds = time.perf_counter() - t0
-        self.longest_save = max(self.longest_save, seconds)
-        self.last_save_time = time.time()
-        self.log.info(f"saved checkpoint {self.folder.tag(tag)} in {seconds:.1f}s")
+        self.log.info(f"saved checkpoint {self.folder.tag(tag)} in {time.perf_counter() - t0:.1f}s")
         if self.choice.remote is not None:
             # The others wait longer than rank 0 may upload (train.checkpoint_upload_timeout_s): a slow bucket is rank
             # 0's warning, not a peer lost at train.init_timeout_s.
             bound = self.cfg.train.checkpoint_upload_timeout_s + self.cfg.train.init_timeout_s
             with dist.long_wait(bound, after=self.cfg.train.init_timeout_s):
                 dist.from_rank0(lambda: self._upload(tag), f"uploading checkpoint {tag}")
-            # What the preemption guard budgets for the last save before a deadline: its upload too.
-            self.longest_save = max(self.longest_save, time.perf_counter() - t0)
-            self.last_save_time = time.time()  # train.save_every_minutes from the end of the upload
+        # What the preemption guard budgets for the last save before a deadline, and where train.save_every_minutes
+        # counts from: the upload included.
+        self.longest_save = max(self.longest_save, time.perf_counter() - t0)
+        self.last_save_time = time.time()
 
     def _upload(self, tag: str) -> None:
         """Mirror a saved checkpoint to the bucket. A failure is logged, not fatal: the local copy is whole, and the

@@ -50,16 +50,13 @@ class RemoteCheckpoints:
         sent: list[str] = []
         for rel in sorted(names, key=lambda n: n == marker):
             if control is not None and control.cancelled.is_set():
-                self.store.delete(sent)  # no part of a given-up checkpoint stays behind
-                raise StorageError(f"the upload of {tag} was given up before {rel}")
+                raise self._given_up(tag, sent, f"before {rel}")
             self.store.upload(self.local.root, rel)
             sent.append(rel)
         if control is not None:
             with control.lock:  # the waiter gives up before this, or sees the checkpoint whole in the bucket
                 if control.cancelled.is_set():
-                    self.store.delete([marker])
-                    self.store.delete(sent)
-                    raise StorageError(f"the upload of {tag} was given up as its marker went")
+                    raise self._given_up(tag, sent, "as its marker went")
                 control.marker_sent = True
         pruned = []
         keys = self.store.list()  # one listing serves both the tags and their files
@@ -74,6 +71,14 @@ class RemoteCheckpoints:
                     [k for k in mine if k != f"{old}/{COMPLETE}"]):
                 pruned.append(old)
         return len(names), time.time() - t0, pruned
+
+    def _given_up(self, tag: str, sent: list[str], when: str) -> StorageError:
+        """Remove what a given-up upload of `tag` sent (its marker first, if it went); the error that says so."""
+        marker = f"{tag}/{COMPLETE}"
+        if marker in sent:
+            self.store.delete([marker])
+        self.store.delete([rel for rel in sent if rel != marker])
+        return StorageError(f"the upload of {tag} was given up {when}")
 
     def forget_after(self, tag: str) -> list[str]:
         """Delete the markers of the bucket's complete checkpoints after `tag` (a branch from it), so that no resume

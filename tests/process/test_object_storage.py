@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -410,16 +411,12 @@ class _SlowLink:
     real HTTP, real boto3, real moto, only slower."""
 
     def __init__(self, target_port: int, bytes_per_s: float) -> None:
-        import threading
-
         self.target, self.delay = target_port, 4096 / bytes_per_s
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        import threading
-
         while True:
             try:
                 client, _ = self.listener.accept()
