@@ -12,9 +12,10 @@ def _exit_without_teardown(code: int) -> None:
     from pretrain.lifecycle.exit_status import EXIT_INTERRUPTED
 
     uploads = sys.modules.get("pretrain.checkpointing.remote_checkpoints")
-    if uploads is None or not uploads.upload_given_up_running():
-        # What a normal exit does first: stop executors, join non-daemon threads. Not after a checkpoint upload was
-        # given up: its transfer's executor would hold the exit for the rest of its file (and srun's --wait, a node).
+    if uploads is None or not uploads.uploads_running():
+        # What a normal exit does first: stop executors, join non-daemon threads. Not while a checkpoint upload still
+        # sends a file (one given up, or one in the background when an error ends the run): its transfer's executor
+        # would hold the exit for the rest of it (and srun's --wait, a node).
         threading._shutdown()
     atexit._run_exitfuncs()  # logging's flush and close, and the libraries' own exit handlers
     sys.stdout.flush()
@@ -70,4 +71,9 @@ if __name__ == "__main__":
         from core.process_life import end_interrupted
 
         end_interrupted()
+    except Exception:
+        # A bug: its traceback as the interpreter prints it, and its exit status, but through the exit below: the
+        # interpreter's own would wait for a given-up checkpoint upload's file in flight.
+        sys.excepthook(*sys.exc_info())
+        code = 1
     _exit_without_teardown(code)

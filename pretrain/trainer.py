@@ -115,13 +115,17 @@ class Trainer:
         while self.step < max_steps:
             step_seconds = self._timed_step(first=self.step == start_step)
             stopping = bool(self.cfg.train.stop_after) and self.step - start_step >= self.cfg.train.stop_after
-            self._report((time.perf_counter() - run_start) / (self.step - start_step), stopping)
+            if self._report((time.perf_counter() - run_start) / (self.step - start_step), stopping):
+                self.checkpoints.poll_upload()  # after the rows up to this step
             preempt, time_save = guard.poll(step_seconds, self.checkpoints.longest_save, self.checkpoints.minutes_due())
             if self.checkpoints.save_due(self.step, stopping or time_save or preempt):
-                self._save()
-                if not preempt and not stopping:  # a signal, or the deadline, during the save (an upload may take
-                    # minutes): stop on the checkpoint just written, not one step and a second save later
+                last = stopping or preempt or self.step >= max_steps
+                self._save(last, hurry=preempt)
+                if not last:  # a signal, or the deadline, during the save: stop on the checkpoint just written (once
+                    # its upload is in), not one step and a second save later
                     preempt, _ = guard.poll(step_seconds, self.checkpoints.longest_save, False)
+                    if preempt:
+                        self.checkpoints.finish_upload()
             if preempt and self.step < max_steps:  # the last step done: finished, nothing to requeue
                 status = self._preempted(guard)
                 break
@@ -174,8 +178,9 @@ class Trainer:
         self.progress.elapsed += step_seconds
         return step_seconds
 
-    def _report(self, sec_per_step: float, stopping: bool) -> None:
-        """At logging steps the metrics leave the device (the progress line with the pace); at evaluation steps, validation."""
+    def _report(self, sec_per_step: float, stopping: bool) -> bool:
+        """At logging steps the metrics leave the device (the progress line with the pace); at evaluation steps,
+        validation. Whether the metrics rows up to this step are logged."""
         cfg = self.cfg.train
         log_due = self.step % cfg.log_every == 0 or self.step == cfg.max_steps or stopping
         eval_due = bool(cfg.eval_every) and self.validator is not None and self.step % cfg.eval_every == 0
@@ -186,12 +191,14 @@ class Trainer:
                 val = {**self.validator(), "train_seconds": self.progress.elapsed}
             self.log.scalars(self.step, val, "validation")
             self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
+        return log_due or eval_due
 
-    def _save(self) -> None:
-        """Checkpoint this step on every rank (the step's metrics are logged first, so the log covers the checkpoint)."""
+    def _save(self, last: bool, hurry: bool) -> None:
+        """Checkpoint this step on every rank (the step's metrics are logged first, so the log covers the checkpoint);
+        `last` when the attempt ends on it, `hurry` when a signal or the deadline ends it."""
         self.metrics.drain(self.step, self.seq_len, None)
         with dist.long_wait(self.cfg.train.init_timeout_s, after=self.cfg.train.step_timeout_s):  # may take minutes
-            self.checkpoints.save(self.step)
+            self.checkpoints.save(self.step, last, hurry)
 
     def _preempted(self, guard: PreemptionGuard) -> str:
         """Mark the run preempted, or interrupted by a Ctrl-C (its checkpoint is saved either way), on every rank before

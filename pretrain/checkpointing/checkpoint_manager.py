@@ -1,7 +1,7 @@
 """The run's checkpoints over its stateful parts: when to save, what a save holds beside the engine's tensors (the
 loader's position, every rank's RNG streams, the progress counters), and the restore of all of them.
 
-It is handed the parts once (pretrain/run.py); `save(step)` and `restore()` take nothing more. Which checkpoint to
+It is handed the parts once (pretrain/run.py); `save(step, last, hurry)` and `restore()` take nothing more. Which checkpoint to
 resume is chosen before the engine exists (resume_choice.py); everything about checkpoint folders (tags, markers,
 hashes, damaged copies) lives in checkpoint_dir.py and checkpoint.py.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -21,7 +21,7 @@ from core.seeding import RunRng
 from data_pipeline.shards import data_fingerprint
 from pretrain.checkpointing.checkpoint_dir import META
 from pretrain.checkpointing.parameter_layout import built_layout, layout_differences, layout_refusal, saved_layout
-from pretrain.checkpointing.remote_checkpoints import upload_within
+from pretrain.checkpointing.remote_checkpoints import Upload
 from pretrain.checkpointing.resume_choice import ResumeChoice
 from pretrain.config import RunConfig
 from pretrain.engine.deepspeed_engine import Engine
@@ -45,10 +45,19 @@ class CheckpointManager:
         self.folder = choice.folder
         self.engine, self.loader, self.progress, self.rng, self.log = engine, loader, progress, rng, log
         self.rank, self.world = dist.rank(), dist.world_size()
-        self.longest_save = 0.0
+        self._longest_save = 0.0
         self.last_save_time = time.time()
+        self._upload: Optional[Upload] = None  # rank 0's upload in the background
+        self._upload_save_s = 0.0  # the seconds its checkpoint took to save
 
     # ---- when to save -----------------------------------------------------------------
+    @property
+    def longest_save(self) -> float:
+        """The longest save so far, its upload included: what the preemption guard budgets for the attempt's last
+        save. An upload still running in the background counts with the seconds it has taken so far."""
+        running = self._upload_save_s + self._upload.elapsed if self._upload is not None else 0.0
+        return max(self._longest_save, running)
+
     def minutes_due(self) -> bool:
         """Whether train.save_every_minutes have passed since the last save (rank 0's clock; the ranks agree on it
         through the preemption guard's per-step exchange)."""
@@ -91,39 +100,87 @@ class CheckpointManager:
             "rng": dist.all_gather_object(self.rng.state_dict()),
         }
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, last: bool = False, hurry: bool = False) -> None:
         """Checkpoint `step` on every rank (the progress counters are at it); rank 0 then uploads it
-        (train.checkpoint_remote) while the others wait."""
+        (train.checkpoint_remote): in the background while training goes on, or, for the save that ends the attempt
+        (`last`), while the others wait. The previous checkpoint's upload ends first; with `hurry` (a preemption, a
+        deadline), the attempt's last save gives it up instead of waiting for it: its own checkpoint, uploaded next,
+        is newer."""
+        if self.choice.remote is not None:
+            # It must not outlast its local copy (this save prunes to keep_last), nor run beside this one's upload.
+            self._settle("given up for the newer checkpoint this stop saves" if last and hurry else None,
+                         after=self.cfg.train.init_timeout_s)
         t0 = time.perf_counter()
         meta = {"step": step, "world_size": self.world, "zero_stage": self.engine.zero_stage,
                 "precision": self.cfg.train.precision, "bf16_weights": self.engine.bf16_weights}
         tag = self.engine.save_checkpoint(self.folder.root, step, self._client_state(), self.cfg.train.keep_last,
                                           run_files={**self.run_files, META: json.dumps(meta) + "\n"})
-        self.log.info(f"saved checkpoint {self.folder.tag(tag)} in {time.perf_counter() - t0:.1f}s")
-        if self.choice.remote is not None:
+        saved_s = time.perf_counter() - t0
+        self.log.info(f"saved checkpoint {self.folder.tag(tag)} in {saved_s:.1f}s")
+        if self.choice.remote is not None and last:
             # The others wait longer than rank 0 may upload (train.checkpoint_upload_timeout_s): a slow bucket is rank
             # 0's warning, not a peer lost at train.init_timeout_s.
             bound = self.cfg.train.checkpoint_upload_timeout_s + self.cfg.train.init_timeout_s
             with dist.long_wait(bound, after=self.cfg.train.init_timeout_s):
-                dist.from_rank0(lambda: self._upload(tag), f"uploading checkpoint {tag}")
-        # What the preemption guard budgets for the last save before a deadline, and where train.save_every_minutes
-        # counts from: the upload included.
-        self.longest_save = max(self.longest_save, time.perf_counter() - t0)
+                dist.from_rank0(lambda: self._end_upload(self._start_upload(tag, saved_s), None),
+                                f"uploading checkpoint {tag}")
+        elif self.choice.remote is not None and self.rank == 0:
+            self._upload = self._start_upload(tag, saved_s)
+        # What the preemption guard budgets for the last save before a deadline (a background upload's seconds join it
+        # when it ends), and where train.save_every_minutes counts from.
+        self._longest_save = max(self._longest_save, time.perf_counter() - t0)
         self.last_save_time = time.time()
 
-    def _upload(self, tag: str) -> None:
-        """Mirror a saved checkpoint to the bucket. A failure is logged, not fatal: the local copy is whole, and the
-        next save uploads its own checkpoint."""
+    def _start_upload(self, tag: str, saved_s: float) -> Upload:
+        """Rank 0 starts mirroring a saved checkpoint to the bucket."""
+        self._upload_save_s = saved_s
+        return Upload(self.choice.remote, tag, self.cfg.train.keep_last, self.cfg.train.checkpoint_upload_timeout_s)
+
+    def _end_upload(self, upload: Optional[Upload], give_up: Optional[str]) -> None:
+        """Wait for an upload within its bound (or give it up at once, `give_up` saying why) and say how it went. A
+        failure is logged, not fatal: the local copy is whole, and the next save uploads its own checkpoint."""
+        if upload is None:
+            return
         remote = self.choice.remote
         try:
-            files, seconds, pruned = upload_within(remote, tag, self.cfg.train.keep_last,
-                                                   self.cfg.train.checkpoint_upload_timeout_s)
+            files, seconds, pruned = upload.wait(give_up)
         except UserError as exc:
-            self.log.info(f"warning: checkpoint {tag} was not uploaded to {remote.url}: {exc}")
-            self.log.scalars(int(tag.removeprefix("step_")), {"checkpoint_upload_failed": 1.0}, "checkpoint")
+            self.log.info(f"warning: checkpoint {upload.tag} was not uploaded to {remote.url}: {exc}")
+            self.log.scalars(self.progress.step, {"checkpoint_upload_failed": 1.0}, "checkpoint")
+            seconds = upload.elapsed
+        else:
+            self.log.info(f"uploaded checkpoint {upload.tag} to {remote.url} ({files} files, {seconds:.1f}s)"
+                          + (f"; pruned {', '.join(pruned)} there" if pruned else ""))
+        self._longest_save = max(self._longest_save, self._upload_save_s + seconds)
+
+    def _settle(self, give_up: Optional[str], after: float) -> None:
+        """Rank 0 ends its background upload (see `_end_upload`) while the others wait for it, as long as it may take."""
+        upload, self._upload = self._upload, None
+
+        def settle() -> None:
+            if upload is not None and give_up is None and not upload.done:
+                self.log.info(f"waiting for the upload of checkpoint {upload.tag} to {self.choice.remote.url} "
+                              f"({upload.elapsed:.0f}s so far)")
+            self._end_upload(upload, give_up)
+
+        bound = self.cfg.train.checkpoint_upload_timeout_s + self.cfg.train.init_timeout_s
+        with dist.long_wait(bound, after=after):
+            dist.from_rank0(settle, "waiting for a checkpoint's upload")
+
+    def poll_upload(self) -> None:
+        """Say how rank 0's background upload went once it has ended (no collective). Called after the step's metrics
+        rows are logged: a tracker refuses a row at an earlier step than one it has. An upload that ended on a bug is
+        left to the next save, where every rank raises its error, not rank 0 alone."""
+        upload = self._upload
+        if upload is None or not upload.done or upload.ended_on_a_bug:
             return
-        self.log.info(f"uploaded checkpoint {tag} to {remote.url} ({files} files, {seconds:.1f}s)"
-                      + (f"; pruned {', '.join(pruned)} there" if pruned else ""))
+        self._upload = None
+        self._end_upload(upload, None)
+
+    def finish_upload(self) -> None:
+        """Wait for rank 0's background upload, the others with it: the attempt stops on the checkpoint it uploads."""
+        if self.choice.remote is not None:
+            self._settle(None, after=self.cfg.train.step_timeout_s)
 
     def restore(self) -> None:
         """Continue from the chosen checkpoint, if any (branching or converting it first): weights, optimizer,

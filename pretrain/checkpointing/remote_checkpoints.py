@@ -13,7 +13,7 @@ import time
 from typing import Optional
 
 from core import distributed as dist
-from core.errors import StorageError
+from core.errors import StorageError, UserError
 from core.object_store import ObjectStore
 from pretrain.checkpointing.checkpoint_dir import COMPLETE, TAG_RE, CheckpointDir
 
@@ -128,43 +128,70 @@ class UploadControl:
         self.lock = threading.Lock()
 
 
-_GIVEN_UP: list[threading.Thread] = []  # uploads given up that may still be sending their current file
+_RUNNING: list[threading.Thread] = []  # every upload's thread: the ones alive at an exit are not waited for
 
 
-def upload_given_up_running() -> bool:
-    """Whether an upload given up still sends its current file: the process must not wait for it at its exit."""
-    return any(thread.is_alive() for thread in _GIVEN_UP)
+def uploads_running() -> bool:
+    """Whether a checkpoint upload still sends a file (one given up, or one in the background when an error ends the
+    process): the process must not wait for it at its exit."""
+    return any(thread.is_alive() for thread in _RUNNING)
 
 
-def upload_within(remote: RemoteCheckpoints, tag: str, keep_last: int, seconds: float) -> tuple[int, float, list[str]]:
-    """`remote.upload` waited for `seconds` at most: its files, seconds and tags pruned, or a StorageError.
+class Upload:
+    """One checkpoint's upload, started now in a thread of its own (with a client of its own: a given-up upload may
+    outlive its waiter) and waited for later, within `bound_s` of its start.
 
-    It runs in a thread of its own, with a client of its own, so that a bucket slower than that (a large optimizer
-    state over a slow link) is a warning, not a rank that never answers; given up, it stops before its next file and
-    removes what it sent (its marker, last, never went).
-    """
-    outcome: dict[str, object] = {}
-    control = UploadControl()
-    own = RemoteCheckpoints(remote.url, remote.local)  # a given-up upload may outlive this call: no client shared
+    A bucket slower than the bound is a warning, not a rank that never answers: given up, the upload stops before
+    its next file and removes what it sent (its marker, last, never went)."""
 
-    def run() -> None:
+    def __init__(self, remote: RemoteCheckpoints, tag: str, keep_last: int, bound_s: float) -> None:
+        self.tag, self.bound_s = tag, bound_s
+        self.control = UploadControl()
+        self.outcome: dict[str, object] = {}
+        own = RemoteCheckpoints(remote.url, remote.local)
+        self.local = remote.local
+        self.thread = threading.Thread(target=self._run, args=(own, keep_last), name=f"upload {tag}", daemon=True)
+        self.started = time.time()
+        _RUNNING[:] = [t for t in _RUNNING if t.is_alive()] + [self.thread]
+        self.thread.start()
+
+    def _run(self, own: RemoteCheckpoints, keep_last: int) -> None:
         try:
-            outcome["value"] = own.upload(tag, keep_last, control)
+            self.outcome["value"] = own.upload(self.tag, keep_last, self.control)
         except BaseException as exc:  # for the waiting thread: a user's error is logged there, a bug raised there
-            outcome["error"] = exc
+            self.outcome["error"] = exc
 
-    thread = threading.Thread(target=run, name=f"upload {tag}", daemon=True)
-    t0 = time.time()
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        with control.lock:
-            if control.marker_sent:  # complete in the bucket; only its prune of older checkpoints goes on
-                return sum(1 for p in remote.local.tag(tag).rglob("*") if p.is_file()), time.time() - t0, []
-            control.cancelled.set()
-        _GIVEN_UP.append(thread)
-        raise StorageError(f"it did not finish within train.checkpoint_upload_timeout_s ({seconds:g} s), so it was "
-                           "given up: what it sent goes when its current file ends, or at the next upload")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    @property
+    def done(self) -> bool:
+        """Whether the upload has ended (sent, failed or stopped after a give-up): `wait` returns at once."""
+        return not self.thread.is_alive()
+
+    @property
+    def ended_on_a_bug(self) -> bool:
+        """Whether it ended on an error other than a user's (a StorageError is one): `wait` raises it."""
+        error = self.outcome.get("error")
+        return self.done and error is not None and not isinstance(error, UserError)
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since it started."""
+        return time.time() - self.started
+
+    def wait(self, give_up: Optional[str] = None) -> tuple[int, float, list[str]]:
+        """Its files, seconds and tags pruned, once it has ended: waited for until its bound, or, with `give_up` (why),
+        not at all. Past that it is given up (a StorageError), unless its marker went (then it is whole in the bucket
+        and only its prune goes on)."""
+        if give_up is None:
+            self.thread.join(max(0.0, self.bound_s - self.elapsed))
+        if self.thread.is_alive():
+            with self.control.lock:
+                if self.control.marker_sent:
+                    return sum(1 for p in self.local.tag(self.tag).rglob("*") if p.is_file()), self.elapsed, []
+                self.control.cancelled.set()
+            why = give_up or (f"it did not finish within train.checkpoint_upload_timeout_s ({self.bound_s:g} s), so "
+                              "it was given up")
+            raise StorageError(f"{why}: what it sent goes when its current file ends, or at the next upload")
+        if "error" in self.outcome:
+            raise self.outcome["error"]
+        return self.outcome["value"]
+

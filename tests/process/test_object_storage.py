@@ -15,13 +15,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
 from benchmarks.prepare_staging import peak_shard_bytes, shard_bytes
+from benchmarks.slow_bucket import BUCKETS, CREDENTIALS, SlowLink
 from conftest import REPO, TINY_MODEL, free_port, launch_ranks, plant_payload, restored_environ, run_cli, wait_for_step
 from data_pipeline.dataset_dir import INDEX, MANIFEST, TOKENIZER, DatasetDir
 from data_pipeline.shard_record import RECORD
@@ -39,11 +39,9 @@ def s3():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     with restored_environ():
-        os.environ.update({"S3_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                           "AWS_EC2_METADATA_DISABLED": "true"})
+        os.environ.update({"S3_ENDPOINT_URL": f"http://127.0.0.1:{port}", **CREDENTIALS})
         client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
-        for bucket in ("corpus", "ckpt"):
+        for bucket in BUCKETS:
             client.create_bucket(Bucket=bucket)
         yield client
     server.stop()
@@ -399,68 +397,51 @@ def test_a_failed_checkpoint_upload_is_logged_and_the_run_goes_on(s3, prepared, 
     assert re.search(r"warning: checkpoint step_00000008 was not uploaded to s3://no-such-bucket/run: .*no-such-bucket",
                      proc.stdout), proc.stdout[-3000:]
     assert "warning: checkpoint step_00000010 was not uploaded" in proc.stdout and "finished at step 10" in proc.stdout
+    # Each row at the step its failure was known: checkpoint 8's uploaded in the background, reported after step 8.
     failed = [row for row in RunDir(run).metric_rows("checkpoint") if "checkpoint_upload_failed" in row]
-    assert [(row["step"], row["checkpoint_upload_failed"]) for row in failed] == [(8, 1.0), (10, 1.0)]
+    assert [row["checkpoint_upload_failed"] for row in failed] == [1.0, 1.0], failed
+    assert 8 < failed[0]["step"] <= failed[1]["step"] == 10, failed
     from pretrain.checkpointing.checkpoint_dir import COMPLETE
 
     assert all((RunDir(run).checkpoint(tag) / COMPLETE).is_file() for tag in ("step_00000008", "step_00000010"))
 
 
-class _SlowLink:
-    """A TCP relay to the S3 server whose uploads crawl at `bytes_per_s` (the link of a node to a distant bucket):
-    real HTTP, real boto3, real moto, only slower."""
+# Each rank as `python -m pretrain`, with a bug at the very end: after its last save, in destroy_process_group.
+_BUG_AT_THE_END = """import runpy
 
-    def __init__(self, target_port: int, bytes_per_s: float) -> None:
-        self.target, self.delay = target_port, 4096 / bytes_per_s
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:  # closed
-                return
-            server = socket.create_connection(("127.0.0.1", self.target))
-            threading.Thread(target=self._pipe, args=(client, server, self.delay), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, 0.0), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
-        try:
-            while chunk := src.recv(4096):
-                if delay:
-                    time.sleep(delay * len(chunk) / 4096)
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for sock in (src, dst):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.listener.close()
+import torch.distributed
 
 
-@pytest.mark.parametrize("case", ["slower than init_timeout_s", "past checkpoint_upload_timeout_s"])
+def _bug(*args, **kwargs):
+    raise RuntimeError("a bug after the last save")
+
+
+torch.distributed.destroy_process_group = _bug
+runpy.run_module("pretrain", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["slower than init_timeout_s", "past checkpoint_upload_timeout_s",
+                                  "past its bound, then a bug"])
 def test_a_slow_upload_is_waited_for_within_its_own_bound(s3, prepared, tmp_path, case):
     """A bucket behind a slow link. The other ranks wait for rank 0's upload up to train.checkpoint_upload_timeout_s,
     not train.init_timeout_s (which would end them as if a peer were lost); past that bound rank 0 gives the upload up
-    with a warning, and the run goes on with its whole local checkpoint."""
+    with a warning, and the run goes on with its whole local checkpoint. A bug that ends the ranks after that keeps
+    its traceback, and rank 0's exit is not held by the given-up upload's file in flight either."""
     port = int(os.environ["S3_ENDPOINT_URL"].rsplit(":", 1)[1])
-    slow = case == "slower than init_timeout_s"
-    link = _SlowLink(port, bytes_per_s=40_000 if slow else 20_000)  # a checkpoint here is 0.6 MB: 15 s at 40 KB/s
+    slow, bug = case == "slower than init_timeout_s", case.endswith("a bug")
+    module = "pretrain"
+    if bug:
+        module = str(tmp_path / "bug_at_the_end.py")
+        Path(module).write_text(_BUG_AT_THE_END)
+    link = SlowLink(port, bytes_per_s=40_000 if slow else 20_000)  # a checkpoint here is 0.6 MB: 15 s at 40 KB/s
     run = tmp_path / "run"
     bound = "train.init_timeout_s=12" if slow else "train.checkpoint_upload_timeout_s=1.5"
-    prefix = "slow" if slow else "given-up"
+    prefix = "slow" if slow else "given-up-then-a-bug" if bug else "given-up"
     try:
         procs = launch_ranks(_train_args(prepared, run, "train.max_steps=4", "train.save_every=4", bound,
                                          f"train.checkpoint_remote=s3://ckpt/{prefix}"), 2, tmp_path / "logs",
-                             env={"S3_ENDPOINT_URL": f"http://127.0.0.1:{link.port}"})
+                             module=module, env={"S3_ENDPOINT_URL": f"http://127.0.0.1:{link.port}"})
         ended: dict[int, float] = {}
         deadline = time.time() + 300
         while len(ended) < 2 and time.time() < deadline:
@@ -470,8 +451,11 @@ def test_a_slow_upload_is_waited_for_within_its_own_bound(s3, prepared, tmp_path
     finally:
         link.close()
     log = (tmp_path / "logs" / "rank0.log").read_text()
-    assert codes == [0, 0], log[-3000:] + (tmp_path / "logs" / "rank1.log").read_text()[-3000:]
+    assert codes == ([1, 1] if bug else [0, 0]), log[-3000:] + (tmp_path / "logs" / "rank1.log").read_text()[-3000:]
     assert "finished at step 4" in log, log[-3000:]
+    if bug:  # the interpreter's traceback, as any bug's
+        assert re.search(r"Traceback \(most recent call last\):\n(.*\n)+.*RuntimeError: a bug after the last save\n", log), \
+            log[-3000:]
     # A given-up upload's file still in flight does not hold rank 0's exit (srun's --wait would kill it, a node lost).
     assert ended[0] - ended[1] < 4, ended
     complete = {k.split("/")[1] for k in _keys(s3, "ckpt", f"{prefix}/") if k.endswith("/COMPLETE")}
@@ -480,7 +464,7 @@ def test_a_slow_upload_is_waited_for_within_its_own_bound(s3, prepared, tmp_path
         assert uploaded and float(uploaded[1]) > 12, log[-3000:]  # longer than the others' init_timeout_s
         assert complete == {"step_00000004"}
     else:
-        assert ("warning: checkpoint step_00000004 was not uploaded to s3://ckpt/given-up: it did not finish within "
+        assert (f"warning: checkpoint step_00000004 was not uploaded to s3://ckpt/{prefix}: it did not finish within "
                 "train.checkpoint_upload_timeout_s (1.5 s)") in log, log[-3000:]
         assert not complete  # the marker, last, never went
     from pretrain.checkpointing.checkpoint_dir import COMPLETE
@@ -488,18 +472,54 @@ def test_a_slow_upload_is_waited_for_within_its_own_bound(s3, prepared, tmp_path
     assert (RunDir(run).checkpoint("step_00000004") / COMPLETE).is_file()
 
 
-def test_a_preemption_during_a_save_s_upload_stops_on_that_checkpoint(s3, prepared, tmp_path):
-    """SLURM's USR1 while rank 0 uploads a scheduled checkpoint over a slow link: the ranks stop on that checkpoint,
-    as soon as the upload is done, instead of one step and a second save and upload later."""
+def test_training_goes_on_while_a_checkpoint_uploads(s3, prepared, tmp_path):
+    """Rank 0 uploads a scheduled checkpoint in the background: every rank trains the next steps meanwhile (their
+    devices would otherwise idle for the whole upload), and the next save waits for it. A preemption that comes
+    during that save stops the run on the checkpoint it writes, once its upload is in."""
     port = int(os.environ["S3_ENDPOINT_URL"].rsplit(":", 1)[1])
-    link = _SlowLink(port, bytes_per_s=60_000)  # some 10 s to land the signal in
+    link = SlowLink(port, bytes_per_s=90_000)  # a checkpoint here is 0.6 MB: 7 s, against some 0.1-0.5 s a step
     run, logs = tmp_path / "run", tmp_path / "logs"
     try:
-        procs = launch_ranks(_train_args(prepared, run, "train.max_steps=1000", "train.save_every=3",
+        procs = launch_ranks(_train_args(prepared, run, "train.max_steps=1000", "train.save_every=3", "train.log_every=1",
+                                         "train.checkpoint_remote=s3://ckpt/background"), 2, logs,
+                             env={"S3_ENDPOINT_URL": f"http://127.0.0.1:{link.port}"})
+        deadline = time.time() + 180
+        while "waiting for the upload of checkpoint step_00000003" not in (logs / "rank0.log").read_text():
+            assert time.time() < deadline and all(p.poll() is None for p in procs), (logs / "rank0.log").read_text()
+            time.sleep(0.05)
+        for p in procs:  # during step 6's save, which waits for checkpoint 3's upload first
+            p.send_signal(signal.SIGUSR1)
+        codes = [p.wait(timeout=180) for p in procs]
+    finally:
+        link.close()
+    log = (logs / "rank0.log").read_text()
+    assert codes == [75, 75], log[-3000:]
+    lines = log.splitlines()
+    # Saved, then two steps trained while it uploads; step 6's save after that upload ended; the stop on step 6 once
+    # its own upload is in.
+    order = [next((i for i, line in enumerate(lines) if text in line), -1) for text in (
+        "step_00000003 in ", "step 4/1000 |", "step 5/1000 |", "step 6/1000 |",
+        "uploaded checkpoint step_00000003 to s3://ckpt/background", "step_00000006 in ",
+        "uploaded checkpoint step_00000006 to s3://ckpt/background", "preempted (SIGUSR1) at step 6")]
+    assert -1 not in order and order == sorted(order), (order, log[-3000:])
+    assert json.loads((run / "PREEMPTED").read_text())["step"] == 6
+    complete = {k.split("/")[1] for k in _keys(s3, "ckpt", "background/") if k.endswith("/COMPLETE")}
+    assert complete == {"step_00000003", "step_00000006"}
+
+
+def test_a_preemption_while_a_checkpoint_uploads_stops_at_once_and_uploads_its_own(s3, prepared, tmp_path):
+    """SLURM's USR1 while rank 0 uploads a scheduled checkpoint over a slow link: the ranks stop after the next step,
+    and that stop's save gives the older upload up rather than wait for it (the signal's grace is short), then uploads
+    its own checkpoint, the newer, while the others wait."""
+    port = int(os.environ["S3_ENDPOINT_URL"].rsplit(":", 1)[1])
+    link = SlowLink(port, bytes_per_s=60_000)  # some 10 s an upload
+    run, logs = tmp_path / "run", tmp_path / "logs"
+    try:
+        procs = launch_ranks(_train_args(prepared, run, "train.max_steps=1000", "train.save_every=3", "train.log_every=1",
                                          "train.checkpoint_remote=s3://ckpt/preempted"), 2, logs,
                              env={"S3_ENDPOINT_URL": f"http://127.0.0.1:{link.port}"})
         deadline = time.time() + 180
-        while not re.search(r"saved checkpoint \S*step_00000003", (logs / "rank0.log").read_text()):
+        while "step 4/1000 |" not in (logs / "rank0.log").read_text():  # a step after checkpoint 3's save
             assert time.time() < deadline and all(p.poll() is None for p in procs), (logs / "rank0.log").read_text()
             time.sleep(0.05)
         for p in procs:  # the upload of step 3 takes seconds here
@@ -509,8 +529,14 @@ def test_a_preemption_during_a_save_s_upload_stops_on_that_checkpoint(s3, prepar
         link.close()
     log = (logs / "rank0.log").read_text()
     assert codes == [75, 75], log[-3000:]
-    assert "uploaded checkpoint step_00000003" in log and json.loads((run / "PREEMPTED").read_text())["step"] == 3
-    assert sorted(p.name for p in RunDir(run).checkpoints.glob("step_*")) == ["step_00000003"], log[-3000:]
+    stopped = json.loads((run / "PREEMPTED").read_text())["step"]
+    assert stopped >= 4, log[-3000:]  # signalled once step 4 was logged, while checkpoint 3 uploads
+    tag = f"step_{stopped:08d}"
+    assert ("warning: checkpoint step_00000003 was not uploaded to s3://ckpt/preempted: given up for the newer "
+            "checkpoint this stop saves") in log, log[-3000:]
+    assert f"uploaded checkpoint {tag} to s3://ckpt/preempted" in log, log[-3000:]
+    complete = {k.split("/")[1] for k in _keys(s3, "ckpt", "preempted/") if k.endswith("/COMPLETE")}
+    assert complete == {tag}, complete
 
 
 def test_a_branch_takes_the_abandoned_line_s_checkpoints_out_of_the_bucket(s3, prepared, tmp_path):

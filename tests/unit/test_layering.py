@@ -133,10 +133,11 @@ def test_the_trainer_is_handed_its_parts_and_builds_none():
 
 
 def test_checkpoint_save_and_restore_take_no_parts():
-    """The checkpoint manager is handed the stateful parts once; a save names its step, a restore nothing."""
+    """The checkpoint manager is handed the stateful parts once; a save names its step (and whether the attempt ends
+    on it), a restore nothing."""
     save = _method("pretrain/checkpointing/checkpoint_manager.py", "CheckpointManager", "save")
     restore = _method("pretrain/checkpointing/checkpoint_manager.py", "CheckpointManager", "restore")
-    assert [a.arg for a in save.args.args] == ["self", "step"]
+    assert [a.arg for a in save.args.args] == ["self", "step", "last", "hurry"]
     assert [a.arg for a in restore.args.args] == ["self"]
 
 
