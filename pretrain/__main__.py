@@ -73,7 +73,7 @@ if __name__ == "__main__":
         end_interrupted()
     except Exception:
         # A bug: its traceback as the interpreter prints it, and its exit status, but through the exit below: the
-        # interpreter's own would wait for a given-up checkpoint upload's file in flight.
+        # interpreter's own would wait for a checkpoint upload's file in flight (given up, or in the background).
         sys.excepthook(*sys.exc_info())
         code = 1
     _exit_without_teardown(code)

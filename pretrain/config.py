@@ -150,7 +150,8 @@ class TrainConfig:
     # with its COMPLETE marker last, and a run whose folder has none (a requeue onto another node) resumes
     # from the newest complete one there. keep_last applies to the bucket too (s3:// only). Rank 0 uploads after
     # each save, in the background while training goes on (the attempt's last save while the others wait); an upload
-    # longer than checkpoint_upload_timeout_s is given up with a warning.
+    # longer than checkpoint_upload_timeout_s is given up with a warning (a background one at the first logging step
+    # past it, or when a save waits for it).
     checkpoint_remote: Optional[str] = None
     checkpoint_upload_timeout_s: float = 3600.0
     # Where metrics go besides metrics.jsonl and train.log: any of tensorboard, wandb, mlflow (rank 0 only).

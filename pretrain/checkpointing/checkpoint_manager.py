@@ -55,7 +55,8 @@ class CheckpointManager:
     def longest_save(self) -> float:
         """The longest save so far, its upload included: what the preemption guard budgets for the attempt's last
         save. An upload still running in the background counts with the seconds it has taken so far."""
-        running = self._upload_save_s + self._upload.elapsed if self._upload is not None else 0.0
+        upload = self._upload
+        running = self._upload_save_s + min(upload.elapsed, upload.bound_s) if upload is not None else 0.0
         return max(self._longest_save, running)
 
     def minutes_due(self) -> bool:
@@ -169,10 +170,10 @@ class CheckpointManager:
 
     def poll_upload(self) -> None:
         """Say how rank 0's background upload went once it has ended (no collective). Called after the step's metrics
-        rows are logged: a tracker refuses a row at an earlier step than one it has. An upload that ended on a bug is
-        left to the next save, where every rank raises its error, not rank 0 alone."""
+        rows are logged: a tracker refuses a row at an earlier step than one it has. One past its bound is given up. An
+        upload that ended on a bug is left to the next save, where every rank raises its error, not rank 0 alone."""
         upload = self._upload
-        if upload is None or not upload.done or upload.ended_on_a_bug:
+        if upload is None or (not upload.done and upload.elapsed < upload.bound_s) or upload.ended_on_a_bug:
             return
         self._upload = None
         self._end_upload(upload, None)

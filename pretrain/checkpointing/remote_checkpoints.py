@@ -47,6 +47,9 @@ class RemoteCheckpoints:
         names = sorted(p.relative_to(self.local.root).as_posix() for p in folder.rglob("*") if p.is_file())
         marker = f"{tag}/{COMPLETE}"
         self.store.delete([marker])  # a tag of the same name in the bucket (a branch's): not complete while it is replaced
+        # And what such a tag holds that this checkpoint does not: the shards of a killed upload of the same step at
+        # another world size, which a download for a resume would take with the rest.
+        self.store.delete([k for k in self.store.list(f"{tag}/") if k.startswith(f"{tag}/") and k not in names])
         sent: list[str] = []
         for rel in sorted(names, key=lambda n: n == marker):
             if control is not None and control.cancelled.is_set():
@@ -151,7 +154,7 @@ class Upload:
         own = RemoteCheckpoints(remote.url, remote.local)
         self.local = remote.local
         self.thread = threading.Thread(target=self._run, args=(own, keep_last), name=f"upload {tag}", daemon=True)
-        self.started = time.time()
+        self.started, self.ended = time.time(), None
         _RUNNING[:] = [t for t in _RUNNING if t.is_alive()] + [self.thread]
         self.thread.start()
 
@@ -160,6 +163,8 @@ class Upload:
             self.outcome["value"] = own.upload(self.tag, keep_last, self.control)
         except BaseException as exc:  # for the waiting thread: a user's error is logged there, a bug raised there
             self.outcome["error"] = exc
+        finally:
+            self.ended = time.time()
 
     @property
     def done(self) -> bool:
@@ -174,8 +179,8 @@ class Upload:
 
     @property
     def elapsed(self) -> float:
-        """Seconds since it started."""
-        return time.time() - self.started
+        """Seconds from its start to its end, or to now while it runs."""
+        return (self.ended or time.time()) - self.started
 
     def wait(self, give_up: Optional[str] = None) -> tuple[int, float, list[str]]:
         """Its files, seconds and tags pruned, once it has ended: waited for until its bound, or, with `give_up` (why),
@@ -194,4 +199,3 @@ class Upload:
         if "error" in self.outcome:
             raise self.outcome["error"]
         return self.outcome["value"]
-

@@ -397,19 +397,17 @@ def test_a_failed_checkpoint_upload_is_logged_and_the_run_goes_on(s3, prepared, 
     assert re.search(r"warning: checkpoint step_00000008 was not uploaded to s3://no-such-bucket/run: .*no-such-bucket",
                      proc.stdout), proc.stdout[-3000:]
     assert "warning: checkpoint step_00000010 was not uploaded" in proc.stdout and "finished at step 10" in proc.stdout
-    # Each row at the step its failure was known: checkpoint 8's uploaded in the background, reported after step 8.
+    # Each row at the step its failure was known: checkpoint 8's, uploaded in the background, at the first logging
+    # step after it failed (train.log_every=2: step 10, not step 9, whose metrics row comes later).
     failed = [row for row in RunDir(run).metric_rows("checkpoint") if "checkpoint_upload_failed" in row]
-    assert [row["checkpoint_upload_failed"] for row in failed] == [1.0, 1.0], failed
-    assert 8 < failed[0]["step"] <= failed[1]["step"] == 10, failed
+    assert [(row["step"], row["checkpoint_upload_failed"]) for row in failed] == [(10, 1.0), (10, 1.0)], failed
     from pretrain.checkpointing.checkpoint_dir import COMPLETE
 
     assert all((RunDir(run).checkpoint(tag) / COMPLETE).is_file() for tag in ("step_00000008", "step_00000010"))
 
 
-# Each rank as `python -m pretrain`, with a bug at the very end: after its last save, in destroy_process_group.
-_BUG_AT_THE_END = """import runpy
-
-import torch.distributed
+# A bug at the very end of each rank: after its last save, in destroy_process_group.
+_BUG_AT_THE_END = """import torch.distributed
 
 
 def _bug(*args, **kwargs):
@@ -417,42 +415,71 @@ def _bug(*args, **kwargs):
 
 
 torch.distributed.destroy_process_group = _bug
-runpy.run_module("pretrain", run_name="__main__", alter_sys=True)
 """
+# A bug in each rank's step 3, while checkpoint 2 uploads in the background: 2 s after the step, when the upload's
+# small files are in and its model states are on their way.
+_BUG_AT_STEP_3 = """import time
+
+from pretrain.observe.metrics import MetricsReporter
+
+drain = MetricsReporter.drain
+
+
+def _drain(self, step, *args):
+    if step == 3:
+        time.sleep(2)
+        raise RuntimeError("a bug at step 3")
+    return drain(self, step, *args)
+
+
+MetricsReporter.drain = _drain
+"""
+
+
+def _rank_with_a_bug(tmp_path: Path, bug: str) -> str:
+    """A script that runs a rank as `python -m pretrain` does, `bug` planted first."""
+    script = tmp_path / "rank_with_a_bug.py"
+    script.write_text(bug + '\nimport runpy\n\nrunpy.run_module("pretrain", run_name="__main__", alter_sys=True)\n')
+    return str(script)
+
+
+def _ends(procs) -> dict[int, float]:
+    """When each rank's process ended (polled), once all have."""
+    ended: dict[int, float] = {}
+    deadline = time.time() + 300
+    while len(ended) < len(procs) and time.time() < deadline:
+        ended.update({rank: time.time() for rank, p in enumerate(procs) if rank not in ended and p.poll() is not None})
+        time.sleep(0.05)
+    return ended
 
 
 @pytest.mark.parametrize("case", ["slower than init_timeout_s", "past checkpoint_upload_timeout_s",
                                   "past its bound, then a bug"])
 def test_a_slow_upload_is_waited_for_within_its_own_bound(s3, prepared, tmp_path, case):
     """A bucket behind a slow link. The other ranks wait for rank 0's upload up to train.checkpoint_upload_timeout_s,
-    not train.init_timeout_s (which would end them as if a peer were lost); past that bound rank 0 gives the upload up
-    with a warning, and the run goes on with its whole local checkpoint. A bug that ends the ranks after that keeps
-    its traceback, and rank 0's exit is not held by the given-up upload's file in flight either."""
+    not train.init_timeout_s (which would end them as if a peer were lost): the last save's, and, before it, the
+    background upload of the checkpoint before. Past that bound rank 0 gives the upload up with a warning, and the run
+    goes on with its whole local checkpoint. A bug that ends the ranks after that keeps its traceback, and rank 0's
+    exit is not held by the given-up upload's file in flight either."""
     port = int(os.environ["S3_ENDPOINT_URL"].rsplit(":", 1)[1])
     slow, bug = case == "slower than init_timeout_s", case.endswith("a bug")
-    module = "pretrain"
-    if bug:
-        module = str(tmp_path / "bug_at_the_end.py")
-        Path(module).write_text(_BUG_AT_THE_END)
+    module = _rank_with_a_bug(tmp_path, _BUG_AT_THE_END) if bug else "pretrain"
     link = SlowLink(port, bytes_per_s=40_000 if slow else 20_000)  # a checkpoint here is 0.6 MB: 15 s at 40 KB/s
     run = tmp_path / "run"
     bound = "train.init_timeout_s=12" if slow else "train.checkpoint_upload_timeout_s=1.5"
     prefix = "slow" if slow else "given-up-then-a-bug" if bug else "given-up"
+    last = 5 if slow else 4  # slow: checkpoint 4 uploads in the background, step 5's save waits for it
     try:
-        procs = launch_ranks(_train_args(prepared, run, "train.max_steps=4", "train.save_every=4", bound,
+        procs = launch_ranks(_train_args(prepared, run, f"train.max_steps={last}", "train.save_every=4", bound,
                                          f"train.checkpoint_remote=s3://ckpt/{prefix}"), 2, tmp_path / "logs",
                              module=module, env={"S3_ENDPOINT_URL": f"http://127.0.0.1:{link.port}"})
-        ended: dict[int, float] = {}
-        deadline = time.time() + 300
-        while len(ended) < 2 and time.time() < deadline:
-            ended.update({rank: time.time() for rank, p in enumerate(procs) if rank not in ended and p.poll() is not None})
-            time.sleep(0.05)
+        ended = _ends(procs)
         codes = [p.wait(timeout=10) for p in procs]
     finally:
         link.close()
     log = (tmp_path / "logs" / "rank0.log").read_text()
     assert codes == ([1, 1] if bug else [0, 0]), log[-3000:] + (tmp_path / "logs" / "rank1.log").read_text()[-3000:]
-    assert "finished at step 4" in log, log[-3000:]
+    assert f"finished at step {last}" in log, log[-3000:]
     if bug:  # the interpreter's traceback, as any bug's
         assert re.search(r"Traceback \(most recent call last\):\n(.*\n)+.*RuntimeError: a bug after the last save\n", log), \
             log[-3000:]
@@ -460,9 +487,11 @@ def test_a_slow_upload_is_waited_for_within_its_own_bound(s3, prepared, tmp_path
     assert ended[0] - ended[1] < 4, ended
     complete = {k.split("/")[1] for k in _keys(s3, "ckpt", f"{prefix}/") if k.endswith("/COMPLETE")}
     if slow:
-        uploaded = re.search(r"uploaded checkpoint step_00000004 to s3://ckpt/slow \(\d+ files, ([\d.]+)s\)", log)
-        assert uploaded and float(uploaded[1]) > 12, log[-3000:]  # longer than the others' init_timeout_s
-        assert complete == {"step_00000004"}
+        assert "waiting for the upload of checkpoint step_00000004" in log, log[-3000:]
+        for tag in ("step_00000004", "step_00000005"):
+            uploaded = re.search(rf"uploaded checkpoint {tag} to s3://ckpt/slow \(\d+ files, ([\d.]+)s\)", log)
+            assert uploaded and float(uploaded[1]) > 12, log[-3000:]  # longer than the others' init_timeout_s
+        assert complete == {"step_00000004", "step_00000005"}
     else:
         assert (f"warning: checkpoint step_00000004 was not uploaded to s3://ckpt/{prefix}: it did not finish within "
                 "train.checkpoint_upload_timeout_s (1.5 s)") in log, log[-3000:]
@@ -470,6 +499,28 @@ def test_a_slow_upload_is_waited_for_within_its_own_bound(s3, prepared, tmp_path
     from pretrain.checkpointing.checkpoint_dir import COMPLETE
 
     assert (RunDir(run).checkpoint("step_00000004") / COMPLETE).is_file()
+
+
+def test_a_bug_while_a_checkpoint_uploads_in_the_background_ends_the_ranks_at_once(s3, prepared, tmp_path):
+    """A bug at step 3 while checkpoint 2 crawls to the bucket: every rank ends with its traceback, and rank 0's exit is
+    not held by the upload's file in flight; the checkpoint does not count in the bucket."""
+    port = int(os.environ["S3_ENDPOINT_URL"].rsplit(":", 1)[1])
+    link = SlowLink(port, bytes_per_s=20_000)  # 30 s a checkpoint
+    try:
+        procs = launch_ranks(_train_args(prepared, tmp_path / "run", "train.save_every=2", "train.log_every=1",
+                                         "train.checkpoint_remote=s3://ckpt/bug-in-background"), 2, tmp_path / "logs",
+                             module=_rank_with_a_bug(tmp_path, _BUG_AT_STEP_3),
+                             env={"S3_ENDPOINT_URL": f"http://127.0.0.1:{link.port}"})
+        ended = _ends(procs)
+        codes = [p.wait(timeout=10) for p in procs]
+    finally:
+        link.close()
+    log = (tmp_path / "logs" / "rank0.log").read_text()
+    assert codes == [1, 1], log[-3000:]
+    assert "saved checkpoint" in log and "uploaded checkpoint" not in log, log[-3000:]
+    assert re.search(r"Traceback \(most recent call last\):\n(.*\n)+.*RuntimeError: a bug at step 3\n", log), log[-3000:]
+    assert ended[0] - ended[1] < 4, ended
+    assert not [k for k in _keys(s3, "ckpt", "bug-in-background/") if k.endswith("/COMPLETE")]
 
 
 def test_training_goes_on_while_a_checkpoint_uploads(s3, prepared, tmp_path):
