@@ -590,6 +590,22 @@ def test_a_preemption_while_a_checkpoint_uploads_stops_at_once_and_uploads_its_o
     assert complete == {tag}, complete
 
 
+def test_an_upload_deletes_what_its_tag_held_in_the_bucket_that_the_checkpoint_does_not(s3, tmp_path):
+    """A killed upload of the same step at another world size left a shard under the tag: the new upload deletes it,
+    so that a resume's download takes this checkpoint's files only."""
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE, CheckpointDir
+    from pretrain.checkpointing.remote_checkpoints import RemoteCheckpoints
+
+    local = CheckpointDir(tmp_path / "checkpoints")
+    local.tag("step_00000004").mkdir(parents=True)
+    for name in ("mp_rank_00_model_states.pt", COMPLETE):
+        (local.tag("step_00000004") / name).write_bytes(b"new")
+    s3.put_object(Bucket="ckpt", Key="reused/step_00000004/zero_pp_rank_1_mp_rank_00_optim_states.pt", Body=b"old")
+    RemoteCheckpoints("s3://ckpt/reused", local).upload("step_00000004", keep_last=3)
+    assert _keys(s3, "ckpt", "reused/") == [f"reused/step_00000004/{COMPLETE}",
+                                            "reused/step_00000004/mp_rank_00_model_states.pt"]
+
+
 def test_a_branch_takes_the_abandoned_line_s_checkpoints_out_of_the_bucket(s3, prepared, tmp_path):
     """train.resume_from=4 after a run that uploaded 4 and 8: the bucket's 8 stops counting (its marker goes), so the
     bucket's newest checkpoint is the branch's, and a relaunch on a node without the run folder resumes the branch."""
