@@ -86,8 +86,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     link = SlowLink(port, args.bytes_per_s)
     try:
         env = {**os.environ, **CREDENTIALS, "S3_ENDPOINT_URL": f"http://127.0.0.1:{link.port}"}
-        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", **{
-            "aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"})
+        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="testing",
+                              aws_secret_access_key="testing", region_name="us-east-1")
         for bucket in BUCKETS:
             client.create_bucket(Bucket=bucket)
         t0 = time.perf_counter()

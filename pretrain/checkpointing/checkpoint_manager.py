@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import yaml
 
@@ -119,12 +119,8 @@ class CheckpointManager:
         saved_s = time.perf_counter() - t0
         self.log.info(f"saved checkpoint {self.folder.tag(tag)} in {saved_s:.1f}s")
         if self.choice.remote is not None and last:
-            # The others wait longer than rank 0 may upload (train.checkpoint_upload_timeout_s): a slow bucket is rank
-            # 0's warning, not a peer lost at train.init_timeout_s.
-            bound = self.cfg.train.checkpoint_upload_timeout_s + self.cfg.train.init_timeout_s
-            with dist.long_wait(bound, after=self.cfg.train.init_timeout_s):
-                dist.from_rank0(lambda: self._end_upload(self._start_upload(tag, saved_s), None),
-                                f"uploading checkpoint {tag}")
+            self._while_others_wait(lambda: self._end_upload(self._start_upload(tag, saved_s), None),
+                                    f"uploading checkpoint {tag}", after=self.cfg.train.init_timeout_s)
         elif self.choice.remote is not None and self.rank == 0:
             self._upload = self._start_upload(tag, saved_s)
         # What the preemption guard budgets for the last save before a deadline (a background upload's seconds join it
@@ -164,9 +160,15 @@ class CheckpointManager:
                               f"({upload.elapsed:.0f}s so far)")
             self._end_upload(upload, give_up)
 
+        self._while_others_wait(settle, "waiting for a checkpoint's upload", after=after)
+
+    def _while_others_wait(self, upload_work: Callable[[], None], doing: str, after: float) -> None:
+        """Rank 0 does `upload_work` while the others wait at a collective. They wait longer than rank 0 may upload
+        (train.checkpoint_upload_timeout_s): a slow bucket is rank 0's warning, not a peer lost at the usual bound
+        (`after`)."""
         bound = self.cfg.train.checkpoint_upload_timeout_s + self.cfg.train.init_timeout_s
         with dist.long_wait(bound, after=after):
-            dist.from_rank0(settle, "waiting for a checkpoint's upload")
+            dist.from_rank0(upload_work, doing)
 
     def poll_upload(self) -> None:
         """Say how rank 0's background upload went once it has ended (no collective). Called after the step's metrics

@@ -523,26 +523,33 @@ def test_a_bug_while_a_checkpoint_uploads_in_the_background_ends_the_ranks_at_on
     assert not [k for k in _keys(s3, "ckpt", "bug-in-background/") if k.endswith("/COMPLETE")]
 
 
+def _preempt_over_a_slow_link(args: list[str], logs: Path, bytes_per_s: int, when: str) -> list[int]:
+    """Two ranks train through a throttled link to the bucket; both get SIGUSR1 once rank 0's log says `when`."""
+    port = int(os.environ["S3_ENDPOINT_URL"].rsplit(":", 1)[1])
+    link = SlowLink(port, bytes_per_s=bytes_per_s)
+    try:
+        procs = launch_ranks(args, 2, logs, env={"S3_ENDPOINT_URL": f"http://127.0.0.1:{link.port}"})
+        deadline = time.time() + 180
+        while when not in (logs / "rank0.log").read_text():
+            assert time.time() < deadline and all(p.poll() is None for p in procs), (logs / "rank0.log").read_text()
+            time.sleep(0.05)
+        for p in procs:
+            p.send_signal(signal.SIGUSR1)
+        return [p.wait(timeout=180) for p in procs]
+    finally:
+        link.close()
+
+
 def test_training_goes_on_while_a_checkpoint_uploads(s3, prepared, tmp_path):
     """Rank 0 uploads a scheduled checkpoint in the background: every rank trains the next steps meanwhile (their
     devices would otherwise idle for the whole upload), and the next save waits for it. A preemption that comes
     during that save stops the run on the checkpoint it writes, once its upload is in."""
-    port = int(os.environ["S3_ENDPOINT_URL"].rsplit(":", 1)[1])
-    link = SlowLink(port, bytes_per_s=90_000)  # a checkpoint here is 0.6 MB: 7 s, against some 0.1-0.5 s a step
     run, logs = tmp_path / "run", tmp_path / "logs"
-    try:
-        procs = launch_ranks(_train_args(prepared, run, "train.max_steps=1000", "train.save_every=3", "train.log_every=1",
-                                         "train.checkpoint_remote=s3://ckpt/background"), 2, logs,
-                             env={"S3_ENDPOINT_URL": f"http://127.0.0.1:{link.port}"})
-        deadline = time.time() + 180
-        while "waiting for the upload of checkpoint step_00000003" not in (logs / "rank0.log").read_text():
-            assert time.time() < deadline and all(p.poll() is None for p in procs), (logs / "rank0.log").read_text()
-            time.sleep(0.05)
-        for p in procs:  # during step 6's save, which waits for checkpoint 3's upload first
-            p.send_signal(signal.SIGUSR1)
-        codes = [p.wait(timeout=180) for p in procs]
-    finally:
-        link.close()
+    # A checkpoint here is 0.6 MB: 7 s, against some 0.1-0.5 s a step. The signal comes during step 6's save, which
+    # waits for checkpoint 3's upload first.
+    codes = _preempt_over_a_slow_link(_train_args(prepared, run, "train.max_steps=1000", "train.save_every=3",
+                                                  "train.log_every=1", "train.checkpoint_remote=s3://ckpt/background"),
+                                      logs, 90_000, when="waiting for the upload of checkpoint step_00000003")
     log = (logs / "rank0.log").read_text()
     assert codes == [75, 75], log[-3000:]
     lines = log.splitlines()
@@ -562,22 +569,11 @@ def test_a_preemption_while_a_checkpoint_uploads_stops_at_once_and_uploads_its_o
     """SLURM's USR1 while rank 0 uploads a scheduled checkpoint over a slow link: the ranks stop after the next step,
     and that stop's save gives the older upload up rather than wait for it (the signal's grace is short), then uploads
     its own checkpoint, the newer, while the others wait."""
-    port = int(os.environ["S3_ENDPOINT_URL"].rsplit(":", 1)[1])
-    link = SlowLink(port, bytes_per_s=60_000)  # some 10 s an upload
     run, logs = tmp_path / "run", tmp_path / "logs"
-    try:
-        procs = launch_ranks(_train_args(prepared, run, "train.max_steps=1000", "train.save_every=3", "train.log_every=1",
-                                         "train.checkpoint_remote=s3://ckpt/preempted"), 2, logs,
-                             env={"S3_ENDPOINT_URL": f"http://127.0.0.1:{link.port}"})
-        deadline = time.time() + 180
-        while "step 4/1000 |" not in (logs / "rank0.log").read_text():  # a step after checkpoint 3's save
-            assert time.time() < deadline and all(p.poll() is None for p in procs), (logs / "rank0.log").read_text()
-            time.sleep(0.05)
-        for p in procs:  # the upload of step 3 takes seconds here
-            p.send_signal(signal.SIGUSR1)
-        codes = [p.wait(timeout=180) for p in procs]
-    finally:
-        link.close()
+    # Some 10 s an upload; the signal comes a step after checkpoint 3's save, while it uploads.
+    codes = _preempt_over_a_slow_link(_train_args(prepared, run, "train.max_steps=1000", "train.save_every=3",
+                                                  "train.log_every=1", "train.checkpoint_remote=s3://ckpt/preempted"),
+                                      logs, 60_000, when="step 4/1000 |")
     log = (logs / "rank0.log").read_text()
     assert codes == [75, 75], log[-3000:]
     stopped = json.loads((run / "PREEMPTED").read_text())["step"]
@@ -596,7 +592,7 @@ def test_an_upload_deletes_what_its_tag_held_in_the_bucket_that_the_checkpoint_d
     from pretrain.checkpointing.checkpoint_dir import COMPLETE, CheckpointDir
     from pretrain.checkpointing.remote_checkpoints import RemoteCheckpoints
 
-    local = CheckpointDir(tmp_path / "checkpoints")
+    local = CheckpointDir(RunDir(tmp_path).checkpoints)
     local.tag("step_00000004").mkdir(parents=True)
     for name in ("mp_rank_00_model_states.pt", COMPLETE):
         (local.tag("step_00000004") / name).write_bytes(b"new")
