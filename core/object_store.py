@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import urllib.parse
 from pathlib import Path
 from typing import Callable, Optional, TypeVar
@@ -112,18 +113,29 @@ class ObjectStore:
         self.url = url.rstrip("/")
         self._uploader = None
         self._downloader = None
+        # Made once and kept: each new client reads botocore's service models again, some 0.2 s of the interpreter
+        # a client, which a checkpoint upload in the background takes from the training loop beside it (BENCHMARKS.md,
+        # "What a background upload costs the loop beside it"). Clients are thread-safe; making them is not.
+        self._lister = None
+        self._deleter = None
+        self._making = threading.Lock()
 
     def _up(self, staging: Path):
-        """Streaming's uploader for this prefix; its constructor checks the bucket exists."""
+        """Streaming's uploader for this prefix, uploading from `staging`; its constructor checks the bucket exists."""
+        with self._making:
+            if self._uploader is None or Path(self._uploader.local) != staging:
+                self._uploader = self._new_uploader(staging)
+            return self._uploader
+
+    def _new_uploader(self, staging: Path):
+        """A new streaming uploader from `staging` to this prefix (a new client)."""
         require_streaming()
         from streaming.base.storage import CloudUploader
 
         # It warns that the staging folder is not empty, which is the point of uploading from it.
         logging.getLogger("streaming.base.storage.upload").setLevel(logging.ERROR)
-        if self._uploader is None or Path(self._uploader.local) != staging:
-            self._uploader = guarded(self.url, lambda: CloudUploader.get(
-                (str(staging), self.url), keep_local=True, exist_ok=True, retry=2))
-        return self._uploader
+        return guarded(self.url, lambda: CloudUploader.get((str(staging), self.url), keep_local=True, exist_ok=True,
+                                                            retry=2))
 
     def check(self) -> None:
         """Fail with one line when the bucket is missing, the endpoint unreachable or the credentials absent."""
@@ -131,7 +143,7 @@ class ObjectStore:
 
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                self._up(Path(tmp))
+                checked = self._new_uploader(Path(tmp))
             except StorageError as exc:
                 code = getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")
                 if code in ("404", "NoSuchBucket"):  # HeadBucket answers a bare 404
@@ -139,7 +151,8 @@ class ObjectStore:
                     raise StorageError(f"bucket '{bucket}' does not exist at {endpoint(self.url)} (for {self.url}); "
                                        "create it, or check the name and S3_ENDPOINT_URL") from exc.__cause__
                 raise
-            self._uploader = None
+        with self._making:
+            self._lister = checked  # listing reads no staging folder
 
     def upload(self, local_root: Path, relative: str) -> None:
         """Upload `local_root/relative` to `url/relative`."""
@@ -150,10 +163,13 @@ class ObjectStore:
         """Keys under `url/prefix`, relative to `url`."""
         import tempfile
 
-        with tempfile.TemporaryDirectory() as tmp:
-            up = self._up(Path(tmp))
-            keys = guarded(join(self.url, prefix), lambda: up.list_objects(prefix) or [])
-            self._uploader = None
+        with self._making:
+            if self._lister is None:
+                # Listing reads no staging folder; its uploader keeps working once this one is gone.
+                with tempfile.TemporaryDirectory() as tmp:
+                    self._lister = self._new_uploader(Path(tmp))
+        lister = self._lister
+        keys = guarded(join(self.url, prefix), lambda: lister.list_objects(prefix) or [])
         base = urllib.parse.urlparse(self.url).path.strip("/")
         return sorted(k[len(base):].lstrip("/") if base and k.startswith(base) else k for k in keys)
 
@@ -185,7 +201,10 @@ class ObjectStore:
             return parsed.scheme == "s3"
         import boto3
 
-        client = boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL"))
+        with self._making:
+            if self._deleter is None:
+                self._deleter = boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL"))
+        client = self._deleter
         base = parsed.path.strip("/")
         objects = [{"Key": f"{base}/{k}" if base else k} for k in keys]
         for i in range(0, len(objects), 1000):

@@ -30,6 +30,12 @@ class RemoteCheckpoints:
         """The bucket's client, made at first use (a run that resumes train.resume_from reaches it at its first save)."""
         return ObjectStore(self.url)
 
+    @functools.cached_property
+    def for_uploads(self) -> "RemoteCheckpoints":
+        """The same checkpoints with a client of their own, which this process's background uploads share (clients are
+        thread-safe): a given-up upload may outlive its waiter, and each new client costs the loop beside it."""
+        return RemoteCheckpoints(self.url, self.local)
+
     def complete_tags(self, keys: Optional[list[str]] = None) -> list[str]:
         """Tags whose COMPLETE marker is in the bucket (among `keys`, else a fresh listing), oldest first."""
         keys = self.store.list() if keys is None else keys
@@ -141,8 +147,8 @@ def uploads_running() -> bool:
 
 
 class Upload:
-    """One checkpoint's upload, started now in a thread of its own (with a client of its own: a given-up upload may
-    outlive its waiter) and waited for later, within `bound_s` of its start.
+    """One checkpoint's upload, started now in a thread of its own (with the uploads' client, not the caller's: a
+    given-up upload may outlive its waiter) and waited for later, within `bound_s` of its start.
 
     A bucket slower than the bound is a warning, not a rank that never answers: given up, the upload stops before
     its next file and removes what it sent (its marker, last, never went)."""
@@ -151,7 +157,7 @@ class Upload:
         self.tag, self.bound_s = tag, bound_s
         self.control = UploadControl()
         self.outcome: dict[str, object] = {}
-        own = RemoteCheckpoints(remote.url, remote.local)
+        own = remote.for_uploads
         self.local = remote.local
         self.thread = threading.Thread(target=self._run, args=(own, keep_last), name=f"upload {tag}", daemon=True)
         self.started, self.ended = time.time(), None

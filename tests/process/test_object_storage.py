@@ -586,6 +586,32 @@ def test_a_preemption_while_a_checkpoint_uploads_stops_at_once_and_uploads_its_o
     assert complete == {tag}, complete
 
 
+def test_a_run_s_uploads_share_one_set_of_clients(s3, tmp_path, monkeypatch):
+    """Each new client reads botocore's service models again, in the interpreter the training loop needs: a run's
+    background uploads make their clients (an uploader, a lister, a deleter) once, not at every upload, and the
+    clients of the caller's own RemoteCheckpoints stay apart from them."""
+    import boto3
+
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE, CheckpointDir
+    from pretrain.checkpointing.remote_checkpoints import RemoteCheckpoints, Upload
+
+    made = []
+    real = boto3.session.Session.client
+    monkeypatch.setattr(boto3.session.Session, "client", lambda self, *a, **k: made.append(a) or real(self, *a, **k))
+    local = CheckpointDir(RunDir(tmp_path).checkpoints)
+    remote = RemoteCheckpoints("s3://ckpt/shared", local)
+    for step in (2, 4, 6, 8):
+        tag = f"step_{step:08d}"
+        local.tag(tag).mkdir(parents=True)
+        for name in ("mp_rank_00_model_states.pt", COMPLETE):
+            (local.tag(tag) / name).write_bytes(b"x" * 1000)
+        files, _, _ = Upload(remote, tag, keep_last=2, bound_s=60).wait()
+        assert files == 2
+    assert len(made) == 3, made
+    assert remote.complete_tags() == ["step_00000006", "step_00000008"]
+    assert len(made) == 4  # the caller's listing: a client of its own
+
+
 def test_an_upload_deletes_what_its_tag_held_in_the_bucket_that_the_checkpoint_does_not(s3, tmp_path):
     """A killed upload of the same step at another world size left a shard under the tag: the new upload deletes it,
     so that a resume's download takes this checkpoint's files only."""
