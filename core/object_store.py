@@ -111,21 +111,34 @@ class ObjectStore:
         if not is_remote(url):
             raise StorageError(f"'{url}' is not an object store URL (expected scheme://bucket/prefix)")
         self.url = url.rstrip("/")
-        self._uploader = None
         self._downloader = None
         # Made once and kept: each new client reads botocore's service models again, some 0.2 s of the interpreter
         # a client, which a checkpoint upload in the background takes from the training loop beside it (BENCHMARKS.md,
-        # "What a background upload costs the loop beside it"). Clients are thread-safe; making them is not.
+        # "What a background upload costs the loop beside it"). A client is thread-safe, and each is made from a
+        # session of its own, so threads may make them at once; the lock only keeps the first one made.
+        self._uploader = None
         self._lister = None
         self._deleter = None
-        self._making = threading.Lock()
+        self._keeping = threading.Lock()
+
+    def _kept(self, name: str, make: Callable[[], T], usable: Callable[[T], bool] = lambda client: True) -> T:
+        """The client kept as `name`, made first when there is none (or none `usable`). It is made outside the lock:
+        making an uploader asks the bucket (up to botocore's retries against a dead endpoint), and a thread that needs
+        another client already made, at a preemption's save, must not wait for that."""
+        client = getattr(self, name)
+        if client is not None and usable(client):
+            return client
+        made = make()
+        with self._keeping:
+            client = getattr(self, name)
+            if client is None or not usable(client):
+                setattr(self, name, made)
+                client = made
+        return client
 
     def _up(self, staging: Path):
         """Streaming's uploader for this prefix, uploading from `staging`; its constructor checks the bucket exists."""
-        with self._making:
-            if self._uploader is None or Path(self._uploader.local) != staging:
-                self._uploader = self._new_uploader(staging)
-            return self._uploader
+        return self._kept("_uploader", lambda: self._new_uploader(staging), lambda up: Path(up.local) == staging)
 
     def _new_uploader(self, staging: Path):
         """A new streaming uploader from `staging` to this prefix (a new client)."""
@@ -139,20 +152,24 @@ class ObjectStore:
 
     def check(self) -> None:
         """Fail with one line when the bucket is missing, the endpoint unreachable or the credentials absent."""
+        try:
+            checked = self._new_lister()
+        except StorageError as exc:
+            code = getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")
+            if code in ("404", "NoSuchBucket"):  # HeadBucket answers a bare 404
+                bucket = urllib.parse.urlparse(self.url).netloc
+                raise StorageError(f"bucket '{bucket}' does not exist at {endpoint(self.url)} (for {self.url}); "
+                                   "create it, or check the name and S3_ENDPOINT_URL") from exc.__cause__
+            raise
+        self._kept("_lister", lambda: checked)
+
+    def _new_lister(self):
+        """A new uploader that serves for listing: it reads no staging folder, so it keeps working once this one's
+        (an empty temporary folder) is gone."""
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:
-            try:
-                checked = self._new_uploader(Path(tmp))
-            except StorageError as exc:
-                code = getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")
-                if code in ("404", "NoSuchBucket"):  # HeadBucket answers a bare 404
-                    bucket = urllib.parse.urlparse(self.url).netloc
-                    raise StorageError(f"bucket '{bucket}' does not exist at {endpoint(self.url)} (for {self.url}); "
-                                       "create it, or check the name and S3_ENDPOINT_URL") from exc.__cause__
-                raise
-        with self._making:
-            self._lister = checked  # listing reads no staging folder
+            return self._new_uploader(Path(tmp))
 
     def upload(self, local_root: Path, relative: str) -> None:
         """Upload `local_root/relative` to `url/relative`."""
@@ -161,14 +178,7 @@ class ObjectStore:
 
     def list(self, prefix: str = "") -> list[str]:
         """Keys under `url/prefix`, relative to `url`."""
-        import tempfile
-
-        with self._making:
-            if self._lister is None:
-                # Listing reads no staging folder; its uploader keeps working once this one is gone.
-                with tempfile.TemporaryDirectory() as tmp:
-                    self._lister = self._new_uploader(Path(tmp))
-        lister = self._lister
+        lister = self._kept("_lister", self._new_lister)
         keys = guarded(join(self.url, prefix), lambda: lister.list_objects(prefix) or [])
         base = urllib.parse.urlparse(self.url).path.strip("/")
         return sorted(k[len(base):].lstrip("/") if base and k.startswith(base) else k for k in keys)
@@ -201,10 +211,8 @@ class ObjectStore:
             return parsed.scheme == "s3"
         import boto3
 
-        with self._making:
-            if self._deleter is None:
-                self._deleter = boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL"))
-        client = self._deleter
+        client = self._kept("_deleter", lambda: guarded(self.url, lambda: boto3.session.Session().client(
+            "s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL"))))
         base = parsed.path.strip("/")
         objects = [{"Key": f"{base}/{k}" if base else k} for k in keys]
         for i in range(0, len(objects), 1000):

@@ -32,9 +32,16 @@ class RemoteCheckpoints:
 
     @functools.cached_property
     def for_uploads(self) -> "RemoteCheckpoints":
-        """The same checkpoints with a client of their own, which this process's background uploads share (clients are
-        thread-safe): a given-up upload may outlive its waiter, and each new client costs the loop beside it."""
+        """The same checkpoints with clients of their own, which this process's background uploads share (clients are
+        thread-safe): each new client costs the loop beside it. Made anew after an upload fails or is given up
+        (`renew_upload_clients`)."""
         return RemoteCheckpoints(self.url, self.local)
+
+    def renew_upload_clients(self) -> None:
+        """Let the next upload make new clients: a client keeps the credentials it was made with (a credentials file is
+        read once, so keys rotated there since are not seen) and whatever else failed it, and a given-up upload still
+        sends its current file on its own."""
+        self.__dict__.pop("for_uploads", None)
 
     def complete_tags(self, keys: Optional[list[str]] = None) -> list[str]:
         """Tags whose COMPLETE marker is in the bucket (among `keys`, else a fresh listing), oldest first."""
@@ -154,7 +161,7 @@ class Upload:
     its next file and removes what it sent (its marker, last, never went)."""
 
     def __init__(self, remote: RemoteCheckpoints, tag: str, keep_last: int, bound_s: float) -> None:
-        self.tag, self.bound_s = tag, bound_s
+        self.tag, self.bound_s, self.remote = tag, bound_s, remote
         self.control = UploadControl()
         self.outcome: dict[str, object] = {}
         own = remote.for_uploads
@@ -191,7 +198,16 @@ class Upload:
     def wait(self, give_up: Optional[str] = None) -> tuple[int, float, list[str]]:
         """Its files, seconds and tags pruned, once it has ended: waited for until its bound, or, with `give_up` (why),
         not at all. Past that it is given up (a StorageError), unless its marker went (then it is whole in the bucket
-        and only its prune goes on)."""
+        and only its prune goes on). After a failure, or a give-up before the marker went, the next upload makes new
+        clients."""
+        try:
+            return self._wait(give_up)
+        except UserError:
+            self.remote.renew_upload_clients()
+            raise
+
+    def _wait(self, give_up: Optional[str]) -> tuple[int, float, list[str]]:
+        """`wait`'s outcome, without the renewal."""
         if give_up is None:
             self.thread.join(max(0.0, self.bound_s - self.elapsed))
         if self.thread.is_alive():

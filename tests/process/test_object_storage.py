@@ -586,13 +586,41 @@ def test_a_preemption_while_a_checkpoint_uploads_stops_at_once_and_uploads_its_o
     assert complete == {tag}, complete
 
 
+def _stall(store) -> tuple:
+    """Make `store`'s next uploader (the bucket is asked as it is made) wait for the returned `answer` event; `asked`
+    is set once it waits. A dead endpoint holds a client's making as long, through botocore's retries."""
+    import threading
+
+    asked, answer = threading.Event(), threading.Event()
+    real = store._new_uploader
+
+    def stalled(staging):
+        asked.set()
+        answer.wait(120)
+        return real(staging)
+
+    store._new_uploader = stalled
+    return asked, answer
+
+
+def _checkpoint(local, step: int) -> str:
+    """A two-file local checkpoint (its marker one of them); its tag."""
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE
+
+    tag = f"step_{step:08d}"
+    local.tag(tag).mkdir(parents=True)
+    for name in ("mp_rank_00_model_states.pt", COMPLETE):
+        (local.tag(tag) / name).write_bytes(b"x" * 1000)
+    return tag
+
+
 def test_a_run_s_uploads_share_one_set_of_clients(s3, tmp_path, monkeypatch):
     """Each new client reads botocore's service models again, in the interpreter the training loop needs: a run's
     background uploads make their clients (an uploader, a lister, a deleter) once, not at every upload, and the
     clients of the caller's own RemoteCheckpoints stay apart from them."""
     import boto3
 
-    from pretrain.checkpointing.checkpoint_dir import COMPLETE, CheckpointDir
+    from pretrain.checkpointing.checkpoint_dir import CheckpointDir
     from pretrain.checkpointing.remote_checkpoints import RemoteCheckpoints, Upload
 
     made = []
@@ -601,15 +629,103 @@ def test_a_run_s_uploads_share_one_set_of_clients(s3, tmp_path, monkeypatch):
     local = CheckpointDir(RunDir(tmp_path).checkpoints)
     remote = RemoteCheckpoints("s3://ckpt/shared", local)
     for step in (2, 4, 6, 8):
-        tag = f"step_{step:08d}"
-        local.tag(tag).mkdir(parents=True)
-        for name in ("mp_rank_00_model_states.pt", COMPLETE):
-            (local.tag(tag) / name).write_bytes(b"x" * 1000)
-        files, _, _ = Upload(remote, tag, keep_last=2, bound_s=60).wait()
+        files, _, _ = Upload(remote, _checkpoint(local, step), keep_last=2, bound_s=60).wait()
         assert files == 2
     assert len(made) == 3, made
     assert remote.complete_tags() == ["step_00000006", "step_00000008"]
     assert len(made) == 4  # the caller's listing: a client of its own
+
+
+def test_a_client_being_made_keeps_no_other_thread_waiting(s3):
+    """Another thread's call whose client is made already (a preemption's upload deleting its marker) does not wait
+    while a thread makes an uploader (which asks the bucket: against a dead endpoint, through all of botocore's
+    retries)."""
+    import threading
+
+    from core.object_store import ObjectStore
+
+    store = ObjectStore("s3://ckpt/making")
+    assert store.delete(["nothing"])  # its deleter is made
+    asked, answer = _stall(store)
+    listing = threading.Thread(target=store.list)
+    listing.start()
+    try:
+        assert asked.wait(30)
+        deleting = threading.Thread(target=store.delete, args=(["other"],))
+        deleting.start()
+        deleting.join(15)
+        assert not deleting.is_alive(), "a delete waited for another thread's uploader to be made"
+    finally:
+        answer.set()
+        listing.join(60)
+    assert store.list() == []
+
+
+def test_an_upload_after_a_failed_one_makes_its_clients_anew(s3, tmp_path, monkeypatch):
+    """A client keeps the credentials it was made with (a credentials file is read once per client): an upload that
+    found no keys fails with one line, and the next, with the keys in place again (as a site's rotation writes them),
+    goes through instead of failing on the first upload's clients."""
+    from core.errors import StorageError
+    from pretrain.checkpointing.checkpoint_dir import CheckpointDir
+    from pretrain.checkpointing.remote_checkpoints import RemoteCheckpoints, Upload
+
+    local = CheckpointDir(RunDir(tmp_path).checkpoints)
+    remote = RemoteCheckpoints("s3://ckpt/renewed", local)
+    keys = {name: os.environ[name] for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    for name in keys:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StorageError, match="no credentials for s3://ckpt/renewed"):
+        Upload(remote, _checkpoint(local, 2), keep_last=2, bound_s=60).wait()
+    for name, value in keys.items():
+        monkeypatch.setenv(name, value)
+    files, _, _ = Upload(remote, _checkpoint(local, 4), keep_last=2, bound_s=60).wait()
+    assert files == 2 and remote.complete_tags() == ["step_00000004"]
+
+
+def test_the_upload_after_a_given_up_one_has_clients_of_its_own(s3, tmp_path):
+    """A given-up upload goes on sending its current file: the next upload (the stop's own checkpoint) shares no client
+    with it, and the given-up one, once its call returns, stops before its next file, leaving nothing in the bucket."""
+    from core.errors import StorageError
+    from pretrain.checkpointing.checkpoint_dir import CheckpointDir
+    from pretrain.checkpointing.remote_checkpoints import RemoteCheckpoints, Upload
+
+    local = CheckpointDir(RunDir(tmp_path).checkpoints)
+    remote = RemoteCheckpoints("s3://ckpt/given-up", local)
+    given_up = remote.for_uploads
+    asked, answer = _stall(given_up.store)
+    upload = Upload(remote, _checkpoint(local, 2), keep_last=2, bound_s=60)
+    try:
+        assert asked.wait(30)
+        with pytest.raises(StorageError, match="given up for the test's stop"):
+            upload.wait("given up for the test's stop")
+        assert remote.for_uploads is not given_up
+        files, _, _ = Upload(remote, _checkpoint(local, 4), keep_last=2, bound_s=60).wait()
+    finally:
+        answer.set()
+        upload.thread.join(60)
+    assert files == 2 and not upload.thread.is_alive()
+    assert "given up before" in str(upload.outcome["error"])
+    assert _keys(s3, "ckpt", "given-up/") == [f"given-up/step_00000004/{name}" for name in
+                                              ("COMPLETE", "mp_rank_00_model_states.pt")]
+
+
+def test_an_upload_to_a_malformed_endpoint_fails_with_one_line(s3, tmp_path, monkeypatch):
+    """An upload's first request deletes its marker (a run branched with train.resume_from reaches the bucket there
+    first): a malformed S3_ENDPOINT_URL, refused as that client is made, is the user's one line, not a bug that
+    every rank raises at the next save."""
+    from core.errors import StorageError
+    from pretrain.checkpointing.checkpoint_dir import CheckpointDir
+    from pretrain.checkpointing.remote_checkpoints import RemoteCheckpoints, Upload
+
+    monkeypatch.setenv("S3_ENDPOINT_URL", "storage.example:9000")
+    local = CheckpointDir(RunDir(tmp_path).checkpoints)
+    upload = Upload(RemoteCheckpoints("s3://ckpt/malformed", local), _checkpoint(local, 2), keep_last=2, bound_s=60)
+    with pytest.raises(StorageError, match="S3_ENDPOINT_URL 'storage.example:9000' is not an endpoint URL"):
+        upload.wait()
+    assert not upload.ended_on_a_bug
 
 
 def test_an_upload_deletes_what_its_tag_held_in_the_bucket_that_the_checkpoint_does_not(s3, tmp_path):
