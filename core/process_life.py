@@ -199,6 +199,42 @@ def exit_on_termination() -> None:
         signal.signal(signal.SIGINT, _interrupt_once)
 
 
+@contextlib.contextmanager
+def stops_deferred() -> Iterator[None]:
+    """Defer this process's Python handlers of SIGINT, SIGTERM and SIGHUP to the end of the block, for a command's
+    imports: raised inside a C extension's initialisation (numpy's, torch's), a KeyboardInterrupt or SystemExit
+    leaves the module half made, and the command ends on a traceback of the next import, or an abort, instead of its
+    clean-up. The signals that came are acted on when the block ends, in order; a second Ctrl-C still ends the
+    process at once (its death leaves nothing half made to trip on)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread runs handlers
+        yield
+        return
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    handlers = {sig: handler for sig, handler in handlers.items() if callable(handler)}
+    came: list[int] = []
+    deferring = True
+
+    def defer(signum: int, frame: object) -> None:
+        if not deferring:  # between the block's end and its handler's return (a restore cut short)
+            handlers[signum](signum, frame)
+        elif signum == signal.SIGINT and signum in came:
+            die_of(signal.SIGINT)
+        else:
+            came.append(signum)
+
+    try:
+        for sig in handlers:
+            signal.signal(sig, defer)
+        yield
+    finally:
+        deferring = False
+        for sig, handler in handlers.items():
+            if signal.getsignal(sig) is defer:  # not one the block set itself
+                signal.signal(sig, handler)
+        for signum in came:
+            handlers[signum](signum, None)
+
+
 def _interrupt_once(signum: int, frame: object) -> None:
     # The first Ctrl-C starts the clean-up (KeyboardInterrupt); a second one ends the process at once, by SIGINT,
     # without the line that says the clean-up ran.

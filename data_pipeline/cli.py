@@ -9,12 +9,14 @@ from pathlib import Path
 from core.config_flags import parse_with_overrides
 from core.config_io import load_config
 from core.errors import ConfigError, UserError, one_line, user_error
+from core.process_life import stops_deferred
 from data_pipeline.config import PrepareConfig
 
 
 def _verify(dataset: str) -> int:
-    from data_pipeline.shard_record import record_split
-    from data_pipeline.shards import read_manifest, verify_split
+    with stops_deferred():
+        from data_pipeline.shard_record import record_split
+        from data_pipeline.shards import read_manifest, verify_split
 
     try:
         manifest = read_manifest(dataset)
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = list(args.overrides) + (["overwrite=true"] if args.overwrite else [])
         cfg = load_config(PrepareConfig, args.config, overrides, search=(Path(__file__).resolve().parents[1],))
-        from data_pipeline.prepare import prepare, prepare_task
+        with stops_deferred():
+            from data_pipeline.prepare import prepare, prepare_task
 
         command = " ".join(["python -m data_pipeline", *(argv if argv is not None else sys.argv[1:])])
         array = (args.task, args.tasks, args.array_id)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from core.config_flags import add_config_flags, flag_overrides
 from core.config_io import load_config
+from core.process_life import stops_deferred
 
 # Where the installed packages are: `--config evaluation/configs/finetune/X.yaml` is found there when it is not
 # under the working directory (an installed wheel run from any folder).
@@ -22,9 +23,10 @@ def _eval_config(cls, args: argparse.Namespace):
 
 
 def _self_similarity(args: argparse.Namespace) -> int:
-    from evaluation.checks import check_report, export_tokenizer
-    from evaluation.config import SelfSimilarityConfig
-    from evaluation.self_similarity import model_spec, read_sentences, self_similarity, write_report
+    with stops_deferred():
+        from evaluation.checks import check_report, export_tokenizer
+        from evaluation.config import SelfSimilarityConfig
+        from evaluation.self_similarity import model_spec, read_sentences, self_similarity, write_report
 
     cfg = _eval_config(SelfSimilarityConfig, args)
     sentences = read_sentences(cfg.text)
@@ -45,9 +47,10 @@ def _self_similarity(args: argparse.Namespace) -> int:
 
 
 def _linear_probe(args: argparse.Namespace) -> int:
-    from evaluation.checks import check_output
-    from evaluation.config import LinearProbeConfig
-    from evaluation.linear_probe import linear_probe
+    with stops_deferred():
+        from evaluation.checks import check_output
+        from evaluation.config import LinearProbeConfig
+        from evaluation.linear_probe import linear_probe
 
     cfg = _eval_config(LinearProbeConfig, args)
     if cfg.out:
@@ -67,8 +70,9 @@ def _linear_probe(args: argparse.Namespace) -> int:
 
 
 def _sentence_embeddings(args: argparse.Namespace) -> int:
-    from evaluation.config import SentenceEmbeddingConfig
-    from evaluation.sentence_embeddings import evaluate_suite
+    with stops_deferred():
+        from evaluation.config import SentenceEmbeddingConfig
+        from evaluation.sentence_embeddings import evaluate_suite
 
     cfg = _eval_config(SentenceEmbeddingConfig, args)
     report = evaluate_suite(cfg.model, cfg.suite, cfg.tasks, cfg.features, cfg.out, layer=cfg.layer, folds=cfg.folds,
@@ -82,8 +86,9 @@ def _sentence_embeddings(args: argparse.Namespace) -> int:
 
 
 def _finetune(args: argparse.Namespace) -> int:
-    from evaluation.config import FinetuneConfig
-    from evaluation.finetune import finetune
+    with stops_deferred():
+        from evaluation.config import FinetuneConfig
+        from evaluation.finetune import finetune
 
     cfg = _eval_config(FinetuneConfig, args)
     result = finetune(cfg.model, cfg.task, cfg.seeds, cfg.recipe, cfg.recipe_overrides(), cfg.data, cfg.loss,

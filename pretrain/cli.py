@@ -9,7 +9,7 @@ from pathlib import Path
 from core.config_flags import parse_with_overrides
 from core.config_io import load_config
 from core.errors import DivergedError, one_line, user_error
-from core.process_life import flush_stdout, to_stderr
+from core.process_life import flush_stdout, stops_deferred, to_stderr
 from evaluation.cli import add_commands as add_evaluation_commands
 from pretrain.lifecycle.exit_status import exit_code_for
 
@@ -120,7 +120,8 @@ def _peer_lost(exc: BaseException, trainer) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from pretrain.exporting.export import export
+    with stops_deferred():
+        from pretrain.exporting.export import export
 
     out = export(args.checkpoint, args.out, overwrite=args.overwrite, trust_checkpoint=args.trust_checkpoint)
     print(f"export: {out}")

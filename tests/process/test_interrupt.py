@@ -145,6 +145,56 @@ def test_ctrl_c_of_a_plain_run_saves_then_ends_it_by_sigint(prepared, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "status"]  # no export, no temporary folder
 
 
+# A command's imports pelted with SIGTERM every 5 ms (as a stop may land at any point of them), in a bare interpreter:
+# no library imported before.
+_PELTED_IMPORTS = """import os, signal, threading, time
+from core.process_life import exit_on_termination, stops_deferred
+exit_on_termination()
+done = threading.Event()
+def pelt():
+    while not done.is_set():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.005)
+thread = threading.Thread(target=pelt, daemon=True)
+imported = False
+try:
+    with stops_deferred():
+        thread.start()
+        import numpy, torch, transformers.modeling_utils
+        imported = True
+        done.set()
+        thread.join()
+except BaseException as exc:
+    done.set()
+    thread.join()
+    print(type(exc).__name__, exc, "after the imports" if imported else "inside them", flush=True)
+import torch
+print(float(torch.ones(3).numpy().sum()))
+"""
+_TWO_CTRL_C = """import os, signal
+from core.process_life import exit_on_termination, stops_deferred
+exit_on_termination()
+with stops_deferred():
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    import numpy
+print("not ended")
+"""
+
+
+def test_a_stop_during_a_command_s_imports_is_acted_on_once_they_end():
+    """Raised inside numpy's or torch's C initialisation, a KeyboardInterrupt (or SystemExit) left the module half
+    made: the export stopped with a traceback of the next import (or aborted) instead of its clean-up. Deferred to the
+    imports' end, the stop comes once, after them, and the libraries work. A second Ctrl-C still ends it at once."""
+    proc = subprocess.run([sys.executable, "-c", _PELTED_IMPORTS], cwd=REPO, env={**os.environ, **PROCESS_ENV},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.splitlines() == ["SystemExit 143 after the imports", "3.0"], (
+        proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    twice = subprocess.run([sys.executable, "-c", _TWO_CTRL_C], cwd=REPO, env={**os.environ, **PROCESS_ENV},
+                           capture_output=True, text=True, timeout=300, preexec_fn=_from_a_terminal)
+    assert twice.returncode == -signal.SIGINT and twice.stdout == "", (twice.returncode, twice.stdout, twice.stderr)
+
+
 # The process-level rules, in a bare interpreter: the trainer's signals module set up as `python -m pretrain train`
 # sets it (`command_line`: SIGINT taken too, and the wake-up thread that ends the process), then SIGINTs sent
 # to itself.
