@@ -24,8 +24,9 @@ def is_temporary(path: Path) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
-def write_text_atomic(path: Path, text: str, fsync: bool = False) -> None:
-    """Write a text file under a temporary name and rename it into place (fsync first when asked)."""
+def write_text_atomic(path: Path, text: str, fsync: bool = False, replace: bool = True) -> bool:
+    """Write a text file under a temporary name and rename it into place (fsync first when asked); with `replace`
+    False, only where no such file is (one already there stays); whether it was written."""
     path = Path(path)
     # A name of this writer's own: two processes writing one file (the leaders of several nodes recording a shared
     # dataset's checks) would otherwise rename each other's temporary file away, and the second rename fail.
@@ -37,7 +38,16 @@ def write_text_atomic(path: Path, text: str, fsync: bool = False) -> None:
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())
-        tmp.replace(path)
+        if replace:
+            tmp.replace(path)
+            return True
+        try:
+            os.link(tmp, path)  # unlike a rename, refused where the name exists, and as atomic
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

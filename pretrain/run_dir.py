@@ -150,11 +150,12 @@ class RunDir:
             raise ValueError(f"not a run marker: {name}")
         return self.root / name
 
-    def write_marker(self, name: str, fields: dict) -> None:
-        """Write a run marker as one JSON line (atomically: the sbatch wrapper may read it at any moment)."""
+    def write_marker(self, name: str, fields: dict, replace: bool = True) -> None:
+        """Write a run marker as one JSON line (atomically: the sbatch wrapper may read it at any moment); with
+        `replace` False, only where the run has none."""
         from core.atomic_files import write_text_atomic
 
-        write_text_atomic(self.marker(name), json.dumps(fields) + "\n")
+        write_text_atomic(self.marker(name), json.dumps(fields) + "\n", replace=replace)
 
     def file(self, name: str) -> Path:
         """One of the run files written at start (config, model config, data manifest, DeepSpeed config)."""

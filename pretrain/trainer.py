@@ -144,10 +144,11 @@ class Trainer:
         are cleared."""
         if dist.rank() == 0:  # the run folder is self-contained for export from here on
             self.run_dir.write_run_files(self.run_files, DatasetDir(self.cfg.data.path).tokenizer)
-        self.checkpoints.restore()
-        if dist.rank() == 0:  # this attempt is the one that counts now
+            # This attempt is the one that counts now: cleared before the restore's first collective, so that no
+            # rank's FAILED written after it goes too.
             self.run_dir.marker(PREEMPTED).unlink(missing_ok=True)
             self.run_dir.marker(FAILED).unlink(missing_ok=True)
+        self.checkpoints.restore()
         # Whatever an earlier attempt logged after this step (or before its first checkpoint) is redone.
         self.audit.rewind(self.step)
         self.log.rewind(self.step)
@@ -213,16 +214,22 @@ class Trainer:
         return status
 
     def mark_failed(self, exc: BaseException) -> None:
-        """Record that the run stopped on an error (its type, message and step) before the error propagates; a marker
-        that cannot be written (the disk that stopped the run is full) is logged, and the error goes on."""
+        """Record that the run stopped on an error (its type, message, step and rank) before the error propagates; a
+        marker that cannot be written (the disk that stopped the run is full) is logged, and the error goes on.
+
+        Every rank that fails writes it (the peers of one that failed alone only lose it, exit 76, and write none):
+        rank 0's record replaces another's, which goes only where there is none. So an error every rank raises (a
+        divergence) or relays (rank 0's, through a collective) is rank 0's, and one of another rank's alone is its."""
         try:
-            self._mark(FAILED, f"failed at step {self.step}: {type(exc).__name__}: {exc}", error=type(exc).__name__,
-                       message=str(exc)[:2000])
+            self._mark(FAILED, f"failed at step {self.step}: {type(exc).__name__}: {exc}", on_this_rank=True,
+                       error=type(exc).__name__, message=str(exc)[:2000], rank=dist.rank())
         except OSError as marker_error:  # not to the run folder's log either: it is on the same disk
             to_stderr(f"warning: the {FAILED} marker could not be written ({marker_error})")
 
-    def _mark(self, marker: str, line: str, **fields: Any) -> None:
-        """Rank 0 writes a run-folder marker (PREEMPTED, FAILED) with the step and time; the log gets `line`."""
-        if dist.rank() == 0:
-            self.run_dir.write_marker(marker, {"step": self.step, "time": time.time(), **fields})
+    def _mark(self, marker: str, line: str, on_this_rank: bool = False, **fields: Any) -> None:
+        """Rank 0 writes a run-folder marker (PREEMPTED, FAILED) with the step and time, and `on_this_rank` another
+        rank where the run has none; the log gets `line`."""
+        if on_this_rank or dist.rank() == 0:
+            self.run_dir.write_marker(marker, {"step": self.step, "time": time.time(), **fields},
+                                      replace=dist.rank() == 0)
         self.log.info(line)

@@ -1,7 +1,9 @@
 """`python -m pretrain` with a fault injected into one rank at one step (FAULT=rank:step:kind), for the peer-loss tests.
 
 kind: sigkill (os.kill SIGKILL), exit (sys.exit(1)), abort (os.abort()), stop (SIGSTOP: the process hangs and
-sends nothing, as a lost host). Just before the fault the rank writes the time to FAULT_TIME_FILE.
+sends nothing, as a lost host), full (its disk full from then on: no file it writes may grow past 40 kB, by
+RLIMIT_FSIZE, so a write beyond fails with EFBIG, as on a full file system). Just before the fault the rank writes the
+time to FAULT_TIME_FILE.
 """
 import os
 import resource
@@ -33,6 +35,9 @@ def train_step(self) -> None:
             os.abort()
         elif kind == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif kind == "full":
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing the process
+            resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
 
 
 Trainer.train_step = train_step

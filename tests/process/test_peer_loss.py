@@ -18,13 +18,18 @@ from pretrain.run_dir import RunDir
 
 
 
-def _launch(data: Path, tmp: Path, fault: str, *extra: str) -> tuple[list[subprocess.Popen], Path]:
-    status = tmp / "status"
-    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={tmp / 'run'}",
+def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
+    """The tiny run these tests start on two ranks (a checkpoint every 2 steps), then `extra`'s overrides."""
+    return ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={out}",
             *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=40",
             "train.save_every=2", "train.eval_every=0", *extra]
+
+
+def _launch(data: Path, tmp: Path, fault: str, *extra: str) -> tuple[list[subprocess.Popen], Path]:
+    status = tmp / "status"
     fault_env = {"FAULT": fault, "FAULT_TIME_FILE": str(tmp / "fault_time"), "PRETRAIN_STATUS_DIR": str(status)}
-    return launch_ranks(args, 2, tmp, "tests/helpers/faulty_rank.py", env=fault_env), status
+    return launch_ranks(_train_args(data, tmp / "run", *extra), 2, tmp, "tests/helpers/faulty_rank.py",
+                        env=fault_env), status
 
 
 def _survivor(procs: list[subprocess.Popen], tmp: Path, limit: float) -> tuple[int, float, str]:
@@ -56,6 +61,45 @@ def test_a_dead_peer_ends_the_survivor_within_seconds(prepared, tmp_path, kind):
     # This attempt saved nothing after the fault: the newest checkpoint is the one before it.
     tags = sorted(p.name for p in (RunDir(tmp_path / "run").checkpoints).glob("step_*") if (p / "COMPLETE").is_file())
     assert tags[-1] == "step_00000002"
+
+
+def test_a_rank_whose_disk_fills_up_stops_the_job_in_one_line_and_is_not_requeued(prepared, tmp_path):
+    """Rank 1's disk fills up after step 3, so its share of checkpoint 4 (its ZeRO-2 optimizer partition) cannot be
+    written: it stops with exit 2 and the one line that names the checkpoint, and writes FAILED; rank 0, waiting in
+    the save for it, ends within seconds as a lost peer; checkpoint 4 does not count. The sbatch's outcome of these
+    status files is the user's error (exit 2: no requeue, no suspect host); once there is room, the same command
+    resumes from checkpoint 2. (The limit is per file, so FAILED and the status file still go; on a disk full for
+    every file they fail too, and the rank says so on stderr.)"""
+    procs, status = _launch(prepared, tmp_path, "1:3:full", "train.max_steps=6", "train.zero_stage=2")
+    code, seconds, log = _survivor(procs, tmp_path, limit=30)
+    full = (tmp_path / "rank1.log").read_text()
+    checkpoints = RunDir(tmp_path / "run").checkpoints
+    assert procs[1].returncode == 2 and "Traceback" not in full, full[-3000:]
+    (line,) = [line for line in full.splitlines() if line.startswith("error:")]
+    assert f"checkpoint step_00000004 could not be written in {checkpoints}: File too large" in line, line
+    assert "the newest complete checkpoint is step_00000002" in line, line
+    assert code == EXIT_PEER_LOST and "Traceback" not in log, log[-3000:]
+    assert "peer lost: rank 0 of 2, step 4" in log and "lost rank 1 on this machine" in log, log[-3000:]
+    assert seconds < 30, seconds
+    assert json.loads((status / "rank1.json").read_text())["error"] == "NoSpaceError"
+    assert json.loads((status / "rank0.json").read_text())["status"] == "peer_lost"
+    failed = json.loads(RunDir(tmp_path / "run").marker("FAILED").read_text())
+    assert (failed["error"], failed["rank"], failed["step"]) == ("NoSpaceError", 1, 4), failed
+    assert sorted(p.name for p in checkpoints.glob("step_*") if (p / "COMPLETE").is_file()) == ["step_00000002"]
+    # What slurm/pretrain.sbatch makes of this attempt: srun's code is the higher of the two, and it names each task.
+    (status / "srun.err").write_text("srun: error: vm: task 1: Exited with exit code 2\n"
+                                     "srun: error: vm: task 0: Exited with exit code 76\n")
+    outcome = subprocess.run(["bash", "-c", 'source slurm/attempt_outcome.sh; attempt_outcome 76 "$1"; '
+                              'printf "%s|%s" "$rc" "$suspects"', "outcome", str(status)],
+                             capture_output=True, text=True, timeout=60)
+    assert outcome.stdout == "2|", (outcome.stdout, outcome.stderr)
+    again = launch_ranks(_train_args(prepared, tmp_path / "run", "train.max_steps=6", "train.zero_stage=2"), 2,
+                         tmp_path / "again")
+    codes = [p.wait(timeout=300) for p in again]
+    log = (tmp_path / "again" / "rank0.log").read_text()
+    assert codes == [0, 0], log[-3000:]
+    assert "resumed from" in log and "step_00000002 at step 2" in log and "finished at step 6" in log, log[-3000:]
+    assert not RunDir(tmp_path / "run").marker("FAILED").exists()
 
 
 def test_a_hung_peer_ends_the_survivor_within_the_step_timeout(prepared, tmp_path):

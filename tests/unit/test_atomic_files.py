@@ -34,6 +34,26 @@ def test_writers_of_one_file_at_once_never_fail_and_leave_one_whole_text(tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["verified.json"]  # no temporary file left
 
 
+def test_writers_that_must_not_replace_leave_the_first_text_and_the_last_replacing_writer_wins(tmp_path):
+    """Several ranks record one failure at once: those that must not replace it (`replace=False`) leave the text
+    already there, whoever wrote it, and say so; a replacing writer (rank 0) takes its place at any time."""
+    target = tmp_path / "FAILED"
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda w=w: results.append(write_text_atomic(target, f"rank {w}\n", replace=False)))
+               for w in range(1, 5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [False, False, False, True]
+    first = target.read_text()
+    assert first in [f"rank {w}\n" for w in range(1, 5)]
+    assert write_text_atomic(target, "rank 9\n", replace=False) is False and target.read_text() == first
+    assert write_text_atomic(target, "rank 0\n") is True and target.read_text() == "rank 0\n"
+    assert write_text_atomic(target, "rank 5\n", replace=False) is False and target.read_text() == "rank 0\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["FAILED"]  # no temporary file left
+
+
 def test_a_write_cut_short_leaves_a_name_uploads_know_as_temporary(tmp_path, monkeypatch):
     """A writer that fails after creating its temporary file removes it; the name it had is one `is_temporary` knows
     (remote_dataset.upload_rest skips such names, which a killed writer leaves)."""
