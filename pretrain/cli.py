@@ -86,7 +86,7 @@ def _peer_lost(exc: BaseException, trainer) -> None:
 
     from core import distributed as dist
     from data_pipeline.loader_worker import start_failure
-    from pretrain.lifecycle.exit_status import EXIT_PEER_LOST, write_status
+    from pretrain.lifecycle.exit_status import EXIT_PEER_LOST, failed_peers, write_status
 
     step = trainer.step if trainer is not None else -1
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "?"
@@ -100,9 +100,13 @@ def _peer_lost(exc: BaseException, trainer) -> None:
             who = dist.lost_peers(str(exc)) or "a peer (its own log says which)"
         else:  # the rendezvous: a rank that never started, or started elsewhere
             who = "a rank that did not join within train.init_timeout_s (its own log, or its node, says why)"
+        # A peer that stopped on its own error (a full disk, a bug) wrote so before it went: that error ends the job,
+        # and its log says why; resuming would meet it again.
+        failed = "; ".join(f"rank {rank} stopped on its own error ({record.get('error')}, exit {record.get('code')}): "
+                           "its log says why" for rank, record in failed_peers().items())
         line = (f"peer lost: rank {dist.launched_rank()} of {dist.launched_world_size()}, step {step}, "
-                f"backend {backend}: lost {who}: {first[:300]} (exit {EXIT_PEER_LOST}; resume from the last complete "
-                "checkpoint)")
+                f"backend {backend}: lost {who}: {first[:300]} (exit {EXIT_PEER_LOST}; "
+                + (f"{failed})" if failed else "resume from the last complete checkpoint)"))
     to_stderr(line)
     try:  # the records go on the run's disks, which may be what failed: the exit below must happen whatever they do
         if trainer is not None and dist.rank() == 0:

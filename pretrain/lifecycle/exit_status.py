@@ -60,6 +60,21 @@ def status_file() -> Path | None:
     return Path(folder) / f"rank{rank}.json"
 
 
+def failed_peers() -> dict[int, dict]:
+    """The other ranks whose status file says they stopped on an error of their own (rank: its record), read by a
+    survivor that lost them: such a rank is no lost node, and its error, not a requeue, ends the job."""
+    own = status_file()
+    found = {}
+    for path in sorted(own.parent.glob("rank*.json")) if own is not None and own.parent.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):  # a peer's file half seen, or its disk the one that failed: nothing to add
+            continue
+        if path != own and path.stem[4:].isdigit() and record.get("status") == "failed":
+            found[int(path.stem[4:])] = record
+    return found
+
+
 def write_status(status: str, **fields: Any) -> None:
     """Record this rank's state (running, finished, stopped, preempted, interrupted, peer_lost, attempt_lost,
     terminated, failed) with its host."""

@@ -79,7 +79,10 @@ def test_a_rank_whose_disk_fills_up_stops_the_job_in_one_line_and_is_not_requeue
     assert f"checkpoint step_00000004 could not be written in {checkpoints}: File too large" in line, line
     assert "the newest complete checkpoint is step_00000002" in line, line
     assert code == EXIT_PEER_LOST and "Traceback" not in log, log[-3000:]
-    assert "peer lost: rank 0 of 2, step 4" in log and "lost rank 1 on this machine" in log, log[-3000:]
+    (lost,) = [line for line in log.splitlines() if line.startswith("peer lost:")]
+    assert "peer lost: rank 0 of 2, step 4" in lost and "lost rank 1 on this machine" in lost, lost
+    # Not "resume from the last complete checkpoint": the peer's own error would stop the resume too.
+    assert lost.endswith("(exit 76; rank 1 stopped on its own error (NoSpaceError, exit 2): its log says why)"), lost
     assert seconds < 30, seconds
     assert json.loads((status / "rank1.json").read_text())["error"] == "NoSpaceError"
     assert json.loads((status / "rank0.json").read_text())["status"] == "peer_lost"
