@@ -66,12 +66,15 @@ def failed_peers() -> dict[int, dict]:
     own = status_file()
     found = {}
     for path in sorted(own.parent.glob("rank*.json")) if own is not None and own.parent.is_dir() else []:
+        rank = path.stem[len("rank"):]
+        if path == own or not rank.isdigit():
+            continue
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):  # a peer's file half seen, or its disk the one that failed: nothing to add
             continue
-        if path != own and path.stem[4:].isdigit() and record.get("status") == "failed":
-            found[int(path.stem[4:])] = record
+        if record.get("status") == "failed":
+            found[int(rank)] = record
     return found
 
 
