@@ -1,6 +1,7 @@
 """Outputs are never half-written: files and folders are written under a temporary name, then renamed."""
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -45,12 +46,33 @@ def write_text_atomic(path: Path, text: str, fsync: bool = False, replace: bool 
             os.link(tmp, path)  # unlike a rename, refused where the name exists, and as atomic
         except FileExistsError:
             return False
+        except OSError as exc:
+            if exc.errno not in NO_HARD_LINKS:
+                raise
+            return _claim_then_rename(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
         return True
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+# What link(2) answers on a file system without hard links (some FUSE mounts of object storage, SMB): EPERM,
+# ENOTSUP/EOPNOTSUPP, ENOSYS.
+NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+
+
+def _claim_then_rename(tmp: Path, path: Path) -> bool:
+    """`replace=False` without hard links: the name claimed empty with O_EXCL (refused where it exists), then the
+    whole text renamed over the claim; a reader in between sees an empty file, never a part of the text (a replacing
+    writer's text that lands in between is lost, where a link would have kept it: the window is one rename)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    tmp.replace(path)
+    return True
 
 
 def room_refusal(folder: Path, size: int = 1 << 20) -> OSError | None:

@@ -1,4 +1,6 @@
 """write_text_atomic: a reader sees the old text or the new one, whole, even with several writers at once."""
+import errno
+import os
 import threading
 from pathlib import Path
 
@@ -34,9 +36,22 @@ def test_writers_of_one_file_at_once_never_fail_and_leave_one_whole_text(tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["verified.json"]  # no temporary file left
 
 
-def test_writers_that_must_not_replace_leave_the_first_text_and_the_last_replacing_writer_wins(tmp_path):
+def _no_hard_links(monkeypatch, code: int) -> None:
+    """os.link answering as on a file system without hard links (a FUSE mount of a bucket: EPERM or ENOTSUP)."""
+    def refused(src, dst, *args, **kwargs):
+        raise OSError(code, os.strerror(code), str(src), None, str(dst))
+
+    monkeypatch.setattr(os, "link", refused)
+
+
+@pytest.mark.parametrize("links", ["hard links", "no hard links"])
+def test_writers_that_must_not_replace_leave_the_first_text_and_the_last_replacing_writer_wins(tmp_path, monkeypatch,
+                                                                                                links):
     """Several ranks record one failure at once: those that must not replace it (`replace=False`) leave the text
-    already there, whoever wrote it, and say so; a replacing writer (rank 0) takes its place at any time."""
+    already there, whoever wrote it, and say so; a replacing writer (rank 0) takes its place at any time. The same
+    where the file system has no hard links."""
+    if links == "no hard links":
+        _no_hard_links(monkeypatch, errno.EPERM)
     target = tmp_path / "FAILED"
     results: list[bool] = []
     threads = [threading.Thread(target=lambda w=w: results.append(write_text_atomic(target, f"rank {w}\n", replace=False)))
@@ -52,6 +67,17 @@ def test_writers_that_must_not_replace_leave_the_first_text_and_the_last_replaci
     assert write_text_atomic(target, "rank 0\n") is True and target.read_text() == "rank 0\n"
     assert write_text_atomic(target, "rank 5\n", replace=False) is False and target.read_text() == "rank 0\n"
     assert [p.name for p in tmp_path.iterdir()] == ["FAILED"]  # no temporary file left
+
+
+def test_a_link_refused_for_another_reason_is_raised_and_leaves_nothing(tmp_path, monkeypatch):
+    """Only the answers of a file system without hard links take the other way: an I/O error is the caller's."""
+    _no_hard_links(monkeypatch, errno.EIO)
+    with pytest.raises(OSError) as raised:
+        write_text_atomic(tmp_path / "FAILED", "rank 1\n", replace=False)
+    assert raised.value.errno == errno.EIO and list(tmp_path.iterdir()) == []
+    _no_hard_links(monkeypatch, errno.ENOTSUP)
+    assert write_text_atomic(tmp_path / "FAILED", "rank 1\n", replace=False) is True
+    assert [(p.name, p.read_text()) for p in tmp_path.iterdir()] == [("FAILED", "rank 1\n")]
 
 
 def test_a_write_cut_short_leaves_a_name_uploads_know_as_temporary(tmp_path, monkeypatch):
