@@ -292,7 +292,8 @@ def _load_glue(task: str, name: str) -> tuple[TaskSpec, Any, Any]:
     spec = GLUE[name]
     if not hub_reachable():
         raise SetupError(f"GLUE task '{task}' is read from the Hugging Face hub (nyu-mll/glue), which cannot be reached "
-                         f"(offline?). Download it elsewhere and pass the files: --task csv:train.csv --validation-file dev.csv")
+                         f"(offline?): download it where the network is (hf download nyu-mll/glue --repo-type dataset "
+                         f"--local-dir glue) and name the folder: --task {task}:glue")
     try:
         data = datasets.load_dataset("nyu-mll/glue", name)
     except Exception as exc:  # datasets raises many types; all mean the same here
