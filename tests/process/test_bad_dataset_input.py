@@ -5,7 +5,7 @@ import re
 import shutil
 
 import pytest
-from conftest import TINY_MODEL, kjv_chapters, run_cli
+from conftest import REPO, TINY_MODEL, kjv_chapters, run_cli
 
 from core.errors import InputDataError, MissingFileError
 from data_pipeline.cli import main as data_main
@@ -127,6 +127,21 @@ def test_a_truncated_source_read_by_prepare_workers_is_one_line(prepared, corpus
     assert rc == 2
     _one_error_line(capsys.readouterr().err, f"'{cut}' is truncated or corrupt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.txt.gz"]
+
+
+def test_a_hub_id_offline_is_refused_at_once_in_one_line_saying_what_to_do(tmp_path, monkeypatch, capsys):
+    """README's sources example names a hub id; on an offline compute node prepare stops before any work with one
+    line that says how to download it or what to pass instead, and writes nothing."""
+    monkeypatch.chdir(tmp_path)  # a folder named as the id would be taken as its download
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "out"
+    rc = data_main(["prepare", "--config", str(REPO / "data_pipeline/configs/demo.yaml"), f"output_dir={out}",
+                    "sources=[{kind: hub, path: wikimedia/wikipedia, name: 20231101.en, split: train}]"])
+    assert rc == 2
+    _one_error_line(capsys.readouterr().err, "hub dataset 'wikimedia/wikipedia' cannot be reached (offline?)",
+                    "hf download wikimedia/wikipedia --repo-type dataset --local-dir DIR",
+                    "or pass local files instead")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_damaged_index_is_named_also_with_hash_checks_off(copy):
