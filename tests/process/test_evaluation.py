@@ -68,7 +68,8 @@ def test_glue_offline_fails_at_once_with_a_clear_message(tmp_path, monkeypatch):
     from evaluation.tasks import LocalTaskOptions, load_task
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(SetupError, match="nyu-mll/glue.*cannot be reached"):
+    with pytest.raises(SetupError, match=r"nyu-mll/glue.*cannot be reached.*hf download nyu-mll/glue --repo-type dataset "
+                                         r"--local-dir glue\) and name the folder: --task SST-2:glue$"):
         load_task("SST-2", LocalTaskOptions())
     with pytest.raises(ValueError, match="unknown task"):
         load_task("sst3", LocalTaskOptions())
@@ -377,22 +378,39 @@ FUNCTION_WORDS = {"the", "and", "of", "to", "that", "in", "he", "shall", "unto",
 
 
 def test_token_task_with_supervised_tacl_loss(exported, tmp_path):
-    """A real-text token task (function word or content word?) on KJV verses, with the supervised TaCL loss added."""
+    """A real-text token task (function word or content word?) on KJV verses, sparsely annotated (every fourth word
+    tagged '-', `--ignore-tag -`: no class, not trained on, not scored), with the supervised TaCL loss added, under
+    the `hf` recipe with its decay and warmup set on the command line."""
     lines = [line for chapter in kjv_chapters(8)[4:] for line in chapter.splitlines() if line.strip()]
     rows = []
     for line in lines:
         words = [w.strip(".,;:!?()'\"").lower() for w in line.split()[:24]]
         words = [w for w in words if w]
-        rows.append({"tokens": words, "tags": ["function" if w in FUNCTION_WORDS else "content" for w in words]})
-    data = tmp_path / "tokens.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+        rows.append({"tokens": words, "tags": ["-" if i % 4 == 3 else "function" if w in FUNCTION_WORDS else "content"
+                                               for i, w in enumerate(words)]})
+    train, dev = rows[: len(rows) * 9 // 10], rows[len(rows) * 9 // 10:]
+    data, validation = tmp_path / "tokens.jsonl", tmp_path / "dev.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in train) + "\n", encoding="utf-8")
+    validation.write_text("\n".join(json.dumps(r) for r in dev) + "\n", encoding="utf-8")
     out = tmp_path / "tokens.json"
-    run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"json:{data}", "--token-task",
-                         "--text-column", "tokens", "--label-column", "tags", "--loss", "supervised-tacl",
-                         "--tacl-weight", "0.1", "--tacl-temperature", "0.1", "--seeds", "1", "--lr", "3e-3", "--epochs", "3",
-                         "--batch-size", "16", "--out", str(out)], timeout=600)
+    run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"json:{data}", "--validation-file",
+                         str(validation), "--token-task", "--text-column", "tokens", "--label-column", "tags",
+                         "--ignore-tag", "-", "--loss", "supervised-tacl", "--tacl-weight", "0.1",
+                         "--tacl-temperature", "0.1", "--seeds", "1", "--recipe", "hf", "--lr", "3e-3", "--epochs", "3",
+                         "--batch-size", "16", "--weight-decay", "0.01", "--warmup-ratio", "0.1", "--out", str(out)],
+            timeout=600)
     result = json.loads(out.read_text())
     assert result["kind"] == "token" and result["loss"] == "supervised-tacl" and result["label_names"] == ["content", "function"]
+    assert result["recipe"] == "hf" and result["train_examples"] == len(train) and result["eval_examples"] == len(dev)
+    hyper = result["hyperparameters"]
+    assert (hyper["lr"], hyper["batch_size"], hyper["epochs"], hyper["weight_decay"], hyper["warmup_ratio"]) == \
+        (3e-3, 16, 3, 0.01, 0.1)
+    assert (hyper["max_length"], hyper["betas"], hyper["eps"]) == (128, [0.9, 0.999], 1e-8)  # the hf recipe's own
+    # The majority class counted over the tagged words only: with '-' scored as a class, or as the wrong class, it
+    # would differ.
+    tagged = lambda part: [t for r in part for t in r["tags"] if t != "-"]  # noqa: E731
+    majority = max(("content", "function"), key=tagged(train).count)
+    assert result["majority_baseline"]["accuracy"] == pytest.approx(tagged(dev).count(majority) / len(tagged(dev)), abs=1e-12)
     assert result["seeds"][0]["metrics"]["accuracy"] > result["majority_baseline"]["accuracy"] + 0.1, result
     refused = run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"csv:{tmp_path / 'x.csv'}",
                                    "--loss", "supervised-tacl"], check=False)
