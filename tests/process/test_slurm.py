@@ -74,11 +74,13 @@ class Cluster:
         return subprocess.run(["bash", str(REPO / "slurm" / "local_cluster.sh"), *args], env=self.env,
                               capture_output=True, text=True, timeout=600)
 
-    def sbatch(self, script: str, *options: str, cwd: Path, args: tuple[str, ...] = (), **knobs: str) -> int:
+    def sbatch(self, script: str, *options: str, cwd: Path, args: tuple[str, ...] = (), unset: tuple[str, ...] = (),
+               **knobs: str) -> int:
         """Submit slurm/<script> with sbatch options, the script's own arguments and template knobs (passed by
-        environment)."""
+        environment; `unset`: knobs of the cluster's environment left to the script's defaults)."""
+        env = {k: v for k, v in {**self.env, **knobs}.items() if k not in unset}
         out = subprocess.run(["sbatch", "--parsable", *options, str(REPO / "slurm" / script), *args], cwd=cwd,
-                             env={**self.env, **knobs}, capture_output=True, text=True, timeout=60)
+                             env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         return int(out.stdout.strip().split(";")[0])
 
@@ -180,8 +182,13 @@ def jobs(cluster, prepared, tmp_path_factory):
     export = cluster.sbatch("export.sbatch", f"--dependency=afterok:{pretrain}", "--cpus-per-task=1", cwd=work,
                             RUN_DIR=str(run), OUT=str(hf), CHECKPOINT=str(RunDir(run).checkpoints / EXPORTED),
                             EXPORT_ARGS="--overwrite")
+    # Submitted as the README says, from the repository root with none of REPO_DIR, VENV, OMP_NUM_THREADS set (the
+    # log and the status files kept out of the repository): the script's defaults find the repository and its .venv.
     crash = cluster.sbatch("pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0",
-                           "--cpus-per-task=1", cwd=work, OVERRIDES=f"data.path={data} train.no_such_key=1")
+                           "--cpus-per-task=1", f"--output={work}/%x-%j.out", cwd=REPO,
+                           unset=("REPO_DIR", "OMP_NUM_THREADS") + (("VENV",) if _venv_is_the_repos() else ()),
+                           STATUS_DIR=str(work / ".pretrain-status"),
+                           OVERRIDES=f"data.path={data} train.no_such_key=1")
     limited_run = work / "limited"
     # ENV_SETUP (run by the batch shell before srun) says when an attempt has begun, and in the second attempt holds
     # the shell for 8 s before srun: the window in which the test sends the second USR1.
@@ -244,9 +251,15 @@ def jobs(cluster, prepared, tmp_path_factory):
         "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
         OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={interrupted_run}", *TRAIN_OVERRIDES,
                             "train.max_steps=100000", "train.log_every=5"]))
+    # Requeued by SLURM itself as soon as it runs, with MAX_RESTARTS=0 (SLURM's preemption requeueing it again and
+    # again reaches the cap the same way): the next attempt exits 3 before it trains.
+    over_cap = cluster.sbatch(
+        "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
+        MAX_RESTARTS="0", OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'over_cap'}",
+                                              *TRAIN_OVERRIDES]))
     ids = {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited, "lost": lost,
            "doomed": doomed, "deadline": deadline_job, "outside": outside, "kept": kept, "interrupted": interrupted,
-           "slurm_preempted": slurm_preempted}
+           "slurm_preempted": slurm_preempted, "over_cap": over_cap}
     kills: dict[str, list[float]] = {"lost": [], "doomed": [], "kept": []}
 
     def rank_status(job: int, attempt: int, rank: int) -> Path:
@@ -264,7 +277,7 @@ def jobs(cluster, prepared, tmp_path_factory):
 
     markers: list[dict] = []
     limit_signals = 0
-    raised = requeued = interrupt_sent = preempted_by_slurm = False
+    raised = requeued = interrupt_sent = preempted_by_slurm = over_cap_requeued = False
     deadline = time.time() + 720
     while time.time() < deadline:
         # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
@@ -278,6 +291,9 @@ def jobs(cluster, prepared, tmp_path_factory):
                 attempt = int(known[str(ids[name])][-1].get("Restarts", "0"))
                 if attempt == len(kills[name]) and kill_rank1(ids[name], attempt):
                     kills[name].append(time.time())
+        if not over_cap_requeued and states[over_cap] == "RUNNING":
+            cluster.requeue(over_cap)
+            over_cap_requeued = True
         if not requeued and states[outside] == "RUNNING" and rank_status(outside, 0, 0).is_file():
             cluster.requeue(outside)  # once its trainer has started
             requeued = True
@@ -321,6 +337,11 @@ def jobs(cluster, prepared, tmp_path_factory):
             "deadline_run": deadline_run,
             "prepare_tasks": cluster.tasks(prepare), "corpus": corpus, "kills": kills, "lost_run": lost_run,
             "info": {name: cluster.job(j) for name, j in ids.items()}}
+
+
+def _venv_is_the_repos() -> bool:
+    """Whether this Python is the repository's .venv (`make test`, CI): the sbatch templates' default VENV."""
+    return (REPO / ".venv").resolve() == Path(sys.prefix).resolve()
 
 
 def _write_resolved_config(path: Path, *overrides: str) -> None:
@@ -426,9 +447,23 @@ def test_chain_prepare_pretrain_export_with_afterok(jobs):
 
 
 def test_crash_is_not_requeued(jobs):
+    """A bad config key (exit 2) is not requeued. The job was submitted from the repository root with the knobs
+    unset: the log's first lines name the repository, the Python of its .venv and the task's CPUs as threads."""
     info, log = jobs["info"]["crash"], _log(jobs, "crash")
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0" and info["ExitCode"] == "2:0", info
     assert "no_such_key" in log and "training failed with exit code 2: not requeueing" in log
+    assert f"repository {REPO}; python {Path(sys.prefix) / 'bin' / 'python'}\n" in log, log[:2000]
+    assert "rendezvous " in log and log.count(", OMP_NUM_THREADS=1\n") == 1, log[:2000]
+    assert not (REPO / ".pretrain-status").exists() and not list(REPO.glob("pretrain-*.out"))
+
+
+def test_a_job_slurm_requeued_past_max_restarts_exits_3_before_it_trains(jobs):
+    """SLURM requeued the job itself (its preemption, an outside requeue) past MAX_RESTARTS: the script's own requeue
+    cap cannot act on that, so the next attempt refuses to start, exit 3, and the job fails."""
+    info, log = jobs["info"]["over_cap"], _log(jobs, "over_cap")
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "1" and info["ExitCode"] == "3:0", (info, log[-3000:])
+    assert "restart 1 exceeds MAX_RESTARTS=0 (requeued by SLURM itself?): not starting" in log, log[-3000:]
+    assert f"job {jobs['ids']['over_cap']} attempt 2 " not in log, log[-3000:]
 
 
 def test_an_interrupt_saves_and_ends_the_job_without_requeueing(jobs):
@@ -517,7 +552,7 @@ def test_a_killed_rank_ends_the_step_requeues_and_resumes_exactly(jobs):
     assert "a rank or node was lost (crash 1 of at most 2): srun: error: n2: task 1: Killed (host n2)" in log, log[-3000:]
     # MASTER_PORT_BASE gave each attempt's ranks their MASTER_PORT (the sbatch's sum; they met there and trained on).
     port = LOST_PORT_BASE + jobs["ids"]["lost"] % 20000
-    assert log.count(", rendezvous ") == 2 and log.count(f":{port}\n") == 2, log[-3000:]
+    assert log.count(", rendezvous ") == 2 and log.count(f":{port}, OMP_NUM_THREADS=1\n") == 2, log[-3000:]
     seconds = _said_at(log, "a rank or node was lost") - jobs["kills"]["lost"][0]
     print(f"SIGKILL of rank 1 -> the step ended and the sbatch decided {seconds:.0f}s later (1 s resolution)")
     assert seconds < 40, seconds
