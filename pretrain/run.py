@@ -55,6 +55,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     run_dir = RunDir(cfg.train.output_dir)
     run_dir.check_place(cfg.data.path)
     if torch.cuda.is_available():  # read when NCCL's group is created: a timeout dumps every rank's last collectives here
+        run_dir.flight_recorder.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(run_dir.flight_recorder / "rank_"))
     spec = resolve_objective(cfg.objective, cfg.model, cfg.masking)  # the cheapest mistakes first
     start_ranks(cfg)
@@ -75,8 +76,6 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     # run files replace the folder's only when training starts: a refused launch leaves the run as it was.
     choice = ResumeChoice(cfg, run_dir, files)
     resumed = choice.choose()
-    if torch.cuda.is_available():  # only once the launch is accepted: a refused one leaves the run folder as it was
-        run_dir.flight_recorder.mkdir(parents=True, exist_ok=True)
     engine, engine_notes, ds_config = set_up_engine(cfg, objective, resumed)
     files[DEEPSPEED_CONFIG_FILE] = ds_config  # the run folder and every checkpoint keep the config DeepSpeed was given
     # Before any log: reading the validation batches for their unigram entropy may refuse the data.
