@@ -98,10 +98,15 @@ def remove_unheld_segments(matches: Callable[[str], bool], shm_dir: Path = SHM_D
     return removed
 
 
+def _lock_path(name: str) -> Path:
+    """Where the machine-wide lock file `name` is: /dev/shm, or the temporary folder where there is none."""
+    return (SHM_DIR if SHM_DIR.is_dir() else Path(tempfile.gettempdir())) / name
+
+
 def machine_lock(name: str) -> int:
     """A read-only descriptor of the lock file `name` in /dev/shm (the temporary folder where there is none), one
     for every user's processes on this machine, for `fcntl.flock`; created, when missing, readable by all."""
-    path = (SHM_DIR if SHM_DIR.is_dir() else Path(tempfile.gettempdir())) / name
+    path = _lock_path(name)
     refused = 0
     while True:
         try:
@@ -123,6 +128,20 @@ def machine_lock(name: str) -> int:
             continue
         os.fchmod(fd, 0o644)  # whatever this user's umask, the next user's processes can open it
         return fd
+
+
+def remove_machine_lock(name: str) -> bool:
+    """Unlink this user's lock file `name` (where `machine_lock` keeps it); whether it was removed. Only for a lock
+    the caller holds exclusively (`owner_gone`) where no process can open it meanwhile: one that had opened the old
+    file would lock a name nobody else sees."""
+    path = _lock_path(name)
+    try:
+        if path.stat().st_uid != os.getuid():  # another user's: not ours to unlink (the sticky folder refuses it)
+            return False
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 _HELD: dict[str, int] = {}  # the lock files this process holds until it exits, by name

@@ -36,7 +36,8 @@ from core import distributed as dist
 from core.config_io import check_range
 from core.errors import ConfigError, MissingFileError
 from core.process_life import terminal_signals_held
-from core.shared_memory import SHM_DIR, hold_while_alive, machine_lock, owner_gone, remove_unheld_segments
+from core.shared_memory import (SHM_DIR, hold_while_alive, machine_lock, owner_gone, remove_machine_lock,
+                                remove_unheld_segments)
 from core.streaming_import import require_streaming
 from data_pipeline.batches import PackedBatch, PackingCollate
 from data_pipeline.dataset_dir import INDEX
@@ -290,8 +291,9 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
 
 
 def clean_stale_shared_memory(cfg: LoaderConfig) -> list[str]:
-    """Remove the streaming segments killed runs left on this machine and no process holds (see LoaderConfig); the
-    names removed (by the local leader; the other ranks wait for it and get none)."""
+    """Remove the streaming segments killed runs left on this machine and no process holds (see LoaderConfig), and
+    the prefix lock files of runs that ended; the segments' names removed (by the local leader; the other ranks wait
+    for it and get none)."""
     if not cfg.clean_stale_shared_memory:
         return []
     require_streaming()
@@ -303,12 +305,24 @@ def clean_stale_shared_memory(cfg: LoaderConfig) -> list[str]:
     removed: list[str] = []
     with shared_memory_registration():  # no other run's leader is creating its segments meanwhile
         if is_local_leader():
+            names = [path.name for path in SHM_DIR.glob("*")]
             with contextlib.ExitStack() as stack:
                 # A live run's prefix lock is held (in any process namespace): its segments stay, even one that no
-                # process maps for a moment while streaming hands it from one process to another.
-                prefixes = {path.name[:6] for path in SHM_DIR.glob("*") if pattern.fullmatch(path.name)}
+                # process maps for a moment while streaming hands it from one process to another. The locks of the
+                # prefixes with segments are held across the one scan of /proc (a few: the live runs', a killed one's).
+                prefixes = {n[:6] for n in names if pattern.fullmatch(n)}
                 dead = {p for p in prefixes if stack.enter_context(owner_gone(_prefix_lock(int(p))))}
                 removed = remove_unheld_segments(lambda name: bool(pattern.fullmatch(name)) and name[:6] in dead)
+                for p in dead:
+                    remove_machine_lock(_prefix_lock(int(p)))
+            # The lock files of runs that ended well, their segments gone with them (not reported: each run leaves one
+            # per dataset, which a node's /dev/shm would collect for ever), one at a time: there may be thousands.
+            # Removed while held, and while this leader holds the registration lock: a run opens one only while its
+            # local leader holds that lock, or once the lock file is held by its leader (build_dataset).
+            for p in {m.group(1) for m in map(PREFIX_LOCK.fullmatch, names) if m} - prefixes:
+                with owner_gone(_prefix_lock(int(p))) as gone:
+                    if gone:
+                        remove_machine_lock(_prefix_lock(int(p)))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()  # no rank scans for its prefix before the leader's clean-up is done
     return removed
@@ -332,7 +346,8 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
             num_canonical_nodes=cfg.num_canonical_nodes,
             validate_hash="xxh64" if cfg.remote and cfg.verify_hashes else None,
         )
-        # Inside the registration: no run's clean-up sees these segments before their owner's lock is held.
+        # Inside the registration: no run's clean-up sees these segments before their owner's lock is held, and none
+        # removes the lock file between this rank's open and its lock (clean_stale_shared_memory).
         hold_while_alive(_prefix_lock(dataset._shm_prefix_int))
     _SHARED_MEMORY_PREFIXES.add(dataset._shm_prefix_int)
     _DATASETS.add(dataset)
@@ -342,6 +357,9 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
 def _prefix_lock(prefix: int) -> str:
     """The lock file a live run holds for its streaming prefix (core.shared_memory.hold_while_alive)."""
     return f"contrastive_pretrain_streaming_{prefix:06}.lock"
+
+
+PREFIX_LOCK = re.compile(r"contrastive_pretrain_streaming_(\d{6})\.lock")  # `_prefix_lock`'s names
 
 
 # streaming's shared-memory prefixes of the datasets this process opened, and those datasets (release_shared_memory).

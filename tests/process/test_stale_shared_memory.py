@@ -79,9 +79,13 @@ def _line(out: Path, n: int, proc, timeout: float = 120) -> dict:
 
 
 HOLD_PREFIX = """
-import sys, time
-from core.shared_memory import hold_while_alive
+import fcntl, sys, time
+from core.shared_memory import hold_while_alive, machine_lock
+# As build_dataset does: under the registration lock, which a clean-up takes before it looks at a prefix's lock.
+registration = machine_lock("contrastive_pretrain_streaming.lock")
+fcntl.flock(registration, fcntl.LOCK_EX)
 hold_while_alive(sys.argv[1])
+fcntl.flock(registration, fcntl.LOCK_UN)
 print("ready", flush=True)
 time.sleep(120)
 """
@@ -89,23 +93,48 @@ time.sleep(120)
 
 def test_a_segment_whose_run_holds_its_prefix_lock_stays_though_no_process_here_holds_it(prepared):
     """A live run in another container that shares this machine's /dev/shm: /proc here shows none of its processes,
-    so its segments look unheld, but the lock it holds on its prefix is seen. Once its holder is gone, they go."""
+    so its segments look unheld, but the lock it holds on its prefix is seen. Once its holder is gone, they go, and
+    its lock file with them; the lock file a run that ended well left (its segments gone with it) goes at once."""
     from data_pipeline.loader import _prefix_lock
 
     prefix = 999994  # far above any prefix a run picks: no run's own
     segment = f"{prefix}_next_epoch"
-    (SHM / segment).write_bytes(b"\0" * 64)  # written and closed: no process holds it
+    ended = _prefix_lock(prefix - 1)
+    os.close(machine_lock(ended))
     holder = subprocess.Popen([sys.executable, "-c", HOLD_PREFIX, _prefix_lock(prefix)], stdout=subprocess.PIPE,
                               text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         assert holder.stdout.readline().strip() == "ready"
+        (SHM / segment).write_bytes(b"\0" * 64)  # written and closed, once its prefix is held: no process holds it
         assert segment not in clean_stale_shared_memory(LoaderConfig(path=str(prepared)))
-        assert (SHM / segment).exists()
+        assert (SHM / segment).exists() and (SHM / _prefix_lock(prefix)).exists()
+        assert not (SHM / ended).exists()  # (by this clean-up, or by another test worker's run's)
     finally:
         holder.kill()
         holder.wait()
     removed = clean_stale_shared_memory(LoaderConfig(path=str(prepared)))
-    assert not (SHM / segment).exists(), removed  # (by this clean-up, or by another test worker's run's)
+    assert not (SHM / segment).exists() and not (SHM / _prefix_lock(prefix)).exists(), removed
+
+
+MANY_LOCKS = """
+import os, resource, sys
+from core.shared_memory import machine_lock
+from data_pipeline.loader import LoaderConfig, _prefix_lock, clean_stale_shared_memory
+# A node where thousands of runs ended, under a limit of open files below their number.
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+names = [_prefix_lock(p) for p in range(998000, 998600)]
+for name in names:
+    os.close(machine_lock(name))
+clean_stale_shared_memory(LoaderConfig(path=sys.argv[1]))
+print(sum(os.path.exists(os.path.join("/dev/shm", name)) for name in names), "left")
+"""
+
+
+def test_the_lock_files_of_ended_runs_go_though_they_outnumber_the_open_files_allowed(prepared):
+    """600 lock files of ended runs and a limit of 256 open files: the clean-up takes them one at a time."""
+    done = subprocess.run([sys.executable, "-c", MANY_LOCKS, str(prepared)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **PROCESS_ENV, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and done.stdout.strip() == "0 left", (done.stdout, done.stderr[-3000:])
 
 
 def test_a_live_runs_segments_survive_another_runs_clean_up_and_it_reads_on(prepared, tmp_path):
