@@ -1,6 +1,7 @@
 """Outputs are never half-written: files and folders are written under a temporary name, then renamed."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import json
@@ -68,10 +69,21 @@ def _claim_then_rename(tmp: Path, path: Path) -> bool:
     whole text renamed over the claim; a reader in between sees an empty file, never a part of the text (a replacing
     writer's text that lands in between is lost, where a link would have kept it: the window is one rename)."""
     try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         return False
-    tmp.replace(path)
+    claim = os.fstat(fd).st_ino
+    os.close(fd)
+    try:
+        tmp.replace(path)
+    except BaseException:
+        # The claim, while still this writer's and empty, goes with it, so that a later writer can write the text
+        # (only a writer killed between the two steps leaves an empty file).
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            if st.st_ino == claim and st.st_size == 0:
+                path.unlink()
+        raise
     return True
 
 

@@ -76,6 +76,17 @@ def test_a_link_refused_for_another_reason_is_raised_and_leaves_nothing(tmp_path
         write_text_atomic(tmp_path / "FAILED", "rank 1\n", replace=False)
     assert raised.value.errno == errno.EIO and list(tmp_path.iterdir()) == []
     _no_hard_links(monkeypatch, errno.ENOTSUP)
+    # A rename that fails after the name was claimed takes the empty claim with it: the next writer writes the text.
+    real_replace = Path.replace
+
+    def failing_replace(self, target):
+        raise OSError(errno.EIO, "disk gone")
+
+    monkeypatch.setattr(Path, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk gone"):
+        write_text_atomic(tmp_path / "FAILED", "rank 2\n", replace=False)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(Path, "replace", real_replace)
     assert write_text_atomic(tmp_path / "FAILED", "rank 1\n", replace=False) is True
     assert [(p.name, p.read_text()) for p in tmp_path.iterdir()] == [("FAILED", "rank 1\n")]
 
