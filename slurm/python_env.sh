@@ -4,7 +4,7 @@
 # module environment instead), and say which Python the job runs, so a wrong REPO_DIR or VENV shows in the job's log
 # on its first line rather than as an import error of every task.
 activate_venv() {
-    local venv=$1 note=""
+    local venv=${1:?activate_venv VENV} note=""
     if [ -f "$venv/bin/activate" ]; then
         # shellcheck disable=SC1091
         source "$venv/bin/activate"
