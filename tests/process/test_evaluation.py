@@ -172,14 +172,19 @@ def test_self_similarity_cli_equals_an_independent_computation(tmp_path):
         assert abs(group["std"][layer] - abs(a - b) / 2 ** 0.5) <= 1e-6 * abs(a - b)
         assert abs(group["min"][layer] - min(a, b)) <= 1e-6 * abs(a) and abs(group["max"][layer] - max(a, b)) <= 1e-6 * abs(a)
     assert str(minilm_dir()) in proc.stdout
-    # Excluding the special tokens changes the statistic, and again matches the definition.
-    from evaluation.self_similarity import self_similarity
-
-    got = self_similarity(tiny, lines, special_tokens="exclude", batch_size=4)
+    # Excluding the special tokens (`--special-tokens exclude`) changes the statistic, and again matches the definition.
+    excluded = tmp_path / "report" / "excluded"
+    run_cli("pretrain", ["evaluate", "self-similarity", "--model", str(tiny), "--text", str(text), "--out",
+                         str(excluded), "--special-tokens", "exclude", "--batch-size", "4"])
+    report = json.loads(excluded.with_suffix(".json").read_text())
+    got = report["self_similarity"][str(tiny)]
     expected = _independent_self_similarity(tiny, lines, exclude_special=True)
-    assert all(abs(g - e) <= 1e-6 * abs(e) for g, e in zip(got, expected))
+    assert report["special_tokens"] == "exclude" and len(got) == len(expected)
+    assert all(abs(g - e) <= 1e-6 * abs(e) for g, e in zip(got, expected)), (got, expected)
     # A ModernBERT (whose forward takes no token_type_ids) behind a tokenizer that emits them.
     from transformers import ModernBertConfig, ModernBertModel
+
+    from evaluation.self_similarity import self_similarity
 
     modern = tmp_path / "modern"
     torch.manual_seed(0)
