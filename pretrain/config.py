@@ -20,8 +20,9 @@ class OptimizerConfig:
     """AdamW or LAMB; biases and LayerNorm weights get no weight decay."""
 
     name: Literal["adamw", "lamb"] = "adamw"
-    # torch: torch.optim.AdamW (fused: the fastest here) / the project's LAMB (no compiled op, any device).
-    # deepspeed: FusedAdam / FusedLamb on GPU, DeepSpeedCPUAdam on CPU (compiled on first use).
+    # torch: torch.optim.AdamW (fused: the fastest here) / the project's LAMB, the paper's (no compiled op, any device).
+    # deepspeed: FusedAdam / FusedLamb on GPU, DeepSpeedCPUAdam on CPU (compiled on first use). FusedLamb is another
+    # LAMB than the paper's (README, "Optimizers and schedules").
     impl: Literal["torch", "deepspeed"] = "torch"
     lr: float = 5e-4
     weight_decay: float = 0.01

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import sys
 from typing import Callable, Optional
 
@@ -23,10 +24,13 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 class Lamb(torch.optim.Optimizer):
-    """LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning"), as DeepSpeed's FusedLamb:
+    """LAMB as the paper gives it (You et al. 2020, "Large Batch Optimization for Deep Learning", Algorithm 2):
 
     m, v as Adam with bias correction; u = m_hat / (sqrt(v_hat) + eps) + weight_decay * p;
     p -= lr * (||p|| / ||u||) * u, with the trust ratio 1 when either norm is 0.
+
+    Not DeepSpeed's FusedLamb (optimizer.impl=deepspeed), which divides the raw moments, clamps the trust ratio to
+    [0.01, 10] and multiplies the step by sqrt(1 - beta2^t) / (1 - beta1^t) after it (benchmarks/gpu_paths.py).
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0) -> None:
@@ -75,12 +79,21 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, offload: bool = Fals
             raise ConfigError("optimizer.impl=deepspeed with name=lamb needs a GPU without optimizer offload "
                               "(FusedLamb is a CUDA kernel); use optimizer.impl=torch")
         return cpu_adam(groups, kwargs)
+    # CUDA ops built on first use with the node's nvcc (CUDA_HOME); a prebuilt DeepSpeed (DS_BUILD_OPS=1) has them.
+    toolkit = f"or give the node a CUDA toolkit for torch's CUDA {torch.version.cuda} (nvcc, CUDA_HOME)"
+    who = "optimizer.impl=deepspeed on a GPU"
     if cfg.name == "adamw":
         from deepspeed.ops.adam import FusedAdam
+        from deepspeed.ops.op_builder import FusedAdamBuilder
 
+        load_op(lambda: FusedAdamBuilder().load(), "FusedAdam", who,
+                f"use optimizer.impl=torch (torch's fused AdamW), {toolkit}")
         return FusedAdam(groups, adam_w_mode=True, **kwargs)
     from deepspeed.ops.lamb import FusedLamb
+    from deepspeed.ops.op_builder import FusedLambBuilder
 
+    load_op(lambda: FusedLambBuilder().load(), "FusedLamb", who,
+            f"use optimizer.impl=torch (the project's LAMB: the paper's update, not FusedLamb's), {toolkit}")
     return FusedLamb(groups, **kwargs)
 
 
@@ -98,17 +111,27 @@ def ops_build_in_this_venv() -> Optional[str]:
 def cpu_adam(groups: list[dict], kwargs: dict) -> torch.optim.Optimizer:
     """DeepSpeedCPUAdam over `groups`; a C++ op that did not build (no compiler, no headers) is named in one line."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+
+    load_op(lambda: CPUAdamBuilder().load(), "CPU Adam", "optimizer.impl=deepspeed on a CPU or with optimizer offload",
+            "use optimizer.impl=torch (torch's fused AdamW, as fast on a CPU)")
+    return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+
+
+def load_op(load: Callable[[], object], name: str, who: str, instead: str) -> None:
+    """`load()`: DeepSpeed's op `name` built on first use and imported (the optimizer made next finds it loaded). One
+    that cannot be (no compiler or headers, no nvcc or CUDA_HOME, a build for another torch) is a SetupError naming
+    why in one line; only the build is inside, so an error in making the optimizer stays a bug."""
+    from deepspeed.ops.op_builder.builder import CUDAMismatchException, MissingCUDAException
 
     try:
-        return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
-    except RuntimeError as err:
-        if "cpu_adam" not in str(err):
-            raise
+        load()
+    except (RuntimeError, OSError, ImportError, subprocess.SubprocessError, MissingCUDAException,
+            CUDAMismatchException) as err:
         from core.errors import SetupError
 
-        raise SetupError("optimizer.impl=deepspeed on a CPU or with optimizer offload needs DeepSpeed's CPU Adam op, "
-                         f"which did not build here ({build_error(err)}): use optimizer.impl=torch (torch's fused "
-                         "AdamW, as fast on a CPU)") from err
+        raise SetupError(f"{who} needs DeepSpeed's {name} op, which did not build here ({build_error(err)}): "
+                         f"{instead}") from err
 
 
 def build_error(err: BaseException) -> str:
@@ -117,9 +140,9 @@ def build_error(err: BaseException) -> str:
     chain = [err]
     while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
         chain.append(chain[-1].__cause__ or chain[-1].__context__)
-    for exc in chain:
+    for exc in chain:  # a compiler's "error:", nvcc's "fatal", a shell's "nvcc: not found"
         for line in str(exc).splitlines():
-            if "error:" in line.lower():
+            if any(mark in line.lower() for mark in ("error:", "fatal", "not found")):
                 return line.strip()
     first = (str(chain[-1]).strip().splitlines() or [""])[0]
     return f"{type(chain[-1]).__name__}: {first}"

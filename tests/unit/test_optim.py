@@ -1,12 +1,16 @@
-"""Learning-rate schedule, parameter groups, and where DeepSpeed's ops are built."""
+"""Learning-rate schedule, parameter groups, where DeepSpeed's ops are built, and an op that does not build: one line
+(the GPU's FusedAdam and FusedLamb included), any other error a bug."""
 import os
+import subprocess
 import sys
 
+import pytest
 import torch
 
+from core.errors import SetupError
 from pretrain.config import OptimizerConfig, ScheduleConfig
-from pretrain.engine.optim import (build_optimizer, build_scheduler, lr_factor, ops_build_in_this_venv, param_groups,
-                                   reset_schedule, schedule_warning)
+from pretrain.engine.optim import (build_optimizer, build_scheduler, load_op, lr_factor, ops_build_in_this_venv,
+                                   param_groups, reset_schedule, schedule_warning)
 
 
 def _model():
@@ -106,8 +110,6 @@ def test_lamb_matches_the_formula_in_float64():
 
 
 def test_deepspeed_lamb_on_cpu_is_a_clear_error():
-    import pytest
-
     from core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="optimizer.impl=torch"):
@@ -130,3 +132,64 @@ def test_ops_build_in_the_venvs_own_folder_unless_told_otherwise(monkeypatch):
     assert ops_build_in_this_venv() == os.path.join(sys.prefix, "torch_extensions") == os.environ["TORCH_EXTENSIONS_DIR"]
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/scratch/ops-epyc")
     assert ops_build_in_this_venv() == "/scratch/ops-epyc" == os.environ["TORCH_EXTENSIONS_DIR"]
+
+
+def _deepspeed_exception(name: str, text: str) -> Exception:
+    """One of DeepSpeed's op-builder exceptions, imported when the test runs: importing DeepSpeed's op builder sets
+    variables in os.environ (one of them random), and at collection that would keep every later launch of this pytest
+    worker from being forked from the preloaded server (tests/helpers/preloaded.py)."""
+    from deepspeed.ops.op_builder import builder
+
+    return getattr(builder, name)(text)
+
+
+def _failed_build() -> RuntimeError:
+    """What torch's JIT build raises when nvcc fails: ninja's output in the message, its exit as the cause."""
+    try:
+        try:
+            raise subprocess.CalledProcessError(1, ["ninja", "-v"])
+        except subprocess.CalledProcessError as ninja:
+            raise RuntimeError(
+                "Error building extension 'fused_adam': [1/3] /usr/local/cuda/bin/nvcc -DTORCH_EXTENSION_NAME=fused_adam "
+                "-O3 -c multi_tensor_adam.cu -o multi_tensor_adam.cuda.o\nFAILED: multi_tensor_adam.cuda.o\n"
+                "multi_tensor_adam.cu(3): error: identifier \"__nv_bfloat16\" is undefined\n1 error detected") from ninja
+    except RuntimeError as err:
+        return err
+
+
+@pytest.mark.parametrize("raised, said", [
+    (_failed_build(), "(multi_tensor_adam.cu(3): error: identifier \"__nv_bfloat16\" is undefined)"),
+    # torch's build with no toolkit: CUDA_HOME unset, before any compiler runs
+    (OSError("CUDA_HOME environment variable is not set. Please set it to your CUDA install root."),
+     "(OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.)"),
+    (RuntimeError("Error building extension 'fused_adam': [1/3] /usr/local/cuda/bin/nvcc -c x.cu\n"
+                  "nvcc fatal   : Unsupported gpu architecture 'compute_100'"),
+     "(nvcc fatal   : Unsupported gpu architecture 'compute_100')"),
+    (RuntimeError("Error building extension 'fused_lamb': /bin/sh: 1: /usr/local/cuda/bin/nvcc: not found"),
+     "(Error building extension 'fused_lamb': /bin/sh: 1: /usr/local/cuda/bin/nvcc: not found)"),
+    # an op built for another torch
+    (ImportError("fused_adam.so: undefined symbol: _ZN3c104cuda9SetDeviceEi"),
+     "(ImportError: fused_adam.so: undefined symbol: _ZN3c104cuda9SetDeviceEi)"),
+    (("MissingCUDAException", "CUDA_HOME does not exist, unable to compile CUDA op(s)"),
+     "(MissingCUDAException: CUDA_HOME does not exist, unable to compile CUDA op(s))"),
+    (("CUDAMismatchException", ">- DeepSpeed Op Builder: Installed CUDA version 12.1 does not match the version torch "
+                               "was compiled with 12.8"), "Installed CUDA version 12.1 does not match")])
+def test_an_op_that_does_not_build_is_one_line(raised, said):
+    def load():
+        raise _deepspeed_exception(*raised) if isinstance(raised, tuple) else raised
+
+    with pytest.raises(SetupError) as caught:
+        load_op(load, "FusedAdam", "optimizer.impl=deepspeed on a GPU", "use optimizer.impl=torch")
+    line = str(caught.value)
+    assert line.startswith("optimizer.impl=deepspeed on a GPU needs DeepSpeed's FusedAdam op, which did not build here ")
+    assert said in line and line.endswith(": use optimizer.impl=torch") and "\n" not in line, line
+
+
+def test_another_error_while_the_op_loads_stays_a_bug():
+    def load():
+        raise TypeError("load() got an unexpected keyword argument 'verbose'")
+
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        load_op(load, "FusedAdam", "optimizer.impl=deepspeed on a GPU", "use optimizer.impl=torch")
+    loaded = []
+    assert load_op(lambda: loaded.append(1), "FusedAdam", "x", "y") is None and loaded == [1]
