@@ -76,15 +76,14 @@ def _point(backbone: str, *sets: str, objectives: tuple[str, ...] = ("mlm",), ba
             *(("--host-wait-each-step",) if host_wait else ()), "--set", *sets)
 
 
-# In the order a lent GPU should run them: what removing the host's wait for the device once a step (c94c865) gained
-# on both backbones (ModernBERT's pair alternated), within the first call's nine minutes; then ModernBERT-base's `auto` (its
-# whole step) against `layers` again, BERT-base's whole step and the default masking count against its layers, the
-# objectives on ModernBERT, and
-# the GPU check. Estimates from the H200 runs of 2026-11-29 (BENCHMARKS.md, "The second run of the GPU queue": a
-# profiled point took 64-87 s). An id names an entry; it is not its rank. Measured and taken out: 1d (the first run
-# of the queue); 1b-modernbert, 1d-step, 1d-step-computed, 1b-modernbert-keep, 1b-bert, 1b-bert-keep, 3, 4-seq512
-# and 2 (the second run); 1 and 1-chunk, since 2 showed the vocabulary loss in chunks slower and larger than the
-# compiled head whole.
+# In the order a lent GPU should run them: what removing the host's wait for the device once a step (c94c865) gained on
+# both backbones (ModernBERT's pair alternated), within the first call's nine minutes; then ModernBERT-base's `auto`
+# (its whole step) against `layers` again, BERT-base's whole step and the default masking count against its layers, the
+# objectives on ModernBERT, the GPU check, and the paths only a GPU runs (gpu_paths). Estimates from the H200 runs of
+# 2026-11-29 (BENCHMARKS.md, "The second run of the GPU queue": a profiled point took 64-87 s). An id names an entry; it
+# is not its rank. Measured and taken out: 1d (the first run of the queue); 1b-modernbert, 1d-step, 1d-step-computed,
+# 1b-modernbert-keep, 1b-bert, 1b-bert-keep, 3, 4-seq512 and 2 (the second run); 1 and 1-chunk, since 2 showed the
+# vocabulary loss in chunks slower and larger than the compiled head whole.
 QUEUE: tuple[Entry, ...] = (
     Entry("auto-modernbert", "ModernBERT-base as the gpu_base group trains it (train.compile=auto: the whole step, "
           "with the rotary tables and the mask), profiled (its host waits a step: none expected): the 33% target",
@@ -141,6 +140,11 @@ QUEUE: tuple[Entry, ...] = (
                             "--pairs", "1", "--backbones", "bert", "modernbert", "--plain-compile", "--steps", "40",
                             "--window", "5", "--warmup", "15", "--data", str(WORK.relative_to(REPO) / "data128"),
                             "--set", "train.compile=auto", "train.fused_qkv=true", "masking.count=exact"), 5.0, (128,)),
+    Entry("gpu-paths", "the training paths only a GPU reaches, never run yet: a rank past the GPUs it sees (exit 2), "
+          "fp16 with skipped steps and its resume, FusedAdam against torch's AdamW, FusedLamb against its formula, "
+          "flash-attn's refusal "
+          "(or its losses), data.num_workers=auto beside a GPU, NCCL's peer loss where two GPUs are", "gpu_paths",
+          ("--data", str(WORK.relative_to(REPO) / "data128")), 6.0, (128,)),
     Entry("1c", "why the compiled step without a mask was slower than with one: SDPA held to cuDNN without a mask (Kernel levers)",
           "kernel_levers", ("--steps", "30", "--warmup", "10", "--levers", "baseline", "no_mask",
                             "no_mask+cudnn_attention"), 1.3),

@@ -62,15 +62,17 @@ def running(pids: set[int]) -> set[int]:
     return {pid for pid in pids if not pid_gone(pid)}
 
 
-def one_case(case: str, data: Path, work: Path, at_step: int, batch: int, limit_s: float) -> dict:
-    """Launch two ranks, signal rank 1 at `at_step`, time rank 0's exit."""
+def one_case(case: str, data: Path, work: Path, at_step: int, batch: int, limit_s: float,
+             extra: tuple[str, ...] = ()) -> dict:
+    """Launch two ranks (the demo config, then the run-config overrides `extra`), signal rank 1 at `at_step`, time
+    rank 0's exit."""
     run, logs = work / f"run_{case}", work / f"logs_{case}"
     for folder in (run, logs):
         subprocess.run(["rm", "-rf", str(folder)], check=True)
     logs.mkdir(parents=True)
     args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={run}",
             f"train.micro_batch_size={batch}", f"train.global_batch_size={2 * batch}", "train.max_steps=100000",
-            "train.save_every=100000", "train.eval_every=0", "train.log_every=1", "data.num_workers=1"]
+            "train.save_every=100000", "train.eval_every=0", "train.log_every=1", "data.num_workers=1", *extra]
     port, procs = _free_port(), []
     for rank in range(2):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
