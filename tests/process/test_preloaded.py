@@ -115,3 +115,13 @@ def test_a_variable_read_only_after_the_start_may_differ_where_the_caller_says_s
     assert forkable(env, base, set_by_imports, read_later=("CXX", "TORCH_EXTENSIONS_DIR")) == ["TORCH_EXTENSIONS_DIR"]
     assert forkable({**env, "PATH": "/usr/bin"}, base, set_by_imports, read_later=("CXX",)) == ["PATH",
                                                                                                   "TORCH_EXTENSIONS_DIR"]
+
+
+def test_after_collection_a_launch_with_this_workers_environment_is_forked():
+    """Collection imported every test module in this worker: none may have left os.environ where the server's
+    imports did not (a module-level import of DeepSpeed's op builder set a random telemetry id, and every process of
+    the suite then started as a fresh interpreter, the suite minutes slower). Import such a library inside the test."""
+    import conftest
+
+    server = conftest._preloaded()
+    assert forkable(_env(), server.env, server.set_by_imports) == [], "collection changed os.environ (see docstring)"
