@@ -128,6 +128,8 @@ def load_op(load: Callable[[], object], name: str, who: str, instead: str) -> No
         load()
     except (RuntimeError, OSError, ImportError, subprocess.SubprocessError, MissingCUDAException,
             CUDAMismatchException) as err:
+        if isinstance(err, RuntimeError) and "CUDA error" in str(err):  # the device's fault, not the build's
+            raise
         from core.errors import SetupError
 
         raise SetupError(f"{who} needs DeepSpeed's {name} op, which did not build here ({build_error(err)}): "
@@ -136,14 +138,18 @@ def load_op(load: Callable[[], object], name: str, who: str, instead: str) -> No
 
 def build_error(err: BaseException) -> str:
     """The line that says why a C++ op's build failed: the compiler's first 'error:' line anywhere in the chain of
-    causes (DeepSpeed's own message says only that the op failed), else the innermost cause's first line."""
+    causes (DeepSpeed's own message says only that the op failed), else nvcc's 'fatal' line, else a 'not found' one,
+    else the innermost cause's first line."""
     chain = [err]
     while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
         chain.append(chain[-1].__cause__ or chain[-1].__context__)
-    for exc in chain:  # a compiler's "error:", nvcc's "fatal", a shell's "nvcc: not found"
-        for line in str(exc).splitlines():
-            if any(mark in line.lower() for mark in ("error:", "fatal", "not found")):
-                return line.strip()
+    # A compiler's "error:" first (a linker's "not found" warning may come before it), nvcc's "fatal", a shell's
+    # "nvcc: not found".
+    for mark in ("error:", "fatal", "not found"):
+        for exc in chain:
+            for line in str(exc).splitlines():
+                if mark in line.lower():
+                    return line.strip()
     first = (str(chain[-1]).strip().splitlines() or [""])[0]
     return f"{type(chain[-1]).__name__}: {first}"
 
