@@ -13,8 +13,9 @@
   losses; where transformers finds no flash-attn package, the run must be refused in one line (exit 2);
 - `workers`: `data.num_workers=auto` beside a GPU runs min(4, CPUs - 1) loader workers, as the README says;
 - `nccl-peer-loss`: with two GPUs, two ranks over NCCL (benchmarks/peer_loss_time.py's runs), rank 1 signalled at
-  step 5. Killed (SIGKILL): rank 0 exits 76 (peer lost) within 15 s, in one line naming the NCCL backend, as the
-  README says a dead process is seen at once. Frozen (SIGSTOP, as a lost host): rank 0 ends within
+  step 5. Killed (SIGKILL): rank 0 exits 76 (peer lost) within 15 s, in one line naming the NCCL backend, which
+  checks the README's "a dead process is seen at once" under NCCL (within a node its transports may hold no socket
+  that closes: a FAIL then says the README is wrong there, not only the code). Frozen (SIGSTOP, as a lost host): rank 0 ends within
   `train.step_timeout_s` (30 s here) and a minute, and the check says how: exit 76, or torn down by NCCL's watchdog
   (`TORCH_NCCL_ASYNC_ERROR_HANDLING=3`: what the README leaves to be checked on a GPU), and what the flight
   recorder dumped. Not run on a node with one GPU.
@@ -23,8 +24,10 @@
     python -m benchmarks.gpu_paths --checks fp16 fused-adam --data runs/bench_gpu/data128
 
 Each run is `python -m pretrain train` with a tiny BERT (gpu_throughput's `tiny` shape), dropout 0, one rank, ended
-past `--run-timeout-s`. A check the node cannot run (two GPUs, a CUDA op the node cannot build) says why and does not
-fail; a check that raises fails with its error, and the next one runs. Exits 1 when a check fails, 2 without a GPU.
+past `--run-timeout-s`. A check the node cannot run (two GPUs; a CUDA op without a toolkit: no CUDA_HOME, nvcc or ninja) says why and does
+not fail (an op that fails to compile or load does); a check that raises fails with its error, and the next one
+runs. The checks run in the order listed above whatever `--checks` says (fused-lamb, whose formula check holds a
+CUDA context in this process, last: on GPUs in exclusive-process mode the runs after it could not open the GPU). Exits 1 when a check fails, 2 without a GPU.
 Results: benchmarks/results/gpu_paths.json, written after every check.
 """
 from __future__ import annotations
@@ -78,18 +81,26 @@ class Run:
     log: str
 
 
+CONFIG = "pretrain/configs/demo_mlm.yaml"  # under the checks' own overrides
+
+
+def run_overrides(out: Path, args: argparse.Namespace, *overrides: str, backbone: str = "bert") -> list[str]:
+    """The run config of one run (over CONFIG): the tiny `backbone` on `args.data` into `out`, logged every step,
+    then `overrides`."""
+    return [*BACKBONES[backbone], *tiny(backbone), f"data.path={args.data}", f"train.output_dir={out}",
+            f"train.max_steps={args.steps}", f"train.micro_batch_size={args.batch}",
+            f"train.global_batch_size={args.batch}", "train.log_every=1", "train.eval_every=0",
+            f"train.save_every={args.steps * 10}", "train.seed=0", "schedule.warmup_steps=5", "optimizer.lr=1e-3",
+            "model.dropout=0", "model.attention_dropout=0", "train.compile=false", "data.num_workers=1", *overrides]
+
+
 def train(out: Path, args: argparse.Namespace, *overrides: str, backbone: str = "bert",
           env: Optional[dict[str, str]] = None, fresh: bool = True) -> Run:
-    """One run of the tiny `backbone` on `args.data` into `out` (emptied first where `fresh`), logged every step."""
+    """One run (`run_overrides`) into `out`, emptied first where `fresh`."""
     if fresh:
         shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-m", "pretrain", "train", "--config", "pretrain/configs/demo_mlm.yaml",
-               *BACKBONES[backbone], *tiny(backbone), f"data.path={args.data}", f"train.output_dir={out}",
-               f"train.max_steps={args.steps}", f"train.micro_batch_size={args.batch}",
-               f"train.global_batch_size={args.batch}", "train.log_every=1", "train.eval_every=0",
-               f"train.save_every={args.steps * 10}", "train.seed=0", "schedule.warmup_steps=5", "optimizer.lr=1e-3",
-               "model.dropout=0", "model.attention_dropout=0", "train.compile=false", "data.num_workers=1",
-               *overrides]
+    command = [sys.executable, "-m", "pretrain", "train", "--config", CONFIG,
+               *run_overrides(out, args, *overrides, backbone=backbone)]
     started = time.perf_counter()
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,  # its loader workers too, when it must be ended
@@ -100,17 +111,25 @@ def train(out: Path, args: argparse.Namespace, *overrides: str, backbone: str = 
         os.killpg(proc.pid, signal.SIGKILL)
         _, stderr = proc.communicate()
         stderr += f"\nerror: ended by benchmarks.gpu_paths after --run-timeout-s {args.run_timeout_s:g} s"
+    except BaseException:  # this script stopped (the queue's SIGTERM, a Ctrl-C): the run must not keep the GPU
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     run_dir = RunDir(out)
     rows = [r for r in run_dir.metric_rows() if r.get("split") == "train"] if run_dir.metrics.is_file() else []
     log = run_dir.text_log.read_text() if run_dir.text_log.is_file() else ""
     return Run(proc.returncode, time.perf_counter() - started, stderr[-3000:], rows, log)
 
 
+TOOLKIT_MISSING = ("CUDA_HOME", "MissingCUDAException", "nvcc: not found", "ninja")
+
+
 def not_built(run: Run) -> str:
-    """The run's one line where it stopped because a DeepSpeed op did not build here (the node's toolchain, not the
-    path checked), else ""."""
+    """The run's one line where it stopped because the node has no toolkit to build a DeepSpeed op with (no
+    CUDA_HOME, nvcc or ninja: not the path checked), else "". An op that fails to compile or load is no such case."""
     lines = [line for line in run.stderr.splitlines() if line.startswith("error:") and "did not build here" in line]
-    return f"the node cannot build the op: {lines[-1]}" if run.code == 2 and lines else ""
+    missing = run.code == 2 and lines and any(mark in lines[-1] for mark in TOOLKIT_MISSING)
+    return f"the node has no toolkit to build the op: {lines[-1]}" if missing else ""
 
 
 def ran(run: Run, what: str) -> str:
@@ -208,7 +227,7 @@ def check_fused_adam(args: argparse.Namespace, work: Path, gpus: int) -> Outcome
     runs = {impl: train(work / f"adamw_{impl}", args, "train.precision=fp32", f"optimizer.impl={impl}")
             for impl in ("torch", "deepspeed")}
     unbuilt = not_built(runs["deepspeed"])
-    if unbuilt:
+    if unbuilt:  # else an op that failed to build fails the check, below
         return Outcome("fused-adam", NOT_RUN, unbuilt)
     failed = ran(runs["torch"], "optimizer.impl=torch") or ran(runs["deepspeed"], "optimizer.impl=deepspeed")
     if failed:
@@ -221,7 +240,8 @@ def fused_lamb_reference(params: list, grads: list, lr: float, betas: tuple[floa
     """DeepSpeed's FusedLamb in float64, as its CUDA kernel computes it (csrc/lamb/fused_lamb_cuda_kernel.cu), over
     `grads` (one list a step): raw moments; u = m / (sqrt(v) + eps) + weight_decay * p; the trust ratio ||p|| / ||u||
     clamped to [min_coeff, max_coeff], 1 where either norm is 0; p -= lr * sqrt(1 - b2^t) / (1 - b1^t) * ratio * u.
-    The parameters after the last step."""
+    The parameters after the last step. As FusedLamb runs here: one parameter group, no gradient scale, no
+    max_grad_norm, bias_correction on, eps outside the square root, fp32 gradients."""
     b1, b2 = betas
     params = [p.double().clone() for p in params]
     m = [p.new_zeros(p.shape) for p in params]
@@ -239,6 +259,9 @@ def fused_lamb_reference(params: list, grads: list, lr: float, betas: tuple[floa
     return params
 
 
+LAMB_RUN = ("train.precision=fp32", "optimizer.name=lamb", "optimizer.impl=deepspeed", "train.zero_stage=0")
+
+
 def check_fused_lamb(args: argparse.Namespace, work: Path, gpus: int) -> Outcome:
     """FusedLamb steps as its formula says (float64 reference, 8 steps on tensors whose trust ratios are inside, above
     and below the clamp, and 0 norms), and a run with optimizer.impl=deepspeed, name=lamb trains. Not compared with the
@@ -254,7 +277,9 @@ def check_fused_lamb(args: argparse.Namespace, work: Path, gpus: int) -> Outcome
     try:
         load_op(lambda: FusedLambBuilder().load(), "FusedLamb", "this check", "the trainer would stop the same way")
     except SetupError as err:
-        return Outcome("fused-lamb", NOT_RUN, f"the node cannot build the op: {err}")
+        missing = any(mark in str(err) for mark in TOOLKIT_MISSING)
+        return Outcome("fused-lamb", NOT_RUN if missing else FAIL,
+                       f"the node has no toolkit to build the op: {err}" if missing else str(err))
     generator = torch.Generator().manual_seed(0)
     shapes_scales = [((64, 64), 0.02), ((64,), 1.0), ((64,), 0.0), ((32, 16), 1e3), ((8, 8), 1e-6)]
     start = [torch.randn(shape, generator=generator) * scale for shape, scale in shapes_scales]
@@ -269,8 +294,7 @@ def check_fused_lamb(args: argparse.Namespace, work: Path, gpus: int) -> Outcome
     expected = fused_lamb_reference(start, grads, **hyper)
     worst = max(((p.detach().cpu().double() - e).abs().max() / e.abs().max().clamp_min(1e-12)).item()
                 for p, e in zip(live, expected))
-    run = train(work / "fused_lamb", args, "train.precision=fp32", "optimizer.name=lamb", "optimizer.impl=deepspeed",
-                "train.zero_stage=0")
+    run = train(work / "fused_lamb", args, *LAMB_RUN)
     problems = [] if worst <= 1e-5 else [f"FusedLamb's parameters differ from its formula by {worst:.2e} (relative to "
                                           "each tensor's largest, 1e-5 allowed)"]
     losses = [r["loss"] for r in run.rows]
@@ -340,9 +364,11 @@ def check_nccl_peer_loss(args: argparse.Namespace, work: Path, gpus: int) -> Out
     return Outcome("nccl-peer-loss", FAIL if problems else PASS, "; ".join(problems + said), figures)
 
 
+# In the order they run (fused-lamb last: its formula check holds a CUDA context in this process).
 CHECKS: dict[str, Callable[[argparse.Namespace, Path, int], Outcome]] = {
-    "rank-gpu": check_rank_gpu, "fp16": check_fp16, "fused-adam": check_fused_adam, "fused-lamb": check_fused_lamb,
-    "flash-attention": check_flash_attention, "workers": check_workers, "nccl-peer-loss": check_nccl_peer_loss}
+    "rank-gpu": check_rank_gpu, "fp16": check_fp16, "fused-adam": check_fused_adam,
+    "flash-attention": check_flash_attention, "workers": check_workers, "nccl-peer-loss": check_nccl_peer_loss,
+    "fused-lamb": check_fused_lamb}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -368,6 +394,26 @@ def check_args(args: argparse.Namespace) -> str:
     return ""
 
 
+class Terminated(BaseException):
+    """SIGTERM (the GPU queue ending this entry): past the checks' own error handling, through train()'s, which ends
+    the run it waits for, so that no run keeps the GPU."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def finite(value: object) -> object:
+    """`value` with every float that is not finite as None: results that strict JSON readers take."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
 def visible_gpus() -> tuple[int, str]:
     """How many GPUs torch sees here, and the first one's name ("" without one)."""
     import torch
@@ -381,7 +427,7 @@ def run_check(name: str, args: argparse.Namespace, work: Path, gpus: int) -> Out
     started = time.perf_counter()
     try:
         outcome = CHECKS[name](args, work, gpus)
-    except (Exception, SystemExit) as err:  # a helper's SystemExit (peer_loss_time) included
+    except (Exception, SystemExit) as err:  # a helper's SystemExit (peer_loss_time) included; not Terminated
         text = (str(err).strip().splitlines() or [""])[-1]
         outcome = Outcome(name, FAIL, f"the check raised {type(err).__name__}: {text}")
     outcome.figures["seconds"] = round(time.perf_counter() - started, 1)
@@ -391,6 +437,8 @@ def run_check(name: str, args: argparse.Namespace, work: Path, gpus: int) -> Out
 def main(argv: Optional[list[str]] = None) -> None:
     """Run the chosen checks; print a line each, and the results file after each; exit 1 when any fails."""
     args = parse_checked(build_parser(), check_args, argv)
+    # The runs start in this process's folder's terms and run from the repository's (cwd=REPO).
+    args.data, args.work, args.out = (str(Path(p).resolve()) for p in (args.data, args.work, args.out))
     gpus, device = visible_gpus()
     if not gpus:
         print("error: benchmarks.gpu_paths checks what only a GPU runs, and torch sees no GPU here "
@@ -402,16 +450,21 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise SystemExit(2)
     import torch
 
-    outcomes = []
-    for name in args.checks:
-        outcome = run_check(name, args, Path(args.work), gpus)
+    signal.signal(signal.SIGTERM, _terminated)
+    chosen, outcomes = [name for name in CHECKS if name in args.checks], []
+    for name in chosen:
+        try:
+            outcome = run_check(name, args, Path(args.work), gpus)
+        except Terminated:
+            print(f"stopped by SIGTERM during {name}: {args.out} holds the checks before it", file=sys.stderr)
+            raise SystemExit(128 + signal.SIGTERM) from None
         outcomes.append(outcome)
         print(f"{name}: {outcome.verdict} ({outcome.figures['seconds']:.0f} s): {outcome.detail}", flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(Path(args.out), json.dumps({
+        write_text_atomic(Path(args.out), json.dumps(finite({
             "device": device, "gpus": gpus, "torch": torch.__version__, "args": vars(args),
-            "outcomes": [vars(o) for o in outcomes], "not_yet_run": args.checks[len(outcomes):]},
-            indent=2, default=str) + "\n")
+            "outcomes": [vars(o) for o in outcomes], "not_yet_run": chosen[len(outcomes):]}),
+            indent=2, default=str, allow_nan=False) + "\n")
     if any(o.verdict == FAIL for o in outcomes):
         raise SystemExit(1)
 

@@ -1,7 +1,8 @@
 """benchmarks/gpu_paths.py's verdicts, on rows written here: the fp16 check fails a resume that lost the loss scale,
 a run that skipped no step, a non-finite loss; a comparison fails on a step missing; the float64 reference of
-DeepSpeed's FusedLamb is its formula, worked by hand. Without a GPU the check stops in one line; a check that raises
-fails and the next one runs, the results written after each."""
+DeepSpeed's FusedLamb is its formula, worked by hand; the NCCL check says how the survivor ended; only a missing
+toolkit makes a check "not run". Every run the checks start loads as a run config. Without a GPU the check stops in
+one line; a check that raises fails and the next one runs, the results written after each."""
 import json
 import math
 
@@ -136,3 +137,107 @@ def test_the_fused_lamb_reference_over_steps_with_weight_decay_and_eps():
     (got,) = gpu_paths.fused_lamb_reference([torch.tensor([3.0, 4.0])], [[torch.tensor(g)]] * 3, lr=lr,
                                             betas=(b1, b2), eps=eps, weight_decay=wd)
     assert torch.allclose(got, torch.tensor(p, dtype=torch.float64), rtol=1e-12, atol=0), (got, p)
+
+
+def _one_case_results(results: dict):
+    """benchmarks.peer_loss_time.one_case as it returns (its rank 0's end per case), with the extra overrides kept."""
+    calls = []
+
+    def one_case(case, data, work, at_step, batch, limit_s, extra=()):
+        calls.append(extra)
+        code, seconds = results[case]
+        return {"case": case, "exit_code": code, "seconds": seconds, "left_after_5s": 0,
+                "line": "peer lost: rank 0 of 2, step 5, backend nccl: ..." if code == 76 else ""}
+    return one_case, calls
+
+
+def test_the_nccl_verdict_says_how_the_survivor_ended(monkeypatch, tmp_path):
+    args = gpu_paths.build_parser().parse_args(["--data", str(tmp_path), "--work", str(tmp_path)])
+    dumps = tmp_path / "nccl" / "run_sigstop" / "flight_recorder"
+    dumps.mkdir(parents=True)
+    (dumps / "rank_0").write_text("a dump")
+    one_case, calls = _one_case_results({"sigkill": (76, 0.4), "sigstop": (-6, 31.2)})
+    monkeypatch.setattr("benchmarks.peer_loss_time.one_case", one_case)
+    outcome = gpu_paths.check_nccl_peer_loss(args, tmp_path, 2)
+    assert outcome.verdict == PASS, outcome.detail
+    assert outcome.detail == ("sigkill: exit 76 after 0.4 s, 0 flight-recorder dump(s); "
+                              "sigstop: killed by SIGABRT after 31.2 s, 1 flight-recorder dump(s)")
+    assert all("train.step_timeout_s=30" in extra for extra in calls) and len(calls) == 2
+
+    one_case, _ = _one_case_results({"sigkill": (-6, 31.0), "sigstop": (None, 150.0)})
+    monkeypatch.setattr("benchmarks.peer_loss_time.one_case", one_case)
+    failed = gpu_paths.check_nccl_peer_loss(args, tmp_path, 2)
+    assert failed.verdict == FAIL
+    assert failed.detail.startswith("sigkill: rank 0 killed by SIGABRT after 31.0 s (exit 76 within 15 s, naming "
+                                    "backend nccl, expected)")
+    assert "sigstop: rank 0 still running after 150.0 s (an end within 90 s expected)" in failed.detail
+    assert gpu_paths.check_nccl_peer_loss(args, tmp_path, 1).verdict == gpu_paths.NOT_RUN
+
+
+@pytest.mark.parametrize("stderr, code, said", [
+    ("error: optimizer.impl=deepspeed on a GPU needs DeepSpeed's FusedAdam op, which did not build here (OSError: "
+     "CUDA_HOME environment variable is not set. Please set it to your CUDA install root.): use ...", 2,
+     "the node has no toolkit to build the op: error: optimizer.impl=deepspeed"),
+    ("error: optimizer.impl=deepspeed on a GPU needs DeepSpeed's FusedAdam op, which did not build here (Error "
+     "building extension 'fused_adam': /bin/sh: 1: /usr/local/cuda/bin/nvcc: not found): use ...", 2, "no toolkit"),
+    # A compile that fails is the stack's fault, not a missing toolkit: the check fails.
+    ("error: optimizer.impl=deepspeed on a GPU needs DeepSpeed's FusedAdam op, which did not build here "
+     "(multi_tensor_adam.cu(3): error: identifier \"__nv_bfloat16\" is undefined): use ...", 2, ""),
+    ("Traceback (most recent call last):\nOSError: CUDA_HOME environment variable is not set", 1, "")])
+def test_only_a_missing_toolkit_is_a_check_not_run(stderr, code, said):
+    found = gpu_paths.not_built(gpu_paths.Run(code, 10.0, stderr, [], ""))
+    assert (said in found and found) if said else found == "", found
+
+
+def test_every_run_a_check_starts_is_a_config_the_trainer_loads(monkeypatch, tmp_path):
+    """Each check's runs, caught before they start (the GPU runs them): their overrides, over the demo config, load
+    as a RunConfig, so a key's typo is found here and not on a GPU node."""
+    from core.config_io import load_config
+    from pretrain.config import RunConfig
+
+    started = []
+
+    def train(out, args, *overrides, backbone="bert", env=None, fresh=True):
+        started.append(gpu_paths.run_overrides(out, args, *overrides, backbone=backbone))
+        return gpu_paths.Run(0, 1.0, "", [], "")
+
+    one_case, calls = _one_case_results({"sigkill": (76, 1.0), "sigstop": (76, 31.0)})
+    monkeypatch.setattr(gpu_paths, "train", train)
+    monkeypatch.setattr("benchmarks.peer_loss_time.one_case", one_case)
+    args = gpu_paths.build_parser().parse_args(["--data", str(tmp_path / "data"), "--work", str(tmp_path)])
+    for name, check in gpu_paths.CHECKS.items():
+        if name != "fused-lamb":  # its formula check puts tensors on the GPU first; its run is below
+            check(args, tmp_path, 2)
+    started.append(gpu_paths.run_overrides(tmp_path / "lamb", args, *gpu_paths.LAMB_RUN))
+    # rank-gpu 1, fp16 3, fused-adam 2, flash-attention 1 (no flash-attn here), workers 1; NCCL's two cases; lamb 1.
+    assert len(started) == 9 and len(calls) == 2
+    for overrides in [*started, *([f"data.path={tmp_path}", *extra] for extra in calls)]:
+        load_config(RunConfig, str(gpu_paths.REPO / gpu_paths.CONFIG), list(overrides))
+
+
+def test_a_sigterm_ends_the_checks_with_the_earlier_ones_written(monkeypatch, tmp_path, capsys):
+    """The GPU queue ends an entry by SIGTERM: the check running is not turned into a failure and the next is not
+    started; the results file holds the checks before it."""
+    import os
+    import signal
+
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    out = tmp_path / "results.json"
+
+    def terminated(args, work, gpus):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler main installed raises at once
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(gpu_paths, "visible_gpus", lambda: (1, "NVIDIA H200"))
+    monkeypatch.setattr(gpu_paths, "CHECKS", {"rank-gpu": lambda *a: gpu_paths.Outcome("rank-gpu", PASS, "ok"),
+                                              "fp16": terminated, "workers": terminated})
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            gpu_paths.main(["--data", str(tmp_path / "data"), "--out", str(out), "--work", str(tmp_path / "work")])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM during fp16" in capsys.readouterr().err
+    written = json.loads(out.read_text())
+    assert [o["check"] for o in written["outcomes"]] == ["rank-gpu"] and written["not_yet_run"] == ["fp16", "workers"]
