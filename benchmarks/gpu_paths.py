@@ -121,15 +121,21 @@ def train(out: Path, args: argparse.Namespace, *overrides: str, backbone: str = 
     return Run(proc.returncode, time.perf_counter() - started, stderr[-3000:], rows, log)
 
 
-TOOLKIT_MISSING = ("CUDA_HOME", "MissingCUDAException", "nvcc: not found", "ninja")
+def toolkit_missing(line: str) -> bool:
+    """Whether load_op's line ("... did not build here (WHY): what to do") says the node has no toolkit to build the
+    op with (no CUDA_HOME, nvcc or ninja), not that a compile or a load failed. Only WHY is read: the advice after
+    it names CUDA_HOME too."""
+    if "did not build here (" not in line:
+        return False
+    why = line.split("did not build here (", 1)[1].rsplit("): ", 1)[0]
+    return any(mark in why for mark in ("CUDA_HOME", "MissingCUDAException", "nvcc: not found", "ninja"))
 
 
 def not_built(run: Run) -> str:
-    """The run's one line where it stopped because the node has no toolkit to build a DeepSpeed op with (no
-    CUDA_HOME, nvcc or ninja: not the path checked), else "". An op that fails to compile or load is no such case."""
-    lines = [line for line in run.stderr.splitlines() if line.startswith("error:") and "did not build here" in line]
-    missing = run.code == 2 and lines and any(mark in lines[-1] for mark in TOOLKIT_MISSING)
-    return f"the node has no toolkit to build the op: {lines[-1]}" if missing else ""
+    """The run's one line where it stopped because the node has no toolkit to build a DeepSpeed op with (not the path
+    checked), else "". An op that fails to compile or load is no such case."""
+    lines = [line for line in run.stderr.splitlines() if line.startswith("error:") and toolkit_missing(line)]
+    return f"the node has no toolkit to build the op: {lines[-1]}" if run.code == 2 and lines else ""
 
 
 def ran(run: Run, what: str) -> str:
@@ -277,7 +283,7 @@ def check_fused_lamb(args: argparse.Namespace, work: Path, gpus: int) -> Outcome
     try:
         load_op(lambda: FusedLambBuilder().load(), "FusedLamb", "this check", "the trainer would stop the same way")
     except SetupError as err:
-        missing = any(mark in str(err) for mark in TOOLKIT_MISSING)
+        missing = toolkit_missing(str(err))
         return Outcome("fused-lamb", NOT_RUN if missing else FAIL,
                        f"the node has no toolkit to build the op: {err}" if missing else str(err))
     generator = torch.Generator().manual_seed(0)

@@ -174,15 +174,21 @@ def test_the_nccl_verdict_says_how_the_survivor_ended(monkeypatch, tmp_path):
     assert gpu_paths.check_nccl_peer_loss(args, tmp_path, 1).verdict == gpu_paths.NOT_RUN
 
 
+ADVICE = ("use optimizer.impl=torch (torch's fused AdamW), or give the node a CUDA toolkit for torch's CUDA 13.0 "
+          "(nvcc, CUDA_HOME)")  # what optim.py advises after the reason: it names CUDA_HOME whatever the reason
+
+
 @pytest.mark.parametrize("stderr, code, said", [
     ("error: optimizer.impl=deepspeed on a GPU needs DeepSpeed's FusedAdam op, which did not build here (OSError: "
-     "CUDA_HOME environment variable is not set. Please set it to your CUDA install root.): use ...", 2,
+     f"CUDA_HOME environment variable is not set. Please set it to your CUDA install root.): {ADVICE}", 2,
      "the node has no toolkit to build the op: error: optimizer.impl=deepspeed"),
     ("error: optimizer.impl=deepspeed on a GPU needs DeepSpeed's FusedAdam op, which did not build here (Error "
-     "building extension 'fused_adam': /bin/sh: 1: /usr/local/cuda/bin/nvcc: not found): use ...", 2, "no toolkit"),
+     f"building extension 'fused_adam': /bin/sh: 1: /usr/local/cuda/bin/nvcc: not found): {ADVICE}", 2, "no toolkit"),
     # A compile that fails is the stack's fault, not a missing toolkit: the check fails.
     ("error: optimizer.impl=deepspeed on a GPU needs DeepSpeed's FusedAdam op, which did not build here "
-     "(multi_tensor_adam.cu(3): error: identifier \"__nv_bfloat16\" is undefined): use ...", 2, ""),
+     f"(multi_tensor_adam.cu(3): error: identifier \"__nv_bfloat16\" is undefined): {ADVICE}", 2, ""),
+    ("error: optimizer.impl=deepspeed on a GPU needs DeepSpeed's FusedAdam op, which did not build here "
+     f"(ImportError: fused_adam.so: undefined symbol: _ZN3c104cuda9SetDeviceEi): {ADVICE}", 2, ""),
     ("Traceback (most recent call last):\nOSError: CUDA_HOME environment variable is not set", 1, "")])
 def test_only_a_missing_toolkit_is_a_check_not_run(stderr, code, said):
     found = gpu_paths.not_built(gpu_paths.Run(code, 10.0, stderr, [], ""))
