@@ -80,6 +80,11 @@ class Run:
     rows: list[dict]
     log: str
 
+    @property
+    def errors(self) -> list[str]:
+        """stderr's one-line errors (`error: ...`, what a refused run says), in order."""
+        return [line for line in self.stderr.splitlines() if line.startswith("error:")]
+
 
 CONFIG = "pretrain/configs/demo_mlm.yaml"  # under the checks' own overrides
 
@@ -134,7 +139,7 @@ def toolkit_missing(line: str) -> bool:
 def not_built(run: Run) -> str:
     """The run's one line where it stopped because the node has no toolkit to build a DeepSpeed op with (not the path
     checked), else "". An op that fails to compile or load is no such case."""
-    lines = [line for line in run.stderr.splitlines() if line.startswith("error:") and toolkit_missing(line)]
+    lines = [line for line in run.errors if toolkit_missing(line)]
     return f"the node has no toolkit to build the op: {lines[-1]}" if run.code == 2 and lines else ""
 
 
@@ -195,7 +200,7 @@ def check_rank_gpu(args: argparse.Namespace, work: Path, gpus: int) -> Outcome:
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29599"}
     run = train(work / "rank_gpu", args, "train.init_timeout_s=60", env=env)  # were it to wait, not for 10 minutes
     said = f"LOCAL_RANK={gpus}, but this process sees {gpus} GPU(s)"
-    lines = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    lines = run.errors
     good = run.code == 2 and len(lines) == 1 and said in lines[0] and "Traceback" not in run.stderr
     return Outcome("rank-gpu", PASS if good else FAIL,
                    f"exit {run.code} after {run.seconds:.0f} s: {(lines or run.stderr.strip().splitlines() or [''])[-1][:200]}",
@@ -321,7 +326,7 @@ def check_flash_attention(args: argparse.Namespace, work: Path, gpus: int) -> Ou
     flash = train(work / "flash_attention_2", args, "train.precision=bf16", "model.attn_implementation=flash_attention_2",
                   backbone="modernbert")
     if not is_flash_attn_2_available():
-        lines = [line for line in flash.stderr.splitlines() if line.startswith("error:")]
+        lines = flash.errors
         good = flash.code == 2 and len(lines) == 1 and "flash-attn" in lines[0] and "Traceback" not in flash.stderr
         return Outcome("flash-attention", PASS if good else FAIL, "flash-attn is not installed here, so only the "
                        f"refusal was checked: exit {flash.code}, {(lines or [''])[0][:160]!r}")
