@@ -180,7 +180,8 @@ def _check_data_fit(vocab: int, positions: int, expected_vocab: int, seq_len: in
     if vocab != expected_vocab:
         raise ConfigError(f"{where} has a vocabulary of {vocab} but the dataset's tokenizer has {expected_vocab} tokens; "
                           "prepare the data with a matching tokenizer (or leave model.vocab_size unset)")
-    if seq_len > positions:
+    # XLNet's config says -1: relative positions, no table to outgrow.
+    if 0 <= positions < seq_len:
         raise ConfigError(f"the dataset's sequences are {seq_len} tokens but {where} has {positions} positions")
 
 

@@ -192,3 +192,37 @@ def test_export_loads_in_transformers_classes(name, runs, tmp_path):
         generator = AutoModelForMaskedLM.from_pretrained(out / "generator").eval()
         with torch.no_grad():
             assert torch.allclose(generator(**inputs).logits, probe["logits"]["generator"], atol=1e-5, rtol=0)
+
+
+# What a user starts from an ALBERT or XLNet export: its own example recipe, the model group replaced by the folder's.
+FROM_EXPORT = {"albert-zero2": ("sop", ["--config", "pretrain/configs/demo_mlm.yaml", "objective.mlm.pair_head=sop",
+                                        "masking.strategy=ngram", "masking.max_span=3"]),
+               "xlnet-zero3": ("plain", ["--config", "pretrain/configs/xlnet.yaml"])}
+
+
+@pytest.mark.parametrize("name", list(FROM_EXPORT))
+def test_a_run_started_from_an_export_of_the_family_starts_from_its_weights(name, runs, prepared, sop_data, tmp_path):
+    """`model=pretrained model.init_from=EXPORT` with an ALBERT or XLNet export: the folder decides the family and
+    shape, and a step at learning rate 0 exports every weight it started from (heads included), bit for bit."""
+    from conftest import run_cli
+    from safetensors.torch import load_file
+
+    from pretrain.exporting.export import export
+
+    data, recipe = FROM_EXPORT[name]
+    start, run, again = tmp_path / "start", tmp_path / "run", tmp_path / "again"
+    with restored_environ():
+        export(runs[name][0], start)
+    run_cli("pretrain", ["train", *recipe, f"data.path={sop_data if data == 'sop' else prepared}",
+                         f"train.output_dir={run}", "model=pretrained", f"model.init_from={start}",
+                         "optimizer.lr=0", "train.max_steps=1", "train.micro_batch_size=4", "train.global_batch_size=4",
+                         "train.precision=fp32", "train.eval_every=0", "data.num_workers=0"])
+    with restored_environ():
+        export(run, again)
+    config = lambda folder: json.loads((folder / "config.json").read_text())  # noqa: E731
+    shape = ("model_type", "architectures", "hidden_size" if name.startswith("albert") else "d_model", "vocab_size")
+    assert [config(again).get(k) for k in shape] == [config(start).get(k) for k in shape]
+    assert config(again)["model_type"] == name.split("-")[0]
+    want, got = load_file(start / "model.safetensors"), load_file(again / "model.safetensors")
+    assert len(want) > 10 and want.keys() == got.keys()
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from transformers import BertConfig, BertForMaskedLM, ModernBertConfig, ModernBertForMaskedLM
+from transformers import BertConfig, BertForMaskedLM, ModernBertConfig, ModernBertForMaskedLM, XLNetConfig, XLNetLMHeadModel
 
 from core.config_io import load_config
 from core.errors import CheckpointError, ConfigError
@@ -105,6 +105,19 @@ def test_unset_shape_and_dropout_keys_are_the_folders_and_fresh_ones_the_documen
     cfg = EncoderConfig(init_from=str(modern))
     assert (cfg.dropout, cfg.attention_dropout, cfg.local_attention) == (None, 0.0, 64)
 
+
+def test_a_folder_with_fewer_positions_than_the_datas_sequences_is_refused_and_xlnets_none_are_no_limit(tmp_path):
+    """A folder's position table must hold the dataset's sequences (one line naming both). XLNet's relative
+    positions have no table (its config says -1), so any length goes: before, an XLNet export was refused here."""
+    bert = tmp_path / "bert"
+    BertForMaskedLM(BertConfig(**SMALL, max_position_embeddings=32)).save_pretrained(bert)
+    with pytest.raises(ConfigError, match=rf"^the dataset's sequences are 64 tokens but 'model.init_from' "
+                                          rf"{re.escape(str(bert))} has 32 positions$"):
+        model_config(EncoderConfig(init_from=str(bert)), {"vocab_size": 100}, 64)
+    assert model_config(EncoderConfig(init_from=str(bert)), {"vocab_size": 100}, 32).max_position_embeddings == 32
+    xlnet = tmp_path / "xlnet"
+    XLNetLMHeadModel(XLNetConfig(d_model=32, n_layer=2, n_head=2, d_inner=64, vocab_size=100)).save_pretrained(xlnet)
+    assert model_config(EncoderConfig(init_from=str(xlnet)), {"vocab_size": 100}, 4096).model_type == "xlnet"
 
 def test_a_shape_set_to_another_value_than_the_folders_is_refused_naming_each_key(tmp_path):
     modern = tmp_path / "modern"
