@@ -68,7 +68,7 @@ class Cluster:
         self.env = {**inherited, "SLURM_LOCAL_DIR": str(base), "SLURM_LOCAL_PORT": str(free_port()),
                     "SLURM_CONF": str(base / "slurm.conf"), "PATH": os.environ["PATH"] + ":/usr/sbin",
                     "REPO_DIR": str(REPO), "VENV": sys.prefix, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                    "SLURM_LOCAL_CPUS": "9"}  # every job of the fixture at once (17 CPUs at most, of 18)
+                    "SLURM_LOCAL_CPUS": "10"}  # every job of the fixture at once (18 CPUs at most, of 20)
 
     def script(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(REPO / "slurm" / "local_cluster.sh"), *args], env=self.env,
@@ -258,9 +258,16 @@ def jobs(cluster, prepared, tmp_path_factory):
         "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
         MAX_RESTARTS="0", OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'over_cap'}",
                                               *TRAIN_OVERRIDES]))
+    # Submitted with --no-requeue (over the script's own #SBATCH --requeue, as a site's wrapper may submit it), then
+    # preempted once it trains: the rank saves, SLURM refuses the script's requeue, and the job ends with 75.
+    refused_run = work / "refused"
+    refused = cluster.sbatch(
+        "pretrain.sbatch", "--no-requeue", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1",
+        cwd=work, OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={refused_run}", *TRAIN_OVERRIDES,
+                                      "train.max_steps=100000", "train.log_every=5"]))
     ids = {"prepare": prepare, "pretrain": pretrain, "export": export, "crash": crash, "limited": limited, "lost": lost,
            "doomed": doomed, "deadline": deadline_job, "outside": outside, "kept": kept, "interrupted": interrupted,
-           "slurm_preempted": slurm_preempted, "over_cap": over_cap}
+           "slurm_preempted": slurm_preempted, "over_cap": over_cap, "refused": refused}
     kills: dict[str, list[float]] = {"lost": [], "doomed": [], "kept": []}
 
     def rank_status(job: int, attempt: int, rank: int) -> Path:
@@ -278,7 +285,7 @@ def jobs(cluster, prepared, tmp_path_factory):
 
     markers: list[dict] = []
     limit_signals = 0
-    raised = requeued = interrupt_sent = preempted_by_slurm = over_cap_requeued = False
+    raised = requeued = interrupt_sent = preempted_by_slurm = over_cap_requeued = refused_preempted = False
     deadline = time.time() + 720
     while time.time() < deadline:
         # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
@@ -328,13 +335,17 @@ def jobs(cluster, prepared, tmp_path_factory):
         if not interrupt_sent and states[interrupted] == "RUNNING" and log.is_file() and "| ETA" in log.read_text():
             cluster.signal_steps(interrupted, "INT")
             interrupt_sent = True
+        log = work / f"pretrain-{refused}.out"
+        if not refused_preempted and states[refused] == "RUNNING" and log.is_file() and "| ETA" in log.read_text():
+            cluster.signal_batch(refused)
+            refused_preempted = True
         if all(s in FINAL for s in states.values()) and all(p.poll() is not None for p in reference_procs):
             break
         time.sleep(0.5)
     assert all(p.poll() == 0 for p in reference_procs), f"reference run failed; see {work / 'reference_logs'}"
     return {"work": work, "run": run, "hf": hf, "reference": reference, "markers": markers, "limit_signals": limit_signals,
             "ids": ids, "limited_run": limited_run, "interrupted_run": interrupted_run,
-            "slurm_preempted_run": slurm_preempted_run,
+            "slurm_preempted_run": slurm_preempted_run, "refused_run": refused_run,
             "deadline_run": deadline_run,
             "prepare_tasks": cluster.tasks(prepare), "corpus": corpus, "kills": kills, "lost_run": lost_run,
             "info": {name: cluster.job(j) for name, j in ids.items()}}
@@ -492,6 +503,21 @@ def test_a_job_slurm_requeued_after_its_ranks_saved_resumes_without_counting_a_c
     first, second = log.split(f"job {jobs['ids']['slurm_preempted']} attempt 2 ")
     assert "preempted (SIGTERM) at step" in first, first[-3000:]
     assert "resumed from" in second and "training finished" in second, second[-3000:]
+
+
+def test_a_requeue_slurm_refuses_ends_the_job_with_its_checkpoint_and_says_how_to_go_on(jobs):
+    """A job submitted with --no-requeue, preempted: the rank saves, `scontrol requeue` is refused, and the job ends
+    with 75 (preempted) in one line that says so and how to go on, its checkpoint complete."""
+    info, log = jobs["info"]["refused"], _log(jobs, "refused")
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0" and info["ExitCode"] == "75:0", (info, log[-3000:])
+    marker = json.loads((jobs["refused_run"] / "PREEMPTED").read_text())
+    assert marker["reason"] == "SIGUSR1", marker
+    checkpoint = RunDir(jobs["refused_run"]).checkpoints / marker["checkpoint"]
+    assert (checkpoint / "COMPLETE").is_file()
+    assert "preempted with a checkpoint: requeueing job" in log
+    said = ("scontrol requeue failed (was the job submitted with --no-requeue?): not requeued; submit the job again "
+            "to resume from its last checkpoint")
+    assert said in log and f"saved checkpoint {checkpoint} in " in log.split(said)[0], log[-3000:]
 
 
 def test_restart_limit_is_respected(jobs):
