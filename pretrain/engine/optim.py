@@ -1,6 +1,7 @@
 """Optimizer parameter groups and the learning-rate schedule."""
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
@@ -124,6 +125,7 @@ def load_op(load: Callable[[], object], name: str, who: str, instead: str) -> No
     why in one line; only the build is inside, so an error in making the optimizer stays a bug."""
     from deepspeed.ops.op_builder.builder import CUDAMismatchException, MissingCUDAException
 
+    ask_cpuinfo_once()
     try:
         load()
     except (RuntimeError, OSError, ImportError, subprocess.SubprocessError, MissingCUDAException,
@@ -134,6 +136,25 @@ def load_op(load: Callable[[], object], name: str, who: str, instead: str) -> No
 
         raise SetupError(f"{who} needs DeepSpeed's {name} op, which did not build here ({build_error(err)}): "
                          f"{instead}") from err
+
+
+def ask_cpuinfo_once() -> None:
+    """Make py-cpuinfo answer once per process. Each of its answers is a fresh Python interpreter that sleeps a second
+    to time the clock, and DeepSpeed's CPU ops ask three times (the build's two flags, then the optimizer) about a CPU
+    that does not change."""
+    try:
+        import cpuinfo
+    except ImportError:  # DeepSpeed then reads lscpu
+        return
+    if getattr(cpuinfo.get_cpu_info, "asked_once", False):
+        return
+    ask = functools.cache(cpuinfo.get_cpu_info)
+
+    def get_cpu_info() -> dict:
+        return dict(ask())  # a copy: the cached answer is not the caller's to change
+
+    get_cpu_info.asked_once = True
+    cpuinfo.get_cpu_info = get_cpu_info
 
 
 def build_error(err: BaseException) -> str:

@@ -88,6 +88,14 @@ def serve(path: str) -> None:
     from core.distributed import import_deepspeed
 
     import_deepspeed()
+    from pretrain.engine.optim import ask_cpuinfo_once
+
+    ask_cpuinfo_once()
+    # Asked here, once per server: the children that build DeepSpeed's CPU ops have the answer (each asking costs a
+    # second, pretrain/engine/optim.py).
+    import cpuinfo
+
+    cpuinfo.get_cpu_info()
     # The imports' objects (about 780,000) out of every child's full collections: DeepSpeed's ZeRO-3 set-up and
     # train_and_probe.py each run gc.collect(), which would otherwise traverse them all (BENCHMARKS.md).
     gc.freeze()
