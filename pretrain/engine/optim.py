@@ -6,7 +6,7 @@ import math
 import os
 import subprocess
 import sys
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -87,13 +87,13 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, offload: bool = Fals
         from deepspeed.ops.adam import FusedAdam
         from deepspeed.ops.op_builder import FusedAdamBuilder
 
-        load_op(lambda: FusedAdamBuilder().load(), "FusedAdam", who,
+        load_op(loaded(FusedAdamBuilder), "FusedAdam", who,
                 f"use optimizer.impl=torch (torch's fused AdamW), {toolkit}")
         return FusedAdam(groups, adam_w_mode=True, **kwargs)
     from deepspeed.ops.lamb import FusedLamb
     from deepspeed.ops.op_builder import FusedLambBuilder
 
-    load_op(lambda: FusedLambBuilder().load(), "FusedLamb", who,
+    load_op(loaded(FusedLambBuilder), "FusedLamb", who,
             f"use optimizer.impl=torch (the project's LAMB: the paper's update, not FusedLamb's), {toolkit}")
     return FusedLamb(groups, **kwargs)
 
@@ -114,7 +114,7 @@ def cpu_adam(groups: list[dict], kwargs: dict) -> torch.optim.Optimizer:
     from deepspeed.ops.adam import DeepSpeedCPUAdam
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
-    load_op(lambda: CPUAdamBuilder().load(), "CPU Adam", "optimizer.impl=deepspeed on a CPU or with optimizer offload",
+    load_op(loaded(CPUAdamBuilder), "CPU Adam", "optimizer.impl=deepspeed on a CPU or with optimizer offload",
             "use optimizer.impl=torch (torch's fused AdamW, as fast on a CPU)")
     return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
 
@@ -125,7 +125,6 @@ def load_op(load: Callable[[], object], name: str, who: str, instead: str) -> No
     why in one line; only the build is inside, so an error in making the optimizer stays a bug."""
     from deepspeed.ops.op_builder.builder import CUDAMismatchException, MissingCUDAException
 
-    ask_cpuinfo_once()
     try:
         load()
     except (RuntimeError, OSError, ImportError, subprocess.SubprocessError, MissingCUDAException,
@@ -136,6 +135,16 @@ def load_op(load: Callable[[], object], name: str, who: str, instead: str) -> No
 
         raise SetupError(f"{who} needs DeepSpeed's {name} op, which did not build here ({build_error(err)}): "
                          f"{instead}") from err
+
+
+def loaded(builder: Callable[[], Any]) -> Callable[[], object]:
+    """What builds and imports the op of `builder()` (for `load_op`), py-cpuinfo asked once for it (`ask_cpuinfo_once`)."""
+
+    def load() -> object:
+        ask_cpuinfo_once()
+        return builder().load()
+
+    return load
 
 
 def ask_cpuinfo_once() -> None:
