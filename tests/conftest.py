@@ -211,13 +211,53 @@ class ForkedModuleRuns:
         if (list(cmd[:2]) != [sys.executable, "-m"] or cmd[2] == "torch.distributed.run" or kwargs
                 or not (capture_output and text)):
             return subprocess.run(cmd, cwd=cwd, env=env, capture_output=capture_output, text=text, **kwargs)
+        return run_python([os.fspath(c) for c in cmd[1:]], {**self._env(env), **PROCESS_ENV}, Path(cwd or os.getcwd()),
+                          timeout=900)
+
+    def Popen(self, cmd: list, *, cwd=None, env=None, stdout=None, stderr=None, text: bool = False, **kwargs):
+        """`subprocess.Popen` of `python -m MODULE` with its stderr piped as text (benchmarks/gpu_paths.py's runs),
+        forked where it can be, the stderr read through a file. The fork stays in the server's process group whatever
+        `start_new_session` says, and is refused CUDA (a fork's): a test that reads a CUDA error keeps a fresh
+        interpreter. Anything else goes to `subprocess.Popen`."""
+        if (list(cmd[:2]) != [sys.executable, "-m"] or set(kwargs) - {"start_new_session"} or stderr != subprocess.PIPE
+                or not text or stdout not in (None, subprocess.DEVNULL)):
+            return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text, **kwargs)
+        err = tempfile.TemporaryFile("w+")
+        proc = python_process([os.fspath(c) for c in cmd[1:]], {**self._env(env), **PROCESS_ENV},
+                              Path(cwd or os.getcwd()), stdout=stdout, stderr=err)
+        return _PipedStderr(proc, err)
+
+    @staticmethod
+    def _env(env: dict | None) -> dict:
+        """The benchmark's environment for a fork: its PYTHONPATH of the checkout first is this process's own (a forked
+        `-m` from REPO has the checkout first too)."""
         from benchmarks.arguments import repo_pythonpath
 
         env = dict(os.environ if env is None else env)
-        if env.get("PYTHONPATH") == repo_pythonpath():  # the checkout first: a forked `-m` from REPO has it there too
+        if env.get("PYTHONPATH") == repo_pythonpath():
             env.pop("PYTHONPATH")
             env.update({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})
-        return run_python([os.fspath(c) for c in cmd[1:]], {**env, **PROCESS_ENV}, Path(cwd or os.getcwd()), timeout=900)
+        return env
+
+
+class _PipedStderr:
+    """A forked process whose stderr a caller reads as Popen's `communicate()` gives a PIPE's (here through a file)."""
+
+    def __init__(self, proc, err) -> None:
+        self.proc, self.err = proc, err
+        self.pid, self.args = proc.pid, proc.args
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[None, str]:
+        self.proc.wait(timeout)
+        self.err.seek(0)
+        return None, self.err.read()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout)
 
 
 def run_cli(module: str, args: list[str], nproc: int = 1, timeout: int = 300, check: bool = True,

@@ -3,7 +3,17 @@ against torch's AdamW, the CPU side of optimizer.impl=deepspeed) and the fp16 ch
 fp16 being refused on a CPU) start valid configs that train and log every step, and come out as on a GPU node."""
 from pathlib import Path
 
+import pytest
+from conftest import ForkedModuleRuns
+
+import benchmarks.gpu_paths as gpu_paths
 from benchmarks.gpu_paths import PASS, build_parser, check_fused_adam, stopped_and_resumed
+
+
+@pytest.fixture(autouse=True)
+def forked_runs(monkeypatch):
+    """The script's `python -m pretrain train` runs forked from the preloaded server, not fresh interpreters."""
+    monkeypatch.setattr(gpu_paths, "subprocess", ForkedModuleRuns())
 
 
 def _args(data: Path, work: Path):
