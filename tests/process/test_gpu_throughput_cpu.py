@@ -84,15 +84,28 @@ def test_tacls_teacher_is_the_mlm_points_model_so_the_student_is_the_backbone_na
         assert (cfg.model.init_from, cfg.model.architecture) == (str(teacher), model_type)  # the point's own family
 
 
-def test_a_modernbert_point_under_compile_auto_compiles_its_whole_step_and_says_so(tmp_path):
+def test_a_modernbert_point_under_compile_auto_compiles_its_whole_step_and_says_so(tmp_path, monkeypatch):
     """`train.compile: auto` (the gpu_base group's) through the trainer on ModernBERT, whose rotary tables go in: the
     whole step compiled, the mask kept on unpadded batches, and the row records what was compiled."""
     corpora = _corpora(tmp_path)
     out, work = tmp_path / "gpu.json", tmp_path / "work"
-    run_cli("benchmarks.gpu_throughput", [
+    launched = []
+
+    def forked(cmd: list[str], env: dict | None = None) -> None:
+        """The trainer's one-process torchrun command with its rank forked (the test above runs the command itself)."""
+        assert cmd[1:7] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m"] and not env
+        launched.append(cmd)
+        run_cli(cmd[7], cmd[8:], timeout=600)
+
+    # Its main in this process, as in the test above; the trainer forked, not a fresh torchrun agent and rank.
+    monkeypatch.setattr(gpu_throughput, "subprocess", ForkedModuleRuns())
+    monkeypatch.setattr(gpu_throughput, "run", forked)
+    monkeypatch.setattr(sys, "argv", [gpu_throughput.__file__, *[
         "--tiny", "--steps", "6", "--warmup", "2", "--seqs", "128", "--batches-128", "4", "--objectives", "mlm",
         "--backbones", "modernbert", "--compile", "on", "--no-bare", "--precision", "fp32", "--corpora", str(corpora),
-        "--work", str(work), "--out", str(out), "--set", "train.compile=auto"], timeout=600)
+        "--work", str(work), "--out", str(out), "--set", "train.compile=auto"]])
+    gpu_throughput.main()
+    assert len(launched) == 1
     (row,) = json.loads(out.read_text())["rows"]
     assert row["compiled"] == "the objective's step (encoders, heads and losses)" and row["tokens_per_s"] > 0
     log = (work / "mlm_modernbert_seq128_b4_on_tiny" / "train.log").read_text()
