@@ -13,7 +13,7 @@ from transformers import PretrainedConfig
 from core.config_io import coerce_value, field_types
 from core.errors import CheckpointError, ConfigError
 from model.backbones import REGISTRY, backbone_for
-from model.backbones.base import CONFIG_VALUE_ERRORS, check_saved_config, family_keys, read_model_folder
+from model.backbones.base import CONFIG_VALUE_ERRORS, Backbone, check_saved_config, family_keys, read_model_folder
 
 
 # A fresh encoder's shape and dropout: these keys' values when they are left unset and there is no `init_from` folder.
@@ -176,12 +176,11 @@ def attention_for(config: PretrainedConfig, requested: str) -> str:
     return backbone_for(config).attention(config, requested)
 
 
-def _check_data_fit(vocab: int, positions: int, expected_vocab: int, seq_len: int, where: str) -> None:
+def _check_data_fit(vocab: int, positions: Optional[int], expected_vocab: int, seq_len: int, where: str) -> None:
     if vocab != expected_vocab:
         raise ConfigError(f"{where} has a vocabulary of {vocab} but the dataset's tokenizer has {expected_vocab} tokens; "
                           "prepare the data with a matching tokenizer (or leave model.vocab_size unset)")
-    # XLNet's config says -1: relative positions, no table to outgrow.
-    if 0 <= positions < seq_len:
+    if positions is not None and seq_len > positions:
         raise ConfigError(f"the dataset's sequences are {seq_len} tokens but {where} has {positions} positions")
 
 
@@ -193,10 +192,11 @@ def model_config(cfg: EncoderConfig, tokenizer: dict, seq_len: int) -> Pretraine
     if cfg.init_from:
         return pretrained_config(cfg, tokenizer["vocab_size"], seq_len)
     vocab = tokenizer["vocab_size"]
-    if cfg.vocab_size is not None:
-        _check_data_fit(cfg.vocab_size, cfg.max_position_embeddings, vocab, seq_len, "config key 'model.vocab_size'")
-    _check_data_fit(vocab, cfg.max_position_embeddings, vocab, seq_len, "'model.max_position_embeddings'")
     backbone = backbone_for(cfg.architecture)
+    positions = _table_size(backbone, cfg.max_position_embeddings)
+    if cfg.vocab_size is not None:
+        _check_data_fit(cfg.vocab_size, positions, vocab, seq_len, "config key 'model.vocab_size'")
+    _check_data_fit(vocab, positions, vocab, seq_len, "'model.max_position_embeddings'")
     config = backbone.hf_config(cfg, tokenizer)
     config._attn_implementation = backbone.attention(config, cfg.attn_implementation)
     return config
@@ -221,9 +221,16 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
             for attr in backbone.config_keys.get(key, ()):
                 setattr(config, attr, getattr(cfg, key))
     check_saved_config(config.to_dict(), f"config key 'model.init_from': '{path}'")
-    _check_data_fit(config.vocab_size, config.max_position_embeddings, vocab_size, seq_len, f"'model.init_from' {path}")
+    _check_data_fit(config.vocab_size, _table_size(backbone, config.max_position_embeddings), vocab_size, seq_len,
+                    f"'model.init_from' {path}")
     config._attn_implementation = backbone.attention(config, cfg.attn_implementation)
     return config
+
+
+def _table_size(backbone: Backbone, positions: int) -> Optional[int]:
+    """The positions a sequence must fit in, None for a family without a position table (XLNet's relative attention,
+    whose transformers config says -1 and whose fresh one ignores model.max_position_embeddings)."""
+    return positions if "max_position_embeddings" in backbone.config_keys else None
 
 
 def config_from_dict(data: dict, attn_implementation: str = "sdpa", where: str = "the saved model config") -> PretrainedConfig:

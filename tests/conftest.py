@@ -13,10 +13,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 import pytest
 from core.distributed import restored_environ  # noqa: F401 (the tests import it from here)
 from pretrain.run_dir import RunDir
+
+if TYPE_CHECKING:  # annotations only: the server's module is imported where it starts
+    from helpers.preloaded import ForkedProcess
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = [
@@ -185,10 +189,13 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         _SERVER.stop()
 
 
-def python_process(argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO, stdout=None, stderr=None):
+def python_process(argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO, stdout=None, stderr=None,
+                   new_session: bool = False):
     """`python *argv` started as a process (forked from the preloaded server where its environment allows): the
-    subprocess.Popen calls of the tests that start the project's commands and helpers."""
-    return _preloaded().launch(argv, {**os.environ, **PROCESS_ENV} if env is None else env, cwd, stdout, stderr)
+    subprocess.Popen calls of the tests that start the project's commands and helpers (`new_session`: Popen's
+    `start_new_session`)."""
+    return _preloaded().launch(argv, {**os.environ, **PROCESS_ENV} if env is None else env, cwd, stdout, stderr,
+                               new_session=new_session)
 
 
 def run_python(argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO, timeout: float = 300,
@@ -214,17 +221,19 @@ class ForkedModuleRuns:
         return run_python([os.fspath(c) for c in cmd[1:]], {**self._env(env), **PROCESS_ENV}, Path(cwd or os.getcwd()),
                           timeout=900)
 
-    def Popen(self, cmd: list, *, cwd=None, env=None, stdout=None, stderr=None, text: bool = False, **kwargs):
+    def Popen(self, cmd: list, *, cwd: str | Path | None = None, env: dict[str, str] | None = None, stdout=None,
+              stderr=None, text: bool = False, **kwargs) -> "subprocess.Popen | _PipedStderr":
         """`subprocess.Popen` of `python -m MODULE` with its stderr piped as text (benchmarks/gpu_paths.py's runs),
-        forked where it can be, the stderr read through a file. The fork stays in the server's process group whatever
-        `start_new_session` says, and is refused CUDA (a fork's): a test that reads a CUDA error keeps a fresh
+        forked where it can be, the stderr read through a file, in a session of its own if asked. A fork does not
+        reach CUDA (the server's imports touched the driver before it): a test that reads a CUDA error keeps a fresh
         interpreter. Anything else goes to `subprocess.Popen`."""
         if (list(cmd[:2]) != [sys.executable, "-m"] or set(kwargs) - {"start_new_session"} or stderr != subprocess.PIPE
                 or not text or stdout not in (None, subprocess.DEVNULL)):
             return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text, **kwargs)
         err = tempfile.TemporaryFile("w+")
         proc = python_process([os.fspath(c) for c in cmd[1:]], {**self._env(env), **PROCESS_ENV},
-                              Path(cwd or os.getcwd()), stdout=stdout, stderr=err)
+                              Path(cwd or os.getcwd()), stdout=stdout, stderr=err,
+                              new_session=kwargs.get("start_new_session", False))
         return _PipedStderr(proc, err)
 
     @staticmethod
@@ -243,20 +252,25 @@ class ForkedModuleRuns:
 class _PipedStderr:
     """A forked process whose stderr a caller reads as Popen's `communicate()` gives a PIPE's (here through a file)."""
 
-    def __init__(self, proc, err) -> None:
+    def __init__(self, proc: "subprocess.Popen | ForkedProcess", err: IO[str]) -> None:
         self.proc, self.err = proc, err
         self.pid, self.args = proc.pid, proc.args
 
     @property
     def returncode(self) -> int | None:
+        """The exit status once it has ended (negative: the signal that ended it), else None."""
         return self.proc.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple[None, str]:
+        """Wait for the end (subprocess.TimeoutExpired past `timeout`), then (None, everything it wrote on stderr)."""
         self.proc.wait(timeout)
         self.err.seek(0)
-        return None, self.err.read()
+        text = self.err.read()
+        self.err.close()
+        return None, text
 
     def wait(self, timeout: float | None = None) -> int:
+        """Its exit status, once it has ended (subprocess.TimeoutExpired past `timeout`)."""
         return self.proc.wait(timeout)
 
 

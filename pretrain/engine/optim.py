@@ -87,13 +87,13 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, offload: bool = Fals
         from deepspeed.ops.adam import FusedAdam
         from deepspeed.ops.op_builder import FusedAdamBuilder
 
-        load_op(loaded(FusedAdamBuilder), "FusedAdam", who,
+        load_op(lambda: FusedAdamBuilder().load(), "FusedAdam", who,
                 f"use optimizer.impl=torch (torch's fused AdamW), {toolkit}")
         return FusedAdam(groups, adam_w_mode=True, **kwargs)
     from deepspeed.ops.lamb import FusedLamb
     from deepspeed.ops.op_builder import FusedLambBuilder
 
-    load_op(loaded(FusedLambBuilder), "FusedLamb", who,
+    load_op(lambda: FusedLambBuilder().load(), "FusedLamb", who,
             f"use optimizer.impl=torch (the project's LAMB: the paper's update, not FusedLamb's), {toolkit}")
     return FusedLamb(groups, **kwargs)
 
@@ -138,7 +138,8 @@ def load_op(load: Callable[[], object], name: str, who: str, instead: str) -> No
 
 
 def loaded(builder: Callable[[], Any]) -> Callable[[], object]:
-    """What builds and imports the op of `builder()` (for `load_op`), py-cpuinfo asked once for it (`ask_cpuinfo_once`)."""
+    """What builds and imports the CPU op of `builder()` (for `load_op`), py-cpuinfo answering its questions once
+    (`ask_cpuinfo_once`; DeepSpeed's CUDA ops ask none)."""
 
     def load() -> object:
         ask_cpuinfo_once()
@@ -160,7 +161,7 @@ def ask_cpuinfo_once() -> None:
     ask = functools.cache(cpuinfo.get_cpu_info)
 
     def get_cpu_info() -> dict:
-        return dict(ask())  # a copy: the cached answer is not the caller's to change
+        return dict(ask())  # a shallow copy: a caller that sets a key does not set it for the next
 
     get_cpu_info.asked_once = True
     cpuinfo.get_cpu_info = get_cpu_info

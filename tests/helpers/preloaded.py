@@ -198,6 +198,8 @@ def _child(request: dict, fds: list[int], conn: socket.socket, dispositions: dic
     """In the forked process: become the requested command, run it, exit with its code."""
     code = 1
     try:
+        if request["new_session"]:
+            os.setsid()
         conn.close()
         signal.set_wakeup_fd(-1)
         for sig, handler in dispositions.items():
@@ -340,18 +342,21 @@ class Server:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def launch(self, argv: list, env: dict[str, str], cwd: Path, stdout=None, stderr=None,
-               stdin=subprocess.DEVNULL, read_later: tuple[str, ...] = ()) -> "subprocess.Popen | ForkedProcess":
+               stdin=subprocess.DEVNULL, read_later: tuple[str, ...] = (),
+               new_session: bool = False) -> "subprocess.Popen | ForkedProcess":
         """`python *argv` with `env` in `cwd`: forked when the environment allows (`forkable`, with `read_later`),
         else a new process (said on stderr, with the variables that decided it). stdout/stderr: an open file or
-        descriptor, subprocess.DEVNULL, subprocess.STDOUT (stderr only), or None (inherit); not PIPE."""
+        descriptor, subprocess.DEVNULL, subprocess.STDOUT (stderr only), or None (inherit); not PIPE. `new_session`:
+        Popen's `start_new_session` (its process group then ends with `os.killpg(pid, ...)`)."""
         argv = [os.fspath(a) for a in argv]
-        body = json.dumps({"argv": argv, "env": env, "cwd": os.fspath(cwd)}).encode()
+        body = json.dumps({"argv": argv, "env": env, "cwd": os.fspath(cwd), "new_session": new_session}).encode()
         self._start()
         differ = forkable(env, self.env, self.set_by_imports, read_later)
         if differ:
             print(f"preloaded server: a fresh interpreter for {' '.join(argv[:3])} ...: {', '.join(differ)} differ "
                   "from the server's environment", file=sys.stderr)
-            return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=stdin)
+            return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=stdin,
+                                    start_new_session=new_session)
         if subprocess.PIPE in (stdin, stdout, stderr):
             raise ValueError("a forked process takes files, descriptors, DEVNULL or STDOUT, not PIPE")
         with _Streams(stdin, stdout, stderr) as fds, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:

@@ -250,19 +250,23 @@ def test_secret_looking_keys_are_redacted_in_what_a_run_folder_keeps():
 
 def test_py_cpuinfo_answers_deepspeeds_op_builds_once_per_process(monkeypatch):
     """DeepSpeed's CPU op build asks py-cpuinfo about the CPU (each answer a fresh interpreter and a second's sleep):
-    after `ask_cpuinfo_once` (run by `loaded` before each op's build), its questions and any later ones cost one
-    answer, each caller its own copy. (A made-up answer, so no real build here: it would rebuild the op for it.)"""
+    through `loaded` (what CPU Adam's build runs in), its two questions and any later ones cost one answer, each
+    caller its own copy. (A made-up answer, and the build's flags only: a real build would be redone for it.)"""
     import cpuinfo  # its import runs `file` (platform.architecture): a process test
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
-    from pretrain.engine.optim import ask_cpuinfo_once
+    from pretrain.engine.optim import loaded
 
     asked = []
     monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: asked.append(1) or {"arch": "X86_64", "flags": ["avx2"]})
-    ask_cpuinfo_once()
-    ask_cpuinfo_once()  # a second op's load: still one answer
-    builder = CPUAdamBuilder()
-    assert builder.cpu_arch() and builder.simd_width()  # the two questions DeepSpeed's build asks
+
+    class FlagsOnly(CPUAdamBuilder):
+        def load(self) -> tuple[str, str]:
+            return self.cpu_arch(), self.simd_width()  # the two questions the build asks
+
+    # The made-up answer reached DeepSpeed (this CPU's own would not say AVX2 alone everywhere), and once.
+    assert loaded(FlagsOnly)()[1] == "-D__AVX256__" and len(asked) == 1
+    assert loaded(FlagsOnly)()[1] == "-D__AVX256__" and len(asked) == 1  # a second op's build
     copy = cpuinfo.get_cpu_info()
     copy["arch"] = "changed by a caller"
     assert cpuinfo.get_cpu_info()["arch"] == "X86_64" and len(asked) == 1

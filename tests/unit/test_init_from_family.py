@@ -118,6 +118,17 @@ def test_a_folder_with_fewer_positions_than_the_datas_sequences_is_refused_and_x
     xlnet = tmp_path / "xlnet"
     XLNetLMHeadModel(XLNetConfig(d_model=32, n_layer=2, n_head=2, d_inner=64, vocab_size=100)).save_pretrained(xlnet)
     assert model_config(EncoderConfig(init_from=str(xlnet)), {"vocab_size": 100}, 4096).model_type == "xlnet"
+    # The sign is not what tells: a BERT folder saying -1 is refused, as is a fresh BERT's table; a fresh XLNet's
+    # model.max_position_embeddings is no table either.
+    (bert / "config.json").write_text(json.dumps({**json.loads((bert / "config.json").read_text()),
+                                                  "max_position_embeddings": -1}))
+    with pytest.raises(ConfigError, match=r"^the dataset's sequences are 64 tokens but .* has -1 positions$"):
+        model_config(EncoderConfig(init_from=str(bert)), {"vocab_size": 100}, 64)
+    tokenizer = {"vocab_size": 100, "pad_id": 0, "cls_id": 1, "sep_id": 2, "mask_id": 3, "unk_id": 4}
+    with pytest.raises(ConfigError, match=r"^the dataset's sequences are 256 tokens but 'model.max_position_embeddings'"):
+        model_config(EncoderConfig(max_position_embeddings=128), tokenizer, 256)
+    assert model_config(EncoderConfig(architecture="xlnet", max_position_embeddings=128), tokenizer, 256).n_layer == 4
+
 
 def test_a_shape_set_to_another_value_than_the_folders_is_refused_naming_each_key(tmp_path):
     modern = tmp_path / "modern"
