@@ -389,7 +389,10 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
         raise ConfigError(f"--task must be in 0..--tasks - 1, got task {task} of {tasks}")
     final_dir, staging = _local_output(cfg, array=True)[0], staging_dir(cfg, array_id)
     workers = _workers(cfg)
-    if task == 0 and not (staging / PLAN).is_file():
+    # A requeued array's task that starts after the others published (task 0 would take the dataset for an older one,
+    # refuse it without --overwrite, and fail the array).
+    published = not staging.exists() and _published_by(final_dir, array_id, cfg)
+    if task == 0 and not published and not (staging / PLAN).is_file():
         try:
             check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)
             if is_remote(cfg.output_dir):  # before the plan: no task uploads a part before the prefix is claimed
@@ -401,7 +404,7 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
             staging.mkdir(parents=True, exist_ok=True)
             write_text_atomic(staging / FAILED, f"{_attempt()}\n{type(exc).__name__}: {exc}\n")
             raise
-    plan = _await_plan(staging, final_dir, plan_timeout_s, array_id, cfg)
+    plan = None if published else _await_plan(staging, final_dir, plan_timeout_s, array_id, cfg)
     if plan is None:
         log.info("task %d/%d: the dataset is already published -> %s", task, tasks, final_dir)
         return None

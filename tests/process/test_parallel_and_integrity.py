@@ -96,6 +96,12 @@ def test_array_tasks_write_what_one_process_writes(tmp_path, corpus_file, caplog
     manifest = json.loads((DatasetDir(tmp_path / "array").manifest).read_text())
     assert manifest["tasks"] == 2 and manifest["parts"] >= 4
     assert prepare_task(cfg, 1, 2, "77", plan_timeout_s=5) is None  # started after the others published: done
+    # Task 0 too, requeued with the array after task 1 published (SLURM reran it second): not an older dataset to
+    # refuse without --overwrite, which failed the array and any job waiting on it with afterok.
+    published = _files(tmp_path / "array")
+    caplog.clear()
+    assert prepare_task(cfg, 0, 2, "77", plan_timeout_s=5) is None
+    assert "task 0/2: the dataset is already published" in caplog.text and _files(tmp_path / "array") == published
 
 
 def test_array_task_stops_when_task_0_cannot_plan(tmp_path, corpus_file, monkeypatch):

@@ -68,7 +68,7 @@ class Cluster:
         self.env = {**inherited, "SLURM_LOCAL_DIR": str(base), "SLURM_LOCAL_PORT": str(free_port()),
                     "SLURM_CONF": str(base / "slurm.conf"), "PATH": os.environ["PATH"] + ":/usr/sbin",
                     "REPO_DIR": str(REPO), "VENV": sys.prefix, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                    "SLURM_LOCAL_CPUS": "10"}  # every job of the fixture at once (18 CPUs at most, of 20)
+                    "SLURM_LOCAL_CPUS": "11"}  # every job of the fixture at once (20 CPUs at most, of 22)
 
     def script(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(REPO / "slurm" / "local_cluster.sh"), *args], env=self.env,
@@ -258,6 +258,14 @@ def jobs(cluster, prepared, tmp_path_factory):
         "pretrain.sbatch", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
         MAX_RESTARTS="0", OVERRIDES=" ".join([f"data.path={prepared}", f"train.output_dir={work / 'over_cap'}",
                                               *TRAIN_OVERRIDES]))
+    # A prepare array whose task 1 fails in its first run (in ENV_SETUP, before prepare starts): task 0 writes its
+    # parts and stops short of the merge; `scontrol requeue <array job id>`, as prepare_data.sbatch says, then
+    # finishes the dataset with the parts already written kept.
+    failed_once, requeued_data = work / "prepare-failed-once", work / "data_requeued"
+    requeued_prepare = cluster.sbatch(
+        "prepare_data.sbatch", "--array=0-1", "--cpus-per-task=1", cwd=work, WORKERS="1",
+        ENV_SETUP=f'if [ "$SLURM_ARRAY_TASK_ID" = 1 ] && [ ! -e {failed_once} ]; then touch {failed_once}; exit 1; fi',
+        OVERRIDES=" ".join(PREPARE_OVERRIDES + [f"output_dir={requeued_data}", f"'sources=[{{kind: text, path: {corpus}}}]'"]))
     # Submitted with --no-requeue (over the script's own #SBATCH --requeue, as a site's wrapper may submit it), then
     # preempted once it trains: the rank saves, SLURM refuses the script's requeue, and the job ends with 75.
     refused_run = work / "refused"
@@ -286,6 +294,7 @@ def jobs(cluster, prepared, tmp_path_factory):
     markers: list[dict] = []
     limit_signals = 0
     raised = requeued = interrupt_sent = preempted_by_slurm = over_cap_requeued = refused_preempted = False
+    array_requeued = False
     deadline = time.time() + 720
     while time.time() < deadline:
         # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
@@ -339,6 +348,12 @@ def jobs(cluster, prepared, tmp_path_factory):
         if not refused_preempted and states[refused] == "RUNNING" and log.is_file() and "| ETA" in log.read_text():
             cluster.signal_batch(refused)
             refused_preempted = True
+        array = [t.get("JobState") for t in known.get(str(requeued_prepare), [])]
+        if not array_requeued and len(array) == 2 and all(s in FINAL for s in array) and "FAILED" in array:
+            cluster.requeue(requeued_prepare)
+            array_requeued = True
+            continue  # its states as they are now: queued again
+        states.update({f"requeued prepare {i}": state for i, state in enumerate(array)})
         if all(s in FINAL for s in states.values()) and all(p.poll() is not None for p in reference_procs):
             break
         time.sleep(0.5)
@@ -347,7 +362,9 @@ def jobs(cluster, prepared, tmp_path_factory):
             "ids": ids, "limited_run": limited_run, "interrupted_run": interrupted_run,
             "slurm_preempted_run": slurm_preempted_run, "refused_run": refused_run,
             "deadline_run": deadline_run,
-            "prepare_tasks": cluster.tasks(prepare), "corpus": corpus, "kills": kills, "lost_run": lost_run,
+            "prepare_tasks": cluster.tasks(prepare), "corpus": corpus, "array_requeued": array_requeued,
+            "requeued_prepare_tasks": cluster.tasks(requeued_prepare), "requeued_data": requeued_data,
+            "failed_once": failed_once, "kills": kills, "lost_run": lost_run,
             "info": {name: cluster.job(j) for name, j in ids.items()}}
 
 
@@ -456,6 +473,33 @@ def test_chain_prepare_pretrain_export_with_afterok(jobs):
     key = next(k for k in ours if k.endswith("word_embeddings.weight"))
     assert torch.equal(model.get_input_embeddings().weight, ours[key].float())
     assert not torch.equal(ours[key], newest[key])  # CHECKPOINT chose step 500, not the newest
+
+
+def test_a_prepare_array_requeued_after_a_task_failed_keeps_the_parts_written_and_finishes(jobs):
+    """Task 1 failed in its first run; `scontrol requeue <array job id>` (prepare_data.sbatch's advice) reran the
+    array: the parts task 0 wrote in the first run are not written again, one task merges, and the dataset is what
+    one process writes."""
+    tasks = {t["ArrayTaskId"]: t for t in jobs["requeued_prepare_tasks"]}
+    logs = {i: (jobs["work"] / f"prepare-data-{t['JobId']}.out").read_text() for i, t in tasks.items()}
+    assert jobs["array_requeued"] and jobs["failed_once"].is_file(), logs
+    assert [tasks[i]["JobState"] for i in ("0", "1")] == ["COMPLETED", "COMPLETED"], logs
+    assert int(tasks["1"]["Restarts"]) >= 1, tasks["1"]
+    # Each run of task 0 says how many parts it has to write: some in the first, none after the requeue (if SLURM
+    # reran the completed task too).
+    counts = [int(line.split("task 0/2: ", 1)[1].split(" of ")[0]) for line in logs["0"].splitlines()
+              if "task 0/2: " in line and " parts to write" in line]
+    assert counts and counts[0] > 0 and all(n == 0 for n in counts[1:]), logs["0"]
+    assert logs["1"].count("] array job ") == 1, logs["1"]  # its first run ended in ENV_SETUP, before a word
+    assert (logs["0"] + logs["1"]).count(" merged ") == 1
+    from data_pipeline.shard_record import RECORD
+
+    single = _prepare_once(PREPARE_OVERRIDES + [
+        f"output_dir={jobs['work'] / 'data_requeued_single'}", f"sources=[{{kind: text, path: '{jobs['corpus']}'}}]",
+        "num_workers=1"])
+    files = {d: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
+                 if p.is_file() and p.name not in (MANIFEST, RECORD)}
+             for d in (single, jobs["requeued_data"])}
+    assert any(name.endswith(".mds") for name in files[single]) and files[single] == files[jobs["requeued_data"]]
 
 
 def test_crash_is_not_requeued(jobs):
