@@ -390,8 +390,9 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
     final_dir, staging = _local_output(cfg, array=True)[0], staging_dir(cfg, array_id)
     workers = _workers(cfg)
     # A requeued array's task that starts after the others published (task 0 would take the dataset for an older one,
-    # refuse it without --overwrite, and fail the array).
-    published = not staging.exists() and _published_by(final_dir, array_id, cfg)
+    # refuse it without --overwrite, and fail the array). A local output only: a bucket's copy is published when its
+    # upload ends, after the local one, and an upload that failed must not pass for a dataset in place.
+    published = not is_remote(cfg.output_dir) and not staging.exists() and _published_by(final_dir, array_id, cfg)
     if task == 0 and not published and not (staging / PLAN).is_file():
         try:
             check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)

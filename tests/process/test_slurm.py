@@ -264,7 +264,10 @@ def jobs(cluster, prepared, tmp_path_factory):
     failed_once, requeued_data = work / "prepare-failed-once", work / "data_requeued"
     requeued_prepare = cluster.sbatch(
         "prepare_data.sbatch", "--array=0-1", "--cpus-per-task=1", cwd=work, WORKERS="1",
-        ENV_SETUP=f'if [ "$SLURM_ARRAY_TASK_ID" = 1 ] && [ ! -e {failed_once} ]; then touch {failed_once}; exit 1; fi',
+        # Task 0's rerun waits (at most 2 minutes) until task 1 has published: the order that failed before.
+        ENV_SETUP=f'if [ "$SLURM_ARRAY_TASK_ID" = 1 ] && [ ! -e {failed_once} ]; then touch {failed_once}; exit 1; fi; '
+                  f'if [ "$SLURM_ARRAY_TASK_ID" = 0 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -ge 1 ]; then '
+                  f'for _ in $(seq 240); do [ -e {requeued_data}/{MANIFEST} ] && break; sleep 0.5; done; fi',
         OVERRIDES=" ".join(PREPARE_OVERRIDES + [f"output_dir={requeued_data}", f"'sources=[{{kind: text, path: {corpus}}}]'"]))
     # Submitted with --no-requeue (over the script's own #SBATCH --requeue, as a site's wrapper may submit it), then
     # preempted once it trains: the rank saves, SLURM refuses the script's requeue, and the job ends with 75.
@@ -484,11 +487,12 @@ def test_a_prepare_array_requeued_after_a_task_failed_keeps_the_parts_written_an
     assert jobs["array_requeued"] and jobs["failed_once"].is_file(), logs
     assert [tasks[i]["JobState"] for i in ("0", "1")] == ["COMPLETED", "COMPLETED"], logs
     assert int(tasks["1"]["Restarts"]) >= 1, tasks["1"]
-    # Each run of task 0 says how many parts it has to write: some in the first, none after the requeue (if SLURM
-    # reran the completed task too).
+    # Task 0 wrote its parts in the first run; SLURM reran it too, and its rerun, held until task 1 had published,
+    # left the dataset as it was (before, it refused it as an older one: FAILED, and the array with it).
     counts = [int(line.split("task 0/2: ", 1)[1].split(" of ")[0]) for line in logs["0"].splitlines()
               if "task 0/2: " in line and " parts to write" in line]
-    assert counts and counts[0] > 0 and all(n == 0 for n in counts[1:]), logs["0"]
+    assert counts and counts[0] > 0 and len(counts) == 1, logs["0"]
+    assert int(tasks["0"]["Restarts"]) >= 1 and "task 0/2: the dataset is already published" in logs["0"], logs["0"]
     assert logs["1"].count("] array job ") == 1, logs["1"]  # its first run ended in ENV_SETUP, before a word
     assert (logs["0"] + logs["1"]).count(" merged ") == 1
     from data_pipeline.shard_record import RECORD
