@@ -381,6 +381,14 @@ def _differences(planned: dict[str, Any], mine: dict[str, Any]) -> str:
     return ", ".join(f"{k}: planned {planned.get(k)!r}, this task {mine.get(k)!r}" for k in keys)
 
 
+def _published_before_start(cfg: PrepareConfig, final_dir: Path, staging: Path, array_id: str) -> bool:
+    """Whether this array published the dataset before this task started: a requeued array's task, task 0 included
+    (it would take the dataset for an older one, refuse it without --overwrite, and fail the array). A local output
+    only: a bucket's copy is published when its upload ends, after the local one, and an upload that failed must not
+    pass for a dataset in place."""
+    return not is_remote(cfg.output_dir) and not staging.exists() and _published_by(final_dir, array_id, cfg)
+
+
 def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, command: str | None = None,
                  plan_timeout_s: float = 24 * 3600.0) -> Path | str | None:
     """One task of a job array: task 0 plans; every task writes parts task, task + tasks, ...; the last one to end
@@ -389,10 +397,7 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
         raise ConfigError(f"--task must be in 0..--tasks - 1, got task {task} of {tasks}")
     final_dir, staging = _local_output(cfg, array=True)[0], staging_dir(cfg, array_id)
     workers = _workers(cfg)
-    # A requeued array's task that starts after the others published (task 0 would take the dataset for an older one,
-    # refuse it without --overwrite, and fail the array). A local output only: a bucket's copy is published when its
-    # upload ends, after the local one, and an upload that failed must not pass for a dataset in place.
-    published = not is_remote(cfg.output_dir) and not staging.exists() and _published_by(final_dir, array_id, cfg)
+    published = _published_before_start(cfg, final_dir, staging, array_id)
     if task == 0 and not published and not (staging / PLAN).is_file():
         try:
             check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)
