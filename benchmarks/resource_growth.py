@@ -5,9 +5,10 @@ of memory days later. This starts bare ranks of `python -m pretrain train` (as s
 MASTER_* set, no launcher) and, every `--every-s` seconds, reads from /proc for each rank's process tree (the rank,
 its loader workers, multiprocessing's resource tracker): the rank's resident memory, the tree's proportional set
 size (a page n processes share counts 1/n in each), threads, open descriptors and processes; and, machine-wide,
-/dev/shm's entries and bytes and the run folder's bytes. The step is the run's last metrics row. Reported per
-series: its value once the warm-up is over, at the end, its highest, and the least-squares slope per 1,000 steps
-after the warm-up.
+/dev/shm's entries and bytes and the run folder's bytes. The step is the run's last metrics row. A sample counts
+while every rank's status file still says it is running: a rank in its exit (its workers gone, its descriptors
+closing) is not the run's steady state. Reported per series: its value once the warm-up is over, at the end, its
+highest, and the least-squares slope per 1,000 steps after the warm-up.
 
     python -m benchmarks.resource_growth --data runs/demo/data --ranks 2 --steps 30000 \
         --set train.save_every=2000 train.eval_every=250
@@ -107,6 +108,15 @@ def sample(procs: list[subprocess.Popen], run: Path) -> dict:
             "run_mb": folder_mb(run), "ranks": [tree_figures(p.pid) for p in procs]}
 
 
+def all_running(status: Path, ranks: int) -> bool:
+    """Whether every rank's status file says it is running (written at its start; 'finished' once it has trained)."""
+    try:
+        return all(json.loads((status / f"rank{rank}.json").read_text())["status"] == "running"
+                   for rank in range(ranks))
+    except (OSError, ValueError):  # not written yet: the ranks write it first thing, before the samples count
+        return False
+
+
 def slope_per_1000(points: list[tuple[float, float]]) -> Optional[float]:
     """The least-squares slope of (step, value) per 1,000 steps; None with fewer than two distinct steps."""
     if len({x for x, _ in points}) < 2:
@@ -133,7 +143,7 @@ def summarize(samples: list[dict], warmup_steps: int) -> dict[str, dict[str, Opt
 
 def run_and_sample(data: Path, work: Path, ranks: int, steps: int, every_s: float, overrides: list[str]) -> dict:
     """Train `steps` steps on `ranks` bare ranks, sampling every `every_s` seconds; the samples and the exit codes."""
-    run, logs = work / "run", work / "logs"
+    run, logs, status = work / "run", work / "logs", work / "status"
     shutil.rmtree(work, ignore_errors=True)
     logs.mkdir(parents=True)
     args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={data}", f"train.output_dir={run}",
@@ -142,14 +152,17 @@ def run_and_sample(data: Path, work: Path, ranks: int, steps: int, every_s: floa
     for rank in range(ranks):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": repo_pythonpath(), "RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+               "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "PRETRAIN_STATUS_DIR": str(status)}
         with open(logs / f"rank{rank}.log", "w") as out:
             procs.append(subprocess.Popen([sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, stdout=out,
                                           stderr=subprocess.STDOUT))
     samples, t0 = [], time.time()
     try:
         while any(p.poll() is None for p in procs):
-            samples.append({"t": round(time.time() - t0, 1), **sample(procs, run)})
+            taken = {"t": round(time.time() - t0, 1), **sample(procs, run)}
+            if all_running(status, ranks):  # read after the sample: every rank was running while it was taken
+                samples.append(taken)
             time.sleep(every_s)
     finally:
         for p in procs:

@@ -15,6 +15,9 @@ def test_two_ranks_are_sampled_as_they_train_and_the_figures_are_written(prepare
           "--every-s", "0.3", "--ranks", "2", "--set", *TINY_MODEL, "train.micro_batch_size=4",
           "train.global_batch_size=8", "train.save_every=30", "train.eval_every=30", "data.num_workers=1"])
     result = json.loads(out.read_text())
+    # Each rank wrote its status where the samples read it: those taken once a rank had finished are left out.
+    statuses = [json.loads((tmp_path / "work" / "status" / f"rank{r}.json").read_text())["status"] for r in (0, 1)]
+    assert statuses == ["finished", "finished"]
     assert result["exit_codes"] == [0, 0] and result["machine"]["cpu"]
     steps = [s["step"] for s in result["samples"]]
     assert steps == sorted(steps) and steps[-1] >= 50, steps

@@ -6,7 +6,7 @@ import json
 import os
 import threading
 
-from benchmarks.resource_growth import last_step, process_figures, slope_per_1000, summarize
+from benchmarks.resource_growth import all_running, last_step, process_figures, slope_per_1000, summarize
 from pretrain.run_dir import RunDir
 
 
@@ -60,3 +60,15 @@ def test_the_summary_leaves_the_warm_up_out_and_names_each_rank_s_series():
     assert summary["run_mb"]["first"] == 1.0 and abs(summary["run_mb"]["per_1000_steps"] - 1.0) < 1e-12
     assert set(summary) == {"shm_entries", "shm_mb", "run_mb", *(f"rank{r}.{n}" for r in (0, 1) for n in (
         "rank_rss_mb", "tree_pss_mb", "threads", "fds", "processes"))}
+
+
+def test_samples_count_only_while_every_rank_s_status_says_running(tmp_path):
+    assert not all_running(tmp_path, 2)  # no rank has written its status yet
+    (tmp_path / "rank0.json").write_text(json.dumps({"status": "running", "pid": 1}))
+    assert not all_running(tmp_path, 2)
+    (tmp_path / "rank1.json").write_text(json.dumps({"status": "running", "pid": 2}))
+    assert all_running(tmp_path, 2)
+    (tmp_path / "rank1.json").write_text(json.dumps({"status": "finished", "pid": 2, "step": 100}))
+    assert not all_running(tmp_path, 2)  # rank 1 is in its exit: its descriptors close, its workers are gone
+    (tmp_path / "rank1.json").write_text('{"status": "runn')  # a file seen half written
+    assert not all_running(tmp_path, 2)
