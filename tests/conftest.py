@@ -218,8 +218,7 @@ class ForkedModuleRuns:
         if (list(cmd[:2]) != [sys.executable, "-m"] or cmd[2] == "torch.distributed.run" or kwargs
                 or not (capture_output and text)):
             return subprocess.run(cmd, cwd=cwd, env=env, capture_output=capture_output, text=text, **kwargs)
-        return run_python([os.fspath(c) for c in cmd[1:]], {**self._env(env), **PROCESS_ENV}, Path(cwd or os.getcwd()),
-                          timeout=900)
+        return run_python(*self._forked(cmd, env, cwd), timeout=900)
 
     def Popen(self, cmd: list, *, cwd: str | Path | None = None, env: dict[str, str] | None = None, stdout=None,
               stderr=None, text: bool = False, **kwargs) -> "subprocess.Popen | _PipedStderr":
@@ -231,22 +230,21 @@ class ForkedModuleRuns:
                 or not text or stdout not in (None, subprocess.DEVNULL)):
             return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text, **kwargs)
         err = tempfile.TemporaryFile("w+")
-        proc = python_process([os.fspath(c) for c in cmd[1:]], {**self._env(env), **PROCESS_ENV},
-                              Path(cwd or os.getcwd()), stdout=stdout, stderr=err,
+        proc = python_process(*self._forked(cmd, env, cwd), stdout=stdout, stderr=err,
                               new_session=kwargs.get("start_new_session", False))
         return _PipedStderr(proc, err)
 
     @staticmethod
-    def _env(env: dict | None) -> dict:
-        """The benchmark's environment for a fork: its PYTHONPATH of the checkout first is this process's own (a forked
-        `-m` from REPO has the checkout first too)."""
+    def _forked(cmd: list, env: dict | None, cwd: str | Path | None) -> tuple[list[str], dict, Path]:
+        """A fork's arguments after the interpreter, environment and folder. The benchmark's PYTHONPATH of the
+        checkout first becomes this process's own (a forked `-m` from REPO has the checkout first too)."""
         from benchmarks.arguments import repo_pythonpath
 
         env = dict(os.environ if env is None else env)
         if env.get("PYTHONPATH") == repo_pythonpath():
             env.pop("PYTHONPATH")
             env.update({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})
-        return env
+        return [os.fspath(c) for c in cmd[1:]], {**env, **PROCESS_ENV}, Path(cwd or os.getcwd())
 
 
 class _PipedStderr:
