@@ -41,7 +41,8 @@ from data_pipeline.mds import merge_indexes
 from data_pipeline.mixture import mix, plan_takes
 from data_pipeline.shard_record import record_dataset
 from data_pipeline.part_writer import SPLITS, PartJob, Shared, count_part, done_marker, part_name, write_part
-from data_pipeline.remote_dataset import claim_remote_output, release_remote_output, upload_part, upload_rest
+from data_pipeline.remote_dataset import (claim_remote_output, holds_dataset, release_remote_output, upload_part,
+                                         upload_rest)
 from data_pipeline.raw_text import ReadStats, iter_part
 from data_pipeline.shards import token_dtype, write_manifest
 from data_pipeline.worker_pool import WorkerPool, available_cpus
@@ -361,7 +362,7 @@ def _await_plan(staging: Path, final_dir: Path, timeout_s: float, array_id: str,
         except FileNotFoundError:  # none, or a requeued task 0 removed it since
             attempt = message = ""
         if attempt and attempt == _attempt():
-            raise InputDataError(f"task 0 of this array could not plan the dataset: {message.strip()}")
+            raise InputDataError(message.strip())  # task 0's plan or the merge failed
         if not staging.exists() and _published_by(final_dir, array_id, cfg):
             return None  # the other tasks finished and published before this one started
         if time.time() > deadline:
@@ -381,12 +382,49 @@ def _differences(planned: dict[str, Any], mine: dict[str, Any]) -> str:
     return ", ".join(f"{k}: planned {planned.get(k)!r}, this task {mine.get(k)!r}" for k in keys)
 
 
-def _published_before_start(cfg: PrepareConfig, final_dir: Path, staging: Path, array_id: str) -> bool:
-    """Whether this array published the dataset before this task started: a requeued array's task, task 0 included
-    (it would take the dataset for an older one, refuse it without --overwrite, and fail the array). A local output
-    only: a bucket's copy is published when its upload ends, after the local one, and an upload that failed must not
-    pass for a dataset in place."""
-    return not is_remote(cfg.output_dir) and not staging.exists() and _published_by(final_dir, array_id, cfg)
+def _already_published(cfg: PrepareConfig, task: int, tasks: int, final_dir: Path) -> Path | str | None:
+    """The end of a task that starts after this array published the dataset (a requeued array's): nothing to write,
+    task 0 included (it would take the dataset for an older one and refuse it, or, bound for a bucket with
+    --overwrite, empty the bucket). A bucket's copy is in place once the bucket holds its manifest, the upload's last
+    file: an upload that failed after the local copy was published is finished by task 0, which returns the URL."""
+    if is_remote(cfg.output_dir) and not holds_dataset(cfg.output_dir, final_dir):
+        if task != 0:
+            log.info("task %d/%d: the dataset is published in %s; task 0 finishes its upload", task, tasks, final_dir)
+            return None
+        log.info("task 0/%d: the dataset is published in %s but its upload to %s did not end: uploading the rest",
+                 tasks, final_dir, cfg.output_dir)
+        return _upload(cfg, final_dir, None)
+    log.info("task %d/%d: the dataset is already published -> %s", task, tasks, final_dir)
+    return None
+
+
+def _merging() -> str:
+    """This run's merge lock, a folder in the staging folder: a requeued run takes a new one, so a merge killed in an
+    earlier run blocks nothing."""
+    return f"merging-{_attempt()}"
+
+
+def _merge(cfg: PrepareConfig, staging: Path, final_dir: Path, plan: dict[str, Any], command: str | None,
+           workers: int, task: int, tasks: int, array_id: str) -> Path | str | None:
+    """The task that ended last merges and publishes, one per run of the array even when several end at once; where
+    the dataset is, else None."""
+    try:
+        (staging / _merging()).mkdir()
+    except (FileExistsError, FileNotFoundError):  # another task merges, or has already published
+        return None
+    try:
+        _finish(cfg, staging, plan, command, workers, tasks, array_id)
+        check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)
+        publish(staging, final_dir)
+    except Exception as exc:  # a late task 0 finds no plan (the merge removes it) and waits for one: it must stop
+        if staging.is_dir():
+            write_text_atomic(staging / FAILED, f"{_attempt()}\ntask {task} of this array could not merge the parts: "
+                                                f"{type(exc).__name__}: {exc}\n")
+        raise
+    for leftover in final_dir.glob("merging-*"):
+        leftover.rmdir()
+    log.info("task %d/%d merged %d parts -> %s", task, tasks, len(_load_jobs(plan)), final_dir)
+    return _upload(cfg, final_dir, None)
 
 
 def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, command: str | None = None,
@@ -397,8 +435,10 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
         raise ConfigError(f"--task must be in 0..--tasks - 1, got task {task} of {tasks}")
     final_dir, staging = _local_output(cfg, array=True)[0], staging_dir(cfg, array_id)
     workers = _workers(cfg)
-    published = _published_before_start(cfg, final_dir, staging, array_id)
-    if task == 0 and not published and not (staging / PLAN).is_file():
+    if not staging.exists() and _published_by(final_dir, array_id, cfg):
+        return _already_published(cfg, task, tasks, final_dir)
+    # Not while this run's merge is under way: it removes the plan before it publishes the dataset.
+    if task == 0 and not (staging / PLAN).is_file() and not (staging / _merging()).exists():
         try:
             check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)
             if is_remote(cfg.output_dir):  # before the plan: no task uploads a part before the prefix is claimed
@@ -408,9 +448,10 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
             _make_plan(cfg, staging, workers)
         except Exception as exc:  # any failure: the waiting tasks must stop too, not hold their nodes for a day
             staging.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(staging / FAILED, f"{_attempt()}\n{type(exc).__name__}: {exc}\n")
+            write_text_atomic(staging / FAILED, f"{_attempt()}\ntask 0 of this array could not plan the dataset: "
+                                                f"{type(exc).__name__}: {exc}\n")
             raise
-    plan = None if published else _await_plan(staging, final_dir, plan_timeout_s, array_id, cfg)
+    plan = _await_plan(staging, final_dir, plan_timeout_s, array_id, cfg)
     if plan is None:
         log.info("task %d/%d: the dataset is already published -> %s", task, tasks, final_dir)
         return None
@@ -425,16 +466,4 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
     if missing:
         log.info("task %d/%d done; %d part(s) still being written by other tasks", task, tasks, len(missing))
         return None
-    try:
-        # One merger per run of the array, even when several tasks end at once; a requeued run
-        # takes a new lock, so a merge killed in an earlier run does not block it.
-        (staging / f"merging-{_attempt()}").mkdir()
-    except (FileExistsError, FileNotFoundError):  # another task merges, or has already published
-        return None
-    _finish(cfg, staging, plan, command, workers, tasks, array_id)
-    check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)
-    publish(staging, final_dir)
-    for leftover in final_dir.glob("merging-*"):
-        leftover.rmdir()
-    log.info("task %d/%d merged %d parts -> %s", task, tasks, len(jobs), final_dir)
-    return _upload(cfg, final_dir, None)
+    return _merge(cfg, staging, final_dir, plan, command, workers, task, tasks, array_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -104,6 +105,19 @@ def upload_dataset(local: Path | str, url: str, overwrite: bool) -> int:
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def holds_dataset(url: str, local: Path | str) -> bool:
+    """Whether the bucket at `url` holds the dataset of the local folder `local`: its manifest, the upload's last
+    file, has the same bytes there."""
+    with tempfile.TemporaryDirectory(prefix="manifest-") as scratch:
+        try:
+            remote = ObjectStore(url).download(MANIFEST, Path(scratch) / MANIFEST)
+        except StorageError as exc:
+            if "not found" not in str(exc):
+                raise
+            return False
+        return _digest(remote) == _digest(Path(local) / MANIFEST)
 
 
 def fetch_metadata(url: str, cache: Path) -> None:

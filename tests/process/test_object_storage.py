@@ -797,3 +797,49 @@ def test_a_cache_holding_another_dataset_is_replaced_not_read(s3, prepared, tmp_
     assert (DatasetDir(cache).tokenizer / name).read_bytes() == (DatasetDir(other).tokenizer / name).read_bytes()
     assert not (cache / "train" / "shard.from-first").exists()
     assert (DatasetDir(cache).index("train")).read_bytes() == (DatasetDir(other).index("train")).read_bytes()
+
+
+def test_a_requeued_array_finishes_a_failed_upload_and_leaves_a_finished_one_in_place(s3, corpus_file, tmp_path,
+                                                                                      monkeypatch, caplog):
+    """The merging task publishes the dataset in its staging folder, then its upload fails: the task fails, the array
+    with it, and the user requeues it. Task 0 uploads what is left and the bucket holds the dataset; another requeue
+    changes nothing, --overwrite or not (a task 0 that claimed the prefix again emptied it)."""
+    import data_pipeline.prepare as prepare_module
+    from core.config_io import load_config
+    from core.errors import StorageError
+    from data_pipeline.config import PrepareConfig
+    from data_pipeline.prepare import prepare_task
+
+    array = load_config(PrepareConfig, None, [
+        "output_dir=s3://corpus/requeued", f"staging_dir={tmp_path / 'staging'}", "overwrite=true",
+        "sources=[{kind: text, path: '" + str(corpus_file) + "'}]", "tokenizer.vocab_size=400", "seq_len=64",
+        "val_fraction=0.1", "num_workers=1", "part_bytes=30000"])
+    caplog.set_level(logging.INFO, logger="data_pipeline")
+    real_upload_rest = prepare_module.upload_rest
+
+    def refused(local, url):
+        raise StorageError(f"cannot upload to {url}: the store refused it")
+
+    assert prepare_task(array, 0, 2, "81") is None
+    monkeypatch.setattr(prepare_module, "upload_rest", refused)
+    with pytest.raises(StorageError, match="the store refused it"):
+        prepare_task(array, 1, 2, "81")
+    shards_only = _keys(s3, "corpus", "requeued/")
+    assert shards_only and not any(k.endswith(MANIFEST) or k.endswith(INDEX) for k in shards_only), shards_only
+    monkeypatch.setattr(prepare_module, "upload_rest", real_upload_rest)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert prepare_task(array, 1, 2, "81") is None  # SLURM reran it first: task 0 finishes the upload
+    assert _keys(s3, "corpus", "requeued/") == shards_only and "task 0 finishes its upload" in caplog.text
+    assert prepare_task(array, 0, 2, "81") == "s3://corpus/requeued"
+    assert "its upload to s3://corpus/requeued did not end: uploading the rest" in caplog.text
+    local = tmp_path / "staging" / "dataset"
+    keys = _keys(s3, "corpus", "requeued/")
+    assert f"requeued/{MANIFEST}" in keys and f"requeued/train/{INDEX}" in keys and set(shards_only) < set(keys)
+    assert s3.get_object(Bucket="corpus", Key=f"requeued/{MANIFEST}")["Body"].read() == (local / MANIFEST).read_bytes()
+    objects = {k: s3.head_object(Bucket="corpus", Key=k)["ETag"] for k in keys}
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    caplog.clear()
+    assert prepare_task(array, 0, 2, "81") is None and prepare_task(array, 1, 2, "81") is None
+    assert caplog.text.count("the dataset is already published") == 2
+    assert {k: s3.head_object(Bucket="corpus", Key=k)["ETag"] for k in _keys(s3, "corpus", "requeued/")} == objects
+    assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["dataset"]  # no new staging folder

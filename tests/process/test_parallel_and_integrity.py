@@ -302,3 +302,60 @@ def test_the_ranks_of_a_node_take_their_leaders_free_prefix_when_their_own_scans
             "prefix._check_and_find_retrying = lambda *a, **k: scan(*a, **k) + dist.get_rank()\n")
     _two_ranks_build_a_dataset(prepared, tmp_path / "ranks", skew)
 
+
+
+def test_a_task_0_that_starts_during_the_merge_waits_for_it_and_plans_nothing(tmp_path, corpus_file, monkeypatch,
+                                                                              caplog):
+    """Requeued, task 0 (its parts done in the last run) may start while task 1 merges: after the plan is removed,
+    before the dataset is published. It must not take the planless staging folder for a new array: planning again
+    retrained the tokenizer into the dataset being published, or rebuilt its parts into an orphaned staging folder
+    (and, bound for a bucket with --overwrite, emptied it)."""
+    import logging
+    import threading
+
+    import data_pipeline.prepare as prepare_module
+    from data_pipeline.prepare import prepare_task, staging_dir
+
+    caplog.set_level(logging.INFO, logger="data_pipeline")
+    single = prepare(_array_cfg(tmp_path / "single", corpus_file))
+    cfg = _array_cfg(tmp_path / "array", corpus_file)
+    assert prepare_task(cfg, 0, 2, "83") is None
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    decided, results = threading.Event(), []
+    for name in ("_await_plan", "_make_plan"):  # where the late task 0 goes: it waits (right) or plans (wrong)
+        real = getattr(prepare_module, name)
+        monkeypatch.setattr(prepare_module, name, lambda *a, _real=real, **k: (
+            threading.current_thread().name == "late task 0" and decided.set(), _real(*a, **k))[1])
+    real_publish = prepare_module.publish
+
+    def publish_with_task_0_arriving(staging, final):
+        assert not (staging / "plan.json").exists()  # the window: no plan, no dataset yet
+        late = threading.Thread(target=lambda: results.append(prepare_task(cfg, 0, 2, "83", plan_timeout_s=60)),
+                                name="late task 0")
+        late.start()
+        assert decided.wait(60)
+        real_publish(staging, final)
+        late.join(60)
+
+    monkeypatch.setattr(prepare_module, "publish", publish_with_task_0_arriving)
+    assert prepare_task(cfg, 1, 2, "83") == tmp_path / "array"
+    assert results == [None] and "task 0/2: the dataset is already published" in caplog.text
+    assert not staging_dir(cfg, "83").exists() and _files(single) == _files(tmp_path / "array")
+
+
+def test_a_failed_merge_stops_a_task_0_that_starts_after_it(tmp_path, corpus_file, monkeypatch):
+    """The merge fails after it removed the plan (here the output folder appeared meanwhile): a task 0 that starts
+    then finds no plan and a merge lock; it stops with the merge's error instead of waiting a day for a plan."""
+    from core.errors import InputDataError, OutputExistsError
+    from data_pipeline.prepare import prepare_task
+
+    cfg = _array_cfg(tmp_path / "array", corpus_file)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert prepare_task(cfg, 0, 2, "85") is None
+    (tmp_path / "array").mkdir()
+    (tmp_path / "array" / "notes.txt").write_text("a user's folder")
+    with pytest.raises(OutputExistsError):
+        prepare_task(cfg, 1, 2, "85")
+    with pytest.raises(InputDataError, match="task 1 of this array could not merge the parts: OutputExistsError"):
+        prepare_task(cfg, 0, 2, "85", plan_timeout_s=30)
+    assert (tmp_path / "array" / "notes.txt").read_text() == "a user's folder"
