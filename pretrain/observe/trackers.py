@@ -19,7 +19,7 @@ import uuid
 from typing import Any, Optional
 
 from core.atomic_files import write_text_atomic
-from core.errors import SetupError
+from core.errors import SetupError, one_line
 from pretrain.run_dir import RunDir
 
 PROJECT = "contrastive-pretrain"
@@ -110,6 +110,22 @@ class MlflowTracker(Tracker):
 BACKENDS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
+def _refusals(name: str) -> tuple[type[BaseException], ...]:
+    """The errors by which a tracker's library says its service or its settings refused the run (no key, no network,
+    a tracking URI it will not use): the user's to fix, not a bug."""
+    if name == "wandb":
+        from wandb.errors import AuthenticationError, CommError, UsageError
+
+        return AuthenticationError, CommError, UsageError
+    from mlflow.exceptions import MlflowException
+
+    return (MlflowException,)
+
+
+HINTS = {"wandb": "set WANDB_API_KEY (or run `wandb login`), or WANDB_MODE=offline where the nodes have no internet",
+         "mlflow": "check MLFLOW_TRACKING_URI (unset, the run folder's SQLite file mlflow.db is used)"}
+
+
 class Trackers:
     """The trackers named in train.report_to (besides tensorboard, which the run logger writes itself).
 
@@ -144,7 +160,11 @@ class Trackers:
         saved.setdefault("name", self.run_dir.root.name)  # passed again on a resume: W&B would rename the run
         items = []
         for name in self.backends:
-            items.append(BACKENDS[name](self.run_dir, self.config, saved.get(name), saved["name"]))
+            try:
+                items.append(BACKENDS[name](self.run_dir, self.config, saved.get(name), saved["name"]))
+            except _refusals(name) as exc:
+                raise SetupError(f"train.report_to has {name}, but it could not open its run ({one_line(exc)}); "
+                                 f"{HINTS[name]}") from exc
             self.continued[name] = bool(saved.get(name))
         if items:
             write_text_atomic(path, json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n")

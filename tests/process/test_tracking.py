@@ -7,6 +7,7 @@ import os
 import struct
 from pathlib import Path
 
+import pytest
 from conftest import TINY_MODEL, restored_environ, run_cli
 from pretrain.run_dir import RunDir
 
@@ -199,6 +200,28 @@ def test_an_unknown_tracker_is_a_config_error(prepared, tmp_path):
                                 f"train.output_dir={tmp_path / 'run'}", "train.report_to=[tensorboard,comet]"], check=False)
     assert proc.returncode == 2 and "train.report_to" in proc.stderr and "comet" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("backend, env, named", [
+    ("wandb", {"WANDB_MODE": "online"}, "No API key configured"),  # a batch job on a node never logged in
+    ("mlflow", {"MLFLOW_TRACKING_URI": "file:{tmp}/mlruns"}, "filesystem tracking backend"),  # refused by MLflow 3
+])
+def test_a_tracker_that_cannot_open_its_run_is_one_line(prepared, tmp_path, backend, env, named):
+    """The tracker's service or settings refuse the run: one line naming the tracker, its library's reason and what to
+    set, exit 2; not a traceback of the library's."""
+    with restored_environ():
+        for key in ("WANDB_API_KEY", "WANDB_MODE", "MLFLOW_TRACKING_URI"):
+            os.environ.pop(key, None)
+        os.environ.update({"HOME": str(tmp_path), "WANDB_SILENT": "true",  # no ~/.netrc with a key
+                           **{k: v.format(tmp=tmp_path) for k, v in env.items()}})
+        proc = run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+                                    f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.micro_batch_size=4",
+                                    "train.global_batch_size=8", "train.max_steps=2",
+                                    f"train.report_to=[tensorboard,{backend}]"], check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(errors) == 1 and f"train.report_to has {backend}, but it could not open its run" in errors[0], errors
+    assert named in errors[0] and ("WANDB_API_KEY" if backend == "wandb" else "MLFLOW_TRACKING_URI") in errors[0]
 
 
 def test_deepspeed_starts_without_mlflow_and_mlflow_still_imports():
