@@ -8,6 +8,7 @@ to, a copied run folder): README, "What is refused, what is trusted".
 from __future__ import annotations
 
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,9 @@ EXPORT_TRUST = "Export it with --trust-checkpoint only if you trust where it cam
 def read_as_data(path: str | Path, how_to_trust: str = EXPORT_TRUST) -> Any:
     """A checkpoint file's contents, loaded without running code; a file that holds more than data is refused
     (`how_to_trust` ends the message: the option that reads it anyway)."""
+    if not zipfile.is_zipfile(path):  # torch's pre-1.6 format, or no checkpoint: only the pickle loader reads it
+        raise CheckpointError(f"checkpoint file '{path}' is not a zip archive, the format torch.save writes (damaged, "
+                              f"or torch's old format, which only the pickle loader reads): refused unread. {how_to_trust}")
     try:
         with torch.serialization.safe_globals(plain_types()):
             # Memory-mapped: the check reads the pickled structure, and a tensor's bytes only if someone uses them.

@@ -256,6 +256,22 @@ def test_export_reads_a_checkpoint_as_data_and_refuses_one_that_holds_code(train
     assert (tmp_path / "export" / "config.json").is_file()
 
 
+def test_export_refuses_a_checkpoint_file_that_is_no_zip_archive_in_one_line(trained, tmp_path, capsys):
+    """A model file in torch's old (pre-zip) format, its completion record rewritten to match: the data-only loader
+    cannot read it; one line naming the file, exit 2, not torch's RuntimeError."""
+    import torch
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE, file_manifest
+
+    run = _copy(trained, tmp_path)
+    tag = RunDir(run).checkpoints / "step_00000009"
+    model_file = tag / "mp_rank_00_model_states.pt"
+    torch.save(torch.load(model_file, weights_only=False), model_file, _use_new_zipfile_serialization=False)
+    (tag / COMPLETE).write_text(json.dumps({**json.loads((tag / COMPLETE).read_text()), "files": file_manifest(tag)}))
+    code, line = _in_process("pretrain", ["export", "--checkpoint", str(tag), "--out", str(tmp_path / "export")], capsys)
+    assert code == 2 and f"checkpoint file '{model_file}' is not a zip archive" in line and "--trust-checkpoint" in line
+    assert not (tmp_path / "export").exists()
+
+
 def test_resume_reads_a_checkpoint_as_data_and_refuses_one_that_holds_code(trained, tmp_path):
     """The newest checkpoint rewritten to carry a pickled call, its completion record rewritten to match: a resume
     refuses it before DeepSpeed unpickles anything (exit 2, one line, the run untouched, the call not made);
