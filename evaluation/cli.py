@@ -48,13 +48,16 @@ def _self_similarity(args: argparse.Namespace) -> int:
 
 def _linear_probe(args: argparse.Namespace) -> int:
     with stops_deferred():
-        from evaluation.checks import check_output
+        from evaluation.checks import check_output, export_tokenizer
         from evaluation.config import LinearProbeConfig
-        from evaluation.linear_probe import linear_probe
+        from evaluation.linear_probe import check_layer, linear_probe
 
     cfg = _eval_config(LinearProbeConfig, args)
     if cfg.out:
         check_output(cfg.out, cfg.overwrite)
+    for model in cfg.model:  # every folder checked before the first model's work
+        check_layer(model, cfg.layer)
+        export_tokenizer(model)
     results = [linear_probe(model, cfg.task, cfg.data, cfg.layer, cfg.features, cfg.c_grid, cfg.folds, cfg.max_train_samples,
                             cfg.max_eval_samples, cfg.max_length, cfg.batch_size, cfg.seed) for model in cfg.model]
     for result in results:

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from core.errors import ConfigError
+from core.errors import ConfigError, InputDataError
 from evaluation.checks import check_output, export_tokenizer, usable_length
 from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
 from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states, load_pretrained
@@ -96,6 +96,14 @@ def word_features(model_dir: str, sentences: Sequence[Sequence[str]], layer: int
     return out
 
 
+def check_two_classes(train_y: np.ndarray) -> None:
+    """Refuse training labels of fewer than two classes, which no classifier fits (sklearn's refusal is a traceback)."""
+    classes = np.unique(train_y)
+    if len(classes) < 2:
+        raise InputDataError(f"the probe's {len(train_y)} training example(s) hold {len(classes)} class(es): a "
+                             "classifier needs two; give it more or other examples (--max-train-samples, the training file)")
+
+
 def fit_probe(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, c_grid: Sequence[float] = (0.01, 0.1, 1.0, 10.0),
               folds: int = 5, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
     """Predictions on `eval_x` of a logistic regression whose C was chosen by k-fold CV on the training split."""
@@ -110,7 +118,8 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, c_gr
 
     # A class rarer than the folds is spread as far as it goes (sklearn warns, and that is expected: a
     # token task's long tail); only when no class fills two folds is there no CV, and C is the grid's middle.
-    largest = int(np.unique(train_y, return_counts=True)[1].max()) if len(train_y) else 0
+    check_two_classes(train_y)
+    largest = int(np.unique(train_y, return_counts=True)[1].max())
     k = min(folds, largest) if largest >= 2 else 0
     cv = {}
     # One BLAS thread: these matrices are small, and OpenBLAS's threads measured 20x slower beside a busy core.
@@ -170,6 +179,8 @@ def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = 
     if max_eval_samples:
         eval_rows = eval_rows.select(range(min(max_eval_samples, len(eval_rows))))
     start = time.time()
+    if spec.kind != "token":  # the labels are known before the features: refuse before the model runs
+        check_two_classes(_labels(spec, list(train_rows[spec.label])))
     if spec.kind == "token":
         sets = {"word": tuple(_token_examples(model_dir, spec, rows, layer, max_length, batch_size)
                               for rows in (train_rows, eval_rows))}

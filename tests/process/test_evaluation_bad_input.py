@@ -240,6 +240,9 @@ def test_settings_the_model_or_data_cannot_meet_are_one_line(tiny, tmp_path, cap
     train, dev = tmp_path / "train.csv", tmp_path / "dev.csv"
     train.write_text("text,label\n" + "".join(f"word {i},{i % 2}\n" for i in range(20)), encoding="utf-8")
     dev.write_text("text,topic\nword,0\nother,1\n", encoding="utf-8")
+    one_class, two_class_dev = tmp_path / "one_class.csv", tmp_path / "two_class_dev.csv"
+    one_class.write_text("text,label\n" + "".join(f"word {i},a\n" for i in range(20)), encoding="utf-8")
+    two_class_dev.write_text("text,label\nword,a\nother,b\n", encoding="utf-8")
     text = tmp_path / "sentences.txt"
     text.write_text("in the beginning\n", encoding="utf-8")
     probe = ["evaluate", "linear-probe", "--model", str(tiny), "--task", f"csv:{train}"]
@@ -249,6 +252,9 @@ def test_settings_the_model_or_data_cannot_meet_are_one_line(tiny, tmp_path, cap
              (["finetune", "--model", str(tiny), "--task", f"csv:{train}", "max_eval_samples=-1"],
               "config key 'max_eval_samples' must be >= 0"),
              ([*probe, f"data.validation_file={dev}"], f"task file '{dev}' has no column 'label'"),
+             (["evaluate", "linear-probe", "--model", str(tiny), "--task", f"csv:{one_class}",
+               f"data.validation_file={two_class_dev}"],  # sklearn's ValueError, a traceback, before
+              "the probe's 20 training example(s) hold 1 class(es): a classifier needs two"),
              (["evaluate", "self-similarity", "--model", str(tiny), "--text", str(text), "--out", "."],
               "--out '.' names a folder"),
              (["evaluate", "self-similarity", "--model", str(tiny), "--text", str(tmp_path), "--out",
@@ -264,6 +270,26 @@ def test_settings_the_model_or_data_cannot_meet_are_one_line(tiny, tmp_path, cap
     # A GLUE task's labels are integers already (its spec names none): they were looked up by name and raised.
     assert not GLUE["sst2"].label_names
     assert _labels(GLUE["sst2"], [1, 0, 1]).tolist() == [1, 0, 1]
+
+
+def test_linear_probe_checks_every_model_folder_before_the_first_model_s_work(tiny, tmp_path, capsys, monkeypatch):
+    """`--model A B` with B missing or too shallow for --layer: refused in one line before A's probe (minutes on a
+    real model, then lost)."""
+    import evaluation.linear_probe as probe_module
+    from pretrain.cli import main
+
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\n" + "".join(f"word {i},{i % 2}\n" for i in range(20)), encoding="utf-8")
+    probed = []
+    real = probe_module.linear_probe
+    monkeypatch.setattr(probe_module, "linear_probe", lambda model, *a, **k: (probed.append(model), real(model, *a, **k))[1])
+    for models, message in (([str(tiny), str(tmp_path / "missing")], str(tmp_path / "missing")),
+                            ([str(tiny), str(tiny)], None)):
+        code = main(["evaluate", "linear-probe", "--model", *models, "--task", f"csv:{train}", "layer=3"])
+        err = capsys.readouterr().err
+        if message:
+            assert code == 2 and message in err and err.count("\n") == 1 and probed == [], (err, probed)
+    assert code == 0 and probed == [str(tiny), str(tiny)]  # both folders pass: each is probed, in order
 
 
 # ---- output paths -------------------------------------------------------------------------------------------
