@@ -184,7 +184,11 @@ class ObjectStore:
         return sorted(k[len(base):].lstrip("/") if base and k.startswith(base) else k for k in keys)
 
     def download(self, relative: str, local: Path, overwrite: bool = True) -> Path:
-        """Download `url/relative` to `local` (through a temporary name, so no half file stays behind)."""
+        """Download `url/relative` to `local` (through a temporary name, so no half file stays behind); a key with a
+        '..' part is refused: joined to the folder it goes to, it names a file outside it."""
+        if ".." in relative.split("/") or relative.startswith("/"):
+            raise StorageError(f"'{join(self.url, relative)}': a key that climbs out of its prefix ('..', or a leading "
+                               "'/') would be written outside the folder it is downloaded to; refused (who wrote it?)")
         require_streaming()
         from streaming.base.storage import CloudDownloader
 

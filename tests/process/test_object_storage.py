@@ -306,6 +306,20 @@ def test_a_checkpoint_in_the_bucket_that_holds_code_is_refused_at_resume(s3, pre
     assert "train.trust_checkpoint=true" in line and not ran.exists()
 
 
+def test_a_bucket_key_that_climbs_out_of_its_prefix_is_refused_before_it_is_written(s3, prepared, tmp_path):
+    """Whoever can write to the bucket adds `step_N/../../../escape` to the newest checkpoint: joined to the download
+    folder, that key names a file outside the run folder. The requeued run refuses it in one line, writing nothing
+    there."""
+    run = tmp_path / "run"
+    args = _train_args(prepared, run, "train.max_steps=2", "train.save_every=2", "train.checkpoint_remote=s3://ckpt/climb")
+    run_cli("pretrain", args)
+    s3.put_object(Bucket="ckpt", Key="climb/step_00000002/../../../escape", Body=b"written by the bucket's key")
+    shutil.rmtree(run)
+    line = _one_line_error(run_cli("pretrain", [*args, "train.max_steps=4"], check=False))
+    assert "s3://ckpt/climb/step_00000002/../../../escape': a key that climbs out of its prefix" in line, line
+    assert not (tmp_path / "escape").exists() and not list(tmp_path.rglob("escape"))
+
+
 def test_a_damaged_shard_in_the_bucket_stops_the_run_with_one_line(s3, prepared, tmp_path):
     from data_pipeline.remote_dataset import upload_dataset
 
