@@ -67,6 +67,8 @@ def test_a_launch_that_cannot_resume_writes_nothing(prepared, datasets, trained,
     _refused(_args(other_tok, run, "train.zero_stage=3"), run, "tokenizer", "tokenizer.pretrained=RUN/tokenizer")
     _refused(_args(same_tok, run), run, "other data", "train.allow_new_data=true")
     _refused(_args(prepared, run, "train.zero_stage=3"), run, "ZeRO stage 2", "stage 3")
+    _refused(_args(prepared, run, "model.num_layers=3"), run, "another model shape", "model.init_from")
+    _refused(_args(prepared, run, "train.resume_from=7"), run, "train.resume_from=7: no complete checkpoint step_00000007")
     # Continued pre-training on new data, asked for: it resumes the weights, reads the new data from its start and
     # records both datasets.
     resumed = run_cli("pretrain", _args(same_tok, run, "train.allow_new_data=true", "train.max_steps=12"))

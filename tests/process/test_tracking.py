@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -151,6 +152,31 @@ def test_wandb_offline_and_mlflow_hold_the_metrics_rows_and_a_resume_continues_t
     branch_run = client.get_run(branch_ids["mlflow"])
     assert _close({(m.step, key): m.value for key in branch_run.data.metrics
                    for m in client.get_metric_history(branch_ids["mlflow"], key)}, branched)
+
+
+def test_steps_a_lost_attempt_sent_are_not_sent_again_by_the_resume(prepared, tmp_path):
+    """An attempt sent steps 4 and 5 after its checkpoint of step 3 and was lost before it saved again (its step-5
+    checkpoint removed here: a node lost mid-save leaves none). The resume redoes steps 4 and 5: MLflow's run, the same
+    one, holds each step's loss once (MLflow keeps every value sent)."""
+    import mlflow
+
+    run = tmp_path / "run"
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={run}",
+            *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=5",
+            "train.save_every=3", "train.log_every=1", "train.eval_every=0", "train.report_to=[mlflow]"]
+    with restored_environ():
+        os.environ["MLFLOW_EXPERIMENT_NAME"] = "tests"
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        run_cli("pretrain", args)
+        ids = json.loads((run / "trackers.json").read_text())
+        shutil.rmtree(RunDir(run).checkpoints / "step_00000005")
+        resumed = run_cli("pretrain", [*args, "train.max_steps=6"])
+    assert "resumed from" in resumed.stdout and "at step 3" in resumed.stdout, resumed.stdout[-3000:]
+    assert json.loads((run / "trackers.json").read_text()) == ids
+    history = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run / 'mlflow.db'}").get_metric_history(ids["mlflow"],
+                                                                                                 "train/loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]
+    assert [row["step"] for row in RunDir(run).metric_rows("train")] == [1, 2, 3, 4, 5, 6]  # the log, rewound too
 
 
 def test_a_row_logged_before_the_rewind_does_not_resend_the_redone_steps(tmp_path):
