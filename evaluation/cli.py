@@ -26,7 +26,7 @@ def _self_similarity(args: argparse.Namespace) -> int:
     with stops_deferred():
         from evaluation.checks import check_report, export_tokenizer
         from evaluation.config import SelfSimilarityConfig
-        from evaluation.self_similarity import model_spec, read_sentences, self_similarity, write_report
+        from evaluation.self_similarity import check_depths, model_spec, read_sentences, self_similarity, write_report
 
     cfg = _eval_config(SelfSimilarityConfig, args)
     sentences = read_sentences(cfg.text)
@@ -34,6 +34,7 @@ def _self_similarity(args: argparse.Namespace) -> int:
     check_report(cfg.out, (".json", ".png"), cfg.overwrite)
     for model in labels:
         export_tokenizer(model)  # every folder checked before the first model's work
+    check_depths(labels)
     results = {model: self_similarity(model, sentences, cfg.special_tokens, cfg.max_length, cfg.batch_size)
                for model in labels}
     json_path, png_path = write_report(results, cfg.out, {

@@ -102,6 +102,20 @@ def model_spec(spec: str) -> tuple[str, str]:
     return spec, spec
 
 
+def check_depths(labels: dict[str, str]) -> None:
+    """Refuse, before any model runs, models given one label (one model's seeds) whose config.json says another
+    depth: their layer-wise values cannot be averaged."""
+    from transformers import AutoConfig
+
+    depths: dict[str, set[int]] = {}
+    for path, label in labels.items():
+        depths.setdefault(label, set()).add(AutoConfig.from_pretrained(path).num_hidden_layers)
+    for label, found in depths.items():
+        if len(found) > 1:
+            raise ConfigError(f"--model: the models labelled '{label}' differ in depth ({sorted(found)} layers); one "
+                              "label is one model's seeds")
+
+
 def by_label(results: dict[str, list[float]], labels: dict[str, str]) -> dict[str, dict]:
     """Per label: the layer-wise mean, sample std, min and max over its models (its seeds), and which models."""
     groups: dict[str, list[str]] = {}

@@ -60,12 +60,14 @@ def read_suite(folder: str | Path, names: Sequence[str] = ()) -> list[SuiteTask]
                                "build one with `python -m evaluation.senteval_data --out DIR`")
     try:
         entries = json.loads(index.read_text(encoding="utf-8"))["tasks"]
+        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+            raise TypeError("'tasks' is not a list of objects")
     except (ValueError, KeyError, TypeError) as exc:
         raise InputDataError(f"'{index}' is not a task index ({{\"tasks\": [...]}}): {exc}") from None
     tasks = []
     for entry in entries:
         unknown = set(entry) - {"name", "kind", "file", "text", "pair", "label", "note"}
-        if unknown or "name" not in entry or "kind" not in entry or "file" not in entry:
+        if unknown or "name" not in entry or "kind" not in entry or not isinstance(entry.get("file"), str):
             raise InputDataError(f"'{index}': task entry {entry} needs name, kind and file (unknown keys: {sorted(unknown)})")
         task = SuiteTask(**{**entry, "file": folder / entry["file"]})
         if task.kind not in KINDS:
@@ -98,6 +100,10 @@ def read_rows(task: SuiteTask, max_examples: int = 0, seed: int = 0) -> dict[str
     absent = [c for c in columns if c not in rows[0]]
     if absent:
         raise InputDataError(f"task '{task.name}': '{task.file}' has no column(s) {absent} (it has {list(rows[0])})")
+    for number, row in enumerate(rows, 1):  # a short row's missing cells are None: a traceback further on
+        empty = [c for c in columns if row.get(c) is None]
+        if empty:
+            raise InputDataError(f"task '{task.name}': '{task.file}' row {number} has no value in column(s) {empty}")
     if max_examples and len(rows) > max_examples:
         keep = np.random.default_rng(seed).choice(len(rows), max_examples, replace=False)
         rows = [rows[i] for i in sorted(keep)]

@@ -292,6 +292,28 @@ def test_linear_probe_checks_every_model_folder_before_the_first_model_s_work(ti
     assert code == 0 and probed == [str(tiny), str(tiny)]  # both folders pass: each is probed, in order
 
 
+def test_one_label_over_models_of_two_depths_is_refused_before_any_model_runs(tiny, tmp_path, capsys, monkeypatch):
+    """`self-similarity --model a=X a=Y`: one label is one model's seeds, averaged layer by layer; X of 3 layers and Y
+    of 2 are refused from their config.json before either runs (it was refused after both had)."""
+    import json
+
+    import evaluation.self_similarity as module
+    from pretrain.cli import main
+
+    shallow = _copy(tiny, tmp_path / "shallow")
+    config = json.loads((shallow / "config.json").read_text())
+    (shallow / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    text = tmp_path / "sentences.txt"
+    text.write_text("in the beginning god created the heaven and the earth\n", encoding="utf-8")
+    ran = []
+    monkeypatch.setattr(module, "self_similarity", lambda model, *a, **k: ran.append(model))
+    assert main(["evaluate", "self-similarity", "--model", f"a={tiny}", f"a={shallow}", "--text", str(text),
+                 "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert "the models labelled 'a' differ in depth ([2, 3] layers)" in err and err.count("\n") == 1, err
+    assert ran == [] and not list(tmp_path.glob("report*"))
+
+
 # ---- output paths -------------------------------------------------------------------------------------------
 
 

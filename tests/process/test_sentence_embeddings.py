@@ -131,3 +131,10 @@ def test_bad_suites_and_models_are_one_line_errors(tiny, suite, tmp_path, capsys
     fails(["--model", str(tiny), "--suite", str(bad)], "no column(s) ['topic']")
     (bad / "x.csv").write_bytes(b"text,topic\ncaf\xe9,1\n")
     fails(["--model", str(tiny), "--suite", str(bad)], "is not UTF-8")
+    (bad / "x.csv").write_bytes(b"text,topic\nfine,1\nshort\n")  # a user-built suite's row with a cell missing
+    fails(["--model", str(tiny), "--suite", str(bad)], "row 2 has no value in column(s) ['topic']")
+    for index in ({"tasks": 3}, {"tasks": ["x.csv"]}):
+        (bad / "tasks.json").write_text(json.dumps(index))
+        fails(["--model", str(tiny), "--suite", str(bad)], "is not a task index")
+    (bad / "tasks.json").write_text(json.dumps({"tasks": [{"name": "x", "kind": "classification", "file": None}]}))
+    fails(["--model", str(tiny), "--suite", str(bad)], "needs name, kind and file")
