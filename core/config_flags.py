@@ -47,9 +47,25 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, help: Optional[
 
 
 def flag_overrides(args: argparse.Namespace, cls: type) -> list[str]:
-    """The flags given, as `key=value` overrides of `cls` (arguments that are not keys of it are left out)."""
+    """The flags given, as `key=value` overrides of `cls` (arguments that are not keys of it are left out).
+
+    A list flag takes every word up to the next flag, so `--model a/ layer=0` gave it `layer=0` as a model: a word
+    `KEY=VALUE` in a list whose KEY is a key of `cls` is the override it reads as, wherever it stands (as elsewhere
+    on the command line)."""
     keys = set(_keys(cls))
-    return [f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in vars(args).items() if key in keys]
+
+    def override(word: Any) -> bool:
+        return isinstance(word, str) and "=" in word and word.partition("=")[0] in keys
+
+    out, moved = [], []
+    for key, value in vars(args).items():
+        if key not in keys:
+            continue
+        if isinstance(value, list):
+            moved += [word for word in value if override(word)]
+            value = [word for word in value if not override(word)]
+        out.append(f"{key}={json.dumps(value, ensure_ascii=False)}")
+    return out + moved
 
 
 def _keys(cls: type, prefix: str = "") -> list[str]:

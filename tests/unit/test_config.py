@@ -345,6 +345,14 @@ def test_every_evaluation_key_is_a_flag_and_a_flag_is_its_key():
     assert by_flags == by_keys and by_flags.data.token_task and by_flags.lr == 3e-5
     probe = parser.parse_args(["evaluate", "linear-probe", "--c-grid", "0.5", "2", "--folds", "3"])
     assert flag_overrides(probe, LinearProbeConfig) == ["c_grid=[0.5, 2.0]", "folds=3"]
+    # A list flag takes every word up to the next flag: a key=value among them is the override it reads as (a model
+    # 'layer=0' was refused as no model folder); a word whose left side is no key stays in the list (a model's label).
+    swallowed = parser.parse_args(["evaluate", "linear-probe", "--model", "run-a/", "layer=0", "a=run-b/",
+                                   "data.text_column=words", "--task", "csv:t.csv"])
+    assert flag_overrides(swallowed, LinearProbeConfig) == ['model=["run-a/", "a=run-b/"]', 'task="csv:t.csv"',
+                                                           "layer=0", "data.text_column=words"]
+    probe_cfg = load_config(LinearProbeConfig, None, flag_overrides(swallowed, LinearProbeConfig))
+    assert probe_cfg.model == ["run-a/", "a=run-b/"] and probe_cfg.layer == 0 and probe_cfg.data.text_column == "words"
     flags = {a.dest for a in parser._subparsers._group_actions[0].choices["finetune"]._actions}
     keys = {f.name for f in dataclasses.fields(FinetuneConfig) if f.name != "data"}
     assert keys | {f"data.{f.name}" for f in dataclasses.fields(FinetuneConfig().data)} <= flags
