@@ -241,10 +241,12 @@ def test_secret_looking_keys_are_redacted_in_what_a_run_folder_keeps():
     from pretrain.engine.ds_config import REDACTED, redacted
 
     given = {"comet": {"enabled": True, "api_key": "k-123", "project": "p"}, "wandb": {"team": "t"},
-             "list": [{"ApiKey": "k-456"}, {"max_tokens": 8}], "auth_token": None, "train_batch_size": 32}
+             "list": [{"ApiKey": "k-456"}, {"max_tokens": 8}], "auth_token": None, "train_batch_size": 32,
+             "storage": {"aws_secret_access_key": "s", "hf_token": "h", "private_key": "p", "credentials": "c"}}
     got = redacted(given)
     assert got == {"comet": {"enabled": True, "api_key": REDACTED, "project": "p"}, "wandb": {"team": "t"},
-                   "list": [{"ApiKey": REDACTED}, {"max_tokens": 8}], "auth_token": None, "train_batch_size": 32}
+                   "list": [{"ApiKey": REDACTED}, {"max_tokens": 8}], "auth_token": None, "train_batch_size": 32,
+                   "storage": {k: REDACTED for k in given["storage"]}}
     assert given["comet"]["api_key"] == "k-123"  # the engine's own config is not touched
 
 
