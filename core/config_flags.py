@@ -65,7 +65,7 @@ def flag_overrides(args: argparse.Namespace, cls: type) -> list[str]:
             moved += [word for word in value if override(word)]
             value = [word for word in value if not override(word)]
         out.append(f"{key}={json.dumps(value, ensure_ascii=False)}")
-    return out + moved
+    return moved + out  # as overrides: a flag, given after them, wins
 
 
 def _keys(cls: type, prefix: str = "") -> list[str]:

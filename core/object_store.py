@@ -185,10 +185,11 @@ class ObjectStore:
 
     def download(self, relative: str, local: Path, overwrite: bool = True) -> Path:
         """Download `url/relative` to `local` (through a temporary name, so no half file stays behind); a key with a
-        '..' part is refused: joined to the folder it goes to, it names a file outside it."""
-        if ".." in relative.split("/") or relative.startswith("/"):
-            raise StorageError(f"'{join(self.url, relative)}': a key that climbs out of its prefix ('..', or a leading "
-                               "'/') would be written outside the folder it is downloaded to; refused (who wrote it?)")
+        '..', '.' or empty part is refused: joined to the folder it goes to, it could name a file outside it."""
+        if any(part in ("", ".", "..") for part in relative.split("/")):  # '//' makes the rest an absolute path
+            raise StorageError(f"'{join(self.url, relative)}': a key that climbs out of its prefix (a '..' part, or an "
+                               "empty one: '//', a leading '/') would be written outside the folder it is downloaded "
+                               "to; refused (who wrote it?)")
         require_streaming()
         from streaming.base.storage import CloudDownloader
 

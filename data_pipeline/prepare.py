@@ -41,8 +41,8 @@ from data_pipeline.mds import merge_indexes
 from data_pipeline.mixture import mix, plan_takes
 from data_pipeline.shard_record import record_dataset
 from data_pipeline.part_writer import SPLITS, PartJob, Shared, count_part, done_marker, part_name, write_part
-from data_pipeline.remote_dataset import (claim_remote_output, holds_dataset, release_remote_output, upload_part,
-                                         upload_rest)
+from data_pipeline.remote_dataset import (claim_remote_output, release_remote_output, upload_part, upload_rest,
+                                         uploaded)
 from data_pipeline.raw_text import ReadStats, iter_part
 from data_pipeline.shards import token_dtype, write_manifest
 from data_pipeline.worker_pool import WorkerPool, available_cpus
@@ -386,8 +386,9 @@ def _already_published(cfg: PrepareConfig, task: int, tasks: int, final_dir: Pat
     """The end of a task that starts after this array published the dataset (a requeued array's): nothing to write,
     task 0 included (it would take the dataset for an older one and refuse it, or, bound for a bucket with
     --overwrite, empty the bucket). A bucket's copy is in place once the bucket holds its manifest, the upload's last
-    file: an upload that failed after the local copy was published is finished by task 0, which returns the URL."""
-    if is_remote(cfg.output_dir) and not holds_dataset(cfg.output_dir, final_dir):
+    file: an upload that failed after the local copy was published (every shard there, no manifest) is finished by
+    task 0, which returns the URL."""
+    if is_remote(cfg.output_dir) and not uploaded(cfg.output_dir, final_dir):
         if task != 0:
             log.info("task %d/%d: the dataset is published in %s; task 0 finishes its upload", task, tasks, final_dir)
             return None
@@ -396,6 +397,16 @@ def _already_published(cfg: PrepareConfig, task: int, tasks: int, final_dir: Pat
         return _upload(cfg, final_dir, None)
     log.info("task %d/%d: the dataset is already published -> %s", task, tasks, final_dir)
     return None
+
+
+def _record_failure(staging: Path, message: str) -> None:
+    """Tell the tasks waiting on this run's plan to stop with `message`; where even that cannot be written (the disk
+    that failed the work), say so and leave the work's own error to go on."""
+    try:
+        write_text_atomic(staging / FAILED, f"{_attempt()}\n{message}\n")
+    except OSError as exc:
+        log.warning("the array's failure could not be recorded in '%s' (%s): its other tasks wait for "
+                    "plan_timeout_s", staging, exc)
 
 
 def _merging() -> str:
@@ -412,14 +423,14 @@ def _merge(cfg: PrepareConfig, staging: Path, final_dir: Path, plan: dict[str, A
         (staging / _merging()).mkdir()
     except (FileExistsError, FileNotFoundError):  # another task merges, or has already published
         return None
+    (staging / FAILED).unlink(missing_ok=True)  # an earlier run's failed merge: not to be published with the dataset
     try:
         _finish(cfg, staging, plan, command, workers, tasks, array_id)
         check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)
         publish(staging, final_dir)
     except Exception as exc:  # a late task 0 finds no plan (the merge removes it) and waits for one: it must stop
         if staging.is_dir():
-            write_text_atomic(staging / FAILED, f"{_attempt()}\ntask {task} of this array could not merge the parts: "
-                                                f"{type(exc).__name__}: {exc}\n")
+            _record_failure(staging, f"task {task} of this array could not merge the parts: {type(exc).__name__}: {exc}")
         raise
     for leftover in final_dir.glob("merging-*"):
         leftover.rmdir()
@@ -439,6 +450,8 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
         return _already_published(cfg, task, tasks, final_dir)
     # Not while this run's merge is under way: it removes the plan before it publishes the dataset.
     if task == 0 and not (staging / PLAN).is_file() and not (staging / _merging()).exists():
+        if not staging.exists() and _published_by(final_dir, array_id, cfg):  # the merge published since the check
+            return _already_published(cfg, task, tasks, final_dir)  # above: in this order no window is left
         try:
             check_overwrite(final_dir, cfg.overwrite or is_remote(cfg.output_dir), DATASET, _reads(cfg), _legacy_dataset)
             if is_remote(cfg.output_dir):  # before the plan: no task uploads a part before the prefix is claimed
@@ -448,8 +461,7 @@ def prepare_task(cfg: PrepareConfig, task: int, tasks: int, array_id: str, comma
             _make_plan(cfg, staging, workers)
         except Exception as exc:  # any failure: the waiting tasks must stop too, not hold their nodes for a day
             staging.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(staging / FAILED, f"{_attempt()}\ntask 0 of this array could not plan the dataset: "
-                                                f"{type(exc).__name__}: {exc}\n")
+            _record_failure(staging, f"task 0 of this array could not plan the dataset: {type(exc).__name__}: {exc}")
             raise
     plan = _await_plan(staging, final_dir, plan_timeout_s, array_id, cfg)
     if plan is None:

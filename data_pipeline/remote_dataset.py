@@ -9,6 +9,7 @@ finds everything it names, and an interrupted upload leaves no index that points
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
 import tempfile
@@ -107,17 +108,39 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def holds_dataset(url: str, local: Path | str) -> bool:
-    """Whether the bucket at `url` holds the dataset of the local folder `local`: its manifest, the upload's last
-    file, has the same bytes there."""
+def shard_keys(local: Path | str) -> list[str]:
+    """The keys, relative to the dataset, of the shard files a prepared folder's split indexes name (the compressed
+    file where there is one: what a part's upload sends)."""
+    keys = []
+    for split in SPLITS:
+        for shard in json.loads((Path(local) / split / INDEX).read_text())["shards"]:
+            keys.append(f"{split}/{(shard.get('zip_data') or shard['raw_data'])['basename']}")
+    return keys
+
+
+def uploaded(url: str, local: Path | str) -> bool:
+    """Whether the bucket at `url` holds the dataset of the prepared folder `local`: True when its manifest, the
+    upload's last file, has the same bytes there; False when only the rest is to go (no manifest, every shard the
+    indexes name in place). Anything else (another dataset's manifest, shards gone) is refused: the rest of the
+    upload would not make it whole."""
+    store = ObjectStore(url)
     with tempfile.TemporaryDirectory(prefix="manifest-") as scratch:
         try:
-            remote = ObjectStore(url).download(MANIFEST, Path(scratch) / MANIFEST)
+            remote = store.download(MANIFEST, Path(scratch) / MANIFEST)
         except StorageError as exc:
             if "not found" not in str(exc):
                 raise
-            return False
-        return _digest(remote) == _digest(Path(local) / MANIFEST)
+        else:
+            if _digest(remote) == _digest(Path(local) / MANIFEST):
+                return True
+            raise OutputExistsError(f"'{url}' holds another dataset than the one published in '{local}': prepare "
+                                    "again with a new array (overwrite=true replaces it)")
+    listed = set(store.list())
+    missing = [key for key in shard_keys(local) if key not in listed]
+    if missing:
+        raise StorageError(f"'{url}' lacks {len(missing)} shard(s) of the dataset published in '{local}' (e.g. "
+                           f"{missing[0]}), whose local copies are gone: prepare again with a new array")
+    return False
 
 
 def fetch_metadata(url: str, cache: Path) -> None:

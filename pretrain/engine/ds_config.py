@@ -30,7 +30,7 @@ TEMPLATE = Path(importlib.util.find_spec("deepspeed_configs").origin).parent / "
 
 
 # Keys whose values are credentials (DeepSpeed's comet monitor takes an api_key): never copied into a run folder.
-_SECRET_KEY = re.compile(r"(api_?key|access_?key|private_?key|secret|password|passwd|token|credentials?)$",
+_SECRET_KEY = re.compile(r"(api_?key|access_?key|private_?key|secret(_?key)?|password|passwd|token|credentials?)$",
                          re.IGNORECASE)
 REDACTED = "<redacted>"
 

@@ -242,7 +242,8 @@ def test_secret_looking_keys_are_redacted_in_what_a_run_folder_keeps():
 
     given = {"comet": {"enabled": True, "api_key": "k-123", "project": "p"}, "wandb": {"team": "t"},
              "list": [{"ApiKey": "k-456"}, {"max_tokens": 8}], "auth_token": None, "train_batch_size": 32,
-             "storage": {"aws_secret_access_key": "s", "hf_token": "h", "private_key": "p", "credentials": "c"}}
+             "storage": {"aws_secret_access_key": "s", "hf_token": "h", "private_key": "p", "credentials": "c",
+                         "SecretKey": "m"}}
     got = redacted(given)
     assert got == {"comet": {"enabled": True, "api_key": REDACTED, "project": "p"}, "wandb": {"team": "t"},
                    "list": [{"ApiKey": REDACTED}, {"max_tokens": 8}], "auth_token": None, "train_batch_size": 32,

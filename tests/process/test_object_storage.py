@@ -318,6 +318,15 @@ def test_a_bucket_key_that_climbs_out_of_its_prefix_is_refused_before_it_is_writ
     line = _one_line_error(run_cli("pretrain", [*args, "train.max_steps=4"], check=False))
     assert "s3://ckpt/climb/step_00000002/../../../escape': a key that climbs out of its prefix" in line, line
     assert not (tmp_path / "escape").exists() and not list(tmp_path.rglob("escape"))
+    from core.errors import StorageError
+    from core.object_store import ObjectStore
+
+    # An empty part makes the rest an absolute path once joined (`tmp / "/home/u/.bashrc"`); '.' and a trailing '/'
+    # name no file of the prefix either.
+    for key in (f"step_00000002//{tmp_path / 'absolute'}", "step_00000002/./x", "step_00000002/"):
+        with pytest.raises(StorageError, match="a key that climbs out of its prefix"):
+            ObjectStore("s3://ckpt/climb").download(key, tmp_path / "download" / "x")
+    assert not (tmp_path / "absolute").exists() and not (tmp_path / "download").exists()
 
 
 def test_a_damaged_shard_in_the_bucket_stops_the_run_with_one_line(s3, prepared, tmp_path):
@@ -857,3 +866,16 @@ def test_a_requeued_array_finishes_a_failed_upload_and_leaves_a_finished_one_in_
     assert caplog.text.count("the dataset is already published") == 2
     assert {k: s3.head_object(Bucket="corpus", Key=k)["ETag"] for k in _keys(s3, "corpus", "requeued/")} == objects
     assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["dataset"]  # no new staging folder
+    # What the rest of an upload cannot make whole is refused: shards gone from the bucket (their local copies are
+    # too), or another dataset's manifest in its place.
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    s3.delete_object(Bucket="corpus", Key=f"requeued/{MANIFEST}")
+    shard = next(k for k in keys if ".mds" in k)
+    s3.delete_object(Bucket="corpus", Key=shard)
+    with pytest.raises(StorageError, match=rf"lacks 1 shard\(s\) of the dataset published in .* \(e\.g\. {shard.removeprefix('requeued/')}\)"):
+        prepare_task(array, 0, 2, "81")
+    s3.put_object(Bucket="corpus", Key=f"requeued/{MANIFEST}", Body=b'{"another": "dataset"}')
+    from core.errors import OutputExistsError
+
+    with pytest.raises(OutputExistsError, match="holds another dataset than the one published in"):
+        prepare_task(array, 0, 2, "81")

@@ -303,7 +303,6 @@ def test_the_ranks_of_a_node_take_their_leaders_free_prefix_when_their_own_scans
     _two_ranks_build_a_dataset(prepared, tmp_path / "ranks", skew)
 
 
-
 def test_a_task_0_that_starts_during_the_merge_waits_for_it_and_plans_nothing(tmp_path, corpus_file, monkeypatch,
                                                                               caplog):
     """Requeued, task 0 (its parts done in the last run) may start while task 1 merges: after the plan is removed,
@@ -359,3 +358,66 @@ def test_a_failed_merge_stops_a_task_0_that_starts_after_it(tmp_path, corpus_fil
     with pytest.raises(InputDataError, match="task 1 of this array could not merge the parts: OutputExistsError"):
         prepare_task(cfg, 0, 2, "85", plan_timeout_s=30)
     assert (tmp_path / "array" / "notes.txt").read_text() == "a user's folder"
+
+
+def test_a_task_0_whose_start_straddles_the_publish_plans_nothing(tmp_path, corpus_file, monkeypatch, caplog):
+    """Requeued, task 0 finds the staging folder (not yet published), then, a moment later, neither a plan nor a merge
+    lock: the merge has renamed the folder into place between its two looks. It must see the dataset published, not
+    plan a new one beside it (refused without --overwrite: the array failed; with it, bound for a bucket, the prefix
+    was emptied under the upload)."""
+    import logging
+    import threading
+
+    import data_pipeline.prepare as prepare_module
+    from data_pipeline.prepare import prepare_task, staging_dir
+
+    caplog.set_level(logging.INFO, logger="data_pipeline")
+    single = prepare(_array_cfg(tmp_path / "single", corpus_file))
+    cfg = _array_cfg(tmp_path / "array", corpus_file)
+    assert prepare_task(cfg, 0, 2, "87") is None
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    at_lock_check, published, results = threading.Event(), threading.Event(), []
+    real_merging, real_publish = prepare_module._merging, prepare_module.publish
+
+    def merging() -> str:  # task 0's look for the lock: the merge publishes just before it
+        if threading.current_thread().name == "late task 0":
+            at_lock_check.set()
+            assert published.wait(60)
+        return real_merging()
+
+    def publish_while_task_0_looks(staging, final):
+        late = threading.Thread(target=lambda: results.append(prepare_task(cfg, 0, 2, "87", plan_timeout_s=30)),
+                                name="late task 0")
+        late.start()
+        assert at_lock_check.wait(60)
+        real_publish(staging, final)
+        published.set()
+        late.join(60)
+
+    monkeypatch.setattr(prepare_module, "_merging", merging)
+    monkeypatch.setattr(prepare_module, "publish", publish_while_task_0_looks)
+    assert prepare_task(cfg, 1, 2, "87") == tmp_path / "array"
+    assert results == [None] and "task 0/2: the dataset is already published" in caplog.text
+    assert not staging_dir(cfg, "87").exists() and _files(single) == _files(tmp_path / "array")
+
+
+def test_an_earlier_run_s_failed_merge_is_not_published_with_the_dataset(tmp_path, corpus_file, monkeypatch):
+    """A merge that failed before it removed the plan (here its index merge) leaves FAILED in the staging folder; the
+    requeued run's merge publishes the dataset without it (it went into the dataset, and into the bucket)."""
+    import data_pipeline.prepare as prepare_module
+    from data_pipeline.prepare import prepare_task
+
+    cfg = _array_cfg(tmp_path / "array", corpus_file)
+    assert prepare_task(cfg, 0, 2, "89") is None
+    real_merge = prepare_module.merge_indexes
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prepare_module, "merge_indexes", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        prepare_task(cfg, 1, 2, "89")
+    monkeypatch.setattr(prepare_module, "merge_indexes", real_merge)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert prepare_task(cfg, 1, 2, "89") == tmp_path / "array"
+    assert not (tmp_path / "array" / "FAILED").exists() and DatasetDir(tmp_path / "array").is_complete()

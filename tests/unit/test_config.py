@@ -349,8 +349,8 @@ def test_every_evaluation_key_is_a_flag_and_a_flag_is_its_key():
     # 'layer=0' was refused as no model folder); a word whose left side is no key stays in the list (a model's label).
     swallowed = parser.parse_args(["evaluate", "linear-probe", "--model", "run-a/", "layer=0", "a=run-b/",
                                    "data.text_column=words", "--task", "csv:t.csv"])
-    assert flag_overrides(swallowed, LinearProbeConfig) == ['model=["run-a/", "a=run-b/"]', 'task="csv:t.csv"',
-                                                           "layer=0", "data.text_column=words"]
+    assert flag_overrides(swallowed, LinearProbeConfig) == ["layer=0", "data.text_column=words",
+                                                           'model=["run-a/", "a=run-b/"]', 'task="csv:t.csv"']
     probe_cfg = load_config(LinearProbeConfig, None, flag_overrides(swallowed, LinearProbeConfig))
     assert probe_cfg.model == ["run-a/", "a=run-b/"] and probe_cfg.layer == 0 and probe_cfg.data.text_column == "words"
     flags = {a.dest for a in parser._subparsers._group_actions[0].choices["finetune"]._actions}
