@@ -19,7 +19,7 @@ import uuid
 from typing import Any, Optional
 
 from core.atomic_files import write_text_atomic
-from core.errors import SetupError, one_line
+from core.errors import InputDataError, SetupError, one_line
 from pretrain.run_dir import RunDir
 
 PROJECT = "contrastive-pretrain"
@@ -151,7 +151,11 @@ class Trackers:
     def _open(self) -> list[Tracker]:
         """Continue the runs trackers.json names, or, for a new train.resume_from branch, start runs of its own."""
         path = self.run_dir.tracker_ids
-        saved = json.loads(path.read_text()) if path.is_file() else {}
+        try:
+            saved = json.loads(path.read_text()) if path.is_file() else {}
+        except (ValueError, UnicodeDecodeError) as exc:  # written whole or not at all: damaged by hand or by the disk
+            raise InputDataError(f"'{path}' is damaged ({exc}): it names the tracked runs this run continues; restore "
+                                 "it, or remove it to start new ones") from None
         launch = hashlib.sha256(json.dumps(self.config, sort_keys=True, default=str).encode()).hexdigest()[:16]
         if self.branch is not None and (saved.get("branch"), saved.get("branch_config")) != (self.branch, launch):
             # A new branch (the same branch launched again with the same config, before it saved, goes on in its own).

@@ -206,6 +206,13 @@ def test_a_row_logged_before_the_rewind_does_not_resend_the_redone_steps(tmp_pat
     run_id = json.loads(run.tracker_ids.read_text())["mlflow"]
     history = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run.mlflow_db}").get_metric_history(run_id, "train/loss")
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 15.0)]
+    # trackers.json damaged (by hand, or by the disk): one line naming it, not a JSONDecodeError's traceback.
+    from core.errors import InputDataError
+
+    run.tracker_ids.write_text('{"mlflow": "' + run_id[:5])
+    with restored_environ(), pytest.raises(InputDataError, match=r"trackers.json' is damaged .* remove it to start"):
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        Trackers(run, ["mlflow"], {"seed": 1}).open()
 
 
 def test_a_run_with_no_tracker_keeps_its_plain_logs(prepared, tmp_path):
