@@ -179,17 +179,17 @@ def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = 
     if max_eval_samples:
         eval_rows = eval_rows.select(range(min(max_eval_samples, len(eval_rows))))
     start = time.time()
-    if spec.kind != "token":  # the labels are known before the features: refuse before the model runs
-        check_two_classes(_labels(spec, list(train_rows[spec.label])))
     if spec.kind == "token":
         sets = {"word": tuple(_token_examples(model_dir, spec, rows, layer, max_length, batch_size)
                               for rows in (train_rows, eval_rows))}
     else:
+        ytr = _labels(spec, list(train_rows[spec.label]))
+        check_two_classes(ytr)  # the labels are known before the features: refused before the model runs
         tr = sequence_features(model_dir, list(train_rows[spec.text]), list(train_rows[spec.pair]) if spec.pair else None,
                                layer, max_length, batch_size)
         ev = sequence_features(model_dir, list(eval_rows[spec.text]), list(eval_rows[spec.pair]) if spec.pair else None,
                                layer, max_length, batch_size)
-        ytr, yev = (_labels(spec, list(rows[spec.label])) for rows in (train_rows, eval_rows))
+        yev = _labels(spec, list(eval_rows[spec.label]))
         sets = {name: ((tr[name], ytr), (ev[name], yev)) for name in features}
     results = {}
     for name, ((xtr, ytr), (xev, yev)) in sets.items():

@@ -42,6 +42,14 @@ class Tracker:
 
     run_id = ""
 
+    hint = ""  # what the user sets when the library refuses to open the run
+
+    @staticmethod
+    def refusals() -> tuple[type[BaseException], ...]:
+        """The errors by which the library says its service or its settings refused the run (no key, no network, a
+        tracking URI it will not use): the user's to fix, not a bug."""
+        return ()
+
     def log(self, step: int, values: dict[str, float]) -> None:
         """Send one row (keys already prefixed with the split)."""
         raise NotImplementedError
@@ -54,6 +62,14 @@ class WandbTracker(Tracker):
     """Weights & Biases: WANDB_PROJECT (default contrastive-pretrain), WANDB_ENTITY, WANDB_MODE=offline as usual."""
 
     name = "wandb"
+    hint = "set WANDB_API_KEY (or run `wandb login`), or WANDB_MODE=offline where the nodes have no internet"
+
+    @staticmethod
+    def refusals() -> tuple[type[BaseException], ...]:
+        """No API key, a refused one, no network."""
+        from wandb.errors import AuthenticationError, CommError, UsageError
+
+        return AuthenticationError, CommError, UsageError
 
     def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str], run_name: str) -> None:
         import wandb
@@ -75,6 +91,14 @@ class MlflowTracker(Tracker):
     """MLflow: MLFLOW_TRACKING_URI (default a SQLite file in the run folder), MLFLOW_EXPERIMENT_NAME."""
 
     name = "mlflow"
+    hint = "check MLFLOW_TRACKING_URI (unset, the run folder's SQLite file mlflow.db is used)"
+
+    @staticmethod
+    def refusals() -> tuple[type[BaseException], ...]:
+        """MLflow's answer, a tracking URI it will not use or a server that refused."""
+        from mlflow.exceptions import MlflowException
+
+        return (MlflowException,)
 
     def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str], run_name: str) -> None:
         import mlflow
@@ -108,22 +132,6 @@ class MlflowTracker(Tracker):
 
 
 BACKENDS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
-
-
-def _refusals(name: str) -> tuple[type[BaseException], ...]:
-    """The errors by which a tracker's library says its service or its settings refused the run (no key, no network,
-    a tracking URI it will not use): the user's to fix, not a bug."""
-    if name == "wandb":
-        from wandb.errors import AuthenticationError, CommError, UsageError
-
-        return AuthenticationError, CommError, UsageError
-    from mlflow.exceptions import MlflowException
-
-    return (MlflowException,)
-
-
-HINTS = {"wandb": "set WANDB_API_KEY (or run `wandb login`), or WANDB_MODE=offline where the nodes have no internet",
-         "mlflow": "check MLFLOW_TRACKING_URI (unset, the run folder's SQLite file mlflow.db is used)"}
 
 
 class Trackers:
@@ -164,11 +172,12 @@ class Trackers:
         saved.setdefault("name", self.run_dir.root.name)  # passed again on a resume: W&B would rename the run
         items = []
         for name in self.backends:
+            backend = BACKENDS[name]
             try:
-                items.append(BACKENDS[name](self.run_dir, self.config, saved.get(name), saved["name"]))
-            except _refusals(name) as exc:
+                items.append(backend(self.run_dir, self.config, saved.get(name), saved["name"]))
+            except backend.refusals() as exc:
                 raise SetupError(f"train.report_to has {name}, but it could not open its run ({one_line(exc)}); "
-                                 f"{HINTS[name]}") from exc
+                                 f"{backend.hint}") from exc
             self.continued[name] = bool(saved.get(name))
         if items:
             write_text_atomic(path, json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n")
