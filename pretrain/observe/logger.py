@@ -81,6 +81,8 @@ class RunLogger:
                 self._writer.add_scalar(f"{prefix}/{key}", value, step)
         if self.trackers is not None:
             self.trackers.log(step, values, prefix)
+            for line in self.trackers.messages():
+                self.info(f"warning: {line}")
         self._jsonl.write(json.dumps({"step": step, "split": prefix, **values}) + "\n")
 
     def progress(self, step: int, metrics: dict[str, float], sec_per_step: Optional[float]) -> None:
@@ -107,5 +109,7 @@ class RunLogger:
                 self._writer.close()
             if self.trackers is not None:
                 self.trackers.close()
+                for line in self.trackers.messages():
+                    self.info(f"warning: {line}")
             self._text.close()
             self._jsonl.close()

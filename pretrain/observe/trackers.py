@@ -20,9 +20,11 @@ from typing import Any, Optional
 
 from core.atomic_files import write_text_atomic
 from core.errors import InputDataError, SetupError, one_line
+from pretrain.observe.tracker_sender import TrackerSender
 from pretrain.run_dir import RunDir
 
 PROJECT = "contrastive-pretrain"
+CLOSE_WAIT_S = 15.0  # at the end of a run (a preempted one's included), rows still waiting get this long to go out
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -139,7 +141,8 @@ class Trackers:
 
     Their runs open once the launch has committed to what it resumes (`open`, at the rewind): a launch refused before
     training (a branch whose checkpoint does not fit) opens none and leaves trackers.json as it was. The libraries are
-    imported at once, so that a missing one is refused before the model is built.
+    imported at once, so that a missing one is refused before the model is built. Rows go out from a thread per
+    tracker (`TrackerSender`): a service that fails mid-run is said in the log, not raised.
     """
 
     def __init__(self, run_dir: RunDir, report_to: list[str], config: dict[str, Any],
@@ -153,6 +156,7 @@ class Trackers:
                 raise SetupError(f"train.report_to has {name}, but its library is not installed ({exc}); pip "
                                  f"install {'wandb' if name == 'wandb' else 'mlflow-skinny sqlalchemy alembic'}") from exc
         self.items: Optional[list[Tracker]] = None
+        self.senders: dict[str, TrackerSender] = {}
         self.last_logged = -1  # the last step an earlier attempt sent to the runs this one continues
         self.continued: dict[str, bool] = {}  # per backend: whether its run got an earlier attempt's rows
 
@@ -193,6 +197,7 @@ class Trackers:
         out of the steps, whose collectives wait only train.step_timeout_s."""
         if self.items is None:
             self.items = self._open()
+            self.senders = {t.name: TrackerSender(t.name, t.log, type(t).refusals()) for t in self.items}
 
     def log(self, step: int, values: dict[str, float], prefix: str) -> None:
         """One row of scalars to every tracker."""
@@ -203,9 +208,19 @@ class Trackers:
         for tracker in self.items:
             # Only a run that got the earlier attempt's rows skips the steps this one redoes (known once rewound).
             if step > (self.last_logged if self.continued[tracker.name] else -1):
-                tracker.log(step, row)
+                self.senders[tracker.name].put(step, row)
+
+    def messages(self) -> list[str]:
+        """What the trackers' services did since the last call (a failure, a recovery), one line each, for the log."""
+        return [line for sender in self.senders.values() for line in sender.messages()]
 
     def close(self) -> None:
-        """End every tracked run (each stays resumable by its id in trackers.json)."""
+        """Send what waits (at most CLOSE_WAIT_S), then end every tracked run (each stays resumable by its id in
+        trackers.json); a service that fails here is said in `messages`, not raised."""
         for tracker in self.items or []:
-            tracker.close()
+            sender = self.senders[tracker.name]
+            sender.stop(CLOSE_WAIT_S)
+            try:
+                tracker.close()
+            except Exception as exc:  # the run's metrics are in metrics.jsonl: the service's failure ends nothing
+                sender.said(f"{tracker.name}: could not end its tracked run ({one_line(exc)})")

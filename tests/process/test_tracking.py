@@ -274,3 +274,53 @@ def test_deepspeed_starts_without_mlflow_and_mlflow_still_imports():
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("mlflow "), proc.stderr[-3000:]
+
+
+def test_a_tracker_whose_store_fails_mid_run_stalls_no_step_and_catches_up(tmp_path):
+    """MLflow's SQLite store locked by another process mid-run (MLflow then waits 20 s and raises): logging a row
+    returns at once, the run's log says that sending stopped and that it went on, and once the lock is gone every row
+    reaches the run once, in order. Before, the step waited 20 s and MLflow's error ended the run."""
+    import sqlite3
+    import time
+
+    import mlflow
+
+    from pretrain.observe.logger import RunLogger
+
+    run = RunDir(tmp_path / "run")
+    with restored_environ():
+        os.environ["MLFLOW_EXPERIMENT_NAME"] = "tests"
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        log = RunLogger(run, max_steps=6, enabled=True, report_to=("mlflow",), config={"seed": 1})
+        log.rewind(0)
+        log.scalars(1, {"loss": 1.0}, "train")
+        sender = log.trackers.senders["mlflow"]
+        deadline = time.monotonic() + 60
+        while sender.waiting() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        lock = sqlite3.connect(run.mlflow_db, isolation_level=None)
+        lock.execute("BEGIN EXCLUSIVE")
+        took = []
+        for step in (2, 3, 4):
+            start = time.monotonic()
+            log.scalars(step, {"loss": float(step)}, "train")
+            took.append(time.monotonic() - start)
+        while not sender.failing() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log.scalars(5, {"loss": 5.0}, "validation")  # a row that waits behind the failed ones
+        lock.execute("COMMIT")
+        lock.close()
+        while sender.waiting() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log.scalars(6, {"loss": 6.0}, "train")
+        log.close()
+    assert max(took) < 2.0, took  # MLflow's lock wait is 20 s
+    text = run.text_log.read_text()
+    assert "warning: mlflow: could not send step 2 (" in text and "database is locked" in text, text
+    assert "warning: mlflow: sending again after 1 failed try (3 row(s) waiting)" in text, text
+    run_id = json.loads(run.tracker_ids.read_text())["mlflow"]
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run.mlflow_db}")
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == \
+        [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (6, 6.0)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "validation/loss")] == [(5, 5.0)]
+    assert client.get_run(run_id).info.status == "FINISHED"

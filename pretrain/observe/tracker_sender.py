@@ -1,0 +1,132 @@
+"""One tracker's rows sent from a thread of their own, so that its service failing or stalling mid-run costs the run
+neither its steps nor its life.
+
+A tracker's library can block for long: MLflow's client retries a server that does not answer for minutes, and its
+SQLite store waits 20 s on a lock another process holds. Sent from the step loop, that wait stalls rank 0 while the
+other ranks wait at the next collective until train.step_timeout_s calls rank 0's node lost, and the error that
+follows would end a month-long run over a metrics service. Here a row waits in order in a bounded queue, is sent
+again after a failure (backing off), and the run's log says when sending stopped and when it went on: every row is
+in metrics.jsonl and TensorBoard regardless.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import traceback
+from typing import Callable
+
+from core.errors import one_line
+
+MAX_WAITING = 10_000  # rows kept while the service is down (a few MB); beyond, the oldest are dropped and counted
+RETRY_FIRST_S, RETRY_MAX_S = 1.0, 60.0
+
+
+class TrackerSender:
+    """Sends `log(step, row)` calls in order from a daemon thread; `messages` says what went wrong and when it
+    recovered, for the main thread to log."""
+
+    def __init__(self, name: str, send: Callable[[int, dict[str, float]], None],
+                 refusals: tuple[type[BaseException], ...] = (), retry_first_s: float = RETRY_FIRST_S) -> None:
+        self.name, self._send, self._refusals, self._retry_first_s = name, send, refusals, retry_first_s
+        self._rows: collections.deque[tuple[int, dict[str, float]]] = collections.deque()
+        self._cond = threading.Condition()
+        self._trying = False  # the head row is in the thread's hands (popped once it went through), kept by a drop
+        self._stopping = False
+        self._failures = 0  # failed tries of the row at the head, since the last row that went through
+        self._dropped = 0
+        self._said: list[str] = []
+        self._thread = threading.Thread(target=self._run, name=f"tracker-{name}", daemon=True)
+        self._thread.start()
+
+    def put(self, step: int, row: dict[str, float]) -> None:
+        """Queue one row; returns at once."""
+        with self._cond:
+            if len(self._rows) >= MAX_WAITING:
+                del self._rows[1 if self._trying else 0]
+                self._dropped += 1
+            self._rows.append((step, row))
+            self._cond.notify()
+
+    def messages(self) -> list[str]:
+        """What happened since the last call (failures, recoveries, drops), one line each."""
+        with self._cond:
+            said, self._said = self._said, []
+        return said
+
+    def said(self, line: str) -> None:
+        """Add a line of the caller's to the messages."""
+        with self._cond:
+            self._said.append(line)
+
+    def failing(self) -> bool:
+        """Whether the row at the head has failed since the last row went through."""
+        with self._cond:
+            return self._failures > 0
+
+    def waiting(self) -> int:
+        """Rows not yet sent."""
+        with self._cond:
+            return len(self._rows)
+
+    def stop(self, timeout_s: float) -> int:
+        """Send what waits for at most `timeout_s`, then stop; the number of rows left unsent."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            while self._rows and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, min(0.5, deadline - time.monotonic())))
+            left = len(self._rows)
+            if left:
+                steps = f"steps {self._rows[0][0]}-{self._rows[-1][0]}"
+                self._said.append(f"{self.name}: {left} row(s) ({steps}) not sent before the run ended: the service did "
+                                  "not take them (they are in metrics.jsonl)")
+            self._rows.clear()
+            self._cond.notify_all()
+        return left
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._rows and not self._stopping:
+                    self._cond.wait()
+                if not self._rows:
+                    return
+                step, row = self._rows[0]
+                self._trying = True
+            try:
+                self._send(step, row)
+            except Exception as exc:  # the service's failure, or a bug: the run goes on either way
+                self._failed(step, exc)
+            else:
+                self._sent()
+
+    def _failed(self, step: int, exc: Exception) -> None:
+        with self._cond:
+            self._failures += 1
+            if self._failures == 1:
+                if isinstance(exc, self._refusals):  # the service's answer: one line (SQLAlchemy's quote their SQL)
+                    detail = one_line(exc)
+                    detail = detail if len(detail) <= 300 else detail[:300] + " [...]"
+                else:  # perhaps a bug: its traceback, whole
+                    detail = traceback.format_exc().rstrip()
+                self._said.append(f"{self.name}: could not send step {step} ({detail}); training goes on, and the rows "
+                                  "wait to be sent again (they are also in metrics.jsonl)")
+            start = time.monotonic()
+            wait = min(RETRY_MAX_S, self._retry_first_s * 2 ** (self._failures - 1))
+            while time.monotonic() < start + (min(wait, 1.0) if self._stopping else wait):  # a stop cuts it short
+                self._cond.wait(max(0.0, start + wait - time.monotonic()))
+            self._trying = False
+
+    def _sent(self) -> None:
+        with self._cond:
+            self._trying = False
+            if self._rows:
+                self._rows.popleft()
+            if self._failures:
+                dropped = f", {self._dropped} dropped as too many waited" if self._dropped else ""
+                self._said.append(f"{self.name}: sending again after {self._failures} failed tr"
+                                  f"{'y' if self._failures == 1 else 'ies'} ({len(self._rows)} row(s) waiting{dropped})")
+                self._failures = self._dropped = 0
+            self._cond.notify_all()
