@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional
 import numpy as np
 import torch
 
-from core.errors import ConfigError
+from core.errors import ConfigError, InputDataError
 from evaluation.checks import check_output, export_tokenizer, usable_length
 from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
 from model.backbones.base import LOAD_DTYPE, last_hidden_state_of, load_pretrained
@@ -99,6 +99,13 @@ def encode(spec: TaskSpec, rows: Any, tokenizer: PreTrainedTokenizerBase, max_le
     pairs = [str(t) for t in rows[spec.pair]] if spec.pair else None
     enc = tokenizer(texts, pairs, truncation=True, max_length=max_length)
     return {**enc, "labels": labels}
+
+
+def check_tagged(spec: TaskSpec, enc: dict[str, Any], split: str) -> None:
+    """A token task's split must keep a tagged word (one not data.ignore_tag, not truncated away) to learn or score."""
+    if spec.kind == "token" and not any(t != -100 for row in enc["labels"] for t in row):
+        raise InputDataError(f"the token task's {split} split has no tagged word to {'learn' if split == 'training' else 'score'}"
+                             f" (every tag is the ignored tag {spec.ignore_tag!r}, or the words were truncated away)")
 
 
 def _batches(enc: dict[str, Any], order: list[int], batch_size: int, pad_id: int):
@@ -253,6 +260,8 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
         hp = replace(hp, max_length=usable_length(model_config, hp.max_length))
     train_enc = encode(spec, train_rows, tokenizer, hp.max_length)
     eval_enc = encode(spec, eval_rows, tokenizer, hp.max_length)
+    check_tagged(spec, train_enc, "training")
+    check_tagged(spec, eval_enc, "evaluation")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     log.info("fine-tuning %s on %s: %d train / %d eval examples, %d seed(s), %s", model_dir, task, len(train_rows),
              len(eval_rows), len(seeds), hp)

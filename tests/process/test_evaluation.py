@@ -382,7 +382,7 @@ FUNCTION_WORDS = {"the", "and", "of", "to", "that", "in", "he", "shall", "unto",
                   "him", "not", "them", "it", "with", "all", "thou", "thy", "was", "which", "my", "me", "but", "ye", "their"}
 
 
-def test_token_task_with_supervised_tacl_loss(exported, tmp_path):
+def test_token_task_with_supervised_tacl_loss(exported, tmp_path, capsys):
     """A real-text token task (function word or content word?) on KJV verses, sparsely annotated (every fourth word
     tagged '-', `--ignore-tag -`: no class, not trained on, not scored), with the supervised TaCL loss added, under
     the `hf` recipe with its decay and warmup set on the command line."""
@@ -420,6 +420,19 @@ def test_token_task_with_supervised_tacl_loss(exported, tmp_path):
     refused = run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"csv:{tmp_path / 'x.csv'}",
                                    "--loss", "supervised-tacl"], check=False)
     assert refused.returncode == 2 and "x.csv" in refused.stderr
+    # Training rows whose every tag is ignored (the evaluation rows hold both labels): one line before the model
+    # trains, not numpy's error on an empty count after it.
+    from pretrain.cli import main
+
+    untagged = tmp_path / "untagged.jsonl"
+    untagged.write_text("".join(json.dumps({"tokens": r["tokens"], "tags": ["-"] * len(r["tags"])}) + "\n"
+                                for r in train[:20]), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["finetune", "--model", str(exported), "--task", f"json:{untagged}", "--validation-file",
+                 str(validation), "--token-task", "--text-column", "tokens", "--label-column", "tags", "--ignore-tag",
+                 "-", "--seeds", "1"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: the token task's training split has no tagged word to learn "
+                                               "(every tag is the ignored tag '-', or the words were truncated away)")
 
 
 def test_evaluation_configs_load_and_their_errors_are_one_line(tmp_path, capsys):
