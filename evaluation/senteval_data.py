@@ -164,6 +164,8 @@ def build(out: Path, cache: Path, corpora: Optional[Path], overwrite: bool = Fal
     An existing `out` is refused, or with `overwrite` replaced when it is a suite this tool wrote."""
     if corpora is not None:
         check_corpora(corpora)
+    if cache.exists() and not cache.is_dir():
+        raise InputDataError(f"--cache '{cache}' is not a folder: it keeps the downloaded packages; name a folder")
     # Suites written before the marker existed are recognised by their index.
     tmp = prepare_output(out, overwrite, KIND, reads=[cache, *([corpora] if corpora else [])],
                          legacy=lambda folder: (folder / "tasks.json").is_file())

