@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import inspect
 import json
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
@@ -168,33 +169,60 @@ WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.b
 
 
 def _check_weights(folder: Path, required: bool) -> None:
-    """Refuse a model folder whose safetensors weights (or shards) are truncated or damaged, or (when `required`) that
-    has no weights: transformers would stop with a SafetensorError or OSError traceback that names no file."""
-    from safetensors import SafetensorError, safe_open
-
+    """Refuse a model folder whose weights (or shards) are truncated or damaged, or (when `required`) that has no
+    weights: transformers would stop with a SafetensorError, OSError or RuntimeError traceback that names no file."""
     present = [name for name in WEIGHTS if (folder / name).is_file()]
     if not present:
         if required:
             raise CheckpointError(f"model '{folder}' has no weights (none of {', '.join(WEIGHTS)})")
         return
     files = [folder / present[0]]
-    if present[0] == "model.safetensors.index.json":
+    if present[0].endswith(".index.json"):
         try:
             shards = sorted(set(json.loads(files[0].read_text(encoding="utf-8"))["weight_map"].values()))
         except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"model '{folder}': '{files[0]}' is not a shard index ({exc})") from None
         files = [folder / shard for shard in shards]
-    elif not present[0].endswith(".safetensors"):
-        return  # a pickle can be checked only by unpickling it, which is the load itself
     for file in files:
         if not file.is_file():
             raise CheckpointError(f"model '{folder}': weights shard '{file}' is missing; copy the whole folder again")
-        try:
-            with safe_open(str(file), framework="pt"):  # reads and checks the header only (the file's size included)
-                pass
-        except SafetensorError as exc:
-            raise CheckpointError(f"model '{folder}': '{file}' cannot be read ({exc}); it is truncated or damaged: "
-                                  "export or copy it again") from None
+        damage = _safetensors_damage(file) if file.name.endswith(".safetensors") else _pickle_damage(file)
+        if damage:
+            raise CheckpointError(f"model '{folder}': '{file}' cannot be read ({damage}); it is truncated or damaged: "
+                                  "export or copy it again")
+
+
+def _safetensors_damage(file: Path) -> str:
+    """What is wrong with a safetensors file's header (its size included), or ""."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt"):  # reads and checks the header only
+            return ""
+    except SafetensorError as exc:
+        return str(exc)
+
+
+# The first bytes of a zip archive (torch.save's format since torch 1.6) and of a pickle (its older format).
+ZIP_MAGIC, PICKLE_PROTOCOL = b"PK\x03\x04", b"\x80"
+
+
+def _pickle_damage(file: Path) -> str:
+    """What is wrong with a pytorch_model.bin's container, or "": torch.save's zip archive must hold its central
+    directory (the end a truncated copy loses). Its pickle is checked only by unpickling it, which is the load itself;
+    a file in torch's older format (a bare pickle) is left to that load."""
+    with file.open("rb") as f:
+        head = f.read(4)
+    if head.startswith(PICKLE_PROTOCOL):
+        return ""
+    if head != ZIP_MAGIC:
+        return "neither a zip archive, as torch.save writes, nor a pickle"
+    try:
+        with zipfile.ZipFile(file) as archive:
+            archive.infolist()
+    except (zipfile.BadZipFile, OSError) as exc:
+        return f"its zip archive is incomplete: {exc}"
+    return ""
 
 
 def layer_states(out: Any) -> tuple[torch.Tensor, ...]:

@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_evaluation import _tiny_random_bert_with_minilm_tokenizer
@@ -74,6 +75,40 @@ def test_a_damaged_model_folder_is_refused_naming_the_file(tiny, tmp_path):
     with pytest.raises(CheckpointError, match=r"'.*bare' has no weights"):
         sequence_features(str(bare), ["in the beginning"])
     check_model_folder(bare)  # a config alone passes where no weights are read
+
+
+def test_a_damaged_pytorch_model_bin_is_refused_naming_it_and_a_whole_one_loads(tiny, tmp_path):
+    """A folder whose weights are torch.save's pytorch_model.bin (as older exports hold): a whole one loads; one cut
+    short, or with bytes in front, is one CheckpointError naming it (transformers' was an OSError naming no file)."""
+    from safetensors.torch import load_file
+
+    from evaluation.linear_probe import sequence_features
+    from model.backbones.base import check_model_folder
+
+    pickled = _copy(tiny, tmp_path / "pickled")
+    torch.save(load_file(pickled / "model.safetensors"), pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+    whole, original = (sequence_features(str(folder), ["in the beginning"]) for folder in (pickled, tiny))
+    assert whole.keys() == original.keys() and all(np.array_equal(whole[k], original[k]) for k in whole)
+
+    cut = _copy(pickled, tmp_path / "cut")
+    _truncate(cut / "pytorch_model.bin", (cut / "pytorch_model.bin").stat().st_size // 2)
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin' cannot be read \(its zip archive is incomplete"
+                       r".*truncated or damaged") as err:
+        sequence_features(str(cut), ["in the beginning"])
+    assert "\n" not in str(err.value) and str(cut) in str(err.value)
+
+    prefixed = _copy(pickled, tmp_path / "prefixed")
+    (prefixed / "pytorch_model.bin").write_bytes(b"<html>" + (prefixed / "pytorch_model.bin").read_bytes())
+    with pytest.raises(CheckpointError, match=r"neither a zip archive, as torch\.save writes, nor a pickle"):
+        check_model_folder(prefixed)
+
+    sharded = _copy(pickled, tmp_path / "sharded")
+    (sharded / "pytorch_model.bin").rename(sharded / "pytorch_model-00001-of-00002.bin")
+    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {
+        "a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"}}))
+    with pytest.raises(CheckpointError, match=r"shard '.*pytorch_model-00002-of-00002\.bin' is missing"):
+        check_model_folder(sharded)
 
 
 # ---- a tokenizer that does not fit the model ----------------------------------------------------------------
