@@ -6,7 +6,8 @@ SQLite store waits 20 s on a lock another process holds. Sent from the step loop
 other ranks wait at the next collective until train.step_timeout_s calls rank 0's node lost, and the error that
 follows would end a month-long run over a metrics service. Here a row waits in order in a bounded queue, is sent
 again after a failure (backing off), and the run's log says when sending stopped and when it went on: every row is
-in metrics.jsonl and TensorBoard regardless.
+in metrics.jsonl and TensorBoard regardless. The tracked run is ended from the same thread, after its last row, so
+that ending it never races a row being sent, and a stop is bounded even when the service hangs.
 """
 from __future__ import annotations
 
@@ -14,36 +15,44 @@ import collections
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Callable, Optional
 
 from core.errors import one_line
 
 MAX_WAITING = 10_000  # rows kept while the service is down (a few MB); beyond, the oldest are dropped and counted
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 60.0
+RETRY_STOPPING_S = 1.0  # the backoff while stopping: the service gets tries until the stop's deadline
 
 
 class TrackerSender:
-    """Sends `log(step, row)` calls in order from a daemon thread; `messages` says what went wrong and when it
-    recovered, for the main thread to log."""
+    """Sends `send(step, row)` calls in order from a daemon thread, then `end()` once stopped; `messages` says what went
+    wrong and when it recovered, for the main thread to log."""
 
     def __init__(self, name: str, send: Callable[[int, dict[str, float]], None],
-                 refusals: tuple[type[BaseException], ...] = (), retry_first_s: float = RETRY_FIRST_S) -> None:
+                 refusals: tuple[type[BaseException], ...] = (), retry_first_s: float = RETRY_FIRST_S,
+                 end: Optional[Callable[[], None]] = None) -> None:
         self.name, self._send, self._refusals, self._retry_first_s = name, send, refusals, retry_first_s
+        self._end = end
         self._rows: collections.deque[tuple[int, dict[str, float]]] = collections.deque()
         self._cond = threading.Condition()
         self._trying = False  # the head row is in the thread's hands (popped once it went through), kept by a drop
-        self._stopping = False
+        self._stopping = self._stopped = False
         self._failures = 0  # failed tries of the row at the head, since the last row that went through
-        self._dropped = 0
+        self._dropped = 0  # rows dropped since the last line that counted them
         self._said: list[str] = []
         self._thread = threading.Thread(target=self._run, name=f"tracker-{name}", daemon=True)
         self._thread.start()
 
     def put(self, step: int, row: dict[str, float]) -> None:
-        """Queue one row; returns at once."""
+        """Queue one row; returns at once (a row put after `stop` is not sent)."""
         with self._cond:
+            if self._stopping:
+                return
             if len(self._rows) >= MAX_WAITING:
                 del self._rows[1 if self._trying else 0]
+                if not self._dropped:
+                    self._said.append(f"{self.name}: {MAX_WAITING:,} rows wait to be sent: dropping the oldest "
+                                      "(they are in metrics.jsonl)")
                 self._dropped += 1
             self._rows.append((step, row))
             self._cond.notify()
@@ -69,21 +78,30 @@ class TrackerSender:
         with self._cond:
             return len(self._rows)
 
-    def stop(self, timeout_s: float) -> int:
-        """Send what waits for at most `timeout_s`, then stop; the number of rows left unsent."""
-        deadline = time.monotonic() + timeout_s
+    def stop(self, rows_by: float, end_by: float) -> int:
+        """Send what waits until `rows_by`, then end the tracked run until `end_by` (times of time.monotonic()); the
+        number of rows left unsent. A thread still in the service's hands at `end_by` is left to it (a daemon), and
+        said."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-            while self._rows and time.monotonic() < deadline:
-                self._cond.wait(max(0.0, min(0.5, deadline - time.monotonic())))
+            while self._rows and time.monotonic() < rows_by:
+                self._cond.wait(max(0.0, min(0.5, rows_by - time.monotonic())))
             left = len(self._rows)
+            dropped = f"{self._dropped} older row(s) were dropped as too many waited" if self._dropped else ""
             if left:
-                steps = f"steps {self._rows[0][0]}-{self._rows[-1][0]}"
+                first, last = self._rows[0][0], self._rows[-1][0]
+                steps = f"step {first}" if first == last else f"steps {first}-{last}"
                 self._said.append(f"{self.name}: {left} row(s) ({steps}) not sent before the run ended: the service did "
-                                  "not take them (they are in metrics.jsonl)")
-            self._rows.clear()
+                                  f"not take them{', and ' + dropped if dropped else ''} (they are in metrics.jsonl)")
+                self._rows.clear()
+            elif dropped:
+                self._said.append(f"{self.name}: {dropped} (they are in metrics.jsonl)")
             self._cond.notify_all()
+        self._thread.join(max(0.0, end_by - time.monotonic()))
+        if self._thread.is_alive():
+            self.said(f"{self.name}: the service did not answer before the run ended: its tracked run may not be "
+                      "marked ended (it stays resumable)")
         return left
 
     def _run(self) -> None:
@@ -92,7 +110,7 @@ class TrackerSender:
                 while not self._rows and not self._stopping:
                     self._cond.wait()
                 if not self._rows:
-                    return
+                    break
                 step, row = self._rows[0]
                 self._trying = True
             try:
@@ -100,29 +118,41 @@ class TrackerSender:
             except Exception as exc:  # the service's failure, or a bug: the run goes on either way
                 self._failed(step, exc)
             else:
-                self._sent()
+                self._sent(step, row)
+        if self._end is not None:
+            try:
+                self._end()
+            except Exception as exc:  # the run's metrics are in metrics.jsonl: the service's failure ends nothing
+                self.said(f"{self.name}: could not end its tracked run ({self._detail(exc)})")
+
+    def _detail(self, exc: Exception) -> str:
+        """A refusal of the service's in one line (SQLAlchemy's quote their SQL), anything else (a bug, perhaps) with
+        its whole traceback."""
+        if isinstance(exc, self._refusals):
+            detail = one_line(exc)
+            return detail if len(detail) <= 300 else detail[:300] + " [...]"
+        return traceback.format_exc().rstrip()
 
     def _failed(self, step: int, exc: Exception) -> None:
+        detail = self._detail(exc)
         with self._cond:
             self._failures += 1
             if self._failures == 1:
-                if isinstance(exc, self._refusals):  # the service's answer: one line (SQLAlchemy's quote their SQL)
-                    detail = one_line(exc)
-                    detail = detail if len(detail) <= 300 else detail[:300] + " [...]"
-                else:  # perhaps a bug: its traceback, whole
-                    detail = traceback.format_exc().rstrip()
                 self._said.append(f"{self.name}: could not send step {step} ({detail}); training goes on, and the rows "
                                   "wait to be sent again (they are also in metrics.jsonl)")
             start = time.monotonic()
             wait = min(RETRY_MAX_S, self._retry_first_s * 2 ** (self._failures - 1))
-            while time.monotonic() < start + (min(wait, 1.0) if self._stopping else wait):  # a stop cuts it short
-                self._cond.wait(max(0.0, start + wait - time.monotonic()))
+            while True:  # a stop (it notifies) cuts the backoff short
+                end = start + (min(wait, RETRY_STOPPING_S) if self._stopping else wait)
+                if time.monotonic() >= end or (self._stopping and not self._rows):
+                    break
+                self._cond.wait(end - time.monotonic())
             self._trying = False
 
-    def _sent(self) -> None:
+    def _sent(self, step: int, row: dict[str, float]) -> None:
         with self._cond:
             self._trying = False
-            if self._rows:
+            if self._rows and self._rows[0][1] is row:  # not a row put after a stop cleared the one sent
                 self._rows.popleft()
             if self._failures:
                 dropped = f", {self._dropped} dropped as too many waited" if self._dropped else ""

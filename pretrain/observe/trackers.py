@@ -24,7 +24,9 @@ from pretrain.observe.tracker_sender import TrackerSender
 from pretrain.run_dir import RunDir
 
 PROJECT = "contrastive-pretrain"
-CLOSE_WAIT_S = 15.0  # at the end of a run (a preempted one's included), rows still waiting get this long to go out
+# At the end of a run (a preempted one's included, within its grace time): for the rows still waiting, then for the
+# tracked runs to be ended.
+CLOSE_ROWS_S, CLOSE_WAIT_S = 10.0, 15.0
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -136,13 +138,39 @@ class MlflowTracker(Tracker):
 BACKENDS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
+class PendingTracker(Tracker):
+    """A tracked run this launch continues whose service would not open it (a requeue during an outage): the first
+    row sent opens it, from the sender's thread, which tries again (backing off) until the service answers."""
+
+    def __init__(self, backend: type[Tracker], args: tuple, run_id: str) -> None:
+        self.name, self.run_id, self.hint = backend.name, run_id, backend.hint
+        self._backend, self._args = backend, args
+        self.opened: Optional[Tracker] = None
+
+    def refusals(self) -> tuple[type[BaseException], ...]:  # type: ignore[override]
+        """The backend's refusals, and the OSError of a service not reached."""
+        return (*self._backend.refusals(), OSError)
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Open the run if it is not yet open, then send the row."""
+        if self.opened is None:
+            self.opened = self._backend(*self._args)
+        self.opened.log(step, values)
+
+    def close(self) -> None:
+        """End the run if it was opened."""
+        if self.opened is not None:
+            self.opened.close()
+
+
 class Trackers:
     """The trackers named in train.report_to (besides tensorboard, which the run logger writes itself).
 
     Their runs open once the launch has committed to what it resumes (`open`, at the rewind): a launch refused before
     training (a branch whose checkpoint does not fit) opens none and leaves trackers.json as it was. The libraries are
     imported at once, so that a missing one is refused before the model is built. Rows go out from a thread per
-    tracker (`TrackerSender`): a service that fails mid-run is said in the log, not raised.
+    tracker (`TrackerSender`): a service that fails mid-run is said in the log, not raised, and one down at a requeue
+    delays its run's opening (`PendingTracker`), not the training.
     """
 
     def __init__(self, run_dir: RunDir, report_to: list[str], config: dict[str, Any],
@@ -159,6 +187,7 @@ class Trackers:
         self.senders: dict[str, TrackerSender] = {}
         self.last_logged = -1  # the last step an earlier attempt sent to the runs this one continues
         self.continued: dict[str, bool] = {}  # per backend: whether its run got an earlier attempt's rows
+        self.not_opened: dict[str, str] = {}  # per backend: why its continued run did not open at the launch
 
     def _open(self) -> list[Tracker]:
         """Continue the runs trackers.json names, or, for a new train.resume_from branch, start runs of its own."""
@@ -174,14 +203,20 @@ class Trackers:
             saved = {"name": f"{self.run_dir.root.name} (branch from {self.branch})", "branch": self.branch,
                      "branch_config": launch}
         saved.setdefault("name", self.run_dir.root.name)  # passed again on a resume: W&B would rename the run
-        items = []
+        items: list[Tracker] = []
         for name in self.backends:
             backend = BACKENDS[name]
+            args = (self.run_dir, self.config, saved.get(name), saved["name"])
             try:
-                items.append(backend(self.run_dir, self.config, saved.get(name), saved["name"]))
-            except backend.refusals() as exc:
-                raise SetupError(f"train.report_to has {name}, but it could not open its run ({one_line(exc)}); "
-                                 f"{backend.hint}") from exc
+                items.append(backend(*args))
+            except (*backend.refusals(), OSError) as exc:
+                if not saved.get(name):
+                    raise SetupError(f"train.report_to has {name}, but it could not open its run ({one_line(exc)}); "
+                                     f"{backend.hint}") from exc
+                # The run an earlier attempt opened, so the settings worked: a service down at the requeue must not
+                # end a job that would train (its rows are in metrics.jsonl, and go out once the run opens).
+                items.append(PendingTracker(backend, args, saved[name]))
+                self.not_opened[name] = one_line(exc)
             self.continued[name] = bool(saved.get(name))
         if items:
             write_text_atomic(path, json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n")
@@ -197,7 +232,11 @@ class Trackers:
         out of the steps, whose collectives wait only train.step_timeout_s."""
         if self.items is None:
             self.items = self._open()
-            self.senders = {t.name: TrackerSender(t.name, t.log, type(t).refusals()) for t in self.items}
+            self.senders = {t.name: TrackerSender(t.name, t.log, t.refusals(), end=t.close) for t in self.items}
+            for name, reason in self.not_opened.items():
+                detail = reason if len(reason) <= 300 else reason[:300] + " [...]"
+                self.senders[name].said(f"{name}: could not open its tracked run ({detail}); training goes on, and its "
+                                        "rows wait to be sent once it opens (they are also in metrics.jsonl)")
 
     def log(self, step: int, values: dict[str, float], prefix: str) -> None:
         """One row of scalars to every tracker."""
@@ -215,12 +254,8 @@ class Trackers:
         return [line for sender in self.senders.values() for line in sender.messages()]
 
     def close(self) -> None:
-        """Send what waits (at most CLOSE_WAIT_S), then end every tracked run (each stays resumable by its id in
-        trackers.json); a service that fails here is said in `messages`, not raised."""
-        for tracker in self.items or []:
-            sender = self.senders[tracker.name]
-            sender.stop(CLOSE_WAIT_S)
-            try:
-                tracker.close()
-            except Exception as exc:  # the run's metrics are in metrics.jsonl: the service's failure ends nothing
-                sender.said(f"{tracker.name}: could not end its tracked run ({one_line(exc)})")
+        """Send what waits, then end every tracked run (each stays resumable by its id in trackers.json), all within
+        CLOSE_WAIT_S; a service that fails or hangs here is said in `messages`, not raised or waited for."""
+        start = time.monotonic()
+        for sender in self.senders.values():
+            sender.stop(start + CLOSE_ROWS_S, start + CLOSE_WAIT_S)

@@ -1,6 +1,8 @@
-"""TrackerSender: a tracker's rows go out in order from a thread; a failing service delays them, bounded, and says so."""
+"""TrackerSender: a tracker's rows go out in order from a thread; a failing service delays them, bounded, and says so;
+the tracked run is ended from the same thread after its last row, within the stop's deadline."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -9,19 +11,28 @@ from pretrain.observe.tracker_sender import TrackerSender
 
 
 class Service:
-    """A tracker's service that refuses rows while `down` is set."""
+    """A tracker's service: while `down` is set, a row it is sent waits for `release` and is refused; `end` is
+    recorded after the rows it got (`hang` makes it never return)."""
 
     def __init__(self) -> None:
-        self.down = threading.Event()
-        self.got: list[int] = []
+        self.down, self.release, self.hang = threading.Event(), threading.Event(), threading.Event()
+        self.got: list = []
+        self.trying: list[int] = []
 
     def send(self, step: int, row: dict[str, float]) -> None:
+        self.trying.append(step)
         if self.down.is_set():
+            self.release.wait()
             raise ConnectionError("service unavailable")
         self.got.append(step)
 
+    def end(self) -> None:
+        if self.hang.is_set():
+            threading.Event().wait()
+        self.got.append("end")
 
-def _until(condition, timeout_s: float = 10.0) -> None:
+
+def _until(condition, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -31,37 +42,72 @@ def _until(condition, timeout_s: float = 10.0) -> None:
 def test_rows_wait_in_order_while_the_service_is_down_and_the_oldest_are_dropped_past_the_bound(monkeypatch):
     monkeypatch.setattr(tracker_sender, "MAX_WAITING", 5)
     service = Service()
-    sender = TrackerSender("svc", service.send, (ConnectionError,), retry_first_s=1.0)
+    sender = TrackerSender("svc", service.send, (ConnectionError,), retry_first_s=0.05, end=service.end)
     sender.put(1, {"x": 1.0})
     _until(lambda: service.got == [1])
     service.down.set()
     sender.put(2, {"x": 2.0})
-    _until(sender.failing)
-    said = sender.messages()
-    assert len(said) == 1 and said[0].startswith("svc: could not send step 2 (service unavailable); training goes on")
-    for step in range(3, 10):  # within the 1 s backoff: 8 rows into a bound of 5, step 2 is being tried, so 3, 4 and 5 go
+    _until(lambda: service.trying[-1:] == [2])  # step 2 is in the service's hands: it stays the head
+    for step in range(3, 10):  # 8 rows into a bound of 5 beside the head being tried: 3, 4 and 5 are dropped
         sender.put(step, {"x": float(step)})
     service.down.clear()
+    service.release.set()
     _until(lambda: sender.waiting() == 0)
     assert service.got == [1, 2, 6, 7, 8, 9]
-    assert sender.messages() == ["svc: sending again after 1 failed try (4 row(s) waiting, 3 dropped as too many "
-                                 "waited)"]
-    assert sender.stop(1.0) == 0
+    said = sender.messages()
+    assert said[0] == "svc: 5 rows wait to be sent: dropping the oldest (they are in metrics.jsonl)"
+    assert said[1].startswith("svc: could not send step 2 (service unavailable); training goes on")
+    assert said[2] == "svc: sending again after 1 failed try (4 row(s) waiting, 3 dropped as too many waited)"
+    assert len(said) == 3
+    assert sender.stop(time.monotonic() + 5, time.monotonic() + 10) == 0
+    assert service.got[-1] == "end" and sender.messages() == []
 
 
 def test_a_stop_waits_a_bounded_time_and_names_the_rows_it_leaves():
     service = Service()
     service.down.set()
-    sender = TrackerSender("svc", service.send, (), retry_first_s=30.0)  # a backoff far past the stop's wait
+    service.release.set()
+    sender = TrackerSender("svc", service.send, (), retry_first_s=30.0, end=service.end)
     for step in (3, 4):
         sender.put(step, {"x": 0.0})
     _until(sender.failing)
     start = time.monotonic()
-    assert sender.stop(1.5) == 2
+    assert sender.stop(time.monotonic() + 1.5, time.monotonic() + 10) == 2
     assert time.monotonic() - start < 5
     said = sender.messages()
     # An error outside the tracker's refusals may be a bug: its traceback is kept.
     assert "Traceback (most recent call last)" in said[0] and "ConnectionError: service unavailable" in said[0]
     assert said[-1] == ("svc: 2 row(s) (steps 3-4) not sent before the run ended: the service did not take them "
                         "(they are in metrics.jsonl)")
-    assert service.got == []
+    _until(lambda: service.got == ["end"])  # the run is still ended, without the rows
+    sender.put(5, {"x": 0.0})  # after the stop: not sent, and no error
+    assert sender.waiting() == 0
+
+
+def test_a_stop_cuts_a_long_backoff_short_so_a_service_back_meanwhile_gets_the_rows():
+    """A service that failed long ago waits a backoff of up to a minute; the stop's deadline is 15 s. The stop retries
+    at once (and each second), so a service back by then takes every row."""
+    service = Service()
+    service.down.set()
+    service.release.set()
+    sender = TrackerSender("svc", service.send, (ConnectionError,), retry_first_s=60.0, end=service.end)
+    sender.put(7, {"x": 7.0})
+    _until(sender.failing)
+    service.down.clear()
+    start = time.monotonic()
+    assert sender.stop(time.monotonic() + 20, time.monotonic() + 25) == 0
+    assert time.monotonic() - start < 10
+    assert service.got == [7, "end"]
+    assert re.fullmatch(r"svc: sending again after 1 failed try \(0 row\(s\) waiting\)", sender.messages()[-1])
+
+
+def test_a_service_that_hangs_ending_the_run_is_left_at_the_deadline_and_said():
+    service = Service()
+    service.hang.set()
+    sender = TrackerSender("svc", service.send, (), end=service.end)
+    sender.put(1, {"x": 1.0})
+    start = time.monotonic()
+    assert sender.stop(time.monotonic() + 1.0, time.monotonic() + 2.0) == 0
+    assert time.monotonic() - start < 5 and service.got == [1]
+    assert sender.messages() == ["svc: the service did not answer before the run ended: its tracked run may not be "
+                                 "marked ended (it stays resumable)"]
