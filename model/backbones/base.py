@@ -186,10 +186,26 @@ def _check_weights(folder: Path, required: bool) -> None:
     for file in files:
         if not file.is_file():
             raise CheckpointError(f"model '{folder}': weights shard '{file}' is missing; copy the whole folder again")
-        damage = _safetensors_damage(file) if file.name.endswith(".safetensors") else _pickle_damage(file)
+        with file.open("rb") as f:
+            head = f.read(64)
+        if _not_weights(head):
+            raise CheckpointError(f"model '{folder}': '{file}' is {_not_weights(head)}")
+        damage = _safetensors_damage(file) if file.name.endswith(".safetensors") else _pickle_damage(head, file)
         if damage:
             raise CheckpointError(f"model '{folder}': '{file}' cannot be read ({damage}); it is truncated or damaged: "
                                   "export or copy it again")
+
+
+def _not_weights(head: bytes) -> str:
+    """What a weights file whose first bytes are `head` holds instead of weights, or "" (a safetensors header so begun
+    would claim exabytes, and no pickle or zip begins so)."""
+    if not head:
+        return "empty"
+    if head.startswith(LFS_POINTER):
+        return "a Git LFS pointer, not the weights: run `git lfs pull` in the clone it came from"
+    if head.lstrip().lower().startswith((b"<!doctype html", b"<html")):
+        return "a web page, not the weights (a download that got a login or error page)"
+    return ""
 
 
 def _safetensors_damage(file: Path) -> str:
@@ -203,24 +219,20 @@ def _safetensors_damage(file: Path) -> str:
         return str(exc)
 
 
-# The first bytes of a zip archive (torch.save's format since torch 1.6) and of a pickle (its older format).
-ZIP_MAGIC, PICKLE_PROTOCOL = b"PK\x03\x04", b"\x80"
+LFS_POINTER = b"version https://git-lfs"  # what a clone made without git-lfs holds in place of a large file
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6
 
 
-def _pickle_damage(file: Path) -> str:
-    """What is wrong with a pytorch_model.bin's container, or "": torch.save's zip archive must hold its central
-    directory (the end a truncated copy loses). Its pickle is checked only by unpickling it, which is the load itself;
-    a file in torch's older format (a bare pickle) is left to that load."""
-    with file.open("rb") as f:
-        head = f.read(4)
-    if head.startswith(PICKLE_PROTOCOL):
+def _pickle_damage(head: bytes, file: Path) -> str:
+    """What is wrong with a pytorch_model.bin's zip archive (`head`: its first bytes), or "": it must hold its central
+    directory, the end a truncated copy loses. Its pickle is checked only by unpickling it, which is the load itself;
+    a file in torch's older formats (a bare pickle, a tar) is left to that load."""
+    if not head.startswith(ZIP_MAGIC):
         return ""
-    if head != ZIP_MAGIC:
-        return "neither a zip archive, as torch.save writes, nor a pickle"
     try:
         with zipfile.ZipFile(file) as archive:
             archive.infolist()
-    except (zipfile.BadZipFile, OSError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:  # ValueError: a name in no encoding
         return f"its zip archive is incomplete: {exc}"
     return ""
 

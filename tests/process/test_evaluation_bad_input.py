@@ -79,7 +79,8 @@ def test_a_damaged_model_folder_is_refused_naming_the_file(tiny, tmp_path):
 
 def test_a_damaged_pytorch_model_bin_is_refused_naming_it_and_a_whole_one_loads(tiny, tmp_path):
     """A folder whose weights are torch.save's pytorch_model.bin (as older exports hold): a whole one loads; one cut
-    short, or with bytes in front, is one CheckpointError naming it (transformers' was an OSError naming no file)."""
+    short, a web page in its place, or a missing shard, is one CheckpointError naming it (transformers' was an OSError
+    naming no file); so is a Git LFS pointer in place of model.safetensors."""
     from safetensors.torch import load_file
 
     from evaluation.linear_probe import sequence_features
@@ -98,10 +99,16 @@ def test_a_damaged_pytorch_model_bin_is_refused_naming_it_and_a_whole_one_loads(
         sequence_features(str(cut), ["in the beginning"])
     assert "\n" not in str(err.value) and str(cut) in str(err.value)
 
-    prefixed = _copy(pickled, tmp_path / "prefixed")
-    (prefixed / "pytorch_model.bin").write_bytes(b"<html>" + (prefixed / "pytorch_model.bin").read_bytes())
-    with pytest.raises(CheckpointError, match=r"neither a zip archive, as torch\.save writes, nor a pickle"):
-        check_model_folder(prefixed)
+    page = _copy(pickled, tmp_path / "page")
+    (page / "pytorch_model.bin").write_bytes(b"<!DOCTYPE html>\n<html><body>Sign in</body></html>\n")
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin' is a web page, not the weights"):
+        check_model_folder(page)
+
+    pointer = _copy(tiny, tmp_path / "pointer")  # a clone made without git-lfs
+    (pointer / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 9\n")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors' is a Git LFS pointer, not the weights: run `git "
+                       r"lfs pull`"):
+        sequence_features(str(pointer), ["in the beginning"])
 
     sharded = _copy(pickled, tmp_path / "sharded")
     (sharded / "pytorch_model.bin").rename(sharded / "pytorch_model-00001-of-00002.bin")
