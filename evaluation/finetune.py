@@ -104,8 +104,10 @@ def encode(spec: TaskSpec, rows: Any, tokenizer: PreTrainedTokenizerBase, max_le
 def check_tagged(spec: TaskSpec, enc: dict[str, Any], split: str) -> None:
     """A token task's split must keep a tagged word (one not data.ignore_tag, not truncated away) to learn or score."""
     if spec.kind == "token" and not any(t != -100 for row in enc["labels"] for t in row):
-        raise InputDataError(f"the token task's {split} split has no tagged word to {'learn' if split == 'training' else 'score'}"
-                             f" (every tag is the ignored tag {spec.ignore_tag!r}, or the words were truncated away)")
+        why = (f"every tag is the ignored tag {spec.ignore_tag!r}, or the words were truncated away"
+               if spec.ignore_tag is not None else "the words were truncated away, or it has none")
+        raise InputDataError(f"the token task's {split} split has no tagged word to "
+                             f"{'learn' if split == 'training' else 'score'} ({why})")
 
 
 def _batches(enc: dict[str, Any], order: list[int], batch_size: int, pad_id: int):
