@@ -73,5 +73,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {one_line(shown)}", file=sys.stderr)
         return 2
-    print(f"dataset: {out}" if out else "this task's parts are written; another task publishes the dataset")
+    print(f"dataset: {out}" if out else "this task is done; the array's last task to end publishes the dataset (the "
+          "log above says where, if it already has)")
     return 0
