@@ -198,7 +198,7 @@ def _check_weights(folder: Path, required: bool) -> None:
 
 def _not_weights(head: bytes) -> str:
     """What a weights file whose first bytes are `head` holds instead of weights, or "" (a safetensors header so begun
-    would claim exabytes, and no pickle or zip begins so)."""
+    would claim hundreds of GB, and no pickle or zip begins so)."""
     if not head:
         return "empty"
     if head.startswith(LFS_POINTER):

@@ -78,13 +78,19 @@ class TrackerSender:
         with self._cond:
             return len(self._rows)
 
-    def stop(self, rows_by: float, end_by: float) -> int:
-        """Send what waits until `rows_by`, then end the tracked run until `end_by` (times of time.monotonic()); the
-        number of rows left unsent. A thread still in the service's hands at `end_by` is left to it (a daemon), and
-        said."""
+    def stop_soon(self) -> None:
+        """Take no more rows, and cut the backoff short: what waits is tried at once (several senders stopped side by
+        side each get the whole of `stop`'s time)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+
+    def stop(self, rows_by: float, end_by: float) -> int:
+        """`stop_soon`, send what waits until `rows_by`, then end the tracked run until `end_by` (times of
+        time.monotonic()); the number of rows left unsent. A thread still in the service's hands at `end_by` is left to
+        it (a daemon), and said."""
+        self.stop_soon()
+        with self._cond:
             while self._rows and time.monotonic() < rows_by:
                 self._cond.wait(max(0.0, min(0.5, rows_by - time.monotonic())))
             left = len(self._rows)

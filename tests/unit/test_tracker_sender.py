@@ -6,8 +6,10 @@ import re
 import threading
 import time
 
-from pretrain.observe import tracker_sender
+from pretrain.observe import tracker_sender, trackers
 from pretrain.observe.tracker_sender import TrackerSender
+from pretrain.observe.trackers import Trackers
+from pretrain.run_dir import RunDir
 
 
 class Service:
@@ -111,3 +113,26 @@ def test_a_service_that_hangs_ending_the_run_is_left_at_the_deadline_and_said():
     assert time.monotonic() - start < 5 and service.got == [1]
     assert sender.messages() == ["svc: the service did not answer before the run ended: its tracked run may not be "
                                  "marked ended (it stays resumable)"]
+
+
+def test_trackers_stop_side_by_side_so_a_service_that_is_down_takes_no_time_from_another(monkeypatch, tmp_path):
+    """MLflow's service down and W&B's back after a failure (in a long backoff): at the run's end both are stopped at
+    once, so W&B's row goes out in the close's time instead of waiting out MLflow's share, and both runs are ended."""
+    monkeypatch.setattr(trackers, "CLOSE_ROWS_S", 3.0)
+    monkeypatch.setattr(trackers, "CLOSE_WAIT_S", 6.0)
+    down, back = Service(), Service()
+    for service in (down, back):
+        service.down.set()
+        service.release.set()
+    both = Trackers(RunDir(tmp_path / "run"), [], {})
+    both.senders = {"down": TrackerSender("down", down.send, (ConnectionError,), end=down.end),
+                    "back": TrackerSender("back", back.send, (ConnectionError,), retry_first_s=60.0, end=back.end)}
+    for sender in both.senders.values():
+        sender.put(1, {"x": 1.0})
+    _until(lambda: all(sender.failing() for sender in both.senders.values()))
+    back.down.clear()
+    both.close()
+    assert back.got == [1, "end"] and down.got == ["end"]
+    said = both.messages()
+    assert any(line.startswith("down: 1 row(s) (step 1) not sent") for line in said), said
+    assert not any(line.startswith("back: 1 row(s)") for line in said), said
