@@ -24,6 +24,11 @@ RETRY_FIRST_S, RETRY_MAX_S = 1.0, 60.0
 RETRY_STOPPING_S = 1.0  # the backoff while stopping: the service gets tries until the stop's deadline
 
 
+def brief(line: str, limit: int = 300) -> str:
+    """A service's one-line reason, cut to `limit` characters for the log."""
+    return line if len(line) <= limit else line[:limit] + " [...]"
+
+
 class TrackerSender:
     """Sends `send(step, row)` calls in order from a daemon thread, then `end()` once stopped; `messages` says what went
     wrong and when it recovered, for the main thread to log."""
@@ -36,7 +41,7 @@ class TrackerSender:
         self._rows: collections.deque[tuple[int, dict[str, float]]] = collections.deque()
         self._cond = threading.Condition()
         self._trying = False  # the head row is in the thread's hands (popped once it went through), kept by a drop
-        self._stopping = self._stopped = False
+        self._stopping = False
         self._failures = 0  # failed tries of the row at the head, since the last row that went through
         self._dropped = 0  # rows dropped since the last line that counted them
         self._said: list[str] = []
@@ -134,10 +139,7 @@ class TrackerSender:
     def _detail(self, exc: Exception) -> str:
         """A refusal of the service's in one line (SQLAlchemy's quote their SQL), anything else (a bug, perhaps) with
         its whole traceback."""
-        if isinstance(exc, self._refusals):
-            detail = one_line(exc)
-            return detail if len(detail) <= 300 else detail[:300] + " [...]"
-        return traceback.format_exc().rstrip()
+        return brief(one_line(exc)) if isinstance(exc, self._refusals) else traceback.format_exc().rstrip()
 
     def _failed(self, step: int, exc: Exception) -> None:
         detail = self._detail(exc)

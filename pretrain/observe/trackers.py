@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from core.atomic_files import write_text_atomic
 from core.errors import InputDataError, SetupError, one_line
-from pretrain.observe.tracker_sender import TrackerSender
+from pretrain.observe.tracker_sender import TrackerSender, brief
 from pretrain.run_dir import RunDir
 
 PROJECT = "contrastive-pretrain"
@@ -234,9 +234,8 @@ class Trackers:
             self.items = self._open()
             self.senders = {t.name: TrackerSender(t.name, t.log, t.refusals(), end=t.close) for t in self.items}
             for name, reason in self.not_opened.items():
-                detail = reason if len(reason) <= 300 else reason[:300] + " [...]"
-                self.senders[name].said(f"{name}: could not open its tracked run ({detail}); training goes on, and its "
-                                        "rows wait to be sent once it opens (they are also in metrics.jsonl)")
+                self.senders[name].said(f"{name}: could not open its tracked run ({brief(reason)}); training goes on, "
+                                        "and its rows wait to be sent once it opens (they are also in metrics.jsonl)")
 
     def log(self, step: int, values: dict[str, float], prefix: str) -> None:
         """One row of scalars to every tracker."""
