@@ -28,6 +28,16 @@ def _copy(folder: Path, to: Path) -> Path:
     return to
 
 
+def _second_shard_missing(folder: Path, to: Path, weights: str) -> Path:
+    """A copy of `folder` whose `weights` file is the first of the two shards its index names: the second is missing."""
+    copy = _copy(folder, to)
+    stem, suffix = weights.split(".", 1)
+    first, second = (f"{stem}-0000{i}-of-00002.{suffix}" for i in (1, 2))
+    (copy / weights).rename(copy / first)
+    (copy / f"{weights}.index.json").write_text(json.dumps({"weight_map": {"a": first, "b": second}}))
+    return copy
+
+
 def _truncate(path: Path, keep: int) -> None:
     path.write_bytes(path.read_bytes()[:keep])
 
@@ -63,12 +73,8 @@ def test_a_damaged_model_folder_is_refused_naming_the_file(tiny, tmp_path):
     with pytest.raises(CheckpointError, match=r"config\.json' is not valid JSON"):  # as `model.init_from`
         model_config(EncoderConfig(init_from=str(config)), {"vocab_size": 30522}, 64)
 
-    sharded = _copy(tiny, tmp_path / "sharded")
-    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
-    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
     with pytest.raises(CheckpointError, match=r"shard '.*model-00002-of-00002\.safetensors' is missing"):
-        check_model_folder(sharded)
+        check_model_folder(_second_shard_missing(tiny, tmp_path / "sharded", "model.safetensors"))
 
     bare = _copy(tiny, tmp_path / "bare")
     (bare / "model.safetensors").unlink()
@@ -110,12 +116,8 @@ def test_a_damaged_pytorch_model_bin_is_refused_naming_it_and_a_whole_one_loads(
                        r"lfs pull`"):
         sequence_features(str(pointer), ["in the beginning"])
 
-    sharded = _copy(pickled, tmp_path / "sharded")
-    (sharded / "pytorch_model.bin").rename(sharded / "pytorch_model-00001-of-00002.bin")
-    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {
-        "a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"}}))
     with pytest.raises(CheckpointError, match=r"shard '.*pytorch_model-00002-of-00002\.bin' is missing"):
-        check_model_folder(sharded)
+        check_model_folder(_second_shard_missing(pickled, tmp_path / "sharded", "pytorch_model.bin"))
 
 
 # ---- a tokenizer that does not fit the model ----------------------------------------------------------------
