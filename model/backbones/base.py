@@ -188,8 +188,9 @@ def _check_weights(folder: Path, required: bool) -> None:
             raise CheckpointError(f"model '{folder}': weights shard '{file}' is missing; copy the whole folder again")
         with file.open("rb") as f:
             head = f.read(64)
-        if _not_weights(head):
-            raise CheckpointError(f"model '{folder}': '{file}' is {_not_weights(head)}")
+        instead = _not_weights(head)
+        if instead:
+            raise CheckpointError(f"model '{folder}': '{file}' is {instead}")
         damage = _safetensors_damage(file) if file.name.endswith(".safetensors") else _pickle_damage(head, file)
         if damage:
             raise CheckpointError(f"model '{folder}': '{file}' cannot be read ({damage}); it is truncated or damaged: "

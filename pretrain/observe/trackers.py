@@ -143,7 +143,7 @@ class PendingTracker(Tracker):
     row sent opens it, from the sender's thread, which tries again (backing off) until the service answers."""
 
     def __init__(self, backend: type[Tracker], args: tuple, run_id: str) -> None:
-        self.name, self.run_id, self.hint = backend.name, run_id, backend.hint
+        self.name, self.run_id = backend.name, run_id
         self._backend, self._args = backend, args
         self.opened: Optional[Tracker] = None
 
