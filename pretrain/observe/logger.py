@@ -81,8 +81,7 @@ class RunLogger:
                 self._writer.add_scalar(f"{prefix}/{key}", value, step)
         if self.trackers is not None:
             self.trackers.log(step, values, prefix)
-            for line in self.trackers.messages():
-                self.info(f"warning: {line}")
+            self._tracker_warnings()
         self._jsonl.write(json.dumps({"step": step, "split": prefix, **values}) + "\n")
 
     def progress(self, step: int, metrics: dict[str, float], sec_per_step: Optional[float]) -> None:
@@ -101,6 +100,11 @@ class RunLogger:
             f"ETA {eta}"
         )
 
+    def _tracker_warnings(self) -> None:
+        """Log what the trackers' services did since the last look (a failure, a recovery)."""
+        for line in self.trackers.messages():
+            self.info(f"warning: {line}")
+
     def close(self) -> None:
         """Flush and close the files."""
         if self.enabled:
@@ -109,7 +113,6 @@ class RunLogger:
                 self._writer.close()
             if self.trackers is not None:
                 self.trackers.close()
-                for line in self.trackers.messages():
-                    self.info(f"warning: {line}")
+                self._tracker_warnings()
             self._text.close()
             self._jsonl.close()

@@ -54,6 +54,11 @@ class Tracker:
         tracking URI it will not use): the user's to fix, not a bug."""
         return ()
 
+    @classmethod
+    def open_failures(cls) -> tuple[type[BaseException], ...]:
+        """The errors by which a run does not open: the library's refusals, and the OSError of a service not reached."""
+        return (*cls.refusals(), OSError)
+
     def log(self, step: int, values: dict[str, float]) -> None:
         """Send one row (keys already prefixed with the split)."""
         raise NotImplementedError
@@ -142,14 +147,14 @@ class PendingTracker(Tracker):
     """A tracked run this launch continues whose service would not open it (a requeue during an outage): the first
     row sent opens it, from the sender's thread, which tries again (backing off) until the service answers."""
 
-    def __init__(self, backend: type[Tracker], args: tuple, run_id: str) -> None:
-        self.name, self.run_id = backend.name, run_id
+    def __init__(self, backend: type[Tracker], args: tuple, run_id: str, reason: str) -> None:
+        self.name, self.run_id, self.reason = backend.name, run_id, reason  # reason: why it did not open at the launch
         self._backend, self._args = backend, args
         self.opened: Optional[Tracker] = None
 
     def refusals(self) -> tuple[type[BaseException], ...]:  # type: ignore[override]
-        """The backend's refusals, and the OSError of a service not reached."""
-        return (*self._backend.refusals(), OSError)
+        """What keeps the backend's run from opening."""
+        return self._backend.open_failures()
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Open the run if it is not yet open, then send the row."""
@@ -187,7 +192,6 @@ class Trackers:
         self.senders: dict[str, TrackerSender] = {}
         self.last_logged = -1  # the last step an earlier attempt sent to the runs this one continues
         self.continued: dict[str, bool] = {}  # per backend: whether its run got an earlier attempt's rows
-        self.not_opened: dict[str, str] = {}  # per backend: why its continued run did not open at the launch
 
     def _open(self) -> list[Tracker]:
         """Continue the runs trackers.json names, or, for a new train.resume_from branch, start runs of its own."""
@@ -209,14 +213,13 @@ class Trackers:
             args = (self.run_dir, self.config, saved.get(name), saved["name"])
             try:
                 items.append(backend(*args))
-            except (*backend.refusals(), OSError) as exc:
+            except backend.open_failures() as exc:
                 if not saved.get(name):
                     raise SetupError(f"train.report_to has {name}, but it could not open its run ({one_line(exc)}); "
                                      f"{backend.hint}") from exc
                 # The run an earlier attempt opened, so the settings worked: a service down at the requeue must not
                 # end a job that would train (its rows are in metrics.jsonl, and go out once the run opens).
-                items.append(PendingTracker(backend, args, saved[name]))
-                self.not_opened[name] = one_line(exc)
+                items.append(PendingTracker(backend, args, saved[name], one_line(exc)))
             self.continued[name] = bool(saved.get(name))
         if items:
             write_text_atomic(path, json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n")
@@ -233,9 +236,11 @@ class Trackers:
         if self.items is None:
             self.items = self._open()
             self.senders = {t.name: TrackerSender(t.name, t.log, t.refusals(), end=t.close) for t in self.items}
-            for name, reason in self.not_opened.items():
-                self.senders[name].said(f"{name}: could not open its tracked run ({brief(reason)}); training goes on, "
-                                        "and its rows wait to be sent once it opens (they are also in metrics.jsonl)")
+            for t in self.items:
+                if isinstance(t, PendingTracker):
+                    self.senders[t.name].said(f"{t.name}: could not open its tracked run ({brief(t.reason)}); training "
+                                              "goes on, and its rows wait to be sent once it opens (they are also in "
+                                              "metrics.jsonl)")
 
     def log(self, step: int, values: dict[str, float], prefix: str) -> None:
         """One row of scalars to every tracker."""
