@@ -20,7 +20,7 @@ import torch
 
 from core.errors import ConfigError, InputDataError
 from evaluation.checks import check_output, export_tokenizer, usable_length
-from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
+from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task_splits, score
 from model.backbones.base import LOAD_DTYPE, last_hidden_state_of, load_pretrained
 
 if TYPE_CHECKING:
@@ -140,8 +140,9 @@ def _build_model(model_dir: str, spec: TaskSpec):
 
 
 @torch.no_grad()
-def evaluate(model: PreTrainedModel, spec: TaskSpec, enc: dict[str, Any], batch_size: int, pad_id: int, device: str) -> dict[str, float]:
-    """The task's metrics on the encoded evaluation split."""
+def evaluate(model: PreTrainedModel, spec: TaskSpec, enc: dict[str, Any], batch_size: int, pad_id: int, device: str,
+             name: str = "") -> dict[str, float]:
+    """The task's metrics on an encoded evaluation split (keyed `NAME_metric` for a split scored as `name`)."""
     model.eval()
     preds, golds = [], []
     for batch in _batches(enc, list(range(len(enc["labels"]))), batch_size, pad_id):
@@ -158,17 +159,22 @@ def evaluate(model: PreTrainedModel, spec: TaskSpec, enc: dict[str, Any], batch_
             preds.append(logits.argmax(-1).numpy())
             golds.append(labels.numpy())
     model.train()
-    return score(spec, np.concatenate(preds), np.concatenate(golds))
+    return score(spec, np.concatenate(preds), np.concatenate(golds), name)
 
 
-def majority_baseline(spec: TaskSpec, train_enc: dict[str, Any], eval_enc: dict[str, Any]) -> Optional[dict[str, float]]:
-    """Metrics of always predicting the training split's most frequent label (None for regression)."""
+def majority_baseline(spec: TaskSpec, train_enc: dict[str, Any], eval_encs: dict[str, dict[str, Any]]
+                      ) -> Optional[dict[str, float]]:
+    """Metrics of always predicting the training split's most frequent label on each encoded evaluation split, by
+    the name it is scored as ("" for the evaluation split); None for regression."""
     if spec.num_labels == 1:
         return None
     flat = lambda labels: np.array([t for row in labels for t in (row if isinstance(row, list) else [row]) if t != -100])  # noqa: E731
-    train, gold = flat(train_enc["labels"]), flat(eval_enc["labels"])
-    majority = np.bincount(train).argmax()
-    return score(spec, np.full_like(gold, majority), gold)
+    majority = np.bincount(flat(train_enc["labels"])).argmax()
+    metrics = {}
+    for name, enc in eval_encs.items():
+        gold = flat(enc["labels"])
+        metrics.update(score(spec, np.full_like(gold, majority), gold, name))
+    return metrics
 
 
 def _optimizer(model: torch.nn.Module, hp: Hyper, total: int):
@@ -190,7 +196,7 @@ def task_loss_and_states(model: PreTrainedModel, batch: dict[str, torch.Tensor])
     return loss, seen["last"]
 
 
-def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, eval_enc, pad_id: int, device: str,
+def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, eval_encs, pad_id: int, device: str,
                loss: str, tacl_weight: float, tacl_temperature: float) -> dict[str, float]:
     _seed_everything(seed)
     model = _build_model(model_dir, spec).to(device)
@@ -231,7 +237,8 @@ def _train_one(model_dir: str, spec: TaskSpec, hp: Hyper, seed: int, train_enc, 
                          (total - step) / rate)
             if step >= total:
                 break
-    metrics = evaluate(model, spec, eval_enc, hp.batch_size * 2, pad_id, device)
+    metrics = {k: v for name, enc in eval_encs.items()
+               for k, v in evaluate(model, spec, enc, hp.batch_size * 2, pad_id, device, name).items()}
     log.info("seed %d: %s", seed, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return metrics
 
@@ -247,13 +254,14 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
     if out:
         check_output(out, overwrite)
     tokenizer = export_tokenizer(model_dir)
-    spec, train_rows, eval_rows = load_task(task, local or LocalTaskOptions(), seed=seeds[0])
+    spec, train_rows, eval_rows, also_rows = load_task_splits(task, local or LocalTaskOptions(), seed=seeds[0])
     if loss == "supervised-tacl" and spec.kind != "token":
         raise ConfigError("--loss supervised-tacl is for token classification (a json: task with --token-task)")
     if max_train_samples:
         train_rows = train_rows.select(range(min(max_train_samples, len(train_rows))))
     if max_eval_samples:
         eval_rows = eval_rows.select(range(min(max_eval_samples, len(eval_rows))))
+        also_rows = {name: rows.select(range(min(max_eval_samples, len(rows)))) for name, rows in also_rows.items()}
     model_config = AutoConfig.from_pretrained(model_dir)
     hp = replace(recipe(recipe_name, model_config.hidden_size), **(overrides or {}))
     if usable_length(model_config, hp.max_length) < hp.max_length:
@@ -261,21 +269,24 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
                  model_config.max_position_embeddings)
         hp = replace(hp, max_length=usable_length(model_config, hp.max_length))
     train_enc = encode(spec, train_rows, tokenizer, hp.max_length)
-    eval_enc = encode(spec, eval_rows, tokenizer, hp.max_length)
+    eval_encs = {"": encode(spec, eval_rows, tokenizer, hp.max_length),
+                 **{name: encode(spec, rows, tokenizer, hp.max_length) for name, rows in also_rows.items()}}
     check_tagged(spec, train_enc, "training")
-    check_tagged(spec, eval_enc, "evaluation")
+    check_tagged(spec, eval_encs[""], "evaluation")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    log.info("fine-tuning %s on %s: %d train / %d eval examples, %d seed(s), %s", model_dir, task, len(train_rows),
-             len(eval_rows), len(seeds), hp)
-    runs = [{"seed": s, "metrics": _train_one(model_dir, spec, hp, s, train_enc, eval_enc, tokenizer.pad_token_id, device, loss,
-                                                tacl_weight, tacl_temperature)} for s in seeds]
+    also = "".join(f" + {len(rows)} {name}" for name, rows in also_rows.items())
+    log.info("fine-tuning %s on %s: %d train / %d eval%s examples, %d seed(s), %s", model_dir, task, len(train_rows),
+             len(eval_rows), also, len(seeds), hp)
+    runs = [{"seed": s, "metrics": _train_one(model_dir, spec, hp, s, train_enc, eval_encs, tokenizer.pad_token_id, device,
+                                                loss, tacl_weight, tacl_temperature)} for s in seeds]
     names = list(runs[0]["metrics"])
     summary = {m: {"mean": statistics.fmean(r["metrics"][m] for r in runs),
                    "std": statistics.stdev([r["metrics"][m] for r in runs]) if len(runs) > 1 else 0.0} for m in names}
     result = {"model": str(model_dir), "task": task, "kind": spec.kind, "num_labels": spec.num_labels,
               "label_names": list(spec.label_names), "train_examples": len(train_rows), "eval_examples": len(eval_rows),
+              **({"also_scored_examples": {name: len(rows) for name, rows in also_rows.items()}} if also_rows else {}),
               "recipe": recipe_name, "hyperparameters": asdict(hp), "loss": loss, "seeds": runs, "summary": summary,
-              "majority_baseline": majority_baseline(spec, train_enc, eval_enc)}
+              "majority_baseline": majority_baseline(spec, train_enc, eval_encs)}
     if out:
         from evaluation.results_files import write_results_json
 

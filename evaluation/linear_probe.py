@@ -20,7 +20,7 @@ import torch
 
 from core.errors import ConfigError, InputDataError
 from evaluation.checks import check_output, export_tokenizer, usable_length
-from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task, score
+from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task_splits, score
 from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states, load_pretrained
 
 log = logging.getLogger("pretrain.linear_probe")
@@ -159,6 +159,21 @@ def _token_examples(model_dir: str, spec: TaskSpec, rows, layer: int, max_length
     return np.stack(xs), np.array(ys)
 
 
+def _probe_sets(model_dir: str, spec: TaskSpec, train_rows, scored: dict[str, Any], features: Sequence[str], layer: int,
+                max_length: int, batch_size: int) -> dict[str, tuple[tuple[np.ndarray, np.ndarray], dict]]:
+    """feature -> ((train x, train y), {name a split is scored as: (x, y)}), each split's features computed once."""
+    if spec.kind == "token":
+        examples = lambda rows: _token_examples(model_dir, spec, rows, layer, max_length, batch_size)  # noqa: E731
+        return {"word": (examples(train_rows), {name: examples(rows) for name, rows in scored.items()})}
+    ytr = _labels(spec, list(train_rows[spec.label]))
+    check_two_classes(ytr)  # the labels are known before the features: refused before the model runs
+    features_of = lambda rows: sequence_features(  # noqa: E731
+        model_dir, list(rows[spec.text]), list(rows[spec.pair]) if spec.pair else None, layer, max_length, batch_size)
+    tr = features_of(train_rows)
+    evs = {name: (features_of(rows), _labels(spec, list(rows[spec.label]))) for name, rows in scored.items()}
+    return {f: ((tr[f], ytr), {name: (x[f], y) for name, (x, y) in evs.items()}) for f in features}
+
+
 def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = None, layer: int = -1,
                  features: Sequence[str] = SEQUENCE_FEATURES, c_grid: Sequence[float] = (0.01, 0.1, 1.0, 10.0), folds: int = 5,
                  max_train_samples: int = 0, max_eval_samples: int = 0, max_length: int = 128, batch_size: int = 64,
@@ -171,35 +186,32 @@ def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = 
         raise ConfigError(f"unknown probe feature(s) {sorted(unknown)}: choose from {list(SEQUENCE_FEATURES)}")
     if out:
         check_output(out, overwrite)
-    spec, train_rows, eval_rows = load_task(task, local, seed=seed)
+    spec, train_rows, eval_rows, also_rows = load_task_splits(task, local, seed=seed)
     if spec.num_labels == 1:
         raise ConfigError(f"task '{task}' is a regression; a linear probe here is a classifier")
     if max_train_samples:
         train_rows = train_rows.shuffle(seed=seed).select(range(min(max_train_samples, len(train_rows))))
     if max_eval_samples:
         eval_rows = eval_rows.select(range(min(max_eval_samples, len(eval_rows))))
+        also_rows = {name: rows.select(range(min(max_eval_samples, len(rows)))) for name, rows in also_rows.items()}
     start = time.time()
-    if spec.kind == "token":
-        sets = {"word": tuple(_token_examples(model_dir, spec, rows, layer, max_length, batch_size)
-                              for rows in (train_rows, eval_rows))}
-    else:
-        ytr = _labels(spec, list(train_rows[spec.label]))
-        check_two_classes(ytr)  # the labels are known before the features: refused before the model runs
-        tr = sequence_features(model_dir, list(train_rows[spec.text]), list(train_rows[spec.pair]) if spec.pair else None,
-                               layer, max_length, batch_size)
-        ev = sequence_features(model_dir, list(eval_rows[spec.text]), list(eval_rows[spec.pair]) if spec.pair else None,
-                               layer, max_length, batch_size)
-        yev = _labels(spec, list(eval_rows[spec.label]))
-        sets = {name: ((tr[name], ytr), (ev[name], yev)) for name in features}
+    sets = _probe_sets(model_dir, spec, train_rows, {"": eval_rows, **also_rows}, features, layer, max_length,
+                       batch_size)
     results = {}
-    for name, ((xtr, ytr), (xev, yev)) in sets.items():
-        pred, chosen = fit_probe(xtr, ytr, xev, c_grid, folds, seed)
-        results[name] = {**score(spec, pred, yev), **chosen}
-    ytr, yev = next(iter(sets.values()))[0][1], next(iter(sets.values()))[1][1]
-    majority = score(spec, np.full_like(yev, np.bincount(ytr).argmax()), yev)
+    for feature, ((xtr, ytr), evals) in sets.items():
+        # One probe per feature, its C chosen once, predicting every scored split.
+        pred, chosen = fit_probe(xtr, ytr, np.concatenate([x for x, _ in evals.values()]), c_grid, folds, seed)
+        ends = np.cumsum([len(y) for _, y in evals.values()])
+        metrics = {k: v for (name, (_, y)), end in zip(evals.items(), ends)
+                   for k, v in score(spec, pred[end - len(y):end], y, name).items()}
+        results[feature] = {**metrics, **chosen}
+    (_, ytr), evals = next(iter(sets.values()))
+    most = np.bincount(ytr).argmax()
+    majority = {k: v for name, (_, y) in evals.items() for k, v in score(spec, np.full_like(y, most), y, name).items()}
     result = {"model": str(model_dir), "task": task, "kind": spec.kind, "layer": layer, "label_names": list(spec.label_names),
-              "train_examples": int(len(ytr)), "eval_examples": int(len(yev)), "probes": results,
-              "majority_baseline": majority, "seconds": time.time() - start}
+              "train_examples": int(len(ytr)), "eval_examples": int(len(evals[""][1])),
+              **({"also_scored_examples": {name: int(len(y)) for name, (_, y) in evals.items() if name}} if also_rows else {}),
+              "probes": results, "majority_baseline": majority, "seconds": time.time() - start}
     if out:
         from evaluation.results_files import write_results_json
 

@@ -29,6 +29,12 @@ class TaskSpec:
     kind: str = "sequence"  # or "token" (text: a list of words, label: a list of tags)
     label_names: tuple[str, ...] = field(default=())
     ignore_tag: Optional[str] = None  # token tasks: words with this tag are neither trained on nor scored
+    # Further evaluation splits scored by the same model, (split, name): each metric m of the split is `NAME_m`.
+    also_scored: tuple[tuple[str, str], ...] = ()
+
+    def eval_splits(self) -> tuple[str, ...]:
+        """Every split the task is scored on: the evaluation split, then those it is also scored on."""
+        return (self.eval_split, *(split for split, _ in self.also_scored))
 
 
 GLUE: dict[str, TaskSpec] = {
@@ -37,7 +43,9 @@ GLUE: dict[str, TaskSpec] = {
     "mrpc": TaskSpec("mrpc", "sentence1", "sentence2", metrics=("accuracy", "f1")),
     "stsb": TaskSpec("stsb", "sentence1", "sentence2", num_labels=1, metrics=("pearson", "spearman")),
     "qqp": TaskSpec("qqp", "question1", "question2", metrics=("accuracy", "f1")),
-    "mnli": TaskSpec("mnli", "premise", "hypothesis", num_labels=3, eval_split="validation_matched"),
+    # GLUE reports MNLI-m/mm: one model, scored on the matched and on the mismatched validation split.
+    "mnli": TaskSpec("mnli", "premise", "hypothesis", num_labels=3, eval_split="validation_matched",
+                     also_scored=(("validation_mismatched", "mismatched"),)),
     "qnli": TaskSpec("qnli", "question", "sentence"),
     "rte": TaskSpec("rte", "sentence1", "sentence2"),
 }
@@ -105,9 +113,9 @@ METRICS = {"accuracy": accuracy, "f1": f1_binary, "f1_macro": f1_macro, "matthew
            "spearman": spearman}
 
 
-def score(spec: TaskSpec, pred: np.ndarray, gold: np.ndarray) -> dict[str, float]:
-    """The task's metrics on flat predictions and gold labels."""
-    return {m: METRICS[m](pred, gold) for m in spec.metrics}
+def score(spec: TaskSpec, pred: np.ndarray, gold: np.ndarray, name: str = "") -> dict[str, float]:
+    """The task's metrics on flat predictions and gold labels (keyed `NAME_metric` for a split scored as `name`)."""
+    return {f"{name}_{m}" if name else m: METRICS[m](pred, gold) for m in spec.metrics}
 
 
 # ---- loading ------------------------------------------------------------------------------------------
@@ -116,13 +124,21 @@ def score(spec: TaskSpec, pred: np.ndarray, gold: np.ndarray) -> dict[str, float
 def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSpec, Any, Any]:
     """(spec, train rows, eval rows) for a GLUE name (from the hub, or `NAME:FOLDER`) or `csv:PATH` / `json:PATH`;
     rows are `datasets.Dataset`s."""
+    spec, train, evaluation, _ = load_task_splits(task, local, seed)
+    return spec, train, evaluation
+
+
+def load_task_splits(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSpec, Any, Any, dict[str, Any]]:
+    """`load_task`'s spec, train and eval rows, and the rows of each split the task is also scored on, by its name
+    (`TaskSpec.also_scored`: MNLI's mismatched split)."""
     import datasets
 
     datasets.disable_progress_bars()
     kind, _, path = task.partition(":")
     name = glue_name(kind)
     if name is not None:
-        return _load_glue(task, name) if not path else _load_glue_folder(name, path)
+        spec, data = _load_glue(task, name) if not path else _load_glue_folder(name, path)
+        return spec, data["train"], data[spec.eval_split], {label: data[split] for split, label in spec.also_scored}
     if kind not in ("csv", "json") or not path:
         raise ConfigError(f"unknown task '{task}': use a GLUE name ({', '.join(sorted(GLUE))}), NAME:FOLDER for GLUE "
                           "downloaded to a folder, or csv:PATH / json:PATH")
@@ -154,7 +170,7 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
         train, evaluation = split["train"], split["test"]
     if len(train) == 0 or len(evaluation) == 0:
         raise InputDataError(f"task '{task}' has an empty train or evaluation split")
-    return _local_spec(task, path, local, train, evaluation), train, evaluation
+    return _local_spec(task, path, local, train, evaluation), train, evaluation, {}
 
 
 def _check_rows(file: str, table: Any, local: LocalTaskOptions) -> None:
@@ -283,8 +299,8 @@ def _unreadable(exc: BaseException, kind: str, encoding: str) -> Optional[str]:
     return f"is not valid {what}: {type(reason).__name__}: {str(reason).strip().splitlines()[0]}"
 
 
-def _load_glue(task: str, name: str) -> tuple[TaskSpec, Any, Any]:
-    """A GLUE task from the Hugging Face hub (one clear line when it cannot be reached)."""
+def _load_glue(task: str, name: str) -> tuple[TaskSpec, Any]:
+    """A GLUE task from the Hugging Face hub, its splits by name (one clear line when it cannot be reached)."""
     import datasets
 
     from data_pipeline.raw_text import hub_reachable
@@ -298,12 +314,12 @@ def _load_glue(task: str, name: str) -> tuple[TaskSpec, Any, Any]:
         data = datasets.load_dataset("nyu-mll/glue", name)
     except Exception as exc:  # datasets raises many types; all mean the same here
         raise SetupError(f"GLUE task '{task}' could not be loaded from the hub: {exc}") from exc
-    return spec, data["train"], data[spec.eval_split]
+    return spec, data
 
 
-def _load_glue_folder(name: str, folder: str) -> tuple[TaskSpec, Any, Any]:
+def _load_glue_folder(name: str, folder: str) -> tuple[TaskSpec, Any]:
     """A GLUE task from the folder nyu-mll/glue was downloaded to (`hf download nyu-mll/glue --repo-type dataset
-    --local-dir DIR`), read offline."""
+    --local-dir DIR`), read offline: its splits by name."""
     import datasets.exceptions
 
     spec = GLUE[name]
@@ -317,7 +333,7 @@ def _load_glue_folder(name: str, folder: str) -> tuple[TaskSpec, Any, Any]:
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as exc:  # a missing config is a ValueError
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputDataError(f"GLUE folder '{folder}' has no readable task '{name}': {reason}") from exc
-    for split in ("train", spec.eval_split):
+    for split in ("train", *spec.eval_splits()):
         if split not in data:
             raise InputDataError(f"GLUE folder '{folder}': task '{name}' has no '{split}' split (splits: {sorted(data)})")
         columns = data[split].column_names
@@ -325,7 +341,7 @@ def _load_glue_folder(name: str, folder: str) -> tuple[TaskSpec, Any, Any]:
         if missing:
             raise InputDataError(f"GLUE folder '{folder}': task '{name}' split '{split}' has no column(s) {missing} "
                                  f"(columns: {columns}); is it a copy of nyu-mll/glue?")
-    return spec, data["train"], data[spec.eval_split]
+    return spec, data
 
 
 def _local_spec(task: str, path: str, local: LocalTaskOptions, train: Any, evaluation: Any) -> TaskSpec:

@@ -315,47 +315,75 @@ def test_a_fine_tuning_stopped_midway_keeps_the_earlier_results(exported, tmp_pa
 
 
 def _glue_download(folder: Path) -> Path:
-    """A copy of nyu-mll/glue as `hf download` leaves it, with MNLI (premise, hypothesis, three labels, evaluated on
-    validation_matched) and STS-B (a regression): each hypothesis says yes to its premise (0), no (2), or perhaps to
-    another verse (1), so the labels can be learned from the second text."""
-    verses = [v for c in kjv_chapters(40) for v in c.splitlines() if 6 < len(v.split()) < 16][:150]
+    """A copy of nyu-mll/glue as `hf download` leaves it, with MNLI (premise, hypothesis, three labels; 120 rows to
+    train on, 30 matched and 24 other mismatched ones to score) and STS-B (a regression): each hypothesis says yes to
+    its premise (0), no (2), or perhaps to another verse (1), so the labels can be learned from the second text."""
+    verses = [v for c in kjv_chapters(40) for v in c.splitlines() if 6 < len(v.split()) < 16][:174]
     rng = random.Random(0)
-    premise, hypothesis, label = [], [], []
-    for i, verse in enumerate(verses):
-        kind = i % 3
-        other = verses[(i * 7 + 11) % len(verses)]
-        hypothesis.append({0: "yes, " + verse, 1: "perhaps " + other, 2: "no, it is not so that " + verse}[kind])
-        premise.append(verse)
-        label.append(kind)
-    order = list(range(len(verses)))
-    rng.shuffle(order)
-    mnli = {k: [v[i] for i in order] for k, v in (("premise", premise), ("hypothesis", hypothesis), ("label", label))}
-    mnli["idx"] = list(range(len(verses)))
+
+    def rows(verses: list[str]) -> dict[str, list]:
+        premise, hypothesis, label = [], [], []
+        for i, verse in enumerate(verses):
+            kind = i % 3
+            other = verses[(i * 7 + 11) % len(verses)]
+            hypothesis.append({0: "yes, " + verse, 1: "perhaps " + other, 2: "no, it is not so that " + verse}[kind])
+            premise.append(verse)
+            label.append(kind)
+        order = list(range(len(verses)))
+        rng.shuffle(order)
+        cols = {k: [v[i] for i in order] for k, v in (("premise", premise), ("hypothesis", hypothesis), ("label", label))}
+        return {**cols, "idx": list(range(len(verses)))}
+
+    mnli, mismatched = rows(verses[:150]), rows(verses[150:])
     split = lambda cols, a, b: {k: v[a:b] for k, v in cols.items()}  # noqa: E731
     stsb = {"sentence1": verses[:40], "sentence2": verses[1:41], "label": [float(i % 6) for i in range(40)],
             "idx": list(range(40))}
     return write_hub_download(folder, {
         "mnli": {"train": split(mnli, 0, 120), "validation_matched": split(mnli, 120, 150),
-                 "validation_mismatched": split(mnli, 120, 150)},
+                 "validation_mismatched": mismatched},
         "stsb": {"train": split(stsb, 0, 30), "validation": split(stsb, 30, 40)}})
 
 
 def test_glue_from_the_folder_it_was_downloaded_to(exported, tmp_path, monkeypatch):
-    """`--task mnli:FOLDER` offline: MNLI's columns and its validation_matched split, three labels, learned; STS-B
-    read as a regression; a folder that is missing, a file, or lacks the task is refused as bad input."""
+    """`--task mnli:FOLDER` offline: MNLI's columns, three labels, learned, and scored as MNLI-m/mm (validation_matched,
+    then validation_mismatched, each beside its own majority class), by fine-tuning and by a linear probe; STS-B read
+    as a regression; a folder that is missing, a file, or lacks the task or one of its splits is refused as bad input."""
+    import pyarrow.parquet as pq
+
     from core.errors import InputDataError
+    from evaluation.linear_probe import linear_probe
     from evaluation.tasks import LocalTaskOptions, load_task
 
     glue = _glue_download(tmp_path / "glue")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     out = tmp_path / "mnli.json"
-    run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"MNLI:{glue}", "--seeds", "1",
-                         "--lr", "3e-3", "--epochs", "10", "--batch-size", "16", "--max-length", "64", "--out", str(out)],
-            timeout=600)
+    proc = run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"MNLI:{glue}", "--seeds", "1",
+                                "--lr", "3e-3", "--epochs", "10", "--batch-size", "16", "--max-length", "64", "--out",
+                                str(out)], timeout=600)
     result = json.loads(out.read_text())
-    assert (result["train_examples"], result["eval_examples"]) == (120, 30), result
-    print("MNLI from the folder:", result["seeds"][0]["metrics"], "majority", result["majority_baseline"])
-    assert result["seeds"][0]["metrics"]["accuracy"] > result["majority_baseline"]["accuracy"] + 0.2, result
+    assert (result["train_examples"], result["eval_examples"], result["also_scored_examples"]) == \
+        (120, 30, {"mismatched": 24}), result
+    metrics, majority = result["seeds"][0]["metrics"], result["majority_baseline"]
+    print("MNLI from the folder:", metrics, "majority", majority)
+    assert metrics["accuracy"] > majority["accuracy"] + 0.2, result
+    assert metrics["mismatched_accuracy"] > majority["mismatched_accuracy"] + 0.2, result
+    # The majority class of the training rows as written, scored on each split's rows as written: the two differ, so
+    # the mismatched figure is the mismatched split's.
+    labels = {split: pq.read_table(glue / "mnli" / f"{split}-00000-of-00001.parquet")["label"].to_pylist()
+              for split in ("train", "validation_matched", "validation_mismatched")}
+    most = max(sorted(set(labels["train"])), key=labels["train"].count)
+    expected = {"accuracy": labels["validation_matched"].count(most) / 30,
+                "mismatched_accuracy": labels["validation_mismatched"].count(most) / 24}
+    assert expected["accuracy"] != expected["mismatched_accuracy"]
+    assert majority == pytest.approx(expected, abs=1e-12), (majority, expected)
+    assert f"mismatched_accuracy: {result['summary']['mismatched_accuracy']['mean']:.4f}" in proc.stdout, proc.stdout
+    probe = linear_probe(str(exported), f"mnli:{glue}", features=("mean",), c_grid=(1.0,), folds=2,
+                         max_eval_samples=20)
+    assert (probe["eval_examples"], probe["also_scored_examples"]) == (20, {"mismatched": 20}), probe
+    assert set(probe["probes"]["mean"]) >= {"accuracy", "mismatched_accuracy"}
+    assert probe["majority_baseline"] == pytest.approx({
+        "accuracy": labels["validation_matched"][:20].count(most) / 20,
+        "mismatched_accuracy": labels["validation_mismatched"][:20].count(most) / 20}, abs=1e-12)
 
     spec, train, evaluation = load_task(f"sts-b:{glue}", LocalTaskOptions())
     assert (spec.num_labels, spec.metrics, len(train), len(evaluation)) == (1, ("pearson", "spearman"), 30, 10)
@@ -371,7 +399,12 @@ def test_glue_from_the_folder_it_was_downloaded_to(exported, tmp_path, monkeypat
     other.rename(other.parent / "json")
     monkeypatch.chdir(other.parent)
     assert list(load_task("stsb:json", LocalTaskOptions())[2]["label"]) == [4.5, 0.5]
+    matched_only = write_hub_download(tmp_path / "matched_only", {"mnli": {
+        "train": {"premise": ["a b"] * 3, "hypothesis": ["b"] * 3, "label": [0, 1, 2]},
+        "validation_matched": {"premise": ["c d"] * 3, "hypothesis": ["d"] * 3, "label": [0, 1, 2]}}})
     for task, error, text in [(f"rte:{glue}", InputDataError, "has no readable task 'rte'"),
+                              (f"mnli:{matched_only}", InputDataError,
+                               "task 'mnli' has no 'validation_mismatched' split"),
                               (f"rte:{tmp_path / 'none'}", FileNotFoundError, "does not exist"),
                               (f"rte:{glue / 'README.md'}", InputDataError, "is a file; name a folder")]:
         with pytest.raises(error, match=text):
