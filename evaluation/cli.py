@@ -62,11 +62,12 @@ def _linear_probe(args: argparse.Namespace) -> int:
     results = [linear_probe(model, cfg.task, cfg.data, cfg.layer, cfg.features, cfg.c_grid, cfg.folds, cfg.max_train_samples,
                             cfg.max_eval_samples, cfg.max_length, cfg.batch_size, cfg.seed) for model in cfg.model]
     for result in results:
-        also = list(result.get("also_scored_examples", {}))  # MNLI's mismatched split
-        accuracies = lambda r: " ".join([f"{r['accuracy']:.4f}", *(f"{name} {r[name + '_accuracy']:.4f}" for name in also)])  # noqa: E731
+        # Every metric the task is scored with, on each split it is scored on (CoLA: Matthews; MNLI: matched and
+        # mismatched accuracy), as the majority class has them.
+        metrics = lambda r: " ".join(f"{m} {r[m]:.4f}" for m in result["majority_baseline"])  # noqa: E731
         counts = "".join(f" + {n} {name}" for name, n in result.get("also_scored_examples", {}).items())
-        print(f"{result['model']}: " + ", ".join(f"{name} accuracy {accuracies(r)}" for name, r in result["probes"].items())
-              + f" (majority class {accuracies(result['majority_baseline'])}; {result['train_examples']} train / "
+        print(f"{result['model']}: " + ", ".join(f"{name} {metrics(r)}" for name, r in result["probes"].items())
+              + f" (majority class {metrics(result['majority_baseline'])}; {result['train_examples']} train / "
                 f"{result['eval_examples']} eval{counts})")
     if cfg.out:
         from evaluation.results_files import write_results_json

@@ -2,7 +2,7 @@
 
 Hyper-parameter recipes and their sources are tabled in docs/finetuning.md; every value can be
 overridden on the command line. The result is a JSON with every seed's metrics, mean ± std, and the
-majority-class baseline of the evaluation split.
+majority-class baseline of each evaluation split (MNLI: matched and mismatched).
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ probed on two features of the chosen layer: the mean over the real tokens and th
 ([CLS]). Token tasks (`data.token_task`) are probed on each tagged word's vector, the mean of its
 sub-tokens. Features are standardised on the training split; the inverse regularisation strength
 C is picked by stratified k-fold cross-validation on the training split (SentEval's protocol), then
-the probe is refit on the whole training split and scored on the evaluation split.
+the probe is refit on the whole training split and scored on the evaluation split (MNLI: on both of its
+validation splits).
 """
 from __future__ import annotations
 
@@ -216,6 +217,7 @@ def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = 
         from evaluation.results_files import write_results_json
 
         write_results_json(out, result)
-    log.info("%s on %s: %s", model_dir, task, ", ".join(f"{n} accuracy {r['accuracy']:.4f}" for n, r in results.items()))
+    log.info("%s on %s: %s", model_dir, task, ", ".join(f"{n} " + " ".join(f"{m} {r[m]:.4f}" for m in majority)
+                                                      for n, r in results.items()))
     return result
 

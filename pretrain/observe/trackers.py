@@ -75,10 +75,11 @@ class WandbTracker(Tracker):
 
     @staticmethod
     def refusals() -> tuple[type[BaseException], ...]:
-        """No API key, a refused one, no network."""
-        from wandb.errors import AuthenticationError, CommError, UsageError
+        """No API key, a refused one, no network, or W&B's own error of another kind (its base class: an answer it
+        does not sort, its local service that would not start)."""
+        from wandb.errors import Error
 
-        return AuthenticationError, CommError, UsageError
+        return (Error,)
 
     def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str], run_name: str) -> None:
         import wandb
@@ -104,10 +105,12 @@ class MlflowTracker(Tracker):
 
     @staticmethod
     def refusals() -> tuple[type[BaseException], ...]:
-        """MLflow's answer, a tracking URI it will not use or a server that refused."""
+        """MLflow's answer, a tracking URI it will not use or a server that refused, or its SQL store's (locked,
+        damaged), which MLflow raises unwrapped while it opens the store."""
         from mlflow.exceptions import MlflowException
+        from sqlalchemy.exc import SQLAlchemyError
 
-        return (MlflowException,)
+        return MlflowException, SQLAlchemyError
 
     def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str], run_name: str) -> None:
         import mlflow
@@ -213,13 +216,17 @@ class Trackers:
             args = (self.run_dir, self.config, saved.get(name), saved["name"])
             try:
                 items.append(backend(*args))
-            except backend.open_failures() as exc:
+            except Exception as exc:
                 if not saved.get(name):
+                    if not isinstance(exc, backend.open_failures()):
+                        raise  # at a first launch, what the library does not name as a refusal is a bug's traceback
                     raise SetupError(f"train.report_to has {name}, but it could not open its run ({one_line(exc)}); "
                                      f"{backend.hint}") from exc
                 # The run an earlier attempt opened, so the settings worked: a service down at the requeue must not
-                # end a job that would train (its rows are in metrics.jsonl, and go out once the run opens).
-                items.append(PendingTracker(backend, args, saved[name], one_line(exc)))
+                # end a job that would train (its rows are in metrics.jsonl, and go out once the run opens). Any error
+                # counts: a library raises more than it names (MLflow's SQLite store, locked, raises SQLAlchemy's).
+                reason = one_line(exc) if isinstance(exc, backend.open_failures()) else f"{type(exc).__name__}: {one_line(exc)}"
+                items.append(PendingTracker(backend, args, saved[name], reason))
             self.continued[name] = bool(saved.get(name))
         if items:
             write_text_atomic(path, json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n")

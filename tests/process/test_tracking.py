@@ -374,6 +374,52 @@ def test_a_requeue_whose_tracker_store_is_down_trains_on_and_sends_once_the_stor
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
+def test_a_requeue_whose_tracker_store_is_locked_trains_on_and_sends_once_it_is_free(tmp_path):
+    """At a requeue MLflow's SQLite store is locked by another process (a store several jobs share): opening it raises
+    SQLAlchemy's error, not MLflow's, which ended the job with a traceback (exit 1, not requeued). The launch goes on,
+    the log names the lock, and once it is released the run it continues gets the rows, each once."""
+    import sqlite3
+    import time
+
+    import mlflow
+
+    from pretrain.observe.logger import RunLogger
+    from pretrain.observe.trackers import PendingTracker
+
+    run, store = RunDir(tmp_path / "run"), tmp_path / "store"
+    with restored_environ():
+        os.environ["MLFLOW_EXPERIMENT_NAME"] = "tests"
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        first = RunLogger(run, max_steps=4, enabled=True, report_to=("mlflow",), config={"seed": 1})
+        first.rewind(0)
+        for step in (1, 2):
+            first.scalars(step, {"loss": float(step)}, "train")
+        first.close()
+        store.mkdir()
+        shutil.copy(run.mlflow_db, store / "mlflow.db")  # a URI this process has not opened (MLflow caches stores)
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"
+        lock = sqlite3.connect(store / "mlflow.db", isolation_level=None)
+        lock.execute("BEGIN EXCLUSIVE")
+        log = RunLogger(run, max_steps=4, enabled=True, report_to=("mlflow",), config={"seed": 1})
+        log.rewind(2)
+        assert [type(t) for t in log.trackers.items] == [PendingTracker]
+        log.scalars(3, {"loss": 3.0}, "train")
+        lock.execute("COMMIT")
+        lock.close()
+        sender, deadline = log.trackers.senders["mlflow"], time.monotonic() + 90
+        while sender.waiting() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log.scalars(4, {"loss": 4.0}, "train")
+        log.close()
+    text = run.text_log.read_text()
+    assert "warning: mlflow: could not open its tracked run (" in text and "database is locked" in text, text
+    run_id = json.loads(run.tracker_ids.read_text())["mlflow"]
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == \
+        [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
 def test_a_first_launch_whose_tracker_store_cannot_be_made_is_one_line(tmp_path):
     """No earlier attempt opened the run, so the settings are suspect: a store path MLflow cannot create (a file where
     its folder would be) is refused in one line naming the tracker, as a refused URI is; it was an OSError traceback."""
