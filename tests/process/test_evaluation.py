@@ -392,6 +392,13 @@ def test_glue_from_the_folder_it_was_downloaded_to(exported, tmp_path, monkeypat
     mean, other = probe["probes"]["mean"], again["probes"]["mean"]
     assert (mean["mismatched_accuracy"], mean["accuracy"]) == (other["accuracy"], other["mismatched_accuracy"]), \
         (mean, other)
+    # CoLA is scored by Matthews correlation alone: the probe names that (it looked for an accuracy and raised).
+    cola = {split: {"sentence": rows["hypothesis"], "label": [int(label == 0) for label in rows["label"]],
+                    "idx": rows["idx"]} for split, rows in (("train", tables["train"]),
+                                                            ("validation", tables["validation_matched"]))}
+    scored = linear_probe(str(exported), f"cola:{write_hub_download(tmp_path / 'cola', {'cola': cola})}",
+                          features=("mean",), c_grid=(1.0,), folds=2)
+    assert set(scored["majority_baseline"]) == {"matthews"} and "accuracy" not in scored["probes"]["mean"], scored
     assert probe["majority_baseline"] == pytest.approx({
         "accuracy": labels["validation_matched"][:20].count(most) / 20,
         "mismatched_accuracy": labels["validation_mismatched"][:20].count(most) / 20}, abs=1e-12)
