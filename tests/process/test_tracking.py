@@ -329,25 +329,42 @@ def test_a_tracker_whose_store_fails_mid_run_stalls_no_step_and_catches_up(tmp_p
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
+def _first_attempt_logs_two_rows(run: RunDir) -> None:
+    """An attempt that opens a tracked MLflow run in the run folder's store, logs steps 1 and 2 and ends (the caller
+    restores the environment)."""
+    from pretrain.observe.logger import RunLogger
+
+    os.environ["MLFLOW_EXPERIMENT_NAME"] = "tests"
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    first = RunLogger(run, max_steps=4, enabled=True, report_to=("mlflow",), config={"seed": 1})
+    first.rewind(0)
+    for step in (1, 2):
+        first.scalars(step, {"loss": float(step)}, "train")
+    first.close()
+
+
+def _assert_the_run_holds_steps_1_to_4_once(run: RunDir, store: Path) -> None:
+    """The MLflow run trackers.json names, in the store in `store`, holds train/loss at steps 1-4 once each and ended."""
+    import mlflow
+
+    run_id = json.loads(run.tracker_ids.read_text())["mlflow"]
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == \
+        [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
 def test_a_requeue_whose_tracker_store_is_down_trains_on_and_sends_once_the_store_is_back(tmp_path):
     """At a requeue the tracked run's store cannot be reached (here MLflow's SQLite file, its folder gone and a file in
     its place): the launch goes on training instead of ending the job with exit 2 (which the sbatch does not
     requeue), the log says so, and once the store is back the run it continues gets the rows, each once."""
     import time
 
-    import mlflow
-
     from pretrain.observe.logger import RunLogger
 
     run, store, away = RunDir(tmp_path / "run"), tmp_path / "store", tmp_path / "away"
     with restored_environ():
-        os.environ["MLFLOW_EXPERIMENT_NAME"] = "tests"
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-        first = RunLogger(run, max_steps=4, enabled=True, report_to=("mlflow",), config={"seed": 1})
-        first.rewind(0)
-        for step in (1, 2):
-            first.scalars(step, {"loss": float(step)}, "train")
-        first.close()
+        _first_attempt_logs_two_rows(run)
         away.mkdir()
         shutil.copy(run.mlflow_db, away / "mlflow.db")  # the store the requeue is pointed at, while it is away
         store.write_text("the store's folder is not there\n")
@@ -367,11 +384,7 @@ def test_a_requeue_whose_tracker_store_is_down_trains_on_and_sends_once_the_stor
     text = run.text_log.read_text()
     assert "warning: mlflow: could not open its tracked run (" in text and "training goes on" in text, text
     assert "warning: mlflow: sending again after" in text, text
-    run_id = json.loads(run.tracker_ids.read_text())["mlflow"]
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
-    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == \
-        [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
-    assert client.get_run(run_id).info.status == "FINISHED"
+    _assert_the_run_holds_steps_1_to_4_once(run, store)
 
 
 def test_a_requeue_whose_tracker_store_is_locked_trains_on_and_sends_once_it_is_free(tmp_path):
@@ -381,20 +394,12 @@ def test_a_requeue_whose_tracker_store_is_locked_trains_on_and_sends_once_it_is_
     import sqlite3
     import time
 
-    import mlflow
-
     from pretrain.observe.logger import RunLogger
     from pretrain.observe.trackers import PendingTracker
 
     run, store = RunDir(tmp_path / "run"), tmp_path / "store"
     with restored_environ():
-        os.environ["MLFLOW_EXPERIMENT_NAME"] = "tests"
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-        first = RunLogger(run, max_steps=4, enabled=True, report_to=("mlflow",), config={"seed": 1})
-        first.rewind(0)
-        for step in (1, 2):
-            first.scalars(step, {"loss": float(step)}, "train")
-        first.close()
+        _first_attempt_logs_two_rows(run)
         store.mkdir()
         shutil.copy(run.mlflow_db, store / "mlflow.db")  # a URI this process has not opened (MLflow caches stores)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"
@@ -413,11 +418,7 @@ def test_a_requeue_whose_tracker_store_is_locked_trains_on_and_sends_once_it_is_
         log.close()
     text = run.text_log.read_text()
     assert "warning: mlflow: could not open its tracked run (" in text and "database is locked" in text, text
-    run_id = json.loads(run.tracker_ids.read_text())["mlflow"]
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
-    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == \
-        [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
-    assert client.get_run(run_id).info.status == "FINISHED"
+    _assert_the_run_holds_steps_1_to_4_once(run, store)
 
 
 def test_a_first_launch_whose_tracker_store_cannot_be_made_is_one_line(tmp_path):
