@@ -217,15 +217,16 @@ class Trackers:
             try:
                 items.append(backend(*args))
             except Exception as exc:
+                refused = isinstance(exc, backend.open_failures())
                 if not saved.get(name):
-                    if not isinstance(exc, backend.open_failures()):
+                    if not refused:
                         raise  # at a first launch, what the library does not name as a refusal is a bug's traceback
                     raise SetupError(f"train.report_to has {name}, but it could not open its run ({one_line(exc)}); "
                                      f"{backend.hint}") from exc
                 # The run an earlier attempt opened, so the settings worked: a service down at the requeue must not
                 # end a job that would train (its rows are in metrics.jsonl, and go out once the run opens). Any error
                 # counts: a library raises more than it names (MLflow's SQLite store, locked, raises SQLAlchemy's).
-                reason = one_line(exc) if isinstance(exc, backend.open_failures()) else f"{type(exc).__name__}: {one_line(exc)}"
+                reason = one_line(exc) if refused else f"{type(exc).__name__}: {one_line(exc)}"
                 items.append(PendingTracker(backend, args, saved[name], reason))
             self.continued[name] = bool(saved.get(name))
         if items:
