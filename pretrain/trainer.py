@@ -9,6 +9,7 @@ counters, the sample audit, the logger and the metrics reporter.
 from __future__ import annotations
 
 import time
+import traceback
 from typing import Any, Iterator, Optional
 
 import torch
@@ -21,7 +22,7 @@ from pretrain.checkpointing.checkpoint_dir import tag_for
 from pretrain.checkpointing.checkpoint_manager import CheckpointManager
 from pretrain.config import RunConfig
 from pretrain.engine.deepspeed_engine import Engine, to_device
-from pretrain.lifecycle.exit_status import write_status
+from pretrain.lifecycle.exit_status import exit_code_for, write_status
 from pretrain.observe.logger import RunLogger
 from pretrain.observe.metrics import MetricsReporter
 from pretrain.lifecycle.preemption import PreemptionGuard, run_deadline
@@ -214,8 +215,9 @@ class Trainer:
         return status
 
     def mark_failed(self, exc: BaseException) -> None:
-        """Record that the run stopped on an error (its type, message, step and rank) before the error propagates; a
-        marker that cannot be written (the disk that stopped the run is full) is logged, and the error goes on.
+        """Record that the run stopped on an error (its type, message, step and rank) and end its logs before the error
+        propagates; a marker that cannot be written (the disk that stopped the run is full) is logged, and the error
+        goes on. Ending the logs waits for the trackers at most as long as at any run's end (CLOSE_WAIT_S).
 
         Every rank that fails writes it (the peers of one that failed alone only lose it, exit 76, and write none):
         rank 0's record replaces another's, which goes only where there is none. So an error every rank raises (a
@@ -225,6 +227,10 @@ class Trainer:
                        error=type(exc).__name__, message=str(exc)[:2000], rank=dist.rank())
         except OSError as marker_error:  # not to the run folder's log either: it is on the same disk
             to_stderr(f"warning: the {FAILED} marker could not be written ({marker_error})")
+        try:  # the rows that wait (the diverged step's) go to the trackers, whose runs end as failed, not left running
+            self.log.close(exit_code_for(exc))
+        except Exception:  # the run's own error is the one to raise: this one is said, with its traceback
+            to_stderr(f"warning: the run's logs could not be closed:\n{traceback.format_exc().rstrip()}")
 
     def _mark(self, marker: str, line: str, on_this_rank: bool = False, **fields: Any) -> None:
         """Rank 0 writes a run-folder marker (PREEMPTED, FAILED) with the step and time, and `on_this_rank` another

@@ -105,14 +105,14 @@ class RunLogger:
         for line in self.trackers.messages():
             self.info(f"warning: {line}")
 
-    def close(self) -> None:
-        """Flush and close the files."""
-        if self.enabled:
+    def close(self, exit_code: int = 0) -> None:
+        """Flush and close the files, and end the tracked runs (as failed where `exit_code` is not 0); once."""
+        if self.enabled and not self._text.closed:
             if self._writer is not None:
                 self._writer.flush()
                 self._writer.close()
             if self.trackers is not None:
-                self.trackers.close()
+                self.trackers.close(exit_code)
                 self._tracker_warnings()
             self._text.close()
             self._jsonl.close()

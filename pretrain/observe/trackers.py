@@ -10,9 +10,11 @@ it branches from, so that its curve is not dropped for the abandoned one's.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -20,7 +22,7 @@ from typing import Any, Optional
 
 from core.atomic_files import write_text_atomic
 from core.errors import InputDataError, SetupError, one_line
-from pretrain.observe.tracker_sender import TrackerSender, brief
+from pretrain.observe.tracker_sender import TrackerSender
 from pretrain.run_dir import RunDir
 
 PROJECT = "contrastive-pretrain"
@@ -63,8 +65,8 @@ class Tracker:
         """Send one row (keys already prefixed with the split)."""
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Flush and end the tracked run (it stays resumable)."""
+    def close(self, exit_code: int = 0) -> None:
+        """Flush and end the tracked run (it stays resumable), as failed where `exit_code` is not 0."""
 
 
 class WandbTracker(Tracker):
@@ -92,9 +94,9 @@ class WandbTracker(Tracker):
         """Send one row to the W&B run at this step."""
         self.run.log(values, step=step)
 
-    def close(self) -> None:
-        """Finish the W&B run (resumable by its id)."""
-        self.run.finish()
+    def close(self, exit_code: int = 0) -> None:
+        """Finish the W&B run (resumable by its id): W&B shows it failed where `exit_code` is not 0."""
+        self.run.finish(exit_code=exit_code or None)  # None: W&B's own (0, as no exception reaches its hooks)
 
 
 class MlflowTracker(Tracker):
@@ -138,37 +140,52 @@ class MlflowTracker(Tracker):
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[self._metric(k, float(v), now, step) for k, v in values.items()])
 
-    def close(self) -> None:
-        """Mark the MLflow run finished (resumable by its id)."""
-        self.client.set_terminated(self.run_id)
+    def close(self, exit_code: int = 0) -> None:
+        """Mark the MLflow run finished, or failed where `exit_code` is not 0 (resumable by its id either way)."""
+        from mlflow.entities import RunStatus
+
+        self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FAILED if exit_code else RunStatus.FINISHED))
 
 
 BACKENDS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
-class PendingTracker(Tracker):
-    """A tracked run this launch continues whose service would not open it (a requeue during an outage): the first
-    row sent opens it, from the sender's thread, which tries again (backing off) until the service answers."""
+class NotOpened(Exception):
+    """A continued run's service did not open it (yet): the sender says why and tries again."""
 
-    def __init__(self, backend: type[Tracker], args: tuple, run_id: str, reason: str) -> None:
-        self.name, self.run_id, self.reason = backend.name, run_id, reason  # reason: why it did not open at the launch
+
+class PendingTracker(Tracker):
+    """A tracked run an earlier attempt opened, which this launch continues: the first row sent opens it, from the
+    sender's thread, which tries again (backing off) until the service answers. So a service that is down or slow at
+    a requeue holds no rank: the library may retry for many minutes, and the other ranks wait at the first
+    collective only train.init_timeout_s."""
+
+    def __init__(self, backend: type[Tracker], args: tuple, run_id: str) -> None:
+        self.name, self.run_id = backend.name, run_id
         self._backend, self._args = backend, args
         self.opened: Optional[Tracker] = None
 
     def refusals(self) -> tuple[type[BaseException], ...]:  # type: ignore[override]
-        """What keeps the backend's run from opening."""
-        return self._backend.open_failures()
+        """A run that did not open, and what the backend's open run refuses with."""
+        return NotOpened, *self._backend.open_failures()
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Open the run if it is not yet open, then send the row."""
         if self.opened is None:
-            self.opened = self._backend(*self._args)
+            try:
+                self.opened = self._backend(*self._args)
+            except Exception as exc:
+                # The settings opened this run before: whatever the library raises now (MLflow's SQLite store,
+                # locked, raises SQLAlchemy's error; a server down, requests'), the rows wait for the service.
+                named = isinstance(exc, self._backend.open_failures())
+                raise NotOpened(f"its tracked run did not open: {'' if named else type(exc).__name__ + ': '}"
+                                f"{one_line(exc)}") from exc
         self.opened.log(step, values)
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
         """End the run if it was opened."""
         if self.opened is not None:
-            self.opened.close()
+            self.opened.close(exit_code)
 
 
 class Trackers:
@@ -177,14 +194,21 @@ class Trackers:
     Their runs open once the launch has committed to what it resumes (`open`, at the rewind): a launch refused before
     training (a branch whose checkpoint does not fit) opens none and leaves trackers.json as it was. The libraries are
     imported at once, so that a missing one is refused before the model is built. Rows go out from a thread per
-    tracker (`TrackerSender`): a service that fails mid-run is said in the log, not raised, and one down at a requeue
-    delays its run's opening (`PendingTracker`), not the training.
+    tracker (`TrackerSender`): a service that fails mid-run is said in the log, not raised, and a run that a requeue
+    continues is opened by its sender (`PendingTracker`), so that a service down or slow then delays that run's
+    opening, not the training.
     """
 
     def __init__(self, run_dir: RunDir, report_to: list[str], config: dict[str, Any],
                  branch: Optional[str] = None) -> None:
         self.run_dir, self.config, self.branch = run_dir, config, branch
         self.backends = [name for name in report_to if name in BACKENDS]
+        # The sender says a service's failure in one line, and its recovery: the libraries' own lines for every try
+        # (MLflow's traceback for each failed SQL statement, urllib3's for each retry) read as a crash, and an outage
+        # of an hour prints hundreds of them.
+        for logger, level in (("mlflow.store.db.utils", logging.CRITICAL), ("urllib3.connectionpool", logging.ERROR),
+                              ("mlflow", logging.WARNING), ("alembic", logging.WARNING)):
+            logging.getLogger(logger).setLevel(level)
         for name in self.backends:
             try:
                 importlib.import_module(name)
@@ -195,6 +219,7 @@ class Trackers:
         self.senders: dict[str, TrackerSender] = {}
         self.last_logged = -1  # the last step an earlier attempt sent to the runs this one continues
         self.continued: dict[str, bool] = {}  # per backend: whether its run got an earlier attempt's rows
+        self.exit_code = 0  # the run's, set at close: a tracked run ends as failed where it is not 0
 
     def _open(self) -> list[Tracker]:
         """Continue the runs trackers.json names, or, for a new train.resume_from branch, start runs of its own."""
@@ -214,20 +239,14 @@ class Trackers:
         for name in self.backends:
             backend = BACKENDS[name]
             args = (self.run_dir, self.config, saved.get(name), saved["name"])
-            try:
-                items.append(backend(*args))
-            except Exception as exc:
-                refused = isinstance(exc, backend.open_failures())
-                if not saved.get(name):
-                    if not refused:
-                        raise  # at a first launch, what the library does not name as a refusal is a bug's traceback
+            if saved.get(name):  # the settings worked: a service down at the requeue must not end a job that would train
+                items.append(PendingTracker(backend, args, saved[name]))
+            else:  # at a first launch the settings are suspect: a refusal stops it before its first step
+                try:
+                    items.append(backend(*args))
+                except backend.open_failures() as exc:  # anything else the library raises is a bug's traceback
                     raise SetupError(f"train.report_to has {name}, but it could not open its run ({one_line(exc)}); "
                                      f"{backend.hint}") from exc
-                # The run an earlier attempt opened, so the settings worked: a service down at the requeue must not
-                # end a job that would train (its rows are in metrics.jsonl, and go out once the run opens). Any error
-                # counts: a library raises more than it names (MLflow's SQLite store, locked, raises SQLAlchemy's).
-                reason = one_line(exc) if refused else f"{type(exc).__name__}: {one_line(exc)}"
-                items.append(PendingTracker(backend, args, saved[name], reason))
             self.continued[name] = bool(saved.get(name))
         if items:
             write_text_atomic(path, json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n")
@@ -243,12 +262,8 @@ class Trackers:
         out of the steps, whose collectives wait only train.step_timeout_s."""
         if self.items is None:
             self.items = self._open()
-            self.senders = {t.name: TrackerSender(t.name, t.log, t.refusals(), end=t.close) for t in self.items}
-            for t in self.items:
-                if isinstance(t, PendingTracker):
-                    self.senders[t.name].said(f"{t.name}: could not open its tracked run ({brief(t.reason)}); training "
-                                              "goes on, and its rows wait to be sent once it opens (they are also in "
-                                              "metrics.jsonl)")
+            self.senders = {t.name: TrackerSender(t.name, t.log, t.refusals(), end=functools.partial(self._end, t))
+                            for t in self.items}
 
     def log(self, step: int, values: dict[str, float], prefix: str) -> None:
         """One row of scalars to every tracker."""
@@ -265,9 +280,14 @@ class Trackers:
         """What the trackers' services did since the last call (a failure, a recovery), one line each, for the log."""
         return [line for sender in self.senders.values() for line in sender.messages()]
 
-    def close(self) -> None:
-        """Send what waits, then end every tracked run (each stays resumable by its id in trackers.json), all within
-        CLOSE_WAIT_S; a service that fails or hangs here is said in `messages`, not raised or waited for."""
+    def _end(self, tracker: Tracker) -> None:
+        tracker.close(self.exit_code)
+
+    def close(self, exit_code: int = 0) -> None:
+        """Send what waits, then end every tracked run (each stays resumable by its id in trackers.json), as failed
+        where the run ends with a non-zero `exit_code`, all within CLOSE_WAIT_S; a service that fails or hangs here is
+        said in `messages`, not raised or waited for."""
+        self.exit_code = exit_code
         start = time.monotonic()
         for sender in self.senders.values():  # side by side: a service that is down takes no time from another
             sender.stop_soon()
