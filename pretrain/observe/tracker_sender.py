@@ -35,9 +35,10 @@ class TrackerSender:
 
     def __init__(self, name: str, send: Callable[[int, dict[str, float]], None],
                  refusals: tuple[type[BaseException], ...] = (), retry_first_s: float = RETRY_FIRST_S,
-                 end: Optional[Callable[[], None]] = None) -> None:
+                 end: Optional[Callable[[], None]] = None,
+                 final: Callable[[BaseException], Optional[str]] = lambda exc: None) -> None:
         self.name, self._send, self._refusals, self._retry_first_s = name, send, refusals, retry_first_s
-        self._end = end
+        self._end, self._final = end, final  # final: what the user does about a failure that time will not mend
         self._rows: collections.deque[tuple[int, dict[str, float]]] = collections.deque()
         self._cond = threading.Condition()
         self._trying = False  # the head row is in the thread's hands (popped once it went through), kept by a drop
@@ -126,7 +127,12 @@ class TrackerSender:
                 self._trying = True
             try:
                 self._send(step, row)
-            except Exception as exc:  # the service's failure, or a bug: the run goes on either way
+            except BaseException as exc:  # the service's failure, or a bug: the run goes on either way
+                # A library's SystemExit (W&B patches sys.exit) would end this thread unsaid, and the rows pile up.
+                hint = self._final(exc) if isinstance(exc, Exception) else "the library stopped its sender (a bug)"
+                if hint is not None:  # the tracked run is gone, say: no try will ever take a row, nor end it
+                    self._give_up(step, exc, hint)
+                    return
                 self._failed(step, exc)
             else:
                 self._sent(step, row)
@@ -136,10 +142,19 @@ class TrackerSender:
             except Exception as exc:  # the run's metrics are in metrics.jsonl: the service's failure ends nothing
                 self.said(f"{self.name}: could not end its tracked run ({self._detail(exc)})")
 
-    def _detail(self, exc: Exception) -> str:
+    def _detail(self, exc: BaseException) -> str:
         """A refusal of the service's in one line (SQLAlchemy's quote their SQL), anything else (a bug, perhaps) with
         its whole traceback."""
         return brief(one_line(exc)) if isinstance(exc, self._refusals) else traceback.format_exc().rstrip()
+
+    def _give_up(self, step: int, exc: BaseException, hint: str) -> None:
+        with self._cond:
+            self._said.append(f"{self.name}: will not send step {step} or any later row ({self._detail(exc)}): {hint} "
+                              "(the rows are in metrics.jsonl)")
+            self._stopping = True  # rows put from now on are not kept
+            self._rows.clear()
+            self._trying = False
+            self._cond.notify_all()
 
     def _failed(self, step: int, exc: Exception) -> None:
         detail = self._detail(exc)

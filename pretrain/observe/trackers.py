@@ -56,6 +56,12 @@ class Tracker:
         tracking URI it will not use): the user's to fix, not a bug."""
         return ()
 
+    @staticmethod
+    def final(exc: BaseException) -> Optional[str]:
+        """What the user does about a failure that no later try mends (the tracked run deleted, say), or None for one
+        that may pass (a service down)."""
+        return None
+
     @classmethod
     def open_failures(cls) -> tuple[type[BaseException], ...]:
         """The errors by which a run does not open: the library's refusals, and the OSError of a service not reached."""
@@ -82,6 +88,15 @@ class WandbTracker(Tracker):
         from wandb.errors import Error
 
         return (Error,)
+
+    @staticmethod
+    def final(exc: BaseException) -> Optional[str]:
+        """A key W&B refused: it is read when the run opens, so no later try takes another."""
+        from wandb.errors import AuthenticationError
+
+        if isinstance(exc, AuthenticationError):
+            return "set WANDB_API_KEY (or run `wandb login`) and requeue the job; its run continues"
+        return None
 
     def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str], run_name: str) -> None:
         import wandb
@@ -113,6 +128,23 @@ class MlflowTracker(Tracker):
         from sqlalchemy.exc import SQLAlchemyError
 
         return MlflowException, SQLAlchemyError
+
+    @staticmethod
+    def final(exc: BaseException) -> Optional[str]:
+        """The run deleted, a store that does not hold it (another tracking URI), a store whose schema is older than
+        this MLflow's."""
+        from mlflow.exceptions import MlflowException
+
+        if not isinstance(exc, MlflowException):
+            return None
+        gone = "remove its id from the run folder's trackers.json to start a new run at the next launch"
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return f"the tracking store does not hold the run (is MLFLOW_TRACKING_URI the first launch's?); {gone}"
+        if "must be in the 'active' state" in str(exc):
+            return f"restore it (`mlflow runs restore --run-id` with the id above) for the next launch to continue it, or {gone}"
+        if "out-of-date database schema" in str(exc):
+            return "upgrade the store (`mlflow db upgrade URI`, after a backup) and requeue the job"
+        return None
 
     def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str], run_name: str) -> None:
         import mlflow
@@ -168,6 +200,10 @@ class PendingTracker(Tracker):
     def refusals(self) -> tuple[type[BaseException], ...]:  # type: ignore[override]
         """A run that did not open, and what the backend's open run refuses with."""
         return NotOpened, *self._backend.open_failures()
+
+    def final(self, exc: BaseException) -> Optional[str]:  # type: ignore[override]
+        """The backend's word on its own error (a run that did not open: on what stopped it)."""
+        return self._backend.final(exc.__cause__ if isinstance(exc, NotOpened) else exc)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Open the run if it is not yet open, then send the row."""
@@ -262,8 +298,8 @@ class Trackers:
         out of the steps, whose collectives wait only train.step_timeout_s."""
         if self.items is None:
             self.items = self._open()
-            self.senders = {t.name: TrackerSender(t.name, t.log, t.refusals(), end=functools.partial(self._end, t))
-                            for t in self.items}
+            self.senders = {t.name: TrackerSender(t.name, t.log, t.refusals(), end=functools.partial(self._end, t),
+                                                  final=t.final) for t in self.items}
 
     def log(self, step: int, values: dict[str, float], prefix: str) -> None:
         """One row of scalars to every tracker."""

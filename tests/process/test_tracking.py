@@ -470,6 +470,47 @@ def test_a_requeue_whose_tracker_store_is_locked_trains_on_and_sends_once_it_is_
     _assert_the_run_holds_steps_1_to_4_once(run, store)
 
 
+def test_a_requeue_whose_tracked_run_was_deleted_says_what_to_do_once_and_stops_trying(tmp_path, monkeypatch):
+    """The MLflow run the job continues was deleted by a user between two launches: no try will open it, so the log
+    says so once, with what to do, and the sender stops. Before, it read as an outage: it tried every minute for the
+    whole job and never said why nothing arrived."""
+    import time
+
+    import mlflow
+
+    from pretrain.observe import trackers
+    from pretrain.observe.logger import RunLogger
+
+    opens = []
+
+    class Counted(trackers.MlflowTracker):
+        def __init__(self, *args) -> None:
+            opens.append(time.monotonic())
+            super().__init__(*args)
+
+    run = RunDir(tmp_path / "run")
+    with restored_environ():
+        _first_attempt_logs_two_rows(run)
+        run_id = json.loads(run.tracker_ids.read_text())["mlflow"]
+        client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run.mlflow_db}")
+        client.delete_run(run_id)
+        monkeypatch.setitem(trackers.BACKENDS, "mlflow", Counted)
+        log = RunLogger(run, max_steps=4, enabled=True, report_to=("mlflow",), config={"seed": 1})
+        log.rewind(2)
+        log.scalars(3, {"loss": 3.0}, "train")
+        sender, deadline = log.trackers.senders["mlflow"], time.monotonic() + 60
+        while sender.waiting() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log.scalars(4, {"loss": 4.0}, "train")
+        log.close()
+    lines = [line for line in run.text_log.read_text().splitlines() if "mlflow" in line]
+    assert len(lines) == 1 and "will not send step 3 or any later row (its tracked run did not open: " in lines[0], lines
+    assert f"The run {run_id} must be in the 'active' state" in lines[0] and "mlflow runs restore" in lines[0], lines
+    assert len(opens) == 1, opens
+    client.restore_run(run_id)
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [1, 2]
+
+
 def test_a_requeue_opens_its_tracked_run_off_the_training_path(tmp_path, monkeypatch):
     """At a requeue the tracked run is opened from its tracker's thread: the launch does not wait for it. A library
     that retries a server for many minutes (MLflow over HTTP: 7 tries, 120 s each) held rank 0 before its first step,

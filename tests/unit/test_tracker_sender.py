@@ -136,3 +136,28 @@ def test_trackers_stop_side_by_side_so_a_service_that_is_down_takes_no_time_from
     said = both.messages()
     assert any(line.startswith("down: 1 row(s) (step 1) not sent") for line in said), said
     assert not any(line.startswith("back: 1 row(s)") for line in said), said
+
+
+def test_a_library_that_raises_system_exit_stops_its_sender_said_and_the_run_goes_on():
+    """A library's SystemExit in the sender's thread (W&B patches sys.exit) ended the thread unsaid: the rows piled up
+    for the whole run and the end-of-run line blamed the service. Now the log says the sender stopped and why, rows put
+    after it are not kept, and the stop is at once."""
+    sent: list[int] = []
+
+    def send(step: int, row: dict[str, float]) -> None:
+        if step == 2:
+            raise SystemExit(1)
+        sent.append(step)
+
+    sender = TrackerSender("lib", send, retry_first_s=0.01)
+    for step in (1, 2, 3):
+        sender.put(step, {"loss": float(step)})
+    _until(lambda: not sender.waiting())
+    sender.put(4, {"loss": 4.0})
+    start = time.monotonic()
+    assert sender.stop(time.monotonic() + 5, time.monotonic() + 5) == 0
+    assert time.monotonic() - start < 1 and sent == [1]
+    said = sender.messages()
+    assert len(said) == 1 and said[0].startswith("lib: will not send step 2 or any later row (Traceback"), said
+    assert "SystemExit: 1" in said[0] and said[0].endswith("the library stopped its sender (a bug) (the rows are in "
+                                                          "metrics.jsonl)"), said
