@@ -26,6 +26,9 @@ from pretrain.observe.tracker_sender import TrackerSender
 from pretrain.run_dir import RunDir
 
 PROJECT = "contrastive-pretrain"
+# A row's key for when it was logged (W&B's own name, which its `log` keeps): a row sent late, after an outage, keeps
+# its time on the charts, and one sent again after an answer that was lost is the same point to MLflow, not a second.
+LOGGED_AT = "_timestamp"
 # At the end of a run (a preempted one's included, within its grace time): for the rows still waiting, then for the
 # tracked runs to be ended.
 CLOSE_ROWS_S, CLOSE_WAIT_S = 10.0, 15.0
@@ -68,7 +71,7 @@ class Tracker:
         return (*cls.refusals(), OSError)
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        """Send one row (keys already prefixed with the split)."""
+        """Send one row (keys already prefixed with the split, and LOGGED_AT: when it was logged)."""
         raise NotImplementedError
 
     def close(self, exit_code: int = 0) -> None:
@@ -168,9 +171,10 @@ class MlflowTracker(Tracker):
         self.run_id = run_id
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        """Send one row to the MLflow run as one batch of metrics at this step."""
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[self._metric(k, float(v), now, step) for k, v in values.items()])
+        """Send one row to the MLflow run as one batch of metrics at this step, stamped when it was logged."""
+        when = int(values.get(LOGGED_AT, time.time()) * 1000)
+        self.client.log_batch(self.run_id, metrics=[self._metric(k, float(v), when, step)
+                                                    for k, v in values.items() if k != LOGGED_AT])
 
     def close(self, exit_code: int = 0) -> None:
         """Mark the MLflow run finished, or failed where `exit_code` is not 0 (resumable by its id either way)."""
@@ -306,7 +310,7 @@ class Trackers:
         if not self.backends:
             return
         self.open()
-        row = {f"{prefix}/{k}": v for k, v in values.items()}
+        row = {**{f"{prefix}/{k}": v for k, v in values.items()}, LOGGED_AT: time.time()}
         for tracker in self.items:
             # Only a run that got the earlier attempt's rows skips the steps this one redoes (known once rewound).
             if step > (self.last_logged if self.continued[tracker.name] else -1):

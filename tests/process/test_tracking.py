@@ -354,6 +354,7 @@ def test_a_tracker_whose_store_fails_mid_run_stalls_no_step_and_catches_up(tmp_p
         while not sender.failing() and time.monotonic() < deadline:
             time.sleep(0.2)
         log.scalars(5, {"loss": 5.0}, "validation")  # a row that waits behind the failed ones
+        released = time.time()
         lock.execute("COMMIT")
         lock.close()
         while sender.waiting() and time.monotonic() < deadline:
@@ -373,6 +374,31 @@ def test_a_tracker_whose_store_fails_mid_run_stalls_no_step_and_catches_up(tmp_p
         [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (6, 6.0)]
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "validation/loss")] == [(5, 5.0)]
     assert client.get_run(run_id).info.status == "FINISHED"
+    # Sent once the lock was gone, but stamped when they were logged: the charts' time axis keeps the outage.
+    late = [m.timestamp for m in client.get_metric_history(run_id, "train/loss") if m.step in (2, 3, 4)]
+    assert len(late) == 3 and max(late) < released * 1000, (late, released)
+
+
+def test_a_row_sent_again_after_a_lost_answer_is_one_point(tmp_path):
+    """A batch MLflow's server stored but whose answer was lost (a timeout, a 504) is sent again: stamped when it was
+    logged, not when sent, it is the same point, which MLflow keeps once; before, it became a second point."""
+    import mlflow
+
+    from pretrain.observe.trackers import LOGGED_AT, MlflowTracker
+
+    run = RunDir(tmp_path / "run")
+    with restored_environ():
+        os.environ["MLFLOW_EXPERIMENT_NAME"] = "tests"
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        tracker = MlflowTracker(run, {"seed": 1}, None, "run")
+        row = {"train/loss": 2.5, LOGGED_AT: 1_700_000_000.25}
+        tracker.log(7, row)
+        tracker.log(7, row)
+        tracker.close()
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run.mlflow_db}")
+    assert [(m.step, m.value, m.timestamp) for m in client.get_metric_history(tracker.run_id, "train/loss")] == \
+        [(7, 2.5, 1_700_000_000_250)]
+    assert LOGGED_AT not in client.get_run(tracker.run_id).data.metrics
 
 
 def _first_attempt_logs_two_rows(run: RunDir) -> None:
