@@ -29,10 +29,10 @@ def _train(args: argparse.Namespace) -> int:
     from core.host_memory import freeze_imports, resume_garbage_collector
     from pretrain.lifecycle import signals
     from pretrain.config import RunConfig
-    from pretrain.lifecycle.exit_status import EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_PREEMPTED, exit_code_for
+    from pretrain.lifecycle.exit_status import EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_PREEMPTED
     from pretrain.run import build_trainer
 
-    trainer = None
+    trainer, failed = None, False
     try:
         cfg = load_config(RunConfig, args.config, args.overrides, search=INSTALLED)
         dist.import_deepspeed()  # the build imports it anyway: its objects are frozen with the other imports'
@@ -43,21 +43,15 @@ def _train(args: argparse.Namespace) -> int:
             status = trainer.fit()
         except Exception as exc:
             if not _attempt_lost(exc) and not signals.sigterm_received():
+                # Decided once, and recorded before the slow part (the trackers' end, up to seconds): the peers that
+                # fail with this rank exit at once, and srun or torchrun then terminates it; that SIGTERM is theirs.
+                failed = True
+                _record_failure(exc)
                 trainer.mark_failed(exc)  # then the error goes on: one line if it is the user's, a traceback if a bug
             raise
     except Exception as exc:
-        if _attempt_lost(exc):
-            _peer_lost(exc, trainer)
-        if signals.sigterm_received():
-            # srun ends the other tasks when one dies (--kill-on-bad-exit), or SLURM a failed node's job, or torchrun
-            # the other ranks when one exits: what breaks then (a loader worker terminated with us) is the
-            # termination, not a bug of this rank, and its traceback would bury the line of the rank that stopped.
-            signals.terminated(trainer.step if trainer is not None else -1, type(exc).__name__)
-        else:
-            try:
-                write_status("failed", error=type(exc).__name__, code=exit_code_for(exc))
-            except OSError as status_error:  # on the disk that stopped the run: the run's own error goes on
-                to_stderr(f"warning: the rank's status could not be recorded ({status_error})")
+        if not failed:
+            _ended_by(exc, trainer)
         raise
     # The decision is made and the checkpoint written: a late SIGTERM (SLURM sends more than one)
     # must not turn "preempted, requeue me" into "killed by a signal" during shutdown.
@@ -66,6 +60,32 @@ def _train(args: argparse.Namespace) -> int:
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return {"preempted": EXIT_PREEMPTED, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FINISHED)
+
+
+def _ended_by(exc: BaseException, trainer) -> None:
+    """An error not yet taken as this rank's failure: a lost peer ends the attempt at once, a termination ends the
+    rank by its signal, anything else is recorded as the rank's failure (and goes on)."""
+    from pretrain.lifecycle import signals
+
+    if _attempt_lost(exc):
+        _peer_lost(exc, trainer)
+    if signals.sigterm_received():
+        # srun ends the other tasks when one dies (--kill-on-bad-exit), or SLURM a failed node's job, or torchrun
+        # the other ranks when one exits: what breaks then (a loader worker terminated with us) is the
+        # termination, not a bug of this rank, and its traceback would bury the line of the rank that stopped.
+        signals.terminated(trainer.step if trainer is not None else -1, type(exc).__name__)
+    else:
+        _record_failure(exc)
+
+
+def _record_failure(exc: BaseException) -> None:
+    """This rank's status: failed, on `exc`, with the exit code it ends with."""
+    from pretrain.lifecycle.exit_status import write_status
+
+    try:
+        write_status("failed", error=type(exc).__name__, code=exit_code_for(exc))
+    except OSError as status_error:  # on the disk that stopped the run: the run's own error goes on
+        to_stderr(f"warning: the rank's status could not be recorded ({status_error})")
 
 
 def _attempt_lost(exc: BaseException) -> bool:

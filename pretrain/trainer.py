@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from core import distributed as dist
-from core.errors import InputDataError
+from core.errors import InputDataError, refused_for_room
 from core.process_life import to_stderr
 from data_pipeline.dataset_dir import DatasetDir
 from pretrain.checkpointing.checkpoint_dir import tag_for
@@ -229,8 +229,10 @@ class Trainer:
             to_stderr(f"warning: the {FAILED} marker could not be written ({marker_error})")
         try:  # the rows that wait (the diverged step's) go to the trackers, whose runs end as failed, not left running
             self.log.close(exit_code_for(exc))
-        except Exception:  # the run's own error is the one to raise: this one is said, with its traceback
-            to_stderr(f"warning: the run's logs could not be closed:\n{traceback.format_exc().rstrip()}")
+        except Exception as close_error:  # the run's own error is the one to raise: this one is said
+            no_room = refused_for_room(close_error)
+            to_stderr(f"warning: the run's logs could not be closed ({no_room})" if no_room is not None else
+                      f"warning: the run's logs could not be closed:\n{traceback.format_exc().rstrip()}")
 
     def _mark(self, marker: str, line: str, on_this_rank: bool = False, **fields: Any) -> None:
         """Rank 0 writes a run-folder marker (PREEMPTED, FAILED) with the step and time, and `on_this_rank` another

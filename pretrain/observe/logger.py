@@ -106,13 +106,19 @@ class RunLogger:
             self.info(f"warning: {line}")
 
     def close(self, exit_code: int = 0) -> None:
-        """Flush and close the files, and end the tracked runs (as failed where `exit_code` is not 0); once."""
-        if self.enabled and not self._text.closed:
-            if self._writer is not None:
-                self._writer.flush()
-                self._writer.close()
-            if self.trackers is not None:
+        """End the tracked runs (as failed where `exit_code` is not 0), then flush and close the files; once, each part
+        whatever the one before it raised."""
+        if not self.enabled or self._text.closed:
+            return
+        try:
+            if self.trackers is not None:  # first: bounded in time, and on none of the run's disks, which may be full
                 self.trackers.close(exit_code)
                 self._tracker_warnings()
-            self._text.close()
-            self._jsonl.close()
+        finally:
+            try:
+                if self._writer is not None:
+                    self._writer.flush()
+                    self._writer.close()
+            finally:
+                self._text.close()
+                self._jsonl.close()

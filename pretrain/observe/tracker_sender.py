@@ -22,6 +22,7 @@ from core.errors import one_line
 MAX_WAITING = 10_000  # rows kept while the service is down (a few MB); beyond, the oldest are dropped and counted
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 60.0
 RETRY_STOPPING_S = 1.0  # the backoff while stopping: the service gets tries until the stop's deadline
+SENDER_THREAD = "tracker-"  # how a sender's thread is named: the tracker's name follows
 
 
 def brief(line: str, limit: int = 300) -> str:
@@ -46,7 +47,7 @@ class TrackerSender:
         self._failures = 0  # failed tries of the row at the head, since the last row that went through
         self._dropped = 0  # rows dropped since the last line that counted them
         self._said: list[str] = []
-        self._thread = threading.Thread(target=self._run, name=f"tracker-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{SENDER_THREAD}{name}", daemon=True)
         self._thread.start()
 
     def put(self, step: int, row: dict[str, float]) -> None:

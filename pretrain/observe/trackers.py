@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from core.atomic_files import write_text_atomic
 from core.errors import InputDataError, SetupError, one_line
-from pretrain.observe.tracker_sender import TrackerSender
+from pretrain.observe.tracker_sender import SENDER_THREAD, TrackerSender
 from pretrain.run_dir import RunDir
 
 PROJECT = "contrastive-pretrain"
@@ -32,6 +32,17 @@ LOGGED_AT = "_timestamp"
 # At the end of a run (a preempted one's included, within its grace time): for the rows still waiting, then for the
 # tracked runs to be ended.
 CLOSE_ROWS_S, CLOSE_WAIT_S = 10.0, 15.0
+
+
+def _not_from_a_sender(record: logging.LogRecord) -> bool:
+    return not record.threadName.startswith(SENDER_THREAD)
+
+
+# The sender says a service's failure in one line, and its recovery: the libraries' own lines for each try it makes
+# (MLflow's traceback for each failed SQL statement, urllib3's for each retry) read as a crash, and an outage of an
+# hour prints hundreds of them. Only the senders' records are dropped: the same loggers speak for other work too
+# (urllib3's for the object store's).
+LIBRARY_LOGGERS = ("mlflow.store.db.utils", "urllib3.connectionpool")
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -209,8 +220,8 @@ class PendingTracker(Tracker):
         """The backend's word on its own error (a run that did not open: on what stopped it)."""
         return self._backend.final(exc.__cause__ if isinstance(exc, NotOpened) else exc)
 
-    def log(self, step: int, values: dict[str, float]) -> None:
-        """Open the run if it is not yet open, then send the row."""
+    def _open(self) -> Tracker:
+        """The backend's run, opened at the first call that it answers."""
         if self.opened is None:
             try:
                 self.opened = self._backend(*self._args)
@@ -220,12 +231,16 @@ class PendingTracker(Tracker):
                 named = isinstance(exc, self._backend.open_failures())
                 raise NotOpened(f"its tracked run did not open: {'' if named else type(exc).__name__ + ': '}"
                                 f"{one_line(exc)}") from exc
-        self.opened.log(step, values)
+        return self.opened
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Open the run if it is not yet open, then send the row."""
+        self._open().log(step, values)
 
     def close(self, exit_code: int = 0) -> None:
-        """End the run if it was opened."""
-        if self.opened is not None:
-            self.opened.close(exit_code)
+        """End the run, opening it first where no row did (a launch that failed, or stopped, before its first new row
+        must still say so: the run would keep the last attempt's status, RUNNING after a lost node)."""
+        self._open().close(exit_code)
 
 
 class Trackers:
@@ -243,12 +258,9 @@ class Trackers:
                  branch: Optional[str] = None) -> None:
         self.run_dir, self.config, self.branch = run_dir, config, branch
         self.backends = [name for name in report_to if name in BACKENDS]
-        # The sender says a service's failure in one line, and its recovery: the libraries' own lines for every try
-        # (MLflow's traceback for each failed SQL statement, urllib3's for each retry) read as a crash, and an outage
-        # of an hour prints hundreds of them.
-        for logger, level in (("mlflow.store.db.utils", logging.CRITICAL), ("urllib3.connectionpool", logging.ERROR),
-                              ("mlflow", logging.WARNING), ("alembic", logging.WARNING)):
-            logging.getLogger(logger).setLevel(level)
+        for name in LIBRARY_LOGGERS:
+            if _not_from_a_sender not in logging.getLogger(name).filters:
+                logging.getLogger(name).addFilter(_not_from_a_sender)
         for name in self.backends:
             try:
                 importlib.import_module(name)
@@ -298,8 +310,9 @@ class Trackers:
         self.last_logged = last_logged
 
     def open(self) -> None:
-        """Open the tracked runs (once), before the first step: a tracker's start-up (W&B's, over the network) is kept
-        out of the steps, whose collectives wait only train.step_timeout_s."""
+        """Open the tracked runs of a first launch (once), before the first step: a tracker's start-up (W&B's, over the
+        network) is kept out of the steps, whose collectives wait only train.step_timeout_s. The runs a requeue
+        continues open from their senders."""
         if self.items is None:
             self.items = self._open()
             self.senders = {t.name: TrackerSender(t.name, t.log, t.refusals(), end=functools.partial(self._end, t),

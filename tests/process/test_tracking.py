@@ -170,22 +170,43 @@ def _wandb_exit_codes(run: Path, run_id: str) -> list[int]:
     return codes
 
 
+# Rank 0 of a run whose ranks all diverge: the others have nothing to end and exit at once, and their launcher (srun,
+# torchrun) then terminates rank 0 while it ends its tracked runs.
+TERMINATED_WHILE_CLOSING = """
+import os, runpy, signal, sys
+from pretrain.observe import trackers
+close = trackers.Trackers.close
+def terminated_while_closing(self, exit_code=0):
+    os.kill(os.getpid(), signal.SIGTERM)
+    close(self, exit_code)
+trackers.Trackers.close = terminated_while_closing
+sys.argv = ["pretrain", *sys.argv[1:]]
+runpy.run_module("pretrain", run_name="__main__")
+"""
+
+
 def test_a_run_that_diverges_sends_its_last_rows_and_ends_its_tracked_runs_as_failed(prepared, tmp_path):
     """A run that ends on an error (here a divergence, exit 4) ends its tracked runs as failed, after the rows that
     waited: the diverged step's row is what a user looks for. Before, the process left without closing them: the
-    last rows died with the sender thread, MLflow's run stayed RUNNING, and W&B's ended with exit code 0."""
+    last rows died with the sender thread, MLflow's run stayed RUNNING, and W&B's ended with exit code 0. The rank's
+    failure is recorded before that end: a SIGTERM then (its launcher's, once the other ranks exited) does not turn
+    it into a terminated rank (exit 143, no error line)."""
     import mlflow
 
-    run = tmp_path / "run"
+    run, status, script = tmp_path / "run", tmp_path / "status", tmp_path / "terminated_while_closing.py"
+    script.write_text(TERMINATED_WHILE_CLOSING)
     args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={run}",
             *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=6",
             "train.eval_every=0", "train.log_every=1", "optimizer.lr=1e30", "train.report_to=[wandb,mlflow]"]
     with restored_environ():
         os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "tests",
-                           "MLFLOW_EXPERIMENT_NAME": "tests"})
+                           "MLFLOW_EXPERIMENT_NAME": "tests", "PRETRAIN_STATUS_DIR": str(status)})
         os.environ.pop("MLFLOW_TRACKING_URI", None)
-        proc = run_cli("pretrain", args, check=False)
+        proc = run_cli(str(script), args, check=False)
     assert proc.returncode == 4 and "error: training diverged at step" in proc.stderr, proc.stderr[-3000:]
+    assert "terminated" not in proc.stderr, proc.stderr[-3000:]
+    record = json.loads((status / "rank0.json").read_text())
+    assert (record["status"], record["error"], record["code"]) == ("failed", "DivergedError", 4), record
     expected = _jsonl_rows(run)
     last = max(step for step, _ in expected)
     assert math.isnan(expected[(last, "train/loss")])
@@ -197,6 +218,64 @@ def test_a_run_that_diverges_sends_its_last_rows_and_ends_its_tracked_runs_as_fa
     _, wandb_rows = _wandb_rows(run, ids["wandb"])
     assert wandb_rows.keys() == expected.keys() and math.isnan(wandb_rows[(last, "train/loss")])
     assert _wandb_exit_codes(run, ids["wandb"]) == [4]
+
+
+def test_the_trackers_end_first_and_as_failed_where_the_run_folder_s_disk_is_full(tmp_path, monkeypatch):
+    """The run stopped on a full disk: TensorBoard's flush fails there too. The tracked runs, on no disk of the run's,
+    are ended first (as failed, every row sent), and the files are closed all the same; before, the flush's error
+    skipped the trackers, and a second close met it again."""
+    import errno
+
+    import mlflow
+
+    from pretrain.observe.logger import RunLogger
+
+    run = RunDir(tmp_path / "run")
+    with restored_environ():
+        os.environ["MLFLOW_EXPERIMENT_NAME"] = "tests"
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        log = RunLogger(run, max_steps=4, enabled=True, report_to=("tensorboard", "mlflow"), config={"seed": 1})
+        log.rewind(0)
+        for step in (1, 2, 3):
+            log.scalars(step, {"loss": float(step)}, "train")
+
+        def full(*_args) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(log._writer, "flush", full)
+        with pytest.raises(OSError, match="No space left"):
+            log.close(2)
+        log.close(2)  # once: the files are closed
+    assert log._text.closed and log._jsonl.closed
+    run_id = json.loads(run.tracker_ids.read_text())["mlflow"]
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run.mlflow_db}")
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [1, 2, 3]
+    assert client.get_run(run_id).info.status == "FAILED"
+
+
+@pytest.mark.parametrize("redone", [False, True], ids=["before its first row", "in the steps it redoes"])
+def test_a_requeue_that_fails_before_sending_a_row_still_ends_its_tracked_run_as_failed(tmp_path, redone):
+    """A continued run opens with its first row sent; a launch that fails before one (in its first steps, or in the
+    steps it redoes after a lost node, which are not sent again) opens it at the end to say it failed, rather than
+    leave the last attempt's status on it (RUNNING, after a lost node)."""
+    import mlflow
+
+    from pretrain.observe.logger import RunLogger
+
+    run = RunDir(tmp_path / "run")
+    with restored_environ():
+        _first_attempt_logs_two_rows(run)
+        run_id = json.loads(run.tracker_ids.read_text())["mlflow"]
+        client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run.mlflow_db}")
+        client.update_run(run_id, status="RUNNING")  # as a lost attempt leaves it
+        log = RunLogger(run, max_steps=4, enabled=True, report_to=("mlflow",), config={"seed": 1})
+        log.rewind(1 if redone else 2)
+        if redone:
+            log.scalars(2, {"loss": 2.5}, "train")  # sent by the lost attempt: not sent again
+        log.close(1)
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == [(1, 1.0), (2, 2.0)]
+    assert client.get_run(run_id).info.status == "FAILED"
+    assert "warning" not in run.text_log.read_text()
 
 
 def test_steps_a_lost_attempt_sent_are_not_sent_again_by_the_resume(prepared, tmp_path):
@@ -364,6 +443,10 @@ def test_a_tracker_whose_store_fails_mid_run_stalls_no_step_and_catches_up(tmp_p
     assert max(took) < 2.0, took  # MLflow's lock wait is 20 s
     printed = "".join(capfd.readouterr())
     assert "SQLAlchemy database error" not in printed and "Traceback" not in printed, printed[-3000:]
+    import logging
+
+    for name in ("mlflow.store.db.utils", "urllib3.connectionpool"):  # the same loggers speak for other work too
+        assert logging.getLogger(name).filter(logging.makeLogRecord({"threadName": "MainThread"}))
     text = run.text_log.read_text()
     assert "warning: mlflow: could not send step 2 (" in text and "database is locked" in text, text
     # 1 failed try, or more where this process was slow to release the lock within the 1 s backoff.
