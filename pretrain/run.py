@@ -24,6 +24,7 @@ from pretrain.engine.hardware import resolve_hardware
 from pretrain.observe.logger import RunLogger
 from pretrain.observe.metrics import MetricsReporter
 from pretrain.observe.progress import Progress
+from pretrain.observe.trackers import check_installed
 from pretrain.checkpointing.resume_choice import ResumeChoice
 from pretrain.run_dir import DEEPSPEED_CONFIG_FILE, RunDir, run_files
 from pretrain.observe.sample_audit import SampleAudit
@@ -50,6 +51,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     """Build every part of a run from its config and hand them to the trainer: the process group, the device's
     precision and peak, the data, the objective, the resume choice, the engine and the stateful parts around it."""
     quiet_libraries()
+    check_installed(cfg.train.report_to)
     # Before the data and the model, so that their memory and the loader workers forked later follow it.
     allocator = keep_freed_memory() if cfg.train.keep_freed_host_memory else None
     run_dir = RunDir(cfg.train.output_dir)

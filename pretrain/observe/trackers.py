@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any, Optional
 
 from core.atomic_files import write_text_atomic
 from core.errors import InputDataError, SetupError, one_line
+from pretrain.lifecycle.exit_status import EXIT_USER_ERROR
 from pretrain.observe.tracker_sender import SENDER_THREAD, TrackerSender
 from pretrain.run_dir import RunDir
 
@@ -197,6 +199,19 @@ class MlflowTracker(Tracker):
 BACKENDS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
+def _not_installed(name: str, why: str) -> str:
+    return (f"train.report_to has {name}, but its library is not installed ({why}); pip install "
+            f"{'wandb' if name == 'wandb' else 'mlflow-skinny sqlalchemy alembic'}")
+
+
+def check_installed(report_to: list[str]) -> None:
+    """Refuse a tracker whose library is not installed, on every rank before the model is built: only rank 0 opens
+    the trackers, and it would learn it after the build, its peers then ending as lost."""
+    for name in report_to:
+        if name in BACKENDS and importlib.util.find_spec(name) is None:
+            raise SetupError(_not_installed(name, f"no module named {name!r}"))
+
+
 class NotOpened(Exception):
     """A continued run's service did not open it (yet): the sender says why and tries again."""
 
@@ -265,8 +280,7 @@ class Trackers:
             try:
                 importlib.import_module(name)
             except ImportError as exc:
-                raise SetupError(f"train.report_to has {name}, but its library is not installed ({exc}); pip "
-                                 f"install {'wandb' if name == 'wandb' else 'mlflow-skinny sqlalchemy alembic'}") from exc
+                raise SetupError(_not_installed(name, str(exc))) from exc
         self.items: Optional[list[Tracker]] = None
         self.senders: dict[str, TrackerSender] = {}
         self.last_logged = -1  # the last step an earlier attempt sent to the runs this one continues
@@ -278,6 +292,8 @@ class Trackers:
         path = self.run_dir.tracker_ids
         try:
             saved = json.loads(path.read_text()) if path.is_file() else {}
+            if not isinstance(saved, dict):
+                raise ValueError(f"a JSON {type(saved).__name__}, not an object")
         except (ValueError, UnicodeDecodeError) as exc:  # written whole or not at all: damaged by hand or by the disk
             raise InputDataError(f"'{path}' is damaged ({exc}): it names the tracked runs this run continues; restore "
                                  "it, or remove it to start new ones") from None
@@ -297,11 +313,15 @@ class Trackers:
                 try:
                     items.append(backend(*args))
                 except backend.open_failures() as exc:  # anything else the library raises is a bug's traceback
+                    for opened in items:  # not left running, nor named in trackers.json: the next launch starts anew
+                        opened.close(EXIT_USER_ERROR)
                     raise SetupError(f"train.report_to has {name}, but it could not open its run ({one_line(exc)}); "
                                      f"{backend.hint}") from exc
             self.continued[name] = bool(saved.get(name))
-        if items:
-            write_text_atomic(path, json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n")
+        text = json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n"
+        if items and text != (path.read_text() if path.is_file() else None):
+            # Synced: a node lost a moment later must not leave it empty, which would stop the requeue.
+            write_text_atomic(path, text, fsync=True)
         return items
 
     def resumed(self, last_logged: int) -> None:

@@ -333,10 +333,11 @@ def test_a_row_logged_before_the_rewind_does_not_resend_the_redone_steps(tmp_pat
     # trackers.json damaged (by hand, or by the disk): one line naming it, not a JSONDecodeError's traceback.
     from core.errors import InputDataError
 
-    run.tracker_ids.write_text('{"mlflow": "' + run_id[:5])
-    with restored_environ(), pytest.raises(InputDataError, match=r"trackers.json' is damaged .* remove it to start"):
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-        Trackers(run, ["mlflow"], {"seed": 1}).open()
+    for damaged in ('{"mlflow": "' + run_id[:5], "[]\n"):  # cut short; JSON, but not the object of ids
+        run.tracker_ids.write_text(damaged)
+        with restored_environ(), pytest.raises(InputDataError, match=r"trackers.json' is damaged .* remove it to start"):
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+            Trackers(run, ["mlflow"], {"seed": 1}).open()
 
 
 def test_a_run_with_no_tracker_keeps_its_plain_logs(prepared, tmp_path):
@@ -361,7 +362,8 @@ def test_an_unknown_tracker_is_a_config_error(prepared, tmp_path):
 
 @pytest.mark.parametrize("backend, env, named", [
     ("wandb", {"WANDB_MODE": "online"}, "No API key configured"),  # a batch job on a node never logged in
-    ("mlflow", {"MLFLOW_TRACKING_URI": "file:{tmp}/mlruns"}, "filesystem tracking backend"),  # refused by MLflow 3
+    # Refused by MLflow 3, after W&B (offline) opened its run: that run is ended as failed, not left behind.
+    ("mlflow", {"MLFLOW_TRACKING_URI": "file:{tmp}/mlruns", "WANDB_MODE": "offline"}, "filesystem tracking backend"),
 ])
 def test_a_tracker_that_cannot_open_its_run_is_one_line(prepared, tmp_path, backend, env, named):
     """The tracker's service or settings refuse the run: one line naming the tracker, its library's reason and what to
@@ -374,11 +376,32 @@ def test_a_tracker_that_cannot_open_its_run_is_one_line(prepared, tmp_path, back
         proc = run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
                                     f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.micro_batch_size=4",
                                     "train.global_batch_size=8", "train.max_steps=2",
-                                    f"train.report_to=[tensorboard,{backend}]"], check=False)
+                                    f"train.report_to=[tensorboard,{'wandb,' if backend == 'mlflow' else ''}{backend}]"],
+                       check=False)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert len(errors) == 1 and f"train.report_to has {backend}, but it could not open its run" in errors[0], errors
     assert named in errors[0] and ("WANDB_API_KEY" if backend == "wandb" else "MLFLOW_TRACKING_URI") in errors[0]
+    if backend == "mlflow":
+        assert _wandb_exit_codes(tmp_path / "run", "*") == [2]
+        assert not (tmp_path / "run" / "trackers.json").exists()
+
+
+def test_a_tracker_whose_library_is_missing_is_refused_on_every_rank_before_the_model_is_built(prepared, tmp_path):
+    """MLflow not installed where the job runs: every rank says so in one line and exits 2 before it builds the model.
+    Before, only rank 0 learnt it, after the model and DeepSpeed were built, and its peers ended as lost (exit 76)."""
+    script = tmp_path / "without_mlflow.py"
+    script.write_text("import runpy, sys\nsys.modules['mlflow'] = None  # what a missing package looks like to imports\n"
+                      "sys.argv = ['pretrain', *sys.argv[1:]]\nrunpy.run_module('pretrain', run_name='__main__')\n")
+    proc = run_cli(str(script), ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+                                 f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.micro_batch_size=4",
+                                 "train.global_batch_size=8", "train.max_steps=1", "train.report_to=[mlflow]"],
+                   nproc=2, check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "peer lost" not in proc.stderr, proc.stderr[-3000:]
+    assert errors == ["error: train.report_to has mlflow, but its library is not installed (no module named 'mlflow'); "
+                      "pip install mlflow-skinny sqlalchemy alembic"] * 2, errors
+    assert "ZeRO stage" not in proc.stdout and "parameters" not in proc.stdout, proc.stdout[-3000:]
 
 
 def test_deepspeed_starts_without_mlflow_and_mlflow_still_imports():
