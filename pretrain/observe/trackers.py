@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Any, Optional
@@ -34,6 +35,9 @@ LOGGED_AT = "_timestamp"
 # At the end of a run (a preempted one's included, within its grace time): for the rows still waiting, then for the
 # tracked runs to be ended.
 CLOSE_ROWS_S, CLOSE_WAIT_S = 10.0, 15.0
+# A first launch's wait for a tracker's run to open (W&B's own init timeout): a library may retry for many minutes
+# (MLflow over HTTP to a host that drops packets: 7 tries of 120 s), while the other ranks wait at the first collective.
+FIRST_OPEN_S = 90.0
 
 
 def _not_from_a_sender(record: logging.LogRecord) -> bool:
@@ -258,6 +262,27 @@ class PendingTracker(Tracker):
         self._open().close(exit_code)
 
 
+def _open_within(backend: type[Tracker], args: tuple, seconds: float) -> Tracker:
+    """`backend(*args)`, refused in one line where it has not answered within `seconds` (then left to itself)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["tracker"] = backend(*args)
+        except BaseException as exc:  # raised again on the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"{SENDER_THREAD}{backend.name}-open", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise SetupError(f"train.report_to has {backend.name}, but its service did not open the run within {seconds:g} s "
+                         f"(its library may still be retrying); {backend.hint}")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["tracker"]
+
+
 class Trackers:
     """The trackers named in train.report_to (besides tensorboard, which the run logger writes itself).
 
@@ -311,7 +336,7 @@ class Trackers:
                 items.append(PendingTracker(backend, args, saved[name]))
             else:  # at a first launch the settings are suspect: a refusal stops it before its first step
                 try:
-                    items.append(backend(*args))
+                    items.append(_open_within(backend, args, FIRST_OPEN_S))
                 except backend.open_failures() as exc:  # anything else the library raises is a bug's traceback
                     for opened in items:  # not left running, nor named in trackers.json: the next launch starts anew
                         opened.close(EXIT_USER_ERROR)

@@ -677,6 +677,34 @@ def test_a_requeue_opens_its_tracked_run_off_the_training_path(tmp_path, monkeyp
     _assert_the_run_holds_steps_1_to_4_once(run, run.root)
 
 
+def test_a_first_launch_whose_tracker_service_does_not_answer_is_refused_in_time(tmp_path, monkeypatch):
+    """A first launch whose tracking service does not answer (a host that drops packets: MLflow's client retries it for
+    about 20 minutes) is refused in one line once the wait for the run is up, not after the other ranks' timeouts
+    ended the attempt as a crash, which each requeue repeated."""
+    import threading
+    import time
+
+    from pretrain.observe import trackers
+
+    answer = threading.Event()
+
+    class NoAnswer(trackers.MlflowTracker):
+        def __init__(self, *args) -> None:
+            answer.wait(30)
+            raise ConnectionError("no answer")
+
+    monkeypatch.setitem(trackers.BACKENDS, "mlflow", NoAnswer)
+    monkeypatch.setattr(trackers, "FIRST_OPEN_S", 0.5)
+    start = time.monotonic()
+    with pytest.raises(SetupError, match=r"train.report_to has mlflow, but its service did not open the run within "
+                                         r"0.5 s \(its library may still be retrying\); check MLFLOW_TRACKING_URI"):
+        trackers.Trackers(RunDir(tmp_path / "run"), ["mlflow"], {"seed": 1}).open()
+    took = time.monotonic() - start
+    answer.set()
+    assert took < 10, took
+    assert not RunDir(tmp_path / "run").tracker_ids.exists()
+
+
 def test_a_first_launch_whose_tracker_store_cannot_be_made_is_one_line(tmp_path):
     """No earlier attempt opened the run, so the settings are suspect: a store path MLflow cannot create (a file where
     its folder would be) is refused in one line naming the tracker, as a refused URI is; it was an OSError traceback."""
