@@ -66,6 +66,8 @@ class RunLogger:
             return
         line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
         to_stdout(line)  # a console that hung up (its SIGHUP may be a moment behind) takes no line: train.log does
+        if self._text.closed:  # after a close that raised (the run's error is recorded after it): stdout has the line
+            return
         try:
             self._text.write(line + "\n")
         except OSError as exc:  # the run folder's disk is full: stdout has the line, and the save says so in its own

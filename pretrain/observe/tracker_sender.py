@@ -130,7 +130,7 @@ class TrackerSender:
                 self._send(step, row)
             except BaseException as exc:  # the service's failure, or a bug: the run goes on either way
                 # A library's SystemExit (W&B patches sys.exit) would end this thread unsaid, and the rows pile up.
-                hint = self._final(exc) if isinstance(exc, Exception) else "the library stopped its sender (a bug)"
+                hint = self._hint(exc)
                 if hint is not None:  # the tracked run is gone, say: no try will ever take a row, nor end it
                     self._give_up(step, exc, hint)
                     return
@@ -140,8 +140,18 @@ class TrackerSender:
         if self._end is not None:
             try:
                 self._end()
-            except Exception as exc:  # the run's metrics are in metrics.jsonl: the service's failure ends nothing
-                self.said(f"{self.name}: could not end its tracked run ({self._detail(exc)})")
+            except BaseException as exc:  # the run's metrics are in metrics.jsonl: the service's failure ends nothing
+                hint = self._hint(exc)
+                self.said(f"{self.name}: could not end its tracked run ({self._detail(exc)}){': ' + hint if hint else ''}")
+
+    def _hint(self, exc: BaseException) -> Optional[str]:
+        """What the user does about a failure no later try mends, or None."""
+        if not isinstance(exc, Exception):  # a library's SystemExit (W&B patches sys.exit)
+            return "the library stopped its sender (a bug)"
+        try:
+            return self._final(exc)
+        except Exception:  # a classification that fails is no reason to stop sending
+            return None
 
     def _detail(self, exc: BaseException) -> str:
         """A refusal of the service's in one line (SQLAlchemy's quote their SQL), anything else (a bug, perhaps) with

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from core.atomic_files import write_text_atomic
 from core.errors import InputDataError, SetupError, one_line
+from core.process_life import to_stderr
 from pretrain.lifecycle.exit_status import EXIT_USER_ERROR
 from pretrain.observe.tracker_sender import SENDER_THREAD, TrackerSender
 from pretrain.run_dir import RunDir
@@ -161,9 +162,11 @@ class MlflowTracker(Tracker):
         if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
             return f"the tracking store does not hold the run (is MLFLOW_TRACKING_URI the first launch's?); {gone}"
         if "must be in the 'active' state" in str(exc):
-            return f"restore it (`mlflow runs restore --run-id` with the id above) for the next launch to continue it, or {gone}"
+            return (f"restore it (`mlflow runs restore --run-id` with the id above, MLFLOW_TRACKING_URI set to the run's "
+                    f"store) for the next launch to continue it, or {gone}")
         if "out-of-date database schema" in str(exc):
-            return "upgrade the store (`mlflow db upgrade URI`, after a backup) and requeue the job"
+            return ("the store's schema and this MLflow's differ: upgrade the older of the two (the store: `mlflow db "
+                    "upgrade URI`, after a backup) and requeue the job")
         return None
 
     def __init__(self, run_dir: RunDir, config: dict[str, Any], run_id: Optional[str], run_name: str) -> None:
@@ -208,12 +211,18 @@ def _not_installed(name: str, why: str) -> str:
             f"{'wandb' if name == 'wandb' else 'mlflow-skinny sqlalchemy alembic'}")
 
 
+# What each tracker imports to open a run: MLflow's SQL store needs SQLAlchemy and Alembic beside mlflow-skinny.
+NEEDS = {"wandb": ("wandb",), "mlflow": ("mlflow", "sqlalchemy", "alembic")}
+
+
 def check_installed(report_to: list[str]) -> None:
     """Refuse a tracker whose library is not installed, on every rank before the model is built: only rank 0 opens
     the trackers, and it would learn it after the build, its peers then ending as lost."""
     for name in report_to:
-        if name in BACKENDS and importlib.util.find_spec(name) is None:
-            raise SetupError(_not_installed(name, f"no module named {name!r}"))
+        for module in NEEDS.get(name, ()):
+            spec = importlib.util.find_spec(module)
+            if spec is None or spec.origin is None:  # no origin: a folder of that name (W&B's ./wandb), not the library
+                raise SetupError(_not_installed(name, f"no module named {module!r}"))
 
 
 class NotOpened(Exception):
@@ -257,9 +266,24 @@ class PendingTracker(Tracker):
         self._open().log(step, values)
 
     def close(self, exit_code: int = 0) -> None:
-        """End the run, opening it first where no row did (a launch that failed, or stopped, before its first new row
-        must still say so: the run would keep the last attempt's status, RUNNING after a lost node)."""
-        self._open().close(exit_code)
+        """End the run if it was opened; a launch that failed before its first new row opens it to say so (the run
+        would keep the last attempt's status, RUNNING after a lost node). One that stopped so early (a preemption's
+        grace time) leaves it as it was."""
+        if self.opened is not None or exit_code:
+            self._open().close(exit_code)
+
+
+def _end_opened(items: list[Tracker]) -> None:
+    """End as failed the runs a refused first launch opened (not those it continues: the next launch does), so that
+    none is left running; trackers.json is not written, so the next launch starts them anew. The refusal is the
+    error: a failure here is a warning."""
+    for tracker in items:
+        if isinstance(tracker, PendingTracker):
+            continue
+        try:
+            tracker.close(EXIT_USER_ERROR)
+        except Exception as exc:
+            to_stderr(f"warning: {tracker.name}: could not end the run it opened ({one_line(exc)})")
 
 
 def _open_within(backend: type[Tracker], args: tuple, seconds: float) -> Tracker:
@@ -288,10 +312,10 @@ class Trackers:
 
     Their runs open once the launch has committed to what it resumes (`open`, at the rewind): a launch refused before
     training (a branch whose checkpoint does not fit) opens none and leaves trackers.json as it was. The libraries are
-    imported at once, so that a missing one is refused before the model is built. Rows go out from a thread per
-    tracker (`TrackerSender`): a service that fails mid-run is said in the log, not raised, and a run that a requeue
-    continues is opened by its sender (`PendingTracker`), so that a service down or slow then delays that run's
-    opening, not the training.
+    imported at once (`check_installed` refused a missing one on every rank before the model was built). Rows go out
+    from a thread per tracker (`TrackerSender`): a service that fails mid-run is said in the log, not raised, and a
+    run that a requeue continues is opened by its sender (`PendingTracker`), so that a service down or slow then
+    delays that run's opening, not the training.
     """
 
     def __init__(self, run_dir: RunDir, report_to: list[str], config: dict[str, Any],
@@ -338,8 +362,7 @@ class Trackers:
                 try:
                     items.append(_open_within(backend, args, FIRST_OPEN_S))
                 except backend.open_failures() as exc:  # anything else the library raises is a bug's traceback
-                    for opened in items:  # not left running, nor named in trackers.json: the next launch starts anew
-                        opened.close(EXIT_USER_ERROR)
+                    _end_opened(items)
                     raise SetupError(f"train.report_to has {name}, but it could not open its run ({one_line(exc)}); "
                                      f"{backend.hint}") from exc
             self.continued[name] = bool(saved.get(name))

@@ -388,10 +388,11 @@ def test_a_tracker_that_cannot_open_its_run_is_one_line(prepared, tmp_path, back
 
 
 def test_a_tracker_whose_library_is_missing_is_refused_on_every_rank_before_the_model_is_built(prepared, tmp_path):
-    """MLflow not installed where the job runs: every rank says so in one line and exits 2 before it builds the model.
-    Before, only rank 0 learnt it, after the model and DeepSpeed were built, and its peers ended as lost (exit 76)."""
-    script = tmp_path / "without_mlflow.py"
-    script.write_text("import runpy, sys\nsys.modules['mlflow'] = None  # what a missing package looks like to imports\n"
+    """MLflow's SQL store not installed where the job runs (`pip install mlflow-skinny` alone): every rank says so in
+    one line and exits 2 before it builds the model. Before, only rank 0 learnt it, after the model and DeepSpeed were
+    built, and rank 1 waited for it for minutes."""
+    script = tmp_path / "without_sqlalchemy.py"
+    script.write_text("import runpy, sys\nsys.modules['sqlalchemy'] = None  # what a missing package looks like\n"
                       "sys.argv = ['pretrain', *sys.argv[1:]]\nrunpy.run_module('pretrain', run_name='__main__')\n")
     proc = run_cli(str(script), ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
                                  f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.micro_batch_size=4",
@@ -399,7 +400,7 @@ def test_a_tracker_whose_library_is_missing_is_refused_on_every_rank_before_the_
                    nproc=2, check=False)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "peer lost" not in proc.stderr, proc.stderr[-3000:]
-    assert errors == ["error: train.report_to has mlflow, but its library is not installed (no module named 'mlflow'); "
+    assert errors == ["error: train.report_to has mlflow, but its library is not installed (no module named 'sqlalchemy'); "
                       "pip install mlflow-skinny sqlalchemy alembic"] * 2, errors
     assert "ZeRO stage" not in proc.stdout and "parameters" not in proc.stdout, proc.stdout[-3000:]
 
@@ -703,6 +704,30 @@ def test_a_first_launch_whose_tracker_service_does_not_answer_is_refused_in_time
     answer.set()
     assert took < 10, took
     assert not RunDir(tmp_path / "run").tracker_ids.exists()
+
+
+def test_a_tracker_refused_beside_one_a_requeue_continues_leaves_that_run_alone(tmp_path, monkeypatch):
+    """MLflow added to report_to at a requeue (trackers.json names the W&B run only), with a URI MLflow refuses: one
+    line, exit 2, and the continued W&B run is neither opened nor ended by the refused launch (its next launch goes on
+    in it). Before, the refusal opened it, on the main thread, to end it as failed."""
+    from pretrain.observe import trackers
+
+    opened = []
+
+    class Counted(trackers.WandbTracker):
+        def __init__(self, *args) -> None:
+            opened.append(args)
+
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    run.tracker_ids.write_text(json.dumps({"name": "run", "wandb": "abc12345"}) + "\n")
+    monkeypatch.setitem(trackers.BACKENDS, "wandb", Counted)
+    with restored_environ():
+        os.environ["MLFLOW_TRACKING_URI"] = f"file:{tmp_path}/mlruns"
+        with pytest.raises(SetupError, match="train.report_to has mlflow, but it could not open its run"):
+            trackers.Trackers(run, ["wandb", "mlflow"], {"seed": 1}).open()
+    assert opened == []
+    assert json.loads(run.tracker_ids.read_text()) == {"name": "run", "wandb": "abc12345"}
 
 
 def test_a_first_launch_whose_tracker_store_cannot_be_made_is_one_line(tmp_path):

@@ -161,3 +161,15 @@ def test_a_library_that_raises_system_exit_stops_its_sender_said_and_the_run_goe
     assert len(said) == 1 and said[0].startswith("lib: will not send step 2 or any later row (Traceback"), said
     assert "SystemExit: 1" in said[0] and said[0].endswith("the library stopped its sender (a bug) (the rows are in "
                                                           "metrics.jsonl)"), said
+
+
+def test_an_end_that_raises_system_exit_is_said():
+    """Ending the tracked run is the library's call too: its SystemExit is said, not the thread's silent death."""
+    def end() -> None:
+        raise SystemExit(3)
+
+    sender = TrackerSender("lib", lambda step, row: None, end=end)
+    sender.stop(time.monotonic() + 5, time.monotonic() + 5)
+    said = sender.messages()
+    assert len(said) == 1 and said[0].startswith("lib: could not end its tracked run (Traceback"), said
+    assert said[0].endswith("SystemExit: 3): the library stopped its sender (a bug)"), said
