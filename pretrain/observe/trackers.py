@@ -42,7 +42,7 @@ FIRST_OPEN_S = 90.0
 
 
 def _not_from_a_sender(record: logging.LogRecord) -> bool:
-    return not record.threadName.startswith(SENDER_THREAD)
+    return not (record.threadName or "").startswith(SENDER_THREAD)  # (None where logging.logThreads is off)
 
 
 # The sender says a service's failure in one line, and its recovery: the libraries' own lines for each try it makes
@@ -152,7 +152,7 @@ class MlflowTracker(Tracker):
 
     @staticmethod
     def final(exc: BaseException) -> Optional[str]:
-        """The run deleted, a store that does not hold it (another tracking URI), a store whose schema is older than
+        """The run deleted, a store that does not hold it (another tracking URI), a store whose schema differs from
         this MLflow's."""
         from mlflow.exceptions import MlflowException
 
@@ -361,6 +361,9 @@ class Trackers:
             else:  # at a first launch the settings are suspect: a refusal stops it before its first step
                 try:
                     items.append(_open_within(backend, args, FIRST_OPEN_S))
+                except SetupError:  # no answer in time
+                    _end_opened(items)
+                    raise
                 except backend.open_failures() as exc:  # anything else the library raises is a bug's traceback
                     _end_opened(items)
                     raise SetupError(f"train.report_to has {name}, but it could not open its run ({one_line(exc)}); "
