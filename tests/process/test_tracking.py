@@ -62,8 +62,9 @@ def _wandb_rows(run: Path, run_id: str = "") -> tuple[set[str], dict[tuple[int, 
     return ids, rows
 
 
-def _wandb_run_records(run: Path, run_id: str) -> list:
-    """The `run` records of one W&B run's offline files (one per launch that opened it)."""
+def _wandb_run_records(run: Path, run_id: str, kind: str = "run") -> list:
+    """The `kind` records of one W&B run's offline files (`run`: one per launch that opened it; `exit`: one per launch
+    that ended it)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     records = []
@@ -71,7 +72,7 @@ def _wandb_run_records(run: Path, run_id: str) -> list:
         for raw in _wandb_records(path):
             record = pb.Record()
             record.ParseFromString(raw)
-            if record.WhichOneof("record_type") == "run":
+            if record.WhichOneof("record_type") == kind:
                 records.append(record)
     return records
 
@@ -158,16 +159,7 @@ def test_wandb_offline_and_mlflow_hold_the_metrics_rows_and_a_resume_continues_t
 
 def _wandb_exit_codes(run: Path, run_id: str) -> list[int]:
     """The exit codes W&B recorded for one run, one per launch that ended it, from its offline files."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    codes = []
-    for path in sorted(run.glob(f"wandb/offline-run-*/run-{run_id}.wandb")):
-        for raw in _wandb_records(path):
-            record = pb.Record()
-            record.ParseFromString(raw)
-            if record.WhichOneof("record_type") == "exit":
-                codes.append(record.exit.exit_code)
-    return codes
+    return [record.exit.exit_code for record in _wandb_run_records(run, run_id, "exit")]
 
 
 # Rank 0 of a run whose ranks all diverge: the others have nothing to end and exit at once, and their launcher (srun,
