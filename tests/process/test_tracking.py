@@ -77,6 +77,14 @@ def _wandb_run_records(run: Path, run_id: str, kind: str = "run") -> list:
     return records
 
 
+def _until(condition, deadline: float) -> None:
+    """Poll `condition` until it holds or time.monotonic() reaches `deadline` (the asserts after it say which)."""
+    import time
+
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _jsonl_rows(run: Path) -> dict[tuple[int, str], float]:
     rows = {}
     for line in RunDir(run).metrics.read_text().splitlines():
@@ -437,8 +445,7 @@ def test_a_tracker_whose_store_fails_mid_run_stalls_no_step_and_catches_up(tmp_p
         log.scalars(1, {"loss": 1.0}, "train")
         sender = log.trackers.senders["mlflow"]
         deadline = time.monotonic() + 60
-        while sender.waiting() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _until(lambda: not sender.waiting(), deadline)
         lock = sqlite3.connect(run.mlflow_db, isolation_level=None)
         lock.execute("BEGIN EXCLUSIVE")
         took = []
@@ -446,14 +453,12 @@ def test_a_tracker_whose_store_fails_mid_run_stalls_no_step_and_catches_up(tmp_p
             start = time.monotonic()
             log.scalars(step, {"loss": float(step)}, "train")
             took.append(time.monotonic() - start)
-        while not sender.failing() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _until(sender.failing, deadline)
         log.scalars(5, {"loss": 5.0}, "validation")  # a row that waits behind the failed ones
         released = time.time()
         lock.execute("COMMIT")
         lock.close()
-        while sender.waiting() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _until(lambda: not sender.waiting(), deadline)
         log.scalars(6, {"loss": 6.0}, "train")
         log.close()
     assert max(took) < 2.0, took  # MLflow's lock wait is 20 s
@@ -544,12 +549,10 @@ def test_a_requeue_whose_tracker_store_is_down_trains_on_and_sends_once_the_stor
         log.rewind(2)
         log.scalars(3, {"loss": 3.0}, "train")
         sender, deadline = log.trackers.senders["mlflow"], time.monotonic() + 60
-        while not sender.failing() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _until(sender.failing, deadline)
         store.unlink()
         away.rename(store)
-        while sender.waiting() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _until(lambda: not sender.waiting(), deadline)
         log.scalars(4, {"loss": 4.0}, "train")
         log.close()
     text = run.text_log.read_text()
@@ -581,12 +584,10 @@ def test_a_requeue_whose_tracker_store_is_locked_trains_on_and_sends_once_it_is_
         assert [type(t) for t in log.trackers.items] == [PendingTracker]
         log.scalars(3, {"loss": 3.0}, "train")
         sender, deadline = log.trackers.senders["mlflow"], time.monotonic() + 90
-        while not sender.failing() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _until(sender.failing, deadline)
         lock.execute("COMMIT")
         lock.close()
-        while sender.waiting() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _until(lambda: not sender.waiting(), deadline)
         log.scalars(4, {"loss": 4.0}, "train")
         log.close()
     text = run.text_log.read_text()
@@ -624,8 +625,7 @@ def test_a_requeue_whose_tracked_run_was_deleted_says_what_to_do_once_and_stops_
         log.rewind(2)
         log.scalars(3, {"loss": 3.0}, "train")
         sender, deadline = log.trackers.senders["mlflow"], time.monotonic() + 60
-        while sender.waiting() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _until(lambda: not sender.waiting(), deadline)
         log.scalars(4, {"loss": 4.0}, "train")
         log.close()
     lines = [line for line in run.text_log.read_text().splitlines() if "mlflow" in line]
