@@ -5,6 +5,7 @@ They read Hugging Face folders only, never a run folder or a checkpoint: evaluat
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import asdict
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def _linear_probe(args: argparse.Namespace) -> int:
     with stops_deferred():
         from evaluation.checks import check_output, export_tokenizer
         from evaluation.config import LinearProbeConfig
-        from evaluation.linear_probe import check_layer, linear_probe
+        from evaluation.linear_probe import check_layer, linear_probe, metric_text
 
     cfg = _eval_config(LinearProbeConfig, args)
     if cfg.out:
@@ -62,9 +63,7 @@ def _linear_probe(args: argparse.Namespace) -> int:
     results = [linear_probe(model, cfg.task, cfg.data, cfg.layer, cfg.features, cfg.c_grid, cfg.folds, cfg.max_train_samples,
                             cfg.max_eval_samples, cfg.max_length, cfg.batch_size, cfg.seed) for model in cfg.model]
     for result in results:
-        # Every metric the task is scored with, on each split it is scored on (CoLA: Matthews; MNLI: matched and
-        # mismatched accuracy), as the majority class has them.
-        metrics = lambda r: " ".join(f"{m} {r[m]:.4f}" for m in result["majority_baseline"])  # noqa: E731
+        metrics = functools.partial(metric_text, names=result["majority_baseline"])  # the majority class has them all
         counts = "".join(f" + {n} {name}" for name, n in result.get("also_scored_examples", {}).items())
         print(f"{result['model']}: " + ", ".join(f"{name} {metrics(r)}" for name, r in result["probes"].items())
               + f" (majority class {metrics(result['majority_baseline'])}; {result['train_examples']} train / "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -217,7 +217,12 @@ def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = 
         from evaluation.results_files import write_results_json
 
         write_results_json(out, result)
-    log.info("%s on %s: %s", model_dir, task, ", ".join(f"{n} " + " ".join(f"{m} {r[m]:.4f}" for m in majority)
-                                                      for n, r in results.items()))
+    log.info("%s on %s: %s", model_dir, task, ", ".join(f"{n} {metric_text(r, majority)}" for n, r in results.items()))
     return result
+
+
+def metric_text(scores: dict[str, float], names: Iterable[str]) -> str:
+    """'NAME VALUE ...' for each metric a task is scored with, on each split it is scored on (CoLA: Matthews; MNLI:
+    matched and mismatched accuracy)."""
+    return " ".join(f"{name} {scores[name]:.4f}" for name in names)
 

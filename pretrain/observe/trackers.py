@@ -339,8 +339,9 @@ class Trackers:
     def _open(self) -> list[Tracker]:
         """Continue the runs trackers.json names, or, for a new train.resume_from branch, start runs of its own."""
         path = self.run_dir.tracker_ids
+        before = path.read_text() if path.is_file() else None
         try:
-            saved = json.loads(path.read_text()) if path.is_file() else {}
+            saved = json.loads(before) if before is not None else {}
             if not isinstance(saved, dict):
                 raise ValueError(f"a JSON {type(saved).__name__}, not an object")
         except (ValueError, UnicodeDecodeError) as exc:  # written whole or not at all: damaged by hand or by the disk
@@ -370,7 +371,7 @@ class Trackers:
                                      f"{backend.hint}") from exc
             self.continued[name] = bool(saved.get(name))
         text = json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n"
-        if items and text != (path.read_text() if path.is_file() else None):
+        if items and text != before:
             # Synced: a node lost a moment later must not leave it empty, which would stop the requeue.
             write_text_atomic(path, text, fsync=True)
         return items

@@ -173,16 +173,21 @@ def _wandb_exit_codes(run: Path, run_id: str) -> list[int]:
 # Rank 0 of a run whose ranks all diverge: the others have nothing to end and exit at once, and their launcher (srun,
 # torchrun) then terminates rank 0 while it ends its tracked runs.
 TERMINATED_WHILE_CLOSING = """
-import os, runpy, signal, sys
+import os, signal
 from pretrain.observe import trackers
 close = trackers.Trackers.close
 def terminated_while_closing(self, exit_code=0):
     os.kill(os.getpid(), signal.SIGTERM)
     close(self, exit_code)
 trackers.Trackers.close = terminated_while_closing
-sys.argv = ["pretrain", *sys.argv[1:]]
-runpy.run_module("pretrain", run_name="__main__")
 """
+
+
+def _pretrain_after(prelude: str, path: Path) -> str:
+    """A script at `path` that runs `prelude`, then `python -m pretrain` with the script's arguments; its path."""
+    path.write_text(prelude + '\nimport runpy, sys\nsys.argv = ["pretrain", *sys.argv[1:]]\n'
+                    'runpy.run_module("pretrain", run_name="__main__")\n')
+    return str(path)
 
 
 def test_a_run_that_diverges_sends_its_last_rows_and_ends_its_tracked_runs_as_failed(prepared, tmp_path):
@@ -193,8 +198,8 @@ def test_a_run_that_diverges_sends_its_last_rows_and_ends_its_tracked_runs_as_fa
     it into a terminated rank (exit 143, no error line)."""
     import mlflow
 
-    run, status, script = tmp_path / "run", tmp_path / "status", tmp_path / "terminated_while_closing.py"
-    script.write_text(TERMINATED_WHILE_CLOSING)
+    run, status = tmp_path / "run", tmp_path / "status"
+    script = _pretrain_after(TERMINATED_WHILE_CLOSING, tmp_path / "terminated_while_closing.py")
     args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={run}",
             *TINY_MODEL, "train.micro_batch_size=4", "train.global_batch_size=8", "train.max_steps=6",
             "train.eval_every=0", "train.log_every=1", "optimizer.lr=1e30", "train.report_to=[wandb,mlflow]"]
@@ -202,7 +207,7 @@ def test_a_run_that_diverges_sends_its_last_rows_and_ends_its_tracked_runs_as_fa
         os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "tests",
                            "MLFLOW_EXPERIMENT_NAME": "tests", "PRETRAIN_STATUS_DIR": str(status)})
         os.environ.pop("MLFLOW_TRACKING_URI", None)
-        proc = run_cli(str(script), args, check=False)
+        proc = run_cli(script, args, check=False)
     assert proc.returncode == 4 and "error: training diverged at step" in proc.stderr, proc.stderr[-3000:]
     assert "terminated" not in proc.stderr, proc.stderr[-3000:]
     record = json.loads((status / "rank0.json").read_text())
@@ -391,10 +396,9 @@ def test_a_tracker_whose_library_is_missing_is_refused_on_every_rank_before_the_
     """MLflow's SQL store not installed where the job runs (`pip install mlflow-skinny` alone): every rank says so in
     one line and exits 2 before it builds the model. Before, only rank 0 learnt it, after the model and DeepSpeed were
     built, and rank 1 waited for it for minutes."""
-    script = tmp_path / "without_sqlalchemy.py"
-    script.write_text("import runpy, sys\nsys.modules['sqlalchemy'] = None  # what a missing package looks like\n"
-                      "sys.argv = ['pretrain', *sys.argv[1:]]\nrunpy.run_module('pretrain', run_name='__main__')\n")
-    proc = run_cli(str(script), ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+    script = _pretrain_after("import sys\nsys.modules['sqlalchemy'] = None  # what a missing package looks like",
+                             tmp_path / "without_sqlalchemy.py")
+    proc = run_cli(script, ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
                                  f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.micro_batch_size=4",
                                  "train.global_batch_size=8", "train.max_steps=1", "train.report_to=[mlflow]"],
                    nproc=2, check=False)
