@@ -27,8 +27,9 @@ def is_temporary(path: Path) -> bool:
 
 
 def write_text_atomic(path: Path, text: str, fsync: bool = False, replace: bool = True) -> bool:
-    """Write a text file under a temporary name and rename it into place (fsync first when asked); with `replace`
-    False, only where no such file is (one already there stays); whether it was written."""
+    """Write a text file under a temporary name and rename it into place (with `fsync`, the file before the rename and
+    its folder after it); with `replace` False, only where no such file is (one already there stays); whether it was
+    written."""
     path = Path(path)
     # A name of this writer's own: two processes writing one file (the leaders of several nodes recording a shared
     # dataset's checks) would otherwise rename each other's temporary file away, and the second rename fail.
@@ -42,6 +43,8 @@ def write_text_atomic(path: Path, text: str, fsync: bool = False, replace: bool 
                 os.fsync(fh.fileno())
         if replace:
             tmp.replace(path)
+            if fsync:
+                fsync_folder(path.parent)
             return True
         try:
             os.link(tmp, path)  # unlike a rename, refused where the name exists, and as atomic
@@ -50,13 +53,39 @@ def write_text_atomic(path: Path, text: str, fsync: bool = False, replace: bool 
         except OSError as exc:
             if exc.errno not in NO_HARD_LINKS:
                 raise
-            return _claim_then_rename(tmp, path)
+            written = _claim_then_rename(tmp, path)
+        else:
+            written = True
         finally:
             tmp.unlink(missing_ok=True)
-        return True
+        if written and fsync:
+            fsync_folder(path.parent)
+        return written
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries to stable storage: a rename (or a new file) in it survives a crash of the machine
+    only once the folder itself is synced, not the file alone."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Flush every file and folder under `folder`, the folder, and its entry in the folder above to stable storage."""
+    for path in sorted(Path(folder).rglob("*"), reverse=True):  # a folder's own entries before the folder
+        if path.is_dir():
+            fsync_folder(path)
+        elif path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    fsync_folder(folder)
+    fsync_folder(Path(folder).parent)
 
 
 # What link(2) answers on a file system without hard links (some FUSE mounts of object storage, SMB): EPERM,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -15,25 +14,12 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import torch
 
 from core import distributed as dist
-from core.atomic_files import room_refusal, write_text_atomic
+from core.atomic_files import fsync_tree, room_refusal, write_text_atomic
 from core.errors import CheckpointError, NoSpaceError, refused_for_room
 from pretrain.checkpointing.checkpoint_dir import COMPLETE, LATEST, CheckpointDir, file_manifest, tag_for, universal_tag
 
 if TYPE_CHECKING:  # annotations only: deepspeed is imported where an engine is built
     from deepspeed import DeepSpeedEngine
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file of a checkpoint (and the folder entries) to stable storage."""
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save(engine: DeepSpeedEngine, ckpt_dir: Path, step: int, client_state: dict[str, Any], keep_last: int,
@@ -56,7 +42,7 @@ def save(engine: DeepSpeedEngine, ckpt_dir: Path, step: int, client_state: dict[
         with _named_if_no_room(ckpt_dir, tag):
             for name, text in (run_files or {}).items():
                 write_text_atomic(ckpt_dir / tag / name, text)
-            _fsync_tree(ckpt_dir / tag)  # a marked checkpoint must survive a crash of the machine
+            fsync_tree(ckpt_dir / tag)  # a marked checkpoint must survive a crash of the machine
             # Sizes and hashes let a resume tell a damaged copy (a full disk, a bad transfer) from a good one.
             marker = {"step": step, "time": time.time(), "files": file_manifest(ckpt_dir / tag)}
             write_text_atomic(ckpt_dir / tag / COMPLETE, json.dumps(marker) + "\n", fsync=True)

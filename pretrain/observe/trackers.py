@@ -372,7 +372,8 @@ class Trackers:
             self.continued[name] = bool(saved.get(name))
         text = json.dumps({**saved, **{t.name: t.run_id for t in items}}, indent=2) + "\n"
         if items and text != before:
-            # Synced: a node lost a moment later must not leave it empty, which would stop the requeue.
+            # Synced, file and rename: a node lost a moment later must leave it whole and named, or the requeue would
+            # stop on an empty file or open new runs beside these.
             write_text_atomic(path, text, fsync=True)
         return items
 

@@ -143,3 +143,57 @@ def test_debris_of_a_dead_writer_on_this_host_goes_and_nothing_else(tmp_path):
         (folder / "part").mkdir(parents=True)
     assert remove_debris(tmp_path, ".out.tmp-") == [gone]
     assert not gone.exists() and all(folder.is_dir() for folder in kept)
+
+
+def _record_fsyncs(monkeypatch, target: Path) -> list[tuple[str, str | None]]:
+    """os.fsync, still called, recording each call as (what it synced: 'file' or the folder's path, `target`'s text
+    at that moment, or None where it is not there yet)."""
+    import stat
+
+    calls: list[tuple[str, str | None]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        synced = os.readlink(f"/proc/self/fd/{fd}") if stat.S_ISDIR(st.st_mode) else "file"
+        calls.append((synced, target.read_text() if target.exists() else None))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return calls
+
+
+@pytest.mark.parametrize("replace", [True, False])
+def test_a_synced_write_syncs_its_folder_after_the_rename(tmp_path, monkeypatch, replace):
+    """With fsync, the rename is made durable too (the folder synced once the new name is in it): a machine crash after
+    the call returned must not bring back the old text, or no file, where a later launch reads it (trackers.json, a
+    checkpoint's COMPLETE marker)."""
+    target = tmp_path / "trackers.json"
+    calls = _record_fsyncs(monkeypatch, target)
+    assert write_text_atomic(target, '{"name": "run"}\n', fsync=True, replace=replace) is True
+    assert calls == [("file", None), (str(tmp_path), '{"name": "run"}\n')]
+    calls.clear()
+    write_text_atomic(target, "unsynced\n", replace=True)
+    assert calls == []  # without fsync, nothing is synced
+    _no_hard_links(monkeypatch, errno.ENOTSUP)  # the claim-then-rename way
+    target.unlink()
+    assert write_text_atomic(target, "claimed\n", fsync=True, replace=False) is True
+    assert calls == [("file", None), (str(tmp_path), "claimed\n")]
+
+
+def test_a_synced_tree_syncs_each_folder_after_its_entries_and_the_folder_that_holds_it(tmp_path, monkeypatch):
+    """A checkpoint is marked complete only after its files, its folders, and its own name in the checkpoints folder
+    are on stable storage (the folder a save created is otherwise lost in a crash, marker and all)."""
+    from core.atomic_files import fsync_tree
+
+    tag = tmp_path / "ckpts" / "step_00000010"
+    (tag / "zero").mkdir(parents=True)
+    for name in ("mp_rank_00_model_states.pt", "zero/optim_states.pt"):
+        (tag / name).write_bytes(b"x" * 10)
+    calls = _record_fsyncs(monkeypatch, tag / "marker")
+    fsync_tree(tag)
+    synced = [what for what, _ in calls]
+    assert synced.count("file") == 2 and len(synced) == 5, synced
+    folders = [what for what in synced if what != "file"]
+    assert folders == [str(tag / "zero"), str(tag), str(tag.parent)]
+    assert synced.index(str(tag / "zero")) == 1  # after zero/optim_states.pt, its one file, before the folder above
