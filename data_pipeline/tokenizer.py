@@ -23,6 +23,24 @@ SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 SPM_FILE = "spm.model"
 
 
+# sentencepiece's own default: a longer sentence is skipped whole, without error (its one warning is below the log
+# level it is given here). Lines are cut to fit instead.
+MAX_SENTENCE_BYTES = 4192
+
+
+def sentence_pieces(line: str, limit: int = MAX_SENTENCE_BYTES) -> list[str]:
+    """`line` cut into pieces of at most `limit` UTF-8 bytes, at the last whitespace that fits (a word longer than
+    that at a character boundary), so that sentencepiece skips none of its text."""
+    pieces = []
+    while len(line.encode("utf-8")) > limit:
+        head = line.encode("utf-8")[:limit].decode("utf-8", errors="ignore")  # whole characters only
+        cut = max(head.rfind(" "), head.rfind("\t"))
+        cut = cut if cut > 0 else len(head)
+        pieces.append(line[:cut])
+        line = line[cut:].lstrip()
+    return [*pieces, line] if line else pieces
+
+
 def train_sentencepiece(documents: Iterable[str], cfg: TokenizerConfig, seed: int = 0) -> bytes:
     """Train a sentencepiece model on (a bounded sample of) the documents; return the serialized model."""
     import sentencepiece as spm
@@ -31,8 +49,8 @@ def train_sentencepiece(documents: Iterable[str], cfg: TokenizerConfig, seed: in
     for i, doc in enumerate(documents):
         if i >= cfg.max_training_documents:
             break
-        # sentencepiece reads sentences; one line per sentence keeps its length limit from cutting text.
-        sample.extend(line for line in doc.splitlines() if line.strip())
+        # sentencepiece reads sentences: a line is one, cut to its length limit.
+        sample.extend(piece for line in doc.splitlines() if line.strip() for piece in sentence_pieces(line))
     if not sample:
         raise InputDataError("the corpus is empty: no document has any text to train a tokenizer on")
     model = io.BytesIO()
@@ -53,6 +71,7 @@ def train_sentencepiece(documents: Iterable[str], cfg: TokenizerConfig, seed: in
         eos_id=-1,
         control_symbols=[CLS, SEP, MASK],
         hard_vocab_limit=False,
+        max_sentence_length=MAX_SENTENCE_BYTES,
         num_threads=2,
         minloglevel=2,
     )

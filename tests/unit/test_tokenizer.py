@@ -54,6 +54,38 @@ def test_only_the_first_max_training_documents_train_it(tmp_path):
         assert any("Ω" in sp.id_to_piece(i) for i in range(sp.get_piece_size())) is seen, bound
 
 
+def test_lines_past_sentencepieces_length_limit_train_it_whole(tmp_path):
+    """Documents of one long line each (JSON rows without newlines, CJK text at 3 bytes a character): sentencepiece
+    skips a sentence over its limit whole and says nothing, so the vocabulary came from the few short lines and the long
+    documents' own characters were [UNK]. Cut at whitespace instead, all of their text trains it; a corpus of long
+    lines only trains at all."""
+    import random
+
+    import sentencepiece as spm
+
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "kappa", "sigma", "Ωmega"]
+    long_docs = [" ".join(rng.choice(words) + rng.choice(["", "s", "ed", "ing"]) for _ in range(900))
+                 for _ in range(60)]
+    assert all(len(doc.encode("utf-8")) > 5000 and "\n" not in doc for doc in long_docs)
+    for docs in (long_docs + ["Zebra quokka yak."] * 5, long_docs):
+        sp = spm.SentencePieceProcessor(model_proto=train_sentencepiece(docs, TokenizerConfig(vocab_size=120)))
+        assert sp.get_piece_size() >= 40  # every piece the 28 word forms hold (17 from the short lines alone)
+        assert all(sp.unk_id() not in sp.encode(doc) for doc in long_docs[:5])
+
+
+def test_a_long_line_is_cut_at_whitespace_into_pieces_that_fit():
+    from data_pipeline.tokenizer import sentence_pieces
+
+    for line in (("word " * 2000).strip(), ("日本語 " * 1000).strip(), "x" * 9000 + " tail", "é" * 3000):
+        pieces = sentence_pieces(line, limit=1000)
+        assert all(0 < len(p.encode("utf-8")) <= 1000 for p in pieces), [len(p.encode("utf-8")) for p in pieces]
+        assert "".join(pieces).replace(" ", "") == line.replace(" ", "")  # nothing lost, no character split
+        if " " in line.strip() and not line.startswith("x"):
+            assert all(p == p.strip() for p in pieces)  # cut where the text has a space: every word whole
+    assert sentence_pieces("a short line") == ["a short line"]
+
+
 def test_lowercase(tmp_path):
     tok = _train(tmp_path, lowercase=True)
     assert tok("AND GOD SAID")["input_ids"] == tok("and god said")["input_ids"]
