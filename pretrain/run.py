@@ -67,8 +67,8 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     data = open_run_data(cfg.data, cfg.masking, cfg.train.micro_batch_size, cfg.train.seed,
                          bool(cfg.train.eval_every), spec.data_transform,
                          pin_memory=torch.cuda.is_available())  # the engine copies pinned batches with non_blocking
-    tokenizer = data.manifest["tokenizer"]
-    hf_config = model_config(cfg.model, tokenizer, data.manifest["seq_len"])
+    spec.check_data(data.manifest)
+    hf_config = model_config(cfg.model, data.manifest["tokenizer"], data.manifest["seq_len"])
     rank, world = dist.rank(), dist.world_size()
     seed_all(seed_for(cfg.train.seed))  # identical initial weights on every rank
     rng = RunRng(cfg.train.seed, rank, world)  # the streams from the first step on (started last, below)
@@ -81,7 +81,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     engine, engine_notes, ds_config = set_up_engine(cfg, objective, resumed)
     files[DEEPSPEED_CONFIG_FILE] = ds_config  # the run folder and every checkpoint keep the config DeepSpeed was given
     # Before any log: reading the validation batches for their unigram entropy may refuse the data.
-    validator = (Validator(engine, data.validation, cfg.train.eval_batches, world, tokenizer)
+    validator = (Validator(engine, data.validation, cfg.train.eval_batches, world, data.manifest["tokenizer"])
                  if data.validation is not None else None)
     loader, progress = data.train, Progress()
     log = RunLogger(run_dir, cfg.train.max_steps, enabled=rank == 0, report_to=tuple(cfg.train.report_to),

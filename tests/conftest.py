@@ -123,6 +123,12 @@ def prepared(tmp_path_factory, corpus_file) -> Path:
     return prepare_corpus(tmp_path_factory.mktemp("prepared") / "data", corpus_file)
 
 
+@pytest.fixture(scope="session")
+def document_data(tmp_path_factory, corpus_file) -> Path:
+    """The same, packed one document per row (DeCLUTR's data): the same tokenizer."""
+    return prepare_corpus(tmp_path_factory.mktemp("documents") / "data", corpus_file, "packing=document")
+
+
 PROCESS_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 

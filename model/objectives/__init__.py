@@ -69,6 +69,11 @@ class ObjectiveSpec:
         """The loader's per-sample transform: the masking itself, or the objective's views built around it."""
         return self.cls.wrap_masking(self.options, transform, pad_id, cls_id, sep_id)
 
+    def check_data(self, manifest: dict[str, Any]) -> None:
+        """Raise ConfigError when the prepared dataset (its manifest's packing and pair task) cannot train this
+        objective as configured."""
+        self.cls.check_data(self.options, manifest.get("packing", "full"), manifest.get("pair_task"))
+
     def build(self, config: PretrainedConfig, init_from: Optional[str] = None,
               mask_prob: float = MaskingConfig.mask_prob) -> Objective:
         """The objective around an encoder of this HF config (weights from init_from if set), trained on data masked

@@ -55,6 +55,11 @@ class Objective(nn.Module):
         """Raise ConfigError when these options cannot work with the model (EncoderConfig) and masking configs."""
 
     @classmethod
+    def check_data(cls, options: Any, packing: str, pair_task: Optional[str]) -> None:
+        """Raise ConfigError when data prepared with this `packing` (and `pair_task`, for pairs) cannot train with these
+        options: the run would learn another task than the one it names."""
+
+    @classmethod
     def wrap_masking(cls, options: Any, transform: SampleTransform, pad_id: int, cls_id: int,
                      sep_id: int) -> SampleTransform:
         """The loader's per-sample transform for this objective: the masking itself, or views built around it."""

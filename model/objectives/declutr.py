@@ -103,6 +103,15 @@ class Declutr(Objective):
             raise ConfigError("objective.name=declutr samples its own views: leave masking.crop_ratio unset")
 
     @classmethod
+    def check_data(cls, options: DeclutrOptions, packing: str, pair_task: Optional[str]) -> None:
+        """An anchor and its positives come from one document: rows packed across documents (full, pairs) would make
+        another document's span a positive."""
+        if packing != "document":
+            raise ConfigError(f"objective.name=declutr needs data prepared with packing=document (data.path has "
+                              f"packing={packing}: its rows cross documents, and a positive span would come from "
+                              "another one)")
+
+    @classmethod
     def wrap_masking(cls, options: DeclutrOptions, transform: SampleTransform, pad_id: int, cls_id: int,
                      sep_id: int) -> SampleTransform:
         """The loader's transform: sample the anchor and positives, then mask the anchor."""

@@ -51,6 +51,15 @@ def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return losses.sum() / (labels != IGNORE_INDEX).sum().clamp(min=1)
 
 
+def check_pair_data(key: str, pair_head: str, packing: str, pair_task: Optional[str]) -> None:
+    """Refuse data whose pair labels are not the task `pair_head` names (ConfigError naming `key` and the data's)."""
+    if pair_head == "none" or (packing == "pairs" and pair_task == pair_head):
+        return
+    has = f"packing={packing}" + (f" pair_task={pair_task}" if packing == "pairs" else "")
+    raise ConfigError(f"{key}={pair_head} needs data prepared with packing=pairs pair_task={pair_head} (data.path has "
+                      f"{has})")
+
+
 def pair_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """NSP / SOP: mean 2-way cross-entropy over the batch. logits [B, 2], labels [B] in {0, 1}."""
     return F.cross_entropy(at_least_fp32(logits), labels, reduction="mean")
@@ -166,6 +175,12 @@ class MaskedLM(Objective):
             having = [name for name in REGISTRY if backbone_for(name).has_pair_head]
             raise ConfigError(f"objective.mlm.pair_head={options.pair_head} needs model.architecture="
                               f"{' or '.join(having)} ({model.architecture} has no token types or pooler)")
+
+    @classmethod
+    def check_data(cls, options: MLMOptions, packing: str, pair_task: Optional[str]) -> None:
+        """A sentence-pair head learns the pair task the data was prepared with: NSP's labels under an SOP head would
+        train next-sentence prediction and log it as sop_loss."""
+        check_pair_data("objective.mlm.pair_head", options.pair_head, packing, pair_task)
 
     def terms(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """MLM loss (+ NSP/SOP loss) and accuracies."""

@@ -32,7 +32,7 @@ from model import flops
 from model.backbones import backbone_for
 from model.diagnostics import token_self_similarity
 from model.objectives.base import Batch, Objective
-from model.objectives.mlm import (at_least_fp32, at_positions, full_precision, pair_loss, prediction_index,
+from model.objectives.mlm import (at_least_fp32, at_positions, check_pair_data, full_precision, pair_loss, prediction_index,
                                   prediction_positions, sparse_mlm)
 
 if TYPE_CHECKING:  # the config section is read here, never built: no import cycle with model.encoder
@@ -140,6 +140,11 @@ class TaCL(Objective):
         if options.pair_head == "nsp" and model.architecture != "bert":  # the init_from folder's family, or refused
             raise ConfigError(f"objective.tacl.pair_head=nsp needs a BERT teacher ({model.architecture} has no NSP "
                               "head)")
+
+    @classmethod
+    def check_data(cls, options: TaCLOptions, packing: str, pair_task: Optional[str]) -> None:
+        """NSP learns from data prepared for it (pairs of NSP labels)."""
+        check_pair_data("objective.tacl.pair_head", options.pair_head, packing, pair_task)
 
     def train(self, mode: bool = True) -> "TaCL":
         """The teacher stays in eval mode (no dropout) whatever the trainer asks of the rest."""

@@ -37,13 +37,18 @@ CASES = [
     ("masking.strategy=span masking.count=exact", "masking.count=exact"),
     ("schedule.decay=wsd schedule.decay_fraction=0", "schedule.decay_fraction"),
     ("model.architecture=modernbert objective.mlm.pair_head=nsp", "needs model.architecture=bert"),
+    # The data's packing against the objective (the manifest is read once the process group has started).
+    ("objective.mlm.pair_head=sop", "objective.mlm.pair_head=sop needs data prepared with packing=pairs pair_task=sop "
+                                    "(data.path has packing=full)"),
+    ("objective.name=declutr", "objective.name=declutr needs data prepared with packing=document (data.path has "
+                               "packing=full"),
 ]
 # Checked after the process group starts: these run in a separate process (all in one, see the helper).
 NEEDS_PROCESS_GROUP = {"model.vocab_size", "400", "model.init_from", "/nonexistent/data", "optimizer.impl=torch",
                        "train.zero_stage=0", "train.offload_params=false",
                        "train.offload_optimizer=false", "masking.strategy=coco", "nope.json",
                        "'deepspeed_configs' is a folder; name the JSON file in it", "fewer than one batch",
-                       "needs model.architecture=bert"}
+                       "needs model.architecture=bert", *(expected for _, expected in CASES[-2:])}
 
 
 def _args(prepared, out, override):

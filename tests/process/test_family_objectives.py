@@ -46,11 +46,6 @@ def sop_data(tmp_path_factory, corpus_file):
     return prepare_corpus(tmp_path_factory.mktemp("sop") / "data", corpus_file, "packing=pairs", "pair_task=sop")
 
 
-@pytest.fixture(scope="module")
-def document_data(tmp_path_factory, corpus_file):
-    return prepare_corpus(tmp_path_factory.mktemp("documents") / "data", corpus_file, "packing=document")
-
-
 def _args(data: Path, out: Path, extra: list[str], stage: int, stop_after: int = 0, save_every: int = STEPS) -> list[str]:
     config = ["--config", "pretrain/configs/demo_mlm.yaml"]
     if extra[:1] == ["--config"]:  # a case trained from its own example config

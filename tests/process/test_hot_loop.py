@@ -51,7 +51,7 @@ def _teacher(overrides: list[str], folder) -> str:
 
 
 @pytest.fixture(scope="module")
-def reads(prepared, tmp_path_factory) -> dict:
+def reads(prepared, document_data, tmp_path_factory) -> dict:
     """Every objective trained 4 steps in one process (logging every 3: a window filling, its flush, then one the end
     cuts short) with its reads recorded."""
     base = tmp_path_factory.mktemp("reads")
@@ -60,7 +60,8 @@ def reads(prepared, tmp_path_factory) -> dict:
     runs = {name: [*common, f"train.output_dir={base / name}", "train.micro_batch_size=4", "train.global_batch_size=8",
                    "train.max_steps=4", "train.log_every=3", "train.save_every=4", "train.eval_every=4",
                    "train.eval_batches=1", f"objective.name={name}", *extra,
-                   *([f"model.init_from={teacher}"] if name == "tacl" else [])]
+                   *([f"model.init_from={teacher}"] if name == "tacl" else []),
+                   *([f"data.path={document_data}"] if name == "declutr" else [])]  # spans within one document
             for name, extra in OBJECTIVE_ARGS.items()}  # a later name wins
     (base / "runs.json").write_text(json.dumps(runs))
     run_cli("tests/helpers/count_host_reads.py", [str(base / "reads.json"), str(base / "runs.json")])

@@ -416,3 +416,55 @@ def test_a_config_path_that_is_a_folder_is_named_as_one(tmp_path):
         load_config(RunConfig, tmp_path, [])
     with pytest.raises(ConfigError, match=f"config file not found: {tmp_path / 'absent.yaml'}"):
         load_config(RunConfig, tmp_path / "absent.yaml", [])
+
+
+def _resolved(path: Path, *overrides: str):
+    from model.objectives import resolve_objective
+
+    cfg = load_config(RunConfig, path, list(overrides))
+    return resolve_objective(cfg.objective, cfg.model, cfg.masking)
+
+
+def _prepared_as(data_group: Path) -> dict:
+    """The manifest fields of the dataset a run config's data group names, from the prepare command its comment gives
+    (packing=full, demo.yaml's, where it names none)."""
+    command = next(line for line in data_group.read_text().splitlines() if "data_pipeline prepare" in line)
+    given = dict(word.split("=", 1) for word in command.replace(")", " ").split() if word.count("=") == 1)
+    packing = given.get("packing", "full")
+    return {"packing": packing, "pair_task": given.get("pair_task", "nsp") if packing == "pairs" else None}
+
+
+def test_data_packed_for_another_task_than_the_objectives_is_refused_naming_both():
+    """A sentence-pair head learns the pair task the data was prepared with (NSP labels under ALBERT's SOP head would
+    be next-sentence prediction logged as sop_loss), and DeCLUTR's positives come from the anchor's own document."""
+    configs = Path(__file__).resolve().parents[2] / "pretrain" / "configs"
+    nsp, sop = {"packing": "pairs", "pair_task": "nsp"}, {"packing": "pairs", "pair_task": "sop"}
+    full, document = {"packing": "full", "pair_task": None}, {"packing": "document", "pair_task": None}
+    refused = [
+        ("albert.yaml", (), nsp, "objective.mlm.pair_head=sop needs data prepared with packing=pairs pair_task=sop "
+                                 "(data.path has packing=pairs pair_task=nsp)"),
+        ("albert.yaml", (), full, "objective.mlm.pair_head=sop needs data prepared with packing=pairs pair_task=sop "
+                                  "(data.path has packing=full)"),
+        ("mlm_nsp.yaml", (), sop, "objective.mlm.pair_head=nsp needs data prepared with packing=pairs pair_task=nsp "
+                                  "(data.path has packing=pairs pair_task=sop)"),
+        ("tacl_minilm.yaml", ("model.init_from=.", "objective.tacl.pair_head=nsp", "model.architecture=bert"), document,
+         "objective.tacl.pair_head=nsp needs data prepared with packing=pairs pair_task=nsp (data.path has "
+         "packing=document)"),
+        ("declutr.yaml", (), full, "objective.name=declutr needs data prepared with packing=document (data.path has "
+                                   "packing=full: its rows cross documents"),
+        ("declutr.yaml", (), nsp, "objective.name=declutr needs data prepared with packing=document (data.path has "
+                                  "packing=pairs"),
+    ]
+    for name, overrides, manifest, said in refused:
+        with pytest.raises(ConfigError) as raised:
+            _resolved(configs / name, *overrides).check_data(manifest)
+        assert said in str(raised.value), (name, manifest, str(raised.value))
+    for name, manifest in [("albert.yaml", sop), ("mlm_nsp.yaml", nsp), ("declutr.yaml", document),
+                           ("demo_mlm.yaml", nsp), ("demo_mlm.yaml", document), ("spanbert.yaml", full)]:
+        _resolved(configs / name).check_data(manifest)  # no pair head: MLM reads pairs' tokens as any other
+    # Each shipped config against the dataset its data group's comment says to prepare: what it says works.
+    for path in sorted(configs.glob("*.yaml")):
+        if "tacl" in path.name:  # its data is the user's, prepared with the teacher's tokenizer
+            continue
+        groups = yaml.safe_load(path.read_text())["defaults"]
+        _resolved(path).check_data(_prepared_as(next(configs / f"{g}.yaml" for g in groups if g.startswith("data/"))))
