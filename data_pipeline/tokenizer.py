@@ -242,6 +242,39 @@ def tokenizer_ids(path: str | Path) -> dict:
             "special_ids": sorted({i for values in ids.values() for i in values})}
 
 
+def has_tokenizer(folder: str | Path) -> bool:
+    """Whether a folder holds a tokenizer's own files (a model folder may hold weights and config alone)."""
+    return any((Path(folder) / name).is_file() for name in ("tokenizer.json", "vocab.txt", SPM_FILE, "spiece.model",
+                                                            "tokenizer_config.json"))
+
+
+def vocabulary(path: str | Path) -> tuple[dict[str, int], dict]:
+    """A tokenizer folder's token -> id map (added tokens included) and its special ids (`tokenizer_ids`)."""
+    folder = Path(path)
+    ids = tokenizer_ids(folder)
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab(with_added_tokens=True), ids
+    return load_tokenizer(folder).get_vocab(), ids
+
+
+def vocabulary_difference(a: str | Path, b: str | Path) -> str | None:
+    """How two tokenizer folders map text to ids differently (the first difference found, named), or None when they
+    agree on every token's id and the special ids a model's embeddings and heads are trained with."""
+    (vocab_a, ids_a), (vocab_b, ids_b) = vocabulary(a), vocabulary(b)
+    for key in ("vocab_size", "pad_id", "cls_id", "sep_id", "mask_id"):
+        if ids_a[key] != ids_b[key]:
+            return f"{key} {ids_a[key]} against {ids_b[key]}"
+    moved = sorted(t for t in vocab_a.keys() & vocab_b.keys() if vocab_a[t] != vocab_b[t])
+    only = sorted(vocab_a.keys() ^ vocab_b.keys())
+    if moved:
+        return f"{len(moved)} token(s) with other ids ({moved[0]!r}: {vocab_a[moved[0]]} against {vocab_b[moved[0]]})"
+    if only:
+        return f"{len(only)} token(s) in one vocabulary only ({only[0]!r})"
+    return None
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Load a tokenizer folder with AutoTokenizer, offline, with a clear error when it is not one."""
     from transformers import AutoTokenizer

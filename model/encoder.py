@@ -12,6 +12,7 @@ from transformers import PretrainedConfig
 
 from core.config_io import coerce_value, field_types
 from core.errors import CheckpointError, ConfigError
+from data_pipeline.tokenizer import has_tokenizer, vocabulary_difference
 from model.backbones import REGISTRY, backbone_for
 from model.backbones.base import CONFIG_VALUE_ERRORS, Backbone, check_saved_config, family_keys, read_model_folder
 
@@ -184,13 +185,15 @@ def _check_data_fit(vocab: int, positions: Optional[int], expected_vocab: int, s
         raise ConfigError(f"the dataset's sequences are {seq_len} tokens but {where} has {positions} positions")
 
 
-def model_config(cfg: EncoderConfig, tokenizer: dict, seq_len: int) -> PretrainedConfig:
+def model_config(cfg: EncoderConfig, tokenizer: dict, seq_len: int,
+                 tokenizer_dir: Optional[Path] = None) -> PretrainedConfig:
     """The transformers config for this encoder (fresh, or `init_from`'s), checked against the tokenizer and data.
 
-    `tokenizer` is the data manifest's tokenizer entry (vocab_size and the special ids).
+    `tokenizer` is the data manifest's tokenizer entry (vocab_size and the special ids); `tokenizer_dir`, the
+    dataset's tokenizer folder, which an `init_from` folder's own tokenizer must agree with token for token.
     """
     if cfg.init_from:
-        return pretrained_config(cfg, tokenizer["vocab_size"], seq_len)
+        return pretrained_config(cfg, tokenizer["vocab_size"], seq_len, tokenizer_dir)
     vocab = tokenizer["vocab_size"]
     backbone = backbone_for(cfg.architecture)
     positions = _table_size(backbone, cfg.max_position_embeddings)
@@ -202,8 +205,10 @@ def model_config(cfg: EncoderConfig, tokenizer: dict, seq_len: int) -> Pretraine
     return config
 
 
-def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> PretrainedConfig:
-    """The config of the `init_from` folder (a registered family), checked against the tokenizer and data."""
+def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int,
+                      tokenizer_dir: Optional[Path] = None) -> PretrainedConfig:
+    """The config of the `init_from` folder (a registered family), checked against the tokenizer (and, where both
+    folders hold one, the dataset's tokenizer in `tokenizer_dir`) and the data."""
     path = Path(cfg.init_from)
     if not (path / "config.json").is_file():
         raise ConfigError(f"config key 'model.init_from': '{path}' is not a Hugging Face model folder (no config.json)")
@@ -223,8 +228,20 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int) -> Pret
     check_saved_config(config.to_dict(), f"config key 'model.init_from': '{path}'")
     _check_data_fit(config.vocab_size, _table_size(backbone, config.max_position_embeddings), vocab_size, seq_len,
                     f"'model.init_from' {path}")
+    if tokenizer_dir is not None and has_tokenizer(path):
+        _check_same_vocabulary(path, tokenizer_dir)
     config._attn_implementation = backbone.attention(config, cfg.attn_implementation)
     return config
+
+
+def _check_same_vocabulary(folder: Path, tokenizer_dir: Path) -> None:
+    """Refuse a starting folder whose tokenizer maps tokens to other ids than the dataset's: its embeddings (and a
+    teacher's) would read another vocabulary's ids, for the whole run, at the same vocabulary size."""
+    difference = vocabulary_difference(folder, tokenizer_dir)
+    if difference:
+        raise ConfigError(f"'model.init_from' {folder} has another tokenizer than the dataset's ({difference}): its "
+                          f"embeddings index the other one's ids; prepare the data with its tokenizer "
+                          f"(tokenizer.pretrained={folder})")
 
 
 def _table_size(backbone: Backbone, positions: int) -> Optional[int]:

@@ -8,14 +8,16 @@ import time
 import warnings
 
 import torch
+from transformers import PretrainedConfig
 
 from core import distributed as dist
 from core.config_io import config_to_dict
 from core.host_memory import keep_freed_memory
 from core.seeding import RunRng, seed_all, seed_for
-from data_pipeline.run_data import open_run_data
+from data_pipeline.dataset_dir import DatasetDir
+from data_pipeline.run_data import RunData, open_run_data
 from model.encoder import model_config
-from model.objectives import resolve_objective
+from model.objectives import ObjectiveSpec, resolve_objective
 from pretrain.checkpointing.checkpoint_manager import CheckpointManager
 from pretrain.config import RunConfig
 from pretrain.engine.ds_config import gradient_accumulation
@@ -47,6 +49,13 @@ def start_ranks(cfg: RunConfig) -> None:
     gradient_accumulation(cfg.train.global_batch_size, cfg.train.micro_batch_size, dist.world_size())
 
 
+def _encoder_config(cfg: RunConfig, spec: ObjectiveSpec, data: RunData) -> PretrainedConfig:
+    """The encoder's transformers config, checked against the data, which the objective has accepted first."""
+    spec.check_data(data.manifest)
+    return model_config(cfg.model, data.manifest["tokenizer"], data.manifest["seq_len"],
+                        DatasetDir(cfg.data.path).tokenizer)
+
+
 def build_trainer(cfg: RunConfig) -> Trainer:
     """Build every part of a run from its config and hand them to the trainer: the process group, the device's
     precision and peak, the data, the objective, the resume choice, the engine and the stateful parts around it."""
@@ -67,8 +76,7 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     data = open_run_data(cfg.data, cfg.masking, cfg.train.micro_batch_size, cfg.train.seed,
                          bool(cfg.train.eval_every), spec.data_transform,
                          pin_memory=torch.cuda.is_available())  # the engine copies pinned batches with non_blocking
-    spec.check_data(data.manifest)
-    hf_config = model_config(cfg.model, data.manifest["tokenizer"], data.manifest["seq_len"])
+    hf_config = _encoder_config(cfg, spec, data)
     rank, world = dist.rank(), dist.world_size()
     seed_all(seed_for(cfg.train.seed))  # identical initial weights on every rank
     rng = RunRng(cfg.train.seed, rank, world)  # the streams from the first step on (started last, below)

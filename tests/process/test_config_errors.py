@@ -212,3 +212,38 @@ def test_a_global_batch_the_launched_ranks_do_not_divide_is_refused_before_the_d
                for line in errors), errors
     run = tmp_path / "run"  # on a GPU machine the flight recorder's folder is made first; nothing else
     assert "Traceback" not in proc.stderr and not [p for p in run.glob("*") if p.name != "flight_recorder"]
+
+
+def test_a_start_folder_with_another_tokenizer_than_the_datas_is_refused_in_one_line(prepared, tmp_path):
+    """`model.init_from` with an export whose tokenizer maps tokens to other ids than the dataset's, at the same
+    vocabulary size: one line naming both and what to do, exit 2, before any model is built or any file written."""
+    import shutil
+
+    from transformers import BertConfig, BertForMaskedLM
+
+    from data_pipeline.dataset_dir import DatasetDir
+    from data_pipeline.shards import read_manifest
+
+    start = tmp_path / "start"
+    vocab = read_manifest(prepared)["tokenizer"]["vocab_size"]
+    BertForMaskedLM(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                               vocab_size=vocab, max_position_embeddings=64)).save_pretrained(start)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (DatasetDir(prepared).tokenizer / name).is_file():
+            shutil.copy(DatasetDir(prepared).tokenizer / name, start / name)
+    spec = json.loads((start / "tokenizer.json").read_text(encoding="utf-8"))
+    pieces = spec["model"]["vocab"]
+    pieces[50], pieces[51] = pieces[51], pieces[50]  # another vocabulary, as large, with the same special ids
+    (start / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    out = tmp_path / "run"
+    args = ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}", f"train.output_dir={out}",
+            "train.micro_batch_size=4", "model=pretrained", f"model.init_from={start}"]
+    proc = run_cli("pretrain", args, check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr[-3000:])
+    first = min(pieces[50][0], pieces[51][0])  # named first: in the start folder at 50 or 51, in the data's at the other
+    here = 50 if pieces[50][0] == first else 51
+    assert lines == [f"error: 'model.init_from' {start} has another tokenizer than the dataset's (2 token(s) with other "
+                     f"ids ({first!r}: {here} against {101 - here})): its embeddings index the other one's ids; prepare the "
+                     f"data with its tokenizer (tokenizer.pretrained={start})"], lines
+    assert not out.exists()

@@ -257,3 +257,57 @@ def test_a_folder_whose_weights_do_not_fill_its_config_is_refused_not_trained_fr
     with pytest.raises(CheckpointError, match=rf"^config key 'model.init_from': model '{untyped}': its config.json "
                                               "names no model_type"):
         model_config(EncoderConfig(init_from=untyped), {"vocab_size": 100}, 64)
+
+
+def _tokenizer(folder: Path) -> Path:
+    """A 120-piece sentencepiece tokenizer folder trained on the first KJV chapters."""
+    from conftest import kjv_chapters
+
+    from data_pipeline.config import TokenizerConfig
+    from data_pipeline.tokenizer import save_tokenizer, train_sentencepiece
+
+    cfg = TokenizerConfig(vocab_size=120, character_coverage=1.0)
+    save_tokenizer(train_sentencepiece(kjv_chapters(20), cfg), folder, model_max_length=64)
+    return folder
+
+
+def _with_pieces_swapped(tokenizer: Path, out: Path, a: int, b: int) -> Path:
+    """A copy of a tokenizer folder whose pieces `a` and `b` trade ids: as large, another vocabulary."""
+    import shutil
+
+    shutil.copytree(tokenizer, out)
+    spec = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (out / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    return out
+
+
+def test_a_folder_whose_tokenizer_is_not_the_datasets_is_refused_even_at_the_same_size(tmp_path):
+    """`model.init_from` (a warm start, TaCL's teacher) read another vocabulary's ids for the whole run where only the
+    sizes were compared: a folder that holds a tokenizer must map every token to the dataset's id."""
+    import shutil
+
+    from data_pipeline.tokenizer import tokenizer_ids
+
+    data_tokenizer = _tokenizer(tmp_path / "data_tokenizer")
+    ids = tokenizer_ids(data_tokenizer)
+    model = tmp_path / "model"
+    BertForMaskedLM(BertConfig(**{**SMALL, "vocab_size": ids["vocab_size"]})).save_pretrained(model)
+    config = EncoderConfig(init_from=str(model))
+    # No tokenizer in the folder: nothing to compare (the size still is).
+    assert model_config(config, ids, 64, data_tokenizer).vocab_size == ids["vocab_size"]
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (data_tokenizer / name).is_file():
+            shutil.copy(data_tokenizer / name, model / name)
+    assert model_config(config, ids, 64, data_tokenizer).vocab_size == ids["vocab_size"]  # its own tokenizer
+    other = _with_pieces_swapped(data_tokenizer, tmp_path / "other", 40, 90)
+    assert tokenizer_ids(other) == ids  # the same size and special ids: only the pieces' ids differ
+    with pytest.raises(ConfigError, match=rf"^'model.init_from' {re.escape(str(model))} has another tokenizer than the "
+                                          r"dataset's \(2 token\(s\) with other ids \('.+': \d+ against \d+\)\): its "
+                                          r"embeddings index the other one's ids; prepare the data with its tokenizer "
+                                          rf"\(tokenizer.pretrained={re.escape(str(model))}\)$"):
+        model_config(config, ids, 64, other)
+    moved_mask = _with_pieces_swapped(data_tokenizer, tmp_path / "moved_mask", ids["mask_id"], 60)
+    with pytest.raises(ConfigError, match=rf"\(mask_id {ids['mask_id']} against 60\)"):
+        model_config(config, ids, 64, moved_mask)
