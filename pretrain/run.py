@@ -14,6 +14,7 @@ from core import distributed as dist
 from core.config_io import config_to_dict
 from core.host_memory import keep_freed_memory
 from core.seeding import RunRng, seed_all, seed_for
+from data_pipeline.batches import EVAL_STREAM
 from data_pipeline.dataset_dir import DatasetDir
 from data_pipeline.run_data import RunData, open_run_data
 from model.encoder import model_config
@@ -89,8 +90,8 @@ def build_trainer(cfg: RunConfig) -> Trainer:
     engine, engine_notes, ds_config = set_up_engine(cfg, objective, resumed)
     files[DEEPSPEED_CONFIG_FILE] = ds_config  # the run folder and every checkpoint keep the config DeepSpeed was given
     # Before any log: reading the validation batches for their unigram entropy may refuse the data.
-    validator = (Validator(engine, data.validation, cfg.train.eval_batches, world, data.manifest["tokenizer"])
-                 if data.validation is not None else None)
+    validator = (Validator(engine, data.validation, cfg.train.eval_batches, world, data.manifest["tokenizer"],
+                           seed_for(cfg.train.seed, rank) ^ EVAL_STREAM) if data.validation is not None else None)
     loader, progress = data.train, Progress()
     log = RunLogger(run_dir, cfg.train.max_steps, enabled=rank == 0, report_to=tuple(cfg.train.report_to),
                     config=config_to_dict(cfg), branch=choice.branching_from)

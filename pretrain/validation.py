@@ -11,10 +11,14 @@ from pretrain.observe.metrics import MetricWindow
 
 
 class Validator:
-    """Mean metrics over `batches` validation batches, with the headline figures against the unigram entropy."""
+    """Mean metrics over `batches` validation batches, with the headline figures against the unigram entropy.
 
-    def __init__(self, engine: Engine, loader, batches: int, world: int, tokenizer: dict) -> None:
-        self.engine, self.loader, self.batches, self.world = engine, loader, batches, world
+    What an objective samples while it evaluates (ELECTRA's and COCO-LM's replacements, TACO's negatives) is drawn
+    from `seed` afresh at each evaluation, on generators forked from the training's: the figures are a function of
+    the weights alone, and training draws the same numbers whether or how often it is evaluated."""
+
+    def __init__(self, engine: Engine, loader, batches: int, world: int, tokenizer: dict, seed: int = 0) -> None:
+        self.engine, self.loader, self.batches, self.world, self.seed = engine, loader, batches, world, seed
         # What the validation loss is read against, from the same batches; it refuses data the model cannot read.
         self.unigram_entropy: Optional[float] = validation_unigram_entropy(loader, batches, tokenizer)
 
@@ -23,9 +27,14 @@ class Validator:
         """Evaluate the model now (dropout off), then put it back in training mode."""
         self.engine.eval()
         window = MetricWindow()
-        for _, batch in zip(range(self.batches), self.loader):
-            loss, metrics = self.engine.eval_step(to_device(batch, self.engine.device))
-            window.add({"loss": loss, **metrics})
+        device = self.engine.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+            torch.random.default_generator.manual_seed(self.seed)
+            if device.type == "cuda":
+                torch.cuda.default_generators[device.index or 0].manual_seed(self.seed)
+            for _, batch in zip(range(self.batches), self.loader):
+                loss, metrics = self.engine.eval_step(to_device(batch, device))
+                window.add({"loss": loss, **metrics})
         self.engine.train()
         out = window.take_means(self.world)
         return {**out, **headline(out, self.unigram_entropy)} if out else {}

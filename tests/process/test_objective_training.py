@@ -229,3 +229,22 @@ def test_tacl_from_real_minilm(corpus_file, tmp_path):
     assert torch.equal(module["student.cls.predictions.decoder.weight"], module["student.bert.embeddings.word_embeddings.weight"])
     rows = _losses(out)
     assert {"mlm_loss", "tacl_loss"} <= set(rows[0])
+
+
+@pytest.mark.parametrize("name", ["electra", "taco"])
+def test_validation_is_a_function_of_the_weights_and_leaves_trainings_draws_alone(prepared, tmp_path, name):
+    """ELECTRA's replacements and TACO's negatives are sampled while evaluating too: drawn from the training's own
+    generators, two evaluations of the same weights (learning rate 0) differed, and evaluating moved every later
+    training draw, so a resume with another train.eval_every did not train as the run it continued."""
+    runs = {every: tmp_path / f"every{every}" for every in (0, 2)}
+    train_runs_in_one_process([{"args": [*_args(prepared, out, OBJECTIVES[name], 2, 6), f"train.eval_every={every}",
+                                         "train.eval_batches=2", "optimizer.lr=0", "train.log_every=1"]}
+                               for every, out in runs.items()], tmp_path / "runs.json")
+    evaluations = RunDir(runs[2]).metric_rows("validation")
+    assert [row["step"] for row in evaluations] == [2, 4, 6]
+    measured = {key for key in evaluations[0] if key.startswith(("rtd_", "taco_", "tc_"))}
+    assert measured, evaluations[0]  # the sampled terms are there to compare
+    for row in evaluations[1:]:
+        assert {k: row[k] for k in measured} == {k: evaluations[0][k] for k in measured}, (row, evaluations[0])
+    losses = {every: [row["loss"] for row in RunDir(out).metric_rows("train")] for every, out in runs.items()}
+    assert len(losses[0]) == 6 and losses[0] == losses[2]  # every step's draws as without evaluations
