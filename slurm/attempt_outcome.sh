@@ -14,6 +14,18 @@
 EXIT_PREEMPTED=75  # pretrain/lifecycle/exit_status.py: a complete checkpoint is saved, run the same command again
 EXIT_PEER_LOST=76  # another rank died or hung: nothing saved by this attempt, the last complete checkpoint stands
 EXIT_INTERRUPTED=130  # a SIGINT (scancel --signal=INT): saved, then asked to stop, not to be requeued
+PROGRESS_FILE=checkpoint.json  # exit_status.py's PROGRESS_FILE: the attempt completed a checkpoint past its start
+
+# count_crashes JOB_STATUS ATTEMPT_DIR CRASHED: the job's crashes in a row without a new checkpoint, kept in
+# JOB_STATUS/crashes: none once the attempt whose status folder is ATTEMPT_DIR completed a checkpoint past the one it
+# started from, then one more if it CRASHED (1). MAX_CRASHES bounds a node that fails the job again and again, not
+# the unrelated node failures of a month-long run. Sets crashes.
+count_crashes() {
+    crashes=$(cat "$1/crashes" 2>/dev/null || echo 0)
+    if [ -f "$2/$PROGRESS_FILE" ]; then crashes=0; fi
+    if [ "$3" = 1 ]; then crashes=$(( crashes + 1 )); fi
+    echo "$crashes" > "$1/crashes"
+}
 
 attempt_outcome() {
     rc=$1

@@ -25,6 +25,7 @@ from pretrain.checkpointing.remote_checkpoints import Upload
 from pretrain.checkpointing.resume_choice import ResumeChoice
 from pretrain.config import RunConfig
 from pretrain.engine.deepspeed_engine import Engine
+from pretrain.lifecycle.exit_status import record_progress
 from pretrain.observe.logger import RunLogger
 from pretrain.observe.progress import Progress
 from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, RunDir
@@ -49,6 +50,7 @@ class CheckpointManager:
         self.last_save_time = time.time()
         self._upload: Optional[Upload] = None  # rank 0's upload in the background
         self._upload_save_s = 0.0  # the seconds its checkpoint took to save
+        self._started_at = 0  # the step this attempt started from (the resumed checkpoint's)
 
     # ---- when to save -----------------------------------------------------------------
     @property
@@ -118,6 +120,8 @@ class CheckpointManager:
                                           run_files={**self.run_files, META: json.dumps(meta) + "\n"})
         saved_s = time.perf_counter() - t0
         self.log.info(f"saved checkpoint {self.folder.tag(tag)} in {saved_s:.1f}s")
+        if self.rank == 0 and step > self._started_at:
+            self._record_progress(step)
         if self.choice.remote is not None and last:
             self._while_others_wait(lambda: self._end_upload(self._start_upload(tag, saved_s), None),
                                     f"uploading checkpoint {tag}", after=self.cfg.train.init_timeout_s)
@@ -127,6 +131,14 @@ class CheckpointManager:
         # when it ends), and where train.save_every_minutes counts from.
         self._longest_save = max(self._longest_save, time.perf_counter() - t0)
         self.last_save_time = time.time()
+
+    def _record_progress(self, step: int) -> None:
+        """Tell the batch script this attempt got past its start (its crash count restarts there); a status folder
+        that cannot take it costs the job a forgiven crash, not the run."""
+        try:
+            record_progress(step)
+        except OSError as exc:
+            self.log.info(f"warning: the attempt's progress could not be recorded in PRETRAIN_STATUS_DIR ({exc})")
 
     def _start_upload(self, tag: str, saved_s: float) -> Upload:
         """Rank 0 starts mirroring a saved checkpoint to the bucket."""
@@ -213,6 +225,7 @@ class CheckpointManager:
                               f"({', '.join(kept)}), but the loader's state keeps the checkpoint's: the sample order "
                               "resumes as it started (a new run takes the new values)")
         self.progress.load_state_dict(state)
+        self._started_at = self.progress.step
         if choice.previous_data is None:
             self.loader.load_state_dict(state["loader"])
             # streaming takes these from the state in the process that iterates; the next epoch's loader workers are

@@ -8,7 +8,9 @@ is not always the ranks' own (a rank killed by srun counts as 143). With PRETRAI
 sbatch sets it per attempt), each rank also writes rankN.json there: "running" with its host once it
 starts, then how it ended ("terminated": srun or SLURM ended it while it ran, after another task died).
 A rank still "running" after the step ended died without a word (killed, out of memory, aborted, its
-node lost): its host is the one to suspect.
+node lost): its host is the one to suspect. Rank 0 also writes checkpoint.json there once the attempt has completed a
+checkpoint past the one it started from: the sbatch then counts its crashes from there (MAX_CRASHES bounds crashes in
+a row without a new checkpoint, not over a month-long job's life).
 """
 from __future__ import annotations
 
@@ -76,6 +78,21 @@ def failed_peers() -> dict[int, dict]:
         if record.get("status") == "failed":
             found[int(rank)] = record
     return found
+
+
+PROGRESS_FILE = "checkpoint.json"  # slurm/attempt_outcome.sh reads it by this name
+
+
+def record_progress(step: int) -> None:
+    """Say, in the attempt's status folder, that it completed a checkpoint at `step`, later than the one it started
+    from (rank 0, after each such save); nothing without PRETRAIN_STATUS_DIR."""
+    path = status_file()
+    if path is None:
+        return
+    from core.atomic_files import write_text_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path.parent / PROGRESS_FILE, json.dumps({"step": step, "time": time.time()}) + "\n")
 
 
 def write_status(status: str, **fields: Any) -> None:

@@ -1,7 +1,9 @@
 """slurm/attempt_outcome.sh, which slurm/pretrain.sbatch sources: what an attempt came to, from srun's code, the ranks'
 status files (written here by the trainer's own write_status) and srun's messages. A rank's own failure is never
 requeued, even where the survivors' 76 is srun's code or the failing rank's status file could not be written."""
+import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -134,3 +136,55 @@ def test_an_attempt_slurm_ended_counts_as_a_preemption_only_where_its_ranks_save
     script = f'set -uo pipefail; source "{REPO}/slurm/attempt_outcome.sh"; saved_before_slurm_ended_it "$1"'
     proc = subprocess.run(["bash", "-c", script, "saved", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == (0 if saved else 1), (proc.returncode, proc.stderr)
+
+
+def _count_crashes(job: Path, attempt: Path, crashed: bool) -> int:
+    """pretrain.sbatch's count after an attempt (its status folder `attempt`): the crashes in a row it stops at."""
+    script = f'set -uo pipefail; source "{REPO}/slurm/attempt_outcome.sh"; count_crashes "$1" "$2" "$3"; echo "$crashes"'
+    proc = subprocess.run(["bash", "-c", script, "count", str(job), str(attempt), "1" if crashed else "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (job / "crashes").read_text().strip() == proc.stdout.strip()  # what the next attempt reads
+    return int(proc.stdout)
+
+
+def test_crashes_count_in_a_row_from_the_last_attempt_that_saved_past_its_start(tmp_path, monkeypatch):
+    """MAX_CRASHES bounds a node that fails the job again and again: a crash after an attempt that completed a
+    checkpoint past its start (written there by the trainer's rank 0: record_progress) counts as the first. Before,
+    the count was the job's whole life: a month-long job stopped at its second unrelated node failure."""
+    from pretrain.lifecycle.exit_status import record_progress
+
+    job = tmp_path / "job"
+    attempts = [job / f"attempt-{i}" for i in range(6)]
+    for folder in attempts:
+        folder.mkdir(parents=True)
+    monkeypatch.setenv("RANK", "0")
+    for folder in (attempts[2], attempts[3], attempts[4]):
+        monkeypatch.setenv("PRETRAIN_STATUS_DIR", str(folder))
+        record_progress(250)
+    assert json.loads((attempts[2] / "checkpoint.json").read_text())["step"] == 250
+    # A crash before any save; another (the cap of 2 reached); one after a save; a preemption that saved; a crash
+    # after a save again; one without.
+    steps = [(attempts[0], True), (attempts[1], True), (attempts[2], True), (attempts[3], False), (attempts[4], True),
+             (attempts[5], True)]
+    assert [_count_crashes(job, folder, crashed) for folder, crashed in steps] == [1, 2, 1, 0, 1, 2]
+
+
+def test_rank_0_records_progress_only_for_a_checkpoint_past_the_attempts_start(prepared, tmp_path, monkeypatch):
+    """What the count above reads, from real runs: a checkpoint the attempt completed past its start step is
+    recorded; a launch that resumes at max_steps (nothing to train) saves no new one and records nothing."""
+    from conftest import TINY_MODEL, run_cli
+
+    def launch(attempt: str, steps: int) -> Path:
+        folder = tmp_path / attempt
+        monkeypatch.setenv("PRETRAIN_STATUS_DIR", str(folder))  # as pretrain.sbatch sets it for each attempt
+        run_cli("pretrain", ["train", "--config", "pretrain/configs/demo_mlm.yaml", f"data.path={prepared}",
+                             f"train.output_dir={tmp_path / 'run'}", *TINY_MODEL, "train.micro_batch_size=4",
+                             "train.global_batch_size=4", f"train.max_steps={steps}", "train.save_every=2",
+                             "train.eval_every=0", "train.log_every=2"])
+        return folder / "checkpoint.json"
+
+    first, again, longer = launch("attempt-0", 4), launch("attempt-1", 4), launch("attempt-2", 6)
+    assert json.loads(first.read_text())["step"] == 4
+    assert not again.exists()
+    assert json.loads(longer.read_text())["step"] == 6
