@@ -31,14 +31,21 @@ MAX_SENTENCE_BYTES = 4192
 def sentence_pieces(line: str, limit: int = MAX_SENTENCE_BYTES) -> list[str]:
     """`line` cut into pieces of at most `limit` UTF-8 bytes, at the last whitespace that fits (a word longer than
     that at a character boundary), so that sentencepiece skips none of its text."""
-    pieces = []
-    while len(line.encode("utf-8")) > limit:
-        head = line.encode("utf-8")[:limit].decode("utf-8", errors="ignore")  # whole characters only
-        cut = max(head.rfind(" "), head.rfind("\t"))
-        cut = cut if cut > 0 else len(head)
-        pieces.append(line[:cut])
-        line = line[cut:].lstrip()
-    return [*pieces, line] if line else pieces
+    data = line.encode("utf-8")
+    pieces, start = [], 0
+    while len(data) - start > limit:
+        end = start + limit
+        while data[end] & 0xC0 == 0x80:  # a UTF-8 continuation byte: cutting here would split a character
+            end -= 1
+        cut = max(data.rfind(b" ", start + 1, end + 1), data.rfind(b"\t", start + 1, end + 1))
+        cut = cut if cut > start else end
+        pieces.append(data[start:cut].decode("utf-8"))
+        start = cut
+        while start < len(data) and data[start] in b" \t":
+            start += 1
+    if start < len(data):
+        pieces.append(data[start:].decode("utf-8"))
+    return pieces
 
 
 def train_sentencepiece(documents: Iterable[str], cfg: TokenizerConfig, seed: int = 0) -> bytes:
@@ -169,13 +176,14 @@ NEEDED = ("pad_token", "cls_token", "sep_token", "mask_token")
 def copy_pretrained_tokenizer(src: str, out_dir: Path) -> None:
     """Copy an existing tokenizer folder's tokenizer files after checking that it has the specials we need.
 
-    A folder with a tokenizer.json is read by the `tokenizers` library (tokenizer_ids); one without
-    (slow-only files) goes through AutoTokenizer, which converts and saves it.
+    A folder with a tokenizer.json that names its special tokens is copied as it is (tokenizer_ids reads it); one
+    without (slow-only files), or that leaves its specials to its class's defaults (a hub BERT folder), goes through
+    AutoTokenizer, which converts and saves it with them named.
     """
     src_dir = Path(src)
     if not src_dir.is_dir():
         raise MissingFileError(f"tokenizer folder not found: {src}")
-    if not (src_dir / "tokenizer.json").is_file():
+    if not (src_dir / "tokenizer.json").is_file() or any(name not in _special_tokens(src_dir) for name in NEEDED):
         tok = load_tokenizer(src_dir)
         missing = [name for name in NEEDED if getattr(tok, name) is None]
         if missing:
@@ -220,9 +228,7 @@ def tokenizer_ids(path: str | Path) -> dict:
     if not folder.is_dir():
         raise MissingFileError(f"tokenizer folder not found: {folder}")
     if not (folder / "tokenizer.json").is_file():
-        tok = load_tokenizer(folder)
-        return {"cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id, "vocab_size": len(tok), "pad_id": tok.pad_token_id,
-                "mask_id": tok.mask_token_id, "special_ids": sorted(set(tok.all_special_ids))}
+        return _loaded_ids(load_tokenizer(folder))
     from tokenizers import Tokenizer
 
     try:
@@ -230,9 +236,13 @@ def tokenizer_ids(path: str | Path) -> dict:
     except Exception as exc:  # the Rust library raises a bare Exception for an unreadable file
         raise InputDataError(f"'{folder / 'tokenizer.json'}' is not a tokenizer file the tokenizers library can read: {exc}") from exc
     specials = _special_tokens(folder)
-    missing = [name for name in NEEDED if name not in specials]
-    if missing:
-        raise InputDataError(f"tokenizer '{folder}' lacks {', '.join(missing)}; MLM-style pre-training needs them")
+    if any(name not in specials for name in NEEDED):
+        # Left to the tokenizer class's defaults (a hub BERT folder names none of its specials): AutoTokenizer's.
+        tok = load_tokenizer(folder)
+        missing = [name for name in NEEDED if getattr(tok, name) is None]
+        if missing:
+            raise InputDataError(f"tokenizer '{folder}' lacks {', '.join(missing)}; MLM-style pre-training needs them")
+        return _loaded_ids(tok)
     ids = {attr: [backend.token_to_id(t) for t in tokens] for attr, tokens in specials.items()}
     unknown = [f"{attr}={tok!r}" for attr, tokens in specials.items() for tok, i in zip(tokens, ids[attr]) if i is None]
     if unknown:
@@ -242,6 +252,12 @@ def tokenizer_ids(path: str | Path) -> dict:
             "special_ids": sorted({i for values in ids.values() for i in values})}
 
 
+def _loaded_ids(tok: PreTrainedTokenizerBase) -> dict:
+    """`tokenizer_ids` of a tokenizer AutoTokenizer loaded."""
+    return {"cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id, "vocab_size": len(tok), "pad_id": tok.pad_token_id,
+            "mask_id": tok.mask_token_id, "special_ids": sorted(set(tok.all_special_ids))}
+
+
 def has_tokenizer(folder: str | Path) -> bool:
     """Whether a folder holds a tokenizer's own files (a model folder may hold weights and config alone)."""
     return any((Path(folder) / name).is_file() for name in ("tokenizer.json", "vocab.txt", SPM_FILE, "spiece.model",
@@ -249,14 +265,10 @@ def has_tokenizer(folder: str | Path) -> bool:
 
 
 def vocabulary(path: str | Path) -> tuple[dict[str, int], dict]:
-    """A tokenizer folder's token -> id map (added tokens included) and its special ids (`tokenizer_ids`)."""
-    folder = Path(path)
-    ids = tokenizer_ids(folder)
-    if (folder / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab(with_added_tokens=True), ids
-    return load_tokenizer(folder).get_vocab(), ids
+    """A tokenizer folder's token -> id map (added tokens included) and its special ids, as AutoTokenizer loads it
+    (the specials a folder leaves to its class's defaults included)."""
+    tok = load_tokenizer(path)
+    return tok.get_vocab(), _loaded_ids(tok)
 
 
 def vocabulary_difference(a: str | Path, b: str | Path) -> str | None:

@@ -28,10 +28,13 @@ class Validator:
         self.engine.eval()
         window = MetricWindow()
         device = self.engine.device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+        gpu = []  # the GPU this rank draws on (the CPU's generator is always forked)
+        if device.type == "cuda":
+            gpu = [device.index if device.index is not None else torch.cuda.current_device()]
+        with torch.random.fork_rng(devices=gpu, device_type="cuda"):
             torch.random.default_generator.manual_seed(self.seed)
-            if device.type == "cuda":
-                torch.cuda.default_generators[device.index or 0].manual_seed(self.seed)
+            for index in gpu:
+                torch.cuda.default_generators[index].manual_seed(self.seed)
             for _, batch in zip(range(self.batches), self.loader):
                 loss, metrics = self.engine.eval_step(to_device(batch, device))
                 window.add({"loss": loss, **metrics})

