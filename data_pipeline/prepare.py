@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -64,9 +65,17 @@ def _names(cfg: PrepareConfig) -> list[str]:
 
 
 def _tokenizer_documents(cfg: PrepareConfig, parts: list[Part]) -> Iterator[str]:
-    """The sources' documents mixed one at a time by weight (the tokenizer trains on a prefix of them)."""
+    """The sources' documents mixed one at a time by weight (the tokenizer trains on the first
+    tokenizer.max_training_documents), each source's read as the first documents of every one of its parts: its share
+    of the bound spread over all of its files and parts, not drawn from the first ones (a corpus sorted by language,
+    topic or date would otherwise train the tokenizer on its beginning alone)."""
+    weights = [s.weight for s in cfg.sources]
+
     def open_source(i: int) -> Iterator[str]:
-        return chain.from_iterable(iter_part(cfg.sources[i], p, cfg.encoding_errors, ReadStats()) for p in parts if p.source == i)
+        own = [p for p in parts if p.source == i]
+        per_part = max(1, math.ceil(cfg.tokenizer.max_training_documents * weights[i] / sum(weights) / len(own)))
+        return chain.from_iterable(islice(iter_part(cfg.sources[i], p, cfg.encoding_errors, ReadStats()), per_part)
+                                   for p in own)
 
     stream = mix(open_source, [s.weight for s in cfg.sources], cfg.seed, cfg.mixture_stopping, _names(cfg))
     for count, (_, doc) in enumerate(stream):

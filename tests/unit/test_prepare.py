@@ -283,3 +283,23 @@ def test_a_vocabulary_the_corpus_cannot_fill_is_logged_at_its_real_size(tmp_path
     assert 100 < size < 20000 and json.loads(DatasetDir(out).manifest.read_text())["tokenizer"]["vocab_size"] == size
     assert f"trained a unigram tokenizer (vocab {size}) in " in caplog.text
     assert f"warning: tokenizer.vocab_size asked for 20000 tokens, but the corpus gave {size}" in caplog.text
+
+
+def test_the_tokenizer_trains_on_every_part_of_a_corpus_past_its_bound(tmp_path):
+    """A corpus of more documents than tokenizer.max_training_documents, sorted so that its later half holds a word
+    the first half lacks (files by language, topic or date): the tokenizer's sample is spread over every part, so
+    the later half's word is in the vocabulary; a prefix of the corpus, as before, left it [UNK]-bound pieces."""
+    import sentencepiece
+
+    early = kjv_chapters(40)
+    late = [chapter.replace("LORD", "Zyxwvut") + " Zyxwvut Zyxwvut" for chapter in kjv_chapters(80)[40:]]
+    src = tmp_path / "sorted.txt"
+    src.write_text("\n\n".join(early + late) + "\n", encoding="utf-8")
+    bound = len(early) // 2  # the prefix would hold early documents only
+    out = prepare(_cfg(tmp_path / "out", src, f"tokenizer.max_training_documents={bound}", "part_bytes=20000", "num_workers=1",
+                       "tokenizer.vocab_size=300"))
+    manifest = json.loads(DatasetDir(out).manifest.read_text())
+    assert manifest["parts"] >= 8, manifest["parts"]
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(DatasetDir(out).tokenizer / "spm.model"))
+    pieces = {sp.id_to_piece(i) for i in range(sp.get_piece_size())}
+    assert "Z" in pieces and any("yxw" in piece for piece in pieces), sorted(pieces)[:50]
