@@ -115,7 +115,7 @@ def write_part(shared: Shared, job: PartJob) -> dict[str, Any]:
     val_below = int(cfg.val_fraction * 2**64)
     packers = {s: _packer(cfg, shared.ids, job.index, s) for s in SPLITS}
     writers = {s: SplitWriter(tmp[s], packers[s].columns, token_dtype(shared.ids["vocab_size"]), cfg.compression,
-                              cfg.shard_size_limit) for s in SPLITS}
+                              cfg.shard_size_limit, shared.ids.get("unk_id")) for s in SPLITS}
     documents = {s: 0 for s in SPLITS}
     stats = ReadStats()
     docs = _numbered(shared, job, stats)

@@ -193,7 +193,9 @@ def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: st
     for split in SPLITS:
         (out_dir / split).mkdir(exist_ok=True)
         merge_indexes(out_dir / split, [part_name(j.index) for j in jobs])
-    counts = {s: {k: sum(r["splits"][s][k] for r in results) for k in ("sequences", "tokens", "documents")} for s in SPLITS}
+    # (`unknown_tokens`: absent from the parts an older version wrote, which a requeued array keeps.)
+    counts = {s: {k: sum(r["splits"][s].get(k, 0) for r in results)
+                  for k in ("sequences", "tokens", "documents", "unknown_tokens")} for s in SPLITS}
     read = {k: sum(r["read"][k] for r in results) for k in ("documents", "characters", "replaced_characters")}
     if read["documents"] == 0:
         raise InputDataError("the corpus is empty: no source yielded any text (" + ", ".join(_names(cfg)) + ")")
@@ -230,7 +232,22 @@ def _finish(cfg: PrepareConfig, out_dir: Path, plan: dict[str, Any], command: st
     log.info("prepared %d train / %d validation sequences (%d documents, %d tokens, %.1f MB of text, %d part(s))",
              counts["train"]["sequences"], counts["validation"]["sequences"], read["documents"],
              counts["train"]["tokens"] + counts["validation"]["tokens"], read["characters"] / 1e6, len(jobs))
+    _say_unknown_tokens(cfg, counts)
     return manifest
+
+
+UNKNOWN_SHARE_WARNED = 1e-3  # of the tokens: text the tokenizer cannot represent, which the model never sees
+
+
+def _say_unknown_tokens(cfg: PrepareConfig, counts: dict[str, dict[str, int]]) -> None:
+    """Warn when more than UNKNOWN_SHARE_WARNED of the tokens are [UNK], with what would keep that text."""
+    unknown = sum(c["unknown_tokens"] for c in counts.values())
+    tokens = sum(c["tokens"] for c in counts.values())
+    if tokens and unknown / tokens > UNKNOWN_SHARE_WARNED:
+        fix = ("a tokenizer made for this text" if cfg.tokenizer.pretrained else
+               "tokenizer.byte_fallback=true, or tokenizer.character_coverage=1.0")
+        log.info("warning: %d of the %d tokens (%.2f%%) are [UNK], text the tokenizer cannot represent and the model "
+                 "never sees; %s keeps it", unknown, tokens, 100 * unknown / tokens, fix)
 
 
 def _workers(cfg: PrepareConfig) -> int:

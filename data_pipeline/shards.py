@@ -22,12 +22,15 @@ def token_dtype(vocab_size: int) -> np.dtype:
 class SplitWriter:
     """Writes one split's samples to MDS shards (zstd or uncompressed, sha1 + xxh64 hashes)."""
 
-    def __init__(self, out_dir: Path, columns: dict[str, str], dtype: np.dtype, compression: str | None, size_limit: int) -> None:
+    def __init__(self, out_dir: Path, columns: dict[str, str], dtype: np.dtype, compression: str | None, size_limit: int,
+                 unknown_id: Optional[int] = None) -> None:
         from data_pipeline.mds import MDSShardWriter
 
         self.dtype = dtype
         self.sequences = 0
         self.tokens = 0
+        self.unknown_id = unknown_id  # the tokenizer's [UNK], counted: text the tokenizer could not represent
+        self.unknown = 0
         # Token arrays get the vocabulary's dtype; the other columns keep theirs.
         self.columns = {k: (f"ndarray:{dtype.name}" if k == "input_ids" else ("ndarray:uint8" if v == "ndarray" else v))
                         for k, v in columns.items()}
@@ -39,17 +42,21 @@ class SplitWriter:
         self._writer.write({**sample, "input_ids": ids})
         self.sequences += 1
         self.tokens += len(ids)
+        if self.unknown_id is not None:
+            self.unknown += int(np.count_nonzero(ids == self.unknown_id))
 
     def write_rows(self, rows: np.ndarray) -> None:
         """Append each row of a 2-D token array as one sample (a writer whose only column is input_ids)."""
         self._writer.write_rows(rows.astype(self.dtype, copy=False))
         self.sequences += len(rows)
         self.tokens += rows.size
+        if self.unknown_id is not None:
+            self.unknown += int(np.count_nonzero(rows == self.unknown_id))
 
     def close(self) -> dict[str, int]:
         """Finish the shards and index; return the split's counts."""
         self._writer.finish()
-        return {"sequences": self.sequences, "tokens": self.tokens}
+        return {"sequences": self.sequences, "tokens": self.tokens, "unknown_tokens": self.unknown}
 
 
 class CorruptShardError(InputDataError):

@@ -218,7 +218,8 @@ def _special_tokens(folder: Path) -> dict[str, list[str]]:
 
 
 def tokenizer_ids(path: str | Path) -> dict:
-    """The ids `prepare` records for a tokenizer folder (cls, sep, pad, mask, vocabulary size, every special id).
+    """The ids `prepare` records for a tokenizer folder (cls, sep, pad, mask, unk or None, vocabulary size, every
+    special id).
 
     Read with the `tokenizers` library when the folder has a tokenizer.json (a prepare run then never imports
     transformers, whose import is most of its serial start-up); otherwise through AutoTokenizer. Both give
@@ -248,14 +249,15 @@ def tokenizer_ids(path: str | Path) -> dict:
     if unknown:
         raise InputDataError(f"tokenizer '{folder}' names special tokens its vocabulary lacks: {', '.join(unknown)}")
     return {"cls_id": ids["cls_token"][0], "sep_id": ids["sep_token"][0], "pad_id": ids["pad_token"][0],
-            "mask_id": ids["mask_token"][0], "vocab_size": backend.get_vocab_size(with_added_tokens=True),
+            "mask_id": ids["mask_token"][0], "unk_id": ids.get("unk_token", [None])[0],
+            "vocab_size": backend.get_vocab_size(with_added_tokens=True),
             "special_ids": sorted({i for values in ids.values() for i in values})}
 
 
 def _loaded_ids(tok: PreTrainedTokenizerBase) -> dict:
     """`tokenizer_ids` of a tokenizer AutoTokenizer loaded."""
     return {"cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id, "vocab_size": len(tok), "pad_id": tok.pad_token_id,
-            "mask_id": tok.mask_token_id, "special_ids": sorted(set(tok.all_special_ids))}
+            "mask_id": tok.mask_token_id, "unk_id": tok.unk_token_id, "special_ids": sorted(set(tok.all_special_ids))}
 
 
 def has_tokenizer(folder: str | Path) -> bool:

