@@ -20,7 +20,7 @@ import torch
 
 from core.errors import ConfigError, InputDataError
 from evaluation.checks import check_output, export_tokenizer, usable_length
-from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task_splits, score
+from evaluation.tasks import LocalTaskOptions, TaskSpec, capped_splits, load_task_splits, score
 from model.backbones.base import LOAD_DTYPE, last_hidden_state_of, load_pretrained
 
 if TYPE_CHECKING:
@@ -133,10 +133,24 @@ def _build_model(model_dir: str, spec: TaskSpec):
     cls = AutoModelForTokenClassification if spec.kind == "token" else AutoModelForSequenceClassification
     # A task head of its own size (load_pretrained makes it fresh): a ModernBERT ELECTRA export carries a 1-label RTD
     # classifier.
-    kwargs = {"num_labels": spec.num_labels}
+    kwargs: dict[str, Any] = {"num_labels": spec.num_labels}
     if spec.num_labels == 1:
         kwargs["problem_type"] = "regression"
+    if _cls_first_xlnet(model_dir):
+        kwargs["summary_type"] = "first"  # batches pad on the right: the last token of a shorter row is padding
     return load_pretrained(cls, model_dir, dtype=LOAD_DTYPE, **kwargs)
+
+
+def _cls_first_xlnet(model_dir: str) -> bool:
+    """Whether this is an XLNet folder whose tokenizer puts [CLS] first (this project's exports, those written before
+    their config said so included), where XLNet's sequence summary would read the last token, as for its own
+    tokenizer's <cls>."""
+    from transformers import AutoConfig
+
+    if AutoConfig.from_pretrained(model_dir).model_type != "xlnet":
+        return False
+    tokenizer = export_tokenizer(model_dir)
+    return tokenizer("x")["input_ids"][0] == tokenizer.cls_token_id
 
 
 @torch.no_grad()
@@ -254,14 +268,14 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
     if out:
         check_output(out, overwrite)
     tokenizer = export_tokenizer(model_dir)
-    spec, train_rows, eval_rows, also_rows = load_task_splits(task, local or LocalTaskOptions(), seed=seeds[0])
+    # The held-out split and the capped subsets do not move with the training seeds (nor differ from the probe's).
+    spec, train_rows, eval_rows, also_rows = load_task_splits(task, local or LocalTaskOptions())
     if loss == "supervised-tacl" and spec.kind != "token":
         raise ConfigError("--loss supervised-tacl is for token classification (a json: task with --token-task)")
-    if max_train_samples:
-        train_rows = train_rows.select(range(min(max_train_samples, len(train_rows))))
-    if max_eval_samples:
-        eval_rows = eval_rows.select(range(min(max_eval_samples, len(eval_rows))))
-        also_rows = {name: rows.select(range(min(max_eval_samples, len(rows)))) for name, rows in also_rows.items()}
+    train_rows, eval_rows, also_rows = capped_splits(train_rows, eval_rows, also_rows, max_train_samples, max_eval_samples)
+    if spec.kind == "sequence" and spec.num_labels > 1 and len(set(train_rows[spec.label])) < 2:
+        raise InputDataError(f"the {len(train_rows)} training example(s) hold one class: a classifier needs two; give "
+                             "it more or other examples (--max-train-samples, the training file)")
     model_config = AutoConfig.from_pretrained(model_dir)
     hp = replace(recipe(recipe_name, model_config.hidden_size), **(overrides or {}))
     if usable_length(model_config, hp.max_length) < hp.max_length:

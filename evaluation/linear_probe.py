@@ -21,7 +21,7 @@ import torch
 
 from core.errors import ConfigError, InputDataError
 from evaluation.checks import check_output, export_tokenizer, usable_length
-from evaluation.tasks import LocalTaskOptions, TaskSpec, load_task_splits, score
+from evaluation.tasks import LocalTaskOptions, TaskSpec, capped_splits, load_task_splits, score
 from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states, load_pretrained
 
 log = logging.getLogger("pretrain.linear_probe")
@@ -187,14 +187,10 @@ def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = 
         raise ConfigError(f"unknown probe feature(s) {sorted(unknown)}: choose from {list(SEQUENCE_FEATURES)}")
     if out:
         check_output(out, overwrite)
-    spec, train_rows, eval_rows, also_rows = load_task_splits(task, local, seed=seed)
+    spec, train_rows, eval_rows, also_rows = load_task_splits(task, local)  # fine-tuning's split, whatever `seed`
     if spec.num_labels == 1:
         raise ConfigError(f"task '{task}' is a regression; a linear probe here is a classifier")
-    if max_train_samples:
-        train_rows = train_rows.shuffle(seed=seed).select(range(min(max_train_samples, len(train_rows))))
-    if max_eval_samples:
-        eval_rows = eval_rows.select(range(min(max_eval_samples, len(eval_rows))))
-        also_rows = {name: rows.select(range(min(max_eval_samples, len(rows)))) for name, rows in also_rows.items()}
+    train_rows, eval_rows, also_rows = capped_splits(train_rows, eval_rows, also_rows, max_train_samples, max_eval_samples)
     start = time.time()
     sets = _probe_sets(model_dir, spec, train_rows, {"": eval_rows, **also_rows}, features, layer, max_length,
                        batch_size)

@@ -128,9 +128,29 @@ def load_task(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSp
     return spec, train, evaluation
 
 
-def load_task_splits(task: str, local: LocalTaskOptions, seed: int = 0) -> tuple[TaskSpec, Any, Any, dict[str, Any]]:
+# Draws the rows a task evaluates on (a local file's held-out split) and the capped subsets: the same rows whatever the
+# training seeds and in both commands, so results of separate runs, probes and fine-tunings are on one test set.
+SPLIT_SEED = 0
+
+
+def capped(rows: Any, limit: int) -> Any:
+    """A seeded random subset of at most `limit` rows (all of them where `limit` is 0 or reaches their count): drawn
+    from every row, not a file's first ones, which a file sorted by label or source would make one class."""
+    if not limit or limit >= len(rows):
+        return rows
+    return rows.shuffle(seed=SPLIT_SEED).select(range(limit))
+
+
+def capped_splits(train: Any, evaluation: Any, also: dict[str, Any], max_train: int,
+                  max_eval: int) -> tuple[Any, Any, dict[str, Any]]:
+    """The training split capped at `max_train` rows and each evaluation split at `max_eval` (`capped`: 0, all)."""
+    return capped(train, max_train), capped(evaluation, max_eval), {name: capped(rows, max_eval) for name, rows in also.items()}
+
+
+def load_task_splits(task: str, local: LocalTaskOptions,
+                     seed: int = SPLIT_SEED) -> tuple[TaskSpec, Any, Any, dict[str, Any]]:
     """`load_task`'s spec, train and eval rows, and the rows of each split the task is also scored on, by its name
-    (`TaskSpec.also_scored`: MNLI's mismatched split)."""
+    (`TaskSpec.also_scored`: MNLI's mismatched split); `seed` draws a local file's held-out split."""
     import datasets
 
     datasets.disable_progress_bars()

@@ -337,6 +337,9 @@ class Backbone:
         (e.g. "<5"); None when any transformers the project supports does."""
         return None
 
+    def for_export(self, config: PretrainedConfig) -> None:
+        """Set what an export's config must say for transformers' classes to read this project's inputs right."""
+
     def attention(self, config: PretrainedConfig, requested: str) -> str:
         """The attention kernel this config runs with (a family may need eager attention for some of its options)."""
         return requested

@@ -19,6 +19,12 @@ if TYPE_CHECKING:  # the config section is read here, never built: no import cyc
     from model.encoder import EncoderConfig
 
 
+# What XLNet's sequence summary (its classification heads) reads: transformers' default is the last token, where
+# XLNet's own tokenizer puts <cls> and pads on the left; this project's tokenizer puts [CLS] first and pads on the
+# right, so the last token of every shorter row of a batch is padding.
+SUMMARY_TYPE = "first"
+
+
 class XLNetBackbone(Backbone):
     """transformers' XLNet classes."""
 
@@ -38,8 +44,13 @@ class XLNetBackbone(Backbone):
             d_inner=cfg.intermediate_size, ff_activation="gelu", untie_r=True, attn_type="bi", mem_len=None,
             reuse_len=None, bi_data=False, clamp_len=-1, same_length=False, dropout=cfg.dropout,
             use_mems_eval=False, use_mems_train=False, pad_token_id=tokenizer["pad_id"],
-            bos_token_id=tokenizer["cls_id"], eos_token_id=tokenizer["sep_id"],
+            bos_token_id=tokenizer["cls_id"], eos_token_id=tokenizer["sep_id"], summary_type=SUMMARY_TYPE,
         )
+
+    def for_export(self, config: PretrainedConfig) -> None:
+        """A classification head reads the first token, where this project's tokenizer puts [CLS] (an export of a run
+        made before the config said so included)."""
+        config.summary_type = SUMMARY_TYPE
 
     def attention(self, config: PretrainedConfig, requested: str) -> str:
         """Always eager: XLNet's relative attention has no other path."""

@@ -155,6 +155,7 @@ def _export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool, trust_
             target = tmp / sub if sub else tmp
             if limit:  # config.json says it too: the card may not travel with the weights
                 model.config.requires_transformers = limit
+            backbone_for(model.config).for_export(model.config)
             model.save_pretrained(str(target))
             write_tokenizer(run_dir.tokenizer, model, target)
             check_loads_the_same(target, model, f"the {sub or 'root'} model ({type(model).__name__})")

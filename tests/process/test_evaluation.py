@@ -399,9 +399,16 @@ def test_glue_from_the_folder_it_was_downloaded_to(exported, tmp_path, monkeypat
     scored = linear_probe(str(exported), f"cola:{write_hub_download(tmp_path / 'cola', {'cola': cola})}",
                           features=("mean",), c_grid=(1.0,), folds=2)
     assert set(scored["majority_baseline"]) == {"matthews"} and "accuracy" not in scored["probes"]["mean"], scored
+    # --max-eval-samples scores a seeded random subset of each split (its first rows were one class of a sorted file):
+    # 20 of the rows as datasets shuffles them with the split seed, 0.
+    import datasets
+
+    drawn = {split: datasets.Dataset.from_dict({"label": labels[split]}).shuffle(seed=0)["label"][:20]
+             for split in ("validation_matched", "validation_mismatched")}
+    assert drawn["validation_matched"] != labels["validation_matched"][:20]
     assert probe["majority_baseline"] == pytest.approx({
-        "accuracy": labels["validation_matched"][:20].count(most) / 20,
-        "mismatched_accuracy": labels["validation_mismatched"][:20].count(most) / 20}, abs=1e-12)
+        "accuracy": drawn["validation_matched"].count(most) / 20,
+        "mismatched_accuracy": drawn["validation_mismatched"].count(most) / 20}, abs=1e-12)
 
     spec, train, evaluation = load_task(f"sts-b:{glue}", LocalTaskOptions())
     assert (spec.num_labels, spec.metrics, len(train), len(evaluation)) == (1, ("pearson", "spearman"), 30, 10)

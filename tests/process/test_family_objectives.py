@@ -177,6 +177,7 @@ def test_export_loads_in_transformers_classes(name, runs, tmp_path):
         assert type(lm).__name__ == "XLNetLMHeadModel"
         with torch.no_grad():
             assert torch.allclose(lm(**inputs).logits, probe["logits"][""], atol=1e-5, rtol=0)
+        _classifies_a_row_the_same_padded_or_not(out)
     elif name.startswith("declutr"):
         assert root == "BertForPreTraining"
         mlm = AutoModelForMaskedLM.from_pretrained(out).eval()
@@ -187,6 +188,39 @@ def test_export_loads_in_transformers_classes(name, runs, tmp_path):
         generator = AutoModelForMaskedLM.from_pretrained(out / "generator").eval()
         with torch.no_grad():
             assert torch.allclose(generator(**inputs).logits, probe["logits"]["generator"], atol=1e-5, rtol=0)
+
+
+def _classifies_a_row_the_same_padded_or_not(export: Path) -> None:
+    """XLNet's classification heads read the last token by default (where XLNet's own tokenizer puts <cls>); this
+    project's tokenizer puts [CLS] first and batches pad on the right, so every shorter row of a batch was classified
+    from a [PAD]. The export's config reads the first token, and so does fine-tuning (an older export included)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from evaluation.finetune import _build_model
+    from evaluation.tasks import TaskSpec
+
+    assert json.loads((export / "config.json").read_text())["summary_type"] == "first"
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    short, long = tokenizer(["in the beginning", "and the earth was without form and void"])["input_ids"]
+    assert short[0] == tokenizer.cls_token_id and len(short) < len(long)
+    alone = torch.tensor([short])
+    batch = torch.tensor([short + [tokenizer.pad_token_id] * (len(long) - len(short)), long])
+    mask = (torch.arange(len(long)) < torch.tensor([[len(short)], [len(long)]])).long()
+    older = export.parent / "older"  # an export written before its config said so
+    AutoModelForSequenceClassification.from_pretrained(export, num_labels=2).save_pretrained(older)
+    config = json.loads((older / "config.json").read_text())
+    (older / "config.json").write_text(json.dumps({**config, "summary_type": "last"}))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (export / name).is_file():
+            (older / name).write_bytes((export / name).read_bytes())
+    spec = TaskSpec(name="pairs", text="text", num_labels=2)
+    for folder in (export, older):
+        torch.manual_seed(0)
+        model = _build_model(str(folder), spec).eval()
+        with torch.no_grad():
+            by_itself = model(input_ids=alone, attention_mask=torch.ones_like(alone)).logits[0]
+            in_a_batch = model(input_ids=batch, attention_mask=mask).logits[0]
+        assert torch.allclose(by_itself, in_a_batch, atol=1e-5, rtol=0), (folder, by_itself, in_a_batch)
 
 
 # What a user starts from an ALBERT or XLNet export: its own example recipe, the model group replaced by the folder's.
