@@ -138,7 +138,22 @@ def _build_model(model_dir: str, spec: TaskSpec):
         kwargs["problem_type"] = "regression"
     if _cls_first_xlnet(model_dir):
         kwargs["summary_type"] = "first"  # batches pad on the right: the last token of a shorter row is padding
-    return load_pretrained(cls, model_dir, dtype=LOAD_DTYPE, **kwargs)
+    model = load_pretrained(cls, model_dir, dtype=LOAD_DTYPE, **kwargs)
+    if spec.kind == "sequence" and _holds_a_token_classifier(model_dir):
+        # A ModernBERT ELECTRA export's root is a 1-label token classifier (the RTD head): its `classifier` has the
+        # names and, for a regression, the shape of the task's, and would be loaded as the task head, the same for
+        # every seed. The task head is new, drawn from this seed (transformers' init skips what it loaded).
+        for param in model.classifier.parameters():
+            param._is_hf_initialized = False
+        model._init_weights(model.classifier)
+    return model
+
+
+def _holds_a_token_classifier(model_dir: str) -> bool:
+    """Whether the folder's model is a token classifier (its head is no sequence task's)."""
+    from transformers import AutoConfig
+
+    return any(a.endswith("ForTokenClassification") for a in AutoConfig.from_pretrained(model_dir).architectures or ())
 
 
 def _cls_first_xlnet(model_dir: str) -> bool:

@@ -46,3 +46,28 @@ def test_fine_tuning_on_one_class_is_refused_in_one_line(tmp_path):
     dev = _sorted_file(tmp_path / "dev.csv")
     with pytest.raises(InputDataError, match=r"^the 30 training example\(s\) hold one class: a classifier needs two"):
         finetune(str(minilm), f"csv:{one_class}", [1], local=LocalTaskOptions(validation_file=str(dev)))
+
+
+def test_a_regression_head_on_a_modernbert_electra_export_is_new_and_drawn_from_the_seed(tmp_path):
+    """The ModernBERT discriminator is exported as a 1-label ModernBertForTokenClassification (its RTD head): a 1-label
+    regression task's head has the same names and shape, so it was loaded from the RTD head, the same for every
+    seed."""
+    import torch
+    from transformers import ModernBertConfig, ModernBertForTokenClassification
+
+    from evaluation.finetune import _build_model
+    from evaluation.tasks import TaskSpec
+
+    torch.manual_seed(0)
+    folder = tmp_path / "electra_root"
+    ModernBertForTokenClassification(ModernBertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, num_labels=1, pad_token_id=0)).save_pretrained(folder)
+    rtd = ModernBertForTokenClassification.from_pretrained(folder).classifier.weight
+    spec = TaskSpec(name="sts", text="text", num_labels=1, metrics=("pearson",))
+    heads = []
+    for seed in (5, 6):
+        torch.manual_seed(seed)
+        heads.append(_build_model(str(folder), spec).classifier.weight.detach())
+    assert all(head.shape == rtd.shape and not torch.equal(head, rtd) for head in heads)
+    assert not torch.equal(heads[0], heads[1])
