@@ -136,7 +136,8 @@ def _export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool, trust_
     # The attention kernel is a training choice (flash-attn needs a GPU); the export is built, run and read back on
     # the CPU with transformers' default.
     model_config = config_from_dict(saved_model, "sdpa", f"checkpoint '{ckpt_dir / tag}'")
-    limit = backbone_for(model_config).version_limit(model_config)
+    backbone = backbone_for(model_config)  # the run's (an ELECTRA export's classes are no backbone of their own)
+    limit = backbone.version_limit(model_config)
     objective = build_objective(cfg.objective, model_config)
     if not trust_checkpoint:
         check_tag_is_data(ckpt_dir / tag)  # before DeepSpeed's consolidation reads them with pickle
@@ -155,7 +156,7 @@ def _export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool, trust_
             target = tmp / sub if sub else tmp
             if limit:  # config.json says it too: the card may not travel with the weights
                 model.config.requires_transformers = limit
-            backbone_for(model.config).for_export(model.config)
+            backbone.for_export(model.config)
             model.save_pretrained(str(target))
             write_tokenizer(run_dir.tokenizer, model, target)
             check_loads_the_same(target, model, f"the {sub or 'root'} model ({type(model).__name__})")
