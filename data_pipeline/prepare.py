@@ -77,7 +77,7 @@ def _tokenizer_documents(cfg: PrepareConfig, parts: list[Part]) -> Iterator[str]
         return chain.from_iterable(islice(iter_part(cfg.sources[i], p, cfg.encoding_errors, ReadStats()), per_part)
                                    for p in own)
 
-    stream = mix(open_source, [s.weight for s in cfg.sources], cfg.seed, cfg.mixture_stopping, _names(cfg))
+    stream = mix(open_source, weights, cfg.seed, cfg.mixture_stopping, _names(cfg))
     for count, (_, doc) in enumerate(stream):
         if cfg.max_documents and count >= cfg.max_documents:
             return

@@ -24,7 +24,7 @@ from evaluation.tasks import LocalTaskOptions, TaskSpec, capped_splits, load_tas
 from model.backbones.base import LOAD_DTYPE, last_hidden_state_of, load_pretrained
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger("pretrain.finetune")
 
@@ -128,18 +128,18 @@ def _batches(enc: dict[str, Any], order: list[int], batch_size: int, pad_id: int
 
 
 def _build_model(model_dir: str, spec: TaskSpec):
-    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
     cls = AutoModelForTokenClassification if spec.kind == "token" else AutoModelForSequenceClassification
-    # A task head of its own size (load_pretrained makes it fresh): a ModernBERT ELECTRA export carries a 1-label RTD
-    # classifier.
+    folder_config = AutoConfig.from_pretrained(model_dir)
+    # A task head of its own size (load_pretrained makes a head of another size fresh).
     kwargs: dict[str, Any] = {"num_labels": spec.num_labels}
     if spec.num_labels == 1:
         kwargs["problem_type"] = "regression"
-    if _cls_first_xlnet(model_dir):
+    if _cls_first_xlnet(model_dir, folder_config):
         kwargs["summary_type"] = "first"  # batches pad on the right: the last token of a shorter row is padding
     model = load_pretrained(cls, model_dir, dtype=LOAD_DTYPE, **kwargs)
-    if spec.kind == "sequence" and _holds_a_token_classifier(model_dir):
+    if spec.kind == "sequence" and any(a.endswith("ForTokenClassification") for a in folder_config.architectures or ()):
         # A ModernBERT ELECTRA export's root is a 1-label token classifier (the RTD head): its `classifier` has the
         # names and, for a regression, the shape of the task's, and would be loaded as the task head, the same for
         # every seed. The task head is new, drawn from this seed (transformers' init skips what it loaded).
@@ -149,20 +149,11 @@ def _build_model(model_dir: str, spec: TaskSpec):
     return model
 
 
-def _holds_a_token_classifier(model_dir: str) -> bool:
-    """Whether the folder's model is a token classifier (its head is no sequence task's)."""
-    from transformers import AutoConfig
-
-    return any(a.endswith("ForTokenClassification") for a in AutoConfig.from_pretrained(model_dir).architectures or ())
-
-
-def _cls_first_xlnet(model_dir: str) -> bool:
+def _cls_first_xlnet(model_dir: str, folder_config: PretrainedConfig) -> bool:
     """Whether this is an XLNet folder whose tokenizer puts [CLS] first (this project's exports, those written before
     their config said so included), where XLNet's sequence summary would read the last token, as for its own
     tokenizer's <cls>."""
-    from transformers import AutoConfig
-
-    if AutoConfig.from_pretrained(model_dir).model_type != "xlnet":
+    if folder_config.model_type != "xlnet":
         return False
     tokenizer = export_tokenizer(model_dir)
     return tokenizer("x")["input_ids"][0] == tokenizer.cls_token_id
