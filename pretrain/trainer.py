@@ -189,7 +189,7 @@ class Trainer:
         if log_due or eval_due:
             self.metrics.drain(self.step, self.seq_len, sec_per_step if log_due else None)
         if eval_due:
-            with dist.long_wait(cfg.init_timeout_s, after=cfg.step_timeout_s):
+            with dist.long_wait(cfg.init_timeout_s, after=cfg.step_timeout_s), self.metrics.rates.paused():
                 val = {**self.validator(), "train_seconds": self.progress.elapsed}
             self.log.scalars(self.step, val, "validation")
             self.log.info(f"validation at step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
@@ -199,7 +199,8 @@ class Trainer:
         """Checkpoint this step on every rank (the step's metrics are logged first, so the log covers the checkpoint);
         `last` when the attempt ends on it, `hurry` when a signal or the deadline ends it."""
         self.metrics.drain(self.step, self.seq_len, None)
-        with dist.long_wait(self.cfg.train.init_timeout_s, after=self.cfg.train.step_timeout_s):  # may take minutes
+        with dist.long_wait(self.cfg.train.init_timeout_s, after=self.cfg.train.step_timeout_s), \
+                self.metrics.rates.paused():  # may take minutes
             self.checkpoints.save(self.step, last, hurry)
 
     def _preempted(self, guard: PreemptionGuard) -> str:

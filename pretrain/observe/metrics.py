@@ -9,9 +9,10 @@ norm) are kept as they are and read at the flush.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from typing import Callable, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 
@@ -121,6 +122,16 @@ class Rates:
             self.tokens += metrics["tokens"]
             self.samples += metrics["samples"]
             self.wait += metrics["data_wait_s"]
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the time spent inside out of the window: a validation or a save is not training's pace, and counted
+        in, it lowered tokens/s and MFU in every window after one."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.start += time.perf_counter() - began
 
     def take(self) -> dict[str, float]:
         """tokens/s, samples/s and the fraction of wall time spent waiting for data; then a new window."""

@@ -68,3 +68,22 @@ def test_an_overflowing_gradient_stops_bf16_and_fp32_but_not_fp16_which_skips_th
     assert (error is not None) == stops and (not stops or "training diverged at step 7: grad_norm inf" in error)
     rows, error = step(float("nan"), 1.0)
     assert error is not None and "loss nan" in error and rows[0][0] == 7
+
+
+def test_a_validation_or_a_save_is_left_out_of_the_throughput_window(monkeypatch):
+    """tokens/s, samples/s, MFU and the data-wait share are training's pace: the window that held a validation or a
+    checkpoint save (the trainer runs both `paused`) counted its seconds, and every such window read slower."""
+    from pretrain.observe import metrics as metrics_module
+    from pretrain.observe.metrics import Rates
+
+    clock = [100.0]
+    monkeypatch.setattr(metrics_module.time, "perf_counter", lambda: clock[0])
+    rates = Rates()
+    clock[0] += 10.0  # 10 s of training: 100 steps of 1,000 tokens, 4 samples and 1/64 s of data wait each
+    rates.add([(step, {"tokens": 1000.0, "samples": 4.0, "data_wait_s": 1 / 64}) for step in range(100)])
+    with rates.paused():
+        clock[0] += 30.0  # a validation, then a save
+    assert rates.take() == {"tokens_per_s": 10_000.0, "samples_per_s": 40.0, "data_wait_fraction": 100 / 64 / 10}
+    clock[0] += 5.0  # the next window: its own time only
+    rates.add([(0, {"tokens": 1000.0, "samples": 4.0, "data_wait_s": 0.0})])
+    assert rates.take()["tokens_per_s"] == 200.0
