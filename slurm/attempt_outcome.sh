@@ -14,11 +14,11 @@
 EXIT_PREEMPTED=75  # pretrain/lifecycle/exit_status.py: a complete checkpoint is saved, run the same command again
 EXIT_PEER_LOST=76  # another rank died or hung: nothing saved by this attempt, the last complete checkpoint stands
 EXIT_INTERRUPTED=130  # a SIGINT (scancel --signal=INT): saved, then asked to stop, not to be requeued
-PROGRESS_FILE=checkpoint.json  # exit_status.py's PROGRESS_FILE: the attempt completed a checkpoint past its start
+PROGRESS_FILE=checkpoint.json  # exit_status.py's PROGRESS_FILE: the attempt completed a checkpoint
 
 # count_crashes JOB_STATUS ATTEMPT_DIR CRASHED: the job's crashes in a row without a new checkpoint, kept in
-# JOB_STATUS/crashes (none once the attempt whose status folder is ATTEMPT_DIR completed a checkpoint past the one it
-# started from, then one more if it CRASHED: 1), and over its whole life, in JOB_STATUS/crashes_total. MAX_CRASHES
+# JOB_STATUS/crashes (none once the attempt whose status folder is ATTEMPT_DIR completed a checkpoint, then one more
+# if it CRASHED: 1), and over its whole life, in JOB_STATUS/crashes_total. MAX_CRASHES
 # bounds a node that fails the job before it saves again; MAX_TOTAL_CRASHES, a fault that comes back after each save;
 # neither stops a month-long run at its second unrelated node failure. Sets crashes and total_crashes.
 count_crashes() {

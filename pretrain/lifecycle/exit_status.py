@@ -8,8 +8,8 @@ is not always the ranks' own (a rank killed by srun counts as 143). With PRETRAI
 sbatch sets it per attempt), each rank also writes rankN.json there: "running" with its host once it
 starts, then how it ended ("terminated": srun or SLURM ended it while it ran, after another task died).
 A rank still "running" after the step ended died without a word (killed, out of memory, aborted, its
-node lost): its host is the one to suspect. Rank 0 also writes checkpoint.json there once the attempt has completed a
-checkpoint past the one it started from: the sbatch then counts its crashes from there (MAX_CRASHES bounds crashes in
+node lost): its host is the one to suspect. Rank 0 also writes checkpoint.json there after each checkpoint the
+attempt completes (every save follows a step of the attempt): the sbatch then counts its crashes from there (MAX_CRASHES bounds crashes in
 a row without a new checkpoint, not over a month-long job's life).
 """
 from __future__ import annotations
@@ -84,8 +84,8 @@ PROGRESS_FILE = "checkpoint.json"  # slurm/attempt_outcome.sh reads it by this n
 
 
 def record_progress(step: int) -> None:
-    """Say, in the attempt's status folder, that it completed a checkpoint at `step`, later than the one it started
-    from (rank 0, after each such save); nothing without PRETRAIN_STATUS_DIR."""
+    """Say, in the attempt's status folder, that it completed a checkpoint at `step` (rank 0, after each save); nothing
+    without PRETRAIN_STATUS_DIR."""
     path = status_file()
     if path is None:
         return
