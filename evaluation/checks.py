@@ -2,6 +2,7 @@
 output path can be written. Each refusal is one line naming the folder or path (core/errors.py)."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,8 @@ from model.backbones.base import check_model_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger("pretrain.evaluation")
 
 
 def export_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
@@ -72,3 +75,14 @@ def check_output(path: str | Path, overwrite: bool = False, results_json: str | 
     if not written_here(owner):
         raise OutputExistsError(f"--overwrite replaces only results an evaluation command wrote, and '{path}' is not "
                                 f"one ({owner} names no such writer): remove it yourself, or write to another path")
+
+
+def report_cut_words(words: dict[str, dict[str, int]], max_length: int) -> dict[str, dict[str, int]]:
+    """Warn of a token task's tagged words that truncation to `max_length` tokens left unread (they are neither trained
+    on nor scored); return `words` ({split: {"tagged": n, "cut": n}}) for the result."""
+    for split, count in words.items():
+        if count["cut"]:
+            log.warning("%d of the %d tagged words of the %s split lie past the %d tokens read and are not %s; raise "
+                        "max_length (to the model's positions at most) to read them", count["cut"], count["tagged"],
+                        split, max_length, "trained on" if split == "training" else "scored")
+    return words

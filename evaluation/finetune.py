@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from core.errors import ConfigError, InputDataError
-from evaluation.checks import check_output, export_tokenizer, usable_length
+from evaluation.checks import check_output, export_tokenizer, report_cut_words, usable_length
 from evaluation.tasks import LocalTaskOptions, TaskSpec, capped_splits, load_task_splits, score
 from model.backbones.base import LOAD_DTYPE, last_hidden_state_of, load_pretrained
 
@@ -108,6 +108,28 @@ def check_tagged(spec: TaskSpec, enc: dict[str, Any], split: str) -> None:
                if spec.ignore_tag is not None else "the words were truncated away, or it has none")
         raise InputDataError(f"the token task's {split} split has no tagged word to "
                              f"{'learn' if split == 'training' else 'score'} ({why})")
+
+
+def cut_words(spec: TaskSpec, rows: Any, enc: dict[str, Any]) -> dict[str, int]:
+    """A token task split's tagged words, and how many of them truncation cut away (their first sub-token is gone)."""
+    tagged = sum(str(t) != spec.ignore_tag for tags in rows[spec.label] for t in tags)
+    kept = sum(t != -100 for row in enc["labels"] for t in row)
+    return {"tagged": tagged, "cut": tagged - kept}
+
+
+def _encode_splits(spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int, train_rows: Any,
+                   scored: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[str, int]]]:
+    """The training split and each scored split (by the name it is scored as) encoded and checked to hold a tagged
+    word; and, for a token task, each split's tagged and cut-away words."""
+    train_enc = encode(spec, train_rows, tokenizer, max_length)
+    eval_encs = {name: encode(spec, rows, tokenizer, max_length) for name, rows in scored.items()}
+    check_tagged(spec, train_enc, "training")
+    check_tagged(spec, eval_encs[""], "evaluation")
+    if spec.kind != "token":
+        return train_enc, eval_encs, {}
+    words = {"training": cut_words(spec, train_rows, train_enc),
+             **{name or "evaluation": cut_words(spec, rows, eval_encs[name]) for name, rows in scored.items()}}
+    return train_enc, eval_encs, report_cut_words(words, max_length)
 
 
 def _batches(enc: dict[str, Any], order: list[int], batch_size: int, pad_id: int):
@@ -288,11 +310,7 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
         log.info("max_length %d > the model's %d positions: using %d", hp.max_length, model_config.max_position_embeddings,
                  model_config.max_position_embeddings)
         hp = replace(hp, max_length=usable_length(model_config, hp.max_length))
-    train_enc = encode(spec, train_rows, tokenizer, hp.max_length)
-    eval_encs = {"": encode(spec, eval_rows, tokenizer, hp.max_length),
-                 **{name: encode(spec, rows, tokenizer, hp.max_length) for name, rows in also_rows.items()}}
-    check_tagged(spec, train_enc, "training")
-    check_tagged(spec, eval_encs[""], "evaluation")
+    train_enc, eval_encs, words = _encode_splits(spec, tokenizer, hp.max_length, train_rows, {"": eval_rows, **also_rows})
     device = "cuda" if torch.cuda.is_available() else "cpu"
     also = "".join(f" + {len(rows)} {name}" for name, rows in also_rows.items())
     log.info("fine-tuning %s on %s: %d train / %d eval%s examples, %d seed(s), %s", model_dir, task, len(train_rows),
@@ -306,7 +324,7 @@ def finetune(model_dir: str, task: str, seeds: list[int], recipe_name: str = "ta
               "label_names": list(spec.label_names), "train_examples": len(train_rows), "eval_examples": len(eval_rows),
               **({"also_scored_examples": {name: len(rows) for name, rows in also_rows.items()}} if also_rows else {}),
               "recipe": recipe_name, "hyperparameters": asdict(hp), "loss": loss, "seeds": runs, "summary": summary,
-              "majority_baseline": majority_baseline(spec, train_enc, eval_encs)}
+              "majority_baseline": majority_baseline(spec, train_enc, eval_encs), **({"words": words} if words else {})}
     if out:
         from evaluation.results_files import write_results_json
 

@@ -5,7 +5,8 @@ not, and it asks what the pre-training alone put into the representations. Seque
 probed on two features of the chosen layer: the mean over the real tokens and the first token
 ([CLS]). Token tasks (`data.token_task`) are probed on each tagged word's vector, the mean of its
 sub-tokens. Features are standardised on the training split; the inverse regularisation strength
-C is picked by stratified k-fold cross-validation on the training split (SentEval's protocol), then
+C is picked by stratified k-fold cross-validation on the training split (SentEval's protocol), by the task's headline
+metric (CoLA: Matthews; local tasks: macro-F1), then
 the probe is refit on the whole training split and scored on the evaluation split (MNLI: on both of its
 validation splits).
 """
@@ -20,8 +21,8 @@ import numpy as np
 import torch
 
 from core.errors import ConfigError, InputDataError
-from evaluation.checks import check_output, export_tokenizer, usable_length
-from evaluation.tasks import LocalTaskOptions, TaskSpec, capped_splits, load_task_splits, score
+from evaluation.checks import check_output, export_tokenizer, report_cut_words, usable_length
+from evaluation.tasks import METRICS, LocalTaskOptions, TaskSpec, capped_splits, load_task_splits, score
 from model.backbones.base import LOAD_DTYPE, check_model_folder, forward_input_names, layer_states, load_pretrained
 
 log = logging.getLogger("pretrain.linear_probe")
@@ -106,9 +107,11 @@ def check_two_classes(train_y: np.ndarray) -> None:
 
 
 def fit_probe(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, c_grid: Sequence[float] = (0.01, 0.1, 1.0, 10.0),
-              folds: int = 5, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
-    """Predictions on `eval_x` of a logistic regression whose C was chosen by k-fold CV on the training split."""
+              folds: int = 5, seed: int = 0, metric: str = "accuracy") -> tuple[np.ndarray, dict[str, Any]]:
+    """Predictions on `eval_x` of a logistic regression whose C was chosen by k-fold CV on the training split, scored
+    by `metric` (a name of evaluation.tasks.METRICS)."""
     from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import make_scorer
     from sklearn.model_selection import StratifiedKFold, cross_val_score
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -128,12 +131,13 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, c_gr
         warnings.simplefilter("ignore", UserWarning)
         if k >= 2 and len(c_grid) > 1:
             splits = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
-            cv = {c: float(cross_val_score(model(c), train_x, train_y, cv=splits).mean()) for c in c_grid}
+            scorer = make_scorer(lambda gold, pred: METRICS[metric](pred, gold))
+            cv = {c: float(cross_val_score(model(c), train_x, train_y, cv=splits, scoring=scorer).mean()) for c in c_grid}
             best = max(cv, key=lambda c: (cv[c], -c))  # ties go to the stronger regularisation
         else:
             best = c_grid[len(c_grid) // 2]
         pred = model(best).fit(train_x, train_y).predict(eval_x)
-    return pred, {"c": best, "folds": k, "cv_accuracy": {str(c): a for c, a in cv.items()}}
+    return pred, {"c": best, "folds": k, "cv_metric": metric, "cv_scores": {str(c): a for c, a in cv.items()}}
 
 
 def _labels(spec: TaskSpec, values: list) -> np.ndarray:
@@ -143,29 +147,40 @@ def _labels(spec: TaskSpec, values: list) -> np.ndarray:
     return np.array([index[str(v)] for v in values])
 
 
-def _token_examples(model_dir: str, spec: TaskSpec, rows, layer: int, max_length: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """One (feature, label) per tagged word that survived truncation; `ignore_tag` words are not examples."""
+def _token_examples(model_dir: str, spec: TaskSpec, rows, layer: int, max_length: int, batch_size: int,
+                    words_of_split: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """One (feature, label) per tagged word that survived truncation; `ignore_tag` words are not examples. The split's
+    tagged words and those truncation cut away are counted into `words_of_split`."""
     words, tags = list(rows[spec.text]), list(rows[spec.label])
     vectors = word_features(model_dir, words, layer, max_length, batch_size)
     index = {name: i for i, name in enumerate(spec.label_names)}
-    xs, ys = [], []
+    xs, ys, cut = [], [], 0
     for vec, row in zip(vectors, tags):
         for v, tag in zip(vec, row):
-            if str(tag) == spec.ignore_tag or np.isnan(v[0]):
+            if str(tag) == spec.ignore_tag:
+                continue
+            if np.isnan(v[0]):
+                cut += 1
                 continue
             xs.append(v)
             ys.append(index[str(tag)])
+    words_of_split.update(tagged=len(xs) + cut, cut=cut)
     if not xs:
         raise ConfigError("the token task has no tagged word to probe (every tag is data.ignore_tag, or truncated away)")
     return np.stack(xs), np.array(ys)
 
 
 def _probe_sets(model_dir: str, spec: TaskSpec, train_rows, scored: dict[str, Any], features: Sequence[str], layer: int,
-                max_length: int, batch_size: int) -> dict[str, tuple[tuple[np.ndarray, np.ndarray], dict]]:
-    """feature -> ((train x, train y), {name a split is scored as: (x, y)}), each split's features computed once."""
+                max_length: int, batch_size: int, words: dict[str, dict[str, int]]
+                ) -> dict[str, tuple[tuple[np.ndarray, np.ndarray], dict]]:
+    """feature -> ((train x, train y), {name a split is scored as: (x, y)}), each split's features computed once (a
+    token task's tagged and cut-away words per split counted into `words`)."""
     if spec.kind == "token":
-        examples = lambda rows: _token_examples(model_dir, spec, rows, layer, max_length, batch_size)  # noqa: E731
-        return {"word": (examples(train_rows), {name: examples(rows) for name, rows in scored.items()})}
+        def examples(rows, split: str):
+            return _token_examples(model_dir, spec, rows, layer, max_length, batch_size, words.setdefault(split, {}))
+
+        train = examples(train_rows, "training")
+        return {"word": (train, {name: examples(rows, name or "evaluation") for name, rows in scored.items()})}
     ytr = _labels(spec, list(train_rows[spec.label]))
     check_two_classes(ytr)  # the labels are known before the features: refused before the model runs
     features_of = lambda rows: sequence_features(  # noqa: E731
@@ -191,13 +206,18 @@ def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = 
     if spec.num_labels == 1:
         raise ConfigError(f"task '{task}' is a regression; a linear probe here is a classifier")
     train_rows, eval_rows, also_rows = capped_splits(train_rows, eval_rows, also_rows, max_train_samples, max_eval_samples)
-    start = time.time()
+    start, words = time.time(), {}
     sets = _probe_sets(model_dir, spec, train_rows, {"": eval_rows, **also_rows}, features, layer, max_length,
-                       batch_size)
+                       batch_size, words)
+    if words:
+        from transformers import AutoConfig
+
+        report_cut_words(words, usable_length(AutoConfig.from_pretrained(model_dir), max_length))
     results = {}
     for feature, ((xtr, ytr), evals) in sets.items():
         # One probe per feature, its C chosen once, predicting every scored split.
-        pred, chosen = fit_probe(xtr, ytr, np.concatenate([x for x, _ in evals.values()]), c_grid, folds, seed)
+        pred, chosen = fit_probe(xtr, ytr, np.concatenate([x for x, _ in evals.values()]), c_grid, folds, seed,
+                                 spec.selection_metric())
         ends = np.cumsum([len(y) for _, y in evals.values()])
         metrics = {k: v for (name, (_, y)), end in zip(evals.items(), ends)
                    for k, v in score(spec, pred[end - len(y):end], y, name).items()}
@@ -208,7 +228,8 @@ def linear_probe(model_dir: str, task: str, local: Optional[LocalTaskOptions] = 
     result = {"model": str(model_dir), "task": task, "kind": spec.kind, "layer": layer, "label_names": list(spec.label_names),
               "train_examples": int(len(ytr)), "eval_examples": int(len(evals[""][1])),
               **({"also_scored_examples": {name: int(len(y)) for name, (_, y) in evals.items() if name}} if also_rows else {}),
-              "probes": results, "majority_baseline": majority, "seconds": time.time() - start}
+              "probes": results, "majority_baseline": majority, **({"words": words} if words else {}),
+              "seconds": time.time() - start}
     if out:
         from evaluation.results_files import write_results_json
 

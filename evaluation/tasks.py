@@ -31,6 +31,12 @@ class TaskSpec:
     ignore_tag: Optional[str] = None  # token tasks: words with this tag are neither trained on nor scored
     # Further evaluation splits scored by the same model, (split, name): each metric m of the split is `NAME_m`.
     also_scored: tuple[tuple[str, str], ...] = ()
+    # The metric a choice made on the training split (the probe's C) maximises; empty: the first of `metrics`.
+    select_by: str = ""
+
+    def selection_metric(self) -> str:
+        """The metric the probe's regularisation is chosen by: the task's headline one (CoLA: Matthews)."""
+        return self.select_by or self.metrics[0]
 
     def eval_splits(self) -> tuple[str, ...]:
         """Every split the task is scored on: the evaluation split, then those it is also scored on."""
@@ -374,6 +380,8 @@ def _local_spec(task: str, path: str, local: LocalTaskOptions, train: Any, evalu
     if len(names) < 2:
         raise InputDataError(f"task '{task}' has {len(names)} label(s) {names}; a classifier needs at least 2")
     metrics = ("accuracy", "f1_macro") if token else ("accuracy", "f1_macro", "matthews")
+    # A local task's classes are rarely balanced (a token task's tags never are): accuracy would pick the C that
+    # predicts the common class; macro-F1 weighs every class.
     return TaskSpec(Path(path).stem, local.text_column, local.pair_column, local.label_column, len(names), metrics,
                     kind="token" if token else "sequence", label_names=tuple(names),
-                    ignore_tag=local.ignore_tag if token else None)
+                    ignore_tag=local.ignore_tag if token else None, select_by="f1_macro")

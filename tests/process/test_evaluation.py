@@ -474,6 +474,9 @@ def test_token_task_with_supervised_tacl_loss(exported, tmp_path, capsys):
     tagged = lambda part: [t for r in part for t in r["tags"] if t != "-"]  # noqa: E731
     majority = max(("content", "function"), key=tagged(train).count)
     assert result["majority_baseline"]["accuracy"] == pytest.approx(tagged(dev).count(majority) / len(tagged(dev)), abs=1e-12)
+    # 24 words fit in 128 tokens: every tagged word is read (tests/process/test_linear_probe.py cuts some away).
+    assert result["words"] == {"training": {"tagged": len(tagged(train)), "cut": 0},
+                               "evaluation": {"tagged": len(tagged(dev)), "cut": 0}}
     assert result["seeds"][0]["metrics"]["accuracy"] > result["majority_baseline"]["accuracy"] + 0.1, result
     refused = run_cli("pretrain", ["finetune", "--model", str(exported), "--task", f"csv:{tmp_path / 'x.csv'}",
                                    "--loss", "supervised-tacl"], check=False)

@@ -28,8 +28,9 @@ def test_probe_separates_separable_classes_and_not_noise():
     x[np.arange(600), y] += 4.0  # class k is shifted along axis k: linearly separable up to the noise
     pred, chosen = fit_probe(x[:400], y[:400], x[400:])
     assert (pred == y[400:]).mean() > 0.95
-    assert chosen["folds"] == 5 and set(chosen["cv_accuracy"]) == {"0.01", "0.1", "1.0", "10.0"}
-    assert chosen["c"] in (0.01, 0.1, 1.0, 10.0) and chosen["cv_accuracy"][str(chosen["c"])] == max(chosen["cv_accuracy"].values())
+    assert chosen["folds"] == 5 and set(chosen["cv_scores"]) == {"0.01", "0.1", "1.0", "10.0"}
+    assert chosen["cv_metric"] == "accuracy"
+    assert chosen["c"] in (0.01, 0.1, 1.0, 10.0) and chosen["cv_scores"][str(chosen["c"])] == max(chosen["cv_scores"].values())
     noise = rng.integers(0, 4, 600)  # labels independent of the features
     pred, _ = fit_probe(x[:400], noise[:400], x[400:])
     assert (pred == noise[400:]).mean() < 0.4
@@ -40,7 +41,36 @@ def test_probe_falls_back_to_the_grid_middle_without_folds():
 
     x = np.array([[0.0], [1.0], [2.0]])
     _, chosen = fit_probe(x, np.array([0, 1, 2]), x, c_grid=(0.1, 1.0, 10.0))
-    assert chosen == {"c": 1.0, "folds": 0, "cv_accuracy": {}}  # no class fills two folds: no CV
+    assert chosen == {"c": 1.0, "folds": 0, "cv_metric": "accuracy", "cv_scores": {}}  # no class fills two folds: no CV
+
+
+def test_probe_picks_c_by_the_tasks_metric_not_accuracy():
+    """88/12 classes and a weak signal: accuracy's best C predicts the common class (Matthews 0); the Matthews of
+    each C is the mean over the same stratified folds, computed here with scikit-learn directly."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import matthews_corrcoef
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.preprocessing import StandardScaler
+
+    from evaluation.linear_probe import fit_probe
+    from evaluation.tasks import GLUE
+
+    rng = np.random.default_rng(1)
+    y = (rng.random(300) < 0.12).astype(int)
+    x = rng.normal(size=(300, 20))
+    x[:, 0] += 0.9 * y
+    grid = (0.001, 0.01, 0.1, 1.0, 10.0)
+    _, by_accuracy = fit_probe(x[:200], y[:200], x[200:], c_grid=grid)
+    pred, chosen = fit_probe(x[:200], y[:200], x[200:], c_grid=grid, metric=GLUE["cola"].selection_metric())
+    assert chosen["cv_metric"] == "matthews" and by_accuracy["c"] == 0.001 and chosen["c"] == 1.0
+    for c in grid:
+        mcc = []
+        for tr, te in StratifiedKFold(5, shuffle=True, random_state=0).split(x[:200], y[:200]):
+            scale = StandardScaler().fit(x[tr])
+            fit = LogisticRegression(C=c, max_iter=2000).fit(scale.transform(x[tr]), y[tr])
+            mcc.append(matthews_corrcoef(y[te], fit.predict(scale.transform(x[te]))))
+        assert chosen["cv_scores"][str(c)] == pytest.approx(np.mean(mcc), abs=1e-12)
+    assert len(set(pred)) == 2  # the chosen probe predicts the rare class too
 
 
 def test_features_equal_an_independent_per_sentence_computation(tiny):
@@ -180,3 +210,37 @@ def test_ignored_tags_are_not_labels_when_fine_tuning(tiny, tmp_path):
         target = next(w for w, t in enumerate(row["tags"]) if t != "-")
         assert labelled == [spec.label_names.index(row["tags"][target])]  # only the tagged word's first sub-token
         assert enc["labels"][i][ids.index(target)] == labelled[0]
+
+
+def test_tagged_words_past_max_length_are_counted_and_warned_of(tiny, tmp_path, caplog):
+    """A word past the tokens read is neither trained on nor scored: fine-tuning's encoding and the probe count such
+    words per split, the result says how many, and a warning names them. MiniLM reads each word here as one token."""
+    from transformers import AutoTokenizer
+
+    from evaluation.finetune import cut_words, encode
+    from evaluation.linear_probe import linear_probe
+    from evaluation.tasks import LocalTaskOptions, load_task
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    assert all(len(tok.tokenize(w)) == 1 for w in ANIMALS + TOOLS + FILLER)
+    dense = tmp_path / "dense.jsonl"  # every word tagged: 14 of 30 fit in 16 tokens ([CLS] and [SEP] take two)
+    dense.write_text("".join(json.dumps({"tokens": ["cat", "saw"] * 15, "tags": ["animal", "tool"] * 15}) + "\n"
+                             for _ in range(4)))
+    spec, rows, _ = load_task(f"json:{dense}", LocalTaskOptions(text_column="tokens", label_column="tags", token_task=True,
+                                                                validation_file=str(dense)))
+    assert cut_words(spec, rows, encode(spec, rows, tok, 16)) == {"tagged": 120, "cut": 64}
+    assert cut_words(spec, rows, encode(spec, rows, tok, 64)) == {"tagged": 120, "cut": 0}
+
+    train, dev = tmp_path / "train.jsonl", tmp_path / "dev.jsonl"
+    late = [{"tokens": ["the"] * 10 + [w], "tags": ["-"] * 10 + ["animal" if w in ANIMALS else "tool"]}
+            for w in ANIMALS + TOOLS]  # the tagged word is the 11th: past max_length 8 (6 words)
+    train.write_text("".join(json.dumps(r) + "\n" for r in _token_rows(120, 1)))
+    dev.write_text("".join(json.dumps(r) + "\n" for r in _token_rows(40, 2) + late))
+    options = LocalTaskOptions(text_column="tokens", label_column="tags", token_task=True, ignore_tag="-",
+                               validation_file=str(dev))
+    with caplog.at_level("WARNING", logger="pretrain.evaluation"):
+        result = linear_probe(str(tiny), f"json:{train}", options, max_length=8)
+    assert result["words"] == {"training": {"tagged": 120, "cut": 0}, "evaluation": {"tagged": 48, "cut": 8}}
+    assert result["eval_examples"] == 40
+    assert "8 of the 48 tagged words of the evaluation split lie past the 8 tokens read" in caplog.text
+    assert "training split" not in caplog.text
