@@ -23,14 +23,23 @@ T = TypeVar("T")
 _SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
 
 
+_TEXT, _INT, _TIMESTAMP = "tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:timestamp"
+
+
 class ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, without YAML 1.1's base-60 numbers."""
+    """PyYAML's safe loader, without YAML 1.1's base-60, octal, hexadecimal and binary integers or its dates."""
 
     def resolve(self, kind: type, value: Any, implicit: tuple[bool, bool]) -> str:
-        """The tag of a node: text for an unquoted base-60 scalar, PyYAML's choice for anything else."""
+        """The tag of a node: text for an unquoted base-60 scalar, an integer written with a leading 0 (YAML 1.1
+        reads `train.resume_from=00000750` as octal, step 488, and `0x10` as 16), or a date (`output_dir=2024-06-01`);
+        PyYAML's choice for anything else. A number key reads such text in decimal; a text key keeps it as written."""
         if kind is yaml.ScalarNode and implicit[0] and _SEXAGESIMAL.fullmatch(value):
-            return "tag:yaml.org,2002:str"
-        return super().resolve(kind, value, implicit)
+            return _TEXT
+        tag = super().resolve(kind, value, implicit)
+        if tag == _TIMESTAMP or (tag == _INT and len(digits := value.lstrip("+-").replace("_", "")) > 1
+                                 and digits[0] == "0"):
+            return _TEXT
+        return tag
 
 
 def read_config_yaml(text: str) -> Any:

@@ -468,3 +468,25 @@ def test_data_packed_for_another_task_than_the_objectives_is_refused_naming_both
             continue
         groups = yaml.safe_load(path.read_text())["defaults"]
         _resolved(path).check_data(_prepared_as(next(configs / f"{g}.yaml" for g in groups if g.startswith("data/"))))
+
+
+def test_leading_zeros_and_dates_are_read_as_written_not_as_yaml_11_octal_or_dates(tmp_path):
+    """YAML 1.1 reads 00000750 as octal (488), 0x10 as 16, and 2024-06-01 as a date: a step copied from a tag would
+    resume another checkpoint. A text key keeps what was written; a number key reads it in decimal."""
+    from core.config_io import load_config, read_config_yaml
+    from core.errors import ConfigError
+    from pretrain.checkpointing.checkpoint_dir import as_tag
+    from pretrain.config import RunConfig
+
+    cfg = load_config(RunConfig, None, ["train.resume_from=00000750", "train.seed=0042", "train.output_dir=2024-06-01",
+                                        "train.max_wall_time=0100"])
+    assert as_tag(cfg.train.resume_from) == "step_00000750" and cfg.train.seed == 42
+    assert cfg.train.output_dir == "2024-06-01" and cfg.train.max_wall_time == "0100"
+    config = tmp_path / "run.yaml"
+    config.write_text("train:\n  resume_from: 0750\n  seed: 017\n  output_dir: 2024-06-01 10:00:00\n")
+    cfg = load_config(RunConfig, config)
+    assert (cfg.train.resume_from, cfg.train.seed, cfg.train.output_dir) == ("0750", 17, "2024-06-01 10:00:00")
+    with pytest.raises(ConfigError, match="'train.seed': expected a number, got '0x10'"):
+        load_config(RunConfig, None, ["train.seed=0x10"])
+    # What YAML 1.2 reads as numbers stays numbers.
+    assert read_config_yaml("[0, -0, 12, 1_000, 0.5, 007.5, +3]") == [0, 0, 12, 1000, 0.5, 7.5, 3]
