@@ -21,7 +21,7 @@ import torch
 from core.errors import ConfigError, InputDataError
 from evaluation.checks import check_output, export_tokenizer, report_cut_words, usable_length
 from evaluation.tasks import LocalTaskOptions, TaskSpec, capped_splits, load_task_splits, score
-from model.backbones.base import LOAD_DTYPE, last_hidden_state_of, load_pretrained
+from model.backbones.base import LOAD_DTYPE, last_hidden_state_of, load_pretrained, weight_decays
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -220,9 +220,9 @@ def majority_baseline(spec: TaskSpec, train_enc: dict[str, Any], eval_encs: dict
 
 
 def _optimizer(model: torch.nn.Module, hp: Hyper, total: int):
-    """AdamW without decay on biases and LayerNorms, and linear warmup then linear decay over `total` steps."""
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
+    """AdamW without decay on biases and norms (`weight_decays`), and linear warmup then linear decay over `total` steps."""
+    decay = [p for n, p in model.named_parameters() if weight_decays(n, p)]
+    no_decay = [p for n, p in model.named_parameters() if not weight_decays(n, p)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=hp.lr, betas=hp.betas, eps=hp.eps)
     warmup = int(total * hp.warmup_ratio)

@@ -435,3 +435,11 @@ def forward_input_names(model: nn.Module) -> list[str]:
     """Which of a tokenizer's encoder inputs the model's forward takes (ModernBERT takes no token_type_ids)."""
     accepted = inspect.signature(model.forward).parameters
     return [name for name in ("input_ids", "token_type_ids", "attention_mask") if name in accepted]
+
+
+def weight_decays(name: str, param: nn.Parameter) -> bool:
+    """Whether weight decay applies to a parameter: to matrices, not to biases, norms or other 1-d parameters (as
+    BERT does). XLNet's relative-attention biases (`r_w_bias`, `r_r_bias`, `r_s_bias`) are 2-d, and XLNet keeps every
+    `*bias` out of decay: decay would pull its position and segment terms to zero."""
+    ndim = len(getattr(param, "ds_shape", param.shape))  # a ZeRO-3 parameter is an empty slice; ds_shape is its shape
+    return ndim >= 2 and "LayerNorm" not in name and not name.rsplit(".", 1)[-1].endswith("bias")

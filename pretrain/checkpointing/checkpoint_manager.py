@@ -20,7 +20,8 @@ from core.errors import ConfigError, UserError
 from core.seeding import RunRng
 from data_pipeline.shards import data_fingerprint
 from pretrain.checkpointing.checkpoint_dir import META
-from pretrain.checkpointing.parameter_layout import built_layout, layout_differences, layout_refusal, saved_layout
+from pretrain.checkpointing.parameter_layout import (built_groups, built_layout, group_differences, layout_differences,
+                                                     layout_refusal, saved_groups, saved_layout)
 from pretrain.checkpointing.remote_checkpoints import Upload
 from pretrain.checkpointing.resume_choice import ResumeChoice
 from pretrain.config import RunConfig
@@ -240,7 +241,9 @@ class CheckpointManager:
         """Refuse a checkpoint whose parameters are not the built model's (an option, or the code, that builds the
         model changed). Rank 0 reads the checkpoint; every rank learns the outcome, or the others would wait on."""
         def compare() -> None:
-            differences = layout_differences(saved_layout(self.folder.tag(tag)), built_layout(self.engine.module))
+            tag_dir, module = self.folder.tag(tag), self.engine.module
+            differences = (layout_differences(saved_layout(tag_dir), built_layout(module))
+                           or group_differences(saved_groups(tag_dir), built_groups(module), module))
             if differences:
                 raise ConfigError(layout_refusal(self.folder.tag(tag), differences, _listed(self._changes(tag))))
 

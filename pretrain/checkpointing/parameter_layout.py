@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from pretrain.checkpointing.checkpoint import rank0_module_states
+from pretrain.engine.optim import param_group_names
 
 SHOWN = 3
 
@@ -47,6 +48,41 @@ def built_layout(module: nn.Module) -> Layout:
     return trained, {n: shape(t) for n, t in module.state_dict(keep_vars=True).items()}
 
 
+def saved_groups(tag_dir: Path) -> Optional[list]:
+    """The checkpoint's optimizer groups, in order: each group's parameter names where ZeRO or bf16 list them, else
+    each group's size (a plain optimizer's own state); None where neither is saved."""
+    path = rank0_module_states(tag_dir)
+    states = torch.load(path, map_location="cpu", weights_only=False, mmap=True) if path is not None else {}
+    if states.get("param_shapes") is not None:
+        return [set(group) for group in states["param_shapes"]]
+    optimizer = states.get("optimizer")
+    if isinstance(optimizer, dict) and isinstance(optimizer.get("param_groups"), list):
+        return [len(group["params"]) for group in optimizer["param_groups"]]
+    return None
+
+
+def built_groups(module: nn.Module) -> list[list[str]]:
+    """The optimizer groups this launch builds, by name (`param_group_names`)."""
+    return param_group_names(module)
+
+
+def group_differences(saved: Optional[list], built: list[list[str]], module: nn.Module) -> list[str]:
+    """Parameters the checkpoint's optimizer state holds in another group than this launch puts them (which
+    parameters decay changed): DeepSpeed would load one group's moments into the other's, or stop on their sizes."""
+    if saved is None:
+        return []
+    if saved and isinstance(saved[0], int):
+        sizes = [len(group) for group in built]
+        return [] if sizes == saved else [f"optimizer groups of {saved} parameters in the checkpoint but {sizes} here"]
+    numel = {n: getattr(p, "ds_numel", p.numel()) for n, p in module.named_parameters()}
+    # ZeRO lists no parameter without elements in its groups.
+    built_sets = [{n for n in group if numel[n]} for group in built]
+    if len(saved) != len(built_sets):
+        return [f"{len(saved)} optimizer groups in the checkpoint but {len(built_sets)} here"]
+    moved = set().union(*(b - s for s, b in zip(saved, built_sets)))
+    return _names("in another optimizer group (weight decay) than in the checkpoint", moved)
+
+
 def _names(what: str, names: set[str]) -> list[str]:
     shown = ", ".join(sorted(names)[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
     return [f"{len(names)} {what} ({shown})"] if names else []
@@ -74,7 +110,8 @@ def layout_refusal(tag_dir: Path, differences: list[str], changes: str) -> str:
     """The one line that refuses a resume from `tag_dir`: what differs, and the config changes that may explain it
     (' (KEY OLD -> NEW, ...)', or '' when the config is the one it was saved with: then the code changed)."""
     cause = (f"An option that shapes the model differs from the one it was saved with{changes}: resume with that "
-             "config" if changes else "The config is the one it was saved with, so the code that builds the model "
-             "differs (another version of this project or of transformers): resume with the code that saved it")
+             "config" if changes else "The config is the one it was saved with, so the code that builds the model or "
+             "its optimizer differs (another version of this project or of transformers): resume with the code that "
+             "saved it")
     return (f"checkpoint {tag_dir} holds other parameters than this launch builds: {'; '.join(differences)}. {cause}, "
             "or start a new run from its export (model.init_from)")

@@ -11,16 +11,24 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
+from model.backbones.base import weight_decays
 from pretrain.config import OptimizerConfig, ScheduleConfig
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: decayed weights, and biases/LayerNorm/1-d parameters without decay (as BERT does)."""
+def param_group_names(model: nn.Module) -> list[list[str]]:
+    """The trained parameters' names in the optimizer's two groups, in order: decayed weights, then biases, norms and
+    other 1-d parameters without decay (`weight_decays`)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim < 2 or "LayerNorm" in name or name.endswith(".bias") else decay).append(param)
+        if param.requires_grad:
+            (decay if weight_decays(name, param) else no_decay).append(name)
+    return [decay, no_decay]
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """The optimizer's two parameter groups (`param_group_names`), the first with `weight_decay`, the second with none."""
+    params = dict(model.named_parameters())
+    decay, no_decay = ([params[n] for n in names] for names in param_group_names(model))
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

@@ -3,7 +3,8 @@ import torch
 from transformers import BertConfig, BertForPreTraining
 
 from pretrain.checkpointing.checkpoint import MODULE_STATES, ZERO3_MODULE_STATES
-from pretrain.checkpointing.parameter_layout import built_layout, layout_differences, layout_refusal, saved_layout
+from pretrain.checkpointing.parameter_layout import (built_groups, built_layout, group_differences, layout_differences,
+                                                     layout_refusal, saved_groups, saved_layout)
 
 
 def _bert(hidden=32, frozen_pooler=False):
@@ -84,5 +85,56 @@ def test_the_refusal_blames_the_changed_options_or_else_the_code(tmp_path):
     assert changed == head + ("An option that shapes the model differs from the one it was saved with "
                               "(objective.generator_layers 2 -> 4): resume with that config") + tail
     same = layout_refusal(tmp_path, differences, "")
-    assert same == head + ("The config is the one it was saved with, so the code that builds the model differs "
-                           "(another version of this project or of transformers): resume with the code that saved it") + tail
+    assert same == head + ("The config is the one it was saved with, so the code that builds the model or its "
+                           "optimizer differs (another version of this project or of transformers): resume with the "
+                           "code that saved it") + tail
+
+
+def _xlnet():
+    from transformers import XLNetConfig, XLNetLMHeadModel
+
+    return XLNetLMHeadModel(XLNetConfig(vocab_size=50, d_model=32, n_layer=2, n_head=2, d_inner=64))
+
+
+def test_xlnets_relative_attention_biases_are_not_decayed():
+    """XLNet keeps every *bias out of weight decay: its 2-d r_w/r_r/r_s biases too, beside the 1-d ones."""
+    decay, no_decay = built_groups(_xlnet())
+    relative = {f"transformer.layer.{i}.rel_attn.{b}" for i in range(2) for b in ("r_w_bias", "r_r_bias", "r_s_bias")}
+    assert relative <= set(no_decay) and not relative & set(decay)
+    assert "transformer.layer.0.rel_attn.q" in decay and "transformer.mask_emb" in decay
+    assert "transformer.layer.0.ff.layer_1.bias" in no_decay and "transformer.layer.0.ff.layer_norm.weight" in no_decay
+    bert_decay, bert_no_decay = built_groups(_bert())  # BERT's groups: its matrices, and its 1-d parameters
+    model = _bert()
+    assert set(bert_decay) == {n for n, p in model.named_parameters() if p.ndim == 2}
+    assert set(bert_no_decay) == {n for n, p in model.named_parameters() if p.ndim == 1}
+
+
+def test_a_checkpoint_whose_optimizer_grouped_parameters_otherwise_is_refused(tmp_path):
+    """A checkpoint written when XLNet's relative biases were decayed: the same parameters, in other optimizer groups
+    (ZeRO's named groups; a plain optimizer's sizes), which DeepSpeed would load into the wrong group's moments."""
+    model = _xlnet()
+    decay, no_decay = built_groups(model)
+    moved = [n for n in no_decay if n.endswith(("r_w_bias", "r_r_bias", "r_s_bias"))]
+    old = [decay + moved, [n for n in no_decay if n not in moved]]
+    shapes = dict((n, p.shape) for n, p in model.named_parameters())
+    for name, groups in (("same", [decay, no_decay]), ("old", old)):
+        (tmp_path / name).mkdir()
+        torch.save({"module": model.state_dict(), "param_shapes": [{n: shapes[n] for n in g} for g in groups]},
+                   tmp_path / name / MODULE_STATES)
+        (tmp_path / f"{name}_plain").mkdir()
+        plain = {"state": {}, "param_groups": [{"params": list(range(len(g)))} for g in groups]}
+        torch.save({"module": model.state_dict(), "optimizer": plain, "param_shapes": None},
+                   tmp_path / f"{name}_plain" / MODULE_STATES)
+    built = built_groups(model)
+    assert saved_groups(tmp_path / "same") == [set(decay), set(no_decay)]
+    assert group_differences(saved_groups(tmp_path / "same"), built, model) == []
+    assert group_differences(saved_groups(tmp_path / "same_plain"), built, model) == []
+    assert group_differences(saved_groups(tmp_path / "old"), built, model) == [
+        "6 in another optimizer group (weight decay) than in the checkpoint (transformer.layer.0.rel_attn.r_r_bias, "
+        "transformer.layer.0.rel_attn.r_s_bias, transformer.layer.0.rel_attn.r_w_bias, ...)"]
+    assert group_differences(saved_groups(tmp_path / "old_plain"), built, model) == [
+        f"optimizer groups of {[len(decay) + 6, len(no_decay) - 6]} parameters in the checkpoint but "
+        f"{[len(decay), len(no_decay)]} here"]
+    (tmp_path / "stage0").mkdir()  # neither listed: nothing to compare
+    torch.save({"module": model.state_dict(), "param_shapes": None}, tmp_path / "stage0" / MODULE_STATES)
+    assert saved_groups(tmp_path / "stage0") is None
