@@ -199,7 +199,8 @@ def shard_failure(exc: Exception, remote: str, local: str) -> Optional[Exception
     message = str(exc)
     if isinstance(exc, ValueError) and message.startswith("Checksum failure: "):
         named = message.split(": ", 1)[1].strip()  # streaming names the local file
-        basename = os.path.relpath(named, local) if os.path.isabs(named) else named
+        # streaming joins the stream's local folder, relative when data.path is, and the shard's name.
+        basename = os.path.relpath(os.path.abspath(named), os.path.abspath(local))
         (Path(local) / basename).unlink(missing_ok=True)  # else the next run would read the damaged copy again
         return CorruptShardError(f"shard '{join(remote, basename)}' does not match the hash in its index (damaged in "
                                  "the store or in transit); the local copy was removed. Upload a good copy (prepare "
