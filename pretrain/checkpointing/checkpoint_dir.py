@@ -43,19 +43,21 @@ def as_tag(wanted: str) -> str:
     return tag
 
 
-def file_manifest(folder: Path) -> dict[str, list]:
-    """[size, xxh64] of every file in a checkpoint folder (its marker excepted), by relative path."""
+def file_digest(path: Path) -> str:
+    """The xxh64 of a file's bytes."""
     import xxhash
 
-    out = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and path.name != COMPLETE:
-            digest = xxhash.xxh64()
-            with open(path, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 22), b""):
-                    digest.update(chunk)
-            out[str(path.relative_to(folder))] = [path.stat().st_size, digest.hexdigest()]
-    return out
+    digest = xxhash.xxh64()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_manifest(folder: Path) -> dict[str, list]:
+    """[size, xxh64] of every file in a checkpoint folder (its marker excepted), by relative path."""
+    return {str(path.relative_to(folder)): [path.stat().st_size, file_digest(path)]
+            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != COMPLETE}
 
 
 @dataclass(frozen=True)
@@ -104,10 +106,12 @@ class CheckpointDir:
                 return f"{name} is missing"
             if path.stat().st_size != size:
                 return f"{name} has {path.stat().st_size} bytes, {size} when saved"
-        actual = file_manifest(folder)
         for name, (_, digest) in recorded.items():
-            if actual[name][1] != digest:
-                return f"{name} does not match the hash recorded when it was saved"
+            try:
+                if file_digest(folder / name) != digest:
+                    return f"{name} does not match the hash recorded when it was saved"
+            except OSError as exc:  # a disk that fails a read is what these hashes are kept for: damage too
+                return f"{name} cannot be read ({exc.strerror or exc})"
         return None
 
     def newest_intact(self, set_aside: bool = False) -> tuple[Optional[str], list[tuple[str, str]]]:

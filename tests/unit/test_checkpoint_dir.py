@@ -42,3 +42,27 @@ def test_a_save_does_not_take_a_newer_unmarked_tag_for_debris(tmp_path):
     _tag(root, "step_00000050", complete=False)
     CheckpointDir(root).remove_stale("step_00000010", keep_last=3)
     assert sorted(p.name for p in root.iterdir()) == ["step_00000010", "step_00000050"]
+
+
+def test_a_file_that_cannot_be_read_is_damage_and_the_older_tag_is_taken(tmp_path):
+    """A read that fails (EIO: /proc/self/mem at offset 0 is unmapped) makes the tag damaged, as a changed byte does:
+    the older intact tag is the one resumed or exported, not a traceback."""
+    import json
+    import os
+
+    from pretrain.checkpointing.checkpoint_dir import file_manifest
+
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    for name in ("step_00000010", "step_00000020"):
+        _tag(root, name, complete=False)
+        (root / name / COMPLETE).write_text(json.dumps({"files": file_manifest(root / name)}))
+    newest = root / "step_00000020" / "mp_rank_00_model_states.pt"
+    newest.unlink()
+    os.symlink("/proc/self/mem", newest)  # a regular file of 0 bytes whose read fails
+    marker = root / "step_00000020" / COMPLETE
+    marker.write_text(json.dumps({"files": {"mp_rank_00_model_states.pt": [0, "0" * 16]}}))
+    folder = CheckpointDir(root)
+    assert folder.damage("step_00000020") == "mp_rank_00_model_states.pt cannot be read (Input/output error)"
+    assert folder.damage("step_00000010") is None
+    assert folder.newest_intact() == ("step_00000010", [("step_00000020", folder.damage("step_00000020"))])
