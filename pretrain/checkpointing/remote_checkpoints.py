@@ -114,13 +114,14 @@ class RemoteCheckpoints:
         return dist.from_rank0(fetch, f"fetching the newest checkpoint from {self.url}")
 
     def fetch_newest(self) -> Optional[str]:
-        """Download the newest complete remote checkpoint when it is newer than every local one; its tag, or None."""
+        """Download the newest complete remote checkpoint when it is newer than every intact local one (a damaged
+        local copy of it is set aside as TAG.damaged); its tag, or None."""
         remote = self.complete_tags()
         if not remote:
             return None
         newest = remote[-1]
         local = self.local.complete_tags()
-        if local and local[-1] >= newest:
+        if local and local[-1] >= newest and (self.local.newest_intact()[0] or "") >= newest:
             return None
         keys = [k for k in self.store.list(f"{newest}/") if k.startswith(f"{newest}/")]
         tmp = self.local.root / f".{newest}.download"
@@ -129,6 +130,9 @@ class RemoteCheckpoints:
         for key in sorted(keys, key=lambda k: k == marker):
             self.store.download(key, tmp / key.split("/", 1)[1])
         target = self.local.root / newest
+        if self.local.is_complete(newest):  # damaged: kept for a look, as a resume keeps a damaged tag
+            shutil.rmtree(self.local.root / f"{newest}.damaged", ignore_errors=True)
+            target.rename(self.local.root / f"{newest}.damaged")
         shutil.rmtree(target, ignore_errors=True)  # an unmarked local folder of that tag: the debris of a killed save
         tmp.rename(target)
         return newest

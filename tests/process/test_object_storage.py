@@ -285,6 +285,18 @@ def test_two_ranks_from_the_bucket_resume_exactly_after_the_node_is_lost(s3, pre
     run_cli("pretrain", ["export", "--checkpoint", str(run), "--out", str(out)])
     assert (out / "config.json").is_file()
 
+    # The local newest damaged after its upload (a failing disk): the bucket's copy of that step is taken, not an
+    # older local one; the damaged copy is set aside for a look.
+    states = RunDir(run).checkpoints / "step_00000010" / "mp_rank_00_model_states.pt"
+    body = bytearray(states.read_bytes())
+    body[len(body) // 2] ^= 0xFF
+    states.write_bytes(bytes(body))
+    again = run_cli("pretrain", args, nproc=2)
+    assert "downloaded checkpoint step_00000010 from s3://ckpt/run (no intact local checkpoint was as new)" in again.stdout
+    assert "at step 10" in again.stdout and (RunDir(run).checkpoints / "step_00000010.damaged").is_dir()
+    wc = _weights(run)
+    assert all(torch.equal(wa[k], wc[k]) for k in wa)
+
 
 def test_a_checkpoint_in_the_bucket_that_holds_code_is_refused_at_resume(s3, prepared, tmp_path):
     """Whoever can write to the bucket rewrites the newest checkpoint (and its marker) to carry a pickled call; the
