@@ -30,7 +30,14 @@ def plain_types() -> list[Any]:
 
     from pretrain.config import ScheduleConfig
 
-    numpy_arrays = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]  # RNG states
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    # RNG states. numpy 1.x pickles arrays under numpy.core, numpy 2 under numpy._core: a run's checkpoints stay
+    # readable across an upgrade (each name is the same function).
+    numpy_arrays = [(_reconstruct, "numpy.core.multiarray._reconstruct"),
+                    (_reconstruct, "numpy._core.multiarray._reconstruct"), np.ndarray, np.dtype, type(np.dtype(np.uint32))]
     deepspeed_state = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]  # ZeRO optimizer state
     return [*numpy_arrays, *deepspeed_state, ScheduleConfig]  # the LR schedule's fields, in the scheduler's state
 

@@ -18,3 +18,29 @@ def test_an_fp16_optimizer_state_with_its_dynamic_loss_scaler_reads_as_data(tmp_
     back = read_as_data(path)["optimizer_state_dict"]["loss_scaler"]
     assert type(back) is DynamicLossScaler and back.cur_scale == 2.0 ** 15
     assert vars(back) == vars(scaler)
+
+
+def test_rng_states_pickled_by_numpy_1_read_as_data(tmp_path):
+    """numpy 1.x names its arrays' rebuild function numpy.core.multiarray._reconstruct (numpy 2: numpy._core...): a
+    checkpoint saved before an upgrade is data, not code. The file is torch.save's, with numpy 1's name written in."""
+    import zipfile
+
+    import numpy as np
+
+    from pretrain.checkpointing.checkpoint_data import read_as_data
+
+    saved = tmp_path / "numpy2.pt"
+    state = np.random.RandomState(3).get_state()
+    torch.save({"rng": state, "w": torch.arange(5.0)}, saved)
+    older = tmp_path / "numpy1.pt"
+    with zipfile.ZipFile(saved) as src, zipfile.ZipFile(older, "w", zipfile.ZIP_STORED) as out:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith("data.pkl"):
+                assert b"numpy._core.multiarray\n_reconstruct" in data  # protocol 2: the name is text
+                data = data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+            out.writestr(info, data)
+    for path in (saved, older):
+        loaded = read_as_data(path)
+        assert np.array_equal(loaded["rng"][1], state[1]) and loaded["rng"][2:] == state[2:]
+        assert torch.equal(loaded["w"], torch.arange(5.0))
