@@ -221,5 +221,20 @@ class ObjectStore:
         base = parsed.path.strip("/")
         objects = [{"Key": f"{base}/{k}" if base else k} for k in keys]
         for i in range(0, len(objects), 1000):
-            guarded(self.url, lambda: client.delete_objects(Bucket=parsed.netloc, Delete={"Objects": objects[i:i + 1000]}))
+            answer = guarded(self.url, lambda: client.delete_objects(Bucket=parsed.netloc,
+                                                                     Delete={"Objects": objects[i:i + 1000]}))
+            check_deleted(answer, parsed.netloc)
         return True
+
+
+def check_deleted(answer: dict, bucket: str) -> None:
+    """Refuse a DeleteObjects answer that lists keys it did not delete: S3 answers 200 for the request whatever
+    befell each key (a policy that denies deletes, a retention lock), and a marker taken for deleted would leave a
+    checkpoint the resume takes, or a manifest over replaced shards."""
+    errors = answer.get("Errors") or []
+    if errors:
+        first = errors[0]
+        raise StorageError(f"s3://{bucket}/{first.get('Key')} was not deleted ({first.get('Code')}: "
+                           f"{first.get('Message')})" + (f", nor {len(errors) - 1} other object(s)" if len(errors) > 1
+                                                           else "") + "; give the credentials delete rights there, or "
+                           "lift the bucket's retention")

@@ -36,7 +36,9 @@ def claim_remote_output(url: str, overwrite: bool) -> ObjectStore:
         raise OutputExistsError(f"'{url}' already holds {len(existing)} object(s) (e.g. {existing[0]}{what}); "
                                 "choose another prefix, or pass --overwrite (overwrite=true) to replace them")
     if existing:
-        if not store.delete(sorted(existing, key=lambda k: k != MANIFEST)):
+        # The manifest in a request of its own: S3 deletes one request's keys in no set order.
+        if not (store.delete([MANIFEST] if MANIFEST in existing else [])
+                and store.delete([k for k in existing if k != MANIFEST])):
             raise OutputExistsError(f"cannot replace the objects under '{url}' (deleting is only supported for s3://); "
                                     "remove them with your store's tools")
         log.info("deleted the %d object(s) %s held (overwrite)", len(existing), url)
