@@ -205,10 +205,14 @@ def shard_failure(exc: Exception, remote: str, local: str) -> Optional[Exception
         return CorruptShardError(f"shard '{join(remote, basename)}' does not match the hash in its index (damaged in "
                                  "the store or in transit); the local copy was removed. Upload a good copy (prepare "
                                  "again) or set data.verify_hashes=false to read it unchecked")
+    from core.errors import StorageError, no_room_error
+
+    room = no_room_error(exc)  # the cache's disk or quota is full: the user's to free, not a bug
+    if room is not None:
+        return room
     line = describe(exc, join(remote, "")) if remote else None
     if line is None:
         return None
-    from core.errors import StorageError
 
     return StorageError(f"fetching a shard: {line}")
 
