@@ -52,7 +52,7 @@ def test_a_file_that_cannot_be_read_is_damage_and_the_older_tag_is_taken(tmp_pat
 
     from pretrain.checkpointing.checkpoint_dir import file_manifest
 
-    root = tmp_path / "checkpoints"
+    root = tmp_path / "tags"
     root.mkdir()
     for name in ("step_00000010", "step_00000020"):
         _tag(root, name, complete=False)
