@@ -333,6 +333,35 @@ def clean_stale_shared_memory(cfg: LoaderConfig) -> list[str]:
     return removed
 
 
+def check_partition(num_canonical_nodes: int, world: int, ranks_per_node: int, batch_size: int,
+                    initial_physical_nodes: Optional[int] = None) -> None:
+    """Refuse, in one line naming data.num_canonical_nodes, an order this job's nodes cannot share (neither count
+    divides the other; after a resume on another node count, a batch the first count's devices cannot split):
+    streaming would stop at the first batch, inside a loader worker, after the engine was built."""
+    from streaming.base.partition import get_partitions
+
+    nodes = max(1, world // max(1, ranks_per_node))
+    try:
+        # The same partition the dataset draws (its default algorithm), over a few samples: the checks are its own.
+        get_partitions("relaxed", max(num_canonical_nodes, nodes) * world * batch_size * 2, num_canonical_nodes, nodes,
+                       ranks_per_node, 1, batch_size, 0, initial_physical_nodes)
+    except ValueError as exc:
+        if initial_physical_nodes not in (None, nodes):
+            advice = (f" (the run started on {initial_physical_nodes})", "resume on a node count whose ranks' batches "
+                      "the first count's ranks divide, or on the first count")
+        else:
+            advice = ("", "give a multiple or a divisor of the node count (1, the default, fits every count)")
+        raise ConfigError(f"data.num_canonical_nodes={num_canonical_nodes} does not fit {nodes} node(s) of "
+                          f"{ranks_per_node} rank(s){advice[0]}: {str(exc).rstrip('.')}; {advice[1]}") from None
+
+
+def check_loader_partition(loader: Any) -> None:
+    """`check_partition` for a training loader, as it stands after any resume, on this job's ranks."""
+    dataset = loader.dataset
+    check_partition(dataset.num_canonical_nodes, dist.world_size(), dist.local_world_size(), dataset.batch_size,
+                    dataset.initial_physical_nodes)
+
+
 def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optional[bool] = None) -> StreamingDataset:
     """A StreamingDataset over one split of a prepared dataset."""
     split_dir = Path(cfg.path) / split

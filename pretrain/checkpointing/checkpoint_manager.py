@@ -18,6 +18,7 @@ from core.atomic_files import write_text_atomic
 from core.config_io import config_changes, config_hash, config_to_dict
 from core.errors import ConfigError, UserError
 from core.seeding import RunRng
+from data_pipeline.loader import check_loader_partition
 from data_pipeline.shards import data_fingerprint
 from pretrain.checkpointing.checkpoint_dir import META
 from pretrain.checkpointing.parameter_layout import (built_groups, built_layout, group_differences, layout_differences,
@@ -203,6 +204,7 @@ class CheckpointManager:
         choice = self.choice
         tag = choice.resume_tag
         if tag is None:  # nothing to resume, or train.resume=never over an empty folder
+            check_loader_partition(self.loader)
             return
         self._check_layout(tag)  # before commit: a refused resume branches and converts nothing
         choice.commit()
@@ -234,6 +236,7 @@ class CheckpointManager:
                     setattr(self.loader.dataset, key, state["loader"][key])
         else:  # train.allow_new_data: the new dataset is read from its start
             self._record_new_data(self.progress.step)
+        check_loader_partition(self.loader)  # with the checkpoint's canonical nodes and its first node count
         self.rng.load_state_dict(state["rng"], self.progress.step)  # one per saved rank
         self._report(tag)
 
