@@ -122,6 +122,12 @@ def _unpacking_loader_class():
             for batch in super().__iter__():
                 yield batch.unpack() if isinstance(batch, PackedBatch) else batch
 
+        def state_dict(self) -> Optional[dict[str, Any]]:
+            state = super().state_dict()
+            if state is not None:  # streaming's state lacks them, and the order resumes only with them as they were
+                state.update(shuffle=self.dataset.shuffle, shuffle_algo=self.dataset.shuffle_algo)
+            return state
+
     return UnpackingStreamingDataLoader
 
 

@@ -36,7 +36,7 @@ from pretrain.run_dir import CONFIG_FILE, DATA_MANIFEST_FILE, RunDir
 MAX_CHANGES_SHOWN = 12
 # Keys whose launch value a resume does not take: the loader's state carries them, and streaming reads the sample order
 # on from where the checkpoint left it only with the values that order was drawn with.
-KEPT_FROM_CHECKPOINT = ("data.num_canonical_nodes", "data.shuffle_seed")
+KEPT_FROM_CHECKPOINT = ("data.num_canonical_nodes", "data.shuffle_seed", "data.shuffle", "data.shuffle_algo")
 
 
 class CheckpointManager:
@@ -231,7 +231,7 @@ class CheckpointManager:
             self.loader.load_state_dict(state["loader"])
             # streaming takes these from the state in the process that iterates; the next epoch's loader workers are
             # made from this process's copy, which would draw that epoch's order with the launch's values instead.
-            for key in ("num_canonical_nodes", "shuffle_seed", "initial_physical_nodes"):
+            for key in ("num_canonical_nodes", "shuffle_seed", "initial_physical_nodes", "shuffle", "shuffle_algo"):
                 if key in state["loader"]:
                     setattr(self.loader.dataset, key, state["loader"][key])
         else:  # train.allow_new_data: the new dataset is read from its start
