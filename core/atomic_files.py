@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from core.errors import OutputExistsError, refused_for_room
+from core.process_life import stops_deferred
 
 if TYPE_CHECKING:  # annotations only: matplotlib is the plotting callers' import
     from matplotlib.figure import Figure
@@ -222,6 +223,8 @@ def prepare_output(final_dir: Path, overwrite: bool, kind: Optional[str] = None,
     check_overwrite(final_dir, overwrite, kind, reads, legacy)  # and a file in the output's place or above it
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_debris(final_dir.parent, f".{final_dir.name}.tmp-")
+    if final_dir.exists():  # else a swap killed between its renames left the only copy there: kept for the user
+        remove_debris(final_dir.parent, f".{final_dir.name}.old-")  # a swap's replaced output, killed before removal
     tmp = final_dir.with_name(f"{writer_prefix(f'.{final_dir.name}.tmp-')}{int(time.time())}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -231,9 +234,19 @@ def prepare_output(final_dir: Path, overwrite: bool, kind: Optional[str] = None,
 def publish(tmp_dir: Path, final_dir: Path) -> None:
     """Swap a finished temporary folder into place; an old dataset is removed only after that."""
     if final_dir.exists():
-        old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
-        final_dir.rename(old)
-        tmp_dir.rename(final_dir)
-        shutil.rmtree(old)
+        old = final_dir.with_name(f"{writer_prefix(f'.{final_dir.name}.old-')}swap")  # a killed swap's: remove_debris
+        try:
+            # A Ctrl-C or SLURM's SIGTERM between the two renames would leave neither folder under its name (the
+            # caller's clean-up removes the new one): the swap is whole, the stop acted on after it.
+            with stops_deferred():
+                final_dir.rename(old)
+                try:
+                    tmp_dir.rename(final_dir)
+                except BaseException:
+                    old.rename(final_dir)
+                    raise
+        finally:
+            if old.exists() and final_dir.exists():
+                shutil.rmtree(old)
     else:
         tmp_dir.rename(final_dir)

@@ -197,3 +197,34 @@ def test_a_synced_tree_syncs_each_folder_after_its_entries_and_the_folder_that_h
     folders = [what for what in synced if what != "file"]
     assert folders == [str(tag / "zero"), str(tag), str(tag.parent)]
     assert synced.index(str(tag / "zero")) == 1  # after zero/optim_states.pt, its one file, before the folder above
+
+
+def test_a_stop_during_the_swap_leaves_the_new_output_in_place_and_no_old_copy(tmp_path):
+    """SLURM's SIGTERM (a handler that raises SystemExit, as the commands install) landing between publish's two
+    renames: acted on once the new output is in place and the replaced one removed, not between them, where neither
+    would be under its name and the caller's clean-up would remove the new one."""
+    import signal
+
+    from core.atomic_files import publish
+
+    final, tmp = tmp_path / "out", tmp_path / ".out.tmp-x"
+    for folder, text in ((final, "old"), (tmp, "new")):
+        folder.mkdir()
+        (folder / "v").write_text(text)
+
+    class Signalling(type(Path())):
+        def rename(self, target):
+            done = super().rename(target)
+            os.kill(os.getpid(), signal.SIGTERM)  # right after the first rename
+            return done
+
+    def stop(signum, frame):
+        raise SystemExit(143)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(SystemExit):
+            publish(tmp, Signalling(final))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (final / "v").read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["out"]
