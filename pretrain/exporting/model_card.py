@@ -9,11 +9,18 @@ from model.objectives import objective_class
 from pretrain.run_dir import RunDir
 
 def shown(path: Optional[str]) -> Optional[str]:
-    """A path as a model card may show it: a local path by its last names only (the card is published; the machine's
-    folders are not), a URL or a hub name as it is."""
-    if not path or "://" in path or not Path(path).is_absolute():
+    """A path as a model card may show it: a local path by its last name only (the card is published; the machine's
+    folders are not), a URL or a hub name as it is; each of a comma-separated list on its own."""
+    if not path:
         return path
-    return ",".join(Path(part.strip()).name for part in path.split(","))
+
+    def one(part: str) -> str:
+        part = part.strip()
+        if "://" in part or not (Path(part).is_absolute() or ".." in Path(part).parts or part.startswith("~")):
+            return part
+        return Path(part).name
+
+    return ",".join(one(part) for part in path.split(","))
 
 
 def _public(manifest: dict) -> dict:
