@@ -144,8 +144,8 @@ def check_range(prefix: str, obj: Any, keys: tuple[str, ...], above: Optional[fl
                 at_least: Optional[float] = None, at_most: Optional[float] = None) -> None:
     """ConfigError naming the first of `keys` (fields of `obj`, unset ones skipped; `prefix` the section, "" for the
     top level) outside > above, >= at_least and <= at_most."""
-    rule = " and ".join(f"{op} {bound:g}" for op, bound in ((">", above), (">=", at_least), ("<=", at_most))
-                        if bound is not None)
+    rule = " and ".join(f"{op} {bound if isinstance(bound, int) else format(bound, 'g')}"
+                        for op, bound in ((">", above), (">=", at_least), ("<=", at_most)) if bound is not None)
     for key in keys:
         value = getattr(obj, key)
         if value is None:

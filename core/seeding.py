@@ -13,6 +13,11 @@ import numpy as np
 import torch
 
 
+# The largest seed a config takes: numpy's global generator takes 32 bits, and each rank's stream (seed_for) is
+# derived from it within torch's 64.
+MAX_SEED = 2**32 - 1
+
+
 def seed_for(seed: int, rank: Optional[int] = None, step: int = 0) -> int:
     """The seed of one stream: `seed` for every rank alike (rank None), else one per rank, moved by `step`."""
     if rank is None:

@@ -35,6 +35,7 @@ import torch
 from core import distributed as dist
 from core.config_io import check_range
 from core.errors import ConfigError, MissingFileError
+from core.seeding import MAX_SEED
 from core.process_life import terminal_signals_held
 from core.shared_memory import (SHM_DIR, hold_while_alive, machine_lock, owner_gone, remove_machine_lock,
                                 remove_unheld_segments)
@@ -85,7 +86,7 @@ class LoaderConfig:
                               f"{self.worker_start_timeout_s}")
         # 0 would let streaming take the physical node count: the order would then depend on the cluster.
         check_range("data", self, ("num_canonical_nodes",), at_least=1)
-        check_range("data", self, ("shuffle_seed",), at_least=0)
+        check_range("data", self, ("shuffle_seed",), at_least=0, at_most=MAX_SEED)
         if self.shuffle_algo != LoaderConfig.shuffle_algo:  # the default is streaming's own; others are looked up
             require_streaming()
             from streaming.base.shuffle import algos
