@@ -378,15 +378,22 @@ def build_dataset(cfg: LoaderConfig, split: str, batch_size: int, shuffle: Optio
         where = {"local": str(split_dir)}
         if cfg.remote:
             where = {"streams": [_guarded_stream_class()(remote=f"{cfg.remote.rstrip('/')}/{split}", local=str(split_dir))]}
-        dataset = _indexed_dataset_class()(
-            **where,
-            batch_size=batch_size,
-            shuffle=cfg.shuffle if shuffle is None else shuffle,
-            shuffle_seed=cfg.shuffle_seed,
-            shuffle_algo=cfg.shuffle_algo,
-            num_canonical_nodes=cfg.num_canonical_nodes,
-            validate_hash="xxh64" if cfg.remote and cfg.verify_hashes else None,
-        )
+        try:
+            dataset = _indexed_dataset_class()(
+                **where,
+                batch_size=batch_size,
+                shuffle=cfg.shuffle if shuffle is None else shuffle,
+                shuffle_seed=cfg.shuffle_seed,
+                shuffle_algo=cfg.shuffle_algo,
+                num_canonical_nodes=cfg.num_canonical_nodes,
+                validate_hash="xxh64" if cfg.remote and cfg.verify_hashes else None,
+            )
+        except ValueError as exc:
+            if not str(exc).startswith("Reused local directory"):
+                raise
+            # streaming keeps one live reader per remote cache on a machine: another run's downloads would land in it.
+            raise ConfigError(f"data.path '{cfg.path}' is the cache of another live run on this machine that reads "
+                              f"from the bucket too; give each run its own data.path") from None
         # Inside the registration: no run's clean-up sees these segments before their owner's lock is held, and none
         # removes the lock file between this rank's open and its lock (clean_stale_shared_memory).
         hold_while_alive(_prefix_lock(dataset._shm_prefix_int))

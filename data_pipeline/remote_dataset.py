@@ -8,9 +8,11 @@ finds everything it names, and an interrupted upload leaves no index that points
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -145,6 +147,9 @@ def uploaded(url: str, local: Path | str) -> bool:
     return False
 
 
+FETCH_LOCK = ".fetch.lock"
+
+
 def fetch_metadata(url: str, cache: Path) -> None:
     """Bring the manifest, tokenizer and split indexes of a remote dataset into the local cache folder.
 
@@ -153,7 +158,15 @@ def fetch_metadata(url: str, cache: Path) -> None:
     """
     store = ObjectStore(url)
     cache.mkdir(parents=True, exist_ok=True)
-    fresh = cache / f".{MANIFEST}.remote"
+    # Two jobs on one cache (a node's, or the leaders of one job on a shared file system) fetch one at a time: the
+    # second finds the first's files, and neither replaces the manifest, or removes a split, under the other.
+    with open(cache / FETCH_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _fetch_metadata(store, url, cache)
+
+
+def _fetch_metadata(store: ObjectStore, url: str, cache: Path) -> None:
+    fresh = cache / f".{MANIFEST}.remote-{os.getpid()}"
     try:
         store.download(MANIFEST, fresh)
     except StorageError as exc:

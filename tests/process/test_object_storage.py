@@ -836,6 +836,37 @@ def test_a_cache_holding_another_dataset_is_replaced_not_read(s3, prepared, tmp_
     assert (DatasetDir(cache).index("train")).read_bytes() == (DatasetDir(other).index("train")).read_bytes()
 
 
+def test_fetches_into_one_cache_at_once_take_turns_and_a_second_live_reader_is_one_line(s3, prepared, tmp_path):
+    """Two jobs on one cache (one node, or a shared file system): their metadata fetches take turns, each finding the
+    dataset whole; a second live reader of that cache from the bucket is refused naming data.path, where streaming
+    would raise its own ValueError from inside the dataset."""
+    import fcntl
+    import threading
+
+    from core.errors import ConfigError
+    from data_pipeline.loader import LoaderConfig, build_dataset
+    from data_pipeline.remote_dataset import FETCH_LOCK, fetch_metadata, upload_dataset
+
+    upload_dataset(prepared, "s3://corpus/shared", overwrite=False)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with open(cache / FETCH_LOCK, "a") as other:  # another job's fetch, under way
+        fcntl.flock(other, fcntl.LOCK_EX)
+        fetch = threading.Thread(target=fetch_metadata, args=("s3://corpus/shared", cache))
+        fetch.start()
+        fetch.join(timeout=2)
+        assert fetch.is_alive() and not DatasetDir(cache).manifest.exists()  # it waits its turn
+    fetch.join(timeout=60)
+    assert not fetch.is_alive()
+    assert DatasetDir(cache).manifest.read_bytes() == DatasetDir(prepared).manifest.read_bytes()
+    assert not [p.name for p in cache.iterdir() if p.name.startswith(f".{MANIFEST}.remote")]
+    cfg = LoaderConfig(path=str(cache), remote="s3://corpus/shared")
+    first = build_dataset(cfg, "train", 4)
+    with pytest.raises(ConfigError, match=f"^data.path '{re.escape(str(cache))}' is the cache of another live run"):
+        build_dataset(cfg, "train", 4)
+    del first
+
+
 def test_a_requeued_array_finishes_a_failed_upload_and_leaves_a_finished_one_in_place(s3, corpus_file, tmp_path,
                                                                                       monkeypatch, caplog):
     """The merging task publishes the dataset in its staging folder, then its upload fails: the task fails, the array
