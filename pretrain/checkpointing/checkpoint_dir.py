@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from core.atomic_files import write_text_atomic
 from core.errors import ConfigError
 
 COMPLETE = "COMPLETE"
@@ -114,6 +115,15 @@ class CheckpointDir:
                 return f"{name} cannot be read ({exc.strerror or exc})"
         return None
 
+    def point_latest(self) -> None:
+        """Point DeepSpeed's `latest` (read by its zero_to_fp32.py) at the newest complete tag, after tags moved aside
+        or came in from the bucket; no pointer where there is none."""
+        tag = self.latest()
+        if tag is None:
+            (self.root / LATEST).unlink(missing_ok=True)
+        elif self.root.is_dir():
+            write_text_atomic(self.root / LATEST, tag)
+
     def newest_intact(self, set_aside: bool = False) -> tuple[Optional[str], list[tuple[str, str]]]:
         """(newest complete tag whose files match its marker, [(damaged newer tag, what is wrong), ...]).
 
@@ -130,6 +140,7 @@ class CheckpointDir:
                 target = self.root / f"{tag}.damaged"
                 shutil.rmtree(target, ignore_errors=True)
                 (self.root / tag).rename(target)
+                self.point_latest()
         return None, damaged
 
     def meta(self, tag: str) -> dict[str, Any]:
@@ -171,6 +182,7 @@ class CheckpointDir:
             aside.mkdir()
             for name in later:
                 (self.root / name).rename(aside / name)
+            self.point_latest()
         return later, aside
 
     def remove_stale(self, newest: str, keep_last: int) -> None:

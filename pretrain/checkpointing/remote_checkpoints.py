@@ -135,6 +135,7 @@ class RemoteCheckpoints:
             target.rename(self.local.root / f"{newest}.damaged")
         shutil.rmtree(target, ignore_errors=True)  # an unmarked local folder of that tag: the debris of a killed save
         tmp.rename(target)
+        self.local.point_latest()
         return newest
 
 

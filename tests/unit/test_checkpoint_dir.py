@@ -66,3 +66,26 @@ def test_a_file_that_cannot_be_read_is_damage_and_the_older_tag_is_taken(tmp_pat
     assert folder.damage("step_00000020") == "mp_rank_00_model_states.pt cannot be read (Input/output error)"
     assert folder.damage("step_00000010") is None
     assert folder.newest_intact() == ("step_00000010", [("step_00000020", folder.damage("step_00000020"))])
+
+
+def test_the_latest_pointer_follows_tags_moved_aside(tmp_path):
+    """DeepSpeed's zero_to_fp32.py reads `latest`: after a branch moves later tags aside, or a damaged newest is set
+    aside, it names the newest complete tag left, not one that is gone; with none left there is no pointer."""
+    import json
+
+    from pretrain.checkpointing.checkpoint_dir import file_manifest
+
+    root = tmp_path / "tags"
+    root.mkdir()
+    for name in ("step_00000010", "step_00000020", "step_00000030"):
+        _tag(root, name, complete=False)
+        (root / name / COMPLETE).write_text(json.dumps({"files": file_manifest(root / name)}))
+    (root / LATEST).write_text("step_00000030")
+    folder = CheckpointDir(root)
+    moved, _ = folder.set_aside_after("step_00000020")
+    assert moved == ["step_00000030"] and (root / LATEST).read_text() == "step_00000020"
+    (root / "step_00000020" / "mp_rank_00_model_states.pt").write_bytes(b"weighTs")  # a changed byte
+    assert folder.newest_intact(set_aside=True)[0] == "step_00000010"
+    assert (root / LATEST).read_text() == "step_00000010"
+    (root / "step_00000010" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    assert folder.newest_intact(set_aside=True)[0] is None and not (root / LATEST).exists()
