@@ -80,7 +80,9 @@ def describe(exc: BaseException, url: str) -> Optional[str]:
         if isinstance(exc, bx.BotoCoreError):
             return f"object store error for {where}: {exc}"
     if isinstance(exc, FileNotFoundError):
-        return f"not found in the object store: {where}"
+        if exc.filename is not None:  # the OS's, about a local file (a staging copy, the cache): not the store's answer
+            return None
+        return f"not found in the object store: {where}"  # streaming's clients say so of a missing object
     if isinstance(exc, ImportError):
         return f"the client library for {urllib.parse.urlparse(url).scheme}:// is not installed ({exc})"
     if isinstance(exc, ValueError) and str(exc).startswith("Invalid endpoint") and url.startswith("s3://"):
