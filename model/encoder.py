@@ -11,7 +11,7 @@ from typing import Literal, Optional
 from transformers import PretrainedConfig
 
 from core.config_io import coerce_value, field_types
-from core.errors import CheckpointError, ConfigError
+from core.errors import CheckpointError, ConfigError, InputDataError
 from data_pipeline.tokenizer import has_tokenizer, vocabulary_difference
 from model.backbones import REGISTRY, backbone_for
 from model.backbones.base import CONFIG_VALUE_ERRORS, Backbone, check_saved_config, family_keys, read_model_folder
@@ -237,7 +237,11 @@ def pretrained_config(cfg: EncoderConfig, vocab_size: int, seq_len: int,
 def _check_same_vocabulary(folder: Path, tokenizer_dir: Path) -> None:
     """Refuse a starting folder whose tokenizer maps tokens to other ids than the dataset's: its embeddings (and a
     teacher's) would read another vocabulary's ids, for the whole run, at the same vocabulary size."""
-    difference = vocabulary_difference(folder, tokenizer_dir)
+    try:
+        difference = vocabulary_difference(folder, tokenizer_dir)
+    except InputDataError as exc:  # the dataset's loaded when the data was opened: the folder's is the unreadable one
+        raise InputDataError(f"config key 'model.init_from' ({folder}): its tokenizer cannot be compared with the "
+                             f"dataset's: {exc}") from exc
     if difference:
         raise ConfigError(f"'model.init_from' {folder} has another tokenizer than the dataset's ({difference}): its "
                           f"embeddings index the other one's ids; prepare the data with its tokenizer "

@@ -311,6 +311,13 @@ def test_a_folder_whose_tokenizer_is_not_the_datasets_is_refused_even_at_the_sam
     moved_mask = _with_pieces_swapped(data_tokenizer, tmp_path / "moved_mask", ids["mask_id"], 60)
     with pytest.raises(ConfigError, match=rf"\(mask_id {ids['mask_id']} against 60\)"):
         model_config(config, ids, 64, moved_mask)
+    # A tokenizer file in the folder that does not load: the key that named the folder is named with it.
+    from core.errors import InputDataError
+
+    (model / "tokenizer.json").write_text("{not json")
+    with pytest.raises(InputDataError, match=rf"^config key 'model.init_from' \({re.escape(str(model))}\): its "
+                                             r"tokenizer cannot be compared with the dataset's: '"):
+        model_config(config, ids, 64, data_tokenizer)
 
 
 def test_a_hub_folder_that_leaves_its_special_tokens_to_its_class_is_read_as_transformers_reads_it(tmp_path):
