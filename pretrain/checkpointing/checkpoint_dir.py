@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from core.atomic_files import write_text_atomic
+from core.atomic_files import fsync_folder, write_text_atomic
 from core.errors import ConfigError
 
 COMPLETE = "COMPLETE"
@@ -140,6 +140,7 @@ class CheckpointDir:
                 target = self.root / f"{tag}.damaged"
                 shutil.rmtree(target, ignore_errors=True)
                 (self.root / tag).rename(target)
+                fsync_folder(self.root)  # after a crash of the machine, no resume finds the damaged tag back in place
                 self.point_latest()
         return None, damaged
 
@@ -182,6 +183,7 @@ class CheckpointDir:
             aside.mkdir()
             for name in later:
                 (self.root / name).rename(aside / name)
+            fsync_folder(self.root)  # the branch's start, durable before it saves over the abandoned line's steps
             self.point_latest()
         return later, aside
 

@@ -1,5 +1,7 @@
 """What a save leaves in `checkpoints/`: the newest complete tags, and nothing a killed save, conversion or download
 left behind (each of those holds up to a checkpoint's size, on a disk a month-long run fills)."""
+from pathlib import Path
+
 from pretrain.checkpointing.checkpoint_dir import COMPLETE, LATEST, CheckpointDir
 from pretrain.run_dir import RunDir
 
@@ -68,7 +70,7 @@ def test_a_file_that_cannot_be_read_is_damage_and_the_older_tag_is_taken(tmp_pat
     assert folder.newest_intact() == ("step_00000010", [("step_00000020", folder.damage("step_00000020"))])
 
 
-def test_the_latest_pointer_follows_tags_moved_aside(tmp_path):
+def test_the_latest_pointer_follows_tags_moved_aside(tmp_path, monkeypatch):
     """DeepSpeed's zero_to_fp32.py reads `latest`: after a branch moves later tags aside, or a damaged newest is set
     aside, it names the newest complete tag left, not one that is gone; with none left there is no pointer."""
     import json
@@ -81,11 +83,16 @@ def test_the_latest_pointer_follows_tags_moved_aside(tmp_path):
         _tag(root, name, complete=False)
         (root / name / COMPLETE).write_text(json.dumps({"files": file_manifest(root / name)}))
     (root / LATEST).write_text("step_00000030")
+    import pretrain.checkpointing.checkpoint_dir as checkpoint_dir
+
+    synced = []  # each move is synced into its folder (a crash of the machine must not bring a tag back)
+    real = checkpoint_dir.fsync_folder
+    monkeypatch.setattr(checkpoint_dir, "fsync_folder", lambda path: (synced.append(Path(path)), real(path)))
     folder = CheckpointDir(root)
     moved, _ = folder.set_aside_after("step_00000020")
-    assert moved == ["step_00000030"] and (root / LATEST).read_text() == "step_00000020"
+    assert moved == ["step_00000030"] and (root / LATEST).read_text() == "step_00000020" and synced == [root]
     (root / "step_00000020" / "mp_rank_00_model_states.pt").write_bytes(b"weighTs")  # a changed byte
     assert folder.newest_intact(set_aside=True)[0] == "step_00000010"
-    assert (root / LATEST).read_text() == "step_00000010"
+    assert (root / LATEST).read_text() == "step_00000010" and synced == [root, root]
     (root / "step_00000010" / "mp_rank_00_model_states.pt").write_bytes(b"")
     assert folder.newest_intact(set_aside=True)[0] is None and not (root / LATEST).exists()
