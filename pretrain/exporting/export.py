@@ -116,7 +116,11 @@ def _trained_config(config_dir: Path, saved_model: dict) -> RunConfig:
     """The run config saved beside the checkpoint, its `model.*` keys naming the model its model config recorded."""
     # The init_from folder is not read: a run started before the model.* keys had to match that folder may have saved
     # a model group's family and shape beside another's weights, and the folder may have changed since.
-    cfg = load_config(RunConfig, config_dir / CONFIG_FILE, [*trained_keys(saved_model), "model.init_from=null"])
+    # The training loop's speed options change no weight, and their checks are of the launch's environment (fused
+    # Q/K/V needs transformers 5): an export, perhaps in another environment, does not repeat them.
+    launch_only = ["train.fused_qkv=false", "train.compile=false", "train.vocab_loss_chunk=0"]
+    cfg = load_config(RunConfig, config_dir / CONFIG_FILE, [*trained_keys(saved_model), "model.init_from=null",
+                                                            *launch_only])
     # The card still names the folder the run started from.
     cfg.model.init_from = (yaml.safe_load((config_dir / CONFIG_FILE).read_text()).get("model") or {}).get("init_from")
     return cfg

@@ -348,3 +348,22 @@ def test_a_hub_folder_that_leaves_its_special_tokens_to_its_class_is_read_as_tra
     (hub / "tokenizer.json").write_text(json.dumps(swapped), encoding="utf-8")
     with pytest.raises(ConfigError, match=r"has another tokenizer than the dataset's \(2 token\(s\) with other ids"):
         model_config(config, ids, 64, data_tokenizer)
+
+
+def test_an_export_reads_a_training_config_without_the_launchs_speed_checks(tmp_path):
+    """Export rebuilds what a run trained from its saved config: the loop's speed options (fused Q/K/V, compile, the
+    chunked vocabulary loss) change no weight, and their checks are of the launch's environment (fused Q/K/V needs
+    transformers 5; this test also runs under 4.x, the compatibility subset) or of a later version's rules (here each
+    with ZeRO-3): a run saved so still exports."""
+    import yaml
+
+    from pretrain.exporting.export import _trained_config
+    from pretrain.run_dir import CONFIG_FILE
+
+    saved = {"train": {"zero_stage": 3, "fused_qkv": True, "compile": True, "vocab_loss_chunk": 4096},
+             "model": {"init_from": "teacher/"}}
+    (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump(saved))
+    cfg = _trained_config(tmp_path, BertConfig(**SMALL).to_dict())
+    assert cfg.train.zero_stage == 3 and cfg.model.hidden_size == SMALL["hidden_size"]
+    assert not cfg.train.fused_qkv and not cfg.train.compile and cfg.train.vocab_loss_chunk == 0
+    assert cfg.model.init_from == "teacher/"  # named on the card, not read
