@@ -231,6 +231,16 @@ def prepare_output(final_dir: Path, overwrite: bool, kind: Optional[str] = None,
     return tmp
 
 
+def readable_as_umask_allows(folder: Path) -> None:
+    """Give every file under `folder` the mode a plain new file gets (0o666 less the umask): some writers (safetensors'
+    through transformers) make theirs 0o600, which other users of a shared file system cannot load."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, 0o666 & ~mask)
+
+
 def publish(tmp_dir: Path, final_dir: Path) -> None:
     """Swap a finished temporary folder into place; an old dataset is removed only after that."""
     if final_dir.exists():

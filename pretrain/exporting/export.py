@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 import yaml
 
-from core.atomic_files import check_overwrite, mark_output, prepare_output, publish
+from core.atomic_files import check_overwrite, mark_output, prepare_output, publish, readable_as_umask_allows
 from core.config_io import config_to_dict, load_config
 from core.distributed import set_up_for_this_call
 from core.errors import CheckpointError
@@ -168,6 +168,7 @@ def _export(checkpoint: str | Path, out_dir: str | Path, overwrite: bool, trust_
             head.save(tmp, name)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         mark_output(tmp, EXPORT)
+        readable_as_umask_allows(tmp)
         publish(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

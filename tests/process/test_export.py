@@ -1,4 +1,5 @@
 """Export: the HF folder reproduces the training model, loads in AutoModelForMaskedLM and fill-mask, and is written safely."""
+import os
 import subprocess
 
 import pytest
@@ -39,6 +40,12 @@ def test_export_logits_equal_training_model(trained, exported):
     with torch.no_grad():
         logits = model(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
     assert torch.allclose(logits, probe["logits"][""], atol=1e-5, rtol=0)
+    # Every file readable by whom the umask lets read (safetensors' writer makes its file 0o600): a shared file
+    # system's other users load the export too.
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    assert set(modes.values()) == {0o666 & ~mask}, modes
 
 
 def test_fill_mask_pipeline_runs_offline(exported):
