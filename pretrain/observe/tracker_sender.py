@@ -46,6 +46,7 @@ class TrackerSender:
         self._stopping = False
         self._failures = 0  # failed tries of the row at the head, since the last row that went through
         self._dropped = 0  # rows dropped since the last line that counted them
+        self._last_sent: Optional[dict[str, float]] = None  # the row the service took last (a stop asks of its head)
         self._said: list[str] = []
         self._thread = threading.Thread(target=self._run, name=f"{SENDER_THREAD}{name}", daemon=True)
         self._thread.start()
@@ -100,22 +101,27 @@ class TrackerSender:
         with self._cond:
             while self._rows and time.monotonic() < rows_by:
                 self._cond.wait(max(0.0, min(0.5, rows_by - time.monotonic())))
-            left = len(self._rows)
-            dropped = f"{self._dropped} older row(s) were dropped as too many waited" if self._dropped else ""
-            if left:
-                first, last = self._rows[0][0], self._rows[-1][0]
-                steps = f"step {first}" if first == last else f"steps {first}-{last}"
-                self._said.append(f"{self.name}: {left} row(s) ({steps}) not sent before the run ended: the service did "
-                                  f"not take them{', and ' + dropped if dropped else ''} (they are in metrics.jsonl)")
-                self._rows.clear()
-            elif dropped:
-                self._said.append(f"{self.name}: {dropped} (they are in metrics.jsonl)")
+            # The head may be in the service's hands: whether it went is known once the thread is done with it.
+            in_flight = self._rows[0] if self._trying and self._rows else None
+            unsent = [step for step, row in self._rows if in_flight is None or row is not in_flight[1]]
+            self._rows.clear()
             self._cond.notify_all()
         self._thread.join(max(0.0, end_by - time.monotonic()))
+        with self._cond:
+            if in_flight is not None and self._last_sent is not in_flight[1]:
+                unsent.insert(0, in_flight[0])
+            dropped = f"{self._dropped} older row(s) were dropped as too many waited" if self._dropped else ""
+            if unsent:
+                steps = f"step {unsent[0]}" if len(unsent) == 1 else f"steps {unsent[0]}-{unsent[-1]}"
+                self._said.append(f"{self.name}: {len(unsent)} row(s) ({steps}) not sent before the run ended: the "
+                                  f"service did not take them{', and ' + dropped if dropped else ''} (they are in "
+                                  "metrics.jsonl)")
+            elif dropped:
+                self._said.append(f"{self.name}: {dropped} (they are in metrics.jsonl)")
         if self._thread.is_alive():
             self.said(f"{self.name}: the service did not answer before the run ended: its tracked run may not be "
                       "marked ended (it stays resumable)")
-        return left
+        return len(unsent)
 
     def _run(self) -> None:
         while True:
@@ -186,6 +192,7 @@ class TrackerSender:
     def _sent(self, step: int, row: dict[str, float]) -> None:
         with self._cond:
             self._trying = False
+            self._last_sent = row
             if self._rows and self._rows[0][1] is row:  # not a row put after a stop cleared the one sent
                 self._rows.popleft()
             if self._failures:

@@ -86,6 +86,34 @@ def test_a_stop_waits_a_bounded_time_and_names_the_rows_it_leaves():
     assert sender.waiting() == 0
 
 
+def test_a_row_in_the_services_hands_at_the_stop_is_counted_by_whether_it_went():
+    """The row being sent when the stop's time for rows runs out: it is not named unsent if the service then takes
+    it (before the deadline), and is if the service never answers."""
+    for answers in (True, False):
+        release, got = threading.Event(), []
+
+        def slow(step: int, row: dict[str, float]) -> None:
+            release.wait(5 if answers else 30)
+            if answers:
+                got.append(step)
+
+        sender = TrackerSender("svc", slow, ())
+        for step in (8, 9):
+            sender.put(step, {"x": 0.0})
+        timer = threading.Timer(1.5, release.set) if answers else None  # the service answers after rows_by
+        if timer:
+            timer.start()
+        left = sender.stop(time.monotonic() + 0.5, time.monotonic() + (4 if answers else 1.5))
+        said = sender.messages()
+        if answers:
+            assert got == [8] and left == 1, (got, said)
+            assert said == ["svc: 1 row(s) (step 9) not sent before the run ended: the service did not take them "
+                            "(they are in metrics.jsonl)"]
+        else:
+            assert left == 2 and said[0].startswith("svc: 2 row(s) (steps 8-9) not sent before the run ended"), said
+        release.set()
+
+
 def test_a_stop_cuts_a_long_backoff_short_so_a_service_back_meanwhile_gets_the_rows():
     """A service that failed long ago waits a backoff of up to a minute; the stop's deadline is 15 s. The stop retries
     at once (and each second), so a service back by then takes every row."""
