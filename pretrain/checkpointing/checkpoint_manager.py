@@ -266,7 +266,8 @@ class CheckpointManager:
             log.info(note)
         for bad, why in choice.damaged:
             log.info(f"checkpoint {self.folder.tag(bad)} is damaged ({why}): set aside as {bad}.damaged")
-            log.scalars(self.progress.step, {"damaged_checkpoint_step": float(bad.removeprefix("step_"))}, "resume")
+            log.scalars(self.progress.step, {"damaged_checkpoint_step": float(bad.removeprefix("step_"))}, "resume",
+                        before_rewind=True)
         if choice.fetched == tag:
             log.info(f"downloaded checkpoint {tag} from {choice.remote.url} (no intact local checkpoint was as new)")
         log.info(f"resumed from {self.folder.tag(tag)} at step {self.progress.step}")

@@ -27,6 +27,7 @@ class RunLogger:
         self._writer = None
         self._text = self._jsonl = None
         self.trackers = None
+        self._held: list[tuple[int, dict[str, float], str]] = []  # rows for the trackers, until the rewind
         if enabled:
             run_dir.root.mkdir(parents=True, exist_ok=True)  # the logs come first: the run files wait for training
             self.tb_dir = run_dir.tensorboard
@@ -55,6 +56,9 @@ class RunLogger:
             if rows:
                 self.trackers.resumed(max(row["step"] for row in rows))
             self.trackers.open()
+            for held in self._held:
+                self.trackers.log(*held, new=True)
+            self._held.clear()
         if self._writer is not None:
             self._writer.close()
             # TensorBoard drops events at or after purge_step that earlier sessions wrote.
@@ -74,14 +78,17 @@ class RunLogger:
             if refused_for_room(exc) is None:
                 raise
 
-    def scalars(self, step: int, values: dict[str, float], prefix: str) -> None:
-        """Scalars to TensorBoard and metrics.jsonl."""
+    def scalars(self, step: int, values: dict[str, float], prefix: str, before_rewind: bool = False) -> None:
+        """Scalars to TensorBoard, metrics.jsonl and the trackers; a row `before_rewind` (what a resume found) goes to
+        the trackers once the rewind knows which steps their runs already have (`Trackers.log`'s new rows)."""
         if not self.enabled:
             return
         if self._writer is not None:
             for key, value in values.items():
                 self._writer.add_scalar(f"{prefix}/{key}", value, step)
-        if self.trackers is not None:
+        if self.trackers is not None and before_rewind:
+            self._held.append((step, values, prefix))
+        elif self.trackers is not None:
             self.trackers.log(step, values, prefix)
             self._tracker_warnings()
         self._jsonl.write(json.dumps({"step": step, "split": prefix, **values}) + "\n")

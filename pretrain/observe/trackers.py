@@ -391,15 +391,20 @@ class Trackers:
             self.senders = {t.name: TrackerSender(t.name, t.log, t.refusals(), end=functools.partial(self._end, t),
                                                   final=t.final) for t in self.items}
 
-    def log(self, step: int, values: dict[str, float], prefix: str) -> None:
-        """One row of scalars to every tracker."""
+    def log(self, step: int, values: dict[str, float], prefix: str, new: bool = False) -> None:
+        """One row of scalars to every tracker; a `new` row (no redo of an earlier attempt's: what this attempt's
+        start found) goes to a continued run at the step after the last it got, where W&B, which takes only rising
+        steps, keeps it."""
         if not self.backends:
             return
         self.open()
         row = {**{f"{prefix}/{k}": v for k, v in values.items()}, LOGGED_AT: time.time()}
         for tracker in self.items:
             # Only a run that got the earlier attempt's rows skips the steps this one redoes (known once rewound).
-            if step > (self.last_logged if self.continued[tracker.name] else -1):
+            last = self.last_logged if self.continued[tracker.name] else -1
+            if new:
+                self.senders[tracker.name].put(max(step, last + 1), row)
+            elif step > last:
                 self.senders[tracker.name].put(step, row)
 
     def messages(self) -> list[str]:

@@ -310,9 +310,11 @@ def test_steps_a_lost_attempt_sent_are_not_sent_again_by_the_resume(prepared, tm
 
 def test_a_row_logged_before_the_rewind_does_not_resend_the_redone_steps(tmp_path):
     """A resume that sets a damaged checkpoint aside logs its row before the rewind says what the earlier attempt
-    sent: the continued run still gets each step once (MLflow would keep both values)."""
+    sent: the continued run still gets each step once (MLflow would keep both values), and that row goes after the
+    rewind, at the step after the last the run got (W&B takes only rising steps: at the restored step it was dropped)."""
     import mlflow
 
+    from pretrain.observe.logger import RunLogger
     from pretrain.observe.trackers import Trackers
 
     run = RunDir(tmp_path / "run")
@@ -325,16 +327,21 @@ def test_a_row_logged_before_the_rewind_does_not_resend_the_redone_steps(tmp_pat
         for step in (1, 2, 3, 4):
             first.log(step, {"loss": float(step)}, "train")
         first.close()
-        again = Trackers(run, ["mlflow"], {"seed": 1})
-        again.log(2, {"damaged_checkpoint_step": 4.0}, "resume")  # the restore's row, before the rewind
-        again.resumed(4)
-        again.open()
+        for step in (1, 2, 3, 4):  # metrics.jsonl, as the first attempt's logger wrote it: the rewind reads it
+            with run.metrics.open("a") as fh:
+                fh.write(json.dumps({"step": step, "split": "train", "loss": float(step)}) + "\n")
+        again = RunLogger(run, 10, True, report_to=("mlflow",), config={"seed": 1})
+        again.scalars(2, {"damaged_checkpoint_step": 4.0}, "resume", before_rewind=True)  # the restore's row
+        again.rewind(2)
         for step in (3, 4, 5):
-            again.log(step, {"loss": 10.0 + step}, "train")
+            again.scalars(step, {"loss": 10.0 + step}, "train")
         again.close()
     run_id = json.loads(run.tracker_ids.read_text())["mlflow"]
-    history = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run.mlflow_db}").get_metric_history(run_id, "train/loss")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run.mlflow_db}")
+    history = client.get_metric_history(run_id, "train/loss")
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 15.0)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "resume/damaged_checkpoint_step")] == [(5, 4.0)]
+    assert {"step": 2, "split": "resume", "damaged_checkpoint_step": 4.0} in run.metric_rows()  # the log keeps its step
     # trackers.json damaged (by hand, or by the disk): one line naming it, not a JSONDecodeError's traceback.
     from core.errors import InputDataError
 
