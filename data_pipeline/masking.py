@@ -8,7 +8,9 @@ Strategies (special tokens and padding are never picked):
   vocabulary: sentencepiece pieces beginning with `▁`, WordPiece tokens not beginning with `##`.
 - `span`: SpanBERT (Joshi et al. 2020): span lengths in words ~ Geometric(p) truncated at max_span
   and renormalised (mean 3.8 for p=0.2), starts uniform over words, until mask_prob of the tokens
-  are picked; each span is 80/10/10 as a whole. Every picked token also gets its span's boundary
+  are picked; as SpanBERT's sampler, a span is drawn again only when its first word is picked, runs
+  over picked words, stops before the word that would pass the budget, and touching spans merge into
+  one (so its boundaries are never picked); each span is 80/10/10 as a whole. Every picked token also gets its span's boundary
   positions (`span_left`: the token before the span, `span_right`: the token after it) and its
   1-based place in the span (`span_offset`; 0 where nothing is picked), for the span boundary objective.
 - `ngram`: ALBERT's n-gram masking (Lan et al. 2020): as `span`, with n-gram lengths in words
@@ -37,7 +39,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Iterable, Literal, Optional
 
 import numpy as np
 import torch
@@ -298,6 +300,8 @@ class SpanMasking(_Masking):
         tries = 4 * len(heads) + 20
         lengths = sample_span_lengths(tries, self.cfg.span_p, self.cfg.max_span, generator, self.length_pmf).tolist()
         first_words = torch.randint(len(heads), (tries,), generator=generator).tolist()
+        if self.cfg.strategy == "span":
+            return self._spanbert_row(heads, ends, budget, picked, action, zip(lengths, first_words))
         count = 0
         for span_words, w in zip(lengths, first_words):
             if count >= budget:
@@ -307,7 +311,7 @@ class SpanMasking(_Masking):
             while last + 1 < len(heads) and last - w + 1 < span_words and heads[last + 1] == ends[last]:
                 last += 1
             lo, hi = heads[w], ends[last]
-            # As SpanBERT does, a span that would overshoot the budget is skipped.
+            # As ALBERT's and XLNet's samplers do, an n-gram over another or past the budget is skipped.
             if picked[lo:hi].any() or count + (hi - lo) > budget:
                 continue
             picked[lo:hi] = True
@@ -315,6 +319,43 @@ class SpanMasking(_Masking):
             count += hi - lo
             spans.append((lo, hi))
         return spans
+
+
+    @staticmethod
+    def _spanbert_row(heads: list[int], ends: list[int], budget: int, picked: torch.Tensor, action: torch.Tensor,
+                      draws: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """SpanBERT's sampler (facebookresearch/SpanBERT, PairWithSpanMaskingScheme): a span is drawn again only when
+        its first word is picked already; it runs over picked words, and stops where its next word would pass the
+        budget (whole words, as the paper masks; a row's first word even past it, so no row is left without a
+        target); overlapping and adjacent spans are merged, so every boundary is an unpicked token."""
+        count, spans = 0, []
+        for span_words, w in draws:
+            if count >= budget:
+                break
+            if picked[heads[w]]:
+                continue
+            lo = hi = heads[w]
+            for last in range(w, min(w + span_words, len(heads))):
+                if heads[last] != hi:  # a special token between: the span ends before it
+                    break
+                new = int((~picked[heads[last]:ends[last]]).sum())
+                if count and count + new > budget:
+                    break
+                picked[heads[last]:ends[last]] = True
+                count, hi = count + new, ends[last]
+                if count >= budget:
+                    break
+            if hi > lo:
+                spans.append((lo, hi))
+        merged: list[tuple[int, int]] = []
+        for lo, hi in sorted(spans):
+            if merged and lo <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        for lo, hi in merged:
+            action[lo:hi] = action[lo]  # the whole span is masked, replaced or kept together
+        return merged
 
 
 class PermutationMasking(SpanMasking):
