@@ -172,7 +172,12 @@ class TaCL(Objective):
         terms = {"mlm_loss": mlm, "tacl_loss": tacl}
         metrics = {"mlm_accuracy": accuracy}
         if not self.training:  # an L×L product per sequence: a validation diagnostic, not a training cost
-            metrics["self_similarity"] = token_self_similarity(out.last_hidden_state, attention)
+            # Of the clean text, as TaCL's analysis and `evaluate self-similarity` measure it: a pass of its own, the
+            # masked input's [MASK] tokens would move the statistic with the masking rate.
+            with torch.no_grad():
+                clean = bb.encode(bb.base(self.student), batch["original_input_ids"], self.encoder_mask(batch),
+                                  types).last_hidden_state
+            metrics["self_similarity"] = token_self_similarity(clean, attention)
         if self.options.pair_head == "nsp":
             if "pair_label" not in batch:
                 raise ConfigError("objective.tacl.pair_head=nsp needs data prepared with packing=pairs")

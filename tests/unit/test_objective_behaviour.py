@@ -182,6 +182,24 @@ def test_tacl_options_reach_its_loss(include_padding, cross):
     assert abs(terms["tacl_loss"].item() - want) <= 1e-5 * abs(want), (terms["tacl_loss"].item(), want)
 
 
+def test_tacls_validation_self_similarity_reads_the_students_clean_text():
+    """The self-similarity logged at validation is TaCL's statistic of the student over clean text (as its analysis
+    and `evaluate self-similarity` read it), not over the masked input the MLM term reads."""
+    from model.diagnostics import token_self_similarity
+
+    torch.manual_seed(0)
+    m = build_objective(ObjectiveConfig(name="tacl"), tiny_config()).eval()
+    batch = masked_batch("tacl")
+    args = {"attention_mask": batch["attention_mask"], "token_type_ids": batch["token_type_ids"]}
+    with torch.no_grad():
+        _, metrics = m.terms(batch)
+        clean = m.student.bert(batch["original_input_ids"], **args).last_hidden_state
+        masked = m.student.bert(batch["input_ids"], **args).last_hidden_state
+    want = float(token_self_similarity(clean, batch["attention_mask"]))
+    assert abs(float(metrics["self_similarity"]) - want) <= 1e-6 * abs(want)
+    assert abs(float(token_self_similarity(masked, batch["attention_mask"])) - want) > 1e-4  # the two differ here
+
+
 def test_tacl_with_the_nsp_head_adds_its_pair_loss():
     oc = ObjectiveConfig(name="tacl")
     oc.tacl.pair_head = "nsp"
