@@ -17,18 +17,19 @@ from pretrain.lifecycle import signals
 
 
 def parse_duration(text: str) -> float:
-    """Seconds from "3600", "90m", "23:30:00" or "1-00:00:00" (SLURM's day-hour form)."""
+    """Seconds from "3600", "90m", "05:00" (minutes:seconds), "23:30:00", or SLURM's day forms "1-12", "1-12:30" and
+    "1-12:30:00"."""
     text = text.strip()
     if not text:
         return 0.0
     if text[-1] in "smhd" and text[:-1].replace(".", "", 1).isdigit():
         return float(text[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[text[-1]]
     days = 0
-    if "-" in text:
-        day_text, text = text.split("-", 1)
-        days = int(day_text)
-    parts = [float(p) for p in text.split(":")]
-    while len(parts) < 3:
+    parts = [float(p) for p in text.split("-", 1)[-1].split(":")]
+    if "-" in text:  # SLURM's D-H, D-H:M and D-H:M:S: after the days come hours first
+        days = int(text.split("-", 1)[0])
+        parts += [0.0] * (3 - len(parts))
+    while len(parts) < 3:  # M:S and H:M:S (a bare number is seconds)
         parts.insert(0, 0.0)
     hours, minutes, seconds = parts
     total = days * 86400 + hours * 3600 + minutes * 60 + seconds

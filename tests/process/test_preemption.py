@@ -23,6 +23,8 @@ def _args(data, out, *extra):
 def test_parse_duration():
     assert parse_duration("90") == 90 and parse_duration("90m") == 5400 and parse_duration("1.5h") == 5400
     assert parse_duration("23:30:00") == 84600 and parse_duration("1-00:00:30") == 86430 and parse_duration("05:00") == 300
+    # SLURM's --time day forms, as a user pastes them: after the days, hours come first (not seconds).
+    assert [parse_duration(t) for t in ("0-12", "1-12", "0-12:30", "1-12:30")] == [43200, 129600, 45000, 131400]
     for never in ("nan", "inf", "1:inf", "-inf"):  # float() reads them: a deadline that never comes
         with pytest.raises(ValueError):
             parse_duration(never)
