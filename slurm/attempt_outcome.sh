@@ -49,6 +49,17 @@ attempt_outcome() {
         for f in "${statuses[@]}"; do grep -q "\"status\": \"$1\"" "$f" 2>/dev/null && echo "$f"; done
     }
     count_status() { with_status "$1" | wc -l; }
+    ended_after_saying_so() {  # whether every task of srun's list (3, 0-1, 0,2-3) said it saved or finished
+        local part task
+        local -a parts
+        IFS=, read -ra parts <<< "$1"
+        for part in "${parts[@]}"; do
+            for (( task = ${part%-*}; task <= ${part#*-}; task++ )); do
+                grep -q -E '"status": "(finished|stopped|preempted|interrupted)"' "$dir/rank$task.json" 2>/dev/null \
+                    || return 1
+            done
+        done
+    }
     # (A rank "terminated" was ended by srun or SLURM after another task died: it is neither a bug nor a loss.)
     n_preempted=$(count_status preempted)
     n_failed=$(count_status failed)
@@ -60,8 +71,16 @@ attempt_outcome() {
     # task that ended on its own, neither ended by srun (Terminated) or a hang-up or interrupt someone sent (Hangup,
     # Interrupt: a rank dies of either before training, and of a SIGINT after its save), nor a survivor (76) or a
     # preempted rank (75).
-    first_death=$(grep -E '^srun: error: [^:]+: tasks? [0-9,-]+: ' "$dir/srun.err" 2>/dev/null \
-        | grep -v -E ': (Terminated|Hangup|Interrupt|Exited with exit code (75|76))$' | head -n 1)
+    # Nor a task whose status says it had saved or finished: srun kills the rank still closing its logs (rank 0: the
+    # trackers, W&B's exit) after the others' exit 75, and that rank is no lost node.
+    first_death=""
+    local line
+    while IFS= read -r line; do
+        [[ "$line" =~ :\ tasks?\ ([0-9,-]+):\  ]] && ended_after_saying_so "${BASH_REMATCH[1]}" && continue
+        first_death=$line
+        break
+    done < <(grep -E '^srun: error: [^:]+: tasks? [0-9,-]+: ' "$dir/srun.err" 2>/dev/null \
+        | grep -v -E ': (Terminated|Hangup|Interrupt|Exited with exit code (75|76))$')
     suspects=""
     if (( n_failed > 0 )); then
         # A rank stopped on its own error (bad input, a full disk, a divergence, a bug): the attempt failed with its
@@ -98,6 +117,10 @@ attempt_outcome() {
     fi
     if (( rc != 0 && rc != EXIT_PREEMPTED && n_preempted > 0 && n_lost == 0 )) && [ -z "$first_death" ]; then
         rc=$EXIT_PREEMPTED  # srun ended the last ranks of a preemption (143): they had saved
+        return
+    fi
+    if (( rc != 0 && ${#statuses[@]} > 0 && $(count_status finished) == ${#statuses[@]} )) && [ -z "$first_death" ]; then
+        rc=0  # every rank finished and said so; srun then ended one still closing its logs
         return
     fi
     if (( rc != 0 && rc != EXIT_PREEMPTED )) && { [ -n "$first_death" ] || (( n_lost > 0 )); }; then

@@ -95,6 +95,15 @@ CASES = {
     "a rank killed beside an interrupt": (
         137, {0: ("n1", "interrupted", {"step": 5}), 1: ("n2", "running", {})},
         [KILLED, "srun: error: n1: task 0: Interrupt"], (76, "n2", 0, 0, 0)),
+    # Preempted: the other ranks exit 75 at once, and srun kills rank 0, which had saved and said so, while it still
+    # closes its logs (the trackers, W&B's exit): a preemption, not a lost node on rank 0's host.
+    "preempted, the rank still closing killed by srun": (
+        137, {0: ("n1", "preempted", {"step": 5}), 1: ("n2", "preempted", {"step": 5})},
+        ["srun: error: n2: task 1: Exited with exit code 75", "srun: error: n1: task 0: Killed"], (75, "", 2, 0, 0)),
+    # The same at the end of a run (srun's --wait), and for a range of tasks.
+    "finished, the ranks still closing killed by srun": (
+        137, {0: ("n1", "finished", {"step": 9}), 1: ("n2", "finished", {"step": 9})},
+        ["srun: error: n1: tasks 0-1: Killed"], (0, "", 0, 0, 0)),
     # A bug on one rank while the other saved on a signal: the bug stops the job.
     "a bug beside a preemption": (
         75, {0: ("n1", "preempted", {"step": 5}), 1: ("n2", "failed", {"error": "KeyError", "code": 1})},
