@@ -28,16 +28,27 @@ def complete_lines(path: Path) -> list[str]:
     return [line for line in lines if line.strip()]
 
 
-def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    """Append one row as a line; a last line a kill cut short is cut off first, so the row starts a line of its own."""
+def cut_partial_line(path: Path) -> None:
+    """Cut off a last line a kill cut short (no newline), so that what is appended next starts a line of its own."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            if fh.tell() == 0:
+                return
+            fh.seek(-1, 2)
+            if fh.read(1) == b"\n":
+                return
     except FileNotFoundError:
-        data = b"\n"
-    if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as fh:
-            fh.truncate(data.rfind(b"\n") + 1)
+        return
+    data = path.read_bytes()
+    with open(path, "r+b") as fh:
+        fh.truncate(data.rfind(b"\n") + 1)
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    """Append one row as a line; a last line a kill cut short is cut off first, so the row starts a line of its own."""
+    cut_partial_line(path)
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(row) + "\n")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from core.errors import refused_for_room
-from core.jsonl import rewind_jsonl
+from core.jsonl import cut_partial_line, rewind_jsonl
 from core.process_life import to_stdout
 from pretrain.run_dir import TENSORBOARD, RunDir
 
@@ -36,6 +36,8 @@ class RunLogger:
 
                 self._writer = SummaryWriter(str(self.tb_dir))
             self._text = open(run_dir.text_log, "a", buffering=1)
+            # A row a kill cut short is cut off before one is appended onto it (a resume's row comes before the rewind).
+            cut_partial_line(run_dir.metrics)
             self._jsonl = open(run_dir.metrics, "a", buffering=1)
             if set(report_to) - {TENSORBOARD}:
                 from pretrain.observe.trackers import Trackers

@@ -48,3 +48,20 @@ def test_a_row_appended_after_a_cut_short_line_starts_a_line_of_its_own(tmp_path
     append_jsonl(path, {"from": "step_00000008"})
     assert path.read_text() == '{"from": "step_00000004"}\n{"from": "step_00000008"}\n'
     assert read_jsonl(path) == [{"from": "step_00000004"}, {"from": "step_00000008"}]
+
+
+def test_the_run_logger_cuts_a_row_a_kill_cut_short_before_it_appends(tmp_path):
+    """A kill mid-row, then a resume that logs a row before its rewind (a damaged checkpoint set aside): the new row
+    starts a line of its own, and the rewind reads the file instead of calling it damaged."""
+    from pretrain.observe.logger import RunLogger
+    from pretrain.run_dir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    run.metrics.write_text('{"step": 1, "split": "train", "loss": 2.0}\n{"step": 2, "split": "tr')
+    log = RunLogger(run, 10, True, report_to=())
+    log.scalars(1, {"damaged_checkpoint_step": 2.0}, "resume", before_rewind=True)
+    log.rewind(1)
+    log.close()
+    assert read_jsonl(run.metrics) == [{"step": 1, "split": "train", "loss": 2.0},
+                                       {"step": 1, "split": "resume", "damaged_checkpoint_step": 2.0}]
