@@ -29,7 +29,7 @@ def _train(args: argparse.Namespace) -> int:
     from core.host_memory import freeze_imports, resume_garbage_collector
     from pretrain.lifecycle import signals
     from pretrain.config import RunConfig
-    from pretrain.lifecycle.exit_status import EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_PREEMPTED
+    from pretrain.lifecycle.exit_status import EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_PREEMPTED, write_status_or_warn
     from pretrain.run import build_trainer
 
     trainer, failed = None, False
@@ -56,7 +56,7 @@ def _train(args: argparse.Namespace) -> int:
     # The decision is made and the checkpoint written: a late SIGTERM (SLURM sends more than one)
     # must not turn "preempted, requeue me" into "killed by a signal" during shutdown.
     signals.ignore()
-    write_status(status, step=trainer.step)
+    write_status_or_warn(status, step=trainer.step)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return {"preempted": EXIT_PREEMPTED, "interrupted": EXIT_INTERRUPTED}.get(status, EXIT_FINISHED)

@@ -22,7 +22,7 @@ from pretrain.checkpointing.checkpoint_dir import tag_for
 from pretrain.checkpointing.checkpoint_manager import CheckpointManager
 from pretrain.config import RunConfig
 from pretrain.engine.deepspeed_engine import Engine, to_device
-from pretrain.lifecycle.exit_status import exit_code_for, write_status
+from pretrain.lifecycle.exit_status import exit_code_for, write_status_or_warn
 from pretrain.observe.logger import RunLogger
 from pretrain.observe.metrics import MetricsReporter
 from pretrain.lifecycle.preemption import PreemptionGuard, run_deadline
@@ -211,7 +211,7 @@ class Trainer:
         self._mark(PREEMPTED, f"{status} ({guard.reason}) at step {self.step}: checkpoint saved, {ending}",
                    reason=guard.reason, deadline=guard.deadline, checkpoint=tag_for(self.step))
         # Every rank says so before any exits: srun --kill-on-bad-exit ends the others at the first exit 75.
-        write_status(status, step=self.step)
+        write_status_or_warn(status, step=self.step)
         dist.barrier()
         return status
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -110,3 +111,14 @@ def write_status(status: str, **fields: Any) -> None:
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     write_text_atomic(path, json.dumps({"status": status, "host": host, "pid": os.getpid(),
                                         "time": time.time(), **fields}) + "\n")
+
+
+def write_status_or_warn(status: str, **fields: Any) -> None:
+    """`write_status` of an attempt's end (its checkpoint saved, or the run finished), where a status folder that
+    cannot take it (a full quota, a stale NFS handle) is said on stderr instead of raised: the attempt keeps the exit
+    it earned, which the batch script reads from srun's code."""
+    try:
+        write_status(status, **fields)
+    except OSError as exc:
+        print(f"warning: status '{status}' could not be written to PRETRAIN_STATUS_DIR ({exc}); the exit code says it",
+              file=sys.stderr, flush=True)
