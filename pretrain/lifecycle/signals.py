@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from core.process_life import (die_of, flush_stdout, hang_up_ignored, leave_terminal, note_terminal_outputs,
                                to_stderr)
@@ -85,13 +85,27 @@ def catch(command_line: bool = False) -> None:
     if _caught is None:
         _caught = tuple(sig for sig in SIGNALS if not _ignored_at_start(sig) and (command_line or sig != signal.SIGINT))
     note_terminal_outputs()
-    for sig in _caught:
-        signal.signal(sig, signal.SIG_IGN)
-    resource_tracker.ensure_running()
-    for sig in _caught:
-        signal.signal(sig, _handle)
+    # Once the handlers are in and the tracker runs (the trainer's guard calls again), no ignoring: a signal that
+    # came in that window (SLURM sends its USR1 once) would be thrown away by the kernel.
+    if not (all(signal.getsignal(sig) is _handle for sig in _caught) and _tracker_running(resource_tracker)):
+        for sig in _caught:
+            signal.signal(sig, signal.SIG_IGN)
+        resource_tracker.ensure_running()
+        for sig in _caught:
+            signal.signal(sig, _handle)
     if command_line and _wakeup is None and not _training:
         _watch_for_endings()
+
+
+def _tracker_running(resource_tracker: Any) -> bool:
+    """Whether this process's multiprocessing resource tracker was started and has not exited."""
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    if pid is None:
+        return False
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return False
 
 
 def _watch_for_endings() -> None:

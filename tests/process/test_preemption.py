@@ -2,11 +2,13 @@
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from conftest import PROCESS_ENV, TINY_MODEL, descendants, python_process, run_cli, wait_for_step
+from conftest import PROCESS_ENV, REPO, TINY_MODEL, descendants, python_process, run_cli, wait_for_step
 
 from pretrain.lifecycle.exit_status import EXIT_PREEMPTED
 from pretrain.lifecycle.preemption import parse_duration
@@ -166,3 +168,23 @@ def test_time_based_saves(prepared, tmp_path):
                                      map_location="cpu", weights_only=False)
     assert state["loader_per_rank"] == [state["loader"]]
     assert {"step", "samples_seen", "tokens_seen", "elapsed_s", "config_hash", "rng"} <= set(state)
+
+
+def test_the_guards_second_catch_leaves_no_window_where_a_signal_is_ignored(tmp_path):
+    """The trainer's guard calls signals.catch() again after `python -m pretrain train` did: with the handlers in and
+    the resource tracker running, it must not set the signals to ignored for a moment (the kernel throws away a
+    SIGUSR1 that lands then, and SLURM sends it once)."""
+    script = tmp_path / "twice.py"
+    script.write_text(
+        "import signal, sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from pretrain.lifecycle import signals\n"
+        "signals.catch()\n"
+        "ignored, real = [], signal.signal\n"
+        "signal.signal = lambda sig, handler: (ignored.append(sig) if handler == signal.SIG_IGN else None, "
+        "real(sig, handler))[1]\n"
+        "signals.catch()\n"
+        "print('ignored', len(ignored), 'usr1 handled', signal.getsignal(signal.SIGUSR1) is signals._handle)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("ignored 0 usr1 handled True"), proc.stdout
