@@ -13,12 +13,21 @@ job=$1 hosts=$2 crashes=${3:-?}
 say() { echo "[exclude_and_release $(date '+%F %T')] $*"; }
 field() { scontrol show job "$job" | sed -n "s/.*$1=\\([^ ]*\\).*/\\1/p" | head -n 1; }
 
-for _ in $(seq 300); do
-    [ "$(field JobState)" = PENDING ] && break
-    sleep 1
+# A job whose node is really gone stays COMPLETING until slurmctld marks the node down (SlurmdTimeout, 300 s by
+# default, plus a ping): wait for most of this helper's own time limit (pretrain.sbatch gives it 30 minutes).
+wait_s=${EXCLUDE_WAIT_S:-1680}
+for (( waited = 0; waited < wait_s; waited += 2 )); do
+    state=$(field JobState)
+    case "$state" in
+        PENDING) break ;;
+        CANCELLED|COMPLETED|FAILED|TIMEOUT|OUT_OF_MEMORY|DEADLINE|BOOT_FAIL)
+            say "job $job ended ($state) instead of returning to the queue: nothing to exclude or release"
+            exit 1 ;;
+    esac
+    sleep 2
 done
 if [ "$(field JobState)" != PENDING ]; then
-    say "job $job did not return to the queue (state $(field JobState)): nothing excluded, nothing released"
+    say "job $job did not return to the queue within ${wait_s}s (state $(field JobState)): it stays held, not run again on $hosts; once it is PENDING, run: scontrol update JobId=$job ExcNodeList=$hosts && scontrol release $job"
     exit 1
 fi
 scontrol update JobId="$job" ExcNodeList="$hosts"

@@ -719,6 +719,28 @@ def test_a_host_exclusion_that_does_not_take_cancels_the_job_instead_of_releasin
     assert state == "CANCELLED"
 
 
+def test_the_exclusion_helper_waits_its_bound_then_says_how_to_release_and_stops_on_an_ended_job(cluster, tmp_path):
+    """A job whose node is gone stays COMPLETING for minutes, never PENDING within a short wait: the helper says the
+    job stays held and how to exclude and release it by hand (it used to stop after 300 s with neither); a job that
+    ended instead (cancelled) is said at once, without waiting out the bound."""
+    job = cluster.sbatch("pretrain.sbatch", "--hold", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0",
+                         "--cpus-per-task=1", cwd=tmp_path, OVERRIDES="train.max_steps=1")
+    try:
+        # Pending is what it waits for: the bound is seen on a job it cannot find (a bound of 0 s: no look at all).
+        timed = subprocess.run(["bash", str(REPO / "slurm" / "exclude_and_release.sh"), "999999", "n9", "1"],
+                               env={**cluster.env, "EXCLUDE_WAIT_S": "0"}, capture_output=True, text=True, timeout=60)
+        assert timed.returncode == 1 and "did not return to the queue within 0s" in timed.stdout, timed.stdout
+        assert "scontrol update JobId=999999 ExcNodeList=n9 && scontrol release 999999" in timed.stdout
+        subprocess.run(["scancel", str(job)], env=cluster.env, timeout=60)
+        start = time.monotonic()
+        ended = subprocess.run(["bash", str(REPO / "slurm" / "exclude_and_release.sh"), str(job), "n9", "1"],
+                               env=cluster.env, capture_output=True, text=True, timeout=120)
+        assert ended.returncode == 1 and f"job {job} ended (CANCELLED) instead of returning to the queue" in ended.stdout
+        assert time.monotonic() - start < 30
+    finally:
+        subprocess.run(["scancel", str(job)], env=cluster.env, timeout=60)
+
+
 def test_host_lists_are_read_in_slurm_s_compressed_form(cluster, tmp_path):
     """A job's own --exclude may be "gpu[01,05-06]": the sbatch adds the suspects to it host by host (a split on commas
     cut it inside the brackets, and the update that followed was refused, so the helper cancelled the job), and the
