@@ -11,6 +11,8 @@ import os
 import signal
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import Iterator, Mapping, NoReturn, Optional
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -240,3 +242,16 @@ def _interrupt_once(signum: int, frame: object) -> None:
     # without the line that says the clean-up ran.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     raise KeyboardInterrupt
+
+
+def process_start_time() -> float:
+    """When this process started (epoch seconds, to about a second): /proc's start tick after the boot time, where
+    Linux has them, else now. A wall-time budget counts its start-up (imports, a checkpoint's download) too."""
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(after_name[19])  # field 22, starttime: the fields after the name start at field 3
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return min(time.time(), boot + ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 import warnings
 
 import torch
@@ -13,6 +12,7 @@ from transformers import PretrainedConfig
 from core import distributed as dist
 from core.config_io import config_to_dict
 from core.host_memory import keep_freed_memory
+from core.process_life import process_start_time
 from core.seeding import RunRng, seed_all, seed_for
 from data_pipeline.batches import EVAL_STREAM
 from data_pipeline.dataset_dir import DatasetDir
@@ -105,5 +105,6 @@ def build_trainer(cfg: RunConfig) -> Trainer:
                    validator=validator,
                    metrics=MetricsReporter(log, world, objective.flops_per_token, hardware.peak_tflops,
                                            cfg.train.precision),
-                   audit=SampleAudit(run_dir, rank, world, cfg.train.record_samples), start_time=time.time())
+                   audit=SampleAudit(run_dir, rank, world, cfg.train.record_samples),
+                   start_time=process_start_time())  # train.max_wall_time counts the start-up too
 

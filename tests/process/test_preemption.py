@@ -188,3 +188,13 @@ def test_the_guards_second_catch_leaves_no_window_where_a_signal_is_ignored(tmp_
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("ignored 0 usr1 handled True"), proc.stdout
+
+
+def test_the_wall_time_budget_counts_from_the_process_start():
+    """train.max_wall_time counts the start-up too (imports, a checkpoint's download): the start time the trainer is
+    given is the process's own, seconds before the trainer is built."""
+    code = ("import time; time.sleep(2.5); from core.process_life import process_start_time; "
+            "print(round(time.time() - process_start_time(), 1))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 2.5 <= float(proc.stdout.strip().splitlines()[-1]) < 10, proc.stdout
