@@ -245,13 +245,13 @@ def _interrupt_once(signum: int, frame: object) -> None:
 
 
 def process_start_time() -> float:
-    """When this process started (epoch seconds, to about a second): /proc's start tick after the boot time, where
+    """When this process started (epoch seconds, to a clock tick): now, less the time since /proc's start tick, where
     Linux has them, else now. A wall-time budget counts its start-up (imports, a checkpoint's download) too."""
     try:
         after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(after_name[19])  # field 22, starttime: the fields after the name start at field 3
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return min(time.time(), boot + ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError, StopIteration):
+        ticks = int(after_name[19])  # field 22, starttime (since boot): the fields after the name start at field 3
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        now = time.time()
+        return min(now, now - (uptime - ticks / os.sysconf("SC_CLK_TCK")))
+    except (OSError, ValueError, IndexError):
         return time.time()
