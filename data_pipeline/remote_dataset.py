@@ -21,6 +21,7 @@ from pathlib import Path
 from core.atomic_files import is_temporary
 from core.errors import OutputExistsError, StorageError, UserError
 from core.object_store import ObjectStore
+from core.shared_memory import machine_lock
 from data_pipeline.dataset_dir import INDEX, MANIFEST, SPLITS, TOKENIZER
 from data_pipeline.shard_record import RECORD
 
@@ -147,7 +148,12 @@ def uploaded(url: str, local: Path | str) -> bool:
     return False
 
 
-FETCH_LOCK = ".fetch.lock"
+FETCH_WAIT_S = 600.0  # another fetch into the cache held longer than this is taken for stuck: this one goes on
+
+
+def fetch_lock_name(cache: Path) -> str:
+    """The machine-wide lock (core.shared_memory.machine_lock) of fetches into one cache folder."""
+    return "contrastive-pretrain-fetch-" + hashlib.sha256(str(Path(cache).resolve()).encode()).hexdigest()[:16]
 
 
 def fetch_metadata(url: str, cache: Path) -> None:
@@ -158,11 +164,24 @@ def fetch_metadata(url: str, cache: Path) -> None:
     """
     store = ObjectStore(url)
     cache.mkdir(parents=True, exist_ok=True)
-    # Two jobs on one cache (a node's, or the leaders of one job on a shared file system) fetch one at a time: the
-    # second finds the first's files, and neither replaces the manifest, or removes a split, under the other.
-    with open(cache / FETCH_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    # Two jobs on one machine with one cache fetch one at a time: the second finds the first's files, and neither
+    # replaces the manifest, or removes a split, under the other. The lock is the machine's (a shared file system's
+    # locks may be missing or slow); each fetch downloads to a name of its own besides.
+    fd = machine_lock(fetch_lock_name(cache))
+    try:
+        deadline = time.monotonic() + FETCH_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    log.warning("another fetch into %s has held it for %.0f s: fetching beside it", cache, FETCH_WAIT_S)
+                    break
+                time.sleep(0.2)
         _fetch_metadata(store, url, cache)
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 def _fetch_metadata(store: ObjectStore, url: str, cache: Path) -> None:

@@ -845,17 +845,19 @@ def test_fetches_into_one_cache_at_once_take_turns_and_a_second_live_reader_is_o
 
     from core.errors import ConfigError
     from data_pipeline.loader import LoaderConfig, build_dataset
-    from data_pipeline.remote_dataset import FETCH_LOCK, fetch_metadata, upload_dataset
+    from core.shared_memory import machine_lock
+    from data_pipeline.remote_dataset import fetch_lock_name, fetch_metadata, upload_dataset
 
     upload_dataset(prepared, "s3://corpus/shared", overwrite=False)
     cache = tmp_path / "cache"
     cache.mkdir()
-    with open(cache / FETCH_LOCK, "a") as other:  # another job's fetch, under way
-        fcntl.flock(other, fcntl.LOCK_EX)
-        fetch = threading.Thread(target=fetch_metadata, args=("s3://corpus/shared", cache))
-        fetch.start()
-        fetch.join(timeout=2)
-        assert fetch.is_alive() and not DatasetDir(cache).manifest.exists()  # it waits its turn
+    other = machine_lock(fetch_lock_name(cache))  # another job's fetch, under way
+    fcntl.flock(other, fcntl.LOCK_EX)
+    fetch = threading.Thread(target=fetch_metadata, args=("s3://corpus/shared", cache))
+    fetch.start()
+    fetch.join(timeout=2)
+    assert fetch.is_alive() and not DatasetDir(cache).manifest.exists()  # it waits its turn
+    os.close(other)
     fetch.join(timeout=60)
     assert not fetch.is_alive()
     assert DatasetDir(cache).manifest.read_bytes() == DatasetDir(prepared).manifest.read_bytes()
