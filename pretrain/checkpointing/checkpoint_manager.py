@@ -246,7 +246,7 @@ class CheckpointManager:
         def compare() -> None:
             tag_dir, module = self.folder.tag(tag), self.engine.module
             differences = (layout_differences(saved_layout(tag_dir), built_layout(module))
-                           or group_differences(saved_groups(tag_dir), built_groups(module), module))
+                           or group_differences(saved_groups(tag_dir), built_groups(module)))
             if differences:
                 raise ConfigError(layout_refusal(self.folder.tag(tag), differences, _listed(self._changes(tag))))
 

@@ -49,8 +49,9 @@ def built_layout(module: nn.Module) -> Layout:
 
 
 def saved_groups(tag_dir: Path) -> Optional[list]:
-    """The checkpoint's optimizer groups, in order: each group's parameter names where ZeRO or bf16 list them, else
-    each group's size (a plain optimizer's own state); None where neither is saved."""
+    """The checkpoint's optimizer groups, in order: each group's parameter names where ZeRO 1-3 lists them (ZeRO-3:
+    its sub-groups), else each group's size (a plain optimizer's own state); None where neither is saved (DeepSpeed's
+    bf16 and fp16 optimizers at stage 0)."""
     path = rank0_module_states(tag_dir)
     states = torch.load(path, map_location="cpu", weights_only=False, mmap=True) if path is not None else {}
     if states.get("param_shapes") is not None:
@@ -66,7 +67,7 @@ def built_groups(module: nn.Module) -> list[list[str]]:
     return param_group_names(module)
 
 
-def group_differences(saved: Optional[list], built: list[list[str]], module: nn.Module) -> list[str]:
+def group_differences(saved: Optional[list], built: list[list[str]]) -> list[str]:
     """Parameters the checkpoint's optimizer state holds in another group than this launch puts them (which
     parameters decay changed): DeepSpeed would load one group's moments into the other's, or stop on their sizes."""
     if saved is None:
@@ -74,12 +75,15 @@ def group_differences(saved: Optional[list], built: list[list[str]], module: nn.
     if saved and isinstance(saved[0], int):
         sizes = [len(group) for group in built]
         return [] if sizes == saved else [f"optimizer groups of {saved} parameters in the checkpoint but {sizes} here"]
-    numel = {n: getattr(p, "ds_numel", p.numel()) for n, p in module.named_parameters()}
-    # ZeRO lists no parameter without elements in its groups.
-    built_sets = [{n for n in group if numel[n]} for group in built]
-    if len(saved) != len(built_sets):
-        return [f"{len(saved)} optimizer groups in the checkpoint but {len(built_sets)} here"]
-    moved = set().union(*(b - s for s, b in zip(saved, built_sets)))
+    # ZeRO-3 saves its sub-groups (a group split every sub_group_size elements, an empty one left out): each saved
+    # group must lie within one built group, the one that holds most of it; the rest of it moved.
+    home = {name: index for index, group in enumerate(built) for name in group}
+    moved: set[str] = set()
+    for group in saved:
+        indices = [home[name] for name in group if name in home]
+        if indices:
+            main = max(set(indices), key=indices.count)
+            moved |= {name for name in group if home.get(name, main) != main}
     return _names("in another optimizer group (weight decay) than in the checkpoint", moved)
 
 
