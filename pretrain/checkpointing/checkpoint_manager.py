@@ -18,7 +18,7 @@ from core.atomic_files import write_text_atomic
 from core.config_io import config_changes, config_hash, config_to_dict
 from core.errors import ConfigError, UserError
 from core.seeding import RunRng
-from data_pipeline.loader import check_loader_partition
+from data_pipeline.loader import LoaderConfig, check_loader_partition
 from data_pipeline.shards import data_fingerprint
 from pretrain.checkpointing.checkpoint_dir import META
 from pretrain.checkpointing.parameter_layout import (built_groups, built_layout, group_differences, layout_differences,
@@ -231,9 +231,10 @@ class CheckpointManager:
             self.loader.load_state_dict(state["loader"])
             # streaming takes these from the state in the process that iterates; the next epoch's loader workers are
             # made from this process's copy, which would draw that epoch's order with the launch's values instead.
+            order = {**self._saved_order(tag), **state["loader"]}
             for key in ("num_canonical_nodes", "shuffle_seed", "initial_physical_nodes", "shuffle", "shuffle_algo"):
-                if key in state["loader"]:
-                    setattr(self.loader.dataset, key, state["loader"][key])
+                if key in order:
+                    setattr(self.loader.dataset, key, order[key])
         else:  # train.allow_new_data: the new dataset is read from its start
             self._record_new_data(self.progress.step)
         check_loader_partition(self.loader)  # with the checkpoint's canonical nodes and its first node count
@@ -251,6 +252,16 @@ class CheckpointManager:
                 raise ConfigError(layout_refusal(self.folder.tag(tag), differences, _listed(self._changes(tag))))
 
         dist.from_rank0(compare, f"comparing checkpoint {tag}")
+
+    def _saved_order(self, tag: str) -> dict[str, Any]:
+        """data.shuffle and data.shuffle_algo from the config a checkpoint was saved with (its loader state records
+        them only since they are kept from it); {} where it has no config."""
+        saved = self.folder.tag(tag) / CONFIG_FILE
+        if not saved.is_file():
+            return {}
+        data = (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}).get("data") or {}
+        defaults = LoaderConfig()  # a key the saved config leaves out had its default
+        return {key: data.get(key, getattr(defaults, key)) for key in ("shuffle", "shuffle_algo")}
 
     def _changes(self, tag: str) -> list[str]:
         """'KEY OLD -> NEW' for each key that differs from the config saved in the checkpoint (none where it has none)."""

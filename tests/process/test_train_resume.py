@@ -129,6 +129,18 @@ def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
     for path in (RunDir(out).metrics, RunDir(out).samples(0), RunDir(out).samples(1)):
         with open(path, "a") as fh:
             fh.write('{"step": 13, "spl')
+    # As a checkpoint of the version before the loader's state recorded data.shuffle and data.shuffle_algo: they are
+    # read from the config it was saved with.
+    import torch
+
+    from pretrain.checkpointing.checkpoint_dir import COMPLETE, file_manifest
+
+    tag = RunDir(out).checkpoints / "step_00000010"
+    states = torch.load(tag / "mp_rank_00_model_states.pt", weights_only=False)
+    assert {states["loader"].pop("shuffle"), states["loader"].pop("shuffle_algo")} == {True, "py1e"}
+    torch.save(states, tag / "mp_rank_00_model_states.pt")
+    marker = json.loads((tag / COMPLETE).read_text())
+    (tag / COMPLETE).write_text(json.dumps({**marker, "files": file_manifest(tag)}))
     # The resume asks for another sample order: the loader's state keeps the one the run started with, and says so.
     second = run_cli("pretrain", _args(prepared, out, "data.num_canonical_nodes=2", "data.shuffle_seed=99",
                                        "data.shuffle_algo=py1s"), nproc=2)
