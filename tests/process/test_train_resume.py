@@ -143,12 +143,12 @@ def test_stop_and_resume_is_exact(prepared, uninterrupted, tmp_path):
     (tag / COMPLETE).write_text(json.dumps({**marker, "files": file_manifest(tag)}))
     # The resume asks for another sample order: the loader's state keeps the one the run started with, and says so.
     second = run_cli("pretrain", _args(prepared, out, "data.num_canonical_nodes=2", "data.shuffle_seed=99",
-                                       "data.shuffle_algo=py1s"), nproc=2)
+                                       "data.shuffle_algo=py1s", "data.shuffle=false"), nproc=2)
     assert "resumed from" in second.stdout and "at step 10" in second.stdout
-    assert ("note: data.shuffle_seed, data.shuffle_algo, data.num_canonical_nodes differ from checkpoint "
-            "step_00000010's (data.shuffle_seed 1234 -> 99, data.shuffle_algo \"py1e\" -> \"py1s\", "
-            "data.num_canonical_nodes 1 -> 2), but the loader's state keeps the checkpoint's") in second.stdout, \
-        second.stdout[-3000:]
+    assert ("note: data.shuffle, data.shuffle_seed, data.shuffle_algo, data.num_canonical_nodes differ from "
+            "checkpoint step_00000010's (data.shuffle true -> false, data.shuffle_seed 1234 -> 99, data.shuffle_algo "
+            "\"py1e\" -> \"py1s\", data.num_canonical_nodes 1 -> 2), but the loader's state keeps the checkpoint's") \
+        in second.stdout, second.stdout[-3000:]
     assert "(train.stop_after 12 -> 0); the current one applies" in second.stdout  # the keys a resume does take
 
     assert _train_losses(out) == _train_losses(uninterrupted)  # every step, exactly
