@@ -106,7 +106,8 @@ def sample_span_lengths(n: int, p: float, max_span: int, generator: torch.Genera
 def prediction_slots(cfg: MaskingConfig, seq_len: int) -> int:
     """The most tokens a row of `seq_len` predicts: the width of `masked_positions`, fixed per run.
 
-    Exact counts and span budgets never pass round(mask_prob · seq_len). Independent draws (bert, whole_word) get
+    Exact counts and span budgets never pass round(mask_prob · seq_len) (SpanBERT's first word of a row may pass its
+    budget, within these slots). Independent draws (bert, whole_word) get
     five standard deviations of a Binomial(seq_len, mask_prob) above its mean: a row over it is rarer than one in
     a million for token draws (whole words, drawn in units, reach it more often). The vocabulary heads read the
     batch's own budget (`batch_prediction_slots`); a row's spare slots cost only TaCL's per-row contrast.
@@ -273,14 +274,15 @@ class SpanMasking(_Masking):
         picked = torch.zeros_like(pickable)
         action = torch.rand(ids.shape, generator=generator)
         left, right, offset = (torch.zeros_like(ids) for _ in range(3))
+        slots = prediction_slots(self.cfg, ids.shape[1])
         for row in range(ids.shape[0]):
-            for lo, hi in self._pick_row(pickable[row], starts[row], picked[row], action[row], generator):
+            for lo, hi in self._pick_row(pickable[row], starts[row], picked[row], action[row], generator, slots):
                 # [CLS] and [SEP] are never picked, so both boundary tokens exist inside the row.
                 left[row, lo:hi], right[row, lo:hi] = lo - 1, hi
                 offset[row, lo:hi] = torch.arange(1, hi - lo + 1)
         return picked, action, {"span_left": left, "span_right": right, "span_offset": offset}
 
-    def _pick_row(self, pickable, starts, picked, action, generator) -> list[tuple[int, int]]:
+    def _pick_row(self, pickable, starts, picked, action, generator, slots: int) -> list[tuple[int, int]]:
         """Pick spans in one row (in place) and return them as [lo, hi) token ranges."""
         n = int(pickable.sum())
         budget = max(1, round(self.cfg.mask_prob * n)) if n else 0
@@ -301,7 +303,7 @@ class SpanMasking(_Masking):
         lengths = sample_span_lengths(tries, self.cfg.span_p, self.cfg.max_span, generator, self.length_pmf).tolist()
         first_words = torch.randint(len(heads), (tries,), generator=generator).tolist()
         if self.cfg.strategy == "span":
-            return self._spanbert_row(heads, ends, budget, picked, action, zip(lengths, first_words))
+            return self._spanbert_row(heads, ends, budget, picked, action, zip(lengths, first_words), slots)
         count = 0
         for span_words, w in zip(lengths, first_words):
             if count >= budget:
@@ -323,11 +325,11 @@ class SpanMasking(_Masking):
 
     @staticmethod
     def _spanbert_row(heads: list[int], ends: list[int], budget: int, picked: torch.Tensor, action: torch.Tensor,
-                      draws: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+                      draws: Iterable[tuple[int, int]], slots: int) -> list[tuple[int, int]]:
         """SpanBERT's sampler (facebookresearch/SpanBERT, PairWithSpanMaskingScheme): a span is drawn again only when
         its first word is picked already; it runs over picked words, and stops where its next word would pass the
-        budget (whole words, as the paper masks; a row's first word even past it, so no row is left without a
-        target); overlapping and adjacent spans are merged, so every boundary is an unpicked token."""
+        budget (whole words, as the paper masks; a row's first word even past it, within the row's `slots`, so no
+        row is left without a target); overlapping and adjacent spans are merged, so every boundary is unpicked."""
         count, spans = 0, []
         for span_words, w in draws:
             if count >= budget:
@@ -339,7 +341,7 @@ class SpanMasking(_Masking):
                 if heads[last] != hi:  # a special token between: the span ends before it
                     break
                 new = int((~picked[heads[last]:ends[last]]).sum())
-                if count and count + new > budget:
+                if count + new > (slots if count == 0 else budget):
                     break
                 picked[heads[last]:ends[last]] = True
                 count, hi = count + new, ends[last]

@@ -354,14 +354,19 @@ def test_picks_past_the_slots_stay_unpicked():
 
 
 def test_a_short_row_of_long_words_still_gets_a_span():
-    """[CLS] a ##x b ##y c ##z [SEP]: a budget of one token, every word two. Dropping each span that passed the budget
-    left such a row (the end of a packed document) with nothing to predict; its first word is masked whole instead."""
+    """[CLS] a ##x b ##y c ##z [SEP], padded to 64 (the end of a packed document): a budget of one token, every word
+    two. Dropping each span that passed the budget left such a row with nothing to predict; its first word is masked
+    whole instead, within the row's prediction slots (64 wide: 10), and its targets are the span's tokens. In a batch
+    of its own width (8: one slot) the word does not fit, and nothing is picked rather than half a word."""
     starts = _word_starts()
     head = [t for t in range(5, VOCAB) if starts[t]][:3]
     tail = [t for t in range(5, VOCAB) if not starts[t]][0]
-    ids = torch.tensor([[CLS, head[0], tail, head[1], tail, head[2], tail, SEP]])
+    row = [CLS, head[0], tail, head[1], tail, head[2], tail, SEP]
     m = build_masking(MaskingConfig(strategy="span"), VOCAB, MASK, [PAD, UNK, CLS, SEP, MASK], word_starts=starts)
-    for seed in range(20):
-        out = m({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, torch.Generator().manual_seed(seed))
-        picked = out["span_offset"][0] > 0
-        assert int(picked.sum()) == 2 and picked[1:7].view(3, 2).all(1).sum() == 1  # one whole word
+    for width, picks in ((64, 2), (8, 0)):
+        ids = torch.tensor([row + [PAD] * (width - len(row))])
+        for seed in range(20):
+            out = m({"input_ids": ids, "attention_mask": (ids != PAD).long()}, torch.Generator().manual_seed(seed))
+            picked = out["span_offset"][0] > 0
+            assert int(picked.sum()) == picks and torch.equal(picked, out["labels"][0] != -100), (width, seed)
+            assert picked[1:7].view(3, 2).all(1).sum() == picks // 2  # one whole word, or none
