@@ -344,22 +344,30 @@ def check_partition(num_canonical_nodes: int, world: int, ranks_per_node: int, b
                     initial_physical_nodes: Optional[int] = None) -> None:
     """Refuse, in one line naming data.num_canonical_nodes, an order this job's nodes cannot share (neither count
     divides the other; after a resume on another node count, a batch the first count's devices cannot split):
-    streaming would stop at the first batch, inside a loader worker, after the engine was built."""
-    from streaming.base.partition import get_partitions
-
-    nodes = max(1, world // max(1, ranks_per_node))
-    try:
-        # The same partition the dataset draws (its default algorithm), over a few samples: the checks are its own.
-        get_partitions("relaxed", max(num_canonical_nodes, nodes) * world * batch_size * 2, num_canonical_nodes, nodes,
-                       ranks_per_node, 1, batch_size, 0, initial_physical_nodes)
-    except ValueError as exc:
-        if initial_physical_nodes not in (None, nodes):
-            advice = (f" (the run started on {initial_physical_nodes})", "resume on a node count whose ranks' batches "
-                      "the first count's ranks divide, or on the first count")
-        else:
-            advice = ("", "give a multiple or a divisor of the node count (1, the default, fits every count)")
-        raise ConfigError(f"data.num_canonical_nodes={num_canonical_nodes} does not fit {nodes} node(s) of "
-                          f"{ranks_per_node} rank(s){advice[0]}: {str(exc).rstrip('.')}; {advice[1]}") from None
+    streaming would stop at the first batch, inside a loader worker, after the engine was built. The conditions are
+    those of streaming's `relaxed` partition (the dataset's default), checked without building one."""
+    ncn, nodes = num_canonical_nodes, max(1, world // max(1, ranks_per_node))
+    divides = ncn % nodes == 0 or nodes % ncn == 0
+    problem = advice = ""
+    if initial_physical_nodes in (None, nodes) or divides:
+        if not divides:
+            problem = ("Either canonical or physical nodes must be evenly divisible by the other (streaming's "
+                       "partition)")
+            advice = "give a multiple or a divisor of the node count (1, the default, fits every count)"
+    elif ncn % initial_physical_nodes and initial_physical_nodes % ncn:  # the first launch's partition, redrawn
+        problem = ("Either canonical or physical nodes must be evenly divisible by the other (streaming's partition, "
+                   f"over the {initial_physical_nodes} node(s) the run started on)")
+        advice = "resume on the node count the run started on"
+    elif (nodes * ranks_per_node * batch_size) % (initial_physical_nodes * ranks_per_node):
+        problem = (f"A global batch size of {nodes * ranks_per_node * batch_size} is not evenly divisible by the "
+                   f"initial total number of devices of {initial_physical_nodes * ranks_per_node} (streaming's "
+                   "relaxed partition)")
+        advice = "resume on a node count whose ranks' batches the first count's ranks divide, or on the first count"
+    if problem:
+        started = (f" (the run started on {initial_physical_nodes})" if initial_physical_nodes not in (None, nodes)
+                   else "")
+        raise ConfigError(f"data.num_canonical_nodes={ncn} does not fit {nodes} node(s) of {ranks_per_node} "
+                          f"rank(s){started}: {problem}; {advice}")
 
 
 def check_loader_partition(loader: Any) -> None:
