@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 
-# The largest seed a config takes: numpy's global generator takes 32 bits, and each rank's stream (seed_for) is
-# derived from it within torch's 64.
-MAX_SEED = 2**32 - 1
+# The largest seed torch's generators take (64 bits unsigned): data.shuffle_seed's bound.
+MAX_SEED = 2**64 - 1
+# train.seed's: each rank's and step's stream (seed_for: seed · 1000 + rank + 7919 · step) stays within MAX_SEED.
+MAX_RUN_SEED = MAX_SEED // 1000 - 2**40
 
 
 def seed_for(seed: int, rank: Optional[int] = None, step: int = 0) -> int:

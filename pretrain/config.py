@@ -6,7 +6,7 @@ from typing import Literal, Optional, Union
 
 from core.config_io import check_range
 from core.errors import ConfigError
-from core.seeding import MAX_SEED
+from core.seeding import MAX_RUN_SEED
 from core.object_store import is_remote
 from data_pipeline.loader import LoaderConfig
 from data_pipeline.masking import MaskingConfig
@@ -205,7 +205,7 @@ class TrainConfig:
         for key in ("seed", "eval_every", "stop_after", "save_every_minutes", "deadline_margin_s", "peak_tflops"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"config key 'train.{key}' must be >= 0, got {getattr(self, key)}")
-        check_range("train", self, ("seed",), at_most=MAX_SEED)
+        check_range("train", self, ("seed",), at_most=MAX_RUN_SEED)
         self._check_wall_time()
         if self.zero_stage not in ("auto", 0, 1, 2, 3):
             raise ConfigError(f"config key 'train.zero_stage' must be auto, 0, 1, 2 or 3, got {self.zero_stage!r}")

@@ -53,8 +53,9 @@ def test_bad_values_are_named():
     ("schedule.warmup_steps=-5", "'schedule.warmup_steps' must be >= 0, got -5"),
     ("schedule.min_lr_ratio=2", r"'schedule.min_lr_ratio' must be in \[0, 1\]"),
     ("train.seed=-1", "'train.seed' must be >= 0, got -1"),
-    ("train.seed=4294967296", "'train.seed' must be <= 4294967295, got 4294967296"),  # numpy's global seed: 32 bits
-    ("data.shuffle_seed=18446744073709551616", "'data.shuffle_seed' must be >= 0 and <= 4294967295, got 1844"),
+    # torch's generators take 64 bits; each rank's stream is derived from train.seed · 1000.
+    ("train.seed=18445644562081776", "'train.seed' must be <= 18445644562081775, got 18445644562081776"),
+    ("data.shuffle_seed=18446744073709551616", "'data.shuffle_seed' must be >= 0 and <= 18446744073709551615, got 1844"),
     ("train.eval_batches=0", "'train.eval_batches' must be >= 1, got 0"),
     ("train.save_every_minutes=-1", "'train.save_every_minutes' must be >= 0"),
     ("train.max_wall_time=abc", "'train.max_wall_time' must be a duration such as 90m.*got 'abc'"),
@@ -81,7 +82,7 @@ def test_values_torch_or_the_loop_would_refuse_late_are_named_at_load(override, 
     (["train.micro_batch_size=4", "train.global_batch_size=30"],
      r"train.global_batch_size=30 is not divisible by train.micro_batch_size \(4\)"),  # was refused after set-up
     (["data.num_canonical_nodes=0"], "'data.num_canonical_nodes' must be >= 1, got 0"),
-    (["data.shuffle_seed=-1"], "'data.shuffle_seed' must be >= 0 and <= 4294967295, got -1"),
+    (["data.shuffle_seed=-1"], "'data.shuffle_seed' must be >= 0 and <= 18446744073709551615, got -1"),
     (["data.shuffle_algo=bogus"], "'data.shuffle_algo' must be one of streaming's .*py1e.*, got 'bogus'"),
     (["objective.coco_lm.generator_width=0"], r"'objective.coco_lm.generator_width' must be > 0 and <= 1, got 0.0"),
     (["objective.coco_lm.generator_layers=0"], "'objective.coco_lm.generator_layers' must be >= 1, got 0"),
