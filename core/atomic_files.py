@@ -238,7 +238,10 @@ def readable_as_umask_allows(folder: Path) -> None:
     os.umask(mask)
     for path in Path(folder).rglob("*"):
         if path.is_file() and not path.is_symlink():
-            os.chmod(path, 0o666 & ~mask)
+            try:
+                os.chmod(path, 0o666 & ~mask)
+            except OSError:  # a mount that keeps its own modes (FUSE, SMB): the files are as readable as it makes them
+                pass
 
 
 def publish(tmp_dir: Path, final_dir: Path) -> None:

@@ -82,7 +82,8 @@ def report_cut_words(words: dict[str, dict[str, int]], max_length: int) -> dict[
     on nor scored); return `words` ({split: {"tagged": n, "cut": n}}) for the result."""
     for split, count in words.items():
         if count["cut"]:
-            log.warning("%d of the %d tagged words of the %s split lie past the %d tokens read and are not %s; raise "
-                        "max_length (to the model's positions at most) to read them", count["cut"], count["tagged"],
-                        split, max_length, "trained on" if split == "training" else "scored")
+            log.warning("%d of the %d tagged words of the %s split are not read, past the %d tokens read (or of no "
+                        "token at all), and are not %s; raise max_length (to the model's positions at most) to read "
+                        "those past it", count["cut"], count["tagged"], split, max_length,
+                        "trained on" if split == "training" else "scored")
     return words

@@ -16,11 +16,12 @@ field() { scontrol show job "$job" | sed -n "s/.*$1=\\([^ ]*\\).*/\\1/p" | head 
 # A job whose node is really gone stays COMPLETING until slurmctld marks the node down (SlurmdTimeout, 300 s by
 # default, plus a ping): wait for most of this helper's own time limit (pretrain.sbatch gives it 30 minutes).
 wait_s=${EXCLUDE_WAIT_S:-1680}
-for (( waited = 0; waited < wait_s; waited += 2 )); do
+SECONDS=0  # the wall clock (scontrol's own time counts)
+while (( SECONDS < wait_s )); do
     state=$(field JobState)
     case "$state" in
         PENDING) break ;;
-        CANCELLED|COMPLETED|FAILED|TIMEOUT|OUT_OF_MEMORY|DEADLINE|BOOT_FAIL)
+        CANCELLED|COMPLETED|FAILED|TIMEOUT|OUT_OF_MEMORY|DEADLINE|BOOT_FAIL|NODE_FAIL)
             say "job $job ended ($state) instead of returning to the queue: nothing to exclude or release"
             exit 1 ;;
     esac

@@ -242,5 +242,5 @@ def test_tagged_words_past_max_length_are_counted_and_warned_of(tiny, tmp_path, 
         result = linear_probe(str(tiny), f"json:{train}", options, max_length=8)
     assert result["words"] == {"training": {"tagged": 120, "cut": 0}, "evaluation": {"tagged": 48, "cut": 8}}
     assert result["eval_examples"] == 40
-    assert "8 of the 48 tagged words of the evaluation split lie past the 8 tokens read" in caplog.text
+    assert "8 of the 48 tagged words of the evaluation split are not read, past the 8 tokens read" in caplog.text
     assert "training split" not in caplog.text
