@@ -10,9 +10,10 @@ Strategies (special tokens and padding are never picked):
   and renormalised (mean 3.8 for p=0.2), starts uniform over words, until mask_prob of the tokens
   are picked; as SpanBERT's sampler, a span is drawn again only when its first word is picked, runs
   over picked words, stops before the word that would pass the budget, and touching spans merge into
-  one (so its boundaries are never picked); each span is 80/10/10 as a whole. Every picked token also gets its span's boundary
-  positions (`span_left`: the token before the span, `span_right`: the token after it) and its
-  1-based place in the span (`span_offset`; 0 where nothing is picked), for the span boundary objective.
+  one (so its boundaries are never picked); each span is 80/10/10 as a whole. Every picked token also
+  gets its span's boundary positions (`span_left`: the token before the span, `span_right`: the token
+  after it) and its 1-based place in the span (`span_offset`; 0 where nothing is picked), for the span
+  boundary objective.
 - `ngram`: ALBERT's n-gram masking (Lan et al. 2020): as `span`, with n-gram lengths in words
   P(n) ∝ 1/n for n = 1..max_span (ALBERT: max_span=3).
 - `plm`: XLNet's permutation LM (Yang et al. 2019): the input stays clean; whole-word n-gram spans
@@ -321,7 +322,6 @@ class SpanMasking(_Masking):
             count += hi - lo
             spans.append((lo, hi))
         return spans
-
 
     @staticmethod
     def _spanbert_row(heads: list[int], ends: list[int], budget: int, picked: torch.Tensor, action: torch.Tensor,
