@@ -253,22 +253,25 @@ class CheckpointManager:
 
         dist.from_rank0(compare, f"comparing checkpoint {tag}")
 
+    def _saved_config(self, tag: str) -> Optional[dict[str, Any]]:
+        """The config a checkpoint was saved with, as a dict; None where it has none (older checkpoints)."""
+        saved = self.folder.tag(tag) / CONFIG_FILE
+        return (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}) if saved.is_file() else None
+
     def _saved_order(self, tag: str) -> dict[str, Any]:
         """data.shuffle and data.shuffle_algo from the config a checkpoint was saved with (its loader state records
         them only since they are kept from it); {} where it has no config."""
-        saved = self.folder.tag(tag) / CONFIG_FILE
-        if not saved.is_file():
+        saved = self._saved_config(tag)
+        if saved is None:
             return {}
-        data = (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}).get("data") or {}
+        data = saved.get("data") or {}
         defaults = LoaderConfig()  # a key the saved config leaves out had its default
         return {key: data.get(key, getattr(defaults, key)) for key in ("shuffle", "shuffle_algo")}
 
     def _changes(self, tag: str) -> list[str]:
         """'KEY OLD -> NEW' for each key that differs from the config saved in the checkpoint (none where it has none)."""
-        saved = self.folder.tag(tag) / CONFIG_FILE
-        if not saved.is_file():
-            return []
-        return config_changes(yaml.safe_load(saved.read_text(encoding="utf-8")) or {}, config_to_dict(self.cfg))
+        saved = self._saved_config(tag)
+        return [] if saved is None else config_changes(saved, config_to_dict(self.cfg))
 
     def _report(self, tag: str) -> None:
         """Log what the resume found and did: branch notes, damaged checkpoints set aside, a download."""
